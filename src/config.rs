@@ -1,0 +1,595 @@
+//! Configuration: built-in defaults < TOML file < `TOLLGATE_*` environment, checked into a
+//! typed [`Config`]. Every refusal is a [`ConfigError`] naming the offending key, so the CLI
+//! can print one line and exit 2.
+
+use std::net::SocketAddr;
+use std::path::Path;
+
+use figment::providers::{Env, Format, Serialized, Toml};
+use figment::Figment;
+use ipnet::IpNet;
+use serde::{Deserialize, Serialize};
+
+use crate::keys::KeyPart;
+
+/// Environment variables that carry the config file path, or that Kubernetes injects for a
+/// Service named `tollgate` (`TOLLGATE_SERVICE_HOST`, `TOLLGATE_PORT_8080_TCP`, ...). They are
+/// not config keys, and refusing them would crash-loop a pod for a name clash.
+const NON_CONFIG_ENV: &[&str] = &["config", "service_host", "service_port", "port"];
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub listen: SocketAddr,
+    pub admin_listen: SocketAddr,
+    pub store: StoreConfig,
+    pub client_ip: ClientIpConfig,
+    pub response: ResponseConfig,
+    pub limits: Vec<LimitConfig>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StoreConfig {
+    pub backend: Backend,
+    pub url: String,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub cluster: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sentinel: Option<SentinelConfig>,
+    pub timeout_ms: u64,
+    pub key_prefix: String,
+    pub on_error: OnError,
+    /// Upper bound on buckets held in process memory (memory store and `local` fallback).
+    pub max_buckets: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SentinelConfig {
+    pub master: String,
+    pub urls: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    Memory,
+    Redis,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnError {
+    Allow,
+    Deny,
+    Local,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClientIpConfig {
+    pub from: IpSource,
+    pub trusted_proxies: Vec<IpNet>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum IpSource {
+    XForwardedFor,
+    XRealIp,
+    Peer,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ResponseConfig {
+    pub deny_status: u16,
+    pub headers: Vec<HeaderFamily>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum HeaderFamily {
+    Ietf,
+    XRatelimit,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitConfig {
+    pub name: String,
+    pub rate: f64,
+    pub burst: u64,
+    pub key: Vec<String>,
+    #[serde(default = "one")]
+    pub cost: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost_header: Option<String>,
+    #[serde(default)]
+    pub shadow: bool,
+    #[serde(default)]
+    pub on_missing: OnMissing,
+    #[serde(default, rename = "match")]
+    pub matching: MatchConfig,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnMissing {
+    #[default]
+    Skip,
+    Deny,
+    Anonymous,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MatchConfig {
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub hosts: Vec<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub methods: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path_prefix: Option<String>,
+}
+
+fn one() -> u64 {
+    1
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            listen: SocketAddr::from(([0, 0, 0, 0], 8080)),
+            admin_listen: SocketAddr::from(([0, 0, 0, 0], 9090)),
+            store: StoreConfig::default(),
+            client_ip: ClientIpConfig::default(),
+            response: ResponseConfig::default(),
+            limits: vec![LimitConfig {
+                name: "per-ip".into(),
+                rate: 20.0,
+                burst: 100,
+                key: vec!["ip".into()],
+                cost: 1,
+                cost_header: None,
+                shadow: false,
+                on_missing: OnMissing::Skip,
+                matching: MatchConfig::default(),
+            }],
+        }
+    }
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig {
+            backend: Backend::Memory,
+            url: "redis://127.0.0.1:6379/0".into(),
+            cluster: Vec::new(),
+            sentinel: None,
+            timeout_ms: 50,
+            key_prefix: "tollgate".into(),
+            on_error: OnError::Allow,
+            max_buckets: 100_000,
+        }
+    }
+}
+
+impl Default for ClientIpConfig {
+    fn default() -> Self {
+        ClientIpConfig {
+            from: IpSource::XForwardedFor,
+            trusted_proxies: vec![
+                "127.0.0.0/8".parse().expect("literal CIDR"),
+                "::1/128".parse().expect("literal CIDR"),
+            ],
+        }
+    }
+}
+
+impl Default for ResponseConfig {
+    fn default() -> Self {
+        ResponseConfig {
+            deny_status: 429,
+            headers: vec![HeaderFamily::Ietf, HeaderFamily::XRatelimit],
+        }
+    }
+}
+
+/// A refused configuration: the dotted key and why, printed as one line.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{key}: {reason}")]
+pub struct ConfigError {
+    pub key: String,
+    pub reason: String,
+}
+
+impl ConfigError {
+    pub fn new(key: impl Into<String>, reason: impl Into<String>) -> Self {
+        ConfigError {
+            key: key.into(),
+            reason: reason.into(),
+        }
+    }
+}
+
+impl From<figment::Error> for ConfigError {
+    fn from(error: figment::Error) -> Self {
+        let mut path = error.path.join(".");
+        let reason = match &error.kind {
+            figment::error::Kind::UnknownField(field, _) => {
+                if error.path.last() != Some(field) {
+                    if !path.is_empty() {
+                        path.push('.');
+                    }
+                    path.push_str(field);
+                }
+                "unknown key".to_string()
+            }
+            figment::error::Kind::Message(msg) if msg.contains("parse error") || path.is_empty() => {
+                // TOML syntax errors carry no path; keep the parser's own position info.
+                if path.is_empty() {
+                    path = "<file>".into();
+                }
+                msg.split_whitespace().collect::<Vec<_>>().join(" ")
+            }
+            kind => kind.to_string(),
+        };
+        let source = error
+            .metadata
+            .as_ref()
+            .map(|md| format!(" (from {})", md.name))
+            .unwrap_or_default();
+        ConfigError::new(path, format!("{reason}{source}"))
+    }
+}
+
+impl Config {
+    /// Loads defaults, then `file` (if any), then the `TOLLGATE_*` environment, and validates.
+    pub fn load(file: Option<&Path>) -> Result<Config, ConfigError> {
+        let mut figment = Figment::from(Serialized::defaults(Config::default()));
+        if let Some(path) = file {
+            if !path.is_file() {
+                return Err(ConfigError::new(
+                    "--config",
+                    format!("{} is not a readable file", path.display()),
+                ));
+            }
+            figment = figment.merge(Toml::file_exact(path));
+        }
+        let env = Env::prefixed("TOLLGATE_")
+            .split("__")
+            .filter(|key| !is_kubernetes_or_cli_env(key.as_str()));
+        let config: Config = figment.merge(env).extract()?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks what serde cannot: ranges, names, key parts, CIDRs, URLs.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.store.validate()?;
+        if !(100..=599).contains(&self.response.deny_status) {
+            return Err(ConfigError::new(
+                "response.deny_status",
+                "must be an HTTP status between 100 and 599",
+            ));
+        }
+        let mut names = std::collections::HashSet::new();
+        for (i, limit) in self.limits.iter().enumerate() {
+            limit.validate(&format!("limits[{i}]"))?;
+            if !names.insert(limit.name.as_str()) {
+                return Err(ConfigError::new(
+                    format!("limits[{i}].name"),
+                    format!("duplicate limit name {:?}", limit.name),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Config {
+    /// What `tollgate validate` prints: the effective settings and limits, passwords redacted.
+    pub fn summary(&self) -> String {
+        use std::fmt::Write as _;
+        let mut out = String::new();
+        let _ = writeln!(out, "configuration ok");
+        let _ = writeln!(out, "listen        {}", self.listen);
+        let _ = writeln!(out, "admin_listen  {}", self.admin_listen);
+        let _ = writeln!(out, "store         {}", self.store.describe());
+        let _ = writeln!(
+            out,
+            "client_ip     from {:?}, trusted {:?}",
+            self.client_ip.from,
+            self.client_ip.trusted_proxies.iter().map(|n| n.to_string()).collect::<Vec<_>>()
+        );
+        let _ = writeln!(out, "limits        {}", self.limits.len());
+        for limit in &self.limits {
+            let _ = write!(
+                out,
+                "  {:<16} rate {}/s  burst {}  key [{}]  cost {}",
+                limit.name,
+                limit.rate,
+                limit.burst,
+                limit.key.join(", "),
+                limit.cost_header.as_deref().map_or(limit.cost.to_string(), |h| format!(
+                    "from {h} (default {})",
+                    limit.cost
+                )),
+            );
+            if limit.shadow {
+                out.push_str("  shadow");
+            }
+            let _ = writeln!(out, "  on_missing {:?}  match {}", limit.on_missing, limit.matching.describe());
+        }
+        out
+    }
+}
+
+impl StoreConfig {
+    /// One line for logs and `validate`: never the password.
+    pub fn describe(&self) -> String {
+        match self.backend {
+            Backend::Memory => format!("memory (at most {} buckets)", self.max_buckets),
+            Backend::Redis => {
+                let target = if !self.cluster.is_empty() {
+                    let seeds: Vec<String> = self.cluster.iter().map(|u| redact_url(u)).collect();
+                    format!("cluster [{}]", seeds.join(", "))
+                } else if let Some(sentinel) = &self.sentinel {
+                    let urls: Vec<String> = sentinel.urls.iter().map(|u| redact_url(u)).collect();
+                    format!("sentinel master {:?} via [{}]", sentinel.master, urls.join(", "))
+                } else {
+                    redact_url(&self.url)
+                };
+                format!(
+                    "redis {target} (timeout {} ms, on_error {:?}, prefix {:?})",
+                    self.timeout_ms, self.on_error, self.key_prefix
+                )
+            }
+        }
+    }
+}
+
+impl MatchConfig {
+    fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        if !self.hosts.is_empty() {
+            parts.push(format!("hosts {:?}", self.hosts));
+        }
+        if !self.methods.is_empty() {
+            parts.push(format!("methods {:?}", self.methods));
+        }
+        if let Some(prefix) = &self.path_prefix {
+            parts.push(format!("path_prefix {prefix:?}"));
+        }
+        if parts.is_empty() {
+            "all requests".into()
+        } else {
+            parts.join(", ")
+        }
+    }
+}
+
+fn is_kubernetes_or_cli_env(key: &str) -> bool {
+    NON_CONFIG_ENV.contains(&key) || key.starts_with("service_port_") || key.starts_with("port_")
+}
+
+impl StoreConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        if self.timeout_ms == 0 || self.timeout_ms > 60_000 {
+            return Err(ConfigError::new(
+                "store.timeout_ms",
+                "must be between 1 and 60000",
+            ));
+        }
+        if self.key_prefix.is_empty()
+            || self.key_prefix.len() > 64
+            || !self.key_prefix.bytes().all(|b| b.is_ascii_graphic())
+        {
+            return Err(ConfigError::new(
+                "store.key_prefix",
+                "must be 1 to 64 printable ASCII characters without spaces",
+            ));
+        }
+        if self.max_buckets == 0 {
+            return Err(ConfigError::new("store.max_buckets", "must be at least 1"));
+        }
+        if self.backend == Backend::Memory {
+            return Ok(());
+        }
+        validate_redis_url("store.url", &self.url)?;
+        for (i, url) in self.cluster.iter().enumerate() {
+            validate_redis_url(&format!("store.cluster[{i}]"), url)?;
+        }
+        if let Some(sentinel) = &self.sentinel {
+            if !self.cluster.is_empty() {
+                return Err(ConfigError::new(
+                    "store.sentinel",
+                    "cannot be combined with store.cluster",
+                ));
+            }
+            if sentinel.master.is_empty() {
+                return Err(ConfigError::new(
+                    "store.sentinel.master",
+                    "must name the monitored master",
+                ));
+            }
+            if sentinel.urls.is_empty() {
+                return Err(ConfigError::new(
+                    "store.sentinel.urls",
+                    "needs at least one sentinel address",
+                ));
+            }
+            for (i, url) in sentinel.urls.iter().enumerate() {
+                validate_redis_url(&format!("store.sentinel.urls[{i}]"), url)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Checks a Redis URL without ever echoing it: it may hold a password.
+fn validate_redis_url(key: &str, url: &str) -> Result<(), ConfigError> {
+    let scheme_ok = ["redis://", "rediss://", "redis+unix://", "unix://"]
+        .iter()
+        .any(|scheme| url.starts_with(scheme));
+    if !scheme_ok {
+        return Err(ConfigError::new(
+            key,
+            "must start with redis://, rediss:// or redis+unix://",
+        ));
+    }
+    redis::Client::open(url).map(|_| ()).map_err(|e| {
+        ConfigError::new(
+            key,
+            format!("not a valid Redis URL ({})", redact_error(&e.to_string(), url)),
+        )
+    })
+}
+
+/// Replaces the password of a `scheme://user:password@host` URL with `***`.
+pub fn redact_url(url: &str) -> String {
+    let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
+        return url.to_string();
+    };
+    let authority_end = url[scheme_end..]
+        .find(['/', '?', '#'])
+        .map_or(url.len(), |i| scheme_end + i);
+    let Some(at) = url[scheme_end..authority_end].rfind('@').map(|i| scheme_end + i) else {
+        return url.to_string();
+    };
+    let userinfo = &url[scheme_end..at];
+    let user = userinfo.split(':').next().unwrap_or("");
+    format!("{}{}:***{}", &url[..scheme_end], user, &url[at..])
+}
+
+/// Error texts from URL parsers may quote the URL; never let a password through.
+fn redact_error(message: &str, url: &str) -> String {
+    match password_of(url) {
+        Some(password) if !password.is_empty() => message.replace(password, "***"),
+        _ => message.to_string(),
+    }
+}
+
+fn password_of(url: &str) -> Option<&str> {
+    let rest = &url[url.find("://")? + 3..];
+    let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
+    let userinfo = &authority[..authority.rfind('@')?];
+    userinfo.split_once(':').map(|(_, password)| password)
+}
+
+impl LimitConfig {
+    fn validate(&self, at: &str) -> Result<(), ConfigError> {
+        let name_ok = !self.name.is_empty()
+            && self.name.len() <= 64
+            && self
+                .name
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-');
+        if !name_ok {
+            return Err(ConfigError::new(
+                format!("{at}.name"),
+                "must match [a-z0-9_-]+ (at most 64 characters)",
+            ));
+        }
+        let at = format!("limits.{}", self.name);
+        if !(self.rate.is_finite() && self.rate > 0.0) {
+            return Err(ConfigError::new(format!("{at}.rate"), "must be > 0"));
+        }
+        if self.burst == 0 || self.burst > 1_000_000_000 {
+            return Err(ConfigError::new(
+                format!("{at}.burst"),
+                "must be between 1 and 1000000000",
+            ));
+        }
+        if self.cost == 0 {
+            return Err(ConfigError::new(format!("{at}.cost"), "must be >= 1"));
+        }
+        if self.cost > self.burst {
+            return Err(ConfigError::new(
+                format!("{at}.cost"),
+                format!(
+                    "cost {} exceeds burst {}: no request could ever pass",
+                    self.cost, self.burst
+                ),
+            ));
+        }
+        if let Some(header) = &self.cost_header {
+            if actix_web::http::header::HeaderName::try_from(header.as_str()).is_err() {
+                return Err(ConfigError::new(
+                    format!("{at}.cost_header"),
+                    "is not a valid header name",
+                ));
+            }
+        }
+        if self.key.is_empty() {
+            return Err(ConfigError::new(
+                format!("{at}.key"),
+                "needs at least one part, e.g. [\"ip\"]",
+            ));
+        }
+        for (i, part) in self.key.iter().enumerate() {
+            KeyPart::parse(part).map_err(|why| ConfigError::new(format!("{at}.key[{i}]"), why))?;
+        }
+        self.matching.validate(&format!("{at}.match"))
+    }
+}
+
+impl MatchConfig {
+    fn validate(&self, at: &str) -> Result<(), ConfigError> {
+        for (i, method) in self.methods.iter().enumerate() {
+            if method.is_empty() || !method.bytes().all(|b| b.is_ascii_alphabetic()) {
+                return Err(ConfigError::new(
+                    format!("{at}.methods[{i}]"),
+                    "must be an HTTP method name like GET",
+                ));
+            }
+        }
+        for (i, host) in self.hosts.iter().enumerate() {
+            if host.is_empty() || !host.bytes().all(|b| b.is_ascii_graphic()) {
+                return Err(ConfigError::new(
+                    format!("{at}.hosts[{i}]"),
+                    "must be a host name",
+                ));
+            }
+        }
+        if let Some(prefix) = &self.path_prefix {
+            if !prefix.starts_with('/') {
+                return Err(ConfigError::new(
+                    format!("{at}.path_prefix"),
+                    "must start with /",
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redact_url_hides_the_password_only() {
+        assert_eq!(
+            redact_url("redis://user:s3cret@host:6379/0"),
+            "redis://user:***@host:6379/0"
+        );
+        assert_eq!(redact_url("redis://:s3cret@host"), "redis://:***@host");
+        assert_eq!(redact_url("redis://host:6379"), "redis://host:6379");
+    }
+
+    #[test]
+    fn kubernetes_service_variables_are_not_config_keys() {
+        assert!(is_kubernetes_or_cli_env("service_host"));
+        assert!(is_kubernetes_or_cli_env("port_8080_tcp_addr"));
+        assert!(is_kubernetes_or_cli_env("config"));
+        assert!(!is_kubernetes_or_cli_env("listen"));
+    }
+
+    #[test]
+    fn defaults_are_valid() {
+        Config::default().validate().expect("defaults validate");
+    }
+}

@@ -1,0 +1,34 @@
+//! `/check`: describe the original request, decide, render. Any method, any path below.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::Instant;
+
+use actix_web::{web, HttpRequest, HttpResponse};
+
+use super::headers;
+use crate::request::Described;
+use crate::server::AppState;
+
+pub async fn check(request: HttpRequest, state: web::Data<AppState>) -> HttpResponse {
+    let started = Instant::now();
+    let policy = state.limiter.policy();
+    // A TCP peer always exists; the fallback only covers listeners without one.
+    let peer = request
+        .peer_addr()
+        .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |addr| addr.ip());
+    let client_ip = policy.client_ip.client_ip(request.headers(), peer);
+    let path_tail = request.path().get("/check".len()..).unwrap_or("/");
+    let described = Described::new(
+        request.headers(),
+        request.method().as_str(),
+        path_tail,
+        client_ip,
+    );
+    let verdict = state.limiter.check(&policy, &described).await;
+    let response = headers::render(&verdict, &policy);
+    state
+        .metrics
+        .check_duration
+        .observe(started.elapsed().as_secs_f64());
+    response
+}

@@ -1,0 +1,139 @@
+//! [`Verdict`] → HTTP response: status, `RateLimit-Policy` / `RateLimit` (IETF draft),
+//! `X-RateLimit-*`, `Retry-After`, and a problem+json body on denials.
+
+use actix_web::http::StatusCode;
+use actix_web::{HttpResponse, HttpResponseBuilder};
+use serde::Serialize;
+
+use crate::config::HeaderFamily;
+use crate::decision::{Decision, Verdict};
+use crate::limits::Policy;
+
+pub fn render(verdict: &Verdict, policy: &Policy) -> HttpResponse {
+    match verdict {
+        // Empty 200: nginx keeps its keep-alive connection to tollgate only without a body.
+        Verdict::Unlimited | Verdict::StoreFailed { allow: true } => HttpResponse::Ok().finish(),
+        Verdict::Decided(decision) if decision.allowed => {
+            let mut response = HttpResponse::Ok();
+            quota_headers(&mut response, decision, policy);
+            response.finish()
+        }
+        Verdict::Decided(decision) => denied(decision, policy),
+        Verdict::MissingKey { limit } => {
+            let name = &policy.limits[*limit].name;
+            problem(
+                &mut deny_builder(policy),
+                deny_status(policy),
+                format!("the request lacks the key of limit {name:?}"),
+                vec![name.as_str()],
+                None,
+            )
+        }
+        Verdict::StoreFailed { allow: false } => {
+            let mut response = HttpResponse::ServiceUnavailable();
+            response.insert_header(("retry-after", "1"));
+            problem(
+                &mut response,
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the rate-limit store is unavailable".into(),
+                Vec::new(),
+                Some(1),
+            )
+        }
+    }
+}
+
+fn deny_status(policy: &Policy) -> StatusCode {
+    StatusCode::from_u16(policy.response.deny_status).unwrap_or(StatusCode::TOO_MANY_REQUESTS)
+}
+
+fn deny_builder(policy: &Policy) -> HttpResponseBuilder {
+    HttpResponse::build(deny_status(policy))
+}
+
+fn denied(decision: &Decision, policy: &Policy) -> HttpResponse {
+    let mut response = deny_builder(policy);
+    quota_headers(&mut response, decision, policy);
+    let retry_after = decision.retry_after(policy);
+    let violated: Vec<&str> = decision
+        .violated(policy)
+        .map(|(_, limit)| limit.name.as_str())
+        .collect();
+    let detail = match retry_after {
+        Some(seconds) => {
+            response.insert_header(("retry-after", seconds));
+            format!("rate limit exceeded ({}); retry in {seconds} s", violated.join(", "))
+        }
+        None => match decision.violated(policy).find(|(s, l)| s.cost > l.burst) {
+            Some((state, limit)) => format!(
+                "request cost {} exceeds the burst {} of limit {:?}: it can never pass",
+                state.cost, limit.burst, limit.name
+            ),
+            None => format!("rate limit exceeded ({})", violated.join(", ")),
+        },
+    };
+    problem(&mut response, deny_status(policy), detail, violated, retry_after)
+}
+
+/// RFC 9457 problem details.
+#[derive(Serialize)]
+struct Problem<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    title: &'a str,
+    status: u16,
+    detail: String,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    limits: Vec<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    retry_after: Option<u64>,
+}
+
+fn problem(
+    response: &mut HttpResponseBuilder,
+    status: StatusCode,
+    detail: String,
+    limits: Vec<&str>,
+    retry_after: Option<u64>,
+) -> HttpResponse {
+    let body = Problem {
+        kind: "about:blank",
+        title: status.canonical_reason().unwrap_or("Denied"),
+        status: status.as_u16(),
+        detail,
+        limits,
+        retry_after,
+    };
+    response
+        .content_type("application/problem+json")
+        .body(serde_json::to_string(&body).unwrap_or_default())
+}
+
+/// The quota headers of the families configured in `response.headers`.
+fn quota_headers(response: &mut HttpResponseBuilder, decision: &Decision, policy: &Policy) {
+    let Some((state, limit)) = decision.most_restrictive(policy) else {
+        return;
+    };
+    let (remaining, reset) = (state.remaining(), state.reset_secs(limit));
+    for family in &policy.response.headers {
+        match family {
+            HeaderFamily::Ietf => {
+                let items: Vec<&str> = decision
+                    .limits
+                    .iter()
+                    .map(|s| policy.limits[s.limit].policy_item.as_str())
+                    .collect();
+                response.insert_header(("ratelimit-policy", items.join(", ")));
+                response.insert_header((
+                    "ratelimit",
+                    format!("\"{}\";r={remaining};t={reset}", limit.name),
+                ));
+            }
+            HeaderFamily::XRatelimit => {
+                response.insert_header(("x-ratelimit-limit", limit.burst));
+                response.insert_header(("x-ratelimit-remaining", remaining));
+                response.insert_header(("x-ratelimit-reset", reset));
+            }
+        }
+    }
+}

@@ -1,0 +1,32 @@
+//! `/healthz` (the process serves), `/readyz` (tollgate can decide) and `/metrics`.
+
+use actix_web::{web, HttpResponse};
+
+use crate::config::OnError;
+use crate::server::AppState;
+use crate::store::Store;
+
+/// Liveness: never looks at the store, so a Redis outage cannot restart tollgate.
+pub async fn healthz() -> HttpResponse {
+    HttpResponse::Ok().content_type("text/plain").body("ok\n")
+}
+
+/// Readiness: tollgate can decide, i.e. the store answers, or `on_error` lets it decide
+/// without the store (`allow`, or `local` with its in-memory fallback).
+pub async fn readyz(state: web::Data<AppState>) -> HttpResponse {
+    match state.limiter.store().ping().await {
+        Ok(()) => HttpResponse::Ok().content_type("text/plain").body("ready\n"),
+        Err(error) if state.limiter.on_error() != OnError::Deny => HttpResponse::Ok()
+            .content_type("text/plain")
+            .body(format!("ready (degraded, store failing: {error})\n")),
+        Err(error) => HttpResponse::ServiceUnavailable()
+            .content_type("text/plain")
+            .body(format!("not ready: {error}\n")),
+    }
+}
+
+pub async fn metrics(state: web::Data<AppState>) -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("text/plain; version=0.0.4; charset=utf-8")
+        .body(state.metrics.render())
+}

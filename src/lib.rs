@@ -1,0 +1,35 @@
+//! tollgate: a rate-limit sidecar for ingress controllers.
+//!
+//! nginx `auth_request`, Traefik `ForwardAuth` and Envoy `ext_authz` call `/check` once per
+//! client request; tollgate finds the limiter key in the forwarded headers, runs an atomic
+//! token bucket in Redis (one Lua script, one round trip, Redis's clock) and answers 200 or 429
+//! with the rate-limit headers the ingress passes on.
+//!
+//! # Layout
+//!
+//! One request flows top to bottom:
+//!
+//! - [`http`]: `/check`, `/healthz`, `/readyz`, `/metrics`; [`http::headers`] renders a verdict.
+//! - [`request`]: what `/check` reads: original method, path, host, client IP (XFF walk).
+//! - [`limits`]: compiled limits, match rules, cost; which limits apply to a request.
+//! - [`keys`]: every store key is built here (escaping, hashing of hostile values).
+//! - [`limiter`]: the decision without HTTP: one atomic store call, `on_error` fallbacks.
+//! - [`store`]: the [`store::Store`] trait; [`store::redis`] (Lua via `EVALSHA`, deadlines,
+//!   circuit breaker) and [`store::memory`] (sharded, bounded); [`store::bucket`] is the
+//!   arithmetic twin of `lua/token_bucket.lua`.
+//! - [`decision`]: the verdict as a value: remaining, reset, retry-after.
+//! - [`metrics`]: the Prometheus registry; every metric name in one place.
+//! - [`config`]: defaults < TOML file < `TOLLGATE_*` environment; validation.
+//! - [`server`]: wiring and the two listeners; [`lifecycle`]: signals, reload, heartbeat.
+
+pub mod config;
+pub mod decision;
+pub mod http;
+pub mod keys;
+pub mod lifecycle;
+pub mod limiter;
+pub mod limits;
+pub mod metrics;
+pub mod request;
+pub mod server;
+pub mod store;

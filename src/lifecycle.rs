@@ -1,0 +1,121 @@
+//! Signals and the background duties of a running instance: SIGTERM/SIGINT drain and stop,
+//! SIGHUP reloads the limits, and (with `on_error = "local"`) a heartbeat counts the
+//! instances sharing Redis.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use actix_web::dev::ServerHandle;
+use actix_web::web;
+use tokio::signal::unix::{signal, SignalKind};
+
+use crate::config::Config;
+use crate::limits::Policy;
+use crate::server::AppState;
+use crate::store::AnyStore;
+
+/// How often an instance announces itself; an instance silent for [`INSTANCE_TTL`] is gone.
+const HEARTBEAT_EVERY: Duration = Duration::from_secs(2);
+const INSTANCE_TTL: Duration = Duration::from_secs(6);
+
+/// Reloads the config file into a new policy. Only what a policy holds changes live (limits,
+/// `[client_ip]`, `[response]`); listeners and the store need a restart, and say so.
+pub struct Reloader {
+    path: Option<PathBuf>,
+    running: Mutex<Config>,
+    state: web::Data<AppState>,
+}
+
+impl Reloader {
+    pub fn new(path: Option<PathBuf>, running: Config, state: web::Data<AppState>) -> Reloader {
+        Reloader {
+            path,
+            running: Mutex::new(running),
+            state,
+        }
+    }
+
+    /// Loads, validates and installs the file; on any error keeps the old limits.
+    pub fn reload(&self) {
+        let metrics = &self.state.metrics;
+        let loaded = Config::load(self.path.as_deref())
+            .and_then(|config| Policy::compile(&config, metrics).map(|policy| (config, policy)));
+        match loaded {
+            Ok((config, policy)) => {
+                let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+                if config.store != running.store
+                    || config.listen != running.listen
+                    || config.admin_listen != running.admin_listen
+                {
+                    log::warn!("reload: listen, admin_listen and [store] changes apply only after a restart");
+                }
+                self.state.limiter.replace_policy(policy);
+                metrics.reload_success.inc();
+                log::info!("reload: {} limit(s) active", config.limits.len());
+                *running = config;
+            }
+            Err(error) => {
+                metrics.reload_failure.inc();
+                log::error!("reload refused, keeping the running limits: {error}");
+            }
+        }
+    }
+}
+
+/// Waits for signals: SIGHUP reloads; SIGTERM or SIGINT stops the servers gracefully.
+pub async fn watch_signals(servers: Vec<ServerHandle>, reloader: Arc<Reloader>) {
+    let (Ok(mut term), Ok(mut int), Ok(mut hup)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::hangup()),
+    ) else {
+        log::error!("cannot install signal handlers; stop tollgate with SIGKILL");
+        return;
+    };
+    loop {
+        tokio::select! {
+            _ = term.recv() => break,
+            _ = int.recv() => break,
+            _ = hup.recv() => reloader.reload(),
+        }
+    }
+    log::info!("shutting down: no new connections, finishing in-flight checks");
+    let stops = servers.iter().map(|server| server.stop(true));
+    for stop in stops.collect::<Vec<_>>() {
+        stop.await;
+    }
+}
+
+/// Keeps this instance's heartbeat in Redis and learns how many instances share it.
+pub async fn count_instances(state: web::Data<AppState>, registry_key: String) {
+    let AnyStore::Redis(store) = state.limiter.store() else {
+        return;
+    };
+    let instance = instance_id();
+    let mut tick = tokio::time::interval(HEARTBEAT_EVERY);
+    loop {
+        tick.tick().await;
+        match store.heartbeat(&registry_key, &instance, INSTANCE_TTL).await {
+            Ok(count) if count != state.limiter.instances() => {
+                log::info!("{count} tollgate instance(s) share this store");
+                state.limiter.set_instances(count);
+            }
+            Ok(_) => {}
+            // Keep the last count: it is what the local fallback needs during an outage.
+            Err(error) => log::debug!("instance heartbeat failed: {error}"),
+        }
+    }
+}
+
+fn instance_id() -> String {
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|| "unknown".into());
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    format!("{host}-{}-{nanos}", std::process::id())
+}

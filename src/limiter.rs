@@ -1,0 +1,155 @@
+//! The decision, end to end and without HTTP: which limits apply, one atomic store call, and
+//! what happens when the store fails (`on_error`). Generic over the store, so tests drive it
+//! with a memory store on a manual clock or with a real Redis.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+
+use crate::config::OnError;
+use crate::decision::{Decision, LimitState, Verdict};
+use crate::limits::Policy;
+use crate::metrics::Metrics;
+use crate::request::Described;
+use crate::store::memory::MemoryStore;
+use crate::store::{BucketRequest, Store, StoreDecision, StoreError};
+
+pub struct Limiter<S: Store> {
+    store: S,
+    policy: ArcSwap<Policy>,
+    on_error: OnError,
+    /// In-memory buckets used while the store fails, with `on_error = "local"`.
+    fallback: Option<MemoryStore>,
+    /// Live instances sharing the store, as last learned from it (at least 1).
+    instances: AtomicU64,
+    metrics: Metrics,
+}
+
+impl<S: Store> Limiter<S> {
+    pub fn new(store: S, policy: Policy, on_error: OnError, max_buckets: usize, metrics: Metrics) -> Self {
+        Limiter {
+            store,
+            policy: ArcSwap::from_pointee(policy),
+            on_error,
+            fallback: (on_error == OnError::Local).then(|| MemoryStore::new(max_buckets)),
+            instances: AtomicU64::new(1),
+            metrics,
+        }
+    }
+
+    /// The current policy. Held for the whole check, so a reload never splits one.
+    pub fn policy(&self) -> Arc<Policy> {
+        self.policy.load_full()
+    }
+
+    /// Installs a new policy for the next checks (SIGHUP).
+    pub fn replace_policy(&self, policy: Policy) {
+        self.policy.store(Arc::new(policy));
+    }
+
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    pub fn on_error(&self) -> OnError {
+        self.on_error
+    }
+
+    /// How many instances share the store; the local fallback splits each limit this many ways.
+    pub fn set_instances(&self, count: u64) {
+        self.instances.store(count.max(1), Ordering::Relaxed);
+    }
+
+    pub fn instances(&self) -> u64 {
+        self.instances.load(Ordering::Relaxed)
+    }
+
+    pub async fn check(&self, policy: &Policy, request: &Described<'_>) -> Verdict {
+        let buckets = match policy.applicable(request) {
+            Ok(buckets) => buckets,
+            Err(limit) => {
+                self.metrics.checks.denied.inc();
+                return Verdict::MissingKey { limit };
+            }
+        };
+        if buckets.is_empty() {
+            self.metrics.checks.allowed.inc();
+            return Verdict::Unlimited;
+        }
+        match self.store.decide(&buckets).await {
+            Ok(decided) => {
+                let decision = self.record(policy, &buckets, decided, false);
+                Verdict::Decided(decision)
+            }
+            Err(error) => self.on_store_error(policy, &buckets, &error),
+        }
+    }
+
+    fn on_store_error(&self, policy: &Policy, buckets: &[BucketRequest], error: &StoreError) -> Verdict {
+        log::debug!("store failed, answering per on_error: {error}");
+        match (&self.fallback, self.on_error) {
+            (Some(fallback), OnError::Local) => {
+                let scaled = self.split_among_instances(buckets);
+                let decided = fallback.decide_now(&scaled);
+                Verdict::Decided(self.record(policy, buckets, decided, true))
+            }
+            (_, OnError::Deny) => {
+                self.metrics.checks.error_denied.inc();
+                Verdict::StoreFailed { allow: false }
+            }
+            _ => {
+                self.metrics.checks.error_allowed.inc();
+                Verdict::StoreFailed { allow: true }
+            }
+        }
+    }
+
+    /// Each of N instances enforces `rate / N` and `burst / N` (at least one token, so a small
+    /// burst still admits something).
+    fn split_among_instances(&self, buckets: &[BucketRequest]) -> Vec<BucketRequest> {
+        let n = self.instances() as f64;
+        buckets
+            .iter()
+            .map(|b| BucketRequest {
+                rate: b.rate / n,
+                burst: (b.burst / n).max(1.0),
+                ..b.clone()
+            })
+            .collect()
+    }
+
+    /// Counts the decision and turns it into a [`Decision`].
+    fn record(&self, policy: &Policy, buckets: &[BucketRequest], decided: StoreDecision, degraded: bool) -> Decision {
+        let checks = &self.metrics.checks;
+        match (decided.allowed, degraded) {
+            (true, false) => checks.allowed.inc(),
+            (false, false) => checks.denied.inc(),
+            (true, true) => checks.error_allowed.inc(),
+            (false, true) => checks.error_denied.inc(),
+        }
+        let limits = buckets
+            .iter()
+            .zip(&decided.buckets)
+            .map(|(bucket, outcome)| {
+                let limit = &policy.limits[bucket.limit];
+                match (outcome.enough, limit.shadow) {
+                    (true, _) => limit.counters.allowed.inc(),
+                    (false, true) => limit.counters.shadow_denied.inc(),
+                    (false, false) => limit.counters.denied.inc(),
+                }
+                LimitState {
+                    limit: bucket.limit,
+                    cost: bucket.cost,
+                    tokens: outcome.tokens,
+                    enough: outcome.enough,
+                }
+            })
+            .collect();
+        Decision {
+            allowed: decided.allowed,
+            limits,
+            degraded,
+        }
+    }
+}

@@ -1,0 +1,58 @@
+//! The `tollgate` binary: parse the command line, load the config, run or validate.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use tollgate::config::Config;
+use tollgate::server::{self, Listeners};
+
+#[derive(Parser)]
+#[command(name = "tollgate", version, about = "Rate-limit sidecar for ingress controllers")]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    /// TOML config file (default: built-in defaults, memory store, 20/s per client IP)
+    #[arg(long, global = true, env = "TOLLGATE_CONFIG")]
+    config: Option<PathBuf>,
+}
+
+#[derive(Subcommand, Clone, Copy)]
+enum Command {
+    /// Run the service (the default)
+    Serve,
+    /// Check the configuration, print the effective limits, exit 0 (or 2 on an error)
+    Validate,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    let config = match Config::load(cli.config.as_deref()) {
+        Ok(config) => config,
+        Err(error) => {
+            eprintln!("tollgate: invalid configuration: {error}");
+            return ExitCode::from(2);
+        }
+    };
+    match cli.command.unwrap_or(Command::Serve) {
+        Command::Validate => {
+            print!("{}", config.summary());
+            ExitCode::SUCCESS
+        }
+        Command::Serve => serve(config, cli.config),
+    }
+}
+
+fn serve(config: Config, path: Option<PathBuf>) -> ExitCode {
+    let result = Listeners::bind(&config)
+        .map_err(server::StartError::from)
+        .and_then(|listeners| actix_web::rt::System::new().block_on(server::run(config, path, listeners)));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            log::error!("{error}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,312 @@
+//! What `/check` reads: the original request's method, path, host and client IP, recovered
+//! from the headers the ingress forwards (SPEC §4). Nothing here allocates; every value
+//! borrows from the check request.
+
+use std::net::{IpAddr, SocketAddr};
+
+use actix_web::http::header::HeaderMap;
+use ipnet::IpNet;
+
+use crate::config::{ClientIpConfig, IpSource};
+
+/// How the client IP is found; compiled from `[client_ip]`.
+#[derive(Debug, Clone)]
+pub struct ClientIpPolicy {
+    pub from: IpSource,
+    pub trusted: Vec<IpNet>,
+}
+
+impl From<&ClientIpConfig> for ClientIpPolicy {
+    fn from(config: &ClientIpConfig) -> Self {
+        ClientIpPolicy {
+            from: config.from,
+            trusted: config.trusted_proxies.clone(),
+        }
+    }
+}
+
+impl ClientIpPolicy {
+    fn is_trusted(&self, ip: IpAddr) -> bool {
+        self.trusted.iter().any(|net| net.contains(&ip))
+    }
+
+    /// The client's address per `[client_ip]`: never missing, since the TCP peer is the
+    /// fallback of every source.
+    pub fn client_ip(&self, headers: &HeaderMap, peer: IpAddr) -> IpAddr {
+        let peer = peer.to_canonical();
+        match self.from {
+            IpSource::Peer => peer,
+            IpSource::XRealIp if self.is_trusted(peer) => headers
+                .get("x-real-ip")
+                .and_then(|v| parse_ip(v.as_bytes()))
+                .unwrap_or(peer),
+            IpSource::XRealIp => peer,
+            IpSource::XForwardedFor => self.walk_forwarded_for(headers, peer),
+        }
+    }
+
+    /// Walks `X-Forwarded-For` entries then the peer, right to left: the client is the first
+    /// address not in `trusted_proxies`; an unparseable entry stops the walk at the address to
+    /// its right; if all are trusted, the leftmost one. Only the entries walked are parsed, so a
+    /// 1,000-hop header costs as much as the trusted hops in front of it.
+    fn walk_forwarded_for(&self, headers: &HeaderMap, peer: IpAddr) -> IpAddr {
+        if !self.is_trusted(peer) {
+            return peer;
+        }
+        let mut client = peer;
+        // Several X-Forwarded-For lines form one list, in order; walk them last to first.
+        // (The header count is capped by the HTTP parser, so `nth` stays cheap.)
+        let line_count = headers.get_all("x-forwarded-for").count();
+        for index in (0..line_count).rev() {
+            let Some(line) = headers.get_all("x-forwarded-for").nth(index) else {
+                break;
+            };
+            for entry in line.as_bytes().rsplit(|&b| b == b',') {
+                let entry = entry.trim_ascii();
+                if entry.is_empty() {
+                    continue;
+                }
+                let Some(ip) = parse_ip(entry) else {
+                    return client;
+                };
+                client = ip;
+                if !self.is_trusted(ip) {
+                    return client;
+                }
+            }
+        }
+        client
+    }
+}
+
+/// Parses an address as proxies write it: `1.2.3.4`, `1.2.3.4:80`, `::1`, `[::1]:80`,
+/// `fe80::1%eth0` (the zone is dropped). IPv4-mapped IPv6 becomes IPv4.
+pub fn parse_ip(raw: &[u8]) -> Option<IpAddr> {
+    let text = std::str::from_utf8(raw).ok()?.trim();
+    if text.len() > 64 {
+        return None;
+    }
+    let ip = if let Ok(ip) = text.parse::<IpAddr>() {
+        ip
+    } else if let Ok(sock) = text.parse::<SocketAddr>() {
+        sock.ip()
+    } else {
+        let unbracketed = text.strip_prefix('[').map_or(text, |t| {
+            t.split_once(']').map_or(t, |(inside, _)| inside)
+        });
+        let without_zone = unbracketed.split_once('%').map_or(unbracketed, |(ip, _)| ip);
+        without_zone.parse::<IpAddr>().ok()?
+    };
+    Some(ip.to_canonical())
+}
+
+/// The original request, as described by the check request's headers.
+#[derive(Debug)]
+pub struct Described<'a> {
+    pub method: &'a str,
+    /// Path without query or fragment.
+    pub path: &'a str,
+    /// Host as sent, possibly with a port; see [`Described::host_without_port`].
+    pub host: &'a str,
+    pub client_ip: IpAddr,
+    headers: &'a HeaderMap,
+}
+
+impl<'a> Described<'a> {
+    /// `check_method` and `check_path_tail` describe the check request itself: its method,
+    /// and its path below `/check` (used when no header names the original).
+    pub fn new(
+        headers: &'a HeaderMap,
+        check_method: &'a str,
+        check_path_tail: &'a str,
+        client_ip: IpAddr,
+    ) -> Described<'a> {
+        let original_url = header_str(headers, "x-original-url").map(split_url);
+        let method = header_str(headers, "x-forwarded-method")
+            .or_else(|| header_str(headers, "x-original-method"))
+            .unwrap_or(check_method);
+        let path = header_str(headers, "x-forwarded-uri")
+            .or_else(|| header_str(headers, "x-original-uri"))
+            .or_else(|| original_url.map(|(_, path)| path))
+            .map(strip_query)
+            .unwrap_or(check_path_tail);
+        let host = header_str(headers, "x-forwarded-host")
+            .or_else(|| original_url.and_then(|(host, _)| host))
+            .or_else(|| header_str(headers, "host"))
+            .unwrap_or("");
+        Described {
+            method,
+            path: if path.is_empty() { "/" } else { path },
+            host,
+            client_ip,
+            headers,
+        }
+    }
+
+    /// The first value of a header, as bytes; `None` when absent.
+    pub fn header(&self, name: &str) -> Option<&'a [u8]> {
+        self.headers.get(name).map(|v| v.as_bytes())
+    }
+
+    /// Host without `:port` (brackets of an IPv6 literal kept).
+    pub fn host_without_port(&self) -> &'a str {
+        strip_port(self.host)
+    }
+}
+
+fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|v| !v.is_empty())
+}
+
+fn strip_query(uri: &str) -> &str {
+    let end = uri.find(['?', '#']).unwrap_or(uri.len());
+    &uri[..end]
+}
+
+fn strip_port(host: &str) -> &str {
+    if host.starts_with('[') {
+        return host.find(']').map_or(host, |i| &host[..=i]);
+    }
+    match host.rsplit_once(':') {
+        Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) && !name.contains(':') => {
+            name
+        }
+        _ => host,
+    }
+}
+
+/// Splits `scheme://host[:port]/path?query` into host and path; a value starting with `/` is
+/// only a path. Garbage yields an unusable host and a path that matches nothing surprising.
+fn split_url(url: &str) -> (Option<&str>, &str) {
+    let Some(scheme_end) = url.find("://") else {
+        return (None, url);
+    };
+    let rest = &url[scheme_end + 3..];
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let authority = &rest[..authority_end];
+    let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let path = &rest[authority_end..];
+    let path = if path.starts_with('/') { path } else { "/" };
+    (Some(host).filter(|h| !h.is_empty()), path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use actix_web::http::header::{HeaderName, HeaderValue};
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.append(
+                HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                HeaderValue::from_str(value).unwrap(),
+            );
+        }
+        map
+    }
+
+    fn xff_policy(trusted: &[&str]) -> ClientIpPolicy {
+        ClientIpPolicy {
+            from: IpSource::XForwardedFor,
+            trusted: trusted.iter().map(|t| t.parse().unwrap()).collect(),
+        }
+    }
+
+    fn ip(text: &str) -> IpAddr {
+        text.parse().unwrap()
+    }
+
+    #[test]
+    fn forwarded_for_from_an_untrusted_peer_is_ignored() {
+        let policy = xff_policy(&["127.0.0.0/8"]);
+        let h = headers(&[("x-forwarded-for", "6.6.6.6")]);
+        assert_eq!(policy.client_ip(&h, ip("203.0.113.9")), ip("203.0.113.9"));
+    }
+
+    #[test]
+    fn the_rightmost_untrusted_hop_is_the_client() {
+        let policy = xff_policy(&["127.0.0.0/8", "10.0.0.0/8"]);
+        let h = headers(&[("x-forwarded-for", "6.6.6.6, 198.51.100.7, 10.1.2.3")]);
+        assert_eq!(policy.client_ip(&h, ip("127.0.0.1")), ip("198.51.100.7"));
+    }
+
+    #[test]
+    fn several_forwarded_for_lines_form_one_list() {
+        let policy = xff_policy(&["127.0.0.0/8", "10.0.0.0/8"]);
+        let h = headers(&[
+            ("x-forwarded-for", "198.51.100.7"),
+            ("x-forwarded-for", "10.0.0.2"),
+        ]);
+        assert_eq!(policy.client_ip(&h, ip("127.0.0.1")), ip("198.51.100.7"));
+    }
+
+    #[test]
+    fn all_trusted_yields_the_leftmost() {
+        let policy = xff_policy(&["10.0.0.0/8", "127.0.0.0/8"]);
+        let h = headers(&[("x-forwarded-for", "10.0.0.9, 10.0.0.2")]);
+        assert_eq!(policy.client_ip(&h, ip("127.0.0.1")), ip("10.0.0.9"));
+    }
+
+    #[test]
+    fn garbage_stops_the_walk_at_the_address_to_its_right() {
+        let policy = xff_policy(&["10.0.0.0/8", "127.0.0.0/8"]);
+        let h = headers(&[("x-forwarded-for", "6.6.6.6, not-an-ip, 10.0.0.2")]);
+        assert_eq!(policy.client_ip(&h, ip("127.0.0.1")), ip("10.0.0.2"));
+    }
+
+    #[test]
+    fn ipv6_is_canonical_and_ports_and_zones_are_dropped() {
+        assert_eq!(parse_ip(b"2001:DB8:0::1"), Some(ip("2001:db8::1")));
+        assert_eq!(parse_ip(b"[2001:db8::1]:443"), Some(ip("2001:db8::1")));
+        assert_eq!(parse_ip(b"fe80::1%eth0"), Some(ip("fe80::1")));
+        assert_eq!(parse_ip(b"::ffff:192.0.2.1"), Some(ip("192.0.2.1")));
+        assert_eq!(parse_ip(b"192.0.2.1:8080"), Some(ip("192.0.2.1")));
+        assert_eq!(parse_ip(b"\xff\xfe"), None);
+    }
+
+    #[test]
+    fn real_ip_is_honoured_only_from_a_trusted_peer() {
+        let policy = ClientIpPolicy {
+            from: IpSource::XRealIp,
+            trusted: vec!["127.0.0.0/8".parse().unwrap()],
+        };
+        let h = headers(&[("x-real-ip", "198.51.100.7")]);
+        assert_eq!(policy.client_ip(&h, ip("127.0.0.1")), ip("198.51.100.7"));
+        assert_eq!(policy.client_ip(&h, ip("203.0.113.1")), ip("203.0.113.1"));
+    }
+
+    #[test]
+    fn original_request_is_read_in_order_of_preference() {
+        let h = headers(&[
+            ("x-original-method", "POST"),
+            ("x-original-uri", "/api/v1/items?page=2"),
+            ("host", "tollgate:8080"),
+            ("x-original-url", "https://api.example.com:8443/other"),
+        ]);
+        let d = Described::new(&h, "GET", "/", ip("127.0.0.1"));
+        assert_eq!(d.method, "POST");
+        assert_eq!(d.path, "/api/v1/items");
+        assert_eq!(d.host, "api.example.com:8443");
+        assert_eq!(d.host_without_port(), "api.example.com");
+    }
+
+    #[test]
+    fn the_check_path_describes_the_request_when_no_header_does() {
+        let h = headers(&[("host", "Example.com")]);
+        let d = Described::new(&h, "DELETE", "/items/7", ip("127.0.0.1"));
+        assert_eq!((d.method, d.path, d.host), ("DELETE", "/items/7", "Example.com"));
+    }
+
+    #[test]
+    fn ports_are_stripped_from_hosts() {
+        assert_eq!(strip_port("example.com:80"), "example.com");
+        assert_eq!(strip_port("[::1]:80"), "[::1]");
+        assert_eq!(strip_port("::1"), "::1");
+        assert_eq!(strip_port("example.com"), "example.com");
+    }
+}

@@ -1,0 +1,129 @@
+//! Start-up wiring: the store, the limiter and the shared state are built once and handed to
+//! every actix worker; then the public and admin listeners serve until a signal stops them.
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix_web::{web, App, HttpServer};
+
+use crate::config::{Backend, Config, OnError};
+use crate::lifecycle::{self, Reloader};
+use crate::limiter::Limiter;
+use crate::limits::Policy;
+use crate::metrics::Metrics;
+use crate::store::memory::MemoryStore;
+use crate::store::redis::RedisStore;
+use crate::store::AnyStore;
+
+/// In-flight checks get this long to finish after SIGTERM.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// Shared by every worker of both listeners.
+pub struct AppState {
+    pub limiter: Limiter<AnyStore>,
+    pub metrics: Metrics,
+}
+
+/// The two listening sockets, bound before the runtime starts so tests can bind port 0.
+pub struct Listeners {
+    pub public: TcpListener,
+    pub admin: TcpListener,
+}
+
+impl Listeners {
+    pub fn bind(config: &Config) -> std::io::Result<Listeners> {
+        Ok(Listeners {
+            public: TcpListener::bind(config.listen)?,
+            admin: TcpListener::bind(config.admin_listen)?,
+        })
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("{0}")]
+    Store(#[from] crate::store::StoreError),
+    #[error("{0}")]
+    Config(#[from] crate::config::ConfigError),
+    #[error("cannot serve: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Builds the shared state. Must run inside the actix (Tokio) runtime: the Redis connection
+/// manager spawns its driver there.
+pub fn build_state(config: &Config) -> Result<web::Data<AppState>, StartError> {
+    let metrics = Metrics::new();
+    let policy = Policy::compile(config, &metrics)?;
+    let store = match config.store.backend {
+        Backend::Memory => AnyStore::Memory(MemoryStore::new(config.store.max_buckets)),
+        Backend::Redis => AnyStore::Redis(RedisStore::connect_lazily(
+            &config.store.url,
+            Duration::from_millis(config.store.timeout_ms),
+            metrics.clone(),
+        )?),
+    };
+    let limiter = Limiter::new(
+        store,
+        policy,
+        config.store.on_error,
+        config.store.max_buckets,
+        metrics.clone(),
+    );
+    Ok(web::Data::new(AppState { limiter, metrics }))
+}
+
+/// Serves until SIGTERM/SIGINT, then drains in-flight checks (at most [`SHUTDOWN_GRACE`]).
+pub async fn run(config: Config, config_path: Option<PathBuf>, listeners: Listeners) -> Result<(), StartError> {
+    let state = build_state(&config)?;
+    log::info!(
+        "tollgate {} serving /check on {}, metrics on {}; store {}; {} limit(s)",
+        env!("CARGO_PKG_VERSION"),
+        listeners.public.local_addr()?,
+        listeners.admin.local_addr()?,
+        config.store.describe(),
+        config.limits.len()
+    );
+
+    let public_state = state.clone();
+    let public = HttpServer::new(move || {
+        App::new()
+            .app_data(public_state.clone())
+            .configure(crate::http::public_routes)
+    })
+    .disable_signals()
+    .shutdown_timeout(SHUTDOWN_GRACE.as_secs())
+    .listen(listeners.public)?
+    .run();
+
+    let admin_state = state.clone();
+    let admin = HttpServer::new(move || {
+        App::new()
+            .app_data(admin_state.clone())
+            .configure(crate::http::admin_routes)
+    })
+    .workers(1)
+    .disable_signals()
+    .shutdown_timeout(SHUTDOWN_GRACE.as_secs())
+    .listen(listeners.admin)?
+    .run();
+
+    if config.store.backend == Backend::Redis && config.store.on_error == OnError::Local {
+        actix_web::rt::spawn(lifecycle::count_instances(
+            state.clone(),
+            format!("{}:instances", config.store.key_prefix),
+        ));
+    }
+    let reloader = Arc::new(Reloader::new(config_path, config, state.clone()));
+    actix_web::rt::spawn(lifecycle::watch_signals(
+        vec![public.handle(), admin.handle()],
+        reloader,
+    ));
+
+    let (public_result, admin_result) = tokio::join!(public, admin);
+    public_result?;
+    admin_result?;
+    log::info!("tollgate stopped");
+    Ok(())
+}

@@ -1,0 +1,155 @@
+//! A circuit breaker in front of the store. After [`FAILURE_THRESHOLD`] consecutive failures it
+//! opens: calls fail at once (no waiting on a dead Redis) for [`OPEN_FOR`]; then one call is let
+//! through as a probe (half-open). A success closes it; a failure reopens it. Each transition is
+//! logged once and mirrored in `tollgate_store_up`.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::time::{Duration, Instant};
+
+use prometheus::IntGauge;
+
+/// Consecutive failures that open the breaker.
+pub const FAILURE_THRESHOLD: u32 = 3;
+/// How long an open breaker rejects calls before probing. Short, so recovery is quick.
+pub const OPEN_FOR: Duration = Duration::from_millis(250);
+
+const CLOSED: u8 = 0;
+const OPEN: u8 = 1;
+const HALF_OPEN: u8 = 2;
+
+/// What the breaker lets a caller do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    /// Call the store.
+    Call,
+    /// Call the store as the single recovery probe.
+    Probe,
+    /// Do not call; answer as if the store failed.
+    Reject,
+}
+
+pub struct Breaker {
+    state: AtomicU8,
+    failures: AtomicU32,
+    reopen_at_us: AtomicU64,
+    epoch: Instant,
+    up: IntGauge,
+    name: &'static str,
+}
+
+impl Breaker {
+    pub fn new(up: IntGauge, name: &'static str) -> Breaker {
+        up.set(1);
+        Breaker {
+            state: AtomicU8::new(CLOSED),
+            failures: AtomicU32::new(0),
+            reopen_at_us: AtomicU64::new(0),
+            epoch: Instant::now(),
+            up,
+            name,
+        }
+    }
+
+    fn now_us(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_micros()).unwrap_or(u64::MAX)
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.state.load(Ordering::Acquire) == CLOSED
+    }
+
+    pub fn admit(&self) -> Admission {
+        match self.state.load(Ordering::Acquire) {
+            CLOSED => Admission::Call,
+            OPEN if self.now_us() >= self.reopen_at_us.load(Ordering::Acquire) => {
+                // Exactly one caller wins the probe.
+                match self.state.compare_exchange(
+                    OPEN,
+                    HALF_OPEN,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                ) {
+                    Ok(_) => Admission::Probe,
+                    Err(_) => Admission::Reject,
+                }
+            }
+            _ => Admission::Reject,
+        }
+    }
+
+    pub fn on_success(&self) {
+        self.failures.store(0, Ordering::Release);
+        if self.state.swap(CLOSED, Ordering::AcqRel) != CLOSED {
+            self.up.set(1);
+            log::info!("{} is answering again: circuit closed", self.name);
+        }
+    }
+
+    pub fn on_failure(&self, why: &dyn std::fmt::Display) {
+        let failures = self.failures.fetch_add(1, Ordering::AcqRel) + 1;
+        let state = self.state.load(Ordering::Acquire);
+        let should_open = (state == CLOSED && failures >= FAILURE_THRESHOLD) || state == HALF_OPEN;
+        if !should_open {
+            return;
+        }
+        self.reopen_at_us.store(
+            self.now_us() + OPEN_FOR.as_micros() as u64,
+            Ordering::Release,
+        );
+        if self.state.swap(OPEN, Ordering::AcqRel) == CLOSED {
+            self.up.set(0);
+            log::warn!(
+                "{} failed {failures} times in a row ({why}): circuit open, answering per on_error",
+                self.name
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn breaker() -> Breaker {
+        Breaker::new(IntGauge::new("up", "up").unwrap(), "test store")
+    }
+
+    #[test]
+    fn opens_after_consecutive_failures_and_probes_once() {
+        let b = breaker();
+        for _ in 0..FAILURE_THRESHOLD {
+            assert_eq!(b.admit(), Admission::Call);
+            b.on_failure(&"boom");
+        }
+        assert_eq!(b.admit(), Admission::Reject);
+        assert_eq!(b.up.get(), 0);
+        std::thread::sleep(OPEN_FOR + Duration::from_millis(20));
+        assert_eq!(b.admit(), Admission::Probe);
+        assert_eq!(b.admit(), Admission::Reject);
+        b.on_success();
+        assert_eq!(b.admit(), Admission::Call);
+        assert_eq!(b.up.get(), 1);
+    }
+
+    #[test]
+    fn a_failed_probe_reopens() {
+        let b = breaker();
+        for _ in 0..FAILURE_THRESHOLD {
+            b.on_failure(&"boom");
+        }
+        std::thread::sleep(OPEN_FOR + Duration::from_millis(20));
+        assert_eq!(b.admit(), Admission::Probe);
+        b.on_failure(&"still down");
+        assert_eq!(b.admit(), Admission::Reject);
+    }
+
+    #[test]
+    fn a_success_resets_the_failure_count() {
+        let b = breaker();
+        b.on_failure(&"x");
+        b.on_failure(&"x");
+        b.on_success();
+        b.on_failure(&"x");
+        assert_eq!(b.admit(), Admission::Call);
+    }
+}
