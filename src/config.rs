@@ -227,7 +227,9 @@ impl From<figment::Error> for ConfigError {
                 }
                 "unknown key".to_string()
             }
-            figment::error::Kind::Message(msg) if msg.contains("parse error") || path.is_empty() => {
+            figment::error::Kind::Message(msg)
+                if msg.contains("parse error") || path.is_empty() =>
+            {
                 // TOML syntax errors carry no path; keep the parser's own position info.
                 if path.is_empty() {
                     path = "<file>".into();
@@ -302,7 +304,11 @@ impl Config {
             out,
             "client_ip     from {:?}, trusted {:?}",
             self.client_ip.from,
-            self.client_ip.trusted_proxies.iter().map(|n| n.to_string()).collect::<Vec<_>>()
+            self.client_ip
+                .trusted_proxies
+                .iter()
+                .map(|n| n.to_string())
+                .collect::<Vec<_>>()
         );
         let _ = writeln!(out, "limits        {}", self.limits.len());
         for limit in &self.limits {
@@ -313,15 +319,23 @@ impl Config {
                 limit.rate,
                 limit.burst,
                 limit.key.join(", "),
-                limit.cost_header.as_deref().map_or(limit.cost.to_string(), |h| format!(
-                    "from {h} (default {})",
-                    limit.cost
-                )),
+                limit
+                    .cost_header
+                    .as_deref()
+                    .map_or(limit.cost.to_string(), |h| format!(
+                        "from {h} (default {})",
+                        limit.cost
+                    )),
             );
             if limit.shadow {
                 out.push_str("  shadow");
             }
-            let _ = writeln!(out, "  on_missing {:?}  match {}", limit.on_missing, limit.matching.describe());
+            let _ = writeln!(
+                out,
+                "  on_missing {:?}  match {}",
+                limit.on_missing,
+                limit.matching.describe()
+            );
         }
         out
     }
@@ -338,7 +352,11 @@ impl StoreConfig {
                     format!("cluster [{}]", seeds.join(", "))
                 } else if let Some(sentinel) = &self.sentinel {
                     let urls: Vec<String> = sentinel.urls.iter().map(|u| redact_url(u)).collect();
-                    format!("sentinel master {:?} via [{}]", sentinel.master, urls.join(", "))
+                    format!(
+                        "sentinel master {:?} via [{}]",
+                        sentinel.master,
+                        urls.join(", ")
+                    )
                 } else {
                     redact_url(&self.url)
                 };
@@ -443,7 +461,10 @@ fn validate_redis_url(key: &str, url: &str) -> Result<(), ConfigError> {
     redis::Client::open(url).map(|_| ()).map_err(|e| {
         ConfigError::new(
             key,
-            format!("not a valid Redis URL ({})", redact_error(&e.to_string(), url)),
+            format!(
+                "not a valid Redis URL ({})",
+                redact_error(&e.to_string(), url)
+            ),
         )
     })
 }
@@ -456,7 +477,10 @@ pub fn redact_url(url: &str) -> String {
     let authority_end = url[scheme_end..]
         .find(['/', '?', '#'])
         .map_or(url.len(), |i| scheme_end + i);
-    let Some(at) = url[scheme_end..authority_end].rfind('@').map(|i| scheme_end + i) else {
+    let Some(at) = url[scheme_end..authority_end]
+        .rfind('@')
+        .map(|i| scheme_end + i)
+    else {
         return url.to_string();
     };
     let userinfo = &url[scheme_end..at];

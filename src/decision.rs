@@ -73,7 +73,10 @@ impl LimitState {
 
 impl Decision {
     /// The denying limits, as (state, limit).
-    pub fn violated<'p>(&'p self, policy: &'p Policy) -> impl Iterator<Item = (&'p LimitState, &'p Limit)> {
+    pub fn violated<'p>(
+        &'p self,
+        policy: &'p Policy,
+    ) -> impl Iterator<Item = (&'p LimitState, &'p Limit)> {
         self.limits
             .iter()
             .map(|state| (state, &policy.limits[state.limit]))
@@ -93,13 +96,20 @@ impl Decision {
 
     /// The limit the headers describe: on a denial, the denying limit with the longest wait;
     /// otherwise the one with the fewest tokens left (ties: the longest until full).
-    pub fn most_restrictive<'p>(&'p self, policy: &'p Policy) -> Option<(&'p LimitState, &'p Limit)> {
+    pub fn most_restrictive<'p>(
+        &'p self,
+        policy: &'p Policy,
+    ) -> Option<(&'p LimitState, &'p Limit)> {
         let with_limits = self.limits.iter().map(|s| (s, &policy.limits[s.limit]));
         if !self.allowed {
             return self.violated(policy).max_by_key(|(state, limit)| {
-                (state.wait_secs(limit).unwrap_or(u64::MAX), state.reset_secs(limit))
+                (
+                    state.wait_secs(limit).unwrap_or(u64::MAX),
+                    state.reset_secs(limit),
+                )
             });
         }
-        with_limits.min_by_key(|(state, limit)| (state.remaining(), u64::MAX - state.reset_secs(limit)))
+        with_limits
+            .min_by_key(|(state, limit)| (state.remaining(), u64::MAX - state.reset_secs(limit)))
     }
 }

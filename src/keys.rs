@@ -202,7 +202,14 @@ mod tests {
 
     #[test]
     fn key_parts_parse_and_print_back() {
-        for text in ["ip", "method", "host", "path", "header:x-api-key", "const:all"] {
+        for text in [
+            "ip",
+            "method",
+            "host",
+            "path",
+            "header:x-api-key",
+            "const:all",
+        ] {
             assert_eq!(KeyPart::parse(text).unwrap().to_string(), text);
         }
         assert!(KeyPart::parse("header:bad header").is_err());

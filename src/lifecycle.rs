@@ -96,7 +96,10 @@ pub async fn count_instances(state: web::Data<AppState>, registry_key: String) {
     let mut tick = tokio::time::interval(HEARTBEAT_EVERY);
     loop {
         tick.tick().await;
-        match store.heartbeat(&registry_key, &instance, INSTANCE_TTL).await {
+        match store
+            .heartbeat(&registry_key, &instance, INSTANCE_TTL)
+            .await
+        {
             Ok(count) if count != state.limiter.instances() => {
                 log::info!("{count} tollgate instance(s) share this store");
                 state.limiter.set_instances(count);

@@ -27,7 +27,13 @@ pub struct Limiter<S: Store> {
 }
 
 impl<S: Store> Limiter<S> {
-    pub fn new(store: S, policy: Policy, on_error: OnError, max_buckets: usize, metrics: Metrics) -> Self {
+    pub fn new(
+        store: S,
+        policy: Policy,
+        on_error: OnError,
+        max_buckets: usize,
+        metrics: Metrics,
+    ) -> Self {
         Limiter {
             store,
             policy: ArcSwap::from_pointee(policy),
@@ -86,7 +92,12 @@ impl<S: Store> Limiter<S> {
         }
     }
 
-    fn on_store_error(&self, policy: &Policy, buckets: &[BucketRequest], error: &StoreError) -> Verdict {
+    fn on_store_error(
+        &self,
+        policy: &Policy,
+        buckets: &[BucketRequest],
+        error: &StoreError,
+    ) -> Verdict {
         log::debug!("store failed, answering per on_error: {error}");
         match (&self.fallback, self.on_error) {
             (Some(fallback), OnError::Local) => {
@@ -120,7 +131,13 @@ impl<S: Store> Limiter<S> {
     }
 
     /// Counts the decision and turns it into a [`Decision`].
-    fn record(&self, policy: &Policy, buckets: &[BucketRequest], decided: StoreDecision, degraded: bool) -> Decision {
+    fn record(
+        &self,
+        policy: &Policy,
+        buckets: &[BucketRequest],
+        decided: StoreDecision,
+        degraded: bool,
+    ) -> Decision {
         let checks = &self.metrics.checks;
         match (decided.allowed, degraded) {
             (true, false) => checks.allowed.inc(),

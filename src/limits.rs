@@ -35,7 +35,11 @@ pub struct Matcher {
 impl Matcher {
     fn new(config: &MatchConfig) -> Matcher {
         Matcher {
-            hosts: config.hosts.iter().map(|h| h.to_ascii_lowercase()).collect(),
+            hosts: config
+                .hosts
+                .iter()
+                .map(|h| h.to_ascii_lowercase())
+                .collect(),
             methods: config
                 .methods
                 .iter()
@@ -97,7 +101,6 @@ impl Limit {
             .filter(|&cost| cost >= 1)
             .unwrap_or(self.cost)
     }
-
 }
 
 /// Everything a check needs that a reload may change.
@@ -135,7 +138,13 @@ impl Policy {
                 continue;
             }
             let anonymous = limit.on_missing == OnMissing::Anonymous;
-            let key = match keys::bucket_key(&self.key_prefix, &limit.name, &limit.key, request, anonymous) {
+            let key = match keys::bucket_key(
+                &self.key_prefix,
+                &limit.name,
+                &limit.key,
+                request,
+                anonymous,
+            ) {
                 Ok(key) => key,
                 Err(keys::MissingPart) if limit.on_missing == OnMissing::Deny => return Err(index),
                 Err(keys::MissingPart) => continue,

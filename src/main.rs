@@ -8,7 +8,11 @@ use tollgate::config::Config;
 use tollgate::server::{self, Listeners};
 
 #[derive(Parser)]
-#[command(name = "tollgate", version, about = "Rate-limit sidecar for ingress controllers")]
+#[command(
+    name = "tollgate",
+    version,
+    about = "Rate-limit sidecar for ingress controllers"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
@@ -47,7 +51,9 @@ fn main() -> ExitCode {
 fn serve(config: Config, path: Option<PathBuf>) -> ExitCode {
     let result = Listeners::bind(&config)
         .map_err(server::StartError::from)
-        .and_then(|listeners| actix_web::rt::System::new().block_on(server::run(config, path, listeners)));
+        .and_then(|listeners| {
+            actix_web::rt::System::new().block_on(server::run(config, path, listeners))
+        });
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {

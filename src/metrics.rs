@@ -68,7 +68,10 @@ impl Metrics {
         )
         .expect("valid metric");
         let limit_decisions = IntCounterVec::new(
-            Opts::new(LIMIT_DECISIONS_TOTAL, "Per-limit outcomes of evaluated checks."),
+            Opts::new(
+                LIMIT_DECISIONS_TOTAL,
+                "Per-limit outcomes of evaluated checks.",
+            ),
             &["limit", "decision"],
         )
         .expect("valid metric");
@@ -90,7 +93,10 @@ impl Metrics {
         let store_up = IntGauge::new(STORE_UP, "1 while the store answers, 0 while it fails.")
             .expect("valid metric");
         let reloads = IntCounterVec::new(
-            Opts::new(CONFIG_RELOADS_TOTAL, "Configuration reloads (SIGHUP), by result."),
+            Opts::new(
+                CONFIG_RELOADS_TOTAL,
+                "Configuration reloads (SIGHUP), by result.",
+            ),
             &["result"],
         )
         .expect("valid metric");
@@ -114,7 +120,9 @@ impl Metrics {
             Box::new(reloads.clone()),
             Box::new(build_info),
         ] {
-            registry.register(collector).expect("metric names are unique");
+            registry
+                .register(collector)
+                .expect("metric names are unique");
         }
 
         Metrics {

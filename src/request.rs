@@ -91,10 +91,12 @@ pub fn parse_ip(raw: &[u8]) -> Option<IpAddr> {
     } else if let Ok(sock) = text.parse::<SocketAddr>() {
         sock.ip()
     } else {
-        let unbracketed = text.strip_prefix('[').map_or(text, |t| {
-            t.split_once(']').map_or(t, |(inside, _)| inside)
-        });
-        let without_zone = unbracketed.split_once('%').map_or(unbracketed, |(ip, _)| ip);
+        let unbracketed = text
+            .strip_prefix('[')
+            .map_or(text, |t| t.split_once(']').map_or(t, |(inside, _)| inside));
+        let without_zone = unbracketed
+            .split_once('%')
+            .map_or(unbracketed, |(ip, _)| ip);
         without_zone.parse::<IpAddr>().ok()?
     };
     Some(ip.to_canonical())
@@ -299,7 +301,10 @@ mod tests {
     fn the_check_path_describes_the_request_when_no_header_does() {
         let h = headers(&[("host", "Example.com")]);
         let d = Described::new(&h, "DELETE", "/items/7", ip("127.0.0.1"));
-        assert_eq!((d.method, d.path, d.host), ("DELETE", "/items/7", "Example.com"));
+        assert_eq!(
+            (d.method, d.path, d.host),
+            ("DELETE", "/items/7", "Example.com")
+        );
     }
 
     #[test]

@@ -58,11 +58,11 @@ pub fn build_state(config: &Config) -> Result<web::Data<AppState>, StartError> {
     let policy = Policy::compile(config, &metrics)?;
     let store = match config.store.backend {
         Backend::Memory => AnyStore::Memory(MemoryStore::new(config.store.max_buckets)),
-        Backend::Redis => AnyStore::Redis(RedisStore::connect_lazily(
+        Backend::Redis => AnyStore::Redis(Box::new(RedisStore::connect_lazily(
             &config.store.url,
             Duration::from_millis(config.store.timeout_ms),
             metrics.clone(),
-        )?),
+        )?)),
     };
     let limiter = Limiter::new(
         store,
@@ -75,7 +75,11 @@ pub fn build_state(config: &Config) -> Result<web::Data<AppState>, StartError> {
 }
 
 /// Serves until SIGTERM/SIGINT, then drains in-flight checks (at most [`SHUTDOWN_GRACE`]).
-pub async fn run(config: Config, config_path: Option<PathBuf>, listeners: Listeners) -> Result<(), StartError> {
+pub async fn run(
+    config: Config,
+    config_path: Option<PathBuf>,
+    listeners: Listeners,
+) -> Result<(), StartError> {
     let state = build_state(&config)?;
     log::info!(
         "tollgate {} serving /check on {}, metrics on {}; store {}; {} limit(s)",

@@ -62,7 +62,10 @@ fn denied(decision: &Decision, policy: &Policy) -> HttpResponse {
     let detail = match retry_after {
         Some(seconds) => {
             response.insert_header(("retry-after", seconds));
-            format!("rate limit exceeded ({}); retry in {seconds} s", violated.join(", "))
+            format!(
+                "rate limit exceeded ({}); retry in {seconds} s",
+                violated.join(", ")
+            )
         }
         None => match decision.violated(policy).find(|(s, l)| s.cost > l.burst) {
             Some((state, limit)) => format!(
@@ -72,7 +75,13 @@ fn denied(decision: &Decision, policy: &Policy) -> HttpResponse {
             None => format!("rate limit exceeded ({})", violated.join(", ")),
         },
     };
-    problem(&mut response, deny_status(policy), detail, violated, retry_after)
+    problem(
+        &mut response,
+        deny_status(policy),
+        detail,
+        violated,
+        retry_after,
+    )
 }
 
 /// RFC 9457 problem details.

@@ -15,7 +15,9 @@ pub async fn healthz() -> HttpResponse {
 /// without the store (`allow`, or `local` with its in-memory fallback).
 pub async fn readyz(state: web::Data<AppState>) -> HttpResponse {
     match state.limiter.store().ping().await {
-        Ok(()) => HttpResponse::Ok().content_type("text/plain").body("ready\n"),
+        Ok(()) => HttpResponse::Ok()
+            .content_type("text/plain")
+            .body("ready\n"),
         Err(error) if state.limiter.on_error() != OnError::Deny => HttpResponse::Ok()
             .content_type("text/plain")
             .body(format!("ready (degraded, store failing: {error})\n")),

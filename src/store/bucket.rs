@@ -88,14 +88,78 @@ mod tests {
     #[allow(clippy::type_complexity)]
     const CASES: &[(&str, Option<(f64, i64)>, f64, f64, u64, bool, f64)] = &[
         ("absent bucket is full", None, 10.0, 5.0, 1, true, 4.0),
-        ("refill over one second", Some((0.0, 1_000_000)), 2.0, 5.0, 1, true, 1.0),
-        ("refill is capped at burst", Some((1.0, 3_600_000_000)), 2.0, 5.0, 1, true, 4.0),
-        ("fractional rate: 0.5/s after 1s is not enough", Some((0.0, 1_000_000)), 0.5, 1.0, 1, false, 0.5),
-        ("fractional rate: 0.5/s after 2s is enough", Some((0.0, 2_000_000)), 0.5, 1.0, 1, true, 0.0),
-        ("cost above one takes several tokens", Some((5.0, 0)), 1.0, 5.0, 3, true, 2.0),
-        ("cost above the tokens left denies and keeps them", Some((2.0, 0)), 1.0, 5.0, 3, false, 2.0),
-        ("cost above burst never passes", None, 1.0, 5.0, 6, false, 5.0),
-        ("clock going backwards adds nothing", Some((1.0, -5_000_000)), 100.0, 5.0, 1, true, 0.0),
+        (
+            "refill over one second",
+            Some((0.0, 1_000_000)),
+            2.0,
+            5.0,
+            1,
+            true,
+            1.0,
+        ),
+        (
+            "refill is capped at burst",
+            Some((1.0, 3_600_000_000)),
+            2.0,
+            5.0,
+            1,
+            true,
+            4.0,
+        ),
+        (
+            "fractional rate: 0.5/s after 1s is not enough",
+            Some((0.0, 1_000_000)),
+            0.5,
+            1.0,
+            1,
+            false,
+            0.5,
+        ),
+        (
+            "fractional rate: 0.5/s after 2s is enough",
+            Some((0.0, 2_000_000)),
+            0.5,
+            1.0,
+            1,
+            true,
+            0.0,
+        ),
+        (
+            "cost above one takes several tokens",
+            Some((5.0, 0)),
+            1.0,
+            5.0,
+            3,
+            true,
+            2.0,
+        ),
+        (
+            "cost above the tokens left denies and keeps them",
+            Some((2.0, 0)),
+            1.0,
+            5.0,
+            3,
+            false,
+            2.0,
+        ),
+        (
+            "cost above burst never passes",
+            None,
+            1.0,
+            5.0,
+            6,
+            false,
+            5.0,
+        ),
+        (
+            "clock going backwards adds nothing",
+            Some((1.0, -5_000_000)),
+            100.0,
+            5.0,
+            1,
+            true,
+            0.0,
+        ),
     ];
 
     #[test]
@@ -108,15 +172,29 @@ mod tests {
             })];
             let (ok, outcomes) = decide(&[request(rate, burst, cost)], &mut states, now);
             assert_eq!(ok, allowed, "{name}: allowed");
-            assert!((outcomes[0].tokens - after).abs() < 1e-9, "{name}: tokens {}", outcomes[0].tokens);
-            assert_eq!(states[0].map(|b| b.ts_us), Some(now), "{name}: ts persisted");
+            assert!(
+                (outcomes[0].tokens - after).abs() < 1e-9,
+                "{name}: tokens {}",
+                outcomes[0].tokens
+            );
+            assert_eq!(
+                states[0].map(|b| b.ts_us),
+                Some(now),
+                "{name}: ts persisted"
+            );
         }
     }
 
     #[test]
     fn one_denying_bucket_charges_none() {
         let reqs = [request(1.0, 5.0, 1), request(1.0, 5.0, 1)];
-        let mut states = [None, Some(Bucket { tokens: 0.0, ts_us: 0 })];
+        let mut states = [
+            None,
+            Some(Bucket {
+                tokens: 0.0,
+                ts_us: 0,
+            }),
+        ];
         let (ok, outcomes) = decide(&reqs, &mut states, 0);
         assert!(!ok);
         assert_eq!(outcomes[0].tokens, 5.0);
@@ -128,7 +206,13 @@ mod tests {
         let mut shadow = request(1.0, 5.0, 1);
         shadow.shadow = true;
         let reqs = [request(1.0, 5.0, 1), shadow];
-        let mut states = [None, Some(Bucket { tokens: 0.0, ts_us: 0 })];
+        let mut states = [
+            None,
+            Some(Bucket {
+                tokens: 0.0,
+                ts_us: 0,
+            }),
+        ];
         let (ok, outcomes) = decide(&reqs, &mut states, 0);
         assert!(ok);
         assert_eq!(outcomes[0].tokens, 4.0);
@@ -137,7 +221,10 @@ mod tests {
 
     #[test]
     fn full_at_is_when_the_bucket_refills() {
-        let bucket = Bucket { tokens: 1.0, ts_us: 10 * SECOND };
+        let bucket = Bucket {
+            tokens: 1.0,
+            ts_us: 10 * SECOND,
+        };
         assert_eq!(bucket.full_at_us(2.0, 5.0), 12 * SECOND);
     }
 }

@@ -74,7 +74,7 @@ pub trait Store: Send + Sync + 'static {
 /// The store chosen by `store.backend`.
 pub enum AnyStore {
     Memory(memory::MemoryStore),
-    Redis(redis::RedisStore),
+    Redis(Box<redis::RedisStore>),
 }
 
 impl Store for AnyStore {

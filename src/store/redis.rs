@@ -67,9 +67,13 @@ pub struct RedisStore {
 impl RedisStore {
     /// Creates the store without connecting: tollgate must start (and answer per `on_error`)
     /// while Redis is down. Must be called inside a Tokio runtime.
-    pub fn connect_lazily(url: &str, timeout: Duration, metrics: Metrics) -> Result<RedisStore, StoreError> {
+    pub fn connect_lazily(
+        url: &str,
+        timeout: Duration,
+        metrics: Metrics,
+    ) -> Result<RedisStore, StoreError> {
         let client = redis::Client::open(url)
-                        // The parser's message may quote the URL, password included: name only the kind.
+            // The parser's message may quote the URL, password included: name only the kind.
             .map_err(|e| StoreError::Other(format!("invalid Redis URL ({:?})", e.kind())))?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(timeout))
@@ -100,15 +104,26 @@ impl RedisStore {
         let started = Instant::now();
         let result = tokio::time::timeout(self.timeout, async {
             let mut connection = self.connection.clone();
-            match script.command(false, keys, &args).query_async(&mut connection).await {
-                Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-                    script.command(true, keys, &args).query_async(&mut connection).await
+            match script
+                .command(false, keys, &args)
+                .query_async(&mut connection)
+                .await
+            {
+                Err(e)
+                    if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+                {
+                    script
+                        .command(true, keys, &args)
+                        .query_async(&mut connection)
+                        .await
                 }
                 other => other,
             }
         })
         .await;
-        self.metrics.store_duration.observe(started.elapsed().as_secs_f64());
+        self.metrics
+            .store_duration
+            .observe(started.elapsed().as_secs_f64());
         let result = match result {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(e)) => Err(classify(&e)),
@@ -137,7 +152,12 @@ impl RedisStore {
 
     /// Records this instance as live and returns how many instances share this Redis (for
     /// `on_error = "local"`).
-    pub async fn heartbeat(&self, registry_key: &str, instance: &str, ttl: Duration) -> Result<u64, StoreError> {
+    pub async fn heartbeat(
+        &self,
+        registry_key: &str,
+        instance: &str,
+        ttl: Duration,
+    ) -> Result<u64, StoreError> {
         let ttl_ms = ttl.as_millis() as u64;
         let value = self
             .run_script(&self.instances_script, &[registry_key], |cmd| {
@@ -256,7 +276,6 @@ fn classify(error: &RedisError) -> StoreError {
         StoreError::Other(error.to_string())
     }
 }
-
 
 #[cfg(test)]
 mod tests {

@@ -1,0 +1,306 @@
+//! Test harness: a real `redis-server` on a free loopback port, real `tollgate` processes, and
+//! a small keep-alive HTTP/1.1 client. Everything started here is stopped on drop.
+#![allow(dead_code)] // each test file uses a different part of the harness
+
+pub mod http;
+
+use std::io::Write as _;
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub use self::http::{HttpClient, Response};
+
+/// A port nobody listens on right now.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+/// Polls `ready` every 20 ms until it holds or `within` passes.
+pub fn wait_until(within: Duration, mut ready: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if ready() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    ready()
+}
+
+fn require_binary(name: &str) -> PathBuf {
+    let found = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|dir| dir.join(name))
+            .find(|candidate| candidate.is_file())
+    });
+    found.unwrap_or_else(|| {
+        panic!("`{name}` is not installed: run scripts/test.sh, which installs what the tests need")
+    })
+}
+
+/// A scratch directory removed on drop.
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    pub fn new(label: &str) -> TempDir {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let dir = std::env::temp_dir().join(format!(
+            "tollgate-test-{label}-{}-{nanos}",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&dir).expect("create temp dir");
+        TempDir(dir)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+
+    pub fn write(&self, name: &str, contents: &str) -> PathBuf {
+        let path = self.0.join(name);
+        std::fs::File::create(&path)
+            .and_then(|mut f| f.write_all(contents.as_bytes()))
+            .expect("write temp file");
+        path
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A `redis-server` owned by one test: loopback, a free port, no persistence.
+pub struct RedisServer {
+    pub port: u16,
+    child: Option<Child>,
+    extra_args: Vec<String>,
+    dir: TempDir,
+}
+
+impl RedisServer {
+    pub fn start() -> RedisServer {
+        RedisServer::start_with(&[])
+    }
+
+    pub fn start_with(extra_args: &[&str]) -> RedisServer {
+        let mut server = RedisServer {
+            port: free_port(),
+            child: None,
+            extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
+            dir: TempDir::new("redis"),
+        };
+        server.spawn();
+        server
+    }
+
+    fn spawn(&mut self) {
+        let binary = require_binary("redis-server");
+        let child = Command::new(binary)
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .args(&self.extra_args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start redis-server");
+        self.child = Some(child);
+        let port = self.port;
+        assert!(
+            wait_until(Duration::from_secs(10), || redis_cli(port, &["PING"])
+                .map(|out| out.trim() == "PONG")
+                .unwrap_or(false)),
+            "redis-server did not come up on port {port}"
+        );
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+
+    /// Runs one command with `redis-cli`; panics if it cannot run.
+    pub fn cli(&self, args: &[&str]) -> String {
+        redis_cli(self.port, args).unwrap_or_else(|e| panic!("redis-cli {args:?}: {e}"))
+    }
+
+    /// Kills the server (SIGKILL: an abrupt failure, not a clean shutdown).
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts it again, empty, on the same port.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+pub fn redis_cli(port: u16, args: &[&str]) -> Result<String, String> {
+    let binary = require_binary("redis-cli");
+    let output = Command::new(binary)
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(args)
+        .output()
+        .map_err(|e| e.to_string())?;
+    if !output.status.success() {
+        return Err(String::from_utf8_lossy(&output.stderr).into_owned());
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+/// A running `tollgate` process with its own config file and free ports.
+pub struct Tollgate {
+    pub addr: SocketAddr,
+    pub admin: SocketAddr,
+    pub config_path: PathBuf,
+    child: Child,
+    _dir: TempDir,
+}
+
+impl Tollgate {
+    /// Starts tollgate on `config` (TOML; `listen`/`admin_listen` are set here) and waits until
+    /// `/healthz` answers.
+    pub fn start(config: &str) -> Tollgate {
+        Tollgate::start_with_env(config, &[])
+    }
+
+    pub fn start_with_env(config: &str, env: &[(&str, &str)]) -> Tollgate {
+        let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let dir = TempDir::new("tollgate");
+        let config_path = dir.write("tollgate.toml", config);
+        let child = tollgate_command()
+            .arg("--config")
+            .arg(&config_path)
+            .env("TOLLGATE_LISTEN", addr.to_string())
+            .env("TOLLGATE_ADMIN_LISTEN", admin.to_string())
+            .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()))
+            .envs(env.iter().copied())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start tollgate");
+        let tollgate = Tollgate {
+            addr,
+            admin,
+            config_path,
+            child,
+            _dir: dir,
+        };
+        assert!(
+            wait_until(Duration::from_secs(10), || {
+                HttpClient::connect(addr)
+                    .and_then(|mut c| c.get("/healthz", &[]))
+                    .map(|r| r.status == 200)
+                    .unwrap_or(false)
+            }),
+            "tollgate did not come up on {addr}"
+        );
+        tollgate
+    }
+
+    pub fn client(&self) -> HttpClient {
+        HttpClient::connect(self.addr).expect("connect to tollgate")
+    }
+
+    /// One `/check` on a fresh connection.
+    pub fn check(&self, headers: &[(&str, &str)]) -> Response {
+        self.client().get("/check", headers).expect("check answered")
+    }
+
+    pub fn metrics(&self) -> String {
+        HttpClient::connect(self.admin)
+            .and_then(|mut c| c.get("/metrics", &[]))
+            .expect("metrics answered")
+            .body
+    }
+
+    /// The value of one sample line of `/metrics`, e.g.
+    /// `tollgate_checks_total{result="allowed"}`; 0 when absent.
+    pub fn metric(&self, sample: &str) -> f64 {
+        metric_value(&self.metrics(), sample)
+    }
+
+    pub fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .args([&format!("-{signal}"), &self.child.id().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success());
+    }
+
+    /// Waits for the process to exit and returns its exit code.
+    pub fn wait_exit(&mut self, within: Duration) -> Option<i32> {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return status.code();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for Tollgate {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn tollgate_command() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_tollgate"));
+    // The tests' own environment must not leak config into the process under test.
+    for (key, _) in std::env::vars() {
+        if key.starts_with("TOLLGATE_") {
+            command.env_remove(key);
+        }
+    }
+    command
+}
+
+pub fn metric_value(metrics: &str, sample: &str) -> f64 {
+    metrics
+        .lines()
+        .find_map(|line| {
+            let rest = line.strip_prefix(sample)?;
+            rest.strip_prefix(' ')?.trim().parse().ok()
+        })
+        .unwrap_or(0.0)
+}
+
+/// A config for a Redis-backed tollgate; `limits` is appended verbatim.
+pub fn redis_config(redis: &RedisServer, extra_store: &str, limits: &str) -> String {
+    format!(
+        "[store]\nbackend = \"redis\"\nurl = \"{}\"\ntimeout_ms = 50\n{extra_store}\n\n{limits}",
+        redis.url()
+    )
+}
