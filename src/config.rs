@@ -262,7 +262,7 @@ impl Config {
         }
         let env = Env::prefixed("TOLLGATE_")
             .split("__")
-            .filter(|key| !is_kubernetes_or_cli_env(key.as_str()));
+            .filter(|key| !is_kubernetes_or_cli_env(&key.as_str().to_ascii_lowercase()));
         let config: Config = figment.merge(env).extract()?;
         config.validate()?;
         Ok(config)
