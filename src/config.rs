@@ -302,8 +302,8 @@ impl Config {
         let _ = writeln!(out, "store         {}", self.store.describe());
         let _ = writeln!(
             out,
-            "client_ip     from {:?}, trusted {:?}",
-            self.client_ip.from,
+            "client_ip     from {}, trusted {:?}",
+            spelled(&self.client_ip.from),
             self.client_ip
                 .trusted_proxies
                 .iter()
@@ -361,8 +361,10 @@ impl StoreConfig {
                     redact_url(&self.url)
                 };
                 format!(
-                    "redis {target} (timeout {} ms, on_error {:?}, prefix {:?})",
-                    self.timeout_ms, self.on_error, self.key_prefix
+                    "redis {target} (timeout {} ms, on_error {}, prefix {:?})",
+                    self.timeout_ms,
+                    spelled(&self.on_error),
+                    self.key_prefix
                 )
             }
         }
@@ -386,6 +388,14 @@ impl MatchConfig {
         } else {
             parts.join(", ")
         }
+    }
+}
+
+/// A config enum as the file spells it (`x-forwarded-for`, not `XForwardedFor`).
+fn spelled(value: &impl Serialize) -> String {
+    match serde_json::to_value(value) {
+        Ok(serde_json::Value::String(text)) => text,
+        _ => String::from("?"),
     }
 }
 

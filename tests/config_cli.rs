@@ -53,6 +53,18 @@ fn validate_prints_the_effective_limits() {
 }
 
 #[test]
+fn the_shipped_example_config_is_valid() {
+    let example = include_str!("../config/tollgate.toml");
+    let output = run(&["validate"], Some(example), &[]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let out = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        out.contains("limits        3") && out.contains("on_error allow"),
+        "{out}"
+    );
+}
+
+#[test]
 fn with_no_file_the_defaults_apply() {
     let output = run(&["validate"], None, &[]);
     assert!(output.status.success());
