@@ -221,36 +221,34 @@ fn scenarios_on_the_memory_store() {
     run_scenarios(&harness, "mem");
 }
 
+impl Redis {
+    fn start() -> Redis {
+        let server = RedisServer::start();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let store = {
+            let _inside = runtime.enter();
+            RedisStore::connect_lazily(&server.url(), Duration::from_secs(2), Metrics::new())
+                .expect("store")
+        };
+        Redis {
+            server,
+            store,
+            runtime,
+        }
+    }
+}
+
 #[test]
 fn scenarios_on_redis() {
-    let server = RedisServer::start();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    let store = {
-        let _inside = runtime.enter();
-        RedisStore::connect_lazily(&server.url(), Duration::from_secs(2), Metrics::new())
-            .expect("store")
-    };
-    let harness = Redis {
-        server,
-        store,
-        runtime,
-    };
-    run_scenarios(&harness, "redis");
+    run_scenarios(&Redis::start(), "redis");
 }
 
 #[test]
 fn redis_buckets_expire_after_twice_their_refill_time() {
-    let server = RedisServer::start();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    let _inside = runtime.enter();
-    let store = RedisStore::connect_lazily(&server.url(), Duration::from_secs(2), Metrics::new())
-        .expect("store");
+    let redis = Redis::start();
     let bucket = BucketRequest {
         key: "ttl:k".into(),
         rate: 4.0,
@@ -259,11 +257,11 @@ fn redis_buckets_expire_after_twice_their_refill_time() {
         shadow: false,
         limit: 0,
     };
-    runtime.block_on(store.decide(&[bucket])).expect("decides");
+    redis.decide(&[bucket]);
     // ceil(2 * 10 / 4) = 5 s.
-    let pttl: i64 = server.cli(&["PTTL", "ttl:k"]).trim().parse().unwrap();
+    let pttl: i64 = redis.server.cli(&["PTTL", "ttl:k"]).trim().parse().unwrap();
     assert!((4_900..=5_000).contains(&pttl), "PTTL {pttl}");
-    let fields = server.cli(&["HKEYS", "ttl:k"]);
+    let fields = redis.server.cli(&["HKEYS", "ttl:k"]);
     assert_eq!(
         fields.split_whitespace().collect::<Vec<_>>(),
         ["tokens", "ts"]
