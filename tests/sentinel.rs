@@ -106,3 +106,23 @@ fn sentinel_failovers_are_followed_without_a_restart() {
     eprintln!("master killed: store decides again after {secs:.2}s; {undecided} checks answered per on_error");
     assert_store_decides(&tollgate, old_master, "after the master died");
 }
+
+#[test]
+fn tollgate_starts_and_answers_while_no_sentinel_is_reachable() {
+    let nobody = [support::free_port(), support::free_port()];
+    let config = format!(
+        "[store]\nbackend = \"redis\"\ntimeout_ms = 50\non_error = \"deny\"\n\
+         sentinel = {{ master = \"{MASTER_NAME}\", urls = [\"redis://127.0.0.1:{}\", \
+         \"redis://127.0.0.1:{}\"] }}\n",
+        nobody[0], nobody[1]
+    );
+    let tollgate = Tollgate::start(&config);
+    let started = Instant::now();
+    let r = tollgate.check(&[]);
+    assert_eq!(r.status, 503, "on_error = deny while no master is known");
+    assert!(started.elapsed() < Duration::from_secs(1), "fails fast");
+    let ready = support::HttpClient::connect(tollgate.admin)
+        .and_then(|mut c| c.get("/readyz", &[]))
+        .expect("readyz answered");
+    assert_eq!(ready.status, 503);
+}
