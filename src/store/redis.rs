@@ -1,6 +1,6 @@
 //! The Redis store: `lua/token_bucket.lua` run with `EVALSHA` over one multiplexed async
 //! connection shared by every worker (one round trip per check, no worker ever blocks), to one
-//! node, a Cluster or a Sentinel-managed master ([`connection`]).
+//! node, a Cluster or a Sentinel-managed master (`redis/connection.rs`).
 //!
 //! Failure handling, in layers: every call has a deadline of `store.timeout_ms` (connection
 //! wait included); connections are re-established in the background (backoff capped at
@@ -9,7 +9,7 @@
 //! promoted node) is answered by re-sending the script with `EVAL`, once, to the same node.
 //!
 //! On a Cluster, a script may only touch keys of one slot. A request whose buckets span slots
-//! is decided by [`cross_slot`]: per slot, all at once, refunding what was charged when another
+//! is decided by `redis/cross_slot.rs`: per slot, all at once, refunding what was charged when another
 //! slot denies.
 
 mod connection;
