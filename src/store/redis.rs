@@ -9,8 +9,8 @@
 //! promoted node) is answered by re-sending the script with `EVAL`, once, to the same node.
 //!
 //! On a Cluster, a script may only touch keys of one slot. A request whose buckets span slots
-//! is decided by `redis/cross_slot.rs`: per slot, all at once, refunding what was charged when another
-//! slot denies.
+//! is decided by `redis/cross_slot.rs`: per slot, all at once, refunding what was charged when
+//! another slot denies.
 
 mod connection;
 mod cross_slot;
