@@ -487,7 +487,7 @@ fn redis_store_decides_and_renders_like_the_memory_store() {
     let keys = redis.cli(&["--scan", "--pattern", "tollgate:per-key:*"]);
     let mut keys: Vec<&str> = keys.split_whitespace().collect();
     keys.sort();
-    assert_eq!(keys, ["tollgate:per-key:k1", "tollgate:per-key:k2"]);
+    assert_eq!(keys, ["tollgate:per-key:{k1}", "tollgate:per-key:{k2}"]);
 }
 
 #[test]
