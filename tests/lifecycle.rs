@@ -130,3 +130,85 @@ fn sigterm_under_keepalive_load_answers_every_request_sent() {
         "took {exited_after:?}"
     );
 }
+
+fn limited_config(redis: &RedisServer, rate: f64, burst: u32) -> String {
+    support::redis_config(
+        redis,
+        "",
+        &format!("[[limits]]\nname = \"per-ip\"\nrate = {rate}\nburst = {burst}\nkey = [\"ip\"]\n"),
+    )
+}
+
+/// Replaces the file the way a ConfigMap update or an editor's save does: write, then rename.
+fn replace_file(path: &std::path::Path, contents: &str) {
+    let next = path.with_extension("next");
+    std::fs::write(&next, contents).unwrap();
+    std::fs::rename(&next, path).unwrap();
+}
+
+fn reloads(tollgate: &Tollgate, result: &str) -> f64 {
+    tollgate.metric(&format!(
+        "tollgate_config_reloads_total{{result=\"{result}\"}}"
+    ))
+}
+
+#[test]
+fn sighup_applies_a_changed_rate_and_burst_to_the_next_request() {
+    let redis = RedisServer::start();
+    let tollgate = Tollgate::start(&limited_config(&redis, 1.0, 5));
+    let mut client = tollgate.client();
+    let before = client.get("/check", CHECK).unwrap();
+    assert_eq!(
+        before.header("ratelimit-policy"),
+        Some("\"per-ip\";q=5;w=5")
+    );
+    assert_eq!(before.header("x-ratelimit-limit"), Some("5"));
+
+    replace_file(&tollgate.config_path, &limited_config(&redis, 10.0, 50));
+    tollgate.signal("HUP");
+    assert!(support::wait_until(Duration::from_secs(5), || reloads(
+        &tollgate, "success"
+    ) == 1.0));
+
+    // Same keep-alive connection, same bucket: only the limit changed.
+    let after = client.get("/check", CHECK).unwrap();
+    assert_eq!(after.status, 200);
+    assert_eq!(
+        after.header("ratelimit-policy"),
+        Some("\"per-ip\";q=50;w=5")
+    );
+    assert_eq!(after.header("x-ratelimit-limit"), Some("50"));
+    assert_eq!(reloads(&tollgate, "failure"), 0.0);
+}
+
+#[test]
+fn sighup_with_a_broken_file_keeps_the_running_limits_and_counts_a_failure() {
+    let redis = RedisServer::start();
+    let tollgate = Tollgate::start(&limited_config(&redis, 0.1, 5));
+    // One token per 10 s: the denial below cannot expire while the reloads happen.
+    let mut client = tollgate.client();
+    for _ in 0..5 {
+        assert_eq!(client.get("/check", CHECK).unwrap().status, 200);
+    }
+    assert_eq!(client.get("/check", CHECK).unwrap().status, 429);
+
+    for broken in [
+        limited_config(&redis, 0.0, 50),  // rate must be > 0
+        "[[limits]\nname = ".to_string(), // not TOML
+    ] {
+        let failures = reloads(&tollgate, "failure");
+        replace_file(&tollgate.config_path, &broken);
+        tollgate.signal("HUP");
+        assert!(support::wait_until(Duration::from_secs(5), || reloads(
+            &tollgate, "failure"
+        ) == failures
+            + 1.0));
+        let still = client.get("/check", CHECK).unwrap();
+        assert_eq!(still.status, 429, "the old limit still applies");
+        assert_eq!(
+            still.header("ratelimit-policy"),
+            Some("\"per-ip\";q=5;w=50")
+        );
+    }
+    assert_eq!(reloads(&tollgate, "success"), 0.0);
+}
