@@ -55,7 +55,7 @@ fn sigterm_finishes_checks_in_flight_and_exits_zero() {
     tollgate.signal("TERM");
 
     // Nothing new is served once the signal is handled; the old checks still finish.
-    thread::sleep(Duration::from_millis(200));
+    thread::sleep(Duration::from_millis(500));
     let late = HttpClient::connect(tollgate.addr).and_then(|mut c| c.get("/check", CHECK));
     assert!(late.is_err(), "a connection made after SIGTERM was served");
     for thread in threads {
