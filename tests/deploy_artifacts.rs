@@ -435,20 +435,23 @@ fn the_kubernetes_tollgate_toml_passes_tollgate_validate() {
     assert!(text(&output).contains("per-ip"), "{}", text(&output));
 }
 
-/// An nginx owned by one test, stopped on drop.
-struct Nginx(Child);
+/// An nginx owned by one test, stopped on drop; its scratch directory goes after it.
+struct Nginx {
+    child: Child,
+    _dir: TempDir,
+}
 
 impl Drop for Nginx {
     fn drop(&mut self) {
         // SIGTERM, not SIGKILL: the master must take its workers down with it.
-        let pid = self.0.id().to_string();
+        let pid = self.child.id().to_string();
         let _ = Command::new("kill").args(["-TERM", &pid]).status();
         if !support::wait_until(Duration::from_secs(5), || {
-            self.0.try_wait().is_ok_and(|s| s.is_some())
+            self.child.try_wait().is_ok_and(|s| s.is_some())
         }) {
-            let _ = self.0.kill();
+            let _ = self.child.kill();
         }
-        let _ = self.0.wait();
+        let _ = self.child.wait();
     }
 }
 
@@ -477,18 +480,13 @@ fn sidecar_nginx_conf(port: u16, tollgate: &Tollgate, app: u16, dir: &TempDir) -
     conf
 }
 
-#[test]
-fn the_sidecar_nginx_conf_hands_tollgate_429_and_headers_to_the_client() {
-    let redis = RedisServer::start();
-    let tollgate = Tollgate::start_with_env(
-        &read("k8s/base/tollgate.toml"),
-        &[("TOLLGATE_STORE__URL", &redis.url())],
-    );
+/// The shipped nginx.conf in front of `tollgate`, with a `200 ok` application behind it.
+fn start_sidecar_nginx(tollgate: &Tollgate) -> (Nginx, std::net::SocketAddr) {
     let dir = TempDir::new("nginx");
     let port = support::free_port();
     let conf = dir.write(
         "nginx.conf",
-        &sidecar_nginx_conf(port, &tollgate, deploy::ok_upstream(), &dir),
+        &sidecar_nginx_conf(port, tollgate, deploy::ok_upstream(), &dir),
     );
     let child = Command::new("nginx")
         .args(["-e", "stderr", "-g", "daemon off;", "-p"])
@@ -498,11 +496,22 @@ fn the_sidecar_nginx_conf_hands_tollgate_429_and_headers_to_the_client() {
         .stdout(Stdio::null())
         .spawn()
         .expect("nginx is installed (scripts/test.sh)");
-    let _nginx = Nginx(child);
+    let nginx = Nginx { child, _dir: dir };
     let addr = format!("127.0.0.1:{port}").parse().unwrap();
     assert!(support::wait_until(Duration::from_secs(10), || {
         HttpClient::connect(addr).is_ok()
     }));
+    (nginx, addr)
+}
+
+#[test]
+fn the_sidecar_nginx_conf_hands_tollgate_429_and_headers_to_the_client() {
+    let redis = RedisServer::start();
+    let tollgate = Tollgate::start_with_env(
+        &read("k8s/base/tollgate.toml"),
+        &[("TOLLGATE_STORE__URL", &redis.url())],
+    );
+    let (_nginx, addr) = start_sidecar_nginx(&tollgate);
 
     let mut client = HttpClient::connect(addr).unwrap();
     let first = client.get("/orders?page=2", &[]).unwrap();
@@ -547,4 +556,31 @@ fn the_sidecar_nginx_conf_hands_tollgate_429_and_headers_to_the_client() {
         .unwrap()
         .starts_with("\"per-ip\";r=99;"));
     assert!(tollgate.metric("tollgate_checks_total{result=\"denied\"}") >= 1.0);
+}
+
+#[test]
+fn the_sidecar_nginx_conf_hands_a_503_to_the_client_when_redis_is_down_and_on_error_denies() {
+    let mut redis = RedisServer::start();
+    let tollgate = Tollgate::start_with_env(
+        &read("k8s/base/tollgate.toml"),
+        &[
+            ("TOLLGATE_STORE__URL", &redis.url()),
+            ("TOLLGATE_STORE__ON_ERROR", "deny"),
+        ],
+    );
+    let (_nginx, addr) = start_sidecar_nginx(&tollgate);
+    assert_eq!(
+        HttpClient::connect(addr)
+            .unwrap()
+            .get("/", &[])
+            .unwrap()
+            .status,
+        200
+    );
+
+    redis.kill();
+    let refused = HttpClient::connect(addr).unwrap().get("/", &[]).unwrap();
+    assert_eq!(refused.status, 503, "fail closed, visibly, not nginx's 500");
+    assert_eq!(refused.header("retry-after"), Some("1"));
+    assert!(refused.header("ratelimit").is_none());
 }
