@@ -3,6 +3,7 @@
 //! instances sharing Redis.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -12,7 +13,7 @@ use tokio::signal::unix::{signal, SignalKind};
 
 use crate::config::Config;
 use crate::limits::Policy;
-use crate::server::AppState;
+use crate::server::{AppState, CLOSE_NOTICE};
 use crate::store::AnyStore;
 
 /// How often an instance announces itself; an instance silent for [`INSTANCE_TTL`] is gone.
@@ -63,8 +64,14 @@ impl Reloader {
     }
 }
 
-/// Waits for signals: SIGHUP reloads; SIGTERM or SIGINT stops the servers gracefully.
-pub async fn watch_signals(servers: Vec<ServerHandle>, reloader: Arc<Reloader>) {
+/// Waits for signals: SIGHUP reloads; SIGTERM or SIGINT stops the servers gracefully: no new
+/// connections; for [`CLOSE_NOTICE`] every answer says `Connection: close` (`draining`), then
+/// idle connections close and in-flight checks finish.
+pub async fn watch_signals(
+    servers: Vec<ServerHandle>,
+    draining: Arc<AtomicBool>,
+    reloader: Arc<Reloader>,
+) {
     let (Ok(mut term), Ok(mut int), Ok(mut hup)) = (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
@@ -81,6 +88,11 @@ pub async fn watch_signals(servers: Vec<ServerHandle>, reloader: Arc<Reloader>) 
         }
     }
     log::info!("shutting down: no new connections, finishing in-flight checks");
+    for server in &servers {
+        server.pause().await;
+    }
+    draining.store(true, Ordering::Relaxed);
+    tokio::time::sleep(CLOSE_NOTICE).await;
     let stops = servers.iter().map(|server| server.stop(true));
     for stop in stops.collect::<Vec<_>>() {
         stop.await;

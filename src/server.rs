@@ -3,9 +3,12 @@
 
 use std::net::TcpListener;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use actix_web::dev::Service as _;
+use actix_web::http::ConnectionType;
 use actix_web::{web, App, HttpServer};
 
 use crate::config::{Backend, Config, OnError, StoreConfig};
@@ -17,8 +20,13 @@ use crate::store::memory::MemoryStore;
 use crate::store::redis::{RedisStore, Topology};
 use crate::store::AnyStore;
 
-/// In-flight checks get this long to finish after SIGTERM.
+/// In-flight checks get this long to finish after SIGTERM, [`CLOSE_NOTICE`] included.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// After SIGTERM, how long requests on open keep-alive connections are still answered (with
+/// `Connection: close`) before idle connections are closed. Closing a busy keep-alive
+/// connection without notice loses the request the client is sending at that moment.
+pub const CLOSE_NOTICE: Duration = Duration::from_secs(1);
 
 /// Shared by every worker of both listeners.
 pub struct AppState {
@@ -106,13 +114,29 @@ pub async fn run(
     );
 
     let public_state = state.clone();
+    let draining = Arc::new(AtomicBool::new(false));
+    let public_draining = draining.clone();
     let public = HttpServer::new(move || {
+        let draining = public_draining.clone();
         App::new()
             .app_data(public_state.clone())
+            .wrap_fn(move |request, service| {
+                let answer = service.call(request);
+                let draining = draining.clone();
+                async move {
+                    let mut response = answer.await?;
+                    if draining.load(Ordering::Relaxed) {
+                        // Tells the ingress to stop reusing this connection while we drain.
+                        let head = response.response_mut().head_mut();
+                        head.set_connection_type(ConnectionType::Close);
+                    }
+                    Ok(response)
+                }
+            })
             .configure(crate::http::public_routes)
     })
     .disable_signals()
-    .shutdown_timeout(SHUTDOWN_GRACE.as_secs())
+    .shutdown_timeout((SHUTDOWN_GRACE - CLOSE_NOTICE).as_secs())
     .listen(listeners.public)?
     .run();
 
@@ -124,7 +148,7 @@ pub async fn run(
     })
     .workers(1)
     .disable_signals()
-    .shutdown_timeout(SHUTDOWN_GRACE.as_secs())
+    .shutdown_timeout((SHUTDOWN_GRACE - CLOSE_NOTICE).as_secs())
     .listen(listeners.admin)?
     .run();
 
@@ -137,6 +161,7 @@ pub async fn run(
     let reloader = Arc::new(Reloader::new(config_path, config, state.clone()));
     actix_web::rt::spawn(lifecycle::watch_signals(
         vec![public.handle(), admin.handle()],
+        draining,
         reloader,
     ));
 

@@ -3,6 +3,7 @@
 #![allow(dead_code)] // each test file uses a different part of the harness
 
 pub mod cluster;
+pub mod deploy;
 pub mod http;
 
 use std::io::Write as _;
