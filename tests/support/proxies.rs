@@ -248,18 +248,25 @@ pub struct Nginx {
 }
 
 impl Nginx {
+    /// The shipped `config/nginx/tollgate.conf`, pointed at `tollgate` and `backend`.
     pub fn start(tollgate: SocketAddr, backend: SocketAddr) -> Nginx {
+        Nginx::start_site(|listen| {
+            template(
+                &read_shipped("config/nginx/tollgate.conf"),
+                &[
+                    ("server 127.0.0.1:8080 ", &format!("server {tollgate} ")),
+                    ("server 127.0.0.1:3000;", &format!("server {backend};")),
+                    ("listen 80;", &format!("listen {listen};")),
+                ],
+            )
+        })
+    }
+
+    /// nginx serving the http-context config `site(listen address)`.
+    pub fn start_site(site: impl FnOnce(SocketAddr) -> String) -> Nginx {
         let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         let dir = TempDir::new("nginx");
-        let site = template(
-            &read_shipped("config/nginx/tollgate.conf"),
-            &[
-                ("server 127.0.0.1:8080 ", &format!("server {tollgate} ")),
-                ("server 127.0.0.1:3000;", &format!("server {backend};")),
-                ("listen 80;", &format!("listen {addr};")),
-            ],
-        );
-        dir.write("tollgate.conf", &site);
+        dir.write("site.conf", &site(addr));
         let d = dir.path().display();
         // No `user`: as root, workers drop to nobody, and nginx chowns the temp paths it creates.
         let main = format!(
@@ -268,7 +275,7 @@ impl Nginx {
              http {{\n  access_log off;\n\
                client_body_temp_path {d}/client_body;\n  proxy_temp_path {d}/proxy;\n\
                fastcgi_temp_path {d}/fastcgi;\n  uwsgi_temp_path {d}/uwsgi;\n  scgi_temp_path {d}/scgi;\n\
-               include {d}/tollgate.conf;\n}}\n"
+               include {d}/site.conf;\n}}\n"
         );
         let conf = dir.write("nginx.conf", &main);
         let child = Command::new(require_binary("nginx"))
