@@ -205,3 +205,63 @@ fn the_envoy_config_has_the_ext_authz_filter_tollgate_needs() {
         .collect();
     assert!(clusters.contains(&cluster), "{cluster} not in {clusters:?}");
 }
+
+/// The fenced code blocks of `lang` in docs/INGRESS.md, in order.
+fn doc_blocks(lang: &str) -> Vec<String> {
+    let doc = read_shipped("docs/INGRESS.md");
+    let fence = format!("```{lang}\n");
+    doc.split(&fence)
+        .skip(1)
+        .map(|rest| rest.split("```").next().unwrap_or_default().to_string())
+        .collect()
+}
+
+/// A config's lines without comments, trailing comments or spacing differences.
+fn directive_lines(config: &str) -> Vec<String> {
+    config
+        .lines()
+        .map(|line| {
+            let line = line.split(" #").next().unwrap_or_default();
+            line.split_whitespace().collect::<Vec<_>>().join(" ")
+        })
+        .filter(|line| !line.is_empty() && !line.starts_with('#'))
+        .collect()
+}
+
+fn assert_doc_lines_are_shipped(doc_block: &str, shipped: &str) {
+    let shipped = directive_lines(&read_shipped(shipped));
+    for line in directive_lines(doc_block) {
+        assert!(
+            shipped.contains(&line),
+            "docs/INGRESS.md shows {line:?}, which is not in the shipped file"
+        );
+    }
+}
+
+#[test]
+fn the_configs_shown_in_the_docs_are_the_shipped_ones() {
+    let nginx = doc_blocks("nginx");
+    assert_eq!(nginx.len(), 1);
+    assert_doc_lines_are_shipped(&nginx[0], "config/nginx/tollgate.conf");
+    assert_eq!(
+        directive_lines(&nginx[0]).len(),
+        directive_lines(&read_shipped("config/nginx/tollgate.conf")).len(),
+        "the docs show the whole nginx config"
+    );
+    let yaml_blocks = doc_blocks("yaml");
+    assert_eq!(
+        yaml_blocks.len(),
+        3,
+        "Traefik static, Traefik dynamic, Envoy filter"
+    );
+    assert_doc_lines_are_shipped(&yaml_blocks[0], "config/traefik/traefik.yml");
+    assert_doc_lines_are_shipped(&yaml_blocks[1], "config/traefik/dynamic.yml");
+    let shown: Value = serde_yaml::from_str(&yaml_blocks[2]).expect("the Envoy snippet parses");
+    let envoy = yaml("config/envoy/envoy.yaml");
+    let shipped = &envoy["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+        ["typed_config"]["http_filters"][0];
+    assert_eq!(
+        &shown[0], shipped,
+        "the Envoy filter in the docs is the shipped one"
+    );
+}
