@@ -11,10 +11,11 @@ mod support;
 use std::net::SocketAddr;
 
 use serde_yaml::Value;
-use support::proxies::{
-    assert_denied_with_quota_headers, assert_path_and_method_limit, read_shipped, Nginx, Stack,
-    API_WRITES_BURST_1, PER_IP_BURST_2,
+use support::proxies::scenarios::{
+    assert_denied_with_quota_headers, assert_path_and_method_limit, Stack, API_WRITES_BURST_1,
+    PER_IP_BURST_2,
 };
+use support::proxies::{read_shipped, Nginx};
 
 fn yaml(relative: &str) -> Value {
     serde_yaml::from_str(&read_shipped(relative))

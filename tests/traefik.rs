@@ -3,12 +3,13 @@
 
 mod support;
 
-use support::proxies::{
+use support::proxies::backend::Backend;
+use support::proxies::scenarios::{
     assert_api_key_limit, assert_client_ip_limit, assert_denied_with_quota_headers,
     assert_exact_across_two_proxies, assert_path_and_method_limit, shared_key_limit,
-    tollgate_config, Backend, Stack, Traefik, API_WRITES_BURST_1, PER_IP_BURST_2, PER_IP_BURST_3,
-    PER_KEY_BURST_2,
+    tollgate_config, Stack, API_WRITES_BURST_1, PER_IP_BURST_2, PER_IP_BURST_3, PER_KEY_BURST_2,
 };
+use support::proxies::Traefik;
 use support::{RedisServer, Tollgate};
 
 fn traefik_stack(on_error: &str, limits: &str) -> Stack<Traefik> {
