@@ -80,7 +80,7 @@ wait_port "$TOLLGATE_PORT"
 
 # The shipped site, pointed at tollgate and at the backend; plus a direct proxy and the
 # backend itself (a static 200) in the same nginx.
-sed -e "s|server 127.0.0.1:8080 |server 127.0.0.1:$TOLLGATE_PORT |" \
+sed -e "s|server 127.0.0.1:8080;|server 127.0.0.1:$TOLLGATE_PORT;|" \
     -e "s|server 127.0.0.1:3000;|server 127.0.0.1:$BACKEND_PORT;|" \
     -e "s|listen 80;|listen 127.0.0.1:$CHECKED_PORT;|" \
     config/nginx/tollgate.conf > "$WORK/tollgate.conf"

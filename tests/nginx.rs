@@ -79,6 +79,19 @@ fn nginx_fails_open_when_tollgate_is_unreachable() {
 }
 
 #[test]
+fn nginx_checks_again_with_the_first_request_after_tollgate_returns() {
+    let mut stack = nginx_stack("deny", PER_IP_BURST_2);
+    let statuses: Vec<u16> = (0..3).map(|_| stack.get("/", &[]).status).collect();
+    assert_eq!(statuses, [200, 200, 429]);
+    stack.stop_tollgate();
+    assert_eq!(stack.get("/", &[]).status, 200, "failed open");
+    stack.restart_tollgate();
+    // The bucket in Redis is still empty, and nginx did not mark tollgate down for a while.
+    assert_denied_with_quota_headers(&stack.get("/", &[]), "per-ip");
+    assert_eq!(stack.backend.count(), 3);
+}
+
+#[test]
 fn a_fail_closed_tollgate_decision_reaches_the_client_as_503() {
     let mut stack = nginx_stack("deny", PER_IP_BURST_2);
     assert_eq!(stack.get("/", &[]).status, 200);

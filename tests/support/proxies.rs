@@ -75,7 +75,7 @@ impl Nginx {
             template(
                 &read_shipped("config/nginx/tollgate.conf"),
                 &[
-                    ("server 127.0.0.1:8080 ", &format!("server {tollgate} ")),
+                    ("server 127.0.0.1:8080;", &format!("server {tollgate};")),
                     ("server 127.0.0.1:3000;", &format!("server {backend};")),
                     ("listen 80;", &format!("listen {listen};")),
                 ],

@@ -3,9 +3,14 @@
 
 use std::net::{Ipv4Addr, SocketAddr};
 
+use std::process::Stdio;
+use std::time::Duration;
+
 use super::backend::{burst_through, send, send_from, tally, Backend};
-use super::{Nginx, Traefik};
-use crate::support::{RedisServer, Response, Tollgate};
+use super::{Nginx, Owned, Traefik};
+use crate::support::{
+    free_port, tollgate_command, wait_until, HttpClient, RedisServer, Response, TempDir, Tollgate,
+};
 
 /// What a test needs around a proxy: Redis, tollgate on it, the counting backend.
 pub struct Stack<P> {
@@ -13,6 +18,10 @@ pub struct Stack<P> {
     pub backend: Backend,
     /// `None` once [`Stack::stop_tollgate`] ran.
     pub tollgate: Option<Tollgate>,
+    /// Set by [`Stack::restart_tollgate`].
+    restarted: Option<(Owned, TempDir)>,
+    tollgate_addr: SocketAddr,
+    tollgate_config: String,
     pub redis: RedisServer,
 }
 
@@ -49,7 +58,8 @@ impl<P: Proxy> Stack<P> {
         start_proxy: impl FnOnce(SocketAddr, SocketAddr) -> P,
     ) -> Stack<P> {
         let redis = RedisServer::start();
-        let tollgate = Tollgate::start(&tollgate_config(&redis, on_error, limits));
+        let config = tollgate_config(&redis, on_error, limits);
+        let tollgate = Tollgate::start(&config);
         let backend = Backend::start();
         let proxy = start_proxy(tollgate.addr, backend.addr);
         // Whatever a proxy's readiness probe charged or reached is forgotten.
@@ -58,7 +68,10 @@ impl<P: Proxy> Stack<P> {
         Stack {
             proxy,
             backend,
+            tollgate_addr: tollgate.addr,
             tollgate: Some(tollgate),
+            restarted: None,
+            tollgate_config: config,
             redis,
         }
     }
@@ -73,6 +86,37 @@ impl<P: Proxy> Stack<P> {
 
     pub fn stop_tollgate(&mut self) {
         self.tollgate = None;
+    }
+
+    /// Starts tollgate again, with the same config, on the address the proxy knows (the
+    /// harness's `Tollgate` always picks a new one).
+    pub fn restart_tollgate(&mut self) {
+        self.stop_tollgate();
+        let dir = TempDir::new("tollgate-again");
+        let config = dir.write("tollgate.toml", &self.tollgate_config);
+        let child = tollgate_command()
+            .arg("--config")
+            .arg(&config)
+            .env("TOLLGATE_LISTEN", self.tollgate_addr.to_string())
+            .env(
+                "TOLLGATE_ADMIN_LISTEN",
+                format!("127.0.0.1:{}", free_port()),
+            )
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start tollgate again");
+        self.restarted = Some((Owned(child), dir));
+        let addr = self.tollgate_addr;
+        assert!(
+            wait_until(Duration::from_secs(10), || {
+                HttpClient::connect(addr)
+                    .and_then(|mut c| c.get("/healthz", &[]))
+                    .is_ok_and(|r| r.status == 200)
+            }),
+            "tollgate did not come back on {addr}"
+        );
     }
 
     /// The keys in Redis, sorted.
