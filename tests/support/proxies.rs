@@ -1,5 +1,5 @@
 //! Real ingress proxies for end-to-end tests: nginx and Traefik from PATH, run from the shipped
-//! configs in `config/` (only addresses are templated), in front of a [`Backend`] that counts
+//! configs in `config/` (only addresses are templated), in front of a [`backend::Backend`] that counts
 //! what reaches it. Clients can pick their loopback source address, so "two different client
 //! IPs" is real, not a header.
 //!
