@@ -1,7 +1,7 @@
 //! Real ingress proxies for end-to-end tests: nginx and Traefik from PATH, run from the shipped
-//! configs in `config/` (only addresses are templated), in front of a [`backend::Backend`] that counts
-//! what reaches it. Clients can pick their loopback source address, so "two different client
-//! IPs" is real, not a header.
+//! configs in `config/` (only addresses are templated), in front of a [`backend::Backend`]
+//! that counts what reaches it. Clients can pick their loopback source address, so "two
+//! different client IPs" is real, not a header.
 //!
 //! - this file: the proxies as processes (`Nginx`, `Traefik`) and the templating of shipped files;
 //! - [`backend`]: the counting application and a client that picks its source address;
