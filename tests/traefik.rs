@@ -88,6 +88,17 @@ fn traefik_answers_500_and_calls_nothing_when_tollgate_is_unreachable() {
 }
 
 #[test]
+fn a_fail_closed_tollgate_decision_reaches_the_client_through_traefik() {
+    let mut stack = traefik_stack("deny", PER_IP_BURST_2);
+    assert_eq!(stack.get("/", &[]).status, 200);
+    stack.redis.kill();
+    let response = stack.get("/", &[]);
+    assert_eq!(response.status, 503, "{response:?}");
+    assert_eq!(response.header("retry-after"), Some("1"));
+    assert_eq!(stack.backend.count(), 1);
+}
+
+#[test]
 fn two_traefik_instances_sharing_one_redis_admit_exactly_the_burst() {
     let burst = 15;
     let redis = RedisServer::start();
