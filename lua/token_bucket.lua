@@ -6,11 +6,14 @@
 -- ARGV[4i-1]  cost to charge bucket i (>= 1)
 -- ARGV[4i]    "1" if bucket i is a shadow limit: reported, never denies
 --
--- Returns {allowed, tokens_1, enough_1, ..., tokens_n, enough_n}:
+-- Returns {allowed, tokens_1, enough_1, ..., tokens_n, enough_n, now}:
 --   allowed   1 when every non-shadow bucket holds its cost; only then is anything charged
 --             (each bucket that can pay, shadow ones included)
 --   tokens_i  what bucket i holds after this call, as a string so fractions survive the reply
 --   enough_i  1 when bucket i held its cost
+--   now       this call's TIME in microseconds, as a string: the `ts` it wrote. On a Redis
+--             Cluster, a request whose buckets span slots is decided per slot, and a charge
+--             that must be undone is refunded by lua/refund.lua, which needs this moment.
 --
 -- The clock is Redis's own (TIME), never the caller's, so instances with skewed clocks agree.
 -- Both branches persist {tokens, now} and PEXPIRE the key to twice its full-refill time, so
@@ -52,4 +55,5 @@ for i = 1, n do
   reply[2 * i] = level
   reply[2 * i + 1] = enough[i] and 1 or 0
 end
+reply[2 * n + 2] = string.format('%d', now)
 return reply

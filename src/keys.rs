@@ -1,8 +1,16 @@
-//! Every store key is built here: `<prefix>:<limit>:<tail>`, where the tail joins the limit's
-//! key parts with `|`.
+//! Every store key is built here: `<prefix>:<limit>:{<tail>}`, where the tail joins the limit's
+//! key parts with `|`; plus [`instances_key`] for the instance registry.
 //!
-//! Attacker-controlled values never reach the store raw. Inside a part, `%`, `|` and `#` are
-//! percent-escaped, so two different part tuples can never produce the same tail. A tail longer
+//! The braces are a Redis Cluster hash tag: only the tail picks the slot. So every limit keyed
+//! on the same parts (say `per-ip-second` and `per-ip-minute`, both `key = ["ip"]`) keeps its
+//! buckets of one client in one slot, and a request drawing from them is decided by one script
+//! call, atomically, even on a Cluster. Different tails still spread over all slots, so no
+//! shard gets hot from the layout. Outside a Cluster the braces are plain characters.
+//!
+//! Attacker-controlled values never reach the store raw. Inside a part, `%`, `|`, `#`, `{` and
+//! `}` are percent-escaped, so two different part tuples can never produce the same tail, and a
+//! client cannot move the hash tag (the prefix and limit names hold no braces: config
+//! validation refuses them). A tail longer
 //! than [`MAX_TAIL`] bytes, or holding bytes outside printable ASCII, is replaced by `#` and a
 //! 128-bit SHA-256 prefix of itself: memory per bucket stays bounded whatever the client sends,
 //! and a hashed tail cannot collide with a plain one (a plain `#` is always escaped).
@@ -102,14 +110,19 @@ pub fn bucket_key(
     Ok(assemble(prefix, limit, &tail))
 }
 
-/// `<prefix>:<limit>:<tail>`, hashing the tail when it is long or unprintable.
+/// The sorted set where instances announce themselves (`on_error = "local"`).
+pub fn instances_key(prefix: &str) -> String {
+    format!("{prefix}:instances")
+}
+
+/// `<prefix>:<limit>:{<tail>}`, hashing the tail when it is long or unprintable.
 fn assemble(prefix: &str, limit: &str, tail: &[u8]) -> String {
     let printable = tail.iter().all(|b| (0x20..=0x7e).contains(b));
-    let mut key = String::with_capacity(prefix.len() + limit.len() + 2 + tail.len().min(33));
+    let mut key = String::with_capacity(prefix.len() + limit.len() + 4 + tail.len().min(33));
     key.push_str(prefix);
     key.push(':');
     key.push_str(limit);
-    key.push(':');
+    key.push_str(":{");
     if printable && tail.len() <= MAX_TAIL {
         // Every byte was checked to be printable ASCII.
         key.push_str(std::str::from_utf8(tail).unwrap_or_default());
@@ -121,6 +134,7 @@ fn assemble(prefix: &str, limit: &str, tail: &[u8]) -> String {
             key.push(char::from(HEX[usize::from(byte & 0xf)]));
         }
     }
+    key.push('}');
     key
 }
 
@@ -153,6 +167,8 @@ fn escape_into(out: &mut Vec<u8>, value: &[u8]) {
             b'%' => out.extend_from_slice(b"%25"),
             b'|' => out.extend_from_slice(b"%7C"),
             b'#' => out.extend_from_slice(b"%23"),
+            b'{' => out.extend_from_slice(b"%7B"),
+            b'}' => out.extend_from_slice(b"%7D"),
             _ => out.push(byte),
         }
     }
@@ -169,16 +185,38 @@ mod tests {
 
     #[test]
     fn short_printable_tails_are_kept_verbatim() {
-        assert_eq!(assemble("tg", "per-ip", b"10.0.0.1"), "tg:per-ip:10.0.0.1");
+        assert_eq!(
+            assemble("tg", "per-ip", b"10.0.0.1"),
+            "tg:per-ip:{10.0.0.1}"
+        );
+    }
+
+    #[test]
+    fn limits_on_the_same_parts_share_a_cluster_slot() {
+        let slot = |key: &str| redis::cluster_routing::Slot::for_key(key);
+        let second = assemble("tg", "per-ip-second", b"10.0.0.1");
+        let minute = assemble("tg", "per-ip-minute", b"10.0.0.1");
+        assert_eq!(slot(&second), slot(&minute));
+        assert_ne!(
+            slot(&second),
+            slot(&assemble("tg", "per-ip-second", b"10.0.0.2"))
+        );
+    }
+
+    #[test]
+    fn braces_in_values_cannot_move_the_hash_tag() {
+        let mut tail = Vec::new();
+        escape_into(&mut tail, b"a}b{c");
+        assert_eq!(tail, b"a%7Db%7Bc");
     }
 
     #[test]
     fn long_or_binary_tails_are_hashed_to_a_fixed_length() {
         let long = vec![b'a'; 10_000];
         let key = assemble("tg", "k", &long);
-        assert_eq!(key.len(), "tg:k:#".len() + 32);
+        assert_eq!(key.len(), "tg:k:{#}".len() + 32);
         let binary = assemble("tg", "k", b"\xff\x00abc");
-        assert!(binary.starts_with("tg:k:#"));
+        assert!(binary.starts_with("tg:k:{#"));
         assert_ne!(key, binary);
     }
 

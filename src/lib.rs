@@ -15,7 +15,7 @@
 //! - [`keys`]: every store key is built here (escaping, hashing of hostile values).
 //! - [`limiter`]: the decision without HTTP: one atomic store call, `on_error` fallbacks.
 //! - [`store`]: the [`store::Store`] trait; [`store::redis`] (Lua via `EVALSHA`, deadlines,
-//!   circuit breaker) and [`store::memory`] (sharded, bounded); [`store::bucket`] is the
+//!   circuit breaker; one node, a Cluster or a Sentinel-managed master) and [`store::memory`] (sharded, bounded); [`store::bucket`] is the
 //!   arithmetic twin of `lua/token_bucket.lua`.
 //! - [`decision`]: the verdict as a value: remaining, reset, retry-after.
 //! - [`metrics`]: the Prometheus registry; every metric name in one place.

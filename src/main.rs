@@ -31,7 +31,10 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    // The redis client logs every reconnect attempt of a Cluster or Sentinel failover at
+    // warn; tollgate itself logs the store going down and up once each way.
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info,redis=error"))
+        .init();
     let config = match Config::load(cli.config.as_deref()) {
         Ok(config) => config,
         Err(error) => {

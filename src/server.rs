@@ -8,13 +8,13 @@ use std::time::Duration;
 
 use actix_web::{web, App, HttpServer};
 
-use crate::config::{Backend, Config, OnError};
+use crate::config::{Backend, Config, OnError, StoreConfig};
 use crate::lifecycle::{self, Reloader};
 use crate::limiter::Limiter;
 use crate::limits::Policy;
 use crate::metrics::Metrics;
 use crate::store::memory::MemoryStore;
-use crate::store::redis::RedisStore;
+use crate::store::redis::{RedisStore, Topology};
 use crate::store::AnyStore;
 
 /// In-flight checks get this long to finish after SIGTERM.
@@ -58,8 +58,8 @@ pub fn build_state(config: &Config) -> Result<web::Data<AppState>, StartError> {
     let policy = Policy::compile(config, &metrics)?;
     let store = match config.store.backend {
         Backend::Memory => AnyStore::Memory(MemoryStore::new(config.store.max_buckets)),
-        Backend::Redis => AnyStore::Redis(Box::new(RedisStore::connect_lazily(
-            &config.store.url,
+        Backend::Redis => AnyStore::Redis(Box::new(RedisStore::open(
+            &topology(&config.store),
             Duration::from_millis(config.store.timeout_ms),
             metrics.clone(),
         )?)),
@@ -72,6 +72,21 @@ pub fn build_state(config: &Config) -> Result<web::Data<AppState>, StartError> {
         metrics.clone(),
     );
     Ok(web::Data::new(AppState { limiter, metrics }))
+}
+
+/// Where the Redis store lives: a Cluster, a Sentinel-managed master, or one node.
+fn topology(store: &StoreConfig) -> Topology<'_> {
+    match &store.sentinel {
+        _ if !store.cluster.is_empty() => Topology::Cluster {
+            seeds: &store.cluster,
+        },
+        Some(sentinel) => Topology::Sentinel {
+            master: &sentinel.master,
+            sentinels: &sentinel.urls,
+            url: &store.url,
+        },
+        None => Topology::Single { url: &store.url },
+    }
 }
 
 /// Serves until SIGTERM/SIGINT, then drains in-flight checks (at most [`SHUTDOWN_GRACE`]).
@@ -116,7 +131,7 @@ pub async fn run(
     if config.store.backend == Backend::Redis && config.store.on_error == OnError::Local {
         actix_web::rt::spawn(lifecycle::count_instances(
             state.clone(),
-            format!("{}:instances", config.store.key_prefix),
+            crate::keys::instances_key(&config.store.key_prefix),
         ));
     }
     let reloader = Arc::new(Reloader::new(config_path, config, state.clone()));

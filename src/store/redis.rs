@@ -1,25 +1,34 @@
 //! The Redis store: `lua/token_bucket.lua` run with `EVALSHA` over one multiplexed async
-//! connection shared by every worker (one round trip per check, no worker ever blocks).
+//! connection shared by every worker (one round trip per check, no worker ever blocks), to one
+//! node, a Cluster or a Sentinel-managed master (`redis/connection.rs`).
 //!
 //! Failure handling, in layers: every call has a deadline of `store.timeout_ms` (connection
-//! wait included); the connection manager reconnects in the background with its backoff capped
-//! at 500 ms; a circuit breaker stops calling a Redis that keeps failing; `NOSCRIPT` (a
-//! restarted or flushed Redis) is answered by re-sending the script with `EVAL`, once.
+//! wait included); connections are re-established in the background (backoff capped at
+//! 500 ms; a Cluster refreshes its slot map, Sentinel is asked for the new master); a circuit
+//! breaker stops calling a Redis that keeps failing; `NOSCRIPT` (a restarted, flushed or newly
+//! promoted node) is answered by re-sending the script with `EVAL`, once, to the same node.
+//!
+//! On a Cluster, a script may only touch keys of one slot. A request whose buckets span slots
+//! is decided by `redis/cross_slot.rs`: per slot, all at once, refunding what was charged when
+//! another slot denies.
+
+mod connection;
+mod cross_slot;
+mod sentinel;
 
 use std::time::{Duration, Instant};
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Cmd, RedisError, Value};
 
+use self::connection::Connection;
+pub use self::connection::Topology;
 use super::breaker::{Admission, Breaker};
 use super::{BucketOutcome, BucketRequest, Store, StoreDecision, StoreError};
 use crate::metrics::Metrics;
 
 const BUCKET_SCRIPT: &str = include_str!("../../lua/token_bucket.lua");
+const REFUND_SCRIPT: &str = include_str!("../../lua/refund.lua");
 const INSTANCES_SCRIPT: &str = include_str!("../../lua/instances.lua");
-
-/// Longest pause between reconnect attempts: short, so recovery follows Redis within ~0.5 s.
-const MAX_RECONNECT_DELAY: Duration = Duration::from_millis(500);
 
 /// A Lua script and its SHA1, as `EVALSHA` wants it.
 struct LuaScript {
@@ -56,8 +65,9 @@ impl LuaScript {
 }
 
 pub struct RedisStore {
-    connection: ConnectionManager,
+    connection: Connection,
     bucket_script: LuaScript,
+    refund_script: LuaScript,
     instances_script: LuaScript,
     timeout: Duration,
     breaker: Breaker,
@@ -65,25 +75,26 @@ pub struct RedisStore {
 }
 
 impl RedisStore {
-    /// Creates the store without connecting: tollgate must start (and answer per `on_error`)
-    /// while Redis is down. Must be called inside a Tokio runtime.
+    /// Creates the store for a single node without connecting.
     pub fn connect_lazily(
         url: &str,
         timeout: Duration,
         metrics: Metrics,
     ) -> Result<RedisStore, StoreError> {
-        let client = redis::Client::open(url)
-            // The parser's message may quote the URL, password included: name only the kind.
-            .map_err(|e| StoreError::Other(format!("invalid Redis URL ({:?})", e.kind())))?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(timeout))
-            .set_response_timeout(Some(timeout))
-            .set_max_delay(MAX_RECONNECT_DELAY);
-        let connection = ConnectionManager::new_lazy_with_config(client, config)
-            .map_err(|e| StoreError::Other(e.to_string()))?;
+        RedisStore::open(&Topology::Single { url }, timeout, metrics)
+    }
+
+    /// Creates the store without connecting: tollgate must start (and answer per `on_error`)
+    /// while Redis is down. Must be called inside a Tokio runtime.
+    pub fn open(
+        topology: &Topology<'_>,
+        timeout: Duration,
+        metrics: Metrics,
+    ) -> Result<RedisStore, StoreError> {
         Ok(RedisStore {
-            connection,
+            connection: Connection::open(topology, timeout)?,
             bucket_script: LuaScript::new(BUCKET_SCRIPT),
+            refund_script: LuaScript::new(REFUND_SCRIPT),
             instances_script: LuaScript::new(INSTANCES_SCRIPT),
             timeout,
             breaker: Breaker::new(metrics.store_up.clone(), "redis"),
@@ -97,24 +108,25 @@ impl RedisStore {
         script: &LuaScript,
         keys: &[&str],
         args: impl Fn(&mut Cmd),
+        deadline: Instant,
     ) -> Result<Value, StoreError> {
         if self.breaker.admit() == Admission::Reject {
             return Err(StoreError::Unavailable);
         }
         let started = Instant::now();
-        let result = tokio::time::timeout(self.timeout, async {
-            let mut connection = self.connection.clone();
-            match script
-                .command(false, keys, &args)
-                .query_async(&mut connection)
+        let result = tokio::time::timeout_at(deadline.into(), async {
+            // On a Cluster both commands are routed by their first key: the script is loaded
+            // on the node that owns the slot, which is where it runs next time.
+            match self
+                .connection
+                .query(&script.command(false, keys, &args))
                 .await
             {
                 Err(e)
                     if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
                 {
-                    script
-                        .command(true, keys, &args)
-                        .query_async(&mut connection)
+                    self.connection
+                        .query(&script.command(true, keys, &args))
                         .await
                 }
                 other => other,
@@ -160,14 +172,84 @@ impl RedisStore {
     ) -> Result<u64, StoreError> {
         let ttl_ms = ttl.as_millis() as u64;
         let value = self
-            .run_script(&self.instances_script, &[registry_key], |cmd| {
-                cmd.arg(instance).arg(ttl_ms);
-            })
+            .run_script(
+                &self.instances_script,
+                &[registry_key],
+                |cmd| {
+                    cmd.arg(instance).arg(ttl_ms);
+                },
+                Instant::now() + self.timeout,
+            )
             .await?;
         match value {
             Value::Int(n) if n > 0 => Ok(n as u64),
             other => Err(StoreError::Script(format!("unexpected reply {other:?}"))),
         }
+    }
+}
+
+impl RedisStore {
+    /// One `token_bucket.lua` call deciding `buckets` atomically (on a Cluster they must share
+    /// a slot). Also returns the Redis time the call ran at, which a refund needs.
+    async fn charge(
+        &self,
+        buckets: &[&BucketRequest],
+        deadline: Instant,
+    ) -> Result<(StoreDecision, String), StoreError> {
+        let keys: Vec<&str> = buckets.iter().map(|b| b.key.as_str()).collect();
+        let reply = self
+            .run_script(
+                &self.bucket_script,
+                &keys,
+                |cmd| {
+                    for bucket in buckets {
+                        cmd.arg(bucket.rate)
+                            .arg(bucket.burst)
+                            .arg(bucket.cost)
+                            .arg(if bucket.shadow { "1" } else { "0" });
+                    }
+                },
+                deadline,
+            )
+            .await?;
+        parse_decision(reply, buckets.len())
+    }
+
+    /// Gives back `cost` to each bucket charged at `charged_at` (`lua/refund.lua`); returns
+    /// the tokens each holds afterwards.
+    async fn refund(
+        &self,
+        buckets: &[&BucketRequest],
+        charged_at: &str,
+        deadline: Instant,
+    ) -> Result<Vec<f64>, StoreError> {
+        let keys: Vec<&str> = buckets.iter().map(|b| b.key.as_str()).collect();
+        let reply = self
+            .run_script(
+                &self.refund_script,
+                &keys,
+                |cmd| {
+                    for bucket in buckets {
+                        cmd.arg(bucket.rate)
+                            .arg(bucket.burst)
+                            .arg(bucket.cost)
+                            .arg(charged_at);
+                    }
+                },
+                deadline,
+            )
+            .await?;
+        let malformed = || StoreError::Script("malformed refund reply".into());
+        let Value::Array(items) = reply else {
+            return Err(malformed());
+        };
+        if items.len() != buckets.len() {
+            return Err(malformed());
+        }
+        items
+            .iter()
+            .map(|v| as_float(v).ok_or_else(malformed))
+            .collect()
     }
 }
 
@@ -179,30 +261,26 @@ impl Store for RedisStore {
                 buckets: Vec::new(),
             });
         }
-        let keys: Vec<&str> = buckets.iter().map(|b| b.key.as_str()).collect();
-        let reply = self
-            .run_script(&self.bucket_script, &keys, |cmd| {
-                for bucket in buckets {
-                    cmd.arg(bucket.rate)
-                        .arg(bucket.burst)
-                        .arg(bucket.cost)
-                        .arg(if bucket.shadow { "1" } else { "0" });
-                }
-            })
-            .await?;
-        parse_decision(reply, buckets.len())
+        // One deadline for the whole decision, refunds included.
+        let deadline = Instant::now() + self.timeout;
+        if self.connection.is_cluster() {
+            let groups = cross_slot::group_by_slot(buckets);
+            if groups.len() > 1 {
+                return cross_slot::decide(self, buckets, &groups, deadline).await;
+            }
+        }
+        let all: Vec<&BucketRequest> = buckets.iter().collect();
+        self.charge(&all, deadline)
+            .await
+            .map(|(decision, _)| decision)
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
         if self.breaker.admit() == Admission::Reject {
             return Err(StoreError::Unavailable);
         }
-        let mut connection = self.connection.clone();
-        let result = tokio::time::timeout(
-            self.timeout,
-            redis::cmd("PING").query_async::<Value>(&mut connection),
-        )
-        .await;
+        let result =
+            tokio::time::timeout(self.timeout, self.connection.query(&redis::cmd("PING"))).await;
         let result = match result {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(e)) => Err(classify(&e)),
@@ -216,17 +294,23 @@ impl Store for RedisStore {
     }
 }
 
-/// `{allowed, tokens_1, enough_1, ...}` → [`StoreDecision`].
-fn parse_decision(reply: Value, count: usize) -> Result<StoreDecision, StoreError> {
+/// `{allowed, tokens_1, enough_1, ..., now}` → [`StoreDecision`] and `now`.
+fn parse_decision(reply: Value, count: usize) -> Result<(StoreDecision, String), StoreError> {
     let malformed = || StoreError::Script("malformed token bucket reply".into());
     let Value::Array(items) = reply else {
         return Err(malformed());
     };
-    if items.len() != 1 + 2 * count {
+    if items.len() != 2 + 2 * count {
         return Err(malformed());
     }
     let allowed = as_int(&items[0]).ok_or_else(malformed)? == 1;
-    let buckets = items[1..]
+    let now = match &items[1 + 2 * count] {
+        Value::BulkString(bytes) => String::from_utf8(bytes.clone()).map_err(|_| malformed())?,
+        Value::SimpleString(text) => text.clone(),
+        Value::Int(n) => n.to_string(),
+        _ => return Err(malformed()),
+    };
+    let buckets = items[1..1 + 2 * count]
         .chunks_exact(2)
         .map(|pair| {
             Some(BucketOutcome {
@@ -236,7 +320,7 @@ fn parse_decision(reply: Value, count: usize) -> Result<StoreDecision, StoreErro
         })
         .collect::<Option<Vec<_>>>()
         .ok_or_else(malformed)?;
-    Ok(StoreDecision { allowed, buckets })
+    Ok((StoreDecision { allowed, buckets }, now))
 }
 
 fn as_int(value: &Value) -> Option<i64> {
@@ -287,9 +371,11 @@ mod tests {
             Value::Int(1),
             Value::BulkString(b"4.5".to_vec()),
             Value::Int(1),
+            Value::BulkString(b"1764669600123456".to_vec()),
         ]);
-        let decision = parse_decision(reply, 1).unwrap();
+        let (decision, now) = parse_decision(reply, 1).unwrap();
         assert!(decision.allowed);
+        assert_eq!(now, "1764669600123456");
         assert_eq!(decision.buckets[0].tokens, 4.5);
         assert!(parse_decision(Value::Array(vec![Value::Int(1)]), 1).is_err());
     }

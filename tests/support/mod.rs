@@ -2,6 +2,7 @@
 //! a small keep-alive HTTP/1.1 client. Everything started here is stopped on drop.
 #![allow(dead_code)] // each test file uses a different part of the harness
 
+pub mod cluster;
 pub mod http;
 pub mod proxies;
 
@@ -303,10 +304,16 @@ pub fn metric_value(metrics: &str, sample: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
-/// A config for a Redis-backed tollgate; `limits` is appended verbatim.
+/// A config for a Redis-backed tollgate: `extra_store` lines go into `[store]` (a
+/// `timeout_ms` there replaces the default of 50), `limits` is appended verbatim.
 pub fn redis_config(redis: &RedisServer, extra_store: &str, limits: &str) -> String {
+    let timeout = if extra_store.contains("timeout_ms") {
+        ""
+    } else {
+        "timeout_ms = 50\n"
+    };
     format!(
-        "[store]\nbackend = \"redis\"\nurl = \"{}\"\ntimeout_ms = 50\n{extra_store}\n\n{limits}",
+        "[store]\nbackend = \"redis\"\nurl = \"{}\"\n{timeout}{extra_store}\n\n{limits}",
         redis.url()
     )
 }

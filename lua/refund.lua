@@ -1,0 +1,52 @@
+-- tollgate refund: gives back what lua/token_bucket.lua charged for a request that was then
+-- denied by another slot (Redis Cluster: a request whose buckets live in several slots is
+-- decided one slot at a time, and all-or-nothing is restored by refunding).
+--
+-- KEYS[i]     bucket i, charged earlier by token_bucket.lua on this same slot
+-- ARGV[4i-3]  rate of bucket i, tokens per second
+-- ARGV[4i-2]  burst of bucket i
+-- ARGV[4i-1]  the cost that was charged
+-- ARGV[4i]    `now` returned by the charging call (microseconds of TIME, as written to `ts`)
+--
+-- Returns {tokens_1, ..., tokens_n}: what each bucket holds after the refund, as strings.
+--
+-- Never gives back more than the charge removed. While a charge is outstanding, the bucket may
+-- have refilled up to `burst` and been drawn down again: refill the cap would have discarded
+-- without the charge. Giving back the whole cost then would admit more than `burst` in a
+-- moment. So: if nobody wrote the bucket since the charge (`ts` is still that moment), the
+-- refill since is computed here and the refund is exact (capped at burst); otherwise the
+-- refill that may have been absorbed, rate * (now - charged_at), is kept back. That loses at
+-- most rate x (one round trip) tokens per refund: a bounded under-admission, never an
+-- over-admission. An absent bucket has expired, which means full: nothing to give back.
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+
+local reply = {}
+for i = 1, #KEYS do
+  local rate = tonumber(ARGV[4 * i - 3])
+  local burst = tonumber(ARGV[4 * i - 2])
+  local cost = tonumber(ARGV[4 * i - 1])
+  local charged_at = ARGV[4 * i]
+  local stored = redis.call('HMGET', KEYS[i], 'tokens', 'ts')
+  local level, ts = tonumber(stored[1]), tonumber(stored[2])
+  if level == nil or ts == nil then
+    reply[i] = string.format('%.17g', burst)
+  else
+    local elapsed = now - ts
+    if elapsed < 0 then elapsed = 0 end
+    level = math.min(burst, level + elapsed * rate / 1000000)
+    local give = cost
+    if stored[2] ~= charged_at then
+      local since = now - tonumber(charged_at)
+      if since < 0 then since = 0 end
+      give = cost - since * rate / 1000000
+    end
+    if give > 0 then level = math.min(burst, level + give) end
+    local text = string.format('%.17g', level)
+    redis.call('HSET', KEYS[i], 'tokens', text, 'ts', string.format('%d', now))
+    redis.call('PEXPIRE', KEYS[i], math.ceil(2 * burst / rate) * 1000)
+    reply[i] = text
+  end
+end
+return reply

@@ -1,0 +1,117 @@
+//! The connection to Redis, whichever way it is deployed: one node (`store.url`), a Cluster
+//! (`store.cluster`), or the master that Sentinel names (`store.sentinel`). All three connect
+//! lazily, so tollgate starts and answers per `on_error` while Redis is unreachable.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::{ClusterClientBuilder, ClusterConfig};
+use redis::cluster_async::ClusterConnection;
+use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
+use redis::{Cmd, IntoConnectionInfo, RedisResult, Value};
+
+use super::sentinel::SentinelMaster;
+use crate::store::StoreError;
+
+/// Longest pause between reconnect attempts: short, so recovery follows Redis within ~0.5 s.
+pub const MAX_RECONNECT_DELAY: Duration = Duration::from_millis(500);
+
+/// Where Redis is, as configured.
+pub enum Topology<'a> {
+    Single {
+        url: &'a str,
+    },
+    Cluster {
+        seeds: &'a [String],
+    },
+    /// `url` supplies the master's database, username and password (its host is ignored).
+    Sentinel {
+        master: &'a str,
+        sentinels: &'a [String],
+        url: &'a str,
+    },
+}
+
+/// One handle shared by every worker; each kind multiplexes all calls over few sockets.
+pub enum Connection {
+    Single(ConnectionManager),
+    /// Routes each command by its first key's slot, follows MOVED/ASK and refreshes the slot map
+    /// (failovers included) by itself.
+    Cluster(ClusterConnection),
+    Sentinel(Arc<SentinelMaster>),
+}
+
+impl Connection {
+    /// Builds the handle without connecting. Must be called inside a Tokio runtime.
+    pub fn open(topology: &Topology<'_>, timeout: Duration) -> Result<Connection, StoreError> {
+        match topology {
+            Topology::Single { url } => {
+                let client = redis::Client::open(*url).map_err(|e| invalid("store.url", &e))?;
+                let connection =
+                    ConnectionManager::new_lazy_with_config(client, manager_config(timeout))
+                        .map_err(|e| StoreError::Other(e.to_string()))?;
+                Ok(Connection::Single(connection))
+            }
+            Topology::Cluster { seeds } => {
+                let client = ClusterClientBuilder::new(seeds.iter().map(String::as_str))
+                    .build()
+                    .map_err(|e| invalid("store.cluster", &e))?;
+                let config = ClusterConfig::new()
+                    .set_connection_timeout(timeout)
+                    .set_response_timeout(timeout);
+                Ok(Connection::Cluster(
+                    client.get_pending_async_connection_with_config(config),
+                ))
+            }
+            Topology::Sentinel {
+                master,
+                sentinels,
+                url,
+            } => {
+                let node = url
+                    .into_connection_info()
+                    .map_err(|e| invalid("store.url", &e))?;
+                let node_info = SentinelNodeConnectionInfo::default()
+                    .set_redis_connection_info(node.redis_settings().clone());
+                let client = SentinelClient::build(
+                    sentinels.iter().map(String::as_str).collect(),
+                    master.to_string(),
+                    Some(node_info),
+                    SentinelServerType::Master,
+                )
+                .map_err(|e| invalid("store.sentinel", &e))?;
+                Ok(Connection::Sentinel(SentinelMaster::follow(
+                    client,
+                    master.to_string(),
+                    manager_config(timeout),
+                )))
+            }
+        }
+    }
+
+    pub fn is_cluster(&self) -> bool {
+        matches!(self, Connection::Cluster(_))
+    }
+
+    /// Sends one command (to the node owning its first key, on a Cluster).
+    pub async fn query(&self, cmd: &Cmd) -> RedisResult<Value> {
+        match self {
+            Connection::Single(connection) => cmd.query_async(&mut connection.clone()).await,
+            Connection::Cluster(connection) => cmd.query_async(&mut connection.clone()).await,
+            Connection::Sentinel(master) => master.query(cmd).await,
+        }
+    }
+}
+
+pub fn manager_config(timeout: Duration) -> ConnectionManagerConfig {
+    ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(timeout))
+        .set_response_timeout(Some(timeout))
+        .set_max_delay(MAX_RECONNECT_DELAY)
+}
+
+/// The parser's message may quote the URL, password included: name only the kind.
+fn invalid(key: &str, error: &redis::RedisError) -> StoreError {
+    StoreError::Other(format!("invalid {key} ({:?})", error.kind()))
+}

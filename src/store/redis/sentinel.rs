@@ -1,0 +1,107 @@
+//! Following the master that Redis Sentinel names. A background task asks the sentinels for
+//! the master (and checks its `ROLE`) at start, every [`POLL_EVERY`], and at once when a call
+//! fails in a way a failover explains (connection lost, timeout, `READONLY` from a demoted
+//! master). When the address changes, calls move to a new connection; until a master is
+//! known, calls fail fast and tollgate answers per `on_error`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwapOption;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::sentinel::SentinelClient;
+use redis::{Cmd, ErrorKind, RedisError, RedisResult, ServerErrorKind, Value};
+use tokio::sync::Notify;
+
+/// How often the sentinels are asked even when all is well (a failover may also come
+/// without any failed call, e.g. `SENTINEL FAILOVER` while idle).
+const POLL_EVERY: Duration = Duration::from_secs(1);
+/// At most one question every this long, however many calls fail.
+const MIN_GAP: Duration = Duration::from_millis(100);
+/// Bound on one discovery (sentinel query + `ROLE` check of the master).
+const DISCOVERY_TIMEOUT: Duration = Duration::from_secs(1);
+
+struct Master {
+    addr: String,
+    connection: ConnectionManager,
+}
+
+pub struct SentinelMaster {
+    current: ArcSwapOption<Master>,
+    wake: Notify,
+}
+
+impl SentinelMaster {
+    /// Starts following `name` in the background. Must be called inside a Tokio runtime.
+    pub fn follow(
+        client: SentinelClient,
+        name: String,
+        config: ConnectionManagerConfig,
+    ) -> Arc<SentinelMaster> {
+        let master = Arc::new(SentinelMaster {
+            current: ArcSwapOption::empty(),
+            wake: Notify::new(),
+        });
+        tokio::spawn(discover_forever(master.clone(), client, name, config));
+        master
+    }
+
+    pub async fn query(&self, cmd: &Cmd) -> RedisResult<Value> {
+        let Some(master) = self.current.load_full() else {
+            self.wake.notify_one();
+            return Err(RedisError::from(std::io::Error::new(
+                std::io::ErrorKind::NotConnected,
+                "no master known yet: sentinels not answering",
+            )));
+        };
+        let result = cmd.query_async(&mut master.connection.clone()).await;
+        if let Err(error) = &result {
+            if failover_suspected(error) {
+                self.wake.notify_one();
+            }
+        }
+        result
+    }
+}
+
+fn failover_suspected(error: &RedisError) -> bool {
+    error.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly)
+        || error.is_io_error()
+        || error.is_timeout()
+        || error.is_connection_dropped()
+        || error.is_connection_refusal()
+}
+
+async fn discover_forever(
+    master: Arc<SentinelMaster>,
+    mut client: SentinelClient,
+    name: String,
+    config: ConnectionManagerConfig,
+) {
+    loop {
+        match tokio::time::timeout(DISCOVERY_TIMEOUT, client.async_get_client()).await {
+            Ok(Ok(found)) => {
+                let addr = found.get_connection_info().addr().to_string();
+                let known = master.current.load();
+                if known.as_ref().map(|m| m.addr.as_str()) != Some(addr.as_str()) {
+                    match ConnectionManager::new_lazy_with_config(found, config.clone()) {
+                        Ok(connection) => {
+                            log::info!("sentinel: master {name:?} is at {addr}");
+                            master
+                                .current
+                                .store(Some(Arc::new(Master { addr, connection })));
+                        }
+                        Err(error) => log::warn!("sentinel: cannot use master {addr}: {error}"),
+                    }
+                }
+            }
+            Ok(Err(error)) => log::debug!("sentinel: no master for {name:?}: {error}"),
+            Err(_) => log::debug!("sentinel: discovery of {name:?} timed out"),
+        }
+        tokio::time::sleep(MIN_GAP).await;
+        tokio::select! {
+            _ = master.wake.notified() => {}
+            _ = tokio::time::sleep(POLL_EVERY) => {}
+        }
+    }
+}

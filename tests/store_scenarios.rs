@@ -1,0 +1,269 @@
+//! One table of decision scenarios, run against the memory store (on a manual clock) and
+//! against a real `redis-server` running `lua/token_bucket.lua`, so the two implementations of
+//! the bucket arithmetic cannot drift apart.
+//!
+//! Redis takes its time from `TIME`, which tests cannot set; instead of sleeping, "advancing
+//! the clock by d" shifts every stored bucket's `ts` back by d, which is the same thing to the
+//! script. Real time still passes between steps (milliseconds), so Redis results are compared
+//! with a small tolerance and rates stay low.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use support::RedisServer;
+use tollgate::metrics::Metrics;
+use tollgate::store::memory::{Clock, ManualClock, MemoryStore};
+use tollgate::store::redis::RedisStore;
+use tollgate::store::{BucketRequest, Store, StoreDecision};
+
+/// A bucket used in a step: (key, rate, burst, cost, shadow).
+type Bucket = (&'static str, f64, f64, u64, bool);
+
+struct Step {
+    /// Clock change before the step, in ms; negative moves the clock backwards.
+    advance_ms: i64,
+    buckets: &'static [Bucket],
+    allowed: bool,
+    /// Tokens left in each bucket after the step.
+    tokens: &'static [f64],
+}
+
+const fn step(
+    advance_ms: i64,
+    buckets: &'static [Bucket],
+    allowed: bool,
+    tokens: &'static [f64],
+) -> Step {
+    Step {
+        advance_ms,
+        buckets,
+        allowed,
+        tokens,
+    }
+}
+
+const A13: &[Bucket] = &[("a", 1.0, 3.0, 1, false)];
+const HALF: &[Bucket] = &[("half", 0.5, 1.0, 1, false)];
+const CAP: &[Bucket] = &[("cap", 2.0, 2.0, 1, false)];
+const COST3: &[Bucket] = &[("cost", 1.0, 5.0, 3, false)];
+const COST2: &[Bucket] = &[("cost", 1.0, 5.0, 2, false)];
+const HUGE: &[Bucket] = &[("huge", 1.0, 5.0, 6, false)];
+const BACK: &[Bucket] = &[("back", 1.0, 2.0, 1, false)];
+const PAIR: &[Bucket] = &[("tight", 1.0, 1.0, 1, false), ("loose", 1.0, 5.0, 1, false)];
+const SHADOWED: &[Bucket] = &[("real", 1.0, 5.0, 1, false), ("shadow", 1.0, 1.0, 1, true)];
+
+const SCENARIOS: &[(&str, &[Step])] = &[
+    (
+        "a burst runs out, then refills at the rate",
+        &[
+            step(0, A13, true, &[2.0]),
+            step(0, A13, true, &[1.0]),
+            step(0, A13, true, &[0.0]),
+            step(0, A13, false, &[0.0]),
+            step(1000, A13, true, &[0.0]),
+            step(500, A13, false, &[0.5]),
+        ],
+    ),
+    (
+        "a fractional rate of 0.5/s needs two seconds per token",
+        &[
+            step(0, HALF, true, &[0.0]),
+            step(1000, HALF, false, &[0.5]),
+            step(1000, HALF, true, &[0.0]),
+        ],
+    ),
+    (
+        "refill is capped at the burst",
+        &[step(0, CAP, true, &[1.0]), step(60_000, CAP, true, &[1.0])],
+    ),
+    (
+        "a cost above one takes several tokens, and a denial keeps them",
+        &[
+            step(0, COST3, true, &[2.0]),
+            step(0, COST3, false, &[2.0]),
+            step(0, COST2, true, &[0.0]),
+        ],
+    ),
+    (
+        "a cost above the burst never passes",
+        &[
+            step(0, HUGE, false, &[5.0]),
+            step(60_000, HUGE, false, &[5.0]),
+        ],
+    ),
+    (
+        "a clock going backwards adds no tokens",
+        &[
+            step(0, BACK, true, &[1.0]),
+            step(-5_000, BACK, true, &[0.0]),
+            step(0, BACK, false, &[0.0]),
+        ],
+    ),
+    (
+        "several limits are all-or-nothing",
+        &[
+            step(0, PAIR, true, &[0.0, 4.0]),
+            step(0, PAIR, false, &[0.0, 4.0]),
+        ],
+    ),
+    (
+        "a shadow limit never denies and is charged only when it can pay",
+        &[
+            step(0, SHADOWED, true, &[4.0, 0.0]),
+            step(0, SHADOWED, true, &[3.0, 0.0]),
+        ],
+    ),
+];
+
+trait Harness {
+    fn decide(&self, buckets: &[BucketRequest]) -> StoreDecision;
+    fn advance(&self, ms: i64, keys: &[String]);
+    /// Allowed difference between expected and observed tokens.
+    fn tolerance(&self) -> f64;
+}
+
+fn requests(prefix: &str, buckets: &[Bucket]) -> Vec<BucketRequest> {
+    buckets
+        .iter()
+        .enumerate()
+        .map(|(i, &(key, rate, burst, cost, shadow))| BucketRequest {
+            key: format!("{prefix}:{key}"),
+            rate,
+            burst,
+            cost,
+            shadow,
+            limit: i,
+        })
+        .collect()
+}
+
+fn run_scenarios(harness: &dyn Harness, prefix: &str) {
+    for (name, steps) in SCENARIOS {
+        let prefix = format!("{prefix}:{}", name.replace(' ', "_"));
+        for (i, step) in steps.iter().enumerate() {
+            let requests = requests(&prefix, step.buckets);
+            if step.advance_ms != 0 {
+                let keys: Vec<String> = requests.iter().map(|r| r.key.clone()).collect();
+                harness.advance(step.advance_ms, &keys);
+            }
+            let decision = harness.decide(&requests);
+            assert_eq!(decision.allowed, step.allowed, "{name}, step {i}: allowed");
+            for (j, (outcome, expected)) in decision.buckets.iter().zip(step.tokens).enumerate() {
+                assert!(
+                    (outcome.tokens - expected).abs() <= harness.tolerance(),
+                    "{name}, step {i}, bucket {j}: {} tokens, expected {expected}",
+                    outcome.tokens
+                );
+            }
+        }
+    }
+}
+
+struct Memory {
+    store: MemoryStore<Arc<ManualClock>>,
+    clock: Arc<ManualClock>,
+}
+
+impl Harness for Memory {
+    fn decide(&self, buckets: &[BucketRequest]) -> StoreDecision {
+        self.store.decide_now(buckets)
+    }
+
+    fn advance(&self, ms: i64, _keys: &[String]) {
+        let now = self.clock.now_us() as i64;
+        self.clock.set_us((now + ms * 1000) as u64);
+    }
+
+    fn tolerance(&self) -> f64 {
+        1e-9
+    }
+}
+
+struct Redis {
+    server: RedisServer,
+    store: RedisStore,
+    runtime: tokio::runtime::Runtime,
+}
+
+impl Harness for Redis {
+    fn decide(&self, buckets: &[BucketRequest]) -> StoreDecision {
+        self.runtime
+            .block_on(self.store.decide(buckets))
+            .expect("redis decides")
+    }
+
+    /// Shifts each bucket's `ts` back by `ms` (forward when negative).
+    fn advance(&self, ms: i64, keys: &[String]) {
+        for key in keys {
+            if self.server.cli(&["EXISTS", key]).trim() == "1" {
+                let delta = (-ms * 1000).to_string();
+                self.server.cli(&["HINCRBY", key, "ts", &delta]);
+            }
+        }
+    }
+
+    fn tolerance(&self) -> f64 {
+        // Real time between steps: redis-cli round trips take milliseconds, rates are <= 2/s.
+        0.15
+    }
+}
+
+#[test]
+fn scenarios_on_the_memory_store() {
+    let clock = Arc::new(ManualClock::default());
+    clock.set_us(1_000_000_000_000);
+    let harness = Memory {
+        store: MemoryStore::with_clock(10_000, clock.clone()),
+        clock,
+    };
+    run_scenarios(&harness, "mem");
+}
+
+impl Redis {
+    fn start() -> Redis {
+        let server = RedisServer::start();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let store = {
+            let _inside = runtime.enter();
+            RedisStore::connect_lazily(&server.url(), Duration::from_secs(2), Metrics::new())
+                .expect("store")
+        };
+        Redis {
+            server,
+            store,
+            runtime,
+        }
+    }
+}
+
+#[test]
+fn scenarios_on_redis() {
+    run_scenarios(&Redis::start(), "redis");
+}
+
+#[test]
+fn redis_buckets_expire_after_twice_their_refill_time() {
+    let redis = Redis::start();
+    let bucket = BucketRequest {
+        key: "ttl:k".into(),
+        rate: 4.0,
+        burst: 10.0,
+        cost: 1,
+        shadow: false,
+        limit: 0,
+    };
+    redis.decide(&[bucket]);
+    // ceil(2 * 10 / 4) = 5 s.
+    let pttl: i64 = redis.server.cli(&["PTTL", "ttl:k"]).trim().parse().unwrap();
+    assert!((4_900..=5_000).contains(&pttl), "PTTL {pttl}");
+    let fields = redis.server.cli(&["HKEYS", "ttl:k"]);
+    assert_eq!(
+        fields.split_whitespace().collect::<Vec<_>>(),
+        ["tokens", "ts"]
+    );
+}
