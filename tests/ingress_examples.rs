@@ -128,11 +128,25 @@ fn the_ingress_nginx_example_fails_closed_when_tollgate_is_unreachable() {
 }
 
 #[test]
-fn the_ingress_nginx_example_is_one_networking_v1_ingress() {
+fn the_ingress_nginx_example_is_one_valid_networking_v1_ingress() {
     let ingress = yaml("k8s/ingress-nginx/ingress.yaml");
     assert_eq!(text(&ingress, &["apiVersion"]), "networking.k8s.io/v1");
     assert_eq!(text(&ingress, &["kind"]), "Ingress");
     assert_eq!(text(&ingress, &["spec", "ingressClassName"]), "nginx");
+    // Offline validation against the Kubernetes 1.31 schema.
+    let output = std::process::Command::new("kubernetes-validate")
+        .args(["-k", "1.31.0", "--strict"])
+        .arg(support::proxies::repo_path(
+            "k8s/ingress-nginx/ingress.yaml",
+        ))
+        .output()
+        .expect("`kubernetes-validate` is not installed: run scripts/test.sh, which installs it");
+    assert!(
+        output.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
 }
 
 /// The Envoy config: ext_authz before the router, fail-open, the quota headers allowed
