@@ -60,11 +60,30 @@ impl Drop for Owned {
     }
 }
 
+/// nginx's master process, stopped with SIGTERM on drop: a SIGKILL would leave its worker
+/// processes running, orphaned, after the test.
+struct NginxMaster(Child);
+
+impl Drop for NginxMaster {
+    fn drop(&mut self) {
+        let pid = self.0.id().to_string();
+        let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        // Fast shutdown: the master waits for its workers to exit, then exits itself.
+        let stopped = wait_until(Duration::from_secs(5), || {
+            matches!(self.0.try_wait(), Ok(Some(_)))
+        });
+        if !stopped {
+            let _ = self.0.kill();
+        }
+        let _ = self.0.wait();
+    }
+}
+
 /// nginx running `config/nginx/tollgate.conf` with its three addresses templated, inside a
 /// minimal main config that keeps every file (pid, logs, temp paths) in a temp dir.
 pub struct Nginx {
     pub addr: SocketAddr,
-    _child: Owned,
+    _master: NginxMaster,
     dir: TempDir,
 }
 
@@ -112,7 +131,7 @@ impl Nginx {
             .expect("start nginx");
         let nginx = Nginx {
             addr,
-            _child: Owned(child),
+            _master: NginxMaster(child),
             dir,
         };
         assert!(
