@@ -5,6 +5,7 @@
 pub mod cluster;
 pub mod deploy;
 pub mod http;
+pub mod proxies;
 
 use std::io::Write as _;
 use std::net::{SocketAddr, TcpListener};

@@ -1,0 +1,209 @@
+//! Real ingress proxies for end-to-end tests: nginx and Traefik from PATH, run from the shipped
+//! configs in `config/` (only addresses are templated), in front of a [`backend::Backend`]
+//! that counts what reaches it. Clients can pick their loopback source address, so "two
+//! different client IPs" is real, not a header.
+//!
+//! - this file: the proxies as processes (`Nginx`, `Traefik`) and the templating of shipped files;
+//! - [`backend`]: the counting application and a client that picks its source address;
+//! - [`scenarios`]: the stack around a proxy and the assertions every proxy must pass.
+
+pub mod backend;
+pub mod scenarios;
+
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use self::backend::send_from;
+use super::{free_port, require_binary, wait_until, TempDir};
+
+/// The repository's root, where `config/` lives.
+pub fn repo_path(relative: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(relative)
+}
+
+pub fn read_shipped(relative: &str) -> String {
+    std::fs::read_to_string(repo_path(relative))
+        .unwrap_or_else(|e| panic!("read shipped file {relative}: {e}"))
+}
+
+/// Replaces each `from` with `to`, insisting that `from` occurs exactly once: if the shipped
+/// file changes shape, the test must notice instead of silently testing something else.
+pub fn template(text: &str, replacements: &[(&str, &str)]) -> String {
+    let mut out = text.to_string();
+    for (from, to) in replacements {
+        let count = out.matches(from).count();
+        assert_eq!(
+            count, 1,
+            "expected {from:?} exactly once in the shipped config"
+        );
+        out = out.replacen(from, to, 1);
+    }
+    out
+}
+
+/// Waits until something accepts TCP connections on `addr`.
+fn wait_listening(addr: SocketAddr, within: Duration) -> bool {
+    wait_until(within, || {
+        TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok()
+    })
+}
+
+/// A child process killed (by its own handle) and reaped on drop.
+struct Owned(Child);
+
+impl Drop for Owned {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// nginx's master process, stopped with SIGTERM on drop: a SIGKILL would leave its worker
+/// processes running, orphaned, after the test.
+struct NginxMaster(Child);
+
+impl Drop for NginxMaster {
+    fn drop(&mut self) {
+        let pid = self.0.id().to_string();
+        let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        // Fast shutdown: the master waits for its workers to exit, then exits itself.
+        let stopped = wait_until(Duration::from_secs(5), || {
+            matches!(self.0.try_wait(), Ok(Some(_)))
+        });
+        if !stopped {
+            let _ = self.0.kill();
+        }
+        let _ = self.0.wait();
+    }
+}
+
+/// nginx running `config/nginx/tollgate.conf` with its three addresses templated, inside a
+/// minimal main config that keeps every file (pid, logs, temp paths) in a temp dir.
+pub struct Nginx {
+    pub addr: SocketAddr,
+    _master: NginxMaster,
+    dir: TempDir,
+}
+
+impl Nginx {
+    /// The shipped `config/nginx/tollgate.conf`, pointed at `tollgate` and `backend`.
+    pub fn start(tollgate: SocketAddr, backend: SocketAddr) -> Nginx {
+        Nginx::start_site(|listen| {
+            template(
+                &read_shipped("config/nginx/tollgate.conf"),
+                &[
+                    ("server 127.0.0.1:8080;", &format!("server {tollgate};")),
+                    ("server 127.0.0.1:3000;", &format!("server {backend};")),
+                    ("listen 80;", &format!("listen {listen};")),
+                ],
+            )
+        })
+    }
+
+    /// nginx serving the http-context config `site(listen address)`.
+    pub fn start_site(site: impl FnOnce(SocketAddr) -> String) -> Nginx {
+        let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let dir = TempDir::new("nginx");
+        dir.write("site.conf", &site(addr));
+        let d = dir.path().display();
+        // No `user`: as root, workers drop to nobody, and nginx chowns the temp paths it creates.
+        let main = format!(
+            "daemon off;\nworker_processes 1;\npid {d}/nginx.pid;\nerror_log {d}/error.log warn;\n\
+             events {{ worker_connections 1024; }}\n\
+             http {{\n  access_log off;\n\
+               client_body_temp_path {d}/client_body;\n  proxy_temp_path {d}/proxy;\n\
+               fastcgi_temp_path {d}/fastcgi;\n  uwsgi_temp_path {d}/uwsgi;\n  scgi_temp_path {d}/scgi;\n\
+               include {d}/site.conf;\n}}\n"
+        );
+        let conf = dir.write("nginx.conf", &main);
+        let child = Command::new(require_binary("nginx"))
+            .arg("-p")
+            .arg(dir.path())
+            .arg("-e")
+            .arg(dir.path().join("error.log"))
+            .arg("-c")
+            .arg(&conf)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start nginx");
+        let nginx = Nginx {
+            addr,
+            _master: NginxMaster(child),
+            dir,
+        };
+        assert!(
+            wait_listening(addr, Duration::from_secs(10)),
+            "nginx did not come up on {addr}: {}",
+            nginx.error_log()
+        );
+        nginx
+    }
+
+    pub fn error_log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("error.log")).unwrap_or_default()
+    }
+}
+
+/// Traefik running `config/traefik/traefik.yml` (static) and `config/traefik/dynamic.yml`
+/// (file provider) with their addresses templated.
+pub struct Traefik {
+    pub addr: SocketAddr,
+    _child: Owned,
+    _dir: TempDir,
+}
+
+impl Traefik {
+    pub fn start(tollgate: SocketAddr, backend: SocketAddr) -> Traefik {
+        let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let dir = TempDir::new("traefik");
+        let dynamic = template(
+            &read_shipped("config/traefik/dynamic.yml"),
+            &[
+                (
+                    "http://127.0.0.1:8080/check",
+                    &format!("http://{tollgate}/check"),
+                ),
+                ("http://127.0.0.1:3000", &format!("http://{backend}")),
+            ],
+        );
+        let dynamic_path = dir.write("dynamic.yml", &dynamic);
+        let static_config = template(
+            &read_shipped("config/traefik/traefik.yml"),
+            &[
+                ("address: \":80\"", &format!("address: \"{addr}\"")),
+                (
+                    "filename: /etc/traefik/dynamic.yml",
+                    &format!("filename: {}", dynamic_path.display()),
+                ),
+            ],
+        );
+        let static_path = dir.write("traefik.yml", &static_config);
+        let child = Command::new(require_binary("traefik"))
+            .arg(format!("--configFile={}", static_path.display()))
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start traefik");
+        let traefik = Traefik {
+            addr,
+            _child: Owned(child),
+            _dir: dir,
+        };
+        assert!(
+            wait_listening(addr, Duration::from_secs(20)),
+            "traefik did not come up on {addr}"
+        );
+        // The entry point listens before the file provider's routes load (404 until then).
+        assert!(
+            wait_until(Duration::from_secs(20), || {
+                send_from(Ipv4Addr::new(127, 0, 0, 254), addr, "GET", "/ready", &[])
+                    .is_ok_and(|r| r.status != 404)
+            }),
+            "traefik did not load its routes"
+        );
+        traefik
+    }
+}
