@@ -5,9 +5,15 @@
 //! wait included); the connection manager reconnects in the background with its backoff capped
 //! at 500 ms; a circuit breaker stops calling a Redis that keeps failing; `NOSCRIPT` (a
 //! restarted or flushed Redis) is answered by re-sending the script with `EVAL`, once.
+//!
+//! Whenever the breaker opens (or a probe fails), the connection is replaced by a fresh, lazily
+//! connected one: a connection that went silent (a Redis host gone without a reset, a black hole)
+//! never reports an error, only timeouts, and would otherwise be kept forever; and a fresh
+//! manager connects at the next probe instead of waiting out its own reconnect backoff.
 
 use std::time::{Duration, Instant};
 
+use arc_swap::ArcSwap;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Cmd, RedisError, Value};
 
@@ -56,7 +62,10 @@ impl LuaScript {
 }
 
 pub struct RedisStore {
-    connection: ConnectionManager,
+    /// Swapped whole by [`RedisStore::renew_connection`].
+    connection: ArcSwap<ConnectionManager>,
+    client: redis::Client,
+    manager_config: ConnectionManagerConfig,
     bucket_script: LuaScript,
     instances_script: LuaScript,
     timeout: Duration,
@@ -79,10 +88,12 @@ impl RedisStore {
             .set_connection_timeout(Some(timeout))
             .set_response_timeout(Some(timeout))
             .set_max_delay(MAX_RECONNECT_DELAY);
-        let connection = ConnectionManager::new_lazy_with_config(client, config)
+        let connection = ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
             .map_err(|e| StoreError::Other(e.to_string()))?;
         Ok(RedisStore {
-            connection,
+            connection: ArcSwap::from_pointee(connection),
+            client,
+            manager_config: config,
             bucket_script: LuaScript::new(BUCKET_SCRIPT),
             instances_script: LuaScript::new(INSTANCES_SCRIPT),
             timeout,
@@ -103,7 +114,7 @@ impl RedisStore {
         }
         let started = Instant::now();
         let result = tokio::time::timeout(self.timeout, async {
-            let mut connection = self.connection.clone();
+            let mut connection = self.connection();
             match script
                 .command(false, keys, &args)
                 .query_async(&mut connection)
@@ -133,10 +144,27 @@ impl RedisStore {
             Ok(_) => self.breaker.on_success(),
             Err(e) => {
                 self.count_error(e);
-                self.breaker.on_failure(e);
+                if self.breaker.on_failure(e) {
+                    self.renew_connection();
+                }
             }
         }
         result
+    }
+
+    fn connection(&self) -> ConnectionManager {
+        ConnectionManager::clone(&self.connection.load())
+    }
+
+    /// Drops the current connection for a fresh lazy one, connected by the next call.
+    fn renew_connection(&self) {
+        match ConnectionManager::new_lazy_with_config(
+            self.client.clone(),
+            self.manager_config.clone(),
+        ) {
+            Ok(fresh) => self.connection.store(std::sync::Arc::new(fresh)),
+            Err(e) => log::debug!("cannot renew the Redis connection: {:?}", e.kind()),
+        }
     }
 
     fn count_error(&self, error: &StoreError) {
@@ -197,7 +225,7 @@ impl Store for RedisStore {
         if self.breaker.admit() == Admission::Reject {
             return Err(StoreError::Unavailable);
         }
-        let mut connection = self.connection.clone();
+        let mut connection = self.connection();
         let result = tokio::time::timeout(
             self.timeout,
             redis::cmd("PING").query_async::<Value>(&mut connection),
@@ -210,7 +238,11 @@ impl Store for RedisStore {
         };
         match &result {
             Ok(()) => self.breaker.on_success(),
-            Err(e) => self.breaker.on_failure(e),
+            Err(e) => {
+                if self.breaker.on_failure(e) {
+                    self.renew_connection();
+                }
+            }
         }
         result
     }
