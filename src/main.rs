@@ -31,7 +31,10 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    // actix logs every unparseable request at ERROR: a client could flood the log with them.
+    let default_filter = "info,actix_http::h1::dispatcher=off";
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(default_filter))
+        .init();
     let config = match Config::load(cli.config.as_deref()) {
         Ok(config) => config,
         Err(error) => {
