@@ -35,6 +35,9 @@ fn main() -> ExitCode {
     let default_filter = "info,actix_http::h1::dispatcher=off";
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(default_filter))
         .init();
+    // rediss:// uses rustls; name its crypto provider so that no other crate enabling a second
+    // one can leave TLS without a default at the first connection.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let config = match Config::load(cli.config.as_deref()) {
         Ok(config) => config,
         Err(error) => {
