@@ -409,6 +409,10 @@ fn black_hole_on_the_established_connection() {
         let proxy = Proxy::start(redis.port);
         let gates = start_gates(&proxy.url());
         wait_healthy(&gates);
+        let open_files = |gate: &Gate| {
+            std::fs::read_dir(format!("/proc/{}/fd", gate.tollgate.pid())).map_or(0, |d| d.count())
+        };
+        let files_before: Vec<usize> = gates.iter().map(open_files).collect();
         let (healed_at, outcomes) = under_load(&gates, || {
             // The connection in use goes silent for good, and new ones are accepted and ignored:
             // what a Redis host that vanished looks like until its address answers again.
@@ -418,6 +422,15 @@ fn black_hole_on_the_established_connection() {
             Instant::now()
         });
         assert_survived("black hole", &gates, healed_at, &outcomes, true);
+        // Each renewal replaced the connection: the abandoned ones are closed, not leaked.
+        for (gate, before) in gates.iter().zip(files_before) {
+            let after = open_files(gate);
+            assert!(
+                after <= before + 4,
+                "{:?}: {before} open files before, {after} after",
+                gate.mode
+            );
+        }
     });
 }
 
