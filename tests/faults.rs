@@ -318,8 +318,11 @@ fn redis_killed_under_load_then_restarted() {
         let (healed_at, outcomes) = under_load(&gates, || {
             redis.kill();
             std::thread::sleep(FAULT_FOR);
+            // Measured from the start of the new process: tollgate may reach it before the
+            // harness's own readiness poll does.
+            let started = Instant::now();
             redis.restart();
-            Instant::now()
+            started
         });
         assert_survived("killed", &gates, healed_at, &outcomes, true);
     });
@@ -336,8 +339,9 @@ fn redis_restarted_empty_starts_buckets_full() {
             assert_eq!(exact_probe(&gate.tollgate, "203.0.113.9"), BURST);
         }
         let (healed_at, outcomes) = under_load(&gates, || {
+            let started = Instant::now();
             redis.restart();
-            Instant::now()
+            started
         });
         assert_survived("restarted empty", &gates, healed_at, &outcomes, true);
         // Documented: the bucket state lived only in Redis, so an emptied Redis starts full.
@@ -448,8 +452,9 @@ fn port_with_a_full_backlog() {
             let hole = FullBacklog::on_port(port);
             std::thread::sleep(FAULT_FOR);
             drop(hole);
+            let started = Instant::now();
             redis = chaos::redis_on_port(port, &[]);
-            Instant::now()
+            started
         });
         assert_survived("full backlog", &gates, healed_at, &outcomes, true);
     });

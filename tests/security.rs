@@ -151,11 +151,9 @@ fn the_redis_password_never_shows() {
 
     let (log, decided, ready) = run_with_url(&wrong, None);
     assert!(!decided, "a wrong password must not reach Redis");
-    // Logged as timeouts, not as an authentication failure: the connection manager retries
-    // the handshake within the deadline (see docs/FAILURE-MODES.md).
     assert!(
-        log.contains("circuit open"),
-        "the failure is logged:\n{log}"
+        log.contains("circuit open") && log.contains("authentication failed"),
+        "the failure is logged as what it is:\n{log}"
     );
     assert_no_secret("log (wrong password)", &log);
     assert_no_secret("/readyz (wrong password)", &ready);

@@ -2,14 +2,15 @@
 //! connection shared by every worker (one round trip per check, no worker ever blocks).
 //!
 //! Failure handling, in layers: every call has a deadline of `store.timeout_ms` (connection
-//! wait included); the connection manager reconnects in the background with its backoff capped
-//! at 500 ms; a circuit breaker stops calling a Redis that keeps failing; `NOSCRIPT` (a
-//! restarted or flushed Redis) is answered by re-sending the script with `EVAL`, once.
+//! wait included); the connection manager reconnects after a dropped connection, one attempt
+//! at a time, so a refused or rejected connection fails at once with its real cause; a circuit
+//! breaker stops calling a Redis that keeps failing; `NOSCRIPT` (a restarted or flushed Redis)
+//! is answered by re-sending the script with `EVAL`, once.
 //!
 //! Whenever the breaker opens (or a probe fails), the connection is replaced by a fresh, lazily
 //! connected one: a connection that went silent (a Redis host gone without a reset, a black hole)
-//! never reports an error, only timeouts, and would otherwise be kept forever; and a fresh
-//! manager connects at the next probe instead of waiting out its own reconnect backoff.
+//! never reports an error, only timeouts, and would otherwise be kept forever. The breaker's
+//! pause is thus the reconnect backoff.
 
 use std::time::{Duration, Instant};
 
@@ -87,7 +88,11 @@ impl RedisStore {
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(timeout))
             .set_response_timeout(Some(timeout))
-            .set_max_delay(MAX_RECONNECT_DELAY);
+            .set_max_delay(MAX_RECONNECT_DELAY)
+            // One attempt per call: the breaker paces reconnection (see `renew_connection`),
+            // and the log shows the real error (refused, wrong password) rather than a
+            // deadline spent on retries.
+            .set_number_of_retries(0);
         let connection = ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
             .map_err(|e| StoreError::Other(e.to_string()))?;
         Ok(RedisStore {
