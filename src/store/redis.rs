@@ -3,9 +3,12 @@
 //! node, a Cluster or a Sentinel-managed master (`redis/connection.rs`).
 //!
 //! Failure handling, in layers: every call has a deadline of `store.timeout_ms` (connection
-//! wait included); connections are re-established in the background (backoff capped at
-//! 500 ms; a Cluster refreshes its slot map, Sentinel is asked for the new master); a circuit
-//! breaker stops calling a Redis that keeps failing; `NOSCRIPT` (a restarted, flushed or newly
+//! wait included); a dropped connection is re-established one attempt per call, so a refused
+//! or rejected connection fails at once with its real cause (a Cluster refreshes its slot map,
+//! Sentinel is asked for the new master); a circuit breaker stops calling a Redis that keeps
+//! failing, and each time it opens a single-node connection is replaced by a fresh one, since a
+//! connection that went silent (a host gone without a reset, a black hole) reports only
+//! timeouts and would otherwise be kept forever; `NOSCRIPT` (a restarted, flushed or newly
 //! promoted node) is answered by re-sending the script with `EVAL`, once, to the same node.
 //!
 //! On a Cluster, a script may only touch keys of one slot. A request whose buckets span slots
@@ -145,7 +148,9 @@ impl RedisStore {
             Ok(_) => self.breaker.on_success(),
             Err(e) => {
                 self.count_error(e);
-                self.breaker.on_failure(e);
+                if self.breaker.on_failure(e) {
+                    self.connection.renew();
+                }
             }
         }
         result
@@ -288,7 +293,11 @@ impl Store for RedisStore {
         };
         match &result {
             Ok(()) => self.breaker.on_success(),
-            Err(e) => self.breaker.on_failure(e),
+            Err(e) => {
+                if self.breaker.on_failure(e) {
+                    self.connection.renew();
+                }
+            }
         }
         result
     }

@@ -2,6 +2,7 @@
 //! a small keep-alive HTTP/1.1 client. Everything started here is stopped on drop.
 #![allow(dead_code)] // each test file uses a different part of the harness
 
+pub mod chaos;
 pub mod cluster;
 pub mod deploy;
 pub mod http;

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::{ClusterClientBuilder, ClusterConfig};
 use redis::cluster_async::ClusterConnection;
@@ -35,7 +36,7 @@ pub enum Topology<'a> {
 
 /// One handle shared by every worker; each kind multiplexes all calls over few sockets.
 pub enum Connection {
-    Single(ConnectionManager),
+    Single(Box<SingleNode>),
     /// Routes each command by its first key's slot, follows MOVED/ASK and refreshes the slot map
     /// (failovers included) by itself.
     Cluster(ClusterConnection),
@@ -48,10 +49,8 @@ impl Connection {
         match topology {
             Topology::Single { url } => {
                 let client = redis::Client::open(*url).map_err(|e| invalid("store.url", &e))?;
-                let connection =
-                    ConnectionManager::new_lazy_with_config(client, manager_config(timeout))
-                        .map_err(|e| StoreError::Other(e.to_string()))?;
-                Ok(Connection::Single(connection))
+                let node = SingleNode::open(client, manager_config(timeout))?;
+                Ok(Connection::Single(Box::new(node)))
             }
             Topology::Cluster { seeds } => {
                 let client = ClusterClientBuilder::new(seeds.iter().map(String::as_str))
@@ -76,7 +75,7 @@ impl Connection {
                     .set_redis_connection_info(node.redis_settings().clone());
                 let client = SentinelClient::build(
                     sentinels.iter().map(String::as_str).collect(),
-                    master.to_string(),
+                    *master,
                     Some(node_info),
                     SentinelServerType::Master,
                 )
@@ -97,9 +96,50 @@ impl Connection {
     /// Sends one command (to the node owning its first key, on a Cluster).
     pub async fn query(&self, cmd: &Cmd) -> RedisResult<Value> {
         match self {
-            Connection::Single(connection) => cmd.query_async(&mut connection.clone()).await,
+            Connection::Single(node) => cmd.query_async(&mut node.current()).await,
             Connection::Cluster(connection) => cmd.query_async(&mut connection.clone()).await,
             Connection::Sentinel(master) => master.query(cmd).await,
+        }
+    }
+
+    /// Replaces a single-node connection by a fresh lazy one, connected by the next call (see
+    /// the module docs of `store::redis`). A Cluster and Sentinel re-resolve by themselves.
+    pub fn renew(&self) {
+        if let Connection::Single(node) = self {
+            node.renew();
+        }
+    }
+}
+
+/// One Redis node, behind a connection that can be swapped whole.
+pub struct SingleNode {
+    current: ArcSwap<ConnectionManager>,
+    client: redis::Client,
+    config: ConnectionManagerConfig,
+}
+
+impl SingleNode {
+    fn open(
+        client: redis::Client,
+        config: ConnectionManagerConfig,
+    ) -> Result<SingleNode, StoreError> {
+        let manager = ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
+            .map_err(|e| StoreError::Other(e.to_string()))?;
+        Ok(SingleNode {
+            current: ArcSwap::from_pointee(manager),
+            client,
+            config,
+        })
+    }
+
+    fn current(&self) -> ConnectionManager {
+        ConnectionManager::clone(&self.current.load())
+    }
+
+    fn renew(&self) {
+        match ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone()) {
+            Ok(fresh) => self.current.store(Arc::new(fresh)),
+            Err(e) => log::debug!("cannot renew the Redis connection: {:?}", e.kind()),
         }
     }
 }
@@ -109,6 +149,10 @@ pub fn manager_config(timeout: Duration) -> ConnectionManagerConfig {
         .set_connection_timeout(Some(timeout))
         .set_response_timeout(Some(timeout))
         .set_max_delay(MAX_RECONNECT_DELAY)
+        // One attempt per call: the breaker paces reconnection (see `Connection::renew`), and
+        // the log shows the real error (refused, wrong password) rather than a deadline spent
+        // on retries.
+        .set_number_of_retries(0)
 }
 
 /// The parser's message may quote the URL, password included: name only the kind.
