@@ -315,8 +315,9 @@ fn hostile_config() -> Config {
 
 /// The longest key any request can make: `<prefix>:<limit>:<tail>`, the tail at most
 /// `MAX_TAIL` bytes (or `#` and 32 hex digits when hashed).
+/// `<prefix>:<limit>:{<tail>}`: the tail is at most `MAX_TAIL` bytes, or `#` + 32 hex digits.
 fn max_key_len(prefix: &str, longest_limit_name: usize) -> usize {
-    prefix.len() + 1 + longest_limit_name + 1 + MAX_TAIL.max(33)
+    prefix.len() + 1 + longest_limit_name + 1 + MAX_TAIL.max(33) + 2
 }
 
 #[test]

@@ -42,7 +42,7 @@ fn forwarded_for_from_an_untrusted_peer_cannot_choose_a_bucket() {
         })
         .collect();
     assert_eq!(statuses, [200, 200, 200, 429, 429], "the peer's own bucket");
-    assert_eq!(redis_keys(&redis), ["tollgate:per-ip:127.0.0.1"]);
+    assert_eq!(redis_keys(&redis), ["tollgate:per-ip:{127.0.0.1}"]);
 }
 
 #[test]
@@ -74,8 +74,8 @@ fn a_forged_first_hop_behind_a_trusted_proxy_charges_the_real_client() {
     assert_eq!(
         keys,
         [
-            "tollgate:per-ip:198.51.100.7",
-            "tollgate:per-ip:203.0.113.50"
+            "tollgate:per-ip:{198.51.100.7}",
+            "tollgate:per-ip:{203.0.113.50}"
         ]
     );
 }
@@ -139,7 +139,7 @@ fn the_redis_password_never_shows() {
     let (log, decided, ready) = run_with_url(&good, None);
     assert!(decided, "the right password reaches Redis");
     assert_eq!(
-        redis_cli_auth(port, PASSWORD, &["EXISTS", "tollgate:per-ip:192.0.2.1"]).trim(),
+        redis_cli_auth(port, PASSWORD, &["EXISTS", "tollgate:per-ip:{192.0.2.1}"]).trim(),
         "1"
     );
     assert!(
@@ -283,7 +283,7 @@ fn rediss_reaches_a_tls_redis_only_with_a_trusted_certificate() {
     let trusted = Tollgate::start_with_env(&config, &[("SSL_CERT_FILE", &ca)]);
     assert!(decided(&trusted), "rediss:// with a trusted certificate");
     assert_eq!(
-        redis.cli(&["EXISTS", "tollgate:per-ip:192.0.2.9"]).trim(),
+        redis.cli(&["EXISTS", "tollgate:per-ip:{192.0.2.9}"]).trim(),
         "1"
     );
     drop(trusted);
