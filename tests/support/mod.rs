@@ -2,6 +2,7 @@
 //! a small keep-alive HTTP/1.1 client. Everything started here is stopped on drop.
 #![allow(dead_code)] // each test file uses a different part of the harness
 
+pub mod commandstats;
 pub mod http;
 
 use std::io::Write as _;
@@ -197,7 +198,10 @@ impl Tollgate {
             .arg(&config_path)
             .env("TOLLGATE_LISTEN", addr.to_string())
             .env("TOLLGATE_ADMIN_LISTEN", admin.to_string())
-            .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()))
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),
+            )
             .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
@@ -228,7 +232,9 @@ impl Tollgate {
 
     /// One `/check` on a fresh connection.
     pub fn check(&self, headers: &[(&str, &str)]) -> Response {
-        self.client().get("/check", headers).expect("check answered")
+        self.client()
+            .get("/check", headers)
+            .expect("check answered")
     }
 
     pub fn metrics(&self) -> String {
