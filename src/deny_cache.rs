@@ -13,13 +13,20 @@
 //! - an entry is used only for the same rate and burst it was learned with (a reload that
 //!   changes a limit must not reuse the old bound).
 //!
+//! When a cached window ends, every request in flight would otherwise rush to the store at
+//! once (a flood of 64 connections sent ~64 calls per window). Instead the first one probes
+//! and the others wait for its answer (at most the store timeout), then consult the cache
+//! again: waiting changes no decision, it only saves the calls.
+//!
 //! Memory is bounded: sharded maps with a cap each; an entry is dropped once it can no longer
 //! deny anything, and a full shard that has no such entry simply stops caching.
 
 use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::{Mutex, MutexGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
 
 use crate::store::{BucketOutcome, BucketRequest};
 
@@ -43,6 +50,8 @@ struct Entry {
     burst: f64,
     /// From this time on the bucket may pay what it was asked for: the entry is worth little.
     useless_at_us: u64,
+    /// When the window ended, the request sent to learn what came next (see module docs).
+    probe_sent_us: Option<u64>,
 }
 
 impl Entry {
@@ -62,21 +71,40 @@ pub struct CachedDenial {
     pub tokens: f64,
 }
 
+/// What to do with a request, per the cache.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Consult {
+    /// The store would surely deny it.
+    Deny(CachedDenial),
+    /// A window of one of its buckets just ended and another request is asking the store:
+    /// wait for that answer ([`DenyCache::wait_for_answer`]), then consult again.
+    Wait,
+    /// Ask the store.
+    Ask,
+}
+
 pub struct DenyCache {
     shards: Box<[Mutex<HashMap<String, Entry>>]>,
     hasher: std::hash::RandomState,
     shard_cap: usize,
     epoch: Instant,
+    /// How long a probe may be waited for: the store's own timeout.
+    probe_timeout: Duration,
+    /// Woken whenever a probe's answer (or failure) arrives.
+    answered: Notify,
 }
 
 impl DenyCache {
-    /// A cache holding at most about `capacity` buckets.
-    pub fn new(capacity: usize) -> DenyCache {
+    /// A cache holding at most about `capacity` buckets; a probe is waited for at most
+    /// `probe_timeout`.
+    pub fn new(capacity: usize, probe_timeout: Duration) -> DenyCache {
         DenyCache {
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             hasher: std::hash::RandomState::new(),
             shard_cap: capacity.div_ceil(SHARDS).max(1),
             epoch: Instant::now(),
+            probe_timeout,
+            answered: Notify::new(),
         }
     }
 
@@ -93,16 +121,28 @@ impl DenyCache {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    /// The buckets the cache may speak for: not shadow (never deny), cost within burst (an
+    /// impossible cost is the store's to explain), and an entry learned with the same limit.
+    fn cached<'b>(
+        &self,
+        buckets: &'b [BucketRequest],
+    ) -> impl Iterator<Item = (usize, &'b BucketRequest)> {
+        buckets
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| !b.shadow && b.cost as f64 <= b.burst)
+    }
+
+    fn usable(entry: &Entry, bucket: &BucketRequest) -> bool {
+        entry.rate == bucket.rate && entry.burst == bucket.burst
+    }
+
     /// Whether the store would surely deny `buckets` now: the first non-shadow bucket whose
     /// ceiling is below its cost.
     pub fn denies(&self, buckets: &[BucketRequest], now_us: u64) -> Option<CachedDenial> {
-        buckets.iter().enumerate().find_map(|(index, bucket)| {
-            if bucket.shadow || bucket.cost as f64 > bucket.burst {
-                // Shadow limits never deny; an impossible cost is the store's to explain.
-                return None;
-            }
+        self.cached(buckets).find_map(|(index, bucket)| {
             let entry = *self.shard(&bucket.key).get(bucket.key.as_str())?;
-            if entry.rate != bucket.rate || entry.burst != bucket.burst {
+            if !Self::usable(&entry, bucket) {
                 return None;
             }
             let tokens = entry.ceiling(now_us);
@@ -113,39 +153,95 @@ impl DenyCache {
         })
     }
 
+    /// Whether another request is asking the store about one of these buckets right now.
+    fn probe_in_flight(&self, buckets: &[BucketRequest], now_us: u64) -> bool {
+        let timeout = self.probe_timeout.as_micros() as u64;
+        self.cached(buckets).any(|(_, bucket)| {
+            self.shard(&bucket.key)
+                .get(bucket.key.as_str())
+                .and_then(|e| e.probe_sent_us)
+                .is_some_and(|sent| now_us.saturating_sub(sent) < timeout)
+        })
+    }
+
+    /// Deny, wait for a probe, or ask the store; in the last case this request becomes the
+    /// probe of every bucket whose window has ended.
+    pub fn consult(&self, buckets: &[BucketRequest], now_us: u64) -> Consult {
+        if let Some(denial) = self.denies(buckets, now_us) {
+            return Consult::Deny(denial);
+        }
+        if self.probe_in_flight(buckets, now_us) {
+            return Consult::Wait;
+        }
+        for (_, bucket) in self.cached(buckets) {
+            if let Some(entry) = self.shard(&bucket.key).get_mut(bucket.key.as_str()) {
+                entry.probe_sent_us = Some(now_us);
+            }
+        }
+        Consult::Ask
+    }
+
+    /// Waits until a probe about `buckets` is answered (or the store timeout passes).
+    pub async fn wait_for_answer(&self, buckets: &[BucketRequest]) {
+        let notified = std::pin::pin!(self.answered.notified());
+        let mut notified = notified;
+        // Registered before looking again, so an answer landing in between is not missed.
+        notified.as_mut().enable();
+        if self.probe_in_flight(buckets, self.now_us()) {
+            let _ = tokio::time::timeout(self.probe_timeout, notified).await;
+        }
+    }
+
+    /// The store failed a call sent at `sent_us`: its probes are over.
+    pub fn abandon(&self, buckets: &[BucketRequest], sent_us: u64) {
+        let mut woke = false;
+        for bucket in buckets {
+            if let Some(entry) = self.shard(&bucket.key).get_mut(bucket.key.as_str()) {
+                if entry.probe_sent_us.is_some_and(|p| p <= sent_us) {
+                    entry.probe_sent_us = None;
+                    woke = true;
+                }
+            }
+        }
+        if woke {
+            self.answered.notify_waiters();
+        }
+    }
+
     /// Learns from the store's answer to a call sent at `sent_us`: every bucket left unable to
-    /// pay one token (or, when it refused, this request's cost) is cached until it may again.
+    /// pay one token (or, when it refused, this request's cost) is cached until it may again;
+    /// a bucket with tokens to spare is forgotten.
     pub fn learn(&self, buckets: &[BucketRequest], outcomes: &[BucketOutcome], sent_us: u64) {
+        let mut woke = false;
         for (bucket, outcome) in buckets.iter().zip(outcomes) {
             let need = if outcome.enough {
                 1.0
             } else {
                 (bucket.cost as f64).min(bucket.burst)
             };
-            if outcome.tokens >= need || outcome.tokens.is_nan() {
-                // Could serve the requests seen: nothing to save. A stale entry may remain,
-                // but it still bounds the bucket from above.
+            let mut shard = self.shard(&bucket.key);
+            let existing = shard.get(bucket.key.as_str()).copied();
+            woke |= existing.is_some_and(|e| e.probe_sent_us.is_some_and(|p| p <= sent_us));
+            if existing.is_some_and(|e| e.sent_us > sent_us) {
+                // A later answer is already known; it bounds the bucket at least as tightly.
                 continue;
             }
-            let mut entry = Entry {
+            if outcome.tokens >= need || outcome.tokens.is_nan() {
+                // Could serve the requests seen: nothing to save, and no probe to wait for.
+                shard.remove(bucket.key.as_str());
+                continue;
+            }
+            let wait_us = (need - outcome.tokens) / bucket.rate * 1_000_000.0;
+            let entry = Entry {
                 tokens: outcome.tokens,
                 sent_us,
                 rate: bucket.rate,
                 burst: bucket.burst,
-                useless_at_us: 0,
+                useless_at_us: sent_us.saturating_add(wait_us.min(u64::MAX as f64) as u64),
+                probe_sent_us: None,
             };
-            let wait_us = (need - entry.tokens) / bucket.rate * 1_000_000.0;
-            entry.useless_at_us = sent_us.saturating_add(wait_us.min(u64::MAX as f64) as u64);
-            let now = self.now_us();
-            let mut shard = self.shard(&bucket.key);
-            if let Some(existing) = shard.get_mut(bucket.key.as_str()) {
-                // Any answer bounds the bucket; keep the later one, it is the tighter.
-                if existing.sent_us <= sent_us {
-                    *existing = entry;
-                }
-                continue;
-            }
-            if shard.len() >= self.shard_cap {
+            if existing.is_none() && shard.len() >= self.shard_cap {
+                let now = self.now_us();
                 shard.retain(|_, e| e.useless_at_us > now);
                 if shard.len() >= self.shard_cap {
                     // Full of live denials: skip; the store still decides exactly.
@@ -153,6 +249,9 @@ impl DenyCache {
                 }
             }
             shard.insert(bucket.key.clone(), entry);
+        }
+        if woke {
+            self.answered.notify_waiters();
         }
     }
 
@@ -195,7 +294,7 @@ mod tests {
 
     #[test]
     fn denies_until_the_bucket_can_refill_counting_from_the_send_time() {
-        let cache = DenyCache::new(100);
+        let cache = DenyCache::new(100, Duration::from_millis(50));
         let b = [bucket("k", 10.0, 5.0, 1)];
         cache.learn(&b, &[drained(0.0)], 5 * SEC);
         // 10/s: one token 100 ms after the send, less the margins.
@@ -207,7 +306,7 @@ mod tests {
 
     #[test]
     fn a_larger_cost_is_denied_longer() {
-        let cache = DenyCache::new(100);
+        let cache = DenyCache::new(100, Duration::from_millis(50));
         cache.learn(&[bucket("k", 10.0, 5.0, 1)], &[drained(0.5)], 0);
         assert!(cache.denies(&[bucket("k", 10.0, 5.0, 1)], 60_000).is_none());
         let denied = cache.denies(&[bucket("k", 10.0, 5.0, 3)], 60_000).unwrap();
@@ -216,7 +315,7 @@ mod tests {
 
     #[test]
     fn shadow_limits_changed_limits_and_impossible_costs_are_left_to_the_store() {
-        let cache = DenyCache::new(100);
+        let cache = DenyCache::new(100, Duration::from_millis(50));
         cache.learn(&[bucket("k", 10.0, 5.0, 1)], &[drained(0.0)], 0);
         let mut shadow = bucket("k", 10.0, 5.0, 1);
         shadow.shadow = true;
@@ -227,7 +326,7 @@ mod tests {
 
     #[test]
     fn the_denying_bucket_of_a_multi_limit_request_is_named() {
-        let cache = DenyCache::new(100);
+        let cache = DenyCache::new(100, Duration::from_millis(50));
         let reqs = [bucket("a", 10.0, 5.0, 1), bucket("b", 10.0, 5.0, 1)];
         cache.learn(
             &reqs,
@@ -245,8 +344,38 @@ mod tests {
     }
 
     #[test]
+    fn when_a_window_ends_one_request_probes_and_the_others_wait() {
+        let cache = DenyCache::new(100, Duration::from_millis(50));
+        let b = [bucket("k", 10.0, 5.0, 1)];
+        cache.learn(&b, &[drained(0.0)], 0);
+        assert!(matches!(cache.consult(&b, 10_000), Consult::Deny(_)));
+        assert_eq!(cache.consult(&b, 200_000), Consult::Ask);
+        assert_eq!(cache.consult(&b, 200_100), Consult::Wait);
+        // The probe's answer: it took the token; the bucket is denied again.
+        cache.learn(&b, &[drained(0.0)], 200_000);
+        assert!(matches!(cache.consult(&b, 200_200), Consult::Deny(_)));
+        // A probe that never answers is waited for only up to the timeout.
+        assert_eq!(cache.consult(&b, 400_000), Consult::Ask);
+        assert_eq!(cache.consult(&b, 460_000), Consult::Ask);
+    }
+
+    #[test]
+    fn a_bucket_with_tokens_to_spare_is_forgotten() {
+        let cache = DenyCache::new(100, Duration::from_millis(50));
+        let b = [bucket("k", 10.0, 5.0, 1)];
+        cache.learn(&b, &[drained(0.0)], 0);
+        let plenty = BucketOutcome {
+            tokens: 3.0,
+            enough: true,
+        };
+        cache.learn(&b, &[plenty], 10);
+        assert!(cache.is_empty());
+        assert_eq!(cache.consult(&b, 20), Consult::Ask);
+    }
+
+    #[test]
     fn memory_is_capped_and_useless_entries_make_room() {
-        let cache = DenyCache::new(320);
+        let cache = DenyCache::new(320, Duration::from_millis(50));
         for i in 0..10_000u64 {
             let b = [bucket(&format!("k{i}"), 1_000.0, 5.0, 1)];
             cache.learn(&b, &[drained(0.0)], cache.now_us());

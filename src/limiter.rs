@@ -4,12 +4,13 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use arc_swap::ArcSwap;
 
 use crate::config::OnError;
 use crate::decision::{Decision, LimitState, Verdict};
-use crate::deny_cache::{CachedDenial, DenyCache};
+use crate::deny_cache::{CachedDenial, Consult, DenyCache};
 use crate::limits::Policy;
 use crate::metrics::Metrics;
 use crate::request::Described;
@@ -60,9 +61,10 @@ impl<S: Store> Limiter<S> {
     }
 
     /// Answers denials the store would surely repeat locally, remembering up to `capacity`
-    /// buckets. Worth it only when the store is remote.
-    pub fn with_deny_cache(mut self, capacity: usize) -> Self {
-        self.deny_cache = Some(DenyCache::new(capacity));
+    /// buckets; a request waits at most `timeout` for another's answer. Worth it only when
+    /// the store is remote.
+    pub fn with_deny_cache(mut self, capacity: usize, timeout: Duration) -> Self {
+        self.deny_cache = Some(DenyCache::new(capacity, timeout));
         self
     }
 
@@ -114,16 +116,34 @@ impl<S: Store> Limiter<S> {
             self.metrics.checks.allowed.inc();
             return (Verdict::Unlimited, DecidedBy::Policy);
         }
-        // Taken before sending: the store evaluates the call later, so a bound counted from
-        // here is never too tight (see `deny_cache`).
-        let sent_us = self.deny_cache.as_ref().map(|cache| cache.now_us());
-        if let (Some(cache), Some(now)) = (&self.deny_cache, sent_us) {
-            if let Some(denial) = cache.denies(&buckets, now) {
-                let decision = self.record_cached_denial(policy, &buckets, denial);
-                return (Verdict::Decided(decision), DecidedBy::DenyCache);
+        let mut sent_us = None;
+        if let Some(cache) = &self.deny_cache {
+            let mut waits = 0;
+            // Taken before sending: the store evaluates the call later, so a bound counted
+            // from here is never too tight (see `deny_cache`).
+            let mut now = cache.now_us();
+            loop {
+                match cache.consult(&buckets, now) {
+                    Consult::Deny(denial) => {
+                        let decision = self.record_cached_denial(policy, &buckets, denial);
+                        return (Verdict::Decided(decision), DecidedBy::DenyCache);
+                    }
+                    // Twice at most: a key under constant contention still gets answered.
+                    Consult::Wait if waits < 2 => {
+                        waits += 1;
+                        cache.wait_for_answer(&buckets).await;
+                        now = cache.now_us();
+                    }
+                    Consult::Wait | Consult::Ask => break,
+                }
             }
+            sent_us = Some(now);
         }
-        match self.store.decide(&buckets).await {
+        let decided = self.store.decide(&buckets).await;
+        if let (Some(cache), Some(sent), Err(_)) = (&self.deny_cache, sent_us, &decided) {
+            cache.abandon(&buckets, sent);
+        }
+        match decided {
             Ok(decided) => {
                 if let (Some(cache), Some(sent)) = (&self.deny_cache, sent_us) {
                     cache.learn(&buckets, &decided.buckets, sent);

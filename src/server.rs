@@ -73,7 +73,10 @@ pub fn build_state(config: &Config) -> Result<web::Data<AppState>, StartError> {
         metrics.clone(),
     );
     if remote {
-        limiter = limiter.with_deny_cache(config.store.max_buckets);
+        limiter = limiter.with_deny_cache(
+            config.store.max_buckets,
+            Duration::from_millis(config.store.timeout_ms),
+        );
     }
     Ok(web::Data::new(AppState { limiter, metrics }))
 }

@@ -176,7 +176,8 @@ async fn every_cached_denial_is_one_redis_would_have_made() {
         RedisStore::connect_lazily(&redis.url(), Duration::from_millis(500), metrics.clone())
             .expect("store");
     let limiter = Arc::new(
-        Limiter::new(store, policy, OnError::Deny, 10_000, metrics).with_deny_cache(10_000),
+        Limiter::new(store, policy, OnError::Deny, 10_000, metrics)
+            .with_deny_cache(10_000, Duration::from_millis(500)),
     );
     let client = redis::Client::open(redis.url()).expect("url");
 

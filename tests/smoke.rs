@@ -11,6 +11,11 @@ fn default_config_limits_each_client_ip() {
     let first = client.get("/check", &[]).unwrap();
     assert_eq!(first.status, 200);
     assert_eq!(first.header("ratelimit"), Some("\"per-ip\";r=99;t=1"));
-    let statuses: Vec<u16> = (0..150).map(|_| client.get("/check", &[]).unwrap().status).collect();
-    assert!(statuses.contains(&429), "the default burst of 100 must run out");
+    let statuses: Vec<u16> = (0..150)
+        .map(|_| client.get("/check", &[]).unwrap().status)
+        .collect();
+    assert!(
+        statuses.contains(&429),
+        "the default burst of 100 must run out"
+    );
 }

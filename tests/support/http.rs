@@ -42,7 +42,12 @@ impl HttpClient {
         self.request("GET", path, headers)
     }
 
-    pub fn request(&mut self, method: &str, path: &str, headers: &[(&str, &str)]) -> std::io::Result<Response> {
+    pub fn request(
+        &mut self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+    ) -> std::io::Result<Response> {
         let mut raw = Vec::with_capacity(256);
         write!(raw, "{method} {path} HTTP/1.1\r\nHost: {}\r\n", self.addr)?;
         for (name, value) in headers {
@@ -59,7 +64,8 @@ impl HttpClient {
     }
 
     fn read_response(&mut self) -> std::io::Result<Response> {
-        let invalid = |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_string());
+        let invalid =
+            |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_string());
         let mut line = String::new();
         if self.reader.read_line(&mut line)? == 0 {
             return Err(std::io::Error::new(
@@ -80,7 +86,9 @@ impl HttpClient {
             if trimmed.is_empty() {
                 break;
             }
-            let (name, value) = trimmed.split_once(':').ok_or_else(|| invalid("bad header"))?;
+            let (name, value) = trimmed
+                .split_once(':')
+                .ok_or_else(|| invalid("bad header"))?;
             headers.push((name.trim().to_ascii_lowercase(), value.trim().to_string()));
         }
         let length: usize = headers
