@@ -85,7 +85,7 @@ start_tollgate() { # name backend limits... ; sets PORT_<name>
     printf '[store]\nbackend = "%s"\nurl = "redis://127.0.0.1:%s/0"\ntimeout_ms = 50\n' \
       "$backend" "$REDIS_PORT"
     printf 'max_buckets = 1000000\n\n'
-    printf '%s' "$*"
+    for block in "$@"; do printf '%s\n\n' "$block"; done
   } >"$conf"
   RUST_LOG=warn "$TOLLGATE" --config "$conf" &
   PIDS+=($!)
@@ -95,7 +95,8 @@ start_tollgate() { # name backend limits... ; sets PORT_<name>
 
 start_tollgate redis redis "$(limit per-key "$ALLOW" 1000000 1000)"
 start_tollgate memory memory "$(limit per-key "$ALLOW" 1000000 1000)"
-start_tollgate multi redis "$(limit a "$ALLOW" 1000000 1000)$(limit b "$ALLOW" 1000000 1000)$(limit c "$ALLOW" 1000000 1000)"
+start_tollgate multi redis "$(limit a "$ALLOW" 1000000 1000)" "$(limit b "$ALLOW" 1000000 1000)" \
+  "$(limit c "$ALLOW" 1000000 1000)"
 start_tollgate flood redis "$(limit flood '"path"' "$FLOOD_RATE" "$FLOOD_RATE")"
 PORT_bare=$(free_port)
 "$BARE" "127.0.0.1:$PORT_bare" &
@@ -119,8 +120,8 @@ script_calls() { rcli INFO commandstats | tr -d '\r' | awk -F'[=,:]' '
 rss_kb() { ps -o rss= -p "$1" | tr -d ' '; }
 median() { sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.2f", (b > 0) ? a / b : 0}'; }
-percentile() { # oha output, label (e.g. 99.00%) -> ms
-  awk -v p="$2" '$1 == p && $2 == "in" {printf "%.3f", $3 * 1000}' "$1"
+percentile() { # oha output, label (e.g. 99.00%) -> ms (oha prints ms or secs)
+  awk -v p="$2" '$1 == p && $2 == "in" {printf "%.3f", ($4 == "secs") ? $3 * 1000 : $3}' "$1"
 }
 
 declare -a RB TG MEM BARE_R MULTI P50 P99 P999

@@ -70,7 +70,9 @@ EOF
     | awk '/requests in/ {print "'"$store"': " $1 " checks under callgrind"}'
   kill -TERM "$pid"; wait "$pid" 2>/dev/null || true
   echo "== $store store: self cost (instructions) =="
-  callgrind_annotate --inclusive=no "$WORK/$store.out" 2>/dev/null | sed -n '/^Ir/,$p' | head -n "$TOP"
+  callgrind_annotate --inclusive=no "$WORK/$store.out" >"$WORK/self.txt" 2>/dev/null || true
+  sed -n '/^Ir/,$p' "$WORK/self.txt" | head -n "$TOP" || true
   echo "== $store store: inclusive cost =="
-  callgrind_annotate --inclusive=yes "$WORK/$store.out" 2>/dev/null | sed -n '/^Ir/,$p' | head -n "$TOP"
+  callgrind_annotate --inclusive=yes "$WORK/$store.out" >"$WORK/incl.txt" 2>/dev/null || true
+  sed -n '/^Ir/,$p' "$WORK/incl.txt" | head -n "$TOP" || true
 done

@@ -22,8 +22,12 @@ async fn main() -> std::io::Result<()> {
         .nth(1)
         .unwrap_or_else(|| "127.0.0.1:8081".into());
     // Same routing shape and worker count (actix's default) as tollgate's public listener.
-    HttpServer::new(|| App::new().service(web::resource(["/check", "/check/{tail:.*}"]).to(allow)))
-        .bind(listen)?
-        .run()
-        .await
+    HttpServer::new(|| {
+        App::new()
+            .service(web::resource("/check").to(allow))
+            .default_service(web::to(allow))
+    })
+    .bind(listen)?
+    .run()
+    .await
 }
