@@ -16,7 +16,7 @@ DURATION=${DURATION:-10}     # seconds per load run
 ROUNDS=${ROUNDS:-3}          # interleaved rounds; medians are reported
 CONNS=${CONNS:-64}           # concurrent connections (and redis-benchmark clients)
 KEYS=${KEYS:-10000}          # distinct keys for the throughput runs
-FLOOD_RATE=${FLOOD_RATE:-1000}   # tokens/s of the flooded key
+FLOOD_RATE=${FLOOD_RATE:-100}    # tokens/s of the flooded key
 SCALE_KEYS=${SCALE_KEYS:-"1 1000 100000 1000000"}
 
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
@@ -115,6 +115,8 @@ rb_rps() { # keys -> requests/s of redis-benchmark running the same script, same
     evalsha "$SHA" 1 "tollgate:per-key:/k__rand_int__" 1000 1000000 1 0 2>/dev/null \
     | tr '\r' '\n' | grep -o '[0-9.]* requests per second' | tail -1 | awk '{print $1}'
 }
+usec_per_call() { rcli INFO commandstats | tr -d '\r' | awk -F'usec_per_call=' '
+  /^cmdstat_evalsha:/ {split($2, v, ","); print v[1]}'; }
 script_calls() { rcli INFO commandstats | tr -d '\r' | awk -F'[=,:]' '
   /^cmdstat_(evalsha|eval):/ {n += $3} END {print n + 0}'; }
 rss_kb() { ps -o rss= -p "$1" | tr -d ' '; }
@@ -124,16 +126,19 @@ percentile() { # oha output, label (e.g. 99.00%) -> ms (oha prints ms or secs)
   awk -v p="$2" '$1 == p && $2 == "in" {printf "%.3f", ($4 == "secs") ? $3 * 1000 : $3}' "$1"
 }
 
-declare -a RB TG MEM BARE_R MULTI P50 P99 P999
+declare -a RB TG MEM BARE_R MULTI P50 P99 P999 US1 US3
 for round in $(seq "$ROUNDS"); do
   echo "round $round/$ROUNDS" >&2
   RB+=("$(rb_rps "$KEYS")")
+  rcli CONFIG RESETSTAT >/dev/null
   TG+=("$(wrk_rps "$PORT_redis")")
+  US1+=("$(usec_per_call)")
   MEM+=("$(wrk_rps "$PORT_memory")")
   BARE_R+=("$(wrk_rps "$PORT_bare")")
-  before=$(script_calls)
+  rcli CONFIG RESETSTAT >/dev/null
   MULTI+=("$(wrk_rps "$PORT_multi")")
-  multi_calls=$(( $(script_calls) - before ))
+  multi_calls=$(script_calls)
+  US3+=("$(usec_per_call)")
   multi_checks=$(awk '/requests in/ {n = $1} END {print n}' "$WORK/wrk.log")
   # Half of this round's throughput at the ceiling, at a fixed rate (latency-corrected).
   half=$(awk -v t="${TG[-1]}" 'BEGIN {printf "%d", t / 2}')
@@ -204,6 +209,7 @@ $ROUNDS interleaved rounds of ${DURATION} s, $CONNS connections, medians (every 
 | ratio memory ÷ bare | $(ratio "$m_mem" "$m_bare") | ≥ 0.80 |
 | /check, 3 limits per request (req/s) | $m_multi [$(join "${MULTI[@]}")] | |
 | ratio 3 limits ÷ 1 limit | $(ratio "$m_multi" "$m_tg") | ≥ 0.80 |
+| Redis CPU per script call, 1 limit → 3 limits (µs, commandstats) | $(printf '%s\n' "${US1[@]}" | median) → $(printf '%s\n' "${US3[@]}" | median) | |
 | script calls per 3-limit check (last round) | $(ratio "$multi_calls" "$multi_checks") ($multi_calls calls / $multi_checks checks) | 1.00 |
 | flood: one key at rate $FLOOD_RATE/s, $CONNS conns: checks/s | $FLOOD_RPS ($(ratio "$FLOOD_RPS" "$FLOOD_RATE")× its rate) | ≥ 50× |
 | flood: script calls reaching Redis | $FLOOD_CALLS of $FLOOD_CHECKS checks ($(awk -v a="$FLOOD_CALLS" -v b="$FLOOD_CHECKS" 'BEGIN {printf "%.2f", 100 * a / b}')%) | ≤ 5% |
