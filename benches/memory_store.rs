@@ -29,9 +29,12 @@ fn run_threads(store: &Arc<MemoryStore>, threads: usize, iters: u64) -> Duration
         for t in 0..threads {
             let store = Arc::clone(store);
             scope.spawn(move || {
-                let req = [request(&format!("tg:bench:thread-{t}"))];
-                for _ in 0..iters {
-                    black_box(store.decide_now(black_box(&req)));
+                // Eight keys per thread, so two threads rarely meet on one shard by chance.
+                let reqs: Vec<[BucketRequest; 1]> = (0..8)
+                    .map(|k| [request(&format!("tg:bench:thread-{t}-{k}"))])
+                    .collect();
+                for i in 0..iters {
+                    black_box(store.decide_now(black_box(&reqs[(i % 8) as usize])));
                 }
             });
         }

@@ -74,8 +74,13 @@ struct Shard {
     buckets: HashMap<String, Entry>,
 }
 
+/// One shard per cache line pair: adjacent shard locks would otherwise share a line, and two
+/// workers on different shards would still contend on it (false sharing).
+#[repr(align(128))]
+struct PaddedShard(Mutex<Shard>);
+
 pub struct MemoryStore<C: Clock = MonotonicClock> {
-    shards: Box<[Mutex<Shard>]>,
+    shards: Box<[PaddedShard]>,
     hasher: RandomState,
     shard_cap: usize,
     clock: C,
@@ -90,7 +95,9 @@ impl MemoryStore<MonotonicClock> {
 impl<C: Clock> MemoryStore<C> {
     pub fn with_clock(max_buckets: usize, clock: C) -> Self {
         MemoryStore {
-            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
+            shards: (0..SHARDS)
+                .map(|_| PaddedShard(Mutex::new(Shard::default())))
+                .collect(),
             hasher: RandomState::new(),
             shard_cap: max_buckets.div_ceil(SHARDS).max(1),
             clock,
@@ -114,6 +121,7 @@ impl<C: Clock> MemoryStore<C> {
         // A panic while holding a shard cannot leave a bucket half-written (plain field
         // stores), so a poisoned lock is still safe to use.
         self.shards[shard]
+            .0
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
