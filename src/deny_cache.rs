@@ -181,14 +181,20 @@ impl DenyCache {
         Consult::Ask
     }
 
-    /// Waits until a probe about `buckets` is answered (or the store timeout passes).
-    pub async fn wait_for_answer(&self, buckets: &[BucketRequest]) {
+    /// The store timeout: how long a probe may be waited for, and the budget of a whole check
+    /// that waited (see [`crate::limiter`]).
+    pub fn timeout(&self) -> Duration {
+        self.probe_timeout
+    }
+
+    /// Waits until a probe about `buckets` is answered, at most `budget`.
+    pub async fn wait_for_answer(&self, buckets: &[BucketRequest], budget: Duration) {
         let notified = std::pin::pin!(self.answered.notified());
         let mut notified = notified;
         // Registered before looking again, so an answer landing in between is not missed.
         notified.as_mut().enable();
         if self.probe_in_flight(buckets, self.now_us()) {
-            let _ = tokio::time::timeout(self.probe_timeout, notified).await;
+            let _ = tokio::time::timeout(budget, notified).await;
         }
     }
 

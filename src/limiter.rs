@@ -4,7 +4,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 
@@ -117,6 +117,9 @@ impl<S: Store> Limiter<S> {
             return (Verdict::Unlimited, DecidedBy::Policy);
         }
         let mut sent_us = None;
+        // Set when this check waited for another's probe: then waiting and the store call
+        // together must fit in the store timeout, as an answer always does (SPEC §5).
+        let mut deadline = None;
         if let Some(cache) = &self.deny_cache {
             let mut waits = 0;
             // Taken before sending: the store evaluates the call later, so a bound counted
@@ -131,7 +134,10 @@ impl<S: Store> Limiter<S> {
                     // Twice at most: a key under constant contention still gets answered.
                     Consult::Wait if waits < 2 => {
                         waits += 1;
-                        cache.wait_for_answer(&buckets).await;
+                        let until =
+                            *deadline.get_or_insert_with(|| Instant::now() + cache.timeout());
+                        let budget = until.saturating_duration_since(Instant::now());
+                        cache.wait_for_answer(&buckets, budget).await;
                         now = cache.now_us();
                     }
                     Consult::Wait | Consult::Ask => break,
@@ -139,7 +145,16 @@ impl<S: Store> Limiter<S> {
             }
             sent_us = Some(now);
         }
-        let decided = self.store.decide(&buckets).await;
+        let decided = match deadline {
+            None => self.store.decide(&buckets).await,
+            Some(until) => match until.saturating_duration_since(Instant::now()) {
+                // The probe used the whole budget (a hanging store): do not even send.
+                budget if budget.is_zero() => Err(StoreError::Timeout),
+                budget => tokio::time::timeout(budget, self.store.decide(&buckets))
+                    .await
+                    .unwrap_or(Err(StoreError::Timeout)),
+            },
+        };
         if let (Some(cache), Some(sent), Err(_)) = (&self.deny_cache, sent_us, &decided) {
             cache.abandon(&buckets, sent);
         }
