@@ -16,7 +16,7 @@ use tollgate::limits::Policy;
 use tollgate::metrics::Metrics;
 use tollgate::request::Described;
 use tollgate::store::redis::RedisStore;
-use tollgate::store::BucketRequest;
+use tollgate::store::{BucketOutcome, BucketRequest, Store, StoreDecision, StoreError};
 
 use support::{commandstats, redis_config, RedisServer, TempDir, Tollgate};
 
@@ -257,5 +257,60 @@ key = ["header:x-api-key"]
     assert_eq!(
         tollgate.metric("tollgate_checks_total{result=\"denied\"}"),
         201.0
+    );
+}
+
+/// A store that denies the first call (the bucket is empty) and never answers again.
+struct DeniesThenHangs(std::sync::atomic::AtomicU32);
+
+impl Store for DeniesThenHangs {
+    async fn decide(&self, buckets: &[BucketRequest]) -> Result<StoreDecision, StoreError> {
+        if self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
+            let empty = BucketOutcome {
+                tokens: 0.0,
+                enough: false,
+            };
+            return Ok(StoreDecision {
+                allowed: false,
+                buckets: vec![empty; buckets.len()],
+            });
+        }
+        std::future::pending().await
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn a_check_waiting_for_a_hanging_probe_still_answers_within_the_timeout() {
+    let timeout = Duration::from_millis(50);
+    let metrics = Metrics::new();
+    // The built-in default: one limit per client IP, 20/s: a cached window of 50 ms.
+    let policy = Policy::compile(&Config::default(), &metrics).expect("compiles");
+    let store = DeniesThenHangs(Default::default());
+    let limiter = Arc::new(
+        Limiter::new(store, policy, OnError::Allow, 100, metrics).with_deny_cache(100, timeout),
+    );
+    let check = |limiter: Arc<Limiter<DeniesThenHangs>>| async move {
+        let map = HeaderMap::new();
+        let described = Described::new(&map, "GET", "/", IpAddr::V4(Ipv4Addr::LOCALHOST));
+        let policy = limiter.policy();
+        limiter.check_traced(&policy, &described).await.1
+    };
+    assert_eq!(check(limiter.clone()).await, DecidedBy::Store);
+    assert_eq!(check(limiter.clone()).await, DecidedBy::DenyCache);
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    // The window is over: this one probes, and the store never answers it.
+    let _probe = tokio::spawn(check(limiter.clone()));
+    tokio::task::yield_now().await;
+    let started = Instant::now();
+    let answer = tokio::time::timeout(Duration::from_secs(1), check(limiter.clone())).await;
+    assert_eq!(answer, Ok(DecidedBy::OnError), "no answer within 1 s");
+    let waited = started.elapsed();
+    assert!(
+        waited < timeout + Duration::from_millis(25),
+        "answered after {waited:?}"
     );
 }
