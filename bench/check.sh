@@ -217,7 +217,7 @@ $ROUNDS interleaved rounds of ${DURATION} s, $CONNS connections, medians (every 
 
 Redis INFO commandstats around the flood:
 \`\`\`
-before: $(cat "$WORK/stats-before" 2>/dev/null | tr '\n' ' ')
+before: $(cat "$WORK/stats-before" 2>/dev/null | tr '\n' ' ')(CONFIG RESETSTAT just before: no script call counted)
 after:  $(cat "$WORK/stats-after" | tr '\n' ' ')
 \`\`\`
 
@@ -227,3 +227,13 @@ Scaling with live buckets (Redis store, wrk $CONNS conns, ${DURATION} s each):
 | --- | --- | --- | --- | --- |
 $(printf '%s\n' "${SCALE_ROWS[@]}")
 EOF
+
+# The in-process memory store (Criterion): ns per decision, 1 and 2 threads.
+if [ "${CRITERION:-1}" = 1 ]; then
+  echo
+  echo "Memory store, one decision on an existing key (cargo bench --bench memory_store):"
+  echo '```'
+  cargo bench --quiet --bench memory_store -- --noplot 2>/dev/null \
+    | grep -E '^memory_store|time:|thrpt:' | grep -v '%' || true
+  echo '```'
+fi
