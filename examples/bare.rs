@@ -31,3 +31,26 @@ async fn main() -> std::io::Result<()> {
     .run()
     .await
 }
+
+#[cfg(test)]
+mod tests {
+    use actix_web::{test, web, App};
+
+    #[actix_web::test]
+    async fn answers_like_a_tollgate_allow_on_every_check_path() {
+        let app = test::init_service(
+            App::new()
+                .service(web::resource("/check").to(super::allow))
+                .default_service(web::to(super::allow)),
+        )
+        .await;
+        for path in ["/check", "/check/k42"] {
+            let response =
+                test::call_service(&app, test::TestRequest::get().uri(path).to_request()).await;
+            assert_eq!(response.status(), 200);
+            for name in ["ratelimit-policy", "ratelimit", "x-ratelimit-remaining"] {
+                assert!(response.headers().contains_key(name), "{path}: {name}");
+            }
+        }
+    }
+}
