@@ -13,7 +13,8 @@
 //! - [`request`]: what `/check` reads: original method, path, host, client IP (XFF walk).
 //! - [`limits`]: compiled limits, match rules, cost; which limits apply to a request.
 //! - [`keys`]: every store key is built here (escaping, hashing of hostile values).
-//! - [`limiter`]: the decision without HTTP: one atomic store call, `on_error` fallbacks.
+//! - [`limiter`]: the decision without HTTP: one atomic store call, `on_error` fallbacks;
+//!   [`deny_cache`] answers the denials Redis would surely repeat, without asking it.
 //! - [`store`]: the [`store::Store`] trait; [`store::redis`] (Lua via `EVALSHA`, deadlines,
 //!   circuit breaker; one node, a Cluster or a Sentinel-managed master) and [`store::memory`] (sharded, bounded); [`store::bucket`] is the
 //!   arithmetic twin of `lua/token_bucket.lua`.
@@ -24,6 +25,7 @@
 
 pub mod config;
 pub mod decision;
+pub mod deny_cache;
 pub mod http;
 pub mod keys;
 pub mod lifecycle;

@@ -4,11 +4,13 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 
 use crate::config::OnError;
 use crate::decision::{Decision, LimitState, Verdict};
+use crate::deny_cache::{CachedDenial, Consult, DenyCache};
 use crate::limits::Policy;
 use crate::metrics::Metrics;
 use crate::request::Described;
@@ -23,7 +25,20 @@ pub struct Limiter<S: Store> {
     fallback: Option<MemoryStore>,
     /// Live instances sharing the store, as last learned from it (at least 1).
     instances: AtomicU64,
+    /// Denials the store would surely repeat, answered without asking it (remote stores).
+    deny_cache: Option<DenyCache>,
     metrics: Metrics,
+}
+
+/// Who decided a check; tests use it to prove the deny cache exact.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DecidedBy {
+    /// No store call was needed (no limit applies, or a key is missing).
+    Policy,
+    Store,
+    DenyCache,
+    /// The store failed; `on_error` decided.
+    OnError,
 }
 
 impl<S: Store> Limiter<S> {
@@ -40,8 +55,17 @@ impl<S: Store> Limiter<S> {
             on_error,
             fallback: (on_error == OnError::Local).then(|| MemoryStore::new(max_buckets)),
             instances: AtomicU64::new(1),
+            deny_cache: None,
             metrics,
         }
+    }
+
+    /// Answers denials the store would surely repeat locally, remembering up to `capacity`
+    /// buckets; a request waits at most `timeout` for another's answer. Worth it only when
+    /// the store is remote.
+    pub fn with_deny_cache(mut self, capacity: usize, timeout: Duration) -> Self {
+        self.deny_cache = Some(DenyCache::new(capacity, timeout));
+        self
     }
 
     /// The current policy. Held for the whole check, so a reload never splits one.
@@ -72,23 +96,113 @@ impl<S: Store> Limiter<S> {
     }
 
     pub async fn check(&self, policy: &Policy, request: &Described<'_>) -> Verdict {
+        self.check_traced(policy, request).await.0
+    }
+
+    /// [`Limiter::check`], also saying who decided.
+    pub async fn check_traced(
+        &self,
+        policy: &Policy,
+        request: &Described<'_>,
+    ) -> (Verdict, DecidedBy) {
         let buckets = match policy.applicable(request) {
             Ok(buckets) => buckets,
             Err(limit) => {
                 self.metrics.checks.denied.inc();
-                return Verdict::MissingKey { limit };
+                return (Verdict::MissingKey { limit }, DecidedBy::Policy);
             }
         };
         if buckets.is_empty() {
             self.metrics.checks.allowed.inc();
-            return Verdict::Unlimited;
+            return (Verdict::Unlimited, DecidedBy::Policy);
         }
-        match self.store.decide(&buckets).await {
-            Ok(decided) => {
-                let decision = self.record(policy, &buckets, decided, false);
-                Verdict::Decided(decision)
+        let mut sent_us = None;
+        // Set when this check waited for another's probe: then waiting and the store call
+        // together must fit in the store timeout, as an answer always does (SPEC §5).
+        let mut deadline = None;
+        if let Some(cache) = &self.deny_cache {
+            let mut waits = 0;
+            // Taken before sending: the store evaluates the call later, so a bound counted
+            // from here is never too tight (see `deny_cache`).
+            let mut now = cache.now_us();
+            loop {
+                match cache.consult(&buckets, now) {
+                    Consult::Deny(denial) => {
+                        let decision = self.record_cached_denial(policy, &buckets, denial);
+                        return (Verdict::Decided(decision), DecidedBy::DenyCache);
+                    }
+                    // Twice at most: a key under constant contention still gets answered.
+                    Consult::Wait if waits < 2 => {
+                        waits += 1;
+                        let until =
+                            *deadline.get_or_insert_with(|| Instant::now() + cache.timeout());
+                        let budget = until.saturating_duration_since(Instant::now());
+                        cache.wait_for_answer(&buckets, budget).await;
+                        now = cache.now_us();
+                    }
+                    Consult::Wait | Consult::Ask => break,
+                }
             }
-            Err(error) => self.on_store_error(policy, &buckets, &error),
+            sent_us = Some(now);
+        }
+        let decided = match deadline {
+            None => self.store.decide(&buckets).await,
+            Some(until) => match until.saturating_duration_since(Instant::now()) {
+                // The probe used the whole budget (a hanging store): do not even send.
+                budget if budget.is_zero() => Err(StoreError::Timeout),
+                budget => tokio::time::timeout(budget, self.store.decide(&buckets))
+                    .await
+                    .unwrap_or(Err(StoreError::Timeout)),
+            },
+        };
+        if let (Some(cache), Some(sent), Err(_)) = (&self.deny_cache, sent_us, &decided) {
+            cache.abandon(&buckets, sent);
+        }
+        match decided {
+            Ok(decided) => {
+                if let (Some(cache), Some(sent)) = (&self.deny_cache, sent_us) {
+                    cache.learn(&buckets, &decided.buckets, sent);
+                }
+                let decision = self.record(policy, &buckets, decided, false);
+                (Verdict::Decided(decision), DecidedBy::Store)
+            }
+            Err(error) => (
+                self.on_store_error(policy, &buckets, &error),
+                DecidedBy::OnError,
+            ),
+        }
+    }
+
+    /// A denial by the cache, shaped like the store's: the denying bucket carries its token
+    /// ceiling (so `Retry-After` and `RateLimit` come from the cached bound); the others were
+    /// not looked at and are reported as able to pay, which the headers of a denial never show.
+    fn record_cached_denial(
+        &self,
+        policy: &Policy,
+        buckets: &[BucketRequest],
+        denial: CachedDenial,
+    ) -> Decision {
+        self.metrics.checks.denied.inc();
+        let limits = buckets
+            .iter()
+            .enumerate()
+            .map(|(index, bucket)| {
+                let denied = index == denial.bucket;
+                if denied {
+                    policy.limits[bucket.limit].counters.denied.inc();
+                }
+                LimitState {
+                    limit: bucket.limit,
+                    cost: bucket.cost,
+                    tokens: if denied { denial.tokens } else { bucket.burst },
+                    enough: !denied,
+                }
+            })
+            .collect();
+        Decision {
+            allowed: false,
+            limits,
+            degraded: false,
         }
     }
 

@@ -72,13 +72,20 @@ pub fn build_state(config: &Config) -> Result<web::Data<AppState>, StartError> {
             metrics.clone(),
         )?)),
     };
-    let limiter = Limiter::new(
+    let remote = matches!(store, AnyStore::Redis(_));
+    let mut limiter = Limiter::new(
         store,
         policy,
         config.store.on_error,
         config.store.max_buckets,
         metrics.clone(),
     );
+    if remote {
+        limiter = limiter.with_deny_cache(
+            config.store.max_buckets,
+            Duration::from_millis(config.store.timeout_ms),
+        );
+    }
     Ok(web::Data::new(AppState { limiter, metrics }))
 }
 

@@ -32,3 +32,12 @@ pub async fn check(request: HttpRequest, state: web::Data<AppState>) -> HttpResp
         .observe(started.elapsed().as_secs_f64());
     response
 }
+
+/// Every path the other routes do not take: `/check/<anything>` is a check, the rest 404.
+pub async fn below_check(request: HttpRequest, state: web::Data<AppState>) -> HttpResponse {
+    if request.path().starts_with("/check/") {
+        check(request, state).await
+    } else {
+        HttpResponse::NotFound().finish()
+    }
+}

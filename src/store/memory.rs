@@ -74,8 +74,13 @@ struct Shard {
     buckets: HashMap<String, Entry>,
 }
 
+/// One shard per cache line pair: adjacent shard locks would otherwise share a line, and two
+/// workers on different shards would still contend on it (false sharing).
+#[repr(align(128))]
+struct PaddedShard(Mutex<Shard>);
+
 pub struct MemoryStore<C: Clock = MonotonicClock> {
-    shards: Box<[Mutex<Shard>]>,
+    shards: Box<[PaddedShard]>,
     hasher: RandomState,
     shard_cap: usize,
     clock: C,
@@ -90,7 +95,9 @@ impl MemoryStore<MonotonicClock> {
 impl<C: Clock> MemoryStore<C> {
     pub fn with_clock(max_buckets: usize, clock: C) -> Self {
         MemoryStore {
-            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
+            shards: (0..SHARDS)
+                .map(|_| PaddedShard(Mutex::new(Shard::default())))
+                .collect(),
             hasher: RandomState::new(),
             shard_cap: max_buckets.div_ceil(SHARDS).max(1),
             clock,
@@ -114,6 +121,7 @@ impl<C: Clock> MemoryStore<C> {
         // A panic while holding a shard cannot leave a bucket half-written (plain field
         // stores), so a poisoned lock is still safe to use.
         self.shards[shard]
+            .0
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
@@ -121,6 +129,9 @@ impl<C: Clock> MemoryStore<C> {
     /// The decision itself, synchronous: a few hash lookups under shard locks.
     pub fn decide_now(&self, requests: &[BucketRequest]) -> StoreDecision {
         let now = self.clock.now_us();
+        if let [request] = requests {
+            return self.decide_one(request, now);
+        }
         let shard_ids: Vec<usize> = requests.iter().map(|r| self.shard_of(&r.key)).collect();
         let mut order = shard_ids.clone();
         order.sort_unstable();
@@ -156,6 +167,34 @@ impl<C: Clock> MemoryStore<C> {
             allowed,
             buckets: outcomes,
         }
+    }
+}
+
+impl<C: Clock> MemoryStore<C> {
+    /// The common case of one limit: one lock, one lookup on a hit, and no allocation beyond
+    /// the answer (the general path collects shard ids, guards and states into vectors).
+    fn decide_one(&self, request: &BucketRequest, now: u64) -> StoreDecision {
+        let entry_of = |bucket: Bucket| Entry {
+            bucket,
+            full_at_us: bucket.full_at_us(request.rate, request.burst),
+        };
+        let requests = std::slice::from_ref(request);
+        let mut shard = self.lock(self.shard_of(&request.key));
+        if let Some(existing) = shard.buckets.get_mut(request.key.as_str()) {
+            let mut states = [Some(existing.bucket)];
+            let (allowed, buckets) = bucket::decide(requests, &mut states, now);
+            if let [Some(bucket)] = states {
+                *existing = entry_of(bucket);
+            }
+            return StoreDecision { allowed, buckets };
+        }
+        let mut states = [None];
+        let (allowed, buckets) = bucket::decide(requests, &mut states, now);
+        if let [Some(bucket)] = states {
+            make_room(&mut shard.buckets, self.shard_cap, now);
+            shard.buckets.insert(request.key.clone(), entry_of(bucket));
+        }
+        StoreDecision { allowed, buckets }
     }
 }
 
@@ -223,6 +262,20 @@ mod tests {
             store.decide_now(&[request(&format!("k{i}"))]);
         }
         assert!(store.len() <= 64);
+    }
+
+    #[test]
+    fn a_single_bucket_drains_and_refills_like_the_script() {
+        let clock = Arc::new(ManualClock::default());
+        let store = MemoryStore::with_clock(1000, clock.clone());
+        let one = [request("solo")];
+        assert!(store.decide_now(&one).allowed);
+        assert_eq!(store.decide_now(&one).buckets[0].tokens, 0.0);
+        let denied = store.decide_now(&one);
+        assert!(!denied.allowed && !denied.buckets[0].enough);
+        clock.advance_ms(1000);
+        assert!(store.decide_now(&one).allowed);
+        assert!(!store.decide_now(&one).allowed);
     }
 
     #[test]

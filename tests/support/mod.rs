@@ -4,6 +4,7 @@
 
 pub mod chaos;
 pub mod cluster;
+pub mod commandstats;
 pub mod deploy;
 pub mod http;
 pub mod proxies;

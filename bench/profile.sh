@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Profiles the /check hot path: release-built tollgate runs under valgrind's callgrind (this
+# kind of machine has no hardware counters for `perf`) for a short, light wrk load, once on the
+# memory store and once on the Redis store; prints the functions costing the most
+# instructions, self and inclusive. Slow under valgrind, so the load is small and bounded.
+#
+#   bench/profile.sh            # both stores, 8 s each
+#   STORES=redis bench/profile.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+DURATION=${DURATION:-8}
+STORES=${STORES:-"memory redis"}
+TOP=${TOP:-25}
+
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+missing=()
+command -v valgrind     >/dev/null || missing+=(valgrind)
+command -v wrk          >/dev/null || missing+=(wrk)
+command -v redis-server >/dev/null || missing+=(redis-server)
+command -v curl         >/dev/null || missing+=(curl)
+if [ "${#missing[@]}" -gt 0 ]; then
+  as_root apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+    "${missing[@]}" >/dev/null
+fi
+cargo build --release --quiet --bin tollgate
+
+WORK=$(mktemp -d)
+PIDS=()
+cleanup() {
+  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+free_port() {
+  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+REDIS_PORT=$(free_port)
+redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no --dir "$WORK" \
+  --logfile "$WORK/redis.log" &
+PIDS+=($!)
+for _ in $(seq 100); do
+  [ "$(redis-cli -p "$REDIS_PORT" PING 2>/dev/null)" = PONG ] && break; sleep 0.1
+done
+
+for store in $STORES; do
+  port=$(free_port); admin=$(free_port)
+  cat >"$WORK/$store.toml" <<EOF
+listen = "127.0.0.1:$port"
+admin_listen = "127.0.0.1:$admin"
+[store]
+backend = "$store"
+url = "redis://127.0.0.1:$REDIS_PORT/0"
+timeout_ms = 1000
+[[limits]]
+name = "per-key"
+rate = 1000
+burst = 1000000
+key = ["path"]
+EOF
+  RUST_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$WORK/$store.out" \
+    target/release/tollgate --config "$WORK/$store.toml" 2>"$WORK/$store.valgrind" &
+  pid=$!
+  PIDS+=("$pid")
+  for _ in $(seq 300); do curl -sf -o /dev/null "http://127.0.0.1:$port/healthz" && break; sleep 0.1; done
+  KEYS=10000 wrk -t1 -c8 -d"${DURATION}s" -s bench/random_key.lua "http://127.0.0.1:$port/check" \
+    | awk '/requests in/ {print "'"$store"': " $1 " checks under callgrind"}'
+  kill -TERM "$pid"; wait "$pid" 2>/dev/null || true
+  echo "== $store store: self cost (instructions) =="
+  callgrind_annotate --inclusive=no "$WORK/$store.out" >"$WORK/self.txt" 2>/dev/null || true
+  sed -n '/^Ir/,$p' "$WORK/self.txt" | head -n "$TOP" || true
+  echo "== $store store: inclusive cost =="
+  callgrind_annotate --inclusive=yes "$WORK/$store.out" >"$WORK/incl.txt" 2>/dev/null || true
+  sed -n '/^Ir/,$p' "$WORK/incl.txt" | head -n "$TOP" || true
+done

@@ -1,0 +1,316 @@
+//! The local deny cache never denies a request Redis would have allowed, against a real
+//! redis-server: every check the cache denied is replayed against Redis's own state as of that
+//! moment, and the answers it gives on the wire look like Redis's.
+
+mod support;
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use actix_web::http::header::{HeaderMap, HeaderName, HeaderValue};
+use tollgate::config::{Config, OnError};
+use tollgate::decision::Verdict;
+use tollgate::limiter::{DecidedBy, Limiter};
+use tollgate::limits::Policy;
+use tollgate::metrics::Metrics;
+use tollgate::request::Described;
+use tollgate::store::redis::RedisStore;
+use tollgate::store::{BucketOutcome, BucketRequest, Store, StoreDecision, StoreError};
+
+use support::{commandstats, redis_config, RedisServer, TempDir, Tollgate};
+
+/// Three limits on one API key: two that deny (one with a per-request cost) and a shadow one,
+/// which never does and so must never make the cache deny.
+const LIMITS: &str = r#"
+[[limits]]
+name = "burst"
+rate = 40
+burst = 4
+key = ["header:x-api-key"]
+cost_header = "x-cost"
+
+[[limits]]
+name = "sustained"
+rate = 15
+burst = 6
+key = ["header:x-api-key", "const:s"]
+
+[[limits]]
+name = "watch"
+rate = 5
+burst = 2
+key = ["header:x-api-key"]
+shadow = true
+"#;
+
+/// What Redis's bucket held at wall-clock time `at_us` (Redis's `TIME` is this host's clock),
+/// per key, computed exactly as the script would. `nil` when a write landed after `at_us`: then
+/// the state at `at_us` is no longer in Redis, and that replay proves nothing.
+const LEVEL_AT: &str = r#"
+local at = tonumber(ARGV[1])
+local out = {}
+for i = 1, #KEYS do
+  local rate, burst = tonumber(ARGV[2 * i]), tonumber(ARGV[2 * i + 1])
+  local stored = redis.call('HMGET', KEYS[i], 'tokens', 'ts')
+  local level, ts = tonumber(stored[1]), tonumber(stored[2])
+  if level == nil then
+    out[i] = string.format('%.17g', burst)
+  elseif ts > at then
+    return nil
+  else
+    out[i] = string.format('%.17g', math.min(burst, level + (at - ts) * rate / 1000000))
+  end
+end
+return out
+"#;
+
+fn wall_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
+/// Redis's bucket levels at `at_us`, or `None` when that moment can no longer be replayed.
+async fn levels_at(
+    connection: &mut redis::aio::MultiplexedConnection,
+    buckets: &[BucketRequest],
+    at_us: u64,
+) -> Option<Vec<f64>> {
+    let script = redis::Script::new(LEVEL_AT);
+    let mut invocation = script.prepare_invoke();
+    invocation.arg(at_us);
+    for bucket in buckets {
+        invocation
+            .key(&bucket.key)
+            .arg(bucket.rate)
+            .arg(bucket.burst);
+    }
+    let levels: Option<Vec<String>> = invocation
+        .invoke_async(connection)
+        .await
+        .expect("replay script runs");
+    levels.map(|l| l.iter().map(|x| x.parse().expect("a float")).collect())
+}
+
+fn headers(key: &str, cost: u64) -> HeaderMap {
+    let mut map = HeaderMap::new();
+    map.insert(
+        HeaderName::from_static("x-api-key"),
+        HeaderValue::from_str(key).expect("ascii key"),
+    );
+    map.insert(HeaderName::from_static("x-cost"), HeaderValue::from(cost));
+    map
+}
+
+#[derive(Default, Debug)]
+struct Tally {
+    store: u64,
+    cached: u64,
+    replayed: u64,
+}
+
+/// Floods `key` for `duration`, varying the cost; replays each cached denial against Redis.
+async fn flood(
+    limiter: Arc<Limiter<RedisStore>>,
+    mut replay: redis::aio::MultiplexedConnection,
+    key: String,
+    seed: u64,
+    duration: Duration,
+) -> Tally {
+    let mut tally = Tally::default();
+    let ip = IpAddr::V4(Ipv4Addr::LOCALHOST);
+    let deadline = Instant::now() + duration;
+    let mut n = seed;
+    while Instant::now() < deadline {
+        n = n
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let cost = 1 + (n >> 33) % 3;
+        let map = headers(&key, cost);
+        let described = Described::new(&map, "GET", "/", ip);
+        let policy = limiter.policy();
+        let (verdict, by) = limiter.check_traced(&policy, &described).await;
+        let decided_at = wall_us();
+        match by {
+            DecidedBy::Store => tally.store += 1,
+            DecidedBy::DenyCache => {
+                tally.cached += 1;
+                let Verdict::Decided(decision) = &verdict else {
+                    panic!("a cached denial is a decision: {verdict:?}");
+                };
+                assert!(!decision.allowed);
+                let buckets = policy.applicable(&described).expect("keys present");
+                if let Some(levels) = levels_at(&mut replay, &buckets, decided_at).await {
+                    tally.replayed += 1;
+                    let redis_denies = buckets
+                        .iter()
+                        .zip(&levels)
+                        .any(|(b, &level)| !b.shadow && level < b.cost as f64);
+                    assert!(
+                        redis_denies,
+                        "cached denial of {key} cost {cost}, but Redis held {levels:?} \
+                         for {buckets:?}"
+                    );
+                }
+            }
+            other => panic!("unexpected decider {other:?}: {verdict:?}"),
+        }
+        // Some pauses, so buckets refill and cached windows end while requests arrive.
+        if n.is_multiple_of(7) {
+            tokio::time::sleep(Duration::from_millis((n >> 40) % 30)).await;
+        }
+    }
+    tally
+}
+
+#[tokio::test]
+async fn every_cached_denial_is_one_redis_would_have_made() {
+    let redis = RedisServer::start();
+    let dir = TempDir::new("deny-cache");
+    let path = dir.write("tollgate.toml", &redis_config(&redis, "", LIMITS));
+    let config = Config::load(Some(&path)).expect("valid config");
+    let metrics = Metrics::new();
+    let policy = Policy::compile(&config, &metrics).expect("compiles");
+    let store =
+        RedisStore::connect_lazily(&redis.url(), Duration::from_millis(500), metrics.clone())
+            .expect("store");
+    let limiter = Arc::new(
+        Limiter::new(store, policy, OnError::Deny, 10_000, metrics)
+            .with_deny_cache(10_000, Duration::from_millis(500)),
+    );
+    let client = redis::Client::open(redis.url()).expect("url");
+
+    // Several tasks per key: answers come back out of order and some are stale when they land.
+    let mut tasks = Vec::new();
+    for i in 0..12u64 {
+        let replay = client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect");
+        let key = format!("client-{}", i % 4);
+        tasks.push(tokio::spawn(flood(
+            limiter.clone(),
+            replay,
+            key,
+            i + 1,
+            Duration::from_millis(1500),
+        )));
+    }
+    let mut total = Tally::default();
+    for task in tasks {
+        let tally = task.await.expect("task");
+        total.store += tally.store;
+        total.cached += tally.cached;
+        total.replayed += tally.replayed;
+    }
+    assert!(
+        total.cached > total.store,
+        "the cache must absorb the flood: {total:?}"
+    );
+    assert!(
+        total.replayed >= 50,
+        "too few cached denials replayed: {total:?}"
+    );
+}
+
+#[test]
+fn cached_denials_answer_like_redis_and_spare_it() {
+    let redis = RedisServer::start();
+    let limits = r#"
+[[limits]]
+name = "per-key"
+rate = 0.1
+burst = 2
+key = ["header:x-api-key"]
+"#;
+    let tollgate = Tollgate::start(&redis_config(&redis, "", limits));
+    let mut client = tollgate.client();
+    let key = [("x-api-key", "flooder")];
+    for _ in 0..2 {
+        assert_eq!(client.get("/check", &key).unwrap().status, 200);
+    }
+    let from_redis = client.get("/check", &key).unwrap();
+    assert_eq!(from_redis.status, 429);
+    let calls_before = commandstats::script_calls(&redis);
+
+    for _ in 0..200 {
+        let cached = client.get("/check", &key).unwrap();
+        assert_eq!(cached.status, 429);
+        for header in ["retry-after", "ratelimit-policy", "x-ratelimit-limit"] {
+            assert_eq!(cached.header(header), from_redis.header(header), "{header}");
+        }
+        assert_eq!(cached.header("x-ratelimit-remaining"), Some("0"));
+        let ratelimit = cached.header("ratelimit").unwrap_or_default();
+        assert!(
+            ratelimit == "\"per-key\";r=0;t=20" || ratelimit == "\"per-key\";r=0;t=19",
+            "{ratelimit}"
+        );
+        assert_eq!(
+            cached.header("content-type"),
+            Some("application/problem+json")
+        );
+    }
+    // One token takes 10 s to come back: Redis is not asked again before that.
+    let spent = commandstats::script_calls(&redis) - calls_before;
+    assert_eq!(spent, 0, "script calls for 200 flooded checks");
+    assert_eq!(
+        tollgate.metric("tollgate_checks_total{result=\"denied\"}"),
+        201.0
+    );
+}
+
+/// A store that denies the first call (the bucket is empty) and never answers again.
+struct DeniesThenHangs(std::sync::atomic::AtomicU32);
+
+impl Store for DeniesThenHangs {
+    async fn decide(&self, buckets: &[BucketRequest]) -> Result<StoreDecision, StoreError> {
+        if self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
+            let empty = BucketOutcome {
+                tokens: 0.0,
+                enough: false,
+            };
+            return Ok(StoreDecision {
+                allowed: false,
+                buckets: vec![empty; buckets.len()],
+            });
+        }
+        std::future::pending().await
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn a_check_waiting_for_a_hanging_probe_still_answers_within_the_timeout() {
+    let timeout = Duration::from_millis(50);
+    let metrics = Metrics::new();
+    // The built-in default: one limit per client IP, 20/s: a cached window of 50 ms.
+    let policy = Policy::compile(&Config::default(), &metrics).expect("compiles");
+    let store = DeniesThenHangs(Default::default());
+    let limiter = Arc::new(
+        Limiter::new(store, policy, OnError::Allow, 100, metrics).with_deny_cache(100, timeout),
+    );
+    let check = |limiter: Arc<Limiter<DeniesThenHangs>>| async move {
+        let map = HeaderMap::new();
+        let described = Described::new(&map, "GET", "/", IpAddr::V4(Ipv4Addr::LOCALHOST));
+        let policy = limiter.policy();
+        limiter.check_traced(&policy, &described).await.1
+    };
+    assert_eq!(check(limiter.clone()).await, DecidedBy::Store);
+    assert_eq!(check(limiter.clone()).await, DecidedBy::DenyCache);
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    // The window is over: this one probes, and the store never answers it.
+    let _probe = tokio::spawn(check(limiter.clone()));
+    tokio::task::yield_now().await;
+    let started = Instant::now();
+    let answer = tokio::time::timeout(Duration::from_secs(1), check(limiter.clone())).await;
+    assert_eq!(answer, Ok(DecidedBy::OnError), "no answer within 1 s");
+    let waited = started.elapsed();
+    assert!(
+        waited < timeout + Duration::from_millis(25),
+        "answered after {waited:?}"
+    );
+}
