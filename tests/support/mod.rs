@@ -204,7 +204,7 @@ impl Tollgate {
             .env("TOLLGATE_ADMIN_LISTEN", admin.to_string())
             .env(
                 "RUST_LOG",
-                std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "warn,redis=error".into()),
             )
             .envs(env.iter().copied())
             .stdout(Stdio::null())
