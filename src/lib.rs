@@ -16,8 +16,9 @@
 //! - [`limiter`]: the decision without HTTP: one atomic store call, `on_error` fallbacks;
 //!   [`deny_cache`] answers the denials Redis would surely repeat, without asking it.
 //! - [`store`]: the [`store::Store`] trait; [`store::redis`] (Lua via `EVALSHA`, deadlines,
-//!   circuit breaker; one node, a Cluster or a Sentinel-managed master) and [`store::memory`] (sharded, bounded); [`store::bucket`] is the
-//!   arithmetic twin of `lua/token_bucket.lua`.
+//!   circuit breaker; one node, a Cluster or a Sentinel-managed master) and
+//!   [`store::memory`] (sharded, bounded); [`store::bucket`] is the arithmetic twin of
+//!   `lua/token_bucket.lua`.
 //! - [`decision`]: the verdict as a value: remaining, reset, retry-after.
 //! - [`metrics`]: the Prometheus registry; every metric name in one place.
 //! - [`config`]: defaults < TOML file < `TOLLGATE_*` environment; validation.
