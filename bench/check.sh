@@ -112,7 +112,7 @@ rb_rps() { # keys -> requests/s of redis-benchmark running the same script, same
   rcli FLUSHALL >/dev/null
   timeout $((DURATION + 30)) redis-benchmark -h 127.0.0.1 -p "$REDIS_PORT" -c "$CONNS" \
     -n $((DURATION * 32000)) -r "$1" -q \
-    evalsha "$SHA" 1 "tollgate:per-key:/k__rand_int__" 1000 1000000 1 0 2>/dev/null \
+    evalsha "$SHA" 1 "tollgate:per-key:{/k__rand_int__}" 1000 1000000 1 0 2>/dev/null \
     | tr '\r' '\n' | grep -o '[0-9.]* requests per second' | tail -1 | awk '{print $1}'
 }
 usec_per_call() { rcli INFO commandstats | tr -d '\r' | awk -F'usec_per_call=' '
@@ -169,7 +169,7 @@ for n in $SCALE_KEYS; do
   # Create the n buckets first, pipelined, exactly as tollgate's script call would.
   awk -v n="$n" -v sha="$SHA" 'BEGIN {
     for (i = 0; i < n; i++) {
-      key = "tollgate:per-key:/k" i
+      key = "tollgate:per-key:{/k" i "}"
       printf "*8\r\n$7\r\nEVALSHA\r\n$%d\r\n%s\r\n$1\r\n1\r\n$%d\r\n%s\r\n$4\r\n1000\r\n$7\r\n1000000\r\n$1\r\n1\r\n$1\r\n0\r\n", length(sha), sha, length(key), key
     }
   }' | rcli --pipe >/dev/null
