@@ -5,13 +5,13 @@
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::{free_port, tollgate_command, wait_until, HttpClient, RedisServer, TempDir, Tollgate};
+use super::{tollgate_command, HttpClient, RedisServer, TempDir, Tollgate};
 
 /// Redis on a port chosen by the caller (to take over a black-holed address).
 pub fn redis_on_port(port: u16, extra_args: &[&str]) -> RedisServer {
@@ -192,43 +192,12 @@ impl FullBacklog {
     }
 }
 
-/// Starts tollgate like [`Tollgate::start_with_env`], with stderr written to a file instead of
-/// inherited, so a test can read the logs.
+/// Starts tollgate with its stderr in a file (at `info`, so the breaker's transitions show),
+/// so a test can read the logs.
 pub fn tollgate_logged(config: &str, env: &[(&str, &str)]) -> (Tollgate, PathBuf) {
-    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-    let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-    let dir = TempDir::new("tollgate");
-    let config_path = dir.write("tollgate.toml", config);
-    let log_path = dir.path().join("stderr.log");
-    let log = std::fs::File::create(&log_path).expect("create log file");
-    let child = tollgate_command()
-        .arg("--config")
-        .arg(&config_path)
-        .env("TOLLGATE_LISTEN", addr.to_string())
-        .env("TOLLGATE_ADMIN_LISTEN", admin.to_string())
-        .env("RUST_LOG", "info")
-        .envs(env.iter().copied())
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .expect("start tollgate");
-    let tollgate = Tollgate {
-        addr,
-        admin,
-        config_path,
-        child,
-        _dir: dir,
-    };
-    assert!(
-        wait_until(Duration::from_secs(10), || {
-            HttpClient::connect(addr)
-                .and_then(|mut c| c.get("/healthz", &[]))
-                .map(|r| r.status == 200)
-                .unwrap_or(false)
-        }),
-        "tollgate did not come up on {addr}"
-    );
-    (tollgate, log_path)
+    let mut with_info = vec![("RUST_LOG", "info")];
+    with_info.extend_from_slice(env);
+    Tollgate::start_logged(config, &with_info)
 }
 
 /// Runs `tollgate <args>` to completion; returns (exit code, stdout, stderr).

@@ -193,10 +193,26 @@ impl Tollgate {
     }
 
     pub fn start_with_env(config: &str, env: &[(&str, &str)]) -> Tollgate {
+        Tollgate::spawn(config, env, false).0
+    }
+
+    /// Like [`Tollgate::start_with_env`], with stderr written to a file (returned) instead of
+    /// inherited, so a test can read the logs. The file lives as long as the instance.
+    pub fn start_logged(config: &str, env: &[(&str, &str)]) -> (Tollgate, PathBuf) {
+        let (tollgate, log) = Tollgate::spawn(config, env, true);
+        (tollgate, log.expect("a log file was asked for"))
+    }
+
+    fn spawn(config: &str, env: &[(&str, &str)], log_to_file: bool) -> (Tollgate, Option<PathBuf>) {
         let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         let dir = TempDir::new("tollgate");
         let config_path = dir.write("tollgate.toml", config);
+        let log_path = log_to_file.then(|| dir.path().join("stderr.log"));
+        let stderr = match &log_path {
+            Some(path) => Stdio::from(std::fs::File::create(path).expect("create log file")),
+            None => Stdio::inherit(),
+        };
         let child = tollgate_command()
             .arg("--config")
             .arg(&config_path)
@@ -208,7 +224,7 @@ impl Tollgate {
             )
             .envs(env.iter().copied())
             .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
+            .stderr(stderr)
             .spawn()
             .expect("start tollgate");
         let tollgate = Tollgate {
@@ -227,7 +243,7 @@ impl Tollgate {
             }),
             "tollgate did not come up on {addr}"
         );
-        tollgate
+        (tollgate, log_path)
     }
 
     pub fn client(&self) -> HttpClient {
