@@ -42,6 +42,10 @@ pub struct StoreConfig {
     pub on_error: OnError,
     /// Upper bound on buckets held in process memory (memory store and `local` fallback).
     pub max_buckets: usize,
+    /// Answer denials Redis would surely repeat without asking it (see `deny_cache`). Off
+    /// when something else edits buckets in Redis (e.g. support staff resetting a quota) and
+    /// that must take effect at once rather than when the cached window ends.
+    pub deny_cache: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -172,6 +176,7 @@ impl Default for StoreConfig {
             key_prefix: "tollgate".into(),
             on_error: OnError::Allow,
             max_buckets: 100_000,
+            deny_cache: true,
         }
     }
 }
@@ -361,10 +366,11 @@ impl StoreConfig {
                     redact_url(&self.url)
                 };
                 format!(
-                    "redis {target} (timeout {} ms, on_error {}, prefix {:?})",
+                    "redis {target} (timeout {} ms, on_error {}, prefix {:?}, deny cache {})",
                     self.timeout_ms,
                     spelled(&self.on_error),
-                    self.key_prefix
+                    self.key_prefix,
+                    if self.deny_cache { "on" } else { "off" }
                 )
             }
         }

@@ -73,6 +73,7 @@ pub fn build_state(config: &Config) -> Result<web::Data<AppState>, StartError> {
         )?)),
     };
     let remote = matches!(store, AnyStore::Redis(_));
+    let deny_cache = remote && config.store.deny_cache;
     let mut limiter = Limiter::new(
         store,
         policy,
@@ -80,7 +81,7 @@ pub fn build_state(config: &Config) -> Result<web::Data<AppState>, StartError> {
         config.store.max_buckets,
         metrics.clone(),
     );
-    if remote {
+    if deny_cache {
         limiter = limiter.with_deny_cache(
             config.store.max_buckets,
             Duration::from_millis(config.store.timeout_ms),

@@ -260,6 +260,28 @@ key = ["header:x-api-key"]
     );
 }
 
+#[test]
+fn with_the_deny_cache_off_every_check_asks_redis_and_a_reset_takes_effect_at_once() {
+    let redis = RedisServer::start();
+    let limits =
+        "[[limits]]\nname = \"per-key\"\nrate = 0.1\nburst = 2\nkey = [\"header:x-api-key\"]\n";
+    let tollgate = Tollgate::start(&redis_config(&redis, "deny_cache = false", limits));
+    let mut client = tollgate.client();
+    let key = [("x-api-key", "flooder")];
+    // The first call also loads the script (EVALSHA, NOSCRIPT, EVAL): count after it.
+    assert_eq!(client.get("/check", &key).unwrap().status, 200);
+    let calls_before = commandstats::script_calls(&redis);
+    let statuses: Vec<u16> = (0..20)
+        .map(|_| client.get("/check", &key).unwrap().status)
+        .collect();
+    assert_eq!(statuses[0], 200);
+    assert!(statuses[1..].iter().all(|&s| s == 429), "{statuses:?}");
+    assert_eq!(commandstats::script_calls(&redis) - calls_before, 20);
+    // An operator resetting the bucket in Redis unblocks the client on the next request.
+    redis.cli(&["DEL", "tollgate:per-key:{flooder}"]);
+    assert_eq!(client.get("/check", &key).unwrap().status, 200);
+}
+
 /// A store that denies the first call (the bucket is empty) and never answers again.
 struct DeniesThenHangs(std::sync::atomic::AtomicU32);
 
