@@ -19,20 +19,10 @@ KEYS=${KEYS:-10000}          # distinct keys for the throughput runs
 FLOOD_RATE=${FLOOD_RATE:-100}    # tokens/s of the flooded key
 SCALE_KEYS=${SCALE_KEYS:-"1 1000 100000 1000000"}
 
-as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+. bench/lib.sh
 
 # --- tools -------------------------------------------------------------------------------
-apt_missing=()
-command -v wrk             >/dev/null || apt_missing+=(wrk)
-command -v redis-server    >/dev/null || apt_missing+=(redis-server)
-command -v redis-benchmark >/dev/null || apt_missing+=(redis-tools)
-command -v curl            >/dev/null || apt_missing+=(curl)
-if [ "${#apt_missing[@]}" -gt 0 ]; then
-  echo "installing with apt-get: ${apt_missing[*]}" >&2
-  as_root apt-get update -qq
-  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-    "${apt_missing[@]}" >/dev/null
-fi
+require wrk:wrk redis-server:redis-server redis-benchmark:redis-tools curl:curl
 if ! command -v oha >/dev/null; then
   echo "installing oha with cargo (a few minutes, once)" >&2
   cargo install oha --locked --quiet
@@ -43,31 +33,13 @@ TOLLGATE=target/release/tollgate
 BARE=target/release/examples/bare
 
 # --- processes ---------------------------------------------------------------------------
-WORK=$(mktemp -d)
-PIDS=()
-cleanup() {
-  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-  for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-
-free_port() {
-  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
-
 wait_http() { # url
   for _ in $(seq 100); do curl -sf -o /dev/null "$1" && return 0; sleep 0.1; done
   echo "nothing answers $1" >&2; exit 1
 }
 
-REDIS_PORT=$(free_port)
-redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no \
-  --dir "$WORK" --logfile "$WORK/redis.log" &
-PIDS+=($!)
-REDIS_PID=$!
+start_redis
 rcli() { redis-cli -h 127.0.0.1 -p "$REDIS_PORT" "$@"; }
-for _ in $(seq 100); do [ "$(rcli PING 2>/dev/null)" = PONG ] && break; sleep 0.1; done
 SHA=$(rcli SCRIPT LOAD "$(cat lua/token_bucket.lua)")
 
 # Every limit allows everything in these runs (rate 1,000/s, burst 1,000,000; the key TTL is

@@ -13,33 +13,12 @@ DURATION="${1:-10}"
 CONNECTIONS="${2:-64}"
 RUNS=3
 
-as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
-missing=()
-command -v wrk          >/dev/null || missing+=(wrk)
-command -v nginx        >/dev/null || missing+=(nginx)
-command -v redis-server >/dev/null || missing+=(redis-server)
-command -v curl         >/dev/null || missing+=(curl)
-if [ "${#missing[@]}" -gt 0 ]; then
-  as_root apt-get update -qq
-  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-    "${missing[@]}" >/dev/null
-fi
+. bench/lib.sh
+require wrk:wrk nginx:nginx redis-server:redis-server curl:curl
 
 cargo build --release --quiet
 TOLLGATE="$PWD/target/release/tollgate"
 
-WORK="$(mktemp -d)"
-PIDS=()
-cleanup() {
-  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-  for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-
-free_port() {
-  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
 wait_port() {
   for _ in $(seq 100); do
     (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
@@ -49,13 +28,9 @@ wait_port() {
   exit 1
 }
 
-REDIS_PORT=$(free_port); TOLLGATE_PORT=$(free_port); ADMIN_PORT=$(free_port)
+TOLLGATE_PORT=$(free_port); ADMIN_PORT=$(free_port)
 BACKEND_PORT=$(free_port); DIRECT_PORT=$(free_port); CHECKED_PORT=$(free_port)
-
-redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no \
-  --dir "$WORK" >/dev/null 2>&1 &
-PIDS+=($!)
-wait_port "$REDIS_PORT"
+start_redis
 
 # A limit that never denies, so every request takes the full path (one EVALSHA each). A
 # generous store budget and on_error = "deny": on a small shared machine a slow Redis call is

@@ -13,38 +13,11 @@ DURATION=${DURATION:-8}
 STORES=${STORES:-"memory redis"}
 TOP=${TOP:-25}
 
-as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
-missing=()
-command -v valgrind     >/dev/null || missing+=(valgrind)
-command -v wrk          >/dev/null || missing+=(wrk)
-command -v redis-server >/dev/null || missing+=(redis-server)
-command -v curl         >/dev/null || missing+=(curl)
-if [ "${#missing[@]}" -gt 0 ]; then
-  as_root apt-get update -qq
-  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-    "${missing[@]}" >/dev/null
-fi
+. bench/lib.sh
+require valgrind:valgrind wrk:wrk redis-server:redis-server curl:curl
 cargo build --release --quiet --bin tollgate
 
-WORK=$(mktemp -d)
-PIDS=()
-cleanup() {
-  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-  for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-free_port() {
-  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
-
-REDIS_PORT=$(free_port)
-redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no --dir "$WORK" \
-  --logfile "$WORK/redis.log" &
-PIDS+=($!)
-for _ in $(seq 100); do
-  [ "$(redis-cli -p "$REDIS_PORT" PING 2>/dev/null)" = PONG ] && break; sleep 0.1
-done
+start_redis
 
 for store in $STORES; do
   port=$(free_port); admin=$(free_port)

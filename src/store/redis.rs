@@ -201,21 +201,9 @@ impl RedisStore {
         buckets: &[&BucketRequest],
         deadline: Instant,
     ) -> Result<(StoreDecision, String), StoreError> {
-        let keys: Vec<&str> = buckets.iter().map(|b| b.key.as_str()).collect();
+        let shadow = |bucket: &BucketRequest| if bucket.shadow { "1" } else { "0" };
         let reply = self
-            .run_script(
-                &self.bucket_script,
-                &keys,
-                |cmd| {
-                    for bucket in buckets {
-                        cmd.arg(bucket.rate)
-                            .arg(bucket.burst)
-                            .arg(bucket.cost)
-                            .arg(if bucket.shadow { "1" } else { "0" });
-                    }
-                },
-                deadline,
-            )
+            .per_bucket(&self.bucket_script, buckets, shadow, deadline)
             .await?;
         parse_decision(reply, buckets.len())
     }
@@ -228,21 +216,8 @@ impl RedisStore {
         charged_at: &str,
         deadline: Instant,
     ) -> Result<Vec<f64>, StoreError> {
-        let keys: Vec<&str> = buckets.iter().map(|b| b.key.as_str()).collect();
         let reply = self
-            .run_script(
-                &self.refund_script,
-                &keys,
-                |cmd| {
-                    for bucket in buckets {
-                        cmd.arg(bucket.rate)
-                            .arg(bucket.burst)
-                            .arg(bucket.cost)
-                            .arg(charged_at);
-                    }
-                },
-                deadline,
-            )
+            .per_bucket(&self.refund_script, buckets, |_| charged_at, deadline)
             .await?;
         let malformed = || StoreError::Script("malformed refund reply".into());
         let Value::Array(items) = reply else {
@@ -255,6 +230,27 @@ impl RedisStore {
             .iter()
             .map(|v| as_float(v).ok_or_else(malformed))
             .collect()
+    }
+
+    /// Runs a script whose `KEYS` are the buckets' keys and whose `ARGV` holds, per bucket,
+    /// its rate, burst, cost and one script-specific value (`last`).
+    async fn per_bucket<'a>(
+        &self,
+        script: &LuaScript,
+        buckets: &[&'a BucketRequest],
+        last: impl Fn(&'a BucketRequest) -> &'a str,
+        deadline: Instant,
+    ) -> Result<Value, StoreError> {
+        let keys: Vec<&str> = buckets.iter().map(|b| b.key.as_str()).collect();
+        let args = |cmd: &mut Cmd| {
+            for bucket in buckets {
+                cmd.arg(bucket.rate)
+                    .arg(bucket.burst)
+                    .arg(bucket.cost)
+                    .arg(last(bucket));
+            }
+        };
+        self.run_script(script, &keys, args, deadline).await
     }
 }
 

@@ -1,0 +1,46 @@
+# Shared plumbing of the bench scripts (sourced, not run): installing missing tools, a
+# scratch folder, processes stopped by pid on exit, free loopback ports, Redis.
+
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+
+# require COMMAND:PACKAGE ...  installs, with apt-get, the packages whose command is missing.
+require() {
+  local missing=() pair
+  for pair in "$@"; do
+    command -v "${pair%%:*}" >/dev/null || missing+=("${pair#*:}")
+  done
+  [ "${#missing[@]}" -gt 0 ] || return 0
+  echo "installing with apt-get: ${missing[*]}" >&2
+  as_root apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+    "${missing[@]}" >/dev/null
+}
+
+WORK=$(mktemp -d)
+PIDS=()
+cleanup() {
+  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+free_port() {
+  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# start_redis: a redis-server on a free loopback port, no persistence; sets REDIS_PORT and
+# REDIS_PID and waits until it answers.
+start_redis() {
+  REDIS_PORT=$(free_port)
+  redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no \
+    --dir "$WORK" --logfile "$WORK/redis.log" &
+  REDIS_PID=$!
+  PIDS+=("$REDIS_PID")
+  for _ in $(seq 100); do
+    [ "$(redis-cli -h 127.0.0.1 -p "$REDIS_PORT" PING 2>/dev/null)" = PONG ] && return 0
+    sleep 0.1
+  done
+  echo "redis-server did not start" >&2
+  exit 1
+}
