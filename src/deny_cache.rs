@@ -71,6 +71,17 @@ pub struct CachedDenial {
     pub tokens: f64,
 }
 
+/// What the cache knows of a request's buckets.
+#[derive(Default)]
+struct Look {
+    /// The first bucket the store would surely deny.
+    denial: Option<CachedDenial>,
+    /// Another request is asking the store about one of them.
+    probe_in_flight: bool,
+    /// At least one of them has an entry.
+    known: bool,
+}
+
 /// What to do with a request, per the cache.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Consult {
@@ -140,42 +151,50 @@ impl DenyCache {
     /// Whether the store would surely deny `buckets` now: the first non-shadow bucket whose
     /// ceiling is below its cost.
     pub fn denies(&self, buckets: &[BucketRequest], now_us: u64) -> Option<CachedDenial> {
-        self.cached(buckets).find_map(|(index, bucket)| {
-            let entry = *self.shard(&bucket.key).get(bucket.key.as_str())?;
-            if !Self::usable(&entry, bucket) {
-                return None;
-            }
-            let tokens = entry.ceiling(now_us);
-            (tokens < bucket.cost as f64).then_some(CachedDenial {
-                bucket: index,
-                tokens,
-            })
-        })
+        self.look(buckets, now_us).denial
     }
 
-    /// Whether another request is asking the store about one of these buckets right now.
-    fn probe_in_flight(&self, buckets: &[BucketRequest], now_us: u64) -> bool {
+    /// One pass over the buckets' entries, one lock each: on the hot path most buckets have
+    /// no entry at all, and this is then the whole cost of the cache.
+    fn look(&self, buckets: &[BucketRequest], now_us: u64) -> Look {
         let timeout = self.probe_timeout.as_micros() as u64;
-        self.cached(buckets).any(|(_, bucket)| {
-            self.shard(&bucket.key)
-                .get(bucket.key.as_str())
-                .and_then(|e| e.probe_sent_us)
-                .is_some_and(|sent| now_us.saturating_sub(sent) < timeout)
-        })
+        let mut look = Look::default();
+        for (index, bucket) in self.cached(buckets) {
+            let Some(entry) = self.shard(&bucket.key).get(bucket.key.as_str()).copied() else {
+                continue;
+            };
+            look.known = true;
+            look.probe_in_flight |= entry
+                .probe_sent_us
+                .is_some_and(|sent| now_us.saturating_sub(sent) < timeout);
+            if look.denial.is_none() && Self::usable(&entry, bucket) {
+                let tokens = entry.ceiling(now_us);
+                if tokens < bucket.cost as f64 {
+                    look.denial = Some(CachedDenial {
+                        bucket: index,
+                        tokens,
+                    });
+                }
+            }
+        }
+        look
     }
 
     /// Deny, wait for a probe, or ask the store; in the last case this request becomes the
     /// probe of every bucket whose window has ended.
     pub fn consult(&self, buckets: &[BucketRequest], now_us: u64) -> Consult {
-        if let Some(denial) = self.denies(buckets, now_us) {
+        let look = self.look(buckets, now_us);
+        if let Some(denial) = look.denial {
             return Consult::Deny(denial);
         }
-        if self.probe_in_flight(buckets, now_us) {
+        if look.probe_in_flight {
             return Consult::Wait;
         }
-        for (_, bucket) in self.cached(buckets) {
-            if let Some(entry) = self.shard(&bucket.key).get_mut(bucket.key.as_str()) {
-                entry.probe_sent_us = Some(now_us);
+        if look.known {
+            for (_, bucket) in self.cached(buckets) {
+                if let Some(entry) = self.shard(&bucket.key).get_mut(bucket.key.as_str()) {
+                    entry.probe_sent_us = Some(now_us);
+                }
             }
         }
         Consult::Ask
@@ -193,7 +212,7 @@ impl DenyCache {
         let mut notified = notified;
         // Registered before looking again, so an answer landing in between is not missed.
         notified.as_mut().enable();
-        if self.probe_in_flight(buckets, self.now_us()) {
+        if self.look(buckets, self.now_us()).probe_in_flight {
             let _ = tokio::time::timeout(budget, notified).await;
         }
     }
