@@ -24,10 +24,11 @@
 use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::{Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::sync::Notify;
 
+use crate::store::memory::{Clock, MonotonicClock};
 use crate::store::{BucketOutcome, BucketRequest};
 
 const SHARDS: usize = 32;
@@ -98,7 +99,7 @@ pub struct DenyCache {
     shards: Box<[Mutex<HashMap<String, Entry>>]>,
     hasher: std::hash::RandomState,
     shard_cap: usize,
-    epoch: Instant,
+    clock: MonotonicClock,
     /// How long a probe may be waited for: the store's own timeout.
     probe_timeout: Duration,
     /// Woken whenever a probe's answer (or failure) arrives.
@@ -113,7 +114,7 @@ impl DenyCache {
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             hasher: std::hash::RandomState::new(),
             shard_cap: capacity.div_ceil(SHARDS).max(1),
-            epoch: Instant::now(),
+            clock: MonotonicClock::default(),
             probe_timeout,
             answered: Notify::new(),
         }
@@ -121,7 +122,7 @@ impl DenyCache {
 
     /// Microseconds on the cache's monotonic clock: take it just before sending to the store.
     pub fn now_us(&self) -> u64 {
-        u64::try_from(self.epoch.elapsed().as_micros()).unwrap_or(u64::MAX)
+        self.clock.now_us()
     }
 
     fn shard(&self, key: &str) -> MutexGuard<'_, HashMap<String, Entry>> {

@@ -4,9 +4,11 @@
 //! logged once and mirrored in `tollgate_store_up`.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use prometheus::IntGauge;
+
+use super::memory::{Clock, MonotonicClock};
 
 /// Consecutive failures that open the breaker.
 pub const FAILURE_THRESHOLD: u32 = 3;
@@ -32,7 +34,7 @@ pub struct Breaker {
     state: AtomicU8,
     failures: AtomicU32,
     reopen_at_us: AtomicU64,
-    epoch: Instant,
+    clock: MonotonicClock,
     up: IntGauge,
     name: &'static str,
 }
@@ -44,14 +46,14 @@ impl Breaker {
             state: AtomicU8::new(CLOSED),
             failures: AtomicU32::new(0),
             reopen_at_us: AtomicU64::new(0),
-            epoch: Instant::now(),
+            clock: MonotonicClock::default(),
             up,
             name,
         }
     }
 
     fn now_us(&self) -> u64 {
-        u64::try_from(self.epoch.elapsed().as_micros()).unwrap_or(u64::MAX)
+        self.clock.now_us()
     }
 
     pub fn is_closed(&self) -> bool {
