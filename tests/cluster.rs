@@ -20,7 +20,7 @@ const LIMITS: &[(&str, f64, f64, &str)] = &[
 fn config(seeds: &[String]) -> String {
     let seeds: Vec<String> = seeds.iter().map(|s| format!("\"{s}\"")).collect();
     let mut config = format!(
-        "[store]\nbackend = \"redis\"\ncluster = [{}]\ntimeout_ms = 100\non_error = \"deny\"\n\
+        "[store]\nbackend = \"redis\"\ncluster = [{}]\ntimeout_ms = 1000\non_error = \"deny\"\n\
          key_prefix = \"tgtest\"\n",
         seeds.join(", ")
     );
