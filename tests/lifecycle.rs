@@ -194,7 +194,7 @@ fn sigterm_refuses_or_answers_every_new_connection_and_resets_none() {
                     let (attempt, detail) = check_on_new_connection(addr);
                     seen.push((attempt, detail));
                     if attempt == Attempt::Refused {
-                        return seen;
+                        return (seen, Instant::now());
                     }
                 }
             })
@@ -206,10 +206,12 @@ fn sigterm_refuses_or_answers_every_new_connection_and_resets_none() {
     let code = tollgate.wait_exit(Duration::from_secs(12));
     let exited_after = terminated.elapsed();
 
-    let seen: Vec<(Attempt, String)> = threads
-        .into_iter()
-        .flat_map(|thread| thread.join().unwrap())
-        .collect();
+    let (mut seen, mut last_refusal) = (Vec::new(), terminated);
+    for thread in threads {
+        let (attempts, refused_at) = thread.join().unwrap();
+        seen.extend(attempts);
+        last_refusal = last_refusal.max(refused_at);
+    }
     let count = |kind| seen.iter().filter(|(a, _)| *a == kind).count();
     let lost: Vec<&String> = seen
         .iter()
@@ -217,10 +219,12 @@ fn sigterm_refuses_or_answers_every_new_connection_and_resets_none() {
         .map(|(_, detail)| detail)
         .collect();
     eprintln!(
-        "new-connection attempts across SIGTERM: {} answered, {} refused, {} lost",
+        "new-connection attempts across SIGTERM: {} answered, {} refused, {} lost; \
+         last refusal {:?} after the signal",
         count(Attempt::Answered),
         count(Attempt::Refused),
-        lost.len()
+        lost.len(),
+        last_refusal - terminated
     );
     assert!(lost.is_empty(), "requests lost at shutdown: {lost:?}");
     assert!(count(Attempt::Answered) > CLIENTS, "the load ran");
