@@ -240,9 +240,15 @@ fn sighup_never_changes_the_key_prefix_so_a_drained_client_stays_denied() {
     ) == 1.0));
 
     let after = client.get("/check", CHECK).unwrap();
-    assert_eq!(after.status, 429, "a reload must not hand out fresh buckets");
+    assert_eq!(
+        after.status, 429,
+        "a reload must not hand out fresh buckets"
+    );
     assert_eq!(after.header("x-ratelimit-limit"), Some("4"));
-    assert_eq!(after.header("ratelimit-policy"), Some("\"per-ip\";q=4;w=40"));
+    assert_eq!(
+        after.header("ratelimit-policy"),
+        Some("\"per-ip\";q=4;w=40")
+    );
     assert_eq!(redis.cli(&["KEYS", "after:*"]).trim(), "");
     assert_ne!(redis.cli(&["KEYS", "before:*"]).trim(), "");
     let logged = std::fs::read_to_string(&log).unwrap();

@@ -78,7 +78,10 @@ fn denied(decision: &Decision, policy: &Policy) -> HttpResponse {
                 violated.join(", ")
             )
         }
-        None => match decision.violated(policy).find(|(s, _)| s.wait_secs().is_none()) {
+        None => match decision
+            .violated(policy)
+            .find(|(s, _)| s.wait_secs().is_none())
+        {
             Some((state, limit)) => format!(
                 "request cost {} exceeds the burst {} of limit {:?}: it can never pass",
                 state.cost,
