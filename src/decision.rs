@@ -127,3 +127,37 @@ impl Decision {
         with_limits.min_by_key(|(state, _)| (state.remaining(), u64::MAX - state.reset_secs()))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seconds_stay_within_the_structured_field_integer_range() {
+        assert_eq!(ceil_secs(1.2), 2);
+        assert_eq!(ceil_secs(-1.0), 0);
+        assert_eq!(ceil_secs(f64::NAN), 0);
+        assert_eq!(ceil_secs(1e18), MAX_SF_INTEGER);
+        assert_eq!(ceil_secs(f64::INFINITY), MAX_SF_INTEGER);
+    }
+
+    #[test]
+    fn every_number_a_header_shows_is_clamped() {
+        let state = LimitState {
+            limit: 0,
+            cost: 1,
+            rate: 1e-18,
+            burst: 1e18,
+            tokens: 1e17,
+            enough: true,
+        };
+        assert_eq!(state.remaining(), MAX_SF_INTEGER);
+        assert_eq!(state.capacity(), MAX_SF_INTEGER);
+        assert_eq!(state.reset_secs(), MAX_SF_INTEGER);
+        let drained = LimitState {
+            tokens: 0.0,
+            ..state
+        };
+        assert_eq!(drained.wait_secs(), Some(MAX_SF_INTEGER));
+    }
+}

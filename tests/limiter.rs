@@ -1,6 +1,7 @@
 //! The decision without HTTP and without Redis: a `Limiter` over the memory store on a manual
-//! clock, and over a store that fails on demand to pin down every `on_error` answer; plus the
-//! headers of the local fallback end to end, through two instances whose Redis dies.
+//! clock, and over a store that fails on demand to pin down every `on_error` answer; plus, end
+//! to end through the binary, the headers of the local fallback (two instances whose Redis
+//! dies) and the keying of IPv6 clients by network.
 
 mod support;
 
@@ -292,4 +293,65 @@ fn local_fallback_headers_through_two_instances_whose_redis_died() {
         denied.header("ratelimit-policy"),
         Some("\"per-ip\";q=10;w=2000")
     );
+}
+
+/// Statuses of one check each from `clients`, in order, on a tollgate allowing one request per
+/// client key (burst 1, refilled in 1000 s).
+fn one_check_each(ipv6_prefix: Option<u8>, clients: &[&str]) -> Vec<u16> {
+    let client_ip = ipv6_prefix.map_or(String::new(), |p| {
+        format!("[client_ip]\nipv6_prefix = {p}\n")
+    });
+    let tollgate = support::Tollgate::start(&format!(
+        "{client_ip}[[limits]]\nname = \"per-ip\"\nrate = 0.001\nburst = 1\nkey = [\"ip\"]\n"
+    ));
+    clients
+        .iter()
+        .map(|ip| tollgate.check(&[("X-Forwarded-For", ip)]).status)
+        .collect()
+}
+
+#[test]
+fn two_addresses_of_one_ipv6_64_share_a_bucket_by_default() {
+    let statuses = one_check_each(
+        None,
+        &[
+            "2001:db8:1:2::1",
+            "2001:db8:1:2:ffff:ffff:ffff:fffe",
+            "2001:db8:1:3::1",
+            "192.0.2.1",
+            "192.0.2.2",
+        ],
+    );
+    assert_eq!(statuses, [200, 429, 200, 200, 200]);
+}
+
+#[test]
+fn with_ipv6_prefix_128_each_ipv6_address_has_its_own_bucket() {
+    let statuses = one_check_each(
+        Some(128),
+        &["2001:db8:1:2::1", "2001:db8:1:2::2", "2001:db8:1:2::1"],
+    );
+    assert_eq!(statuses, [200, 200, 429]);
+}
+
+#[test]
+fn a_cost_header_can_raise_the_configured_cost_but_never_lower_it() {
+    let (limiter, _clock) = memory_limiter(
+        "[[limits]]\nname = \"c\"\nrate = 1\nburst = 100\ncost = 5\ncost_header = \"x-cost\"\nkey = [\"ip\"]\n",
+    );
+    let charged = |value: &str| match check(&limiter, &[("x-cost", value)]) {
+        Verdict::Decided(decision) => decision.limits[0].cost,
+        other => panic!("decided, got {other:?}"),
+    };
+    assert_eq!(charged("1"), 5, "cheaper than configured");
+    assert_eq!(charged("0"), 5);
+    assert_eq!(charged("-3"), 5);
+    assert_eq!(charged("2.5"), 5, "malformed");
+    assert_eq!(charged("lots"), 5, "malformed");
+    assert_eq!(charged("7"), 7, "dearer than configured");
+    let Verdict::Decided(decision) = check(&limiter, &[]) else {
+        panic!("decided")
+    };
+    assert_eq!(decision.limits[0].cost, 5, "no header");
+    assert_eq!(decision.limits[0].tokens, 100.0 - 5.0 * 6.0 - 7.0);
 }

@@ -367,3 +367,46 @@ fn concurrent_multi_bucket_decisions_at_the_cap_neither_deadlock_nor_overgrow() 
     // A sweep may skip a shard another thread holds: a few buckets over, never more.
     assert!(store.len() <= 2_000 + 4 * 3, "held {}", store.len());
 }
+
+/// The extremes `validate` accepts decide like any bucket on a real Redis, and every key keeps a
+/// TTL: a ten-year refill, a burst of 10^9, and a rate of 10^300.
+#[test]
+fn redis_decides_the_most_extreme_accepted_buckets_and_keeps_their_ttl() {
+    let redis = Redis::start();
+    let bucket = |key: &str, rate: f64, burst: f64, cost: u64| BucketRequest {
+        key: key.into(),
+        rate,
+        burst,
+        cost,
+        shadow: false,
+        limit: 0,
+    };
+    let pttl = |key: &str| -> i64 { redis.server.cli(&["PTTL", key]).trim().parse().unwrap() };
+
+    let decade = bucket("x:decade", 3.2e-9, 1.0, 1);
+    assert!(redis.decide(&[decade.clone()]).allowed);
+    let again = redis.decide(&[decade]);
+    assert!(!again.allowed && again.buckets[0].tokens < 1e-6);
+    // ceil(2 / 3.2e-9) s = 625,000,000 s, in ms: an integer PEXPIRE took.
+    let ttl = pttl("x:decade");
+    assert!(
+        (624_999_000_000..=625_000_000_000).contains(&ttl),
+        "PTTL {ttl}"
+    );
+
+    let huge = bucket("x:huge", 3.2, 1e9, 1);
+    let first = redis.decide(&[huge.clone()]);
+    assert!(first.allowed);
+    assert_eq!(first.buckets[0].tokens, 999_999_999.0, "exact at 10^9");
+    let all = redis.decide(&[bucket("x:huge", 3.2, 1e9, 1_000_000_000)]);
+    assert!(!all.allowed, "one token short of the whole burst");
+    assert!(pttl("x:huge") > 0);
+
+    let instant = bucket("x:instant", 1e300, 1.0, 1);
+    assert!(redis.decide(&[instant]).allowed);
+    let ttl = pttl("x:instant");
+    assert!((1..=1_000).contains(&ttl), "PTTL {ttl}");
+
+    // The store stayed healthy: an ordinary bucket beside them is decided as usual.
+    assert!(redis.decide(&[bucket("x:plain", 1.0, 5.0, 1)]).allowed);
+}
