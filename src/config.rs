@@ -589,8 +589,9 @@ impl LimitConfig {
                 format!("must be between 1 and {MAX_BURST}"),
             ));
         }
-        // Also catches a rate so small that `burst / rate` overflows to infinity.
-        if !(self.burst as f64 / self.rate <= MAX_REFILL_SECS) {
+        // Also catches a rate so small that `burst / rate` overflows to infinity (never NaN:
+        // the rate is finite and positive here).
+        if self.burst as f64 / self.rate > MAX_REFILL_SECS {
             return Err(ConfigError::new(
                 format!("{at}.rate"),
                 format!(

@@ -384,7 +384,7 @@ fn redis_decides_the_most_extreme_accepted_buckets_and_keeps_their_ttl() {
     let pttl = |key: &str| -> i64 { redis.server.cli(&["PTTL", key]).trim().parse().unwrap() };
 
     let decade = bucket("x:decade", 3.2e-9, 1.0, 1);
-    assert!(redis.decide(&[decade.clone()]).allowed);
+    assert!(redis.decide(std::slice::from_ref(&decade)).allowed);
     let again = redis.decide(&[decade]);
     assert!(!again.allowed && again.buckets[0].tokens < 1e-6);
     // ceil(2 / 3.2e-9) s = 625,000,000 s, in ms: an integer PEXPIRE took.
@@ -395,7 +395,7 @@ fn redis_decides_the_most_extreme_accepted_buckets_and_keeps_their_ttl() {
     );
 
     let huge = bucket("x:huge", 3.2, 1e9, 1);
-    let first = redis.decide(&[huge.clone()]);
+    let first = redis.decide(std::slice::from_ref(&huge));
     assert!(first.allowed);
     assert_eq!(first.buckets[0].tokens, 999_999_999.0, "exact at 10^9");
     let all = redis.decide(&[bucket("x:huge", 3.2, 1e9, 1_000_000_000)]);
