@@ -17,6 +17,17 @@ use crate::keys::KeyPart;
 /// not config keys, and refusing them would crash-loop a pod for a name clash.
 const NON_CONFIG_ENV: &[&str] = &["config", "service_host", "service_port", "port"];
 
+/// Allowed `client_ip.ipv6_prefix`: shorter than /32 would put whole providers in one bucket.
+pub const IPV6_PREFIXES: std::ops::RangeInclusive<u8> = 32..=128;
+
+/// Longest full-refill time (`burst / rate`) accepted: ten years. The store keeps a bucket for
+/// up to twice that, in milliseconds (6.3e11), which `PEXPIRE` takes and Lua prints as an
+/// integer; a longer refill is a misconfiguration, not a rate limit.
+pub const MAX_REFILL_SECS: f64 = 10.0 * 365.0 * 86_400.0;
+
+/// Largest `burst` (and so `cost`): far inside the range where floats hold integers exactly.
+pub const MAX_BURST: u64 = 1_000_000_000;
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
@@ -75,6 +86,9 @@ pub enum OnError {
 pub struct ClientIpConfig {
     pub from: IpSource,
     pub trusted_proxies: Vec<IpNet>,
+    /// An IPv6 client is keyed by its network of this length (providers hand a /64 to each
+    /// customer); 128 keys each address. IPv4 addresses are always keyed whole.
+    pub ipv6_prefix: u8,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -189,6 +203,7 @@ impl Default for ClientIpConfig {
                 "127.0.0.0/8".parse().expect("literal CIDR"),
                 "::1/128".parse().expect("literal CIDR"),
             ],
+            ipv6_prefix: 64,
         }
     }
 }
@@ -276,10 +291,22 @@ impl Config {
     /// Checks what serde cannot: ranges, names, key parts, CIDRs, URLs.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.store.validate()?;
-        if !(100..=599).contains(&self.response.deny_status) {
+        // A proxy treats a 2xx/3xx auth answer as admission and a 5xx as its own failure;
+        // only a 4xx is a denial every shipped config passes on to the client.
+        if !(400..=499).contains(&self.response.deny_status) {
             return Err(ConfigError::new(
                 "response.deny_status",
-                "must be an HTTP status between 100 and 599",
+                "must be a client error status between 400 and 499",
+            ));
+        }
+        if !IPV6_PREFIXES.contains(&self.client_ip.ipv6_prefix) {
+            return Err(ConfigError::new(
+                "client_ip.ipv6_prefix",
+                format!(
+                    "must be between {} and {}",
+                    IPV6_PREFIXES.start(),
+                    IPV6_PREFIXES.end()
+                ),
             ));
         }
         let mut names = std::collections::HashSet::new();
@@ -307,13 +334,14 @@ impl Config {
         let _ = writeln!(out, "store         {}", self.store.describe());
         let _ = writeln!(
             out,
-            "client_ip     from {}, trusted {:?}",
+            "client_ip     from {}, trusted {:?}, ipv6 keyed per /{}",
             spelled(&self.client_ip.from),
             self.client_ip
                 .trusted_proxies
                 .iter()
                 .map(|n| n.to_string())
-                .collect::<Vec<_>>()
+                .collect::<Vec<_>>(),
+            self.client_ip.ipv6_prefix
         );
         let _ = writeln!(out, "limits        {}", self.limits.len());
         for limit in &self.limits {
@@ -555,10 +583,22 @@ impl LimitConfig {
         if !(self.rate.is_finite() && self.rate > 0.0) {
             return Err(ConfigError::new(format!("{at}.rate"), "must be > 0"));
         }
-        if self.burst == 0 || self.burst > 1_000_000_000 {
+        if self.burst == 0 || self.burst > MAX_BURST {
             return Err(ConfigError::new(
                 format!("{at}.burst"),
-                "must be between 1 and 1000000000",
+                format!("must be between 1 and {MAX_BURST}"),
+            ));
+        }
+        // Also catches a rate so small that `burst / rate` overflows to infinity (never NaN:
+        // the rate is finite and positive here).
+        if self.burst as f64 / self.rate > MAX_REFILL_SECS {
+            return Err(ConfigError::new(
+                format!("{at}.rate"),
+                format!(
+                    "refills the burst of {} in {:e} s; at most ten years ({MAX_REFILL_SECS} s) is supported",
+                    self.burst,
+                    self.burst as f64 / self.rate
+                ),
             ));
         }
         if self.cost == 0 {

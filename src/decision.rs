@@ -10,6 +10,10 @@ pub struct LimitState {
     /// Index of the limit in the policy that decided.
     pub limit: usize,
     pub cost: u64,
+    /// The rate and burst this bucket was decided with: the limit's own, or under
+    /// `on_error = "local"` this instance's share of them. Every header derives from these.
+    pub rate: f64,
+    pub burst: f64,
     /// Tokens left after the decision.
     pub tokens: f64,
     /// Whether the bucket held the cost.
@@ -37,32 +41,46 @@ pub struct Decision {
     pub degraded: bool,
 }
 
-/// Rounds seconds up to a whole number, at least 0; huge or NaN values saturate.
+/// Largest integer a structured header field may carry (15 digits, RFC 9651).
+pub const MAX_SF_INTEGER: u64 = 999_999_999_999_999;
+
+/// Rounds seconds up to a whole number, at least 0; huge or NaN values saturate at the largest
+/// structured-field integer, so every header that shows seconds stays parseable.
 pub fn ceil_secs(seconds: f64) -> u64 {
     if seconds.is_nan() || seconds <= 0.0 {
         0
     } else {
-        seconds.ceil().min(u64::MAX as f64) as u64
+        seconds.ceil().min(MAX_SF_INTEGER as f64) as u64
     }
 }
 
 impl LimitState {
     /// Whole tokens left, as `RateLimit: r=` and `X-RateLimit-Remaining` show them.
     pub fn remaining(&self) -> u64 {
-        self.tokens.max(0.0).floor() as u64
+        (self.tokens.max(0.0).floor() as u64).min(MAX_SF_INTEGER)
+    }
+
+    /// The capacity shown as `X-RateLimit-Limit` and `q=`: whole tokens.
+    pub fn capacity(&self) -> u64 {
+        (self.burst.max(0.0).floor() as u64).min(MAX_SF_INTEGER)
     }
 
     /// Seconds until the bucket is full again.
-    pub fn reset_secs(&self, limit: &Limit) -> u64 {
-        ceil_secs((limit.burst as f64 - self.tokens) / limit.rate)
+    pub fn reset_secs(&self) -> u64 {
+        ceil_secs((self.burst - self.tokens) / self.rate)
     }
 
     /// Seconds until this bucket could pay the cost; `None` if it never can (cost > burst).
-    pub fn wait_secs(&self, limit: &Limit) -> Option<u64> {
-        if self.cost > limit.burst {
+    pub fn wait_secs(&self) -> Option<u64> {
+        if self.cost as f64 > self.burst {
             return None;
         }
-        Some(ceil_secs((self.cost as f64 - self.tokens) / limit.rate).max(1))
+        Some(ceil_secs((self.cost as f64 - self.tokens) / self.rate).max(1))
+    }
+
+    /// Whether this bucket was decided with other numbers than its limit's (local fallback).
+    pub fn is_scaled(&self, limit: &Limit) -> bool {
+        self.rate != limit.rate || self.burst != limit.burst as f64
     }
 
     /// A limit that stopped this request: not enough tokens, and not a shadow limit.
@@ -87,8 +105,8 @@ impl Decision {
     /// `None` when one of them can never pass (cost above its burst) or nothing was denied.
     pub fn retry_after(&self, policy: &Policy) -> Option<u64> {
         let mut longest = None;
-        for (state, limit) in self.violated(policy) {
-            let wait = state.wait_secs(limit)?;
+        for (state, _) in self.violated(policy) {
+            let wait = state.wait_secs()?;
             longest = Some(longest.map_or(wait, |l: u64| l.max(wait)));
         }
         longest
@@ -102,14 +120,44 @@ impl Decision {
     ) -> Option<(&'p LimitState, &'p Limit)> {
         let with_limits = self.limits.iter().map(|s| (s, &policy.limits[s.limit]));
         if !self.allowed {
-            return self.violated(policy).max_by_key(|(state, limit)| {
-                (
-                    state.wait_secs(limit).unwrap_or(u64::MAX),
-                    state.reset_secs(limit),
-                )
+            return self.violated(policy).max_by_key(|(state, _)| {
+                (state.wait_secs().unwrap_or(u64::MAX), state.reset_secs())
             });
         }
-        with_limits
-            .min_by_key(|(state, limit)| (state.remaining(), u64::MAX - state.reset_secs(limit)))
+        with_limits.min_by_key(|(state, _)| (state.remaining(), u64::MAX - state.reset_secs()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seconds_stay_within_the_structured_field_integer_range() {
+        assert_eq!(ceil_secs(1.2), 2);
+        assert_eq!(ceil_secs(-1.0), 0);
+        assert_eq!(ceil_secs(f64::NAN), 0);
+        assert_eq!(ceil_secs(1e18), MAX_SF_INTEGER);
+        assert_eq!(ceil_secs(f64::INFINITY), MAX_SF_INTEGER);
+    }
+
+    #[test]
+    fn every_number_a_header_shows_is_clamped() {
+        let state = LimitState {
+            limit: 0,
+            cost: 1,
+            rate: 1e-18,
+            burst: 1e18,
+            tokens: 1e17,
+            enough: true,
+        };
+        assert_eq!(state.remaining(), MAX_SF_INTEGER);
+        assert_eq!(state.capacity(), MAX_SF_INTEGER);
+        assert_eq!(state.reset_secs(), MAX_SF_INTEGER);
+        let drained = LimitState {
+            tokens: 0.0,
+            ..state
+        };
+        assert_eq!(drained.wait_secs(), Some(MAX_SF_INTEGER));
     }
 }

@@ -18,6 +18,8 @@
 use std::io::Write as _;
 use std::net::IpAddr;
 
+use ipnet::Ipv6Net;
+
 use sha2::{Digest, Sha256};
 
 use crate::request::Described;
@@ -82,13 +84,14 @@ impl std::fmt::Display for KeyPart {
 pub struct MissingPart;
 
 /// Builds the bucket key of one limit for one request. With `anonymous`, absent parts become a
-/// shared marker instead of an error.
+/// shared marker instead of an error. An IPv6 client is keyed by its `/ipv6_prefix` network.
 pub fn bucket_key(
     prefix: &str,
     limit: &str,
     parts: &[KeyPart],
     request: &Described<'_>,
     anonymous: bool,
+    ipv6_prefix: u8,
 ) -> Result<String, MissingPart> {
     let mut tail = Vec::with_capacity(64);
     for (i, part) in parts.iter().enumerate() {
@@ -102,7 +105,7 @@ pub fn bucket_key(
                 escape_into(&mut tail, value);
                 tail[start..].make_ascii_lowercase();
             }
-            Some(PartValue::Ip(ip)) => write_ip(&mut tail, ip),
+            Some(PartValue::Ip(ip)) => write_ip(&mut tail, ip, ipv6_prefix),
             None if anonymous => tail.extend_from_slice(ANONYMOUS),
             None => return Err(MissingPart),
         }
@@ -174,14 +177,50 @@ fn escape_into(out: &mut Vec<u8>, value: &[u8]) {
     }
 }
 
-fn write_ip(out: &mut Vec<u8>, ip: IpAddr) {
-    // Writing to a Vec cannot fail.
-    let _ = write!(out, "{ip}");
+/// IPv4 as is; IPv6 as its network (`2001:db8:1:2::/64`), or as is with a prefix of 128 (so
+/// keys of that setting stay what they always were). Writing to a Vec cannot fail.
+fn write_ip(out: &mut Vec<u8>, ip: IpAddr, ipv6_prefix: u8) {
+    match ip.to_canonical() {
+        IpAddr::V6(v6) if ipv6_prefix < 128 => match Ipv6Net::new(v6, ipv6_prefix) {
+            Ok(net) => {
+                let _ = write!(out, "{}", net.trunc());
+            }
+            // Validation keeps the prefix within 128; keying the whole address is the safe side.
+            Err(_) => {
+                let _ = write!(out, "{v6}");
+            }
+        },
+        ip => {
+            let _ = write!(out, "{ip}");
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn ip_key(ip: &str, prefix: u8) -> String {
+        let mut out = Vec::new();
+        write_ip(&mut out, ip.parse().unwrap(), prefix);
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn an_ipv6_client_is_keyed_by_its_network() {
+        assert_eq!(ip_key("2001:db8:1:2:aaaa::1", 64), "2001:db8:1:2::/64");
+        assert_eq!(ip_key("2001:db8:1:2:bbbb::9", 64), "2001:db8:1:2::/64");
+        assert_eq!(ip_key("2001:db8:1:3::1", 64), "2001:db8:1:3::/64");
+        assert_eq!(ip_key("2001:db8:1:2:aaaa::1", 48), "2001:db8:1::/48");
+    }
+
+    #[test]
+    fn prefix_128_keys_each_ipv6_address_and_ipv4_is_never_grouped() {
+        assert_eq!(ip_key("2001:db8::1", 128), "2001:db8::1");
+        assert_eq!(ip_key("2001:db8::2", 128), "2001:db8::2");
+        assert_eq!(ip_key("192.0.2.7", 32), "192.0.2.7");
+        assert_eq!(ip_key("::ffff:192.0.2.7", 64), "192.0.2.7");
+    }
 
     #[test]
     fn short_printable_tails_are_kept_verbatim() {

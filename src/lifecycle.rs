@@ -43,20 +43,17 @@ impl Reloader {
         }
     }
 
-    /// Loads, validates and installs the file; on any error keeps the old limits.
+    /// Loads, validates and installs the file; on any error keeps the old limits. Listen
+    /// addresses and `[store]` (`key_prefix` included) keep their running values: a new
+    /// prefix would give every client a fresh bucket.
     pub fn reload(&self) {
         let metrics = &self.state.metrics;
+        let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
         let loaded = Config::load(self.path.as_deref())
+            .map(|config| keep_restart_only_settings(config, &running))
             .and_then(|config| Policy::compile(&config, metrics).map(|policy| (config, policy)));
         match loaded {
             Ok((config, policy)) => {
-                let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
-                if config.store != running.store
-                    || config.listen != running.listen
-                    || config.admin_listen != running.admin_listen
-                {
-                    log::warn!("reload: listen, admin_listen and [store] changes apply only after a restart");
-                }
                 self.state.limiter.replace_policy(policy);
                 metrics.reload_success.inc();
                 log::info!("reload: {} limit(s) active", config.limits.len());
@@ -68,6 +65,22 @@ impl Reloader {
             }
         }
     }
+}
+
+/// `loaded` with the running listen addresses and `[store]`, logging each one the file changed.
+fn keep_restart_only_settings(mut loaded: Config, running: &Config) -> Config {
+    let changed = [
+        ("listen", loaded.listen != running.listen),
+        ("admin_listen", loaded.admin_listen != running.admin_listen),
+        ("[store]", loaded.store != running.store),
+    ];
+    for (name, _) in changed.iter().filter(|(_, changed)| *changed) {
+        log::warn!("reload: {name} changed in the file; it applies only after a restart, the running value stays");
+    }
+    loaded.listen = running.listen;
+    loaded.admin_listen = running.admin_listen;
+    loaded.store = running.store.clone();
+    loaded
 }
 
 /// Waits for signals: SIGHUP reloads; SIGTERM or SIGINT stops the servers gracefully: new

@@ -90,16 +90,16 @@ impl Limit {
         }
     }
 
-    /// The cost of this request: the `cost_header` value when it is a positive integer, else
-    /// the configured `cost`. A malformed header cannot make a request cheaper than `cost`.
+    /// The cost of this request: the `cost_header` value when it is an integer above the
+    /// configured `cost`, else `cost`. The configured cost is the minimum: neither a smaller
+    /// nor a malformed header makes a request cheaper.
     fn cost_of(&self, request: &Described<'_>) -> u64 {
         self.cost_header
             .as_deref()
             .and_then(|name| request.header(name))
             .and_then(|raw| std::str::from_utf8(raw).ok())
             .and_then(|text| text.trim().parse::<u64>().ok())
-            .filter(|&cost| cost >= 1)
-            .unwrap_or(self.cost)
+            .map_or(self.cost, |cost| cost.max(self.cost))
     }
 }
 
@@ -144,6 +144,7 @@ impl Policy {
                 &limit.key,
                 request,
                 anonymous,
+                self.client_ip.ipv6_prefix,
             ) {
                 Ok(key) => key,
                 Err(keys::MissingPart) if limit.on_missing == OnMissing::Deny => return Err(index),

@@ -14,6 +14,8 @@ use crate::config::{ClientIpConfig, IpSource};
 pub struct ClientIpPolicy {
     pub from: IpSource,
     pub trusted: Vec<IpNet>,
+    /// The network length an IPv6 client is keyed by; the trusted-proxy walk ignores it.
+    pub ipv6_prefix: u8,
 }
 
 impl From<&ClientIpConfig> for ClientIpPolicy {
@@ -21,6 +23,7 @@ impl From<&ClientIpConfig> for ClientIpPolicy {
         ClientIpPolicy {
             from: config.from,
             trusted: config.trusted_proxies.clone(),
+            ipv6_prefix: config.ipv6_prefix,
         }
     }
 }
@@ -216,6 +219,7 @@ mod tests {
         ClientIpPolicy {
             from: IpSource::XForwardedFor,
             trusted: trusted.iter().map(|t| t.parse().unwrap()).collect(),
+            ipv6_prefix: 64,
         }
     }
 
@@ -276,6 +280,7 @@ mod tests {
         let policy = ClientIpPolicy {
             from: IpSource::XRealIp,
             trusted: vec!["127.0.0.0/8".parse().unwrap()],
+            ipv6_prefix: 64,
         };
         let h = headers(&[("x-real-ip", "198.51.100.7")]);
         assert_eq!(policy.client_ip(&h, ip("127.0.0.1")), ip("198.51.100.7"));

@@ -321,3 +321,48 @@ fn sighup_with_a_broken_file_keeps_the_running_limits_and_counts_a_failure() {
     }
     assert_eq!(reloads(&tollgate, "success"), 0.0);
 }
+
+fn prefixed_config(redis: &RedisServer, prefix: &str, burst: u32) -> String {
+    support::redis_config(
+        redis,
+        &format!("timeout_ms = 2000\nkey_prefix = \"{prefix}\"\n"),
+        &format!("[[limits]]\nname = \"per-ip\"\nrate = 0.1\nburst = {burst}\nkey = [\"ip\"]\n"),
+    )
+}
+
+#[test]
+fn sighup_never_changes_the_key_prefix_so_a_drained_client_stays_denied() {
+    let redis = RedisServer::start();
+    let (tollgate, log) = Tollgate::start_logged(&prefixed_config(&redis, "before", 3), &[]);
+    let mut client = tollgate.client();
+    // One token per 10 s: the drained bucket cannot refill during the test.
+    for _ in 0..3 {
+        assert_eq!(client.get("/check", CHECK).unwrap().status, 200);
+    }
+    assert_eq!(client.get("/check", CHECK).unwrap().status, 429);
+
+    // A new prefix and a new burst in one file: the burst applies, the prefix waits for a restart.
+    replace_file(&tollgate.config_path, &prefixed_config(&redis, "after", 4));
+    tollgate.signal("HUP");
+    assert!(support::wait_until(Duration::from_secs(5), || reloads(
+        &tollgate, "success"
+    ) == 1.0));
+
+    let after = client.get("/check", CHECK).unwrap();
+    assert_eq!(
+        after.status, 429,
+        "a reload must not hand out fresh buckets"
+    );
+    assert_eq!(after.header("x-ratelimit-limit"), Some("4"));
+    assert_eq!(
+        after.header("ratelimit-policy"),
+        Some("\"per-ip\";q=4;w=40")
+    );
+    assert_eq!(redis.cli(&["KEYS", "after:*"]).trim(), "");
+    assert_ne!(redis.cli(&["KEYS", "before:*"]).trim(), "");
+    let logged = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        logged.contains("[store] changed in the file; it applies only after a restart"),
+        "{logged}"
+    );
+}

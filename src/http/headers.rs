@@ -1,13 +1,15 @@
 //! [`Verdict`] → HTTP response: status, `RateLimit-Policy` / `RateLimit` (IETF draft),
 //! `X-RateLimit-*`, `Retry-After`, and a problem+json body on denials.
 
+use std::borrow::Cow;
+
 use actix_web::http::header::HeaderName;
 use actix_web::http::StatusCode;
 use actix_web::{HttpResponse, HttpResponseBuilder};
 use serde::Serialize;
 
 use crate::config::HeaderFamily;
-use crate::decision::{Decision, Verdict};
+use crate::decision::{ceil_secs, Decision, LimitState, Verdict};
 use crate::limits::Policy;
 
 // Names as constants: a `&str` name is parsed and validated on every insert (4% of a
@@ -76,10 +78,15 @@ fn denied(decision: &Decision, policy: &Policy) -> HttpResponse {
                 violated.join(", ")
             )
         }
-        None => match decision.violated(policy).find(|(s, l)| s.cost > l.burst) {
+        None => match decision
+            .violated(policy)
+            .find(|(s, _)| s.wait_secs().is_none())
+        {
             Some((state, limit)) => format!(
                 "request cost {} exceeds the burst {} of limit {:?}: it can never pass",
-                state.cost, limit.burst, limit.name
+                state.cost,
+                state.capacity(),
+                limit.name
             ),
             None => format!("rate limit exceeded ({})", violated.join(", ")),
         },
@@ -132,16 +139,16 @@ fn quota_headers(response: &mut HttpResponseBuilder, decision: &Decision, policy
     let Some((state, limit)) = decision.most_restrictive(policy) else {
         return;
     };
-    let (remaining, reset) = (state.remaining(), state.reset_secs(limit));
+    let (remaining, reset) = (state.remaining(), state.reset_secs());
     for family in &policy.response.headers {
         match family {
             HeaderFamily::Ietf => {
                 let items = match decision.limits.as_slice() {
                     // One limit, the common case: its item as is, without a Vec and a join.
-                    [only] => policy.limits[only.limit].policy_item.clone(),
+                    [only] => policy_item(only, policy).into_owned(),
                     all => all
                         .iter()
-                        .map(|s| policy.limits[s.limit].policy_item.as_str())
+                        .map(|s| policy_item(s, policy))
                         .collect::<Vec<_>>()
                         .join(", "),
                 };
@@ -152,10 +159,25 @@ fn quota_headers(response: &mut HttpResponseBuilder, decision: &Decision, policy
                 ));
             }
             HeaderFamily::XRatelimit => {
-                response.insert_header((X_RATELIMIT_LIMIT, limit.burst));
+                response.insert_header((X_RATELIMIT_LIMIT, state.capacity()));
                 response.insert_header((X_RATELIMIT_REMAINING, remaining));
                 response.insert_header((X_RATELIMIT_RESET, reset));
             }
         }
     }
+}
+
+/// A limit's `RateLimit-Policy` item: precomputed, unless the local fallback decided it with
+/// this instance's share of the limit.
+fn policy_item<'p>(state: &LimitState, policy: &'p Policy) -> Cow<'p, str> {
+    let limit = &policy.limits[state.limit];
+    if !state.is_scaled(limit) {
+        return Cow::Borrowed(&limit.policy_item);
+    }
+    Cow::Owned(format!(
+        "\"{}\";q={};w={}",
+        limit.name,
+        state.capacity(),
+        ceil_secs(state.burst / state.rate)
+    ))
 }
