@@ -19,6 +19,7 @@ fn request(key: &str) -> BucketRequest {
         cost: 1,
         shadow: false,
         limit: 0,
+        meter: Default::default(),
     }
 }
 

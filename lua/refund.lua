@@ -3,10 +3,11 @@
 -- decided one slot at a time, and all-or-nothing is restored by refunding).
 --
 -- KEYS[i]     bucket i, charged earlier by token_bucket.lua on this same slot
--- ARGV[4i-3]  rate of bucket i, tokens per second
--- ARGV[4i-2]  burst of bucket i
+-- ARGV[4i-3]  rate of bucket i, tokens per second; or a quota's period code
+-- ARGV[4i-2]  burst of bucket i; or the quota
 -- ARGV[4i-1]  the cost that was charged
--- ARGV[4i]    `now` returned by the charging call (microseconds of TIME, as written to `ts`)
+-- ARGV[4i]    `now` returned by the charging call (microseconds of TIME, as written to `ts`);
+--             for a quota, the start of the period the charge counted in (Unix seconds)
 --
 -- Returns {tokens_1, ..., tokens_n}: what each bucket holds after the refund, as strings.
 --
@@ -18,6 +19,8 @@
 -- refill that may have been absorbed, rate * (now - charged_at), is kept back. That loses at
 -- most rate x (one round trip) tokens per refund: a bounded under-admission, never an
 -- over-admission. An absent bucket has expired, which means full: nothing to give back.
+-- A quota does not refill: its count goes down by the cost, exactly, if the period it was
+-- charged in is still the stored one (otherwise that count is void already).
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -30,7 +33,15 @@ for i = 1, #KEYS do
   local charged_at = ARGV[4 * i]
   local stored = redis.call('HMGET', KEYS[i], 'tokens', 'ts')
   local level, ts = tonumber(stored[1]), tonumber(stored[2])
-  if level == nil or ts == nil then
+  if rate == nil then
+    local counted = redis.call('HMGET', KEYS[i], 'used', 'start')
+    local used = 0
+    if counted[2] == charged_at then
+      used = math.max(0, (tonumber(counted[1]) or 0) - cost)
+      redis.call('HSET', KEYS[i], 'used', string.format('%d', used))
+    end
+    reply[i] = string.format('%.17g', burst - used)
+  elseif level == nil or ts == nil then
     reply[i] = string.format('%.17g', burst)
   else
     local elapsed = now - ts

@@ -11,11 +11,20 @@ use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
 use crate::keys::KeyPart;
+use crate::store::Period;
 
 /// Environment variables that carry the config file path, or that Kubernetes injects for a
 /// Service named `tollgate` (`TOLLGATE_SERVICE_HOST`, `TOLLGATE_PORT_8080_TCP`, ...). They are
 /// not config keys, and refusing them would crash-loop a pod for a name clash.
-const NON_CONFIG_ENV: &[&str] = &["config", "service_host", "service_port", "port"];
+/// `admin_token` is read from its variable verbatim instead (a token of digits would otherwise
+/// parse as a number).
+const NON_CONFIG_ENV: &[&str] = &[
+    "config",
+    "service_host",
+    "service_port",
+    "port",
+    "admin_token",
+];
 
 /// Allowed `client_ip.ipv6_prefix`: shorter than /32 would put whole providers in one bucket.
 pub const IPV6_PREFIXES: std::ops::RangeInclusive<u8> = 32..=128;
@@ -37,6 +46,23 @@ pub struct Config {
     pub client_ip: ClientIpConfig,
     pub response: ResponseConfig,
     pub limits: Vec<LimitConfig>,
+    /// Bearer token for the admin listener's mutating requests (`POST /report`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admin_token: Option<Secret>,
+    /// A file holding that token (a mounted Kubernetes secret); trailing whitespace is ignored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admin_token_file: Option<std::path::PathBuf>,
+}
+
+/// A value that must never reach a log line or `validate` output.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(pub String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("\"***\"")
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -117,8 +143,23 @@ pub enum HeaderFamily {
 #[serde(deny_unknown_fields)]
 pub struct LimitConfig {
     pub name: String,
+    /// A bucket's refill; absent (0) on a quota limit.
+    #[serde(default)]
     pub rate: f64,
+    /// A bucket's capacity; absent (0) on a quota limit.
+    #[serde(default)]
     pub burst: u64,
+    /// At most this many per `period`, instead of `rate` and `burst`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quota: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub period: Option<Period>,
+    /// Who charges this limit: `/check` (default) or `POST /report`.
+    #[serde(default)]
+    pub charge: Charge,
+    /// How far a report may drive the bucket below 0 (default: its burst).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_debt: Option<u64>,
     pub key: Vec<String>,
     #[serde(default = "one")]
     pub cost: u64,
@@ -130,6 +171,17 @@ pub struct LimitConfig {
     pub on_missing: OnMissing,
     #[serde(default, rename = "match")]
     pub matching: MatchConfig,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Charge {
+    /// `/check` charges the cost when it admits.
+    #[default]
+    Request,
+    /// `/check` admits while the limit is not used up and charges nothing; `POST /report`
+    /// charges what the request really cost, once it is known.
+    Report,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -168,6 +220,10 @@ impl Default for Config {
                 name: "per-ip".into(),
                 rate: 20.0,
                 burst: 100,
+                quota: None,
+                period: None,
+                charge: Charge::Request,
+                max_debt: None,
                 key: vec!["ip".into()],
                 cost: 1,
                 cost_header: None,
@@ -175,6 +231,8 @@ impl Default for Config {
                 on_missing: OnMissing::Skip,
                 matching: MatchConfig::default(),
             }],
+            admin_token: None,
+            admin_token_file: None,
         }
     }
 }
@@ -283,7 +341,13 @@ impl Config {
         let env = Env::prefixed("TOLLGATE_")
             .split("__")
             .filter(|key| !is_kubernetes_or_cli_env(&key.as_str().to_ascii_lowercase()));
-        let config: Config = figment.merge(env).extract()?;
+        let mut config: Config = figment.merge(env).extract()?;
+        if let Some(token) = std::env::var_os("TOLLGATE_ADMIN_TOKEN") {
+            let token = token.into_string().map_err(|_| {
+                ConfigError::new("admin_token", "TOLLGATE_ADMIN_TOKEN is not valid UTF-8")
+            })?;
+            config.admin_token = Some(Secret(token));
+        }
         config.validate()?;
         Ok(config)
     }
@@ -309,6 +373,7 @@ impl Config {
                 ),
             ));
         }
+        self.admin_token()?;
         let mut names = std::collections::HashSet::new();
         for (i, limit) in self.limits.iter().enumerate() {
             limit.validate(&format!("limits[{i}]"))?;
@@ -324,6 +389,40 @@ impl Config {
 }
 
 impl Config {
+    /// The admin bearer token, from `admin_token` or the file `admin_token_file` names (the
+    /// environment variable `TOLLGATE_ADMIN_TOKEN` sets the former). `None`: mutating admin
+    /// requests are refused.
+    pub fn admin_token(&self) -> Result<Option<String>, ConfigError> {
+        let token = match (&self.admin_token, &self.admin_token_file) {
+            (Some(_), Some(_)) => {
+                return Err(ConfigError::new(
+                    "admin_token_file",
+                    "set either admin_token or admin_token_file, not both",
+                ))
+            }
+            (Some(Secret(token)), None) => ("admin_token", token.trim().to_string()),
+            (None, Some(path)) => {
+                let text = std::fs::read_to_string(path).map_err(|e| {
+                    ConfigError::new(
+                        "admin_token_file",
+                        format!("cannot read {}: {}", path.display(), e.kind()),
+                    )
+                })?;
+                ("admin_token_file", text.trim().to_string())
+            }
+            (None, None) => return Ok(None),
+        };
+        match token {
+            (key, token) if token.len() < 16 || !token.bytes().all(|b| b.is_ascii_graphic()) => {
+                Err(ConfigError::new(
+                    key,
+                    "must be at least 16 printable characters without spaces",
+                ))
+            }
+            (_, token) => Ok(Some(token)),
+        }
+    }
+
     /// What `tollgate validate` prints: the effective settings and limits, passwords redacted.
     pub fn summary(&self) -> String {
         use std::fmt::Write as _;
@@ -343,14 +442,25 @@ impl Config {
                 .collect::<Vec<_>>(),
             self.client_ip.ipv6_prefix
         );
+        let _ = writeln!(
+            out,
+            "admin_token   {}",
+            match (&self.admin_token, &self.admin_token_file) {
+                (Some(_), _) => "set".to_string(),
+                (None, Some(path)) => format!("from {}", path.display()),
+                (None, None) => "not set (POST /report is refused)".to_string(),
+            }
+        );
         let _ = writeln!(out, "limits        {}", self.limits.len());
         for limit in &self.limits {
+            let size = match (limit.quota, limit.period) {
+                (Some(quota), Some(period)) => format!("quota {quota} per {period}"),
+                _ => format!("rate {}/s  burst {}", limit.rate, limit.burst),
+            };
             let _ = write!(
                 out,
-                "  {:<16} rate {}/s  burst {}  key [{}]  cost {}",
+                "  {:<16} {size}  key [{}]  cost {}",
                 limit.name,
-                limit.rate,
-                limit.burst,
                 limit.key.join(", "),
                 limit
                     .cost_header
@@ -362,6 +472,9 @@ impl Config {
             );
             if limit.shadow {
                 out.push_str("  shadow");
+            }
+            if limit.charge == Charge::Report {
+                let _ = write!(out, "  charged by /report (max_debt {})", limit.max_debt());
             }
             let _ = writeln!(
                 out,
@@ -580,39 +693,26 @@ impl LimitConfig {
             ));
         }
         let at = format!("limits.{}", self.name);
-        if !(self.rate.is_finite() && self.rate > 0.0) {
-            return Err(ConfigError::new(format!("{at}.rate"), "must be > 0"));
-        }
-        if self.burst == 0 || self.burst > MAX_BURST {
-            return Err(ConfigError::new(
-                format!("{at}.burst"),
-                format!("must be between 1 and {MAX_BURST}"),
-            ));
-        }
-        // Also catches a rate so small that `burst / rate` overflows to infinity (never NaN:
-        // the rate is finite and positive here).
-        if self.burst as f64 / self.rate > MAX_REFILL_SECS {
-            return Err(ConfigError::new(
-                format!("{at}.rate"),
-                format!(
-                    "refills the burst of {} in {:e} s; at most ten years ({MAX_REFILL_SECS} s) is supported",
-                    self.burst,
-                    self.burst as f64 / self.rate
-                ),
-            ));
+        if self.quota.is_some() || self.period.is_some() {
+            self.validate_quota(&at)?;
+        } else {
+            self.validate_bucket(&at)?;
         }
         if self.cost == 0 {
             return Err(ConfigError::new(format!("{at}.cost"), "must be >= 1"));
         }
-        if self.cost > self.burst {
+        if self.cost > self.capacity() && self.charge == Charge::Request {
             return Err(ConfigError::new(
                 format!("{at}.cost"),
                 format!(
-                    "cost {} exceeds burst {}: no request could ever pass",
-                    self.cost, self.burst
+                    "cost {} exceeds {} {}: no request could ever pass",
+                    self.cost,
+                    if self.quota.is_some() { "quota" } else { "burst" },
+                    self.capacity()
                 ),
             ));
         }
+        self.validate_charge(&at)?;
         if let Some(header) = &self.cost_header {
             if actix_web::http::header::HeaderName::try_from(header.as_str()).is_err() {
                 return Err(ConfigError::new(
@@ -631,6 +731,104 @@ impl LimitConfig {
             KeyPart::parse(part).map_err(|why| ConfigError::new(format!("{at}.key[{i}]"), why))?;
         }
         self.matching.validate(&format!("{at}.match"))
+    }
+}
+
+impl LimitConfig {
+    /// The bucket's burst or the quota: the most one period or one full bucket admits.
+    pub fn capacity(&self) -> u64 {
+        self.quota.unwrap_or(self.burst)
+    }
+
+    /// How far below 0 a report may drive the bucket.
+    pub fn max_debt(&self) -> u64 {
+        self.max_debt.unwrap_or(self.burst)
+    }
+
+    fn validate_bucket(&self, at: &str) -> Result<(), ConfigError> {
+        if !(self.rate.is_finite() && self.rate > 0.0) {
+            return Err(ConfigError::new(format!("{at}.rate"), "must be > 0"));
+        }
+        if self.burst == 0 || self.burst > MAX_BURST {
+            return Err(ConfigError::new(
+                format!("{at}.burst"),
+                format!("must be between 1 and {MAX_BURST}"),
+            ));
+        }
+        // A bucket in debt refills its burst and its debt before the store may forget it.
+        // Also catches a rate so small that the division overflows to infinity (never NaN:
+        // the rate is finite and positive here).
+        let span = self.burst + if self.charge == Charge::Report { self.max_debt() } else { 0 };
+        if span as f64 / self.rate > MAX_REFILL_SECS {
+            return Err(ConfigError::new(
+                format!("{at}.rate"),
+                format!(
+                    "refills {span} tokens in {:e} s; at most ten years ({MAX_REFILL_SECS} s) is supported",
+                    span as f64 / self.rate
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn validate_quota(&self, at: &str) -> Result<(), ConfigError> {
+        let Some(quota) = self.quota else {
+            return Err(ConfigError::new(
+                format!("{at}.quota"),
+                "is required with period: at most this many per period",
+            ));
+        };
+        if self.period.is_none() {
+            return Err(ConfigError::new(
+                format!("{at}.period"),
+                "is required with quota: \"hour\", \"day\", \"week\" or \"month\"",
+            ));
+        }
+        if quota == 0 || quota > MAX_BURST {
+            return Err(ConfigError::new(
+                format!("{at}.quota"),
+                format!("must be between 1 and {MAX_BURST}"),
+            ));
+        }
+        if self.rate != 0.0 || self.burst != 0 {
+            let key = if self.rate != 0.0 { "rate" } else { "burst" };
+            return Err(ConfigError::new(
+                format!("{at}.{key}"),
+                "a quota limit takes quota and period, not rate and burst (use two limits for both)",
+            ));
+        }
+        if self.max_debt.is_some() {
+            return Err(ConfigError::new(
+                format!("{at}.max_debt"),
+                "applies to buckets only: a report counts in full against a quota",
+            ));
+        }
+        Ok(())
+    }
+
+    fn validate_charge(&self, at: &str) -> Result<(), ConfigError> {
+        if self.charge == Charge::Request {
+            if self.max_debt.is_some() {
+                return Err(ConfigError::new(
+                    format!("{at}.max_debt"),
+                    "applies only with charge = \"report\"",
+                ));
+            }
+            return Ok(());
+        }
+        if self.cost_header.is_some() {
+            return Err(ConfigError::new(
+                format!("{at}.cost_header"),
+                "a charge = \"report\" limit is charged by POST /report, not by /check",
+            ));
+        }
+        if self.max_debt.is_some_and(|debt| debt > MAX_BURST) {
+            return Err(ConfigError::new(
+                format!("{at}.max_debt"),
+                format!("must be at most {MAX_BURST}"),
+            ));
+        }
+        Ok(())
     }
 }
 

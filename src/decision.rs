@@ -3,6 +3,7 @@
 //! it into bytes.
 
 use crate::limits::{Limit, Policy};
+use crate::store::Window;
 
 /// One applicable limit after the decision.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -14,10 +15,12 @@ pub struct LimitState {
     /// `on_error = "local"` this instance's share of them. Every header derives from these.
     pub rate: f64,
     pub burst: f64,
-    /// Tokens left after the decision.
+    /// Tokens left after the decision (a quota: what is left of it).
     pub tokens: f64,
     /// Whether the bucket held the cost.
     pub enough: bool,
+    /// A quota's period; `None` for a bucket.
+    pub window: Option<Window>,
 }
 
 /// What `/check` decided.
@@ -65,17 +68,35 @@ impl LimitState {
         (self.burst.max(0.0).floor() as u64).min(MAX_SF_INTEGER)
     }
 
-    /// Seconds until the bucket is full again.
+    /// Seconds until the bucket is full again; a quota: until its period ends.
     pub fn reset_secs(&self) -> u64 {
-        ceil_secs((self.burst - self.tokens) / self.rate)
+        match self.window {
+            Some(window) => window.ends_in_s.min(MAX_SF_INTEGER),
+            None => ceil_secs((self.burst - self.tokens) / self.rate),
+        }
     }
 
-    /// Seconds until this bucket could pay the cost; `None` if it never can (cost > burst).
+    /// Seconds until this bucket could pay the cost (a cost of 0: until it holds more than
+    /// 0); a quota: until its period ends. `None` if it never can (cost above burst or quota).
     pub fn wait_secs(&self) -> Option<u64> {
         if self.cost as f64 > self.burst {
             return None;
         }
-        Some(ceil_secs((self.cost as f64 - self.tokens) / self.rate).max(1))
+        let wait = match self.window {
+            Some(window) => window.ends_in_s.min(MAX_SF_INTEGER),
+            // Strictly above 0: one second past the moment it reaches 0.
+            None if self.cost == 0 => ceil_secs((-self.tokens / self.rate).floor() + 1.0),
+            None => ceil_secs((self.cost as f64 - self.tokens) / self.rate),
+        };
+        Some(wait.max(1))
+    }
+
+    /// The `RateLimit-Policy` window: a quota's period, a bucket's full-refill time.
+    pub fn window_secs(&self) -> u64 {
+        match self.window {
+            Some(window) => window.length_s,
+            None => ceil_secs(self.burst / self.rate),
+        }
     }
 
     /// Whether this bucket was decided with other numbers than its limit's (local fallback).
@@ -150,6 +171,7 @@ mod tests {
             burst: 1e18,
             tokens: 1e17,
             enough: true,
+            window: None,
         };
         assert_eq!(state.remaining(), MAX_SF_INTEGER);
         assert_eq!(state.capacity(), MAX_SF_INTEGER);

@@ -29,7 +29,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 
 use crate::store::memory::{Clock, MonotonicClock};
-use crate::store::{BucketOutcome, BucketRequest};
+use crate::store::{BucketOutcome, BucketRequest, Meter};
 
 const SHARDS: usize = 32;
 /// Padding added to every elapsed time: the store's clock ticks in whole µs (two truncated
@@ -142,7 +142,14 @@ impl DenyCache {
         buckets
             .iter()
             .enumerate()
-            .filter(|(_, b)| !b.shadow && b.cost as f64 <= b.burst)
+            .filter(|(_, b)| !b.shadow && b.cost as f64 <= b.burst && Self::cacheable(b))
+    }
+
+    /// Only a bucket charged by its checks: a quota does not refill with time (its bound is
+    /// the period's end, not `rate * elapsed`), and a `charge = "report"` limit (cost 0) is
+    /// drawn by reports the cache never sees. The store decides those every time.
+    fn cacheable(bucket: &BucketRequest) -> bool {
+        bucket.meter == Meter::Bucket && bucket.cost >= 1
     }
 
     fn usable(entry: &Entry, bucket: &BucketRequest) -> bool {
@@ -240,6 +247,9 @@ impl DenyCache {
     pub fn learn(&self, buckets: &[BucketRequest], outcomes: &[BucketOutcome], sent_us: u64) {
         let mut woke = false;
         for (bucket, outcome) in buckets.iter().zip(outcomes) {
+            if !Self::cacheable(bucket) {
+                continue;
+            }
             let need = if outcome.enough {
                 1.0
             } else {
@@ -306,6 +316,7 @@ mod tests {
             cost,
             shadow: false,
             limit: 0,
+            meter: Default::default(),
         }
     }
 
@@ -313,6 +324,7 @@ mod tests {
         BucketOutcome {
             tokens,
             enough: false,
+            window: None,
         }
     }
 
@@ -360,6 +372,7 @@ mod tests {
                 BucketOutcome {
                     tokens: 4.0,
                     enough: true,
+                    window: None,
                 },
                 drained(0.0),
             ],
@@ -393,6 +406,7 @@ mod tests {
         let plenty = BucketOutcome {
             tokens: 3.0,
             enough: true,
+            window: None,
         };
         cache.learn(&b, &[plenty], 10);
         assert!(cache.is_empty());

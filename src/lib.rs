@@ -18,8 +18,9 @@
 //! - [`store`]: the [`store::Store`] trait; [`store::redis`] (Lua via `EVALSHA`, deadlines,
 //!   circuit breaker; one node, a Cluster or a Sentinel-managed master) and
 //!   [`store::memory`] (sharded, bounded); [`store::bucket`] is the arithmetic twin of
-//!   `lua/token_bucket.lua`.
+//!   `lua/token_bucket.lua` and `lua/report.lua`, [`store::calendar`] of their UTC periods.
 //! - [`decision`]: the verdict as a value: remaining, reset, retry-after.
+//! - [`report`]: `POST /report` without HTTP: charges known after the response.
 //! - [`metrics`]: the Prometheus registry; every metric name in one place.
 //! - [`config`]: defaults < TOML file < `TOLLGATE_*` environment; validation.
 //! - [`server`]: wiring and the two listeners; [`lifecycle`]: signals, reload, heartbeat.
@@ -33,6 +34,7 @@ pub mod lifecycle;
 pub mod limiter;
 pub mod limits;
 pub mod metrics;
+pub mod report;
 pub mod request;
 pub mod server;
 pub mod store;

@@ -198,6 +198,7 @@ impl<S: Store> Limiter<S> {
                     burst: bucket.burst,
                     tokens: if denied { denial.tokens } else { bucket.burst },
                     enough: !denied,
+                    window: None,
                 }
             })
             .collect();
@@ -281,6 +282,7 @@ impl<S: Store> Limiter<S> {
                     burst: bucket.burst,
                     tokens: outcome.tokens,
                     enough: outcome.enough,
+                    window: outcome.window,
                 }
             })
             .collect();

@@ -2,24 +2,33 @@
 //! bucket key, the cost, `on_missing`. The compiled set is a [`Policy`], swapped whole on
 //! reload.
 
-use crate::config::{Config, ConfigError, LimitConfig, MatchConfig, OnMissing, ResponseConfig};
+use crate::config::{
+    Charge, Config, ConfigError, LimitConfig, MatchConfig, OnMissing, ResponseConfig,
+};
 use crate::keys::{self, KeyPart};
 use crate::metrics::{LimitCounters, Metrics};
 use crate::request::{ClientIpPolicy, Described};
-use crate::store::BucketRequest;
+use crate::store::{BucketRequest, Meter};
 
 /// One configured limit, ready for the hot path.
 pub struct Limit {
     pub name: String,
+    /// Tokens per second; 0 for a quota.
     pub rate: f64,
+    /// The bucket's capacity, or the quota.
     pub burst: u64,
+    pub meter: Meter,
+    pub charge: Charge,
+    /// How far a report may drive the bucket below 0.
+    pub max_debt: u64,
     pub cost: u64,
     pub cost_header: Option<String>,
     pub shadow: bool,
     pub on_missing: OnMissing,
     pub key: Vec<KeyPart>,
     pub matcher: Matcher,
-    /// This limit's `RateLimit-Policy` item, `"<name>";q=<burst>;w=<window>`.
+    /// This limit's `RateLimit-Policy` item, `"<name>";q=<burst>;w=<window>` (a quota's
+    /// window is its period; a month's length is filled in per decision).
     pub policy_item: String,
     pub counters: LimitCounters,
 }
@@ -66,10 +75,21 @@ impl Matcher {
 
 impl Limit {
     fn compile(config: &LimitConfig, metrics: &Metrics) -> Limit {
+        let meter = match config.period {
+            Some(period) => Meter::Quota(period),
+            None => Meter::Bucket,
+        };
+        let window = match meter {
+            Meter::Bucket => crate::decision::ceil_secs(config.burst as f64 / config.rate),
+            Meter::Quota(period) => period.fixed_secs().unwrap_or(30 * 86_400),
+        };
         Limit {
             name: config.name.clone(),
             rate: config.rate,
-            burst: config.burst,
+            burst: config.capacity(),
+            meter,
+            charge: config.charge,
+            max_debt: config.max_debt(),
             cost: config.cost,
             cost_header: config.cost_header.as_ref().map(|h| h.to_ascii_lowercase()),
             shadow: config.shadow,
@@ -80,13 +100,17 @@ impl Limit {
                 .filter_map(|part| KeyPart::parse(part).ok())
                 .collect(),
             matcher: Matcher::new(&config.matching),
-            policy_item: format!(
-                "\"{}\";q={};w={}",
-                config.name,
-                config.burst,
-                crate::decision::ceil_secs(config.burst as f64 / config.rate)
-            ),
+            policy_item: format!("\"{}\";q={};w={window}", config.name, config.capacity()),
             counters: metrics.limit_counters(&config.name),
+        }
+    }
+
+    /// What this limit charges at `/check`: nothing for a `charge = "report"` limit (0 admits
+    /// while it is not used up), else [`Limit::cost_of`].
+    fn check_cost(&self, request: &Described<'_>) -> u64 {
+        match self.charge {
+            Charge::Report => 0,
+            Charge::Request => self.cost_of(request),
         }
     }
 
@@ -109,6 +133,8 @@ pub struct Policy {
     pub client_ip: ClientIpPolicy,
     pub response: ResponseConfig,
     pub key_prefix: String,
+    /// The bearer token mutating admin requests need; `None` refuses them.
+    pub admin_token: Option<String>,
 }
 
 impl Policy {
@@ -125,6 +151,7 @@ impl Policy {
             client_ip: ClientIpPolicy::from(&config.client_ip),
             response: config.response.clone(),
             key_prefix: config.store.key_prefix.clone(),
+            admin_token: config.admin_token()?,
         })
     }
 
@@ -154,9 +181,10 @@ impl Policy {
                 key,
                 rate: limit.rate,
                 burst: limit.burst as f64,
-                cost: limit.cost_of(request),
+                cost: limit.check_cost(request),
                 shadow: limit.shadow,
                 limit: index,
+                meter: limit.meter,
             });
         }
         Ok(buckets)

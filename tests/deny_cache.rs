@@ -291,6 +291,7 @@ impl Store for DeniesThenHangs {
             let empty = BucketOutcome {
                 tokens: 0.0,
                 enough: false,
+                window: None,
             };
             return Ok(StoreDecision {
                 allowed: false,

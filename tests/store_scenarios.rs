@@ -135,6 +135,7 @@ fn requests(prefix: &str, buckets: &[Bucket]) -> Vec<BucketRequest> {
             cost,
             shadow,
             limit: i,
+            meter: Default::default(),
         })
         .collect()
 }
@@ -256,6 +257,7 @@ fn redis_buckets_expire_after_twice_their_refill_time() {
         cost: 1,
         shadow: false,
         limit: 0,
+        meter: Default::default(),
     };
     redis.decide(&[bucket]);
     // ceil(2 * 10 / 4) = 5 s.
@@ -277,6 +279,7 @@ fn slow_bucket(key: String) -> BucketRequest {
         cost: 1,
         shadow: false,
         limit: 0,
+        meter: Default::default(),
     }
 }
 
@@ -380,6 +383,7 @@ fn redis_decides_the_most_extreme_accepted_buckets_and_keeps_their_ttl() {
         cost,
         shadow: false,
         limit: 0,
+        meter: Default::default(),
     };
     let pttl = |key: &str| -> i64 { redis.server.cli(&["PTTL", key]).trim().parse().unwrap() };
 

@@ -9,8 +9,9 @@ use actix_web::{HttpResponse, HttpResponseBuilder};
 use serde::Serialize;
 
 use crate::config::HeaderFamily;
-use crate::decision::{ceil_secs, Decision, LimitState, Verdict};
+use crate::decision::{Decision, LimitState, Verdict};
 use crate::limits::Policy;
+use crate::store::Meter;
 
 // Names as constants: a `&str` name is parsed and validated on every insert (4% of a
 // memory-store check's instructions in `bench/profile.sh`).
@@ -168,16 +169,17 @@ fn quota_headers(response: &mut HttpResponseBuilder, decision: &Decision, policy
 }
 
 /// A limit's `RateLimit-Policy` item: precomputed, unless the local fallback decided it with
-/// this instance's share of the limit.
+/// this instance's share of the limit, or it is a month (whose length varies).
 fn policy_item<'p>(state: &LimitState, policy: &'p Policy) -> Cow<'p, str> {
     let limit = &policy.limits[state.limit];
-    if !state.is_scaled(limit) {
+    let month = matches!(limit.meter, Meter::Quota(period) if period.fixed_secs().is_none());
+    if !state.is_scaled(limit) && !month {
         return Cow::Borrowed(&limit.policy_item);
     }
     Cow::Owned(format!(
         "\"{}\";q={};w={}",
         limit.name,
         state.capacity(),
-        ceil_secs(state.burst / state.rate)
+        state.window_secs()
     ))
 }

@@ -1,9 +1,10 @@
 //! The HTTP surface: `/check` on the public listener; `/metrics` only on the admin listener;
-//! `/healthz` and `/readyz` on both.
+//! `/healthz` and `/readyz` on both; `POST /report` only on the admin listener.
 
 pub mod check;
 pub mod headers;
 pub mod health;
+pub mod report;
 
 use actix_web::web;
 
@@ -23,5 +24,6 @@ pub fn public_routes(cfg: &mut web::ServiceConfig) {
 pub fn admin_routes(cfg: &mut web::ServiceConfig) {
     cfg.route("/metrics", web::get().to(health::metrics))
         .route("/healthz", web::get().to(health::healthz))
-        .route("/readyz", web::get().to(health::readyz));
+        .route("/readyz", web::get().to(health::readyz))
+        .service(web::resource("/report").route(web::post().to(report::report)));
 }

@@ -1,16 +1,54 @@
-//! The token-bucket arithmetic, the Rust twin of `lua/token_bucket.lua`. Pure functions of
-//! state and time, so they are tested with an injected clock.
+//! The token-bucket and quota arithmetic, the Rust twin of `lua/token_bucket.lua` and
+//! `lua/report.lua`. Pure functions of state and time, so they are tested with an injected
+//! clock. Time is microseconds on the store's clock; quotas read it as Unix time (UTC).
 
-use super::{BucketOutcome, BucketRequest};
+use super::{BucketOutcome, BucketRequest, Meter, Period, ReportCharge, Window};
 
-/// A stored bucket: `tokens` as of `ts_us` (microseconds on the store's clock).
+/// A stored key. A bucket: `tokens` as of `ts_us`. A quota: `tokens` counts what was used in
+/// the period that starts at `ts_us`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Bucket {
     pub tokens: f64,
     pub ts_us: u64,
 }
 
+const MICROS: u64 = 1_000_000;
+
+/// A quota at `now_us`: what was used in the current period, the period's start (µs) and
+/// where the period stands. A count from an earlier period is void.
+fn quota_now(stored: Option<Bucket>, period: Period, now_us: u64) -> (f64, u64, Window) {
+    let now_s = (now_us / MICROS) as i64;
+    let (start, end) = period.bounds(now_s);
+    let start_us = start.max(0) as u64 * MICROS;
+    let used = match stored {
+        Some(quota) if quota.ts_us == start_us => quota.tokens,
+        _ => 0.0,
+    };
+    let window = Window {
+        ends_in_s: (end - now_s) as u64,
+        length_s: (end - start) as u64,
+    };
+    (used, start_us, window)
+}
+
+/// Whether a key holding `level` can pay `cost`; a cost of 0 asks only that it is not used up.
+pub fn can_pay(level: f64, cost: u64) -> bool {
+    level >= cost as f64 && level > 0.0
+}
+
 impl Bucket {
+    /// When this key may be dropped: a bucket once full again (then it is indistinguishable
+    /// from an absent one), a quota when its period ends.
+    pub fn forget_at_us(&self, request: &BucketRequest) -> u64 {
+        match request.meter {
+            Meter::Bucket => self.full_at_us(request.rate, request.burst),
+            Meter::Quota(period) => {
+                let (_, end) = period.bounds((self.ts_us / MICROS) as i64);
+                end.max(0) as u64 * MICROS
+            }
+        }
+    }
+
     /// When this bucket is full again; from then on it is indistinguishable from an absent
     /// one and may be dropped.
     pub fn full_at_us(&self, rate: f64, burst: f64) -> u64 {
@@ -43,10 +81,17 @@ pub fn decide(
         .iter()
         .zip(states.iter())
         .map(|(request, state)| {
-            let tokens = refilled(*state, now_us, request.rate, request.burst);
+            let (tokens, window) = match request.meter {
+                Meter::Bucket => (refilled(*state, now_us, request.rate, request.burst), None),
+                Meter::Quota(period) => {
+                    let (used, _, window) = quota_now(*state, period, now_us);
+                    (request.burst - used, Some(window))
+                }
+            };
             BucketOutcome {
                 tokens,
-                enough: tokens >= request.cost as f64,
+                enough: can_pay(tokens, request.cost),
+                window,
             }
         })
         .collect();
@@ -58,12 +103,55 @@ pub fn decide(
         if allowed && outcome.enough {
             outcome.tokens -= request.cost as f64;
         }
-        *state = Some(Bucket {
-            tokens: outcome.tokens,
-            ts_us: now_us,
+        *state = Some(match request.meter {
+            Meter::Bucket => Bucket {
+                tokens: outcome.tokens,
+                ts_us: now_us,
+            },
+            Meter::Quota(period) => Bucket {
+                tokens: request.burst - outcome.tokens,
+                ts_us: quota_now(None, period, now_us).1,
+            },
         });
     }
     (allowed, outcomes)
+}
+
+/// Applies one report to a key's state: a bucket is charged down to `-max_debt` at most (a
+/// deeper debt that is already there stays, nothing is given back); a quota counts the whole
+/// cost. Mirrors `lua/report.lua`.
+pub fn report(charge: &ReportCharge, state: &mut Option<Bucket>, now_us: u64) -> BucketOutcome {
+    let request = &charge.bucket;
+    let cost = request.cost as f64;
+    match request.meter {
+        Meter::Bucket => {
+            let level = refilled(*state, now_us, request.rate, request.burst);
+            let tokens = (level - cost).max(level.min(-charge.max_debt));
+            *state = Some(Bucket {
+                tokens,
+                ts_us: now_us,
+            });
+            BucketOutcome {
+                tokens,
+                enough: tokens > 0.0,
+                window: None,
+            }
+        }
+        Meter::Quota(period) => {
+            let (used, start_us, window) = quota_now(*state, period, now_us);
+            let used = used + cost;
+            *state = Some(Bucket {
+                tokens: used,
+                ts_us: start_us,
+            });
+            let tokens = request.burst - used;
+            BucketOutcome {
+                tokens,
+                enough: tokens > 0.0,
+                window: Some(window),
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -78,6 +166,7 @@ mod tests {
             cost,
             shadow: false,
             limit: 0,
+            meter: Meter::Bucket,
         }
     }
 

@@ -20,7 +20,7 @@ use std::sync::{Mutex, MutexGuard, TryLockError};
 use std::time::Instant;
 
 use super::bucket::{self, Bucket};
-use super::{BucketRequest, Store, StoreDecision, StoreError};
+use super::{BucketOutcome, BucketRequest, ReportCharge, Store, StoreDecision, StoreError};
 
 const SHARDS: usize = 64;
 
@@ -93,6 +93,9 @@ pub struct MemoryStore<C: Clock = MonotonicClock> {
     /// buckets are dropped, each under the lock of a shard concerned.
     held: AtomicUsize,
     clock: C,
+    /// Unix time (µs) when `clock` read 0: quotas count calendar periods in UTC. Buckets see
+    /// only differences, which the shift leaves alone.
+    epoch_us: u64,
 }
 
 /// Shard locks held by the caller, with their shard index.
@@ -100,7 +103,13 @@ type Held<'a> = [(usize, MutexGuard<'a, Shard>)];
 
 impl MemoryStore<MonotonicClock> {
     pub fn new(max_buckets: usize) -> Self {
-        MemoryStore::with_clock(max_buckets, MonotonicClock::default())
+        let clock = MonotonicClock::default();
+        let unix_us = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+        let mut store = MemoryStore::with_clock(max_buckets, clock);
+        store.epoch_us = unix_us;
+        store
     }
 }
 
@@ -114,7 +123,13 @@ impl<C: Clock> MemoryStore<C> {
             max_buckets: max_buckets.max(1),
             held: AtomicUsize::new(0),
             clock,
+            epoch_us: 0,
         }
+    }
+
+    /// Now on this store's clock, as Unix µs (an injected clock is read as Unix time).
+    fn now_us(&self) -> u64 {
+        self.clock.now_us().saturating_add(self.epoch_us)
     }
 
     /// Buckets currently held.
@@ -141,7 +156,7 @@ impl<C: Clock> MemoryStore<C> {
 
     /// The decision itself, synchronous: a few hash lookups under shard locks.
     pub fn decide_now(&self, requests: &[BucketRequest]) -> StoreDecision {
-        let now = self.clock.now_us();
+        let now = self.now_us();
         if let [request] = requests {
             return self.decide_one(request, now);
         }
@@ -167,7 +182,7 @@ impl<C: Clock> MemoryStore<C> {
             let at = order.binary_search(shard).unwrap_or_default();
             let entry = Entry {
                 bucket,
-                full_at_us: bucket.full_at_us(request.rate, request.burst),
+                full_at_us: bucket.forget_at_us(request),
             };
             if let Some(existing) = guards[at].1.buckets.get_mut(request.key.as_str()) {
                 *existing = entry;
@@ -186,12 +201,44 @@ impl<C: Clock> MemoryStore<C> {
 }
 
 impl<C: Clock> MemoryStore<C> {
+    /// Applies reports one key at a time (each under its shard's lock).
+    pub fn report_now(&self, charges: &[ReportCharge]) -> Vec<BucketOutcome> {
+        let now = self.now_us();
+        charges
+            .iter()
+            .map(|charge| {
+                let request = &charge.bucket;
+                let index = self.shard_of(&request.key);
+                let mut shard = self.lock(index);
+                let mut state = shard.buckets.get(request.key.as_str()).map(|e| e.bucket);
+                let outcome = bucket::report(charge, &mut state, now);
+                if let Some(bucket) = state {
+                    let entry = Entry {
+                        bucket,
+                        full_at_us: bucket.forget_at_us(request),
+                    };
+                    if let Some(existing) = shard.buckets.get_mut(request.key.as_str()) {
+                        *existing = entry;
+                    } else {
+                        if self.reserve_one() {
+                            let mut held = [(index, shard)];
+                            self.make_room(&mut held, now);
+                            [(_, shard)] = held;
+                        }
+                        shard.buckets.insert(request.key.clone(), entry);
+                    }
+                }
+                outcome
+            })
+            .collect()
+    }
+
     /// The common case of one limit: one lock, one lookup on a hit, and no allocation beyond
     /// the answer (the general path collects shard ids, guards and states into vectors).
     fn decide_one(&self, request: &BucketRequest, now: u64) -> StoreDecision {
         let entry_of = |bucket: Bucket| Entry {
             bucket,
-            full_at_us: bucket.full_at_us(request.rate, request.burst),
+            full_at_us: bucket.forget_at_us(request),
         };
         let requests = std::slice::from_ref(request);
         let index = self.shard_of(&request.key);
@@ -315,6 +362,10 @@ impl<C: Clock> Store for MemoryStore<C> {
     async fn ping(&self) -> Result<(), StoreError> {
         Ok(())
     }
+
+    async fn report(&self, charges: &[ReportCharge]) -> Result<Vec<BucketOutcome>, StoreError> {
+        Ok(self.report_now(charges))
+    }
 }
 
 #[cfg(test)]
@@ -330,6 +381,7 @@ mod tests {
             cost: 1,
             shadow: false,
             limit: 0,
+            meter: super::super::Meter::Bucket,
         }
     }
 

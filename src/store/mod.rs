@@ -2,13 +2,30 @@
 //! allowed only if every non-shadow bucket holds its cost, and only then is anything charged.
 //! Two implementations share the semantics of `lua/token_bucket.lua`: [`redis::RedisStore`]
 //! runs that script; [`memory::MemoryStore`] is its in-process twin.
+//!
+//! A key holds either a token bucket or a calendar quota ([`Meter`]); both kinds are decided
+//! in the same atomic call. A request with cost 0 (a `charge = "report"` limit) is admitted
+//! while its key is not used up and charges nothing; [`Store::report`] charges such keys later.
 
 pub mod breaker;
 pub mod bucket;
+pub mod calendar;
 pub mod memory;
 pub mod redis;
 
 use std::future::Future;
+
+pub use self::calendar::Period;
+
+/// What a store key counts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Meter {
+    /// A token bucket: `rate` per second, capacity `burst`.
+    #[default]
+    Bucket,
+    /// At most `burst` per calendar period (UTC on the store's clock); `rate` is unused.
+    Quota(Period),
+}
 
 /// One bucket to draw from.
 #[derive(Debug, Clone, PartialEq)]
@@ -19,20 +36,43 @@ pub struct BucketRequest {
     pub rate: f64,
     /// Capacity.
     pub burst: f64,
+    /// 0: admitted while the key is not used up (tokens or quota left above 0), charged nothing.
     pub cost: u64,
     /// Reported, never denies.
     pub shadow: bool,
     /// The caller's tag for this bucket (the index of its limit); stores pass it through.
     pub limit: usize,
+    pub meter: Meter,
+}
+
+/// A charge known after the response (`POST /report`): always applied. A bucket goes at most
+/// `max_debt` below 0; a quota counts the whole cost.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReportCharge {
+    /// `key`, `rate`, `burst`, `meter` and `cost` as for a check; `shadow` is ignored.
+    pub bucket: BucketRequest,
+    pub max_debt: f64,
+}
+
+/// Where a quota's period stands after a decision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Window {
+    /// Whole seconds until the period ends (at least 1).
+    pub ends_in_s: u64,
+    /// The period's length in seconds (a month's depends on the month).
+    pub length_s: u64,
 }
 
 /// One bucket after a decision.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct BucketOutcome {
-    /// Tokens left after the call (after the charge, if the request was allowed).
+    /// Tokens left after the call (after the charge, if the request was allowed); for a
+    /// quota, what is left of it. Negative for a bucket in debt.
     pub tokens: f64,
-    /// Whether the bucket held its cost.
+    /// Whether the bucket held its cost (cost 0: held more than 0).
     pub enough: bool,
+    /// For a quota: its period.
+    pub window: Option<Window>,
 }
 
 /// The store's answer for one request: allowed or not, and every bucket's state, in the order
@@ -69,6 +109,16 @@ pub trait Store: Send + Sync + 'static {
 
     /// Whether the store answers now (readiness).
     fn ping(&self) -> impl Future<Output = Result<(), StoreError>>;
+
+    /// Applies charges known after the response, each unconditionally; returns every key's
+    /// state afterwards, in order. Not atomic across keys (nothing is ever refused).
+    fn report(
+        &self,
+        charges: &[ReportCharge],
+    ) -> impl Future<Output = Result<Vec<BucketOutcome>, StoreError>> {
+        let _ = charges;
+        async { Err(StoreError::Other("this store takes no reports".into())) }
+    }
 }
 
 /// The store chosen by `store.backend`.
@@ -89,6 +139,13 @@ impl Store for AnyStore {
         match self {
             AnyStore::Memory(store) => store.ping().await,
             AnyStore::Redis(store) => store.ping().await,
+        }
+    }
+
+    async fn report(&self, charges: &[ReportCharge]) -> Result<Vec<BucketOutcome>, StoreError> {
+        match self {
+            AnyStore::Memory(store) => store.report(charges).await,
+            AnyStore::Redis(store) => store.report(charges).await,
         }
     }
 }

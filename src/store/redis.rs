@@ -26,10 +26,21 @@ use redis::{Cmd, RedisError, Value};
 use self::connection::Connection;
 pub use self::connection::Topology;
 use super::breaker::{Admission, Breaker};
-use super::{BucketOutcome, BucketRequest, Store, StoreDecision, StoreError};
+use super::{
+    BucketOutcome, BucketRequest, Meter, ReportCharge, Store, StoreDecision, StoreError, Window,
+};
 use crate::metrics::Metrics;
 
-const BUCKET_SCRIPT: &str = include_str!("../../lua/token_bucket.lua");
+/// `lua/token_bucket.lua` as shipped: prefixed with the calendar arithmetic it uses.
+pub const BUCKET_SCRIPT: &str = concat!(
+    include_str!("../../lua/calendar.lua"),
+    include_str!("../../lua/token_bucket.lua")
+);
+/// `lua/report.lua` as shipped, calendar included.
+pub const REPORT_SCRIPT: &str = concat!(
+    include_str!("../../lua/calendar.lua"),
+    include_str!("../../lua/report.lua")
+);
 const REFUND_SCRIPT: &str = include_str!("../../lua/refund.lua");
 const INSTANCES_SCRIPT: &str = include_str!("../../lua/instances.lua");
 
@@ -70,6 +81,7 @@ impl LuaScript {
 pub struct RedisStore {
     connection: Connection,
     bucket_script: LuaScript,
+    report_script: LuaScript,
     refund_script: LuaScript,
     instances_script: LuaScript,
     timeout: Duration,
@@ -97,6 +109,7 @@ impl RedisStore {
         Ok(RedisStore {
             connection: Connection::open(topology, timeout)?,
             bucket_script: LuaScript::new(BUCKET_SCRIPT),
+            report_script: LuaScript::new(REPORT_SCRIPT),
             refund_script: LuaScript::new(REFUND_SCRIPT),
             instances_script: LuaScript::new(INSTANCES_SCRIPT),
             timeout,
@@ -201,23 +214,29 @@ impl RedisStore {
         buckets: &[&BucketRequest],
         deadline: Instant,
     ) -> Result<(StoreDecision, String), StoreError> {
-        let shadow = |bucket: &BucketRequest| if bucket.shadow { "1" } else { "0" };
+        let shadow = |i: usize| if buckets[i].shadow { "1" } else { "0" };
         let reply = self
             .per_bucket(&self.bucket_script, buckets, shadow, deadline)
             .await?;
-        parse_decision(reply, buckets.len())
+        parse_decision(reply, buckets)
     }
 
-    /// Gives back `cost` to each bucket charged at `charged_at` (`lua/refund.lua`); returns
-    /// the tokens each holds afterwards.
+    /// Gives back `cost` to each bucket charged by the call whose `charged_at` (per bucket:
+    /// that call's `now`, or a quota's period start) is given (`lua/refund.lua`); returns the
+    /// tokens each holds afterwards.
     async fn refund(
         &self,
         buckets: &[&BucketRequest],
-        charged_at: &str,
+        charged_at: &[String],
         deadline: Instant,
     ) -> Result<Vec<f64>, StoreError> {
         let reply = self
-            .per_bucket(&self.refund_script, buckets, |_| charged_at, deadline)
+            .per_bucket(
+                &self.refund_script,
+                buckets,
+                |i| charged_at[i].as_str(),
+                deadline,
+            )
             .await?;
         let malformed = || StoreError::Script("malformed refund reply".into());
         let Value::Array(items) = reply else {
@@ -233,24 +252,45 @@ impl RedisStore {
     }
 
     /// Runs a script whose `KEYS` are the buckets' keys and whose `ARGV` holds, per bucket,
-    /// its rate, burst, cost and one script-specific value (`last`).
+    /// its rate (a quota: its period code), burst (or quota), cost and one script-specific
+    /// value (`last`, given the bucket's index).
     async fn per_bucket<'a>(
         &self,
         script: &LuaScript,
-        buckets: &[&'a BucketRequest],
-        last: impl Fn(&'a BucketRequest) -> &'a str,
+        buckets: &[&BucketRequest],
+        last: impl Fn(usize) -> &'a str,
         deadline: Instant,
     ) -> Result<Value, StoreError> {
         let keys: Vec<&str> = buckets.iter().map(|b| b.key.as_str()).collect();
         let args = |cmd: &mut Cmd| {
-            for bucket in buckets {
-                cmd.arg(bucket.rate)
-                    .arg(bucket.burst)
-                    .arg(bucket.cost)
-                    .arg(last(bucket));
+            for (i, bucket) in buckets.iter().enumerate() {
+                match bucket.meter {
+                    Meter::Bucket => cmd.arg(bucket.rate),
+                    Meter::Quota(period) => cmd.arg(period.code()),
+                };
+                cmd.arg(bucket.burst).arg(bucket.cost).arg(last(i));
             }
         };
         self.run_script(script, &keys, args, deadline).await
+    }
+
+    /// One `lua/report.lua` call charging `charges` (on a Cluster they must share a slot).
+    async fn report_slot(
+        &self,
+        charges: &[&ReportCharge],
+        deadline: Instant,
+    ) -> Result<Vec<BucketOutcome>, StoreError> {
+        let buckets: Vec<&BucketRequest> = charges.iter().map(|c| &c.bucket).collect();
+        let debts: Vec<String> = charges.iter().map(|c| c.max_debt.to_string()).collect();
+        let reply = self
+            .per_bucket(
+                &self.report_script,
+                &buckets,
+                |i| debts[i].as_str(),
+                deadline,
+            )
+            .await?;
+        parse_report(reply, &buckets)
     }
 }
 
@@ -276,6 +316,33 @@ impl Store for RedisStore {
             .map(|(decision, _)| decision)
     }
 
+    async fn report(&self, charges: &[ReportCharge]) -> Result<Vec<BucketOutcome>, StoreError> {
+        let deadline = Instant::now() + self.timeout;
+        let groups = if self.connection.is_cluster() {
+            cross_slot::group_keys_by_slot(charges.iter().map(|c| c.bucket.key.as_str()))
+        } else {
+            vec![(0..charges.len()).collect()]
+        };
+        // Nothing to undo across slots: a report is never refused. A failed slot fails the
+        // whole answer (503), and the caller's retry may charge the other slots twice: the
+        // store keeps no record of reports, so "at least once" is what a failure can promise.
+        let calls = groups.iter().map(|group| {
+            let members: Vec<&ReportCharge> = group.iter().map(|&i| &charges[i]).collect();
+            async move { self.report_slot(&members, deadline).await }
+        });
+        let answers = futures_util::future::join_all(calls).await;
+        let mut outcomes = vec![None; charges.len()];
+        for (group, answer) in groups.iter().zip(answers) {
+            for (&index, outcome) in group.iter().zip(answer?) {
+                outcomes[index] = Some(outcome);
+            }
+        }
+        outcomes
+            .into_iter()
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| StoreError::Script("a slot answered for too few reports".into()))
+    }
+
     async fn ping(&self) -> Result<(), StoreError> {
         if self.breaker.admit() == Admission::Reject {
             return Err(StoreError::Unavailable);
@@ -299,15 +366,73 @@ impl Store for RedisStore {
     }
 }
 
-/// `{allowed, tokens_1, enough_1, ..., now}` → [`StoreDecision`] and `now`.
-fn parse_decision(reply: Value, count: usize) -> Result<(StoreDecision, String), StoreError> {
+/// The quota windows appended to a reply (`t, w` per quota, in order), one per bucket.
+fn windows(
+    items: &[Value],
+    buckets: &[&BucketRequest],
+) -> Option<Vec<Option<Window>>> {
+    let quotas = buckets
+        .iter()
+        .filter(|b| matches!(b.meter, Meter::Quota(_)))
+        .count();
+    if items.len() != 2 * quotas {
+        return None;
+    }
+    let mut pairs = items.chunks_exact(2);
+    buckets
+        .iter()
+        .map(|bucket| match bucket.meter {
+            Meter::Bucket => Some(None),
+            Meter::Quota(_) => {
+                let pair = pairs.next()?;
+                Some(Some(Window {
+                    ends_in_s: u64::try_from(as_int(&pair[0])?).ok()?.max(1),
+                    length_s: u64::try_from(as_int(&pair[1])?).ok()?,
+                }))
+            }
+        })
+        .collect()
+}
+
+/// `{tokens_1, ..., tokens_n, now, windows...}` of `lua/report.lua` → outcomes.
+fn parse_report(reply: Value, buckets: &[&BucketRequest]) -> Result<Vec<BucketOutcome>, StoreError> {
+    let malformed = || StoreError::Script("malformed report reply".into());
+    let Value::Array(items) = reply else {
+        return Err(malformed());
+    };
+    let count = buckets.len();
+    if items.len() < count + 1 {
+        return Err(malformed());
+    }
+    let windows = windows(&items[count + 1..], buckets).ok_or_else(malformed)?;
+    items[..count]
+        .iter()
+        .zip(windows)
+        .map(|(item, window)| {
+            let tokens = as_float(item).ok_or_else(malformed)?;
+            Ok(BucketOutcome {
+                tokens,
+                enough: tokens > 0.0,
+                window,
+            })
+        })
+        .collect()
+}
+
+/// `{allowed, tokens_1, enough_1, ..., now, windows...}` → [`StoreDecision`] and `now`.
+fn parse_decision(
+    reply: Value,
+    requests: &[&BucketRequest],
+) -> Result<(StoreDecision, String), StoreError> {
     let malformed = || StoreError::Script("malformed token bucket reply".into());
     let Value::Array(items) = reply else {
         return Err(malformed());
     };
-    if items.len() != 2 + 2 * count {
+    let count = requests.len();
+    if items.len() < 2 + 2 * count {
         return Err(malformed());
     }
+    let windows = windows(&items[2 + 2 * count..], requests).ok_or_else(malformed)?;
     let allowed = as_int(&items[0]).ok_or_else(malformed)? == 1;
     let now = match &items[1 + 2 * count] {
         Value::BulkString(bytes) => String::from_utf8(bytes.clone()).map_err(|_| malformed())?,
@@ -317,10 +442,12 @@ fn parse_decision(reply: Value, count: usize) -> Result<(StoreDecision, String),
     };
     let buckets = items[1..1 + 2 * count]
         .chunks_exact(2)
-        .map(|pair| {
+        .zip(windows)
+        .map(|(pair, window)| {
             Some(BucketOutcome {
                 tokens: as_float(&pair[0])?,
                 enough: as_int(&pair[1])? == 1,
+                window,
             })
         })
         .collect::<Option<Vec<_>>>()
@@ -378,11 +505,20 @@ mod tests {
             Value::Int(1),
             Value::BulkString(b"1764669600123456".to_vec()),
         ]);
-        let (decision, now) = parse_decision(reply, 1).unwrap();
+        let bucket = BucketRequest {
+            key: "k".into(),
+            rate: 1.0,
+            burst: 5.0,
+            cost: 1,
+            shadow: false,
+            limit: 0,
+            meter: Meter::Bucket,
+        };
+        let (decision, now) = parse_decision(reply, &[&bucket]).unwrap();
         assert!(decision.allowed);
         assert_eq!(now, "1764669600123456");
         assert_eq!(decision.buckets[0].tokens, 4.5);
-        assert!(parse_decision(Value::Array(vec![Value::Int(1)]), 1).is_err());
+        assert!(parse_decision(Value::Array(vec![Value::Int(1)]), &[&bucket]).is_err());
     }
 
     #[test]

@@ -27,9 +27,14 @@ use crate::store::{BucketRequest, StoreDecision, StoreError};
 
 /// Indices of `buckets` grouped by Cluster slot, in order of first appearance.
 pub(super) fn group_by_slot(buckets: &[BucketRequest]) -> Vec<Vec<usize>> {
+    group_keys_by_slot(buckets.iter().map(|b| b.key.as_str()))
+}
+
+/// Indices of `keys` grouped by Cluster slot, in order of first appearance.
+pub(super) fn group_keys_by_slot<'a>(keys: impl Iterator<Item = &'a str>) -> Vec<Vec<usize>> {
     let mut groups: Vec<(Slot, Vec<usize>)> = Vec::new();
-    for (index, bucket) in buckets.iter().enumerate() {
-        let slot = Slot::for_key(bucket.key.as_bytes());
+    for (index, key) in keys.enumerate() {
+        let slot = Slot::for_key(key.as_bytes());
         match groups.iter_mut().find(|(s, _)| *s == slot) {
             Some((_, members)) => members.push(index),
             None => groups.push((slot, vec![index])),
@@ -76,9 +81,16 @@ pub(super) async fn decide(
             })
             .filter(|(paid, _): &(Vec<usize>, &str)| !paid.is_empty())
             .collect();
-        let calls = refunds.iter().map(|(paid, charged_at)| async move {
-            let refs: Vec<&BucketRequest> = paid.iter().map(|&i| &buckets[i]).collect();
-            (paid, store.refund(&refs, charged_at, deadline).await)
+        let calls = refunds.iter().map(|(paid, charged_at)| {
+            let outcomes = &outcomes;
+            async move {
+                let refs: Vec<&BucketRequest> = paid.iter().map(|&i| &buckets[i]).collect();
+                let marks: Vec<String> = paid
+                    .iter()
+                    .map(|&i| charge_mark(outcomes[i].and_then(|o| o.window), charged_at))
+                    .collect();
+                (paid, store.refund(&refs, &marks, deadline).await)
+            }
         });
         for (paid, result) in join_all(calls).await {
             match result {
@@ -102,6 +114,19 @@ pub(super) async fn decide(
     Ok(StoreDecision { allowed, buckets })
 }
 
+/// What `lua/refund.lua` needs to find a charge: the charging call's `now` for a bucket; for a
+/// quota, the start of the period it counted in (now + time left - period length).
+fn charge_mark(window: Option<crate::store::Window>, charged_at: &str) -> String {
+    match (window, charged_at.parse::<u64>()) {
+        (Some(window), Ok(now_us)) => {
+            let start = (now_us / 1_000_000) as i64 + window.ends_in_s as i64
+                - window.length_s as i64;
+            start.to_string()
+        }
+        _ => charged_at.to_string(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -114,6 +139,7 @@ mod tests {
             cost: 1,
             shadow: false,
             limit: 0,
+            meter: Default::default(),
         }
     }
 

@@ -1,0 +1,63 @@
+-- tollgate report: charges costs known after the response (POST /report). Every charge is
+-- applied; nothing is refused. Prefixed with lua/calendar.lua (period_bounds) when loaded.
+--
+-- KEYS[i]     key i, as lua/token_bucket.lua keeps it
+-- ARGV[4i-3]  a bucket's rate, tokens per second; or a quota's period code ('h','d','w','m')
+-- ARGV[4i-2]  a bucket's burst; or the quota
+-- ARGV[4i-1]  the cost to charge (>= 0)
+-- ARGV[4i]    a bucket's max_debt: the charge stops at -max_debt (a deeper debt already there
+--             stays: nothing is given back)
+--
+-- Returns {tokens_1, ..., tokens_n, now, t_q1, w_q1, ...}: what each key holds afterwards (a
+-- quota: what is left of it, negative when reports took it past its total), as strings; this
+-- call's TIME in microseconds; for each quota key in KEYS order, seconds until its period ends
+-- and the period's length.
+--
+-- A bucket in debt expires only when it would be full again (absent means full), so a debt is
+-- never forgotten early; a quota expires when its period ends.
+
+local t = redis.call('TIME')
+local now_s = tonumber(t[1])
+local now = now_s * 1000000 + tonumber(t[2])
+
+local reply, windows = {}, {}
+for i = 1, #KEYS do
+  local rate = tonumber(ARGV[4 * i - 3])
+  local burst = tonumber(ARGV[4 * i - 2])
+  local cost = tonumber(ARGV[4 * i - 1])
+  local level
+  if rate == nil then
+    local start, stop = period_bounds(ARGV[4 * i - 3], now_s)
+    local stored = redis.call('HMGET', KEYS[i], 'used', 'start')
+    local used = 0
+    if tonumber(stored[2]) == start then used = tonumber(stored[1]) or 0 end
+    used = used + cost
+    redis.call('HSET', KEYS[i], 'used', string.format('%d', used),
+      'start', string.format('%d', start))
+    redis.call('PEXPIRE', KEYS[i], math.ceil((stop * 1000000 - now) / 1000))
+    level = burst - used
+    windows[#windows + 1] = stop - now_s
+    windows[#windows + 1] = stop - start
+  else
+    local max_debt = tonumber(ARGV[4 * i])
+    local stored = redis.call('HMGET', KEYS[i], 'tokens', 'ts')
+    local ts
+    level, ts = tonumber(stored[1]), tonumber(stored[2])
+    if level == nil or ts == nil then
+      level = burst
+    else
+      local elapsed = now - ts
+      if elapsed < 0 then elapsed = 0 end
+      level = math.min(burst, level + elapsed * rate / 1000000)
+    end
+    level = math.max(level - cost, math.min(level, -max_debt))
+    redis.call('HSET', KEYS[i], 'tokens', string.format('%.17g', level),
+      'ts', string.format('%d', now))
+    local missing = math.max(2 * burst, burst - level)
+    redis.call('PEXPIRE', KEYS[i], math.ceil(missing / rate) * 1000)
+  end
+  reply[i] = string.format('%.17g', level)
+end
+reply[#KEYS + 1] = string.format('%d', now)
+for _, value in ipairs(windows) do reply[#reply + 1] = value end
+return reply

@@ -1,0 +1,217 @@
+//! Costs known after the response (`POST /report`), without HTTP: the body is read into
+//! charges against `charge = "report"` limits, every refusal naming the field at fault, and the
+//! store's answer is turned into what the caller learns (what is left, when to retry).
+
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+use crate::config::Charge;
+use crate::decision::ceil_secs;
+use crate::keys;
+use crate::limits::{Limit, Policy};
+use crate::store::{BucketOutcome, BucketRequest, ReportCharge};
+
+/// Most charges one request may carry: a body is answered in one store round trip per slot.
+pub const MAX_CHARGES: usize = 1_000;
+
+/// Why a report was refused; `Display` is the message for the caller.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReportError {
+    /// The body is not what `/report` takes: 400, naming the field.
+    #[error("{field}: {reason}")]
+    Malformed { field: String, reason: String },
+    /// No limit of that name: 400.
+    #[error("{field}: no limit named {name:?}")]
+    UnknownLimit { field: String, name: String },
+    /// The limit is charged by `/check`: 404.
+    #[error("{field}: limit {name:?} is not charge = \"report\"")]
+    NotReported { field: String, name: String },
+}
+
+fn malformed(field: String, reason: impl Into<String>) -> ReportError {
+    ReportError::Malformed {
+        field,
+        reason: reason.into(),
+    }
+}
+
+/// A parsed body: the charges, and whether it was a list (the answer takes the same shape).
+#[derive(Debug)]
+pub struct Reports {
+    pub charges: Vec<ReportCharge>,
+    pub listed: bool,
+}
+
+/// Reads a `/report` body against `policy`: one object `{"limit", "key", "cost"}` or a list.
+pub fn parse(body: &[u8], policy: &Policy) -> Result<Reports, ReportError> {
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|e| malformed("body".into(), format!("not JSON ({e})")))?;
+    match value {
+        Value::Object(item) => Ok(Reports {
+            charges: vec![charge(&item, "", policy)?],
+            listed: false,
+        }),
+        Value::Array(items) if items.is_empty() => {
+            Err(malformed("body".into(), "an empty list charges nothing"))
+        }
+        Value::Array(items) if items.len() > MAX_CHARGES => Err(malformed(
+            "body".into(),
+            format!("at most {MAX_CHARGES} charges per request"),
+        )),
+        Value::Array(items) => {
+            let charges = items
+                .iter()
+                .enumerate()
+                .map(|(i, item)| match item {
+                    Value::Object(item) => charge(item, &format!("[{i}]."), policy),
+                    _ => Err(malformed(format!("[{i}]"), "must be an object")),
+                })
+                .collect::<Result<_, _>>()?;
+            Ok(Reports {
+                charges,
+                listed: true,
+            })
+        }
+        _ => Err(malformed(
+            "body".into(),
+            "must be an object {\"limit\", \"key\", \"cost\"} or a list of them",
+        )),
+    }
+}
+
+fn charge(
+    item: &Map<String, Value>,
+    at: &str,
+    policy: &Policy,
+) -> Result<ReportCharge, ReportError> {
+    if let Some(unknown) = item
+        .keys()
+        .find(|k| !matches!(k.as_str(), "limit" | "key" | "cost"))
+    {
+        return Err(malformed(format!("{at}{unknown}"), "unknown field"));
+    }
+    let name = match item.get("limit") {
+        Some(Value::String(name)) => name,
+        Some(_) => return Err(malformed(format!("{at}limit"), "must be a string")),
+        None => return Err(malformed(format!("{at}limit"), "is required")),
+    };
+    let cost = match item.get("cost") {
+        Some(Value::Number(n)) => n.as_u64().ok_or_else(|| {
+            malformed(format!("{at}cost"), "must be an integer >= 0")
+        })?,
+        Some(_) => return Err(malformed(format!("{at}cost"), "must be an integer >= 0")),
+        None => return Err(malformed(format!("{at}cost"), "is required")),
+    };
+    if cost > crate::config::MAX_BURST {
+        return Err(malformed(
+            format!("{at}cost"),
+            format!("must be at most {}", crate::config::MAX_BURST),
+        ));
+    }
+    let values = match item.get("key") {
+        Some(Value::Array(values)) => values
+            .iter()
+            .enumerate()
+            .map(|(i, v)| match v {
+                Value::String(text) => Ok(text.clone()),
+                _ => Err(malformed(format!("{at}key[{i}]"), "must be a string")),
+            })
+            .collect::<Result<Vec<_>, _>>()?,
+        Some(_) => {
+            return Err(malformed(
+                format!("{at}key"),
+                "must be a list of strings, one per key part",
+            ))
+        }
+        None => return Err(malformed(format!("{at}key"), "is required")),
+    };
+    let (index, limit) = policy
+        .limits
+        .iter()
+        .enumerate()
+        .find(|(_, limit)| limit.name == *name)
+        .ok_or_else(|| ReportError::UnknownLimit {
+            field: format!("{at}limit"),
+            name: name.clone(),
+        })?;
+    if limit.charge != Charge::Report {
+        return Err(ReportError::NotReported {
+            field: format!("{at}limit"),
+            name: name.clone(),
+        });
+    }
+    let key = keys::key_of_values(
+        &policy.key_prefix,
+        &limit.name,
+        &limit.key,
+        &values,
+        policy.client_ip.ipv6_prefix,
+    )
+    .map_err(|i| key_error(limit, &values, i, at))?;
+    Ok(ReportCharge {
+        bucket: BucketRequest {
+            key,
+            rate: limit.rate,
+            burst: limit.burst as f64,
+            cost,
+            shadow: false,
+            limit: index,
+            meter: limit.meter,
+        },
+        max_debt: limit.max_debt as f64,
+    })
+}
+
+fn key_error(limit: &Limit, values: &[String], index: usize, at: &str) -> ReportError {
+    let parts: Vec<String> = limit.key.iter().map(|p| p.to_string()).collect();
+    if values.len() != parts.len() {
+        return malformed(
+            format!("{at}key"),
+            format!(
+                "limit {:?} is keyed on [{}]: one value per part",
+                limit.name,
+                parts.join(", ")
+            ),
+        );
+    }
+    malformed(
+        format!("{at}key[{index}]"),
+        format!("is not a value of the part {}", parts[index]),
+    )
+}
+
+/// What the caller learns about one charged limit.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Charged {
+    pub limit: String,
+    /// Whole tokens (or quota) left; 0 when used up or in debt.
+    pub remaining: u64,
+    /// When used up: seconds until `/check` admits again.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retry_after: Option<u64>,
+}
+
+/// The state of each charged limit after its report, in order.
+pub fn answer(policy: &Policy, charges: &[ReportCharge], outcomes: &[BucketOutcome]) -> Vec<Charged> {
+    charges
+        .iter()
+        .zip(outcomes)
+        .map(|(charge, outcome)| {
+            let bucket = &charge.bucket;
+            let retry_after = (!outcome.enough).then(|| {
+                let wait = match outcome.window {
+                    Some(window) => window.ends_in_s,
+                    // Strictly above 0, as `/check` asks of a reported limit.
+                    None => ceil_secs((-outcome.tokens / bucket.rate).floor() + 1.0),
+                };
+                wait.max(1)
+            });
+            Charged {
+                limit: policy.limits[bucket.limit].name.clone(),
+                remaining: outcome.tokens.max(0.0).floor().min(crate::decision::MAX_SF_INTEGER as f64)
+                    as u64,
+                retry_after,
+            }
+        })
+        .collect()
+}
