@@ -707,7 +707,11 @@ impl LimitConfig {
                 format!(
                     "cost {} exceeds {} {}: no request could ever pass",
                     self.cost,
-                    if self.quota.is_some() { "quota" } else { "burst" },
+                    if self.quota.is_some() {
+                        "quota"
+                    } else {
+                        "burst"
+                    },
                     self.capacity()
                 ),
             ));
@@ -758,7 +762,12 @@ impl LimitConfig {
         // A bucket in debt refills its burst and its debt before the store may forget it.
         // Also catches a rate so small that the division overflows to infinity (never NaN:
         // the rate is finite and positive here).
-        let span = self.burst + if self.charge == Charge::Report { self.max_debt() } else { 0 };
+        let span = self.burst
+            + if self.charge == Charge::Report {
+                self.max_debt()
+            } else {
+                0
+            };
         if span as f64 / self.rate > MAX_REFILL_SECS {
             return Err(ConfigError::new(
                 format!("{at}.rate"),

@@ -96,9 +96,9 @@ fn charge(
         None => return Err(malformed(format!("{at}limit"), "is required")),
     };
     let cost = match item.get("cost") {
-        Some(Value::Number(n)) => n.as_u64().ok_or_else(|| {
-            malformed(format!("{at}cost"), "must be an integer >= 0")
-        })?,
+        Some(Value::Number(n)) => n
+            .as_u64()
+            .ok_or_else(|| malformed(format!("{at}cost"), "must be an integer >= 0"))?,
         Some(_) => return Err(malformed(format!("{at}cost"), "must be an integer >= 0")),
         None => return Err(malformed(format!("{at}cost"), "is required")),
     };
@@ -192,7 +192,11 @@ pub struct Charged {
 }
 
 /// The state of each charged limit after its report, in order.
-pub fn answer(policy: &Policy, charges: &[ReportCharge], outcomes: &[BucketOutcome]) -> Vec<Charged> {
+pub fn answer(
+    policy: &Policy,
+    charges: &[ReportCharge],
+    outcomes: &[BucketOutcome],
+) -> Vec<Charged> {
     charges
         .iter()
         .zip(outcomes)
@@ -208,8 +212,11 @@ pub fn answer(policy: &Policy, charges: &[ReportCharge], outcomes: &[BucketOutco
             });
             Charged {
                 limit: policy.limits[bucket.limit].name.clone(),
-                remaining: outcome.tokens.max(0.0).floor().min(crate::decision::MAX_SF_INTEGER as f64)
-                    as u64,
+                remaining: outcome
+                    .tokens
+                    .max(0.0)
+                    .floor()
+                    .min(crate::decision::MAX_SF_INTEGER as f64) as u64,
                 retry_after,
             }
         })

@@ -17,7 +17,7 @@ pub async fn report(
     state: web::Data<AppState>,
 ) -> HttpResponse {
     let policy = state.limiter.policy();
-    if let Err(refusal) = authorize(&request, policy.admin_token.as_deref()) {
+    if let Some(refusal) = refuse_unauthorized(&request, policy.admin_token.as_deref()) {
         return refusal;
     }
     let reports = match report::parse(&body, &policy) {
@@ -61,11 +61,11 @@ pub async fn report(
     }
 }
 
-/// The caller holds the admin token. The comparison takes the same time wherever the tokens
-/// differ (digests compared in full), so response times do not leak the token.
-fn authorize(request: &HttpRequest, token: Option<&str>) -> Result<(), HttpResponse> {
+/// The refusal, unless the caller holds the admin token. The comparison takes the same time
+/// wherever the tokens differ (digests compared in full), so response times do not leak it.
+fn refuse_unauthorized(request: &HttpRequest, token: Option<&str>) -> Option<HttpResponse> {
     let Some(token) = token else {
-        return Err(problem(
+        return Some(problem(
             StatusCode::FORBIDDEN,
             "POST /report is disabled: set admin_token (or admin_token_file, or the environment variable TOLLGATE_ADMIN_TOKEN)".into(),
             None,
@@ -78,7 +78,10 @@ fn authorize(request: &HttpRequest, token: Option<&str>) -> Result<(), HttpRespo
         .and_then(|value| value.strip_prefix("Bearer "))
         .unwrap_or("");
     let (a, b) = (Sha256::digest(given.trim()), Sha256::digest(token));
-    let differ = a.iter().zip(b.iter()).fold(0u8, |acc, (x, y)| acc | (x ^ y));
+    let differ = a
+        .iter()
+        .zip(b.iter())
+        .fold(0u8, |acc, (x, y)| acc | (x ^ y));
     if given.is_empty() || differ != 0 {
         let mut refusal = problem(
             StatusCode::UNAUTHORIZED,
@@ -88,9 +91,9 @@ fn authorize(request: &HttpRequest, token: Option<&str>) -> Result<(), HttpRespo
         refusal
             .headers_mut()
             .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-        return Err(refusal);
+        return Some(refusal);
     }
-    Ok(())
+    None
 }
 
 fn problem(status: StatusCode, detail: String, field: Option<String>) -> HttpResponse {

@@ -367,10 +367,7 @@ impl Store for RedisStore {
 }
 
 /// The quota windows appended to a reply (`t, w` per quota, in order), one per bucket.
-fn windows(
-    items: &[Value],
-    buckets: &[&BucketRequest],
-) -> Option<Vec<Option<Window>>> {
+fn windows(items: &[Value], buckets: &[&BucketRequest]) -> Option<Vec<Option<Window>>> {
     let quotas = buckets
         .iter()
         .filter(|b| matches!(b.meter, Meter::Quota(_)))
@@ -395,7 +392,10 @@ fn windows(
 }
 
 /// `{tokens_1, ..., tokens_n, now, windows...}` of `lua/report.lua` → outcomes.
-fn parse_report(reply: Value, buckets: &[&BucketRequest]) -> Result<Vec<BucketOutcome>, StoreError> {
+fn parse_report(
+    reply: Value,
+    buckets: &[&BucketRequest],
+) -> Result<Vec<BucketOutcome>, StoreError> {
     let malformed = || StoreError::Script("malformed report reply".into());
     let Value::Array(items) = reply else {
         return Err(malformed());

@@ -119,8 +119,8 @@ pub(super) async fn decide(
 fn charge_mark(window: Option<crate::store::Window>, charged_at: &str) -> String {
     match (window, charged_at.parse::<u64>()) {
         (Some(window), Ok(now_us)) => {
-            let start = (now_us / 1_000_000) as i64 + window.ends_in_s as i64
-                - window.length_s as i64;
+            let start =
+                (now_us / 1_000_000) as i64 + window.ends_in_s as i64 - window.length_s as i64;
             start.to_string()
         }
         _ => charged_at.to_string(),
