@@ -95,17 +95,7 @@ pub fn bucket_key(
         if i > 0 {
             tail.push(b'|');
         }
-        match part_value(part, request) {
-            Some(PartValue::Bytes(value)) => escape_into(&mut tail, value),
-            Some(PartValue::Lowercase(value)) => {
-                let start = tail.len();
-                escape_into(&mut tail, value);
-                tail[start..].make_ascii_lowercase();
-            }
-            Some(PartValue::Ip(ip)) => write_ip(&mut tail, ip),
-            None if anonymous => tail.extend_from_slice(ANONYMOUS),
-            None => return Err(MissingPart),
-        }
+        push_part(&mut tail, part_value(part, request), anonymous)?;
     }
     Ok(assemble(prefix, limit, &tail))
 }
@@ -142,23 +132,36 @@ const HEX: &[u8; 16] = b"0123456789abcdef";
 
 enum PartValue<'a> {
     Bytes(&'a [u8]),
-    Lowercase(&'a [u8]),
     Ip(IpAddr),
 }
 
+/// Appends one part to the tail: escaped bytes, an address, or (absent) the anonymous marker.
+fn push_part(
+    tail: &mut Vec<u8>,
+    value: Option<PartValue<'_>>,
+    anonymous: bool,
+) -> Result<(), MissingPart> {
+    match value {
+        Some(PartValue::Bytes(value)) => escape_into(tail, value),
+        Some(PartValue::Ip(ip)) => write_ip(tail, ip),
+        None if anonymous => tail.extend_from_slice(ANONYMOUS),
+        None => return Err(MissingPart),
+    }
+    Ok(())
+}
+
+/// The request's value for one part. Method, host and path come normalised (lower-case host,
+/// canonical path), so every spelling of one resource shares one bucket.
 fn part_value<'a>(part: &'a KeyPart, request: &'a Described<'_>) -> Option<PartValue<'a>> {
     let value = match part {
         KeyPart::Ip => return Some(PartValue::Ip(request.client_ip)),
-        KeyPart::Method => PartValue::Bytes(request.method.as_bytes()),
-        KeyPart::Host => PartValue::Lowercase(request.host_without_port().as_bytes()),
-        KeyPart::Path => PartValue::Bytes(request.path.as_bytes()),
-        KeyPart::Header(name) => PartValue::Bytes(request.header(name)?),
-        KeyPart::Const(text) => PartValue::Bytes(text.as_bytes()),
+        KeyPart::Method => request.method.as_bytes(),
+        KeyPart::Host => request.host.as_bytes(),
+        KeyPart::Path => request.path.as_bytes(),
+        KeyPart::Header(name) => request.header(name)?,
+        KeyPart::Const(text) => text.as_bytes(),
     };
-    match value {
-        PartValue::Bytes(b) | PartValue::Lowercase(b) if b.is_empty() => None,
-        value => Some(value),
-    }
+    (!value.is_empty()).then_some(PartValue::Bytes(value))
 }
 
 fn escape_into(out: &mut Vec<u8>, value: &[u8]) {
@@ -236,6 +239,77 @@ mod tests {
         let mut out = Vec::new();
         escape_into(&mut out, b"#0123");
         assert!(out.starts_with(b"%23"));
+    }
+
+    /// A tuple of parts as `bucket_key` would write it (`None`: absent, anonymous).
+    fn key_of(parts: &[Option<Vec<u8>>]) -> String {
+        let mut tail = Vec::new();
+        for (i, part) in parts.iter().enumerate() {
+            if i > 0 {
+                tail.push(b'|');
+            }
+            let value = part
+                .as_deref()
+                .filter(|v| !v.is_empty())
+                .map(PartValue::Bytes);
+            push_part(&mut tail, value, true).unwrap();
+        }
+        assemble("tg", "limit", &tail)
+    }
+
+    fn part() -> impl proptest::strategy::Strategy<Value = Option<Vec<u8>>> {
+        use proptest::prelude::*;
+        // Few distinct bytes, rich in separators and escapes, so near-collisions are common;
+        // up to 200 bytes, so some tails are hashed and some are not.
+        let byte = prop_oneof![
+            Just(b'%'),
+            Just(b'|'),
+            Just(b'#'),
+            Just(b'{'),
+            Just(b'}'),
+            Just(b'a'),
+            Just(b'2'),
+            Just(b'5'),
+            Just(b'7'),
+            Just(b'C'),
+            Just(0xff),
+        ];
+        proptest::option::weighted(0.9, proptest::collection::vec(byte, 0..200))
+    }
+
+    fn two_tuples() -> impl proptest::strategy::Strategy<Value = (Vec<Option<Vec<u8>>>, Vec<Option<Vec<u8>>>)> {
+        use proptest::prelude::*;
+        (1usize..4).prop_flat_map(|n| {
+            (
+                proptest::collection::vec(part(), n),
+                proptest::collection::vec(part(), n),
+            )
+        })
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn distinct_part_tuples_get_distinct_keys((a, b) in two_tuples()) {
+            // Absent and empty are one value (both mean "missing").
+            let same = |x: &Option<Vec<u8>>, y: &Option<Vec<u8>>| {
+                x.as_deref().unwrap_or_default() == y.as_deref().unwrap_or_default()
+            };
+            let equal_tuples = a.iter().zip(&b).all(|(x, y)| same(x, y));
+            proptest::prop_assert_eq!(equal_tuples, key_of(&a) == key_of(&b), "{:?} {:?}", a, b);
+        }
+
+        #[test]
+        fn a_tuple_differing_in_one_part_gets_another_key(
+            base in proptest::collection::vec(part(), 1..4),
+            index in 0usize..4,
+            other in part(),
+        ) {
+            let mut changed: Vec<Option<Vec<u8>>> = base.clone();
+            let i = index % base.len();
+            changed[i] = other;
+            let same = base[i].as_deref().unwrap_or_default() == changed[i].as_deref().unwrap_or_default();
+            proptest::prop_assert_eq!(same, key_of(&base) == key_of(&changed));
+        }
     }
 
     #[test]

@@ -35,10 +35,11 @@ pub struct Matcher {
 impl Matcher {
     fn new(config: &MatchConfig) -> Matcher {
         Matcher {
+            // Spelled like a request's host is normalised: lower-case, no trailing dot.
             hosts: config
                 .hosts
                 .iter()
-                .map(|h| h.to_ascii_lowercase())
+                .map(|h| h.strip_suffix('.').unwrap_or(h).to_ascii_lowercase())
                 .collect(),
             methods: config
                 .methods
@@ -50,13 +51,14 @@ impl Matcher {
     }
 
     pub fn matches(&self, request: &Described<'_>) -> bool {
-        let host = request.host_without_port();
-        (self.hosts.is_empty() || self.hosts.iter().any(|h| h.eq_ignore_ascii_case(host)))
+        // The request's host and path are normalised (lower-case host without port or trailing
+        // dot; path without dot segments, doubled slashes or escaped unreserved characters).
+        (self.hosts.is_empty() || self.hosts.iter().any(|h| *h == request.host))
             && (self.methods.is_empty()
                 || self
                     .methods
                     .iter()
-                    .any(|m| m.eq_ignore_ascii_case(request.method)))
+                    .any(|m| m.eq_ignore_ascii_case(&request.method)))
             && self
                 .path_prefix
                 .as_deref()
