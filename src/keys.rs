@@ -277,7 +277,9 @@ mod tests {
         proptest::option::weighted(0.9, proptest::collection::vec(byte, 0..200))
     }
 
-    fn two_tuples() -> impl proptest::strategy::Strategy<Value = (Vec<Option<Vec<u8>>>, Vec<Option<Vec<u8>>>)> {
+    fn two_tuples(
+    ) -> impl proptest::strategy::Strategy<Value = (Vec<Option<Vec<u8>>>, Vec<Option<Vec<u8>>>)>
+    {
         use proptest::prelude::*;
         (1usize..4).prop_flat_map(|n| {
             (

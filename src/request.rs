@@ -172,17 +172,32 @@ fn split_url(url: Cow<'_, str>) -> (Option<Cow<'_, str>>, Cow<'_, str>) {
         return (None, url);
     };
     let rest = scheme_end + 3;
-    let authority_end = url[rest..].find(['/', '?', '#']).map_or(url.len(), |i| rest + i);
-    let host_start = url[rest..authority_end].rfind('@').map_or(rest, |i| rest + i + 1);
+    let authority_end = url[rest..]
+        .find(['/', '?', '#'])
+        .map_or(url.len(), |i| rest + i);
+    let host_start = url[rest..authority_end]
+        .rfind('@')
+        .map_or(rest, |i| rest + i + 1);
     let path_is_rooted = url[authority_end..].starts_with('/');
     match url {
         Cow::Borrowed(text) => (
             Some(Cow::Borrowed(&text[host_start..authority_end])).filter(|h| !h.is_empty()),
-            Cow::Borrowed(if path_is_rooted { &text[authority_end..] } else { "/" }),
+            Cow::Borrowed(if path_is_rooted {
+                &text[authority_end..]
+            } else {
+                "/"
+            }),
         ),
         Cow::Owned(text) => (
-            Some(Cow::<str>::Owned(text[host_start..authority_end].to_string())).filter(|h| !h.is_empty()),
-            Cow::Owned(if path_is_rooted { text[authority_end..].to_string() } else { "/".into() }),
+            Some(Cow::<str>::Owned(
+                text[host_start..authority_end].to_string(),
+            ))
+            .filter(|h| !h.is_empty()),
+            Cow::Owned(if path_is_rooted {
+                text[authority_end..].to_string()
+            } else {
+                "/".into()
+            }),
         ),
     }
 }
@@ -332,7 +347,10 @@ mod tests {
 
     #[test]
     fn the_original_url_is_normalised_like_the_others() {
-        let h = headers(&[("x-original-url", "http://user@API.example.com.:80//%61pi/./items?x")]);
+        let h = headers(&[(
+            "x-original-url",
+            "http://user@API.example.com.:80//%61pi/./items?x",
+        )]);
         let d = Described::new(&h, "GET", "/", ip("127.0.0.1"));
         assert_eq!((&*d.host, &*d.path), ("api.example.com", "/api/items"));
         let h = headers(&[("x-original-url", "/x/../api")]);

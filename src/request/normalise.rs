@@ -234,9 +234,18 @@ mod tests {
 
     #[test]
     fn a_normal_path_is_borrowed() {
-        assert!(matches!(path(Cow::Borrowed("/api/v1/items?x=1")), Cow::Borrowed("/api/v1/items")));
-        assert!(matches!(host(Cow::Borrowed("api.example.com")), Cow::Borrowed(_)));
-        assert!(matches!(host(Cow::Borrowed("api.example.com.:80")), Cow::Borrowed("api.example.com")));
+        assert!(matches!(
+            path(Cow::Borrowed("/api/v1/items?x=1")),
+            Cow::Borrowed("/api/v1/items")
+        ));
+        assert!(matches!(
+            host(Cow::Borrowed("api.example.com")),
+            Cow::Borrowed(_)
+        ));
+        assert!(matches!(
+            host(Cow::Borrowed("api.example.com.:80")),
+            Cow::Borrowed("api.example.com")
+        ));
         assert!(matches!(visible(b"/api"), Cow::Borrowed("/api")));
     }
 
@@ -249,7 +258,11 @@ mod tests {
             "api.example.com:8080",
             "api.example.com.:80",
         ] {
-            assert_eq!(host(Cow::Borrowed(spelling)), "api.example.com", "{spelling}");
+            assert_eq!(
+                host(Cow::Borrowed(spelling)),
+                "api.example.com",
+                "{spelling}"
+            );
         }
         assert_eq!(host(Cow::Borrowed("[::1]:80")), "[::1]");
         assert_eq!(host(Cow::Borrowed("::1")), "::1");
