@@ -277,9 +277,10 @@ mod tests {
         proptest::option::weighted(0.9, proptest::collection::vec(byte, 0..200))
     }
 
-    fn two_tuples(
-    ) -> impl proptest::strategy::Strategy<Value = (Vec<Option<Vec<u8>>>, Vec<Option<Vec<u8>>>)>
-    {
+    /// Values of a limit's key parts; `None` is an absent part.
+    type Tuple = Vec<Option<Vec<u8>>>;
+
+    fn two_tuples() -> impl proptest::strategy::Strategy<Value = (Tuple, Tuple)> {
         use proptest::prelude::*;
         (1usize..4).prop_flat_map(|n| {
             (
@@ -306,7 +307,7 @@ mod tests {
             index in 0usize..4,
             other in part(),
         ) {
-            let mut changed: Vec<Option<Vec<u8>>> = base.clone();
+            let mut changed: Tuple = base.clone();
             let i = index % base.len();
             changed[i] = other;
             let same = base[i].as_deref().unwrap_or_default() == changed[i].as_deref().unwrap_or_default();

@@ -292,3 +292,48 @@ fn no_spelling_dodges_a_limit_through_the_ingress_nginx_example() {
 fn no_spelling_dodges_a_limit_through_the_shipped_traefik_config() {
     assert_no_spelling_dodges(&Stack::start("deny", LIMITS, Traefik::start));
 }
+
+/// With `deny_status`, the one request the bucket holds passes and the next reaches the client
+/// as `expected`, never the application.
+fn assert_denied_as<P: Proxy>(
+    start_proxy: impl Fn(SocketAddr, SocketAddr) -> P,
+    deny_status: u16,
+    expected: u16,
+) {
+    let limits = format!(
+        "[response]\ndeny_status = {deny_status}\n\n[[limits]]\nname = \"all\"\nrate = 0.001\n\
+         burst = 1\nkey = [\"path\"]\n"
+    );
+    let stack = Stack::start("deny", &limits, start_proxy);
+    let get = || {
+        send_raw_from(
+            CLIENT,
+            stack.addr(),
+            &request("GET", b"/", "app.example", &[]),
+        )
+        .expect("answered")
+    };
+    let first = get();
+    assert_eq!(first.status, 200, "deny_status {deny_status}: {first:?}");
+    let denied = get();
+    assert_eq!(
+        denied.status, expected,
+        "deny_status {deny_status}: {denied:?}"
+    );
+    assert_eq!(
+        stack.backend.count(),
+        1,
+        "deny_status {deny_status} admitted"
+    );
+}
+
+#[test]
+fn any_4xx_deny_status_is_a_denial_at_the_client_through_every_shipped_config() {
+    // nginx can `return` only literal statuses: 418 and 420 pass as they are, others as 429.
+    for (deny_status, through_nginx) in [(418, 418), (451, 429), (400, 429)] {
+        assert_denied_as(Nginx::start, deny_status, through_nginx);
+        assert_denied_as(Nginx::start_sidecar, deny_status, through_nginx);
+        assert_denied_as(Nginx::start_ingress_nginx, deny_status, through_nginx);
+        assert_denied_as(Traefik::start, deny_status, deny_status);
+    }
+}

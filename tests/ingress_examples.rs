@@ -8,8 +8,6 @@
 
 mod support;
 
-use std::net::SocketAddr;
-
 use serde_yaml::Value;
 use support::proxies::scenarios::{
     assert_denied_with_quota_headers, assert_path_and_method_limit, Stack, API_WRITES_BURST_1,
