@@ -2,7 +2,7 @@
 //! from the headers the ingress forwards. An already-normal request allocates nothing: every
 //! value borrows from the check request unless it had to be rewritten.
 
-mod normalise;
+pub(crate) mod normalise;
 
 use std::borrow::Cow;
 use std::net::{IpAddr, SocketAddr};
