@@ -15,6 +15,7 @@
 //! 128-bit SHA-256 prefix of itself: memory per bucket stays bounded whatever the client sends,
 //! and a hashed tail cannot collide with a plain one (a plain `#` is always escaped).
 
+use std::borrow::Cow;
 use std::io::Write as _;
 use std::net::IpAddr;
 
@@ -22,7 +23,7 @@ use ipnet::Ipv6Net;
 
 use sha2::{Digest, Sha256};
 
-use crate::request::Described;
+use crate::request::{normalise, Described};
 
 /// Longest tail stored as is.
 pub const MAX_TAIL: usize = 128;
@@ -98,26 +99,16 @@ pub fn bucket_key(
         if i > 0 {
             tail.push(b'|');
         }
-        match part_value(part, request) {
-            Some(PartValue::Bytes(value)) => escape_into(&mut tail, value),
-            Some(PartValue::Lowercase(value)) => {
-                let start = tail.len();
-                escape_into(&mut tail, value);
-                tail[start..].make_ascii_lowercase();
-            }
-            Some(PartValue::Ip(ip)) => write_ip(&mut tail, ip, ipv6_prefix),
-            None if anonymous => tail.extend_from_slice(ANONYMOUS),
-            None => return Err(MissingPart),
-        }
+        push_part(&mut tail, part_value(part, request), anonymous, ipv6_prefix)?;
     }
     Ok(assemble(prefix, limit, &tail))
 }
 
 /// The key of `limit` for part values given explicitly (a `POST /report`), one per part in
 /// order, built as [`bucket_key`] builds it from a request: an `ip` value is keyed as that
-/// client would be, a `host` lower-cased, an empty value as an absent part under
-/// `on_missing = "anonymous"`; a `const` part's value must be its text. Fails with the index
-/// of a value that cannot be what its part holds.
+/// client would be, a `host` and a `path` normalised as `/check` normalises them, an empty
+/// value as an absent part under `on_missing = "anonymous"`; a `const` part's value must be
+/// its text. Fails with the index of a value that cannot be what its part holds.
 pub fn key_of_values(
     prefix: &str,
     limit: &str,
@@ -141,9 +132,12 @@ pub fn key_of_values(
                 write_ip(&mut tail, ip, ipv6_prefix);
             }
             KeyPart::Host => {
-                let start = tail.len();
-                escape_into(&mut tail, value.as_bytes());
-                tail[start..].make_ascii_lowercase();
+                let host = normalise::host(Cow::Borrowed(value.as_str()));
+                escape_into(&mut tail, host.as_bytes());
+            }
+            KeyPart::Path => {
+                let path = normalise::path(Cow::Borrowed(value.as_str()));
+                escape_into(&mut tail, path.as_bytes());
             }
             _ => escape_into(&mut tail, value.as_bytes()),
         }
@@ -183,23 +177,37 @@ const HEX: &[u8; 16] = b"0123456789abcdef";
 
 enum PartValue<'a> {
     Bytes(&'a [u8]),
-    Lowercase(&'a [u8]),
     Ip(IpAddr),
 }
 
+/// Appends one part to the tail: escaped bytes, an address, or (absent) the anonymous marker.
+fn push_part(
+    tail: &mut Vec<u8>,
+    value: Option<PartValue<'_>>,
+    anonymous: bool,
+    ipv6_prefix: u8,
+) -> Result<(), MissingPart> {
+    match value {
+        Some(PartValue::Bytes(value)) => escape_into(tail, value),
+        Some(PartValue::Ip(ip)) => write_ip(tail, ip, ipv6_prefix),
+        None if anonymous => tail.extend_from_slice(ANONYMOUS),
+        None => return Err(MissingPart),
+    }
+    Ok(())
+}
+
+/// The request's value for one part. Method, host and path come normalised (lower-case host,
+/// canonical path), so every spelling of one resource shares one bucket.
 fn part_value<'a>(part: &'a KeyPart, request: &'a Described<'_>) -> Option<PartValue<'a>> {
     let value = match part {
         KeyPart::Ip => return Some(PartValue::Ip(request.client_ip)),
-        KeyPart::Method => PartValue::Bytes(request.method.as_bytes()),
-        KeyPart::Host => PartValue::Lowercase(request.host_without_port().as_bytes()),
-        KeyPart::Path => PartValue::Bytes(request.path.as_bytes()),
-        KeyPart::Header(name) => PartValue::Bytes(request.header(name)?),
-        KeyPart::Const(text) => PartValue::Bytes(text.as_bytes()),
+        KeyPart::Method => request.method.as_bytes(),
+        KeyPart::Host => request.host.as_bytes(),
+        KeyPart::Path => request.path.as_bytes(),
+        KeyPart::Header(name) => request.header(name)?,
+        KeyPart::Const(text) => text.as_bytes(),
     };
-    match value {
-        PartValue::Bytes(b) | PartValue::Lowercase(b) if b.is_empty() => None,
-        value => Some(value),
-    }
+    (!value.is_empty()).then_some(PartValue::Bytes(value))
 }
 
 fn escape_into(out: &mut Vec<u8>, value: &[u8]) {
@@ -313,6 +321,85 @@ mod tests {
         let mut out = Vec::new();
         escape_into(&mut out, b"#0123");
         assert!(out.starts_with(b"%23"));
+    }
+
+    /// A tuple of parts as `bucket_key` would write it (`None`: absent, anonymous).
+    fn key_of(parts: &[Option<Vec<u8>>]) -> String {
+        let mut tail = Vec::new();
+        for (i, part) in parts.iter().enumerate() {
+            if i > 0 {
+                tail.push(b'|');
+            }
+            let value = part
+                .as_deref()
+                .filter(|v| !v.is_empty())
+                .map(PartValue::Bytes);
+            push_part(&mut tail, value, true, 64).unwrap();
+        }
+        assemble("tg", "limit", &tail)
+    }
+
+    fn part() -> impl proptest::strategy::Strategy<Value = Option<Vec<u8>>> {
+        use proptest::prelude::*;
+        // Few distinct bytes, rich in separators and escapes, so near-collisions are common;
+        // up to 200 bytes, so some tails are hashed and some are not.
+        let byte = prop_oneof![
+            Just(b'%'),
+            Just(b'|'),
+            Just(b'#'),
+            Just(b'{'),
+            Just(b'}'),
+            Just(b'a'),
+            Just(b'2'),
+            Just(b'5'),
+            Just(b'7'),
+            Just(b'C'),
+            Just(0xff),
+        ];
+        proptest::option::weighted(0.9, proptest::collection::vec(byte, 0..200))
+    }
+
+    /// Values of a limit's key parts; `None` is an absent part.
+    type Tuple = Vec<Option<Vec<u8>>>;
+
+    /// Short values over a tiny alphabet of separators and escape digits: among 64 such
+    /// tuples, values that a broken escaping would confuse (`a|b`,`c` and `a`,`b|c`; `%7C` and
+    /// `|`) come up in most runs.
+    fn many_short_tuples() -> impl proptest::strategy::Strategy<Value = Vec<Tuple>> {
+        use proptest::prelude::*;
+        let byte = proptest::sample::select(vec![b'%', b'|', b'7', b'C', b'a', b'{', b'}']);
+        let part = proptest::option::weighted(0.9, proptest::collection::vec(byte, 0..4));
+        (1usize..4).prop_flat_map(move |n| {
+            proptest::collection::vec(proptest::collection::vec(part.clone(), n), 64)
+        })
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn no_two_distinct_tuples_share_a_key(tuples in many_short_tuples()) {
+            let mut seen = std::collections::HashMap::new();
+            for tuple in tuples {
+                // Absent and empty are one value (both mean "missing").
+                let tuple: Tuple = tuple.into_iter().map(|p| p.filter(|v| !v.is_empty())).collect();
+                if let Some(earlier) = seen.insert(key_of(&tuple), tuple.clone()) {
+                    proptest::prop_assert_eq!(earlier, tuple);
+                }
+            }
+        }
+
+        #[test]
+        // Long values too, so hashed tails are compared with hashed and plain ones.
+        fn a_tuple_differing_in_one_part_gets_another_key(
+            base in proptest::collection::vec(part(), 1..4),
+            index in 0usize..4,
+            other in part(),
+        ) {
+            let mut changed: Tuple = base.clone();
+            let i = index % base.len();
+            changed[i] = other;
+            let same = base[i].as_deref().unwrap_or_default() == changed[i].as_deref().unwrap_or_default();
+            proptest::prop_assert_eq!(same, key_of(&base) == key_of(&changed));
+        }
     }
 
     #[test]
