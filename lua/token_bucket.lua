@@ -32,7 +32,7 @@ local now_s = tonumber(t[1])
 local now = now_s * 1000000 + tonumber(t[2])
 
 local n = #KEYS
-local tokens, costs, enough, starts, stops = {}, {}, {}, {}, {}
+local tokens, costs, enough, starts, stops, current = {}, {}, {}, {}, {}, {}
 local allowed = 1
 
 for i = 1, n do
@@ -45,7 +45,10 @@ for i = 1, n do
     local start, stop = period_bounds(ARGV[4 * i - 3], now_s)
     local stored = redis.call('HMGET', KEYS[i], 'used', 'start')
     local used = 0
-    if tonumber(stored[2]) == start then used = tonumber(stored[1]) or 0 end
+    if tonumber(stored[2]) == start then
+      used = tonumber(stored[1]) or 0
+      current[i] = true
+    end
     level = burst - used
     starts[i], stops[i] = start, stop
   else
@@ -73,8 +76,11 @@ for i = 1, n do
   local burst = tonumber(ARGV[4 * i - 2])
   local level = string.format('%.17g', tokens[i])
   if starts[i] then
-    if charged and costs[i] > 0 then
-      redis.call('HSET', KEYS[i], 'used', string.format('%d', burst - tokens[i]),
+    if charged and costs[i] > 0 and current[i] then
+      -- This period's count exists, and so does its expiry.
+      redis.call('HINCRBY', KEYS[i], 'used', costs[i])
+    elseif charged and costs[i] > 0 then
+      redis.call('HSET', KEYS[i], 'used', string.format('%d', costs[i]),
         'start', string.format('%d', starts[i]))
       redis.call('PEXPIRE', KEYS[i], math.ceil((stops[i] * 1000000 - now) / 1000))
     end
