@@ -750,13 +750,17 @@ impl LimitConfig {
     }
 
     fn validate_bucket(&self, at: &str) -> Result<(), ConfigError> {
+        const NEEDS: &str = "(a bucket takes rate and burst; a quota, quota and period)";
         if !(self.rate.is_finite() && self.rate > 0.0) {
-            return Err(ConfigError::new(format!("{at}.rate"), "must be > 0"));
+            return Err(ConfigError::new(
+                format!("{at}.rate"),
+                format!("must be > 0 {NEEDS}"),
+            ));
         }
         if self.burst == 0 || self.burst > MAX_BURST {
             return Err(ConfigError::new(
                 format!("{at}.burst"),
-                format!("must be between 1 and {MAX_BURST}"),
+                format!("must be between 1 and {MAX_BURST} {NEEDS}"),
             ));
         }
         // A bucket in debt refills its burst and its debt before the store may forget it.

@@ -59,7 +59,7 @@ fn the_shipped_example_config_is_valid() {
     assert!(output.status.success(), "{}", stderr(&output));
     let out = String::from_utf8_lossy(&output.stdout);
     assert!(
-        out.contains("limits        3") && out.contains("on_error allow"),
+        out.contains("limits        5") && out.contains("on_error allow"),
         "{out}"
     );
 }
@@ -166,7 +166,8 @@ fn every_invalid_value_is_refused_naming_its_key() {
         ("[[limits]]\nname = \"a\"\nrate = 1\nburst = 5\nkey = [\"ip\"]\n[limits.match]\npath_prefix = \"api\"\n", "limits.a.match.path_prefix"),
         ("[[limits]]\nname = \"a\"\nrate = 1\nburst = 5\nkey = [\"ip\"]\nwindow = 3\n", "window"),
         (&"[[limits]]\nname = \"a\"\nrate = 1\nburst = 5\nkey = [\"ip\"]\n".repeat(2), "limits[1].name"),
-        ("[[limits]]\nname = \"a\"\nrate = 1\n", "burst"),
+        ("[[limits]]\nname = \"a\"\nrate = 1\nkey = [\"ip\"]\n", "limits.a.burst"),
+        ("[[limits]]\nname = \"a\"\nburst = 1\nkey = [\"ip\"]\n", "limits.a.rate"),
         ("[store\n", "TOML"),
     ];
     for (config, key) in cases {

@@ -1019,3 +1019,34 @@ fn behind_sentinel_quotas_and_reports_work() {
         429
     );
 }
+
+#[test]
+fn the_readme_quota_and_report_examples_validate() {
+    let readme = include_str!("../README.md");
+    let dir = support::TempDir::new("readme");
+    let token = dir.write("token", TOKEN);
+    let blocks: Vec<&str> = readme
+        .split("```toml\n")
+        .skip(1)
+        .filter_map(|rest| rest.split("```").next())
+        .filter(|block| block.contains("quota") || block.contains("charge"))
+        .collect();
+    assert!(blocks.len() >= 3, "found {} examples", blocks.len());
+    for block in blocks {
+        let config = block.replace(
+            "/var/run/secrets/tollgate/admin-token",
+            &token.display().to_string(),
+        );
+        let path = dir.write("example.toml", &config);
+        let out = support::tollgate_command()
+            .args(["validate", "--config"])
+            .arg(&path)
+            .output()
+            .expect("run validate");
+        assert!(
+            out.status.success(),
+            "{block}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
