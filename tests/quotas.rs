@@ -1050,3 +1050,27 @@ fn the_readme_quota_and_report_examples_validate() {
         );
     }
 }
+
+#[test]
+fn sighup_rotates_the_admin_token() {
+    let dir = support::TempDir::new("rotate");
+    let file = dir.write("token", TOKEN);
+    let config = format!("admin_token_file = \"{}\"\n{REPORT_LIMITS}", file.display());
+    let tollgate = Tollgate::start(&config);
+    let body = r#"{"limit": "llm-tokens", "key": ["r"], "cost": 1}"#;
+    assert_eq!(post(tollgate.admin, Some(TOKEN), body).status, 200);
+    let rotated = "rotated-token-9876543210";
+    dir.write("token", rotated);
+    tollgate.signal("HUP");
+    assert!(
+        support::wait_until(Duration::from_secs(5), || post(
+            tollgate.admin,
+            Some(rotated),
+            body
+        )
+        .status
+            == 200),
+        "the new token is accepted after SIGHUP"
+    );
+    assert_eq!(post(tollgate.admin, Some(TOKEN), body).status, 401);
+}

@@ -84,8 +84,13 @@ fn denied(decision: &Decision, policy: &Policy) -> HttpResponse {
             .find(|(s, _)| s.wait_secs().is_none())
         {
             Some((state, limit)) => format!(
-                "request cost {} exceeds the burst {} of limit {:?}: it can never pass",
+                "request cost {} exceeds the {} {} of limit {:?}: it can never pass",
                 state.cost,
+                if state.window.is_some() {
+                    "quota"
+                } else {
+                    "burst"
+                },
                 state.capacity(),
                 limit.name
             ),
