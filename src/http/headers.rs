@@ -174,11 +174,12 @@ fn quota_headers(response: &mut HttpResponseBuilder, decision: &Decision, policy
 }
 
 /// A limit's `RateLimit-Policy` item: precomputed, unless the local fallback decided it with
-/// this instance's share of the limit, or it is a month (whose length varies).
+/// this instance's share of the limit, or it is a month whose length the store reported (a
+/// denial from the deny cache did not look at the quota: it shows the nominal 30 days).
 fn policy_item<'p>(state: &LimitState, policy: &'p Policy) -> Cow<'p, str> {
     let limit = &policy.limits[state.limit];
     let month = matches!(limit.meter, Meter::Quota(period) if period.fixed_secs().is_none());
-    if !state.is_scaled(limit) && !month {
+    if !state.is_scaled(limit) && !(month && state.window.is_some()) {
         return Cow::Borrowed(&limit.policy_item);
     }
     Cow::Owned(format!(
