@@ -117,38 +117,17 @@ fn period_boundaries_agree_between_the_rust_twin_and_the_shipped_script() {
             assert_eq!(twin, due, "{what}, step {step}: Rust twin");
 
             // The shipped script, its clock replaced by the same instant.
-            let instant = format!("{{'{}', '{}'}}", at_us / 1_000_000, at_us % 1_000_000);
-            let pinned = shipped.replacen(TIME, &instant, 1);
-            let reply: Vec<redis::Value> = redis::cmd("EVAL")
-                .arg(&pinned)
-                .arg(1)
-                .arg(&key)
-                .arg(period.code())
-                .arg(QUOTA)
-                .arg(1)
-                .arg("0")
-                .query(&mut conn)
-                .unwrap_or_else(|e| panic!("{what}: script failed: {e}"));
-            let number = |v: &redis::Value| -> f64 {
-                match v {
-                    redis::Value::Int(n) => *n as f64,
-                    redis::Value::BulkString(b) => {
-                        String::from_utf8_lossy(b).parse().expect("a number")
-                    }
-                    other => panic!("unexpected {other:?}"),
-                }
-            };
-            assert_eq!(
-                reply.len(),
-                6,
-                "{what}: {{allowed, tokens, enough, now, t, w}}"
+            let reply = pinned_eval(
+                &mut conn,
+                shipped,
+                at_us,
+                &key,
+                &[period.code(), &QUOTA.to_string(), "1", "0"],
             );
-            assert_eq!(number(&reply[0]), 1.0, "{what}, step {step}: Redis admits");
-            let script_seen: Seen = (
-                number(&reply[1]),
-                number(&reply[4]) as u64,
-                number(&reply[5]) as u64,
-            );
+            let (allowed, tokens, window) = bucket_reply(&reply);
+            assert!(allowed, "{what}, step {step}: Redis admits");
+            let (ends_in, length) = window.expect("a quota reports its window");
+            let script_seen: Seen = (tokens, ends_in, length);
             assert_eq!(script_seen, due, "{what}, step {step}: shipped script");
         }
     }
@@ -176,27 +155,9 @@ fn a_used_up_period_denies_until_it_ends_on_both_stores() {
     for (step, (at_us, admitted)) in instants.into_iter().enumerate() {
         clock.set_us(at_us);
         let memory_says = memory.decide_now(&[quota_request("tg:m:{k}", Period::Month)]);
-        let pinned = shipped.replacen(
-            "redis.call('TIME')",
-            &format!("{{'{}', '{}'}}", at_us / 1_000_000, at_us % 1_000_000),
-            1,
-        );
-        let reply: Vec<redis::Value> = redis::cmd("EVAL")
-            .arg(&pinned)
-            .arg(1)
-            .arg("tg:m:{k}")
-            .arg("m")
-            .arg(QUOTA)
-            .arg(1)
-            .arg("0")
-            .query(&mut conn)
-            .expect("script runs");
+        let reply = pinned_eval(&mut conn, shipped, at_us, "tg:m:{k}", &["m", "3", "1", "0"]);
         assert_eq!(memory_says.allowed, admitted, "step {step}: memory store");
-        assert_eq!(
-            reply[0],
-            redis::Value::Int(i64::from(admitted)),
-            "step {step}: Redis"
-        );
+        assert_eq!(bucket_reply(&reply).0, admitted, "step {step}: Redis");
     }
     // The counter expires by itself when its period ends: its TTL runs to the end of March
     // as seen from the pinned clock (at most 31 days).
@@ -793,14 +754,15 @@ fn the_deny_cache_never_speaks_for_a_quota_or_a_reported_limit() {
     assert!(cache.is_empty());
 }
 
-/// Runs a shipped script on real Redis with its clock pinned at `at_us`.
+/// Runs a shipped script on real Redis with its clock pinned at `at_us`: its one `TIME` call
+/// is replaced by that instant, so the shipped arithmetic is what runs.
 fn pinned_eval(
     conn: &mut redis::Connection,
     shipped: &str,
     at_us: u64,
     key: &str,
     args: &[&str],
-) -> Vec<redis::Value> {
+) -> redis::Value {
     const TIME: &str = "redis.call('TIME')";
     assert_eq!(shipped.matches(TIME).count(), 1, "one clock read");
     let instant = format!("{{'{}', '{}'}}", at_us / 1_000_000, at_us % 1_000_000);
@@ -811,6 +773,45 @@ fn pinned_eval(
         .arg(args)
         .query(conn)
         .expect("script runs")
+}
+
+fn text(value: &redis::Value) -> String {
+    match value {
+        redis::Value::Int(n) => n.to_string(),
+        redis::Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+        redis::Value::SimpleString(s) => s.clone(),
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+/// A one-key `token_bucket.lua` reply as (allowed, tokens, quota window), read from either
+/// shape the script has had: the array `{allowed, tokens, enough, now, t, w}` or the string
+/// `"allowed now tokens enough t w"`.
+fn bucket_reply(reply: &redis::Value) -> (bool, f64, Option<(u64, u64)>) {
+    let fields: Vec<String> = match reply {
+        redis::Value::Array(items) => {
+            let mut fields: Vec<String> = items.iter().map(text).collect();
+            let now = fields.remove(3);
+            fields.insert(1, now);
+            fields
+        }
+        other => text(other).split(' ').map(str::to_string).collect(),
+    };
+    let window =
+        (fields.len() == 6).then(|| (fields[4].parse().expect("t"), fields[5].parse().expect("w")));
+    (fields[0] == "1", fields[2].parse().expect("tokens"), window)
+}
+
+/// The tokens of a one-key `report.lua` reply.
+fn report_reply(reply: &redis::Value) -> f64 {
+    match reply {
+        redis::Value::Array(items) => text(&items[0]).parse().expect("tokens"),
+        other => text(other)
+            .split(' ')
+            .next()
+            .and_then(|t| t.parse().ok())
+            .expect("tokens"),
+    }
 }
 
 #[test]
@@ -861,13 +862,7 @@ fn a_reported_bucket_is_used_up_at_zero_and_admits_just_above_it_on_both_stores(
                     &check.key,
                     &["1", "100", &cost.to_string(), "100"],
                 );
-                (
-                    (twin.tokens, twin.enough),
-                    (
-                        redis::from_redis_value::<f64>(reply[0].clone()).unwrap(),
-                        None,
-                    ),
-                )
+                ((twin.tokens, twin.enough), (report_reply(&reply), None))
             }
             None => {
                 let twin = memory.decide_now(std::slice::from_ref(&check));
@@ -878,13 +873,10 @@ fn a_reported_bucket_is_used_up_at_zero_and_admits_just_above_it_on_both_stores(
                     &check.key,
                     &["1", "100", "0", "0"],
                 );
-                (
-                    (twin.buckets[0].tokens, twin.allowed),
-                    (
-                        redis::from_redis_value::<f64>(reply[1].clone()).unwrap(),
-                        Some(reply[0] == redis::Value::Int(1)),
-                    ),
-                )
+                ((twin.buckets[0].tokens, twin.allowed), {
+                    let (allowed, tokens, _) = bucket_reply(&reply);
+                    (tokens, Some(allowed))
+                })
             }
         };
         assert!(
