@@ -179,7 +179,8 @@ fn quota_headers(response: &mut HttpResponseBuilder, decision: &Decision, policy
 fn policy_item<'p>(state: &LimitState, policy: &'p Policy) -> Cow<'p, str> {
     let limit = &policy.limits[state.limit];
     let month = matches!(limit.meter, Meter::Quota(period) if period.fixed_secs().is_none());
-    if !state.is_scaled(limit) && !(month && state.window.is_some()) {
+    let reported_month = month && state.window.is_some();
+    if !(state.is_scaled(limit) || reported_month) {
         return Cow::Borrowed(&limit.policy_item);
     }
     Cow::Owned(format!(
