@@ -276,6 +276,10 @@ impl Store for RedisStore {
             .map(|(decision, _)| decision)
     }
 
+    fn splits_requests(&self) -> bool {
+        self.connection.is_cluster()
+    }
+
     async fn ping(&self) -> Result<(), StoreError> {
         if self.breaker.admit() == Admission::Reject {
             return Err(StoreError::Unavailable);
