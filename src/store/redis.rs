@@ -180,15 +180,20 @@ impl RedisStore {
             }
             Err(e) => {
                 self.count_error(e);
-                if matches!(e, StoreError::Timeout | StoreError::Connection(_)) {
-                    self.failures.fetch_add(1, Ordering::AcqRel);
-                }
+                self.note_failure(e);
                 if self.breaker.on_failure(e) {
                     self.connection.renew();
                 }
             }
         }
         result
+    }
+
+    /// A call that timed out or lost its connection may leave the next call on a new one.
+    fn note_failure(&self, error: &StoreError) {
+        if matches!(error, StoreError::Timeout | StoreError::Connection(_)) {
+            self.failures.fetch_add(1, Ordering::AcqRel);
+        }
     }
 
     fn count_error(&self, error: &StoreError) {
@@ -329,6 +334,7 @@ impl Store for RedisStore {
         match &result {
             Ok(()) => self.breaker.on_success(),
             Err(e) => {
+                self.note_failure(e);
                 if self.breaker.on_failure(e) {
                     self.connection.renew();
                 }
