@@ -33,13 +33,14 @@ key = ["header:x-api-key"]
     )
 }
 
-/// Waits until tollgate's store connection is up (its `/readyz` pings the store).
+/// Waits until tollgate's store connection is up: its `/readyz` pings the store, and says
+/// "ready" only when the store answered (with `on_error = "allow"` it is 200 either way).
 fn wait_ready(tollgate: &Tollgate) {
     assert!(
         wait_until(Duration::from_secs(10), || {
             HttpClient::connect(tollgate.admin)
                 .and_then(|mut c| c.get("/readyz", &[]))
-                .is_ok_and(|r| r.status == 200)
+                .is_ok_and(|r| r.status == 200 && r.body == "ready\n")
         }),
         "store never became ready"
     );

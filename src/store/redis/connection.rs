@@ -64,7 +64,7 @@ impl Connection {
                     .build()
                     .map_err(|e| invalid("store.cluster", &e))?;
                 let config = ClusterConfig::new()
-                    .set_connection_timeout(timeout)
+                    .set_connection_timeout(connect_timeout(timeout))
                     .set_response_timeout(timeout);
                 Ok(Connection::Cluster(
                     client.get_pending_async_connection_with_config(config),
@@ -107,6 +107,15 @@ impl Connection {
             Connection::Single(node) => cmd.query_async(&mut node.current()).await,
             Connection::Cluster(connection) => cmd.query_async(&mut connection.clone()).await,
             Connection::Sentinel(master) => master.query(cmd).await,
+        }
+    }
+
+    /// A clone of the current connection that can outlive this borrow.
+    pub fn handle(&self) -> Handle {
+        match self {
+            Connection::Single(node) => Handle::Single(node.current()),
+            Connection::Cluster(connection) => Handle::Cluster(connection.clone()),
+            Connection::Sentinel(master) => Handle::Sentinel(master.clone()),
         }
     }
 
@@ -167,6 +176,31 @@ impl SingleNode {
     }
 }
 
+/// The current connection, owned: for work that runs beside the calls.
+pub enum Handle {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+    Sentinel(Arc<SentinelMaster>),
+}
+
+impl Handle {
+    pub async fn query(&mut self, cmd: &Cmd) -> RedisResult<Value> {
+        match self {
+            Handle::Single(connection) => cmd.query_async(connection).await,
+            Handle::Cluster(connection) => cmd.query_async(connection).await,
+            Handle::Sentinel(master) => master.query(cmd).await,
+        }
+    }
+}
+
+/// How long one connection attempt may take: a connect costs a TCP handshake and the setup
+/// commands (two round trips, more with TLS), so a Redis whose round trip fits in the call
+/// timeout must still be able to connect. A call never waits longer than its own deadline;
+/// the attempt goes on in the background (see `RedisStore::warm`).
+fn connect_timeout(timeout: Duration) -> Duration {
+    timeout * 4
+}
+
 /// `TCP_NODELAY` on every socket to Redis: with Nagle's algorithm a command written while
 /// another is in flight waits for the peer's ACK, so concurrent checks would go out in waves
 /// one round trip apart (a slow but healthy Redis would then time checks out).
@@ -176,7 +210,7 @@ fn tcp_settings() -> TcpSettings {
 
 pub fn manager_config(timeout: Duration) -> ConnectionManagerConfig {
     ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(timeout))
+        .set_connection_timeout(Some(connect_timeout(timeout)))
         .set_response_timeout(Some(timeout))
         .set_max_delay(MAX_RECONNECT_DELAY)
         // One attempt per call: the breaker paces reconnection (see `Connection::renew`), and
