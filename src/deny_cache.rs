@@ -159,6 +159,7 @@ pub struct DenyCache {
     shard_cap: usize,
     clock: Arc<dyn Clock>,
     probe_wait: Duration,
+    store_timeout: Duration,
 }
 
 impl DenyCache {
@@ -189,12 +190,18 @@ impl DenyCache {
             shard_cap: capacity.div_ceil(SHARDS).max(1),
             clock,
             probe_wait: MAX_PROBE_WAIT.min(store_timeout / 10),
+            store_timeout,
         }
     }
 
     /// How long a check waits for another's probe (see the module docs).
     pub fn probe_wait(&self) -> Duration {
         self.probe_wait
+    }
+
+    /// The store's own timeout: the budget of a waiter's own call.
+    pub fn store_timeout(&self) -> Duration {
+        self.store_timeout
     }
 
     fn now_us(&self) -> u64 {

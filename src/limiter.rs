@@ -120,15 +120,23 @@ impl<S: Store> Limiter<S> {
             self.metrics.checks.allowed.inc();
             return (Verdict::Unlimited, DecidedBy::Policy);
         }
-        let probe = match self.consult_cache(policy, &buckets).await {
-            Ok(probe) => probe,
+        let (probe, waited) = match self.consult_cache(policy, &buckets).await {
+            Ok(asked) => asked,
             Err(denial) => {
                 let decision = self.record_cached_denial(policy, &buckets, denial);
                 return (Verdict::Decided(decision), DecidedBy::DenyCache);
             }
         };
-        // Always the store's full timeout, even after waiting for a probe (see `deny_cache`).
-        match self.store.decide(&buckets).await {
+        // The store's full timeout, even after waiting for a probe (see `deny_cache`); bounded
+        // here too then, so the answer comes within the wait plus the timeout whatever the
+        // store does.
+        let decided = match waited {
+            Some(budget) => tokio::time::timeout(budget, self.store.decide(&buckets))
+                .await
+                .unwrap_or(Err(StoreError::Timeout)),
+            None => self.store.decide(&buckets).await,
+        };
+        match decided {
             Ok(decided) => {
                 if let Some(probe) = probe {
                     probe.learn(&decided.buckets);
@@ -145,23 +153,26 @@ impl<S: Store> Limiter<S> {
     }
 
     /// The deny cache's say: a denial, or the probe to teach with the store's answer (none
-    /// when there is no cache or it may not speak for these buckets).
+    /// when there is no cache or it may not speak for these buckets), and, when the check
+    /// waited for another's probe, the budget of its own store call.
     async fn consult_cache<'c, 'b>(
         &'c self,
         policy: &Policy,
         buckets: &'b [BucketRequest],
-    ) -> Result<Option<Probe<'c, 'b>>, CachedDenial> {
+    ) -> Result<(Option<Probe<'c, 'b>>, Option<Duration>), CachedDenial> {
         let Some(cache) = &self.deny_cache else {
-            return Ok(None);
+            return Ok((None, None));
         };
         if !self.cacheable(policy) {
-            return Ok(None);
+            return Ok((None, None));
         }
         let mut waited = false;
         loop {
             match cache.consult(buckets, waited) {
                 Consult::Deny(denial) => return Err(denial),
-                Consult::Ask(probe) => return Ok(Some(probe)),
+                Consult::Ask(probe) => {
+                    return Ok((Some(probe), waited.then(|| cache.store_timeout())));
+                }
                 Consult::Wait => {
                     cache.wait(buckets).await;
                     waited = true;
