@@ -166,11 +166,7 @@ impl DenyCache {
     /// A cache holding at most about `capacity` buckets, for a store that answers within
     /// `store_timeout`.
     pub fn new(capacity: usize, store_timeout: Duration) -> DenyCache {
-        DenyCache::with_clock(
-            capacity,
-            store_timeout,
-            Arc::new(MonotonicClock::default()),
-        )
+        DenyCache::with_clock(capacity, store_timeout, Arc::new(MonotonicClock::default()))
     }
 
     /// [`DenyCache::new`] reading `clock` (tests advance a manual one).
@@ -275,7 +271,11 @@ impl DenyCache {
     /// Deny, wait for a probe, or ask the store; in the last case this request becomes the
     /// probe of every known bucket. After one wait, pass `waited`: then it is never told to
     /// wait again (a key under constant contention still gets answered).
-    pub fn consult<'c, 'b>(&'c self, buckets: &'b [BucketRequest], waited: bool) -> Consult<'c, 'b> {
+    pub fn consult<'c, 'b>(
+        &'c self,
+        buckets: &'b [BucketRequest],
+        waited: bool,
+    ) -> Consult<'c, 'b> {
         // Taken before sending: the store evaluates the call later, so a bound counted from
         // here is never too tight.
         let now_us = self.now_us();
@@ -288,7 +288,8 @@ impl DenyCache {
         }
         if look.known {
             for (_, bucket) in self.cached(buckets) {
-                if let Some(entry) = Self::lock(self.shard_of(&bucket.key)).get_mut(bucket.key.as_str())
+                if let Some(entry) =
+                    Self::lock(self.shard_of(&bucket.key)).get_mut(bucket.key.as_str())
                 {
                     entry.probe_sent_us = Some(now_us);
                 }
@@ -385,8 +386,8 @@ impl DenyCache {
             entries.remove(bucket.key.as_str());
             return probed;
         }
-        let wait_us = ((need - outcome.tokens) / bucket.rate * 1_000_000.0)
-            .min(MAX_WINDOW_US as f64) as u64;
+        let wait_us =
+            ((need - outcome.tokens) / bucket.rate * 1_000_000.0).min(MAX_WINDOW_US as f64) as u64;
         let entry = Entry {
             tokens: outcome.tokens,
             sent_us,
@@ -537,7 +538,10 @@ mod tests {
         };
         clock.set_us(200_100);
         assert!(matches!(cache.consult(&b, false), Consult::Wait));
-        assert!(is_ask(cache.consult(&b, true)), "a waiter is never told to wait twice");
+        assert!(
+            is_ask(cache.consult(&b, true)),
+            "a waiter is never told to wait twice"
+        );
         // The probe's answer: it took the token; the bucket is denied again.
         probe.learn(&[drained(0.0)]);
         clock.set_us(200_200);
@@ -617,7 +621,10 @@ mod tests {
                 };
                 tokio::join!(waiter, answer);
             });
-            assert!(started.elapsed() < Duration::from_secs(30), "ending {i} woke");
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "ending {i} woke"
+            );
         }
     }
 
@@ -640,7 +647,11 @@ mod tests {
     fn memory_is_capped_and_useless_entries_make_room() {
         let (cache, clock) = cache(320);
         for i in 0..10_000u64 {
-            answer(&cache, &[bucket(&format!("k{i}"), 1_000.0, 5.0, 1)], &[drained(0.0)]);
+            answer(
+                &cache,
+                &[bucket(&format!("k{i}"), 1_000.0, 5.0, 1)],
+                &[drained(0.0)],
+            );
         }
         assert!(cache.len() <= 320, "held {}", cache.len());
         clock.advance_ms(5);

@@ -420,12 +420,8 @@ mod model {
                         match consult {
                             Consult::Deny(_) => {
                                 denials += 1;
-                                let level = bucket::refilled(
-                                    self.state[0],
-                                    self.store_now(),
-                                    rate,
-                                    burst,
-                                );
+                                let level =
+                                    bucket::refilled(self.state[0], self.store_now(), rate, burst);
                                 if level >= cost as f64 {
                                     let now = self.local.now_us();
                                     wrong.push(self.stepped_at.map(|at| now - at));

@@ -93,7 +93,12 @@ struct Outcome {
 }
 
 /// Drains a fresh bucket, waits 2.5 s, then sends 20 checks at once.
-fn drained_bucket_scenario(redis: &RedisServer, rtt_ms: u64, deny_cache: bool, run: u32) -> Outcome {
+fn drained_bucket_scenario(
+    redis: &RedisServer,
+    rtt_ms: u64,
+    deny_cache: bool,
+    run: u32,
+) -> Outcome {
     let proxy = LatencyProxy::start(redis.port, Duration::from_micros(rtt_ms * 500));
     let tollgate = Tollgate::start(&config(&proxy, TIMEOUT_MS, deny_cache, BURST));
     wait_ready(&tollgate);
@@ -221,7 +226,10 @@ fn the_first_checks_after_a_fresh_connection_are_decided() {
         redis.cli(&["SCRIPT", "FLUSH"]);
         let answers = burst_of_checks(&tollgate, &format!("fresh{round}"), 5);
         let on_error = answers.iter().filter(|(r, _)| !by_bucket(r)).count();
-        assert_eq!(on_error, 0, "round {round}: first checks answered via on_error");
+        assert_eq!(
+            on_error, 0,
+            "round {round}: first checks answered via on_error"
+        );
         // Reconnect: every connection through the proxy is reset.
         proxy.cut();
         let _ = tollgate.check(&[("x-api-key", "after-cut")]);

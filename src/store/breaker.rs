@@ -147,7 +147,11 @@ mod tests {
         assert_eq!(b.admit(), Admission::Reject);
         assert_eq!(b.up.get(), 0);
         clock.advance_us(OPEN_FOR.as_micros() as u64 - 1);
-        assert_eq!(b.admit(), Admission::Reject, "still open 1 µs before the end");
+        assert_eq!(
+            b.admit(),
+            Admission::Reject,
+            "still open 1 µs before the end"
+        );
         clock.advance_us(1);
         assert_eq!(b.admit(), Admission::Probe);
         assert_eq!(b.admit(), Admission::Reject);

@@ -448,10 +448,15 @@ fn relay(
     let _ = client.set_nonblocking(false);
     for stream in [&client, &server] {
         let _ = stream.set_nodelay(true);
-        held.lock().unwrap().push(stream.try_clone().expect("clone socket"));
+        held.lock()
+            .unwrap()
+            .push(stream.try_clone().expect("clone socket"));
     }
     for (from, to) in [
-        (client.try_clone().expect("clone"), server.try_clone().expect("clone")),
+        (
+            client.try_clone().expect("clone"),
+            server.try_clone().expect("clone"),
+        ),
         (server, client),
     ] {
         let (send, receive) = std::sync::mpsc::channel::<(Instant, Vec<u8>)>();
