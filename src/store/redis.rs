@@ -23,8 +23,7 @@ mod connection;
 mod cross_slot;
 mod sentinel;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use redis::{Cmd, RedisError, Value};
@@ -82,8 +81,6 @@ const NEVER: u64 = u64::MAX;
 
 pub struct RedisStore {
     connection: Connection,
-    /// Set while a background task is connecting (see [`RedisStore::warm`]).
-    warming: Arc<AtomicBool>,
     /// Bumped by every call that failed in a way that may replace the connection (dropped,
     /// refused, timed out): the next connection starts without our scripts.
     failures: AtomicU64,
@@ -112,9 +109,8 @@ impl RedisStore {
         timeout: Duration,
         metrics: Metrics,
     ) -> Result<RedisStore, StoreError> {
-        let store = RedisStore {
+        Ok(RedisStore {
             connection: Connection::open(topology, timeout)?,
-            warming: Arc::new(AtomicBool::new(false)),
             failures: AtomicU64::new(0),
             bucket_script: LuaScript::new(BUCKET_SCRIPT),
             refund_script: LuaScript::new(REFUND_SCRIPT),
@@ -122,29 +118,7 @@ impl RedisStore {
             timeout,
             breaker: Breaker::new(metrics.store_up.clone(), "redis"),
             metrics,
-        };
-        store.warm();
-        Ok(store)
-    }
-
-    /// Connects in the background, before any check needs the connection: connection setup
-    /// (a TCP handshake and the setup commands) must not be paid out of a check's budget, or
-    /// a Redis far away but answering in time would fail the first checks. Runs at start and
-    /// after a failure that may have cost the connection; one at a time.
-    fn warm(&self) {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        if self.warming.swap(true, Ordering::AcqRel) {
-            return;
-        }
-        let mut handle = self.connection.handle();
-        let warming = self.warming.clone();
-        let patience = self.timeout * 10;
-        runtime.spawn(async move {
-            let _ = tokio::time::timeout(patience, handle.query(&redis::cmd("PING"))).await;
-            warming.store(false, Ordering::Release);
-        });
+        })
     }
 
     /// Which connection calls go over now: changes when the connection may have been replaced.
@@ -216,11 +190,10 @@ impl RedisStore {
     }
 
     /// A call that timed out or lost its connection may leave the next call on a new one:
-    /// scripts go whole, and a new connection is set up in the background.
+    /// scripts then go whole.
     fn note_failure(&self, error: &StoreError) {
         if matches!(error, StoreError::Timeout | StoreError::Connection(_)) {
             self.failures.fetch_add(1, Ordering::AcqRel);
-            self.warm();
         }
     }
 

@@ -110,15 +110,6 @@ impl Connection {
         }
     }
 
-    /// A clone of the current connection that can outlive this borrow.
-    pub fn handle(&self) -> Handle {
-        match self {
-            Connection::Single(node) => Handle::Single(node.current()),
-            Connection::Cluster(connection) => Handle::Cluster(connection.clone()),
-            Connection::Sentinel(master) => Handle::Sentinel(master.clone()),
-        }
-    }
-
     /// Changes whenever calls move to a new connection that this handle knows of (a renewed
     /// single node, a new Sentinel master): scripts must then be sent whole again.
     pub fn generation(&self) -> u64 {
@@ -176,27 +167,10 @@ impl SingleNode {
     }
 }
 
-/// The current connection, owned: for work that runs beside the calls.
-pub enum Handle {
-    Single(ConnectionManager),
-    Cluster(ClusterConnection),
-    Sentinel(Arc<SentinelMaster>),
-}
-
-impl Handle {
-    pub async fn query(&mut self, cmd: &Cmd) -> RedisResult<Value> {
-        match self {
-            Handle::Single(connection) => cmd.query_async(connection).await,
-            Handle::Cluster(connection) => cmd.query_async(connection).await,
-            Handle::Sentinel(master) => master.query(cmd).await,
-        }
-    }
-}
-
 /// How long one connection attempt may take: a connect costs a TCP handshake and the setup
 /// commands (two round trips, more with TLS), so a Redis whose round trip fits in the call
 /// timeout must still be able to connect. A call never waits longer than its own deadline;
-/// the attempt goes on in the background (see `RedisStore::warm`).
+/// the attempt is shared, and the next call goes on with it.
 fn connect_timeout(timeout: Duration) -> Duration {
     timeout * 4
 }
