@@ -21,9 +21,11 @@
 //!   `lua/token_bucket.lua`.
 //! - [`decision`]: the verdict as a value: remaining, reset, retry-after.
 //! - [`metrics`]: the Prometheus registry; every metric name in one place.
+//! - [`clock`]: time as a parameter ([`clock::Clock`]), so tests advance it, never sleep.
 //! - [`config`]: defaults < TOML file < `TOLLGATE_*` environment; validation.
 //! - [`server`]: wiring and the two listeners; [`lifecycle`]: signals, reload, heartbeat.
 
+pub mod clock;
 pub mod config;
 pub mod decision;
 pub mod deny_cache;
