@@ -345,40 +345,35 @@ impl Store for RedisStore {
     }
 }
 
-/// `{allowed, tokens_1, enough_1, ..., now}` → [`StoreDecision`] and `now`.
+/// `"allowed now tokens_1 enough_1 ... tokens_n enough_n"` → [`StoreDecision`] and `now`.
 fn parse_decision(reply: Value, count: usize) -> Result<(StoreDecision, String), StoreError> {
     let malformed = || StoreError::Script("malformed token bucket reply".into());
-    let Value::Array(items) = reply else {
-        return Err(malformed());
-    };
-    if items.len() != 2 + 2 * count {
-        return Err(malformed());
-    }
-    let allowed = as_int(&items[0]).ok_or_else(malformed)? == 1;
-    let now = match &items[1 + 2 * count] {
-        Value::BulkString(bytes) => String::from_utf8(bytes.clone()).map_err(|_| malformed())?,
-        Value::SimpleString(text) => text.clone(),
-        Value::Int(n) => n.to_string(),
+    let text = match &reply {
+        Value::BulkString(bytes) => std::str::from_utf8(bytes).map_err(|_| malformed())?,
+        Value::SimpleString(text) => text.as_str(),
         _ => return Err(malformed()),
     };
-    let buckets = items[1..1 + 2 * count]
-        .chunks_exact(2)
-        .map(|pair| {
+    let flag = |field: Option<&str>| match field {
+        Some("1") => Some(true),
+        Some("0") => Some(false),
+        _ => None,
+    };
+    let mut fields = text.split(' ');
+    let allowed = flag(fields.next()).ok_or_else(malformed)?;
+    let now = fields.next().ok_or_else(malformed)?.to_owned();
+    let buckets = (0..count)
+        .map(|_| {
             Some(BucketOutcome {
-                tokens: as_float(&pair[0])?,
-                enough: as_int(&pair[1])? == 1,
+                tokens: fields.next()?.parse().ok()?,
+                enough: flag(fields.next())?,
             })
         })
         .collect::<Option<Vec<_>>>()
         .ok_or_else(malformed)?;
-    Ok((StoreDecision { allowed, buckets }, now))
-}
-
-fn as_int(value: &Value) -> Option<i64> {
-    match value {
-        Value::Int(n) => Some(*n),
-        _ => None,
+    if fields.next().is_some() {
+        return Err(malformed());
     }
+    Ok((StoreDecision { allowed, buckets }, now))
 }
 
 fn as_float(value: &Value) -> Option<f64> {
@@ -418,16 +413,31 @@ mod tests {
 
     #[test]
     fn replies_parse_into_decisions() {
-        let reply = Value::Array(vec![
-            Value::Int(1),
-            Value::BulkString(b"4.5".to_vec()),
-            Value::Int(1),
-            Value::BulkString(b"1764669600123456".to_vec()),
-        ]);
-        let (decision, now) = parse_decision(reply, 1).unwrap();
+        let reply = Value::BulkString(b"1 1764669600123456 4.5 1 0.30000000000000004 0".to_vec());
+        let (decision, now) = parse_decision(reply, 2).unwrap();
         assert!(decision.allowed);
         assert_eq!(now, "1764669600123456");
         assert_eq!(decision.buckets[0].tokens, 4.5);
+        assert!(decision.buckets[0].enough);
+        assert_eq!(decision.buckets[1].tokens, 0.1 + 0.2);
+        assert!(!decision.buckets[1].enough);
+    }
+
+    #[test]
+    fn malformed_replies_are_errors() {
+        for reply in [
+            "",
+            "1",
+            "1 5",
+            "1 5 4.5",
+            "1 5 4.5 2",
+            "2 5 4.5 1",
+            "1 5 x 1",
+            "1 5 4.5 1 7",
+        ] {
+            let value = Value::BulkString(reply.as_bytes().to_vec());
+            assert!(parse_decision(value, 1).is_err(), "{reply:?}");
+        }
         assert!(parse_decision(Value::Array(vec![Value::Int(1)]), 1).is_err());
     }
 
