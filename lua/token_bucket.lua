@@ -1,101 +1,115 @@
 -- tollgate token bucket and calendar quota: decides N keys all-or-nothing in one atomic call.
--- Prefixed with lua/calendar.lua (period_bounds) when loaded.
+-- Loaded with lua/calendar.lua (period_bounds) in front of it.
 --
 -- KEYS[i]     key i: a bucket, hash {tokens, ts} (ts in microseconds of this server's TIME),
---             or a quota, hash {used, start} (start: Unix second its period began)
--- ARGV[4i-3]  a bucket's rate, tokens per second (> 0, may be fractional); or a quota's period
---             code: 'h' hour, 'd' day, 'w' ISO week, 'm' calendar month (UTC)
+--             or a quota, hash {used, start} (start: the Unix second its period began)
+-- ARGV[4i-3]  a bucket's rate, tokens per second (> 0, may be fractional); or a quota's period:
+--             'h' hour, 'd' day, 'w' ISO week (from Monday), 'm' calendar month (UTC)
 -- ARGV[4i-2]  a bucket's burst: its capacity (>= 1); or the quota: at most this per period
 -- ARGV[4i-1]  cost to charge key i (>= 0; 0 asks only that the key is not used up: a
 --             charge = "report" limit, charged later by lua/report.lua)
 -- ARGV[4i]    "1" if key i is a shadow limit: reported, never denies
 --
--- Returns {allowed, tokens_1, enough_1, ..., tokens_n, enough_n, now, t_q1, w_q1, ...}:
+-- Returns one string, "allowed now tokens_1 enough_1 ... tokens_n enough_n t_q1 w_q1 ...",
+-- space-separated:
 --   allowed   1 when every non-shadow key holds its cost; only then is anything charged
 --             (each key that can pay, shadow ones included)
---   tokens_i  what key i holds after this call (a quota: what is left of it), as a string so
---             fractions survive the reply
+--   now       this call's TIME in microseconds: the `ts` it wrote. On a Redis Cluster, a
+--             request whose keys span slots is decided per slot, and a charge that must be
+--             undone is refunded by lua/refund.lua, which needs this moment.
+--   tokens_i  what key i holds after this call, the text written to the hash (%.17g, so the
+--             exact double); a quota: what is left of it
 --   enough_i  1 when key i held its cost (and more than 0)
---   now       this call's TIME in microseconds, as a string: the `ts` it wrote. On a Redis
---             Cluster, a request whose keys span slots is decided per slot, and a charge that
---             must be undone is refunded by lua/refund.lua, which needs this moment.
 --   t_q, w_q  for each quota key, in KEYS order: seconds until its period ends, and the
 --             period's length in seconds
 --
 -- The clock is Redis's own (TIME), never the caller's, so instances with skewed clocks agree.
 -- A bucket persists {tokens, now} in both branches and expires when it would be full again
--- (absent means full), and never before twice its full-refill time. A quota is written only
--- when charged and expires when its period ends; a count from an earlier period is void.
+-- (the next millisecond after it, so never before): an absent bucket reads as full, so that
+-- changes no decision and keeps only the buckets that matter; a bucket in debt (charged by
+-- reports) lives until it has refilled its debt too. A quota is written only when charged and
+-- expires when its period ends; a count from an earlier period is void.
+--
+-- Written for Redis's CPU, which every check of a fleet shares: one string reply (an array
+-- costs Redis a deferred-length reply block), arguments coerced by arithmetic rather than by
+-- calls to tonumber, each double formatted once, and `ts` spelled from TIME's own digits.
 
 local t = redis.call('TIME')
-local now_s = tonumber(t[1])
-local now = now_s * 1000000 + tonumber(t[2])
+local now = t[1] * 1000000 + t[2]
+local now_s = t[1] + 0
+local us = t[2]
+if #us < 6 then us = string.rep('0', 6 - #us) .. us end
+local ts = t[1] .. us
 
+local PERIOD = {h = true, d = true, w = true, m = true}
+
+-- reply[2i+1], reply[2i+2]: key i's tokens (a number until written) and enough flag.
 local n = #KEYS
-local tokens, costs, enough, starts, stops, current = {}, {}, {}, {}, {}, {}
-local allowed = 1
-
+local reply, allowed = {'1', ts}, '1'
+-- For each quota key: its period's start and end, and whether its count is this period's.
+local starts, stops, current = {}, {}, {}
 for i = 1, n do
-  local rate = tonumber(ARGV[4 * i - 3])
-  local burst = tonumber(ARGV[4 * i - 2])
-  local cost = tonumber(ARGV[4 * i - 1])
-  local shadow = ARGV[4 * i] == '1'
+  local j = 4 * i
+  local burst = ARGV[j - 2] + 0
   local level
-  if rate == nil then
-    local start, stop = period_bounds(ARGV[4 * i - 3], now_s)
+  if PERIOD[ARGV[j - 3]] then
+    local start, stop = period_bounds(ARGV[j - 3], now_s)
     local stored = redis.call('HMGET', KEYS[i], 'used', 'start')
-    local used = 0
+    level = burst
     if tonumber(stored[2]) == start then
-      used = tonumber(stored[1]) or 0
+      level = burst - (tonumber(stored[1]) or 0)
       current[i] = true
     end
-    level = burst - used
     starts[i], stops[i] = start, stop
   else
     local stored = redis.call('HMGET', KEYS[i], 'tokens', 'ts')
-    local ts
-    level, ts = tonumber(stored[1]), tonumber(stored[2])
-    if level == nil or ts == nil then
+    -- tonumber, not arithmetic: a field someone else mangled reads as absent, i.e. full.
+    local at
+    level, at = tonumber(stored[1]), tonumber(stored[2])
+    if level == nil or at == nil then
       level = burst
-    else
-      local elapsed = now - ts
-      if elapsed < 0 then elapsed = 0 end
-      level = math.min(burst, level + elapsed * rate / 1000000)
+    elseif now > at then
+      level = level + (now - at) * ARGV[j - 3] / 1000000
+      if level > burst then level = burst end
     end
   end
-  tokens[i], costs[i] = level, cost
-  enough[i] = level >= cost and level > 0
-  if not enough[i] and not shadow then allowed = 0 end
+  reply[2 * i + 1] = level
+  if level >= ARGV[j - 1] + 0 and level > 0 then
+    reply[2 * i + 2] = '1'
+  else
+    reply[2 * i + 2] = '0'
+    if ARGV[j] ~= '1' then allowed = '0' end
+  end
 end
+reply[1] = allowed
 
-local reply = {allowed}
 local windows = {}
 for i = 1, n do
-  local charged = allowed == 1 and enough[i]
-  if charged then tokens[i] = tokens[i] - costs[i] end
-  local burst = tonumber(ARGV[4 * i - 2])
-  local level = string.format('%.17g', tokens[i])
+  local j, key = 4 * i, KEYS[i]
+  local level = reply[2 * i + 1]
+  local cost = ARGV[j - 1] + 0
+  local charged = allowed == '1' and reply[2 * i + 2] == '1'
+  if charged then level = level - cost end
   if starts[i] then
-    if charged and costs[i] > 0 and current[i] then
+    if charged and cost > 0 and current[i] then
       -- This period's count exists, and so does its expiry.
-      redis.call('HINCRBY', KEYS[i], 'used', costs[i])
-    elseif charged and costs[i] > 0 then
-      redis.call('HSET', KEYS[i], 'used', string.format('%d', costs[i]),
-        'start', string.format('%d', starts[i]))
-      redis.call('PEXPIRE', KEYS[i], math.ceil((stops[i] * 1000000 - now) / 1000))
+      redis.call('HINCRBY', key, 'used', cost)
+    elseif charged and cost > 0 then
+      redis.call('HSET', key, 'used', string.format('%d', cost), 'start', string.format('%d', starts[i]))
+      redis.call('PEXPIRE', key, math.ceil((stops[i] * 1000000 - now) / 1000))
     end
     windows[#windows + 1] = stops[i] - now_s
     windows[#windows + 1] = stops[i] - starts[i]
+    reply[2 * i + 1] = string.format('%.17g', level)
   else
-    local rate = tonumber(ARGV[4 * i - 3])
-    redis.call('HSET', KEYS[i], 'tokens', level, 'ts', string.format('%d', now))
-    -- A bucket in debt (charged by reports) needs longer than twice its burst to refill.
-    local missing = math.max(2 * burst, burst - tokens[i])
-    redis.call('PEXPIRE', KEYS[i], math.ceil(missing / rate) * 1000)
+    local text = string.format('%.17g', level)
+    redis.call('HSET', key, 'tokens', text, 'ts', ts)
+    -- Redis deletes a key once its millisecond clock passes the deadline: the millisecond
+    -- after the one in which the bucket is full again.
+    local full_ms = (now + (ARGV[j - 2] - level) / ARGV[j - 3] * 1000000) / 1000
+    redis.call('PEXPIREAT', key, string.format('%d', full_ms - full_ms % 1 + 1))
+    reply[2 * i + 1] = text
   end
-  reply[2 * i] = level
-  reply[2 * i + 1] = enough[i] and 1 or 0
 end
-reply[2 * n + 2] = string.format('%d', now)
-for _, value in ipairs(windows) do reply[#reply + 1] = value end
-return reply
+for _, value in ipairs(windows) do reply[#reply + 1] = string.format('%d', value) end
+return table.concat(reply, ' ')

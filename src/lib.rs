@@ -22,9 +22,11 @@
 //! - [`decision`]: the verdict as a value: remaining, reset, retry-after.
 //! - [`report`]: `POST /report` without HTTP: charges known after the response.
 //! - [`metrics`]: the Prometheus registry; every metric name in one place.
+//! - [`clock`]: time as a parameter ([`clock::Clock`]), so tests advance it, never sleep.
 //! - [`config`]: defaults < TOML file < `TOLLGATE_*` environment; validation.
 //! - [`server`]: wiring and the two listeners; [`lifecycle`]: signals, reload, heartbeat.
 
+pub mod clock;
 pub mod config;
 pub mod decision;
 pub mod deny_cache;

@@ -727,33 +727,6 @@ fn validate_refuses_mixed_or_incomplete_quota_limits_naming_the_key() {
     assert!(stdout.contains("quota 100000 per month"), "{stdout}");
 }
 
-#[test]
-fn the_deny_cache_never_speaks_for_a_quota_or_a_reported_limit() {
-    use tollgate::deny_cache::DenyCache;
-    use tollgate::store::BucketOutcome;
-    let cache = DenyCache::new(100, Duration::from_millis(50));
-    let used_up = BucketOutcome {
-        tokens: 0.0,
-        enough: false,
-        window: None,
-    };
-    let quota = quota_request("q", Period::Month);
-    let reported = BucketRequest {
-        key: "r".into(),
-        rate: 1.0,
-        burst: 5.0,
-        cost: 0,
-        meter: Meter::Bucket,
-        ..quota.clone()
-    };
-    for request in [quota, reported] {
-        let requests = [request];
-        cache.learn(&requests, &[used_up], cache.now_us());
-        assert!(cache.denies(&requests, cache.now_us()).is_none());
-    }
-    assert!(cache.is_empty());
-}
-
 /// Runs a shipped script on real Redis with its clock pinned at `at_us`: its one `TIME` call
 /// is replaced by that instant, so the shipped arithmetic is what runs.
 fn pinned_eval(

@@ -119,6 +119,12 @@ pub trait Store: Send + Sync + 'static {
         let _ = charges;
         async { Err(StoreError::Other("this store takes no reports".into())) }
     }
+
+    /// Whether the store may decide one request in parts and refund a part (a Redis Cluster,
+    /// per slot): then a bucket can rise by more than its refill (see `deny_cache`).
+    fn splits_requests(&self) -> bool {
+        false
+    }
 }
 
 /// The store chosen by `store.backend`.
@@ -146,6 +152,13 @@ impl Store for AnyStore {
         match self {
             AnyStore::Memory(store) => store.report(charges).await,
             AnyStore::Redis(store) => store.report(charges).await,
+        }
+    }
+
+    fn splits_requests(&self) -> bool {
+        match self {
+            AnyStore::Memory(store) => store.splits_requests(),
+            AnyStore::Redis(store) => store.splits_requests(),
         }
     }
 }
