@@ -2,6 +2,7 @@
 //! typed [`Config`]. Every refusal is a [`ConfigError`] naming the offending key, so the CLI
 //! can print one line and exit 2.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::Path;
 
@@ -33,6 +34,9 @@ pub const MAX_BURST: u64 = 1_000_000_000;
 pub struct Config {
     pub listen: SocketAddr,
     pub admin_listen: SocketAddr,
+    /// Envoy's rate limit service (gRPC); absent = off.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub grpc_listen: Option<SocketAddr>,
     pub store: StoreConfig,
     pub client_ip: ClientIpConfig,
     pub response: ResponseConfig,
@@ -150,6 +154,12 @@ pub struct MatchConfig {
     pub methods: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub path_prefix: Option<String>,
+    /// gRPC only: the request's domain is one of these.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub domains: Vec<String>,
+    /// gRPC only: the descriptor carries each of these keys with one of the listed values.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub descriptors: BTreeMap<String, Vec<String>>,
 }
 
 fn one() -> u64 {
@@ -161,6 +171,7 @@ impl Default for Config {
         Config {
             listen: SocketAddr::from(([0, 0, 0, 0], 8080)),
             admin_listen: SocketAddr::from(([0, 0, 0, 0], 9090)),
+            grpc_listen: None,
             store: StoreConfig::default(),
             client_ip: ClientIpConfig::default(),
             response: ResponseConfig::default(),
@@ -331,6 +342,9 @@ impl Config {
         let _ = writeln!(out, "configuration ok");
         let _ = writeln!(out, "listen        {}", self.listen);
         let _ = writeln!(out, "admin_listen  {}", self.admin_listen);
+        if let Some(grpc) = self.grpc_listen {
+            let _ = writeln!(out, "grpc_listen   {grpc}");
+        }
         let _ = writeln!(out, "store         {}", self.store.describe());
         let _ = writeln!(
             out,
@@ -416,6 +430,12 @@ impl MatchConfig {
         }
         if let Some(prefix) = &self.path_prefix {
             parts.push(format!("path_prefix {prefix:?}"));
+        }
+        if !self.domains.is_empty() {
+            parts.push(format!("domains {:?}", self.domains));
+        }
+        if !self.descriptors.is_empty() {
+            parts.push(format!("descriptors {:?}", self.descriptors));
         }
         if parts.is_empty() {
             "all requests".into()
@@ -630,7 +650,8 @@ impl LimitConfig {
         for (i, part) in self.key.iter().enumerate() {
             KeyPart::parse(part).map_err(|why| ConfigError::new(format!("{at}.key[{i}]"), why))?;
         }
-        self.matching.validate(&format!("{at}.match"))
+        self.matching.validate(&format!("{at}.match"))?;
+        crate::grpc::DescriptorRule::check(self, &at)
     }
 }
 

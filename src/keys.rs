@@ -41,6 +41,8 @@ pub enum KeyPart {
     /// Header name, lowercase.
     Header(String),
     Const(String),
+    /// The value of this entry key in an Envoy rate limit descriptor (gRPC only).
+    Descriptor(String),
 }
 
 impl KeyPart {
@@ -60,8 +62,16 @@ impl KeyPart {
         if let Some(value) = text.strip_prefix("const:") {
             return Ok(KeyPart::Const(value.to_string()));
         }
+        if let Some(key) = text.strip_prefix("descriptor:") {
+            if key.is_empty() {
+                return Err(
+                    "descriptor: needs an entry key, e.g. descriptor:remote_address".into(),
+                );
+            }
+            return Ok(KeyPart::Descriptor(key.to_string()));
+        }
         Err(format!(
-            "unknown key part {text:?}: expected ip, method, host, path, header:<name> or const:<text>"
+            "unknown key part {text:?}: expected ip, method, host, path, header:<name>, const:<text> or descriptor:<key>"
         ))
     }
 }
@@ -75,6 +85,7 @@ impl std::fmt::Display for KeyPart {
             KeyPart::Path => f.write_str("path"),
             KeyPart::Header(name) => write!(f, "header:{name}"),
             KeyPart::Const(text) => write!(f, "const:{text}"),
+            KeyPart::Descriptor(key) => write!(f, "descriptor:{key}"),
         }
     }
 }
@@ -106,6 +117,30 @@ pub fn bucket_key(
                 tail[start..].make_ascii_lowercase();
             }
             Some(PartValue::Ip(ip)) => write_ip(&mut tail, ip, ipv6_prefix),
+            None if anonymous => tail.extend_from_slice(ANONYMOUS),
+            None => return Err(MissingPart),
+        }
+    }
+    Ok(assemble(prefix, limit, &tail))
+}
+
+/// Builds the bucket key of one limit from values looked up part by part: the gRPC path,
+/// where a rate limit descriptor's entries carry them. Same escaping and hashing as
+/// [`bucket_key`]; an empty value is a missing part.
+pub fn key_from_values<'v>(
+    prefix: &str,
+    limit: &str,
+    parts: &'v [KeyPart],
+    mut value_of: impl FnMut(&'v KeyPart) -> Option<&'v [u8]>,
+    anonymous: bool,
+) -> Result<String, MissingPart> {
+    let mut tail = Vec::with_capacity(64);
+    for (i, part) in parts.iter().enumerate() {
+        if i > 0 {
+            tail.push(b'|');
+        }
+        match value_of(part).filter(|value| !value.is_empty()) {
+            Some(value) => escape_into(&mut tail, value),
             None if anonymous => tail.extend_from_slice(ANONYMOUS),
             None => return Err(MissingPart),
         }
@@ -157,6 +192,8 @@ fn part_value<'a>(part: &'a KeyPart, request: &'a Described<'_>) -> Option<PartV
         KeyPart::Path => PartValue::Bytes(request.path.as_bytes()),
         KeyPart::Header(name) => PartValue::Bytes(request.header(name)?),
         KeyPart::Const(text) => PartValue::Bytes(text.as_bytes()),
+        // An HTTP request carries no descriptor.
+        KeyPart::Descriptor(_) => return None,
     };
     match value {
         PartValue::Bytes(b) | PartValue::Lowercase(b) if b.is_empty() => None,
@@ -199,6 +236,21 @@ fn write_ip(out: &mut Vec<u8>, ip: IpAddr, ipv6_prefix: u8) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn descriptor_values_are_escaped_and_hostile_ones_hashed() {
+        let parts = [KeyPart::Descriptor("user".into())];
+        let key = |value: &'static [u8]| {
+            key_from_values("tg", "d", &parts, |_| Some(value), false).unwrap()
+        };
+        assert_eq!(key(b"a|b"), "tg:d:{a%7Cb}");
+        assert_eq!(key(&[b'x'; 100_000]).len(), "tg:d:{#}".len() + 32);
+        assert!(key(b"\xff\x00").starts_with("tg:d:{#"));
+        assert_eq!(
+            key_from_values("tg", "d", &parts, |_| Some(&b""[..]), false),
+            Err(MissingPart)
+        );
+    }
 
     fn ip_key(ip: &str, prefix: u8) -> String {
         let mut out = Vec::new();
@@ -286,10 +338,12 @@ mod tests {
             "path",
             "header:x-api-key",
             "const:all",
+            "descriptor:remote_address",
         ] {
             assert_eq!(KeyPart::parse(text).unwrap().to_string(), text);
         }
         assert!(KeyPart::parse("header:bad header").is_err());
         assert!(KeyPart::parse("cookie").is_err());
+        assert!(KeyPart::parse("descriptor:").is_err());
     }
 }

@@ -22,11 +22,14 @@
 //! - [`decision`]: the verdict as a value: remaining, reset, retry-after.
 //! - [`metrics`]: the Prometheus registry; every metric name in one place.
 //! - [`config`]: defaults < TOML file < `TOLLGATE_*` environment; validation.
-//! - [`server`]: wiring and the two listeners; [`lifecycle`]: signals, reload, heartbeat.
+//! - [`grpc`]: Envoy's rate limit service (`ShouldRateLimit`): descriptors become buckets for
+//!   the same [`limiter`].
+//! - [`server`]: wiring and the listeners; [`lifecycle`]: signals, reload, heartbeat.
 
 pub mod config;
 pub mod decision;
 pub mod deny_cache;
+pub mod grpc;
 pub mod http;
 pub mod keys;
 pub mod lifecycle;

@@ -83,7 +83,8 @@ fn keep_restart_only_settings(mut loaded: Config, running: &Config) -> Config {
     loaded
 }
 
-/// Waits for signals: SIGHUP reloads; SIGTERM or SIGINT stops the servers gracefully: new
+/// Waits for signals: SIGHUP reloads; SIGTERM or SIGINT sets `stopping` and stops the HTTP
+/// servers gracefully: new
 /// connections are refused (none the kernel already accepted is reset); for [`CLOSE_NOTICE`]
 /// every answer says `Connection: close` (`draining`), then idle connections close and
 /// in-flight checks finish.
@@ -91,6 +92,7 @@ pub async fn watch_signals(
     servers: Vec<ServerHandle>,
     doors: Vec<Door>,
     draining: Arc<AtomicBool>,
+    stopping: tokio::sync::watch::Sender<bool>,
     reloader: Arc<Reloader>,
 ) {
     let (Ok(mut term), Ok(mut int), Ok(mut hup)) = (
@@ -111,6 +113,8 @@ pub async fn watch_signals(
     log::info!("shutting down: no new connections, finishing in-flight checks");
     let notice_ends = Instant::now() + CLOSE_NOTICE;
     draining.store(true, Ordering::Relaxed);
+    // The gRPC service drains on its own (see `grpc::spawn`).
+    stopping.send_replace(true);
     stop_accepting(&servers, &doors, notice_ends).await;
     tokio::time::sleep_until(notice_ends.into()).await;
     let stops = servers.iter().map(|server| server.stop(true));

@@ -112,6 +112,16 @@ impl<S: Store> Limiter<S> {
                 return (Verdict::MissingKey { limit }, DecidedBy::Policy);
             }
         };
+        self.decide_traced(policy, &buckets).await
+    }
+
+    /// Decides buckets that the caller found applicable (the gRPC path builds them from
+    /// descriptors): deny cache, one atomic store call, `on_error`, exactly as for `/check`.
+    pub async fn decide_traced(
+        &self,
+        policy: &Policy,
+        buckets: &[BucketRequest],
+    ) -> (Verdict, DecidedBy) {
         if buckets.is_empty() {
             self.metrics.checks.allowed.inc();
             return (Verdict::Unlimited, DecidedBy::Policy);
@@ -126,9 +136,9 @@ impl<S: Store> Limiter<S> {
             // from here is never too tight (see `deny_cache`).
             let mut now = cache.now_us();
             loop {
-                match cache.consult(&buckets, now) {
+                match cache.consult(buckets, now) {
                     Consult::Deny(denial) => {
-                        let decision = self.record_cached_denial(policy, &buckets, denial);
+                        let decision = self.record_cached_denial(policy, buckets, denial);
                         return (Verdict::Decided(decision), DecidedBy::DenyCache);
                     }
                     // Twice at most: a key under constant contention still gets answered.
@@ -137,7 +147,7 @@ impl<S: Store> Limiter<S> {
                         let until =
                             *deadline.get_or_insert_with(|| Instant::now() + cache.timeout());
                         let budget = until.saturating_duration_since(Instant::now());
-                        cache.wait_for_answer(&buckets, budget).await;
+                        cache.wait_for_answer(buckets, budget).await;
                         now = cache.now_us();
                     }
                     Consult::Wait | Consult::Ask => break,
@@ -146,28 +156,28 @@ impl<S: Store> Limiter<S> {
             sent_us = Some(now);
         }
         let decided = match deadline {
-            None => self.store.decide(&buckets).await,
+            None => self.store.decide(buckets).await,
             Some(until) => match until.saturating_duration_since(Instant::now()) {
                 // The probe used the whole budget (a hanging store): do not even send.
                 budget if budget.is_zero() => Err(StoreError::Timeout),
-                budget => tokio::time::timeout(budget, self.store.decide(&buckets))
+                budget => tokio::time::timeout(budget, self.store.decide(buckets))
                     .await
                     .unwrap_or(Err(StoreError::Timeout)),
             },
         };
         if let (Some(cache), Some(sent), Err(_)) = (&self.deny_cache, sent_us, &decided) {
-            cache.abandon(&buckets, sent);
+            cache.abandon(buckets, sent);
         }
         match decided {
             Ok(decided) => {
                 if let (Some(cache), Some(sent)) = (&self.deny_cache, sent_us) {
-                    cache.learn(&buckets, &decided.buckets, sent);
+                    cache.learn(buckets, &decided.buckets, sent);
                 }
-                let decision = self.record(policy, &buckets, decided, false);
+                let decision = self.record(policy, buckets, decided, false);
                 (Verdict::Decided(decision), DecidedBy::Store)
             }
             Err(error) => (
-                self.on_store_error(policy, &buckets, &error),
+                self.on_store_error(policy, buckets, &error),
                 DecidedBy::OnError,
             ),
         }

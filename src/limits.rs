@@ -3,6 +3,7 @@
 //! reload.
 
 use crate::config::{Config, ConfigError, LimitConfig, MatchConfig, OnMissing, ResponseConfig};
+use crate::grpc::DescriptorRule;
 use crate::keys::{self, KeyPart};
 use crate::metrics::{LimitCounters, Metrics};
 use crate::request::{ClientIpPolicy, Described};
@@ -19,6 +20,9 @@ pub struct Limit {
     pub on_missing: OnMissing,
     pub key: Vec<KeyPart>,
     pub matcher: Matcher,
+    /// Set for a limit of Envoy's rate limit service: it applies to descriptors, never to
+    /// `/check`.
+    pub descriptor: Option<DescriptorRule>,
     /// This limit's `RateLimit-Policy` item, `"<name>";q=<burst>;w=<window>`.
     pub policy_item: String,
     pub counters: LimitCounters,
@@ -80,6 +84,7 @@ impl Limit {
                 .filter_map(|part| KeyPart::parse(part).ok())
                 .collect(),
             matcher: Matcher::new(&config.matching),
+            descriptor: DescriptorRule::compile(config),
             policy_item: format!(
                 "\"{}\";q={};w={}",
                 config.name,
@@ -134,7 +139,7 @@ impl Policy {
     pub fn applicable(&self, request: &Described<'_>) -> Result<Vec<BucketRequest>, usize> {
         let mut buckets = Vec::with_capacity(self.limits.len());
         for (index, limit) in self.limits.iter().enumerate() {
-            if !limit.matcher.matches(request) {
+            if limit.descriptor.is_some() || !limit.matcher.matches(request) {
                 continue;
             }
             let anonymous = limit.on_missing == OnMissing::Anonymous;

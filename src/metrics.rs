@@ -14,6 +14,8 @@ pub const STORE_ERRORS_TOTAL: &str = "tollgate_store_errors_total";
 pub const STORE_UP: &str = "tollgate_store_up";
 pub const CONFIG_RELOADS_TOTAL: &str = "tollgate_config_reloads_total";
 pub const BUILD_INFO: &str = "tollgate_build_info";
+pub const GRPC_REQUESTS_TOTAL: &str = "tollgate_grpc_requests_total";
+pub const GRPC_DURATION_SECONDS: &str = "tollgate_grpc_duration_seconds";
 
 /// Sub-millisecond buckets: a check normally costs one Redis round trip.
 const LATENCY_BUCKETS: &[f64] = &[
@@ -38,6 +40,17 @@ pub struct StoreErrorCounters {
     pub other: IntCounter,
 }
 
+/// `tollgate_grpc_requests_total` by answer: what tells Envoy's gRPC calls from `/check`
+/// (`tollgate_checks_total` counts the decisions of both).
+#[derive(Clone)]
+pub struct GrpcCounters {
+    pub ok: IntCounter,
+    pub over_limit: IntCounter,
+    /// Refused with a gRPC error status (a malformed request).
+    pub invalid: IntCounter,
+    pub duration: Histogram,
+}
+
 /// `tollgate_limit_decisions_total` for one limit.
 #[derive(Clone)]
 pub struct LimitCounters {
@@ -57,6 +70,7 @@ pub struct Metrics {
     pub store_up: IntGauge,
     pub reload_success: IntCounter,
     pub reload_failure: IntCounter,
+    pub grpc: GrpcCounters,
 }
 
 impl Metrics {
@@ -109,6 +123,19 @@ impl Metrics {
             .with_label_values(&[env!("CARGO_PKG_VERSION")])
             .set(1);
         store_up.set(1);
+        let grpc_requests = IntCounterVec::new(
+            Opts::new(
+                GRPC_REQUESTS_TOTAL,
+                "ShouldRateLimit calls of Envoy's rate limit service, by answer.",
+            ),
+            &["code"],
+        )
+        .expect("valid metric");
+        let grpc_duration = Histogram::with_opts(
+            HistogramOpts::new(GRPC_DURATION_SECONDS, "Time to answer one ShouldRateLimit.")
+                .buckets(LATENCY_BUCKETS.to_vec()),
+        )
+        .expect("valid metric");
 
         for collector in [
             Box::new(checks.clone()) as Box<dyn prometheus::core::Collector>,
@@ -119,6 +146,8 @@ impl Metrics {
             Box::new(store_up.clone()),
             Box::new(reloads.clone()),
             Box::new(build_info),
+            Box::new(grpc_requests.clone()),
+            Box::new(grpc_duration.clone()),
         ] {
             registry
                 .register(collector)
@@ -144,6 +173,12 @@ impl Metrics {
             store_up,
             reload_success: reloads.with_label_values(&["success"]),
             reload_failure: reloads.with_label_values(&["failure"]),
+            grpc: GrpcCounters {
+                ok: grpc_requests.with_label_values(&["ok"]),
+                over_limit: grpc_requests.with_label_values(&["over_limit"]),
+                invalid: grpc_requests.with_label_values(&["invalid"]),
+                duration: grpc_duration,
+            },
             registry,
         }
     }

@@ -136,6 +136,44 @@ fn problem(
 
 /// The quota headers of the families configured in `response.headers`.
 fn quota_headers(response: &mut HttpResponseBuilder, decision: &Decision, policy: &Policy) {
+    each_quota_header(decision, policy, |name, value| {
+        response.insert_header((name, value));
+    });
+}
+
+/// A header value: a number, or text built for this answer.
+pub enum QuotaValue {
+    Number(u64),
+    Text(String),
+}
+
+impl actix_web::http::header::TryIntoHeaderValue for QuotaValue {
+    type Error = actix_web::http::header::InvalidHeaderValue;
+
+    fn try_into_value(self) -> Result<actix_web::http::header::HeaderValue, Self::Error> {
+        match self {
+            QuotaValue::Number(number) => Ok(number.into()),
+            QuotaValue::Text(text) => text.try_into_value(),
+        }
+    }
+}
+
+impl std::fmt::Display for QuotaValue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            QuotaValue::Number(number) => write!(f, "{number}"),
+            QuotaValue::Text(text) => f.write_str(text),
+        }
+    }
+}
+
+/// Hands each quota header of the configured families to `put`: the one rendering shared by
+/// `/check` and the gRPC service's `response_headers_to_add`.
+pub fn each_quota_header(
+    decision: &Decision,
+    policy: &Policy,
+    mut put: impl FnMut(HeaderName, QuotaValue),
+) {
     let Some((state, limit)) = decision.most_restrictive(policy) else {
         return;
     };
@@ -152,16 +190,16 @@ fn quota_headers(response: &mut HttpResponseBuilder, decision: &Decision, policy
                         .collect::<Vec<_>>()
                         .join(", "),
                 };
-                response.insert_header((RATELIMIT_POLICY, items));
-                response.insert_header((
+                put(RATELIMIT_POLICY, QuotaValue::Text(items));
+                put(
                     RATELIMIT,
-                    format!("\"{}\";r={remaining};t={reset}", limit.name),
-                ));
+                    QuotaValue::Text(format!("\"{}\";r={remaining};t={reset}", limit.name)),
+                );
             }
             HeaderFamily::XRatelimit => {
-                response.insert_header((X_RATELIMIT_LIMIT, state.capacity()));
-                response.insert_header((X_RATELIMIT_REMAINING, remaining));
-                response.insert_header((X_RATELIMIT_RESET, reset));
+                put(X_RATELIMIT_LIMIT, QuotaValue::Number(state.capacity()));
+                put(X_RATELIMIT_REMAINING, QuotaValue::Number(remaining));
+                put(X_RATELIMIT_RESET, QuotaValue::Number(reset));
             }
         }
     }

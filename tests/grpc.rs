@@ -1,0 +1,330 @@
+//! Envoy's rate limit service through a tonic client, against the real binary and a real
+//! Redis: decisions and answers, all-or-nothing across descriptors, exactness across
+//! instances, malformed requests, a dead Redis, health and drain.
+
+mod support;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use envoy_types::pb::google::protobuf::UInt64Value;
+use support::grpc::{self, ask, descriptor, header, request, OK, OVER_LIMIT};
+use support::{redis_config, RedisServer};
+use tonic::Code;
+
+/// A per-user limit and a per-path limit that barely refills.
+const TWO_LIMITS: &str = r#"
+[response]
+headers = ["ietf", "x-ratelimit"]
+
+[[limits]]
+name = "per-user"
+rate = 0.001
+burst = 5
+key = ["descriptor:user"]
+[limits.match]
+domains = ["edge"]
+
+[[limits]]
+name = "per-path"
+rate = 0.001
+burst = 1
+key = ["descriptor:path"]
+[limits.match]
+domains = ["edge"]
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_descriptor_is_decided_with_its_numbers_and_headers() {
+    let redis = RedisServer::start();
+    let (_tollgate, addr) = grpc::tollgate(&redis_config(&redis, "", TWO_LIMITS));
+    let mut client = grpc::client(addr).await;
+    let user = || request("edge", vec![descriptor(&[("user", "alice")])]);
+
+    for remaining in (0..5).rev() {
+        let answer = ask(&mut client, user()).await;
+        assert_eq!(answer.overall_code, OK);
+        let status = &answer.statuses[0];
+        assert_eq!(status.code, OK);
+        assert_eq!(status.limit_remaining, remaining);
+        let limit = status.current_limit.as_ref().expect("current_limit");
+        assert_eq!(limit.name, "per-user");
+        assert!(status.duration_until_reset.is_some());
+        assert_eq!(header(&answer, "x-ratelimit-limit"), Some("5"));
+        assert_eq!(
+            header(&answer, "x-ratelimit-remaining"),
+            Some(remaining.to_string().as_str())
+        );
+        assert!(header(&answer, "ratelimit-policy").is_some());
+        assert_eq!(header(&answer, "retry-after"), None);
+    }
+    let denied = ask(&mut client, user()).await;
+    assert_eq!(denied.overall_code, OVER_LIMIT);
+    assert_eq!(denied.statuses[0].code, OVER_LIMIT);
+    let retry: u64 = header(&denied, "retry-after")
+        .expect("Retry-After on OVER_LIMIT")
+        .parse()
+        .unwrap();
+    assert!(
+        retry >= 900,
+        "1 token at 0.001/s is ~1000 s away, got {retry}"
+    );
+
+    // Another domain, or a descriptor with other keys: no limit applies.
+    let other = ask(
+        &mut client,
+        request("other", vec![descriptor(&[("user", "alice")])]),
+    )
+    .await;
+    assert_eq!(other.overall_code, OK);
+    assert!(other.statuses[0].current_limit.is_none());
+    let extra = descriptor(&[("user", "alice"), ("plan", "gold")]);
+    assert_eq!(
+        ask(&mut client, request("edge", vec![extra]))
+            .await
+            .overall_code,
+        OK
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_exhausted_descriptor_charges_nothing_on_the_other() {
+    let redis = RedisServer::start();
+    let (_tollgate, addr) = grpc::tollgate(&redis_config(&redis, "", TWO_LIMITS));
+    let mut client = grpc::client(addr).await;
+    let path = || descriptor(&[("path", "/login")]);
+    let user = || descriptor(&[("user", "bob")]);
+
+    assert_eq!(
+        ask(&mut client, request("edge", vec![path()]))
+            .await
+            .overall_code,
+        OK
+    );
+    for _ in 0..10 {
+        let both = ask(&mut client, request("edge", vec![user(), path()])).await;
+        assert_eq!(both.overall_code, OVER_LIMIT);
+        assert_eq!(both.statuses[0].code, OK, "the user had tokens");
+        assert_eq!(both.statuses[1].code, OVER_LIMIT);
+    }
+    // Had any of the ten denied requests charged the user, fewer than 4 would be left now.
+    let alone = ask(&mut client, request("edge", vec![user()])).await;
+    assert_eq!(alone.overall_code, OK);
+    assert_eq!(alone.statuses[0].limit_remaining, 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hits_addend_is_the_cost_and_repeated_descriptors_add_up() {
+    let redis = RedisServer::start();
+    let (_tollgate, addr) = grpc::tollgate(&redis_config(&redis, "", TWO_LIMITS));
+    let mut client = grpc::client(addr).await;
+
+    let mut heavy = request("edge", vec![descriptor(&[("user", "carol")])]);
+    heavy.hits_addend = 3;
+    assert_eq!(ask(&mut client, heavy).await.statuses[0].limit_remaining, 2);
+    // The descriptor's own addend wins over the request's; 0 counts as 1.
+    let mut own = descriptor(&[("user", "carol")]);
+    own.hits_addend = Some(UInt64Value { value: 0 });
+    let mut request_addend = request("edge", vec![own]);
+    request_addend.hits_addend = 4;
+    assert_eq!(
+        ask(&mut client, request_addend).await.statuses[0].limit_remaining,
+        1
+    );
+    // The same descriptor twice draws twice from one bucket: 2 > 1 left, so nothing is charged.
+    let twice = request(
+        "edge",
+        vec![
+            descriptor(&[("user", "carol")]),
+            descriptor(&[("user", "carol")]),
+        ],
+    );
+    assert_eq!(ask(&mut client, twice).await.overall_code, OVER_LIMIT);
+    let once = request("edge", vec![descriptor(&[("user", "carol")])]);
+    assert_eq!(ask(&mut client, once).await.statuses[0].limit_remaining, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shadow_limits_report_but_never_deny() {
+    let redis = RedisServer::start();
+    let limits = r#"
+[[limits]]
+name = "soft"
+rate = 0.001
+burst = 1
+key = ["descriptor:user"]
+shadow = true
+"#;
+    let (tollgate, addr) = grpc::tollgate(&redis_config(&redis, "", limits));
+    let mut client = grpc::client(addr).await;
+    for _ in 0..3 {
+        let answer = ask(
+            &mut client,
+            request("any", vec![descriptor(&[("user", "dan")])]),
+        )
+        .await;
+        assert_eq!(answer.overall_code, OK);
+        assert_eq!(answer.statuses[0].code, OK);
+    }
+    assert_eq!(
+        tollgate.metric(r#"tollgate_limit_decisions_total{decision="shadow_denied",limit="soft"}"#),
+        2.0
+    );
+    assert_eq!(
+        tollgate.metric(r#"tollgate_grpc_requests_total{code="ok"}"#),
+        3.0
+    );
+}
+
+/// Three instances, 32 concurrent clients, one descriptor, 50/s with a burst of 20, for 5 s:
+/// admitted within `burst + rate·t + 1` and at least 98% of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_instances_admit_exactly_the_bucket() {
+    const RATE: f64 = 50.0;
+    const BURST: f64 = 20.0;
+    let redis = RedisServer::start();
+    let limits = format!(
+        "[[limits]]\nname = \"shared\"\nrate = {RATE}\nburst = {BURST}\nkey = [\"descriptor:tenant\"]\n"
+    );
+    let config = redis_config(&redis, "", &limits);
+    let instances: Vec<_> = (0..3).map(|_| grpc::tollgate(&config)).collect();
+    let admitted = Arc::new(AtomicU64::new(0));
+    let errors = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let until = started + Duration::from_secs(5);
+    let mut tasks = Vec::new();
+    for i in 0..32 {
+        let addr = instances[i % 3].1;
+        let (admitted, errors) = (admitted.clone(), errors.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut client = grpc::client(addr).await;
+            let mut last = Instant::now();
+            while Instant::now() < until {
+                let answer = client
+                    .should_rate_limit(request("load", vec![descriptor(&[("tenant", "t1")])]))
+                    .await;
+                last = Instant::now();
+                match answer.map(|a| a.into_inner()) {
+                    Ok(a) if a.overall_code == OK && !a.response_headers_to_add.is_empty() => {
+                        admitted.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Ok(a) if a.overall_code == OVER_LIMIT => {}
+                    // An OK without headers is on_error's answer, not the bucket's.
+                    _ => {
+                        errors.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+            last
+        }));
+    }
+    let mut last = started;
+    for task in tasks {
+        last = last.max(task.await.expect("client task"));
+    }
+    let elapsed = last.duration_since(started).as_secs_f64();
+    let admitted = admitted.load(Ordering::Relaxed) as f64;
+    let bound = BURST + RATE * elapsed + 1.0;
+    println!("admitted {admitted} in {elapsed:.2} s; bound {bound:.1}");
+    assert_eq!(
+        errors.load(Ordering::Relaxed),
+        0,
+        "every answer came from the bucket"
+    );
+    assert!(admitted <= bound, "admitted {admitted} > {bound}");
+    assert!(
+        admitted >= 0.98 * bound,
+        "admitted {admitted} < 98% of {bound}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_requests_get_an_error_status_or_a_decision_and_keys_stay_bounded() {
+    let redis = RedisServer::start();
+    let (tollgate, addr) = grpc::tollgate(&redis_config(&redis, "", TWO_LIMITS));
+    let mut client = grpc::client(addr).await;
+    let refused = |result: Result<tonic::Response<_>, tonic::Status>| match result {
+        Err(status) => status.code(),
+        Ok(_) => Code::Ok,
+    };
+
+    let none = client.should_rate_limit(request("edge", vec![])).await;
+    assert_eq!(refused(none), Code::InvalidArgument);
+    let empty = client
+        .should_rate_limit(request("edge", vec![descriptor(&[])]))
+        .await;
+    assert_eq!(refused(empty), Code::InvalidArgument);
+    let no_domain = client
+        .should_rate_limit(request("", vec![descriptor(&[("user", "x")])]))
+        .await;
+    assert_eq!(refused(no_domain), Code::InvalidArgument);
+    let keyless = client
+        .should_rate_limit(request("edge", vec![descriptor(&[("", "x")])]))
+        .await;
+    assert_eq!(refused(keyless), Code::InvalidArgument);
+    let many: Vec<_> = (0..10_000)
+        .map(|i| descriptor(&[("user", &format!("u{i}"))]))
+        .collect();
+    let flood = client.should_rate_limit(request("edge", many)).await;
+    assert_eq!(refused(flood), Code::InvalidArgument);
+    // Past the 4 MiB message limit: refused by the transport, the server lives on.
+    let giant = "g".repeat(5 << 20);
+    let too_big = client
+        .should_rate_limit(request("edge", vec![descriptor(&[("user", &giant)])]))
+        .await;
+    assert_ne!(refused(too_big), Code::Ok);
+
+    // Huge, binary and separator-laden values are decided, and keyed by a bounded hash.
+    let mut client = grpc::client(addr).await;
+    let huge = "h".repeat(1 << 20);
+    for value in [huge.as_str(), "\u{0}\u{7f}ÿ", "a|b}{c%", "x"] {
+        let answer = ask(
+            &mut client,
+            request("edge", vec![descriptor(&[("user", value)])]),
+        )
+        .await;
+        assert_eq!(answer.overall_code, OK);
+        assert_eq!(answer.statuses[0].limit_remaining, 4);
+    }
+    let keys = redis.cli(&["--scan"]);
+    let keys: Vec<&str> = keys.lines().collect();
+    assert_eq!(keys.len(), 4, "one bucket per distinct value: {keys:?}");
+    assert!(keys.iter().all(|k| k.len() <= 64), "{keys:?}");
+    assert!(tollgate.metric(r#"tollgate_grpc_requests_total{code="invalid"}"#) >= 5.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_redis_answers_per_on_error_within_the_timeout() {
+    const TIMEOUT_MS: u64 = 50;
+    let mut redis = RedisServer::start();
+    let limits = "[[limits]]\nname = \"u\"\nrate = 10\nburst = 10\nkey = [\"descriptor:user\"]\n";
+    let store = |mode: &str| {
+        format!("timeout_ms = {TIMEOUT_MS}\non_error = \"{mode}\"\ndeny_cache = false\n")
+    };
+    let (_allow, allow_addr) = grpc::tollgate(&redis_config(&redis, &store("allow"), limits));
+    let (_deny, deny_addr) = grpc::tollgate(&redis_config(&redis, &store("deny"), limits));
+    let mut allow = grpc::client(allow_addr).await;
+    let mut deny = grpc::client(deny_addr).await;
+    let ask_one = || request("edge", vec![descriptor(&[("user", "eve")])]);
+    assert_eq!(ask(&mut allow, ask_one()).await.overall_code, OK);
+    assert_eq!(ask(&mut deny, ask_one()).await.overall_code, OK);
+
+    redis.kill();
+    let bound = Duration::from_millis(TIMEOUT_MS + 20);
+    let mut slowest = Duration::ZERO;
+    for _ in 0..20 {
+        let started = Instant::now();
+        let open = ask(&mut allow, ask_one()).await;
+        slowest = slowest.max(started.elapsed());
+        assert_eq!(open.overall_code, OK);
+        assert!(open.response_headers_to_add.is_empty(), "no quota headers");
+        let started = Instant::now();
+        let closed = ask(&mut deny, ask_one()).await;
+        slowest = slowest.max(started.elapsed());
+        assert_eq!(closed.overall_code, OVER_LIMIT);
+        assert_eq!(header(&closed, "retry-after"), Some("1"));
+    }
+    println!("slowest answer with Redis dead: {slowest:?}");
+    assert!(slowest <= bound, "{slowest:?} > {bound:?}");
+}
