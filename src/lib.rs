@@ -23,7 +23,7 @@
 //! - [`metrics`]: the Prometheus registry; every metric name in one place.
 //! - [`config`]: defaults < TOML file < `TOLLGATE_*` environment; validation.
 //! - [`grpc`]: Envoy's rate limit service (`ShouldRateLimit`): descriptors become buckets for
-//!   the same [`limiter`].
+//!   the same [`limiter`]; [`import`] converts envoyproxy/ratelimit's YAML to tollgate TOML.
 //! - [`server`]: wiring and the listeners; [`lifecycle`]: signals, reload, heartbeat.
 
 pub mod config;
@@ -31,6 +31,7 @@ pub mod decision;
 pub mod deny_cache;
 pub mod grpc;
 pub mod http;
+pub mod import;
 pub mod keys;
 pub mod lifecycle;
 pub mod limiter;

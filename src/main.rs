@@ -21,12 +21,24 @@ struct Cli {
     config: Option<PathBuf>,
 }
 
-#[derive(Subcommand, Clone, Copy)]
+#[derive(Subcommand, Clone)]
 enum Command {
     /// Run the service (the default)
     Serve,
     /// Check the configuration, print the effective limits, exit 0 (or 2 on an error)
     Validate,
+    /// Convert another rate limiter's configuration to tollgate TOML on stdout
+    #[command(subcommand)]
+    Import(Import),
+}
+
+#[derive(Subcommand, Clone)]
+enum Import {
+    /// envoyproxy/ratelimit YAML files (domains, nested descriptors, rate_limit)
+    EnvoyRatelimit {
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -40,6 +52,18 @@ fn main() -> ExitCode {
     // rediss:// uses rustls; name its crypto provider so that no other crate enabling a second
     // one can leave TLS without a default at the first connection.
     let _ = rustls::crypto::ring::default_provider().install_default();
+    if let Some(Command::Import(Import::EnvoyRatelimit { files })) = &cli.command {
+        return match tollgate::import::envoy_ratelimit(files) {
+            Ok(toml) => {
+                print!("{toml}");
+                ExitCode::SUCCESS
+            }
+            Err(error) => {
+                eprintln!("tollgate: cannot import {error}");
+                ExitCode::from(2)
+            }
+        };
+    }
     let config = match Config::load(cli.config.as_deref()) {
         Ok(config) => config,
         Err(error) => {
@@ -53,6 +77,8 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Serve => serve(config, cli.config),
+        // Answered above, before any configuration is loaded.
+        Command::Import(_) => ExitCode::SUCCESS,
     }
 }
 
