@@ -109,17 +109,7 @@ pub fn bucket_key(
         if i > 0 {
             tail.push(b'|');
         }
-        match part_value(part, request) {
-            Some(PartValue::Bytes(value)) => escape_into(&mut tail, value),
-            Some(PartValue::Lowercase(value)) => {
-                let start = tail.len();
-                escape_into(&mut tail, value);
-                tail[start..].make_ascii_lowercase();
-            }
-            Some(PartValue::Ip(ip)) => write_ip(&mut tail, ip, ipv6_prefix),
-            None if anonymous => tail.extend_from_slice(ANONYMOUS),
-            None => return Err(MissingPart),
-        }
+        push_part(&mut tail, part_value(part, request), anonymous, ipv6_prefix)?;
     }
     Ok(assemble(prefix, limit, &tail))
 }
@@ -139,11 +129,9 @@ pub fn key_from_values<'v>(
         if i > 0 {
             tail.push(b'|');
         }
-        match value_of(part).filter(|value| !value.is_empty()) {
-            Some(value) => escape_into(&mut tail, value),
-            None if anonymous => tail.extend_from_slice(ANONYMOUS),
-            None => return Err(MissingPart),
-        }
+        let value = value_of(part).filter(|value| !value.is_empty());
+        // No address among descriptor values: the IPv6 prefix plays no part.
+        push_part(&mut tail, value.map(PartValue::Bytes), anonymous, 128)?;
     }
     Ok(assemble(prefix, limit, &tail))
 }
@@ -180,25 +168,39 @@ const HEX: &[u8; 16] = b"0123456789abcdef";
 
 enum PartValue<'a> {
     Bytes(&'a [u8]),
-    Lowercase(&'a [u8]),
     Ip(IpAddr),
 }
 
+/// Appends one part to the tail: escaped bytes, an address, or (absent) the anonymous marker.
+fn push_part(
+    tail: &mut Vec<u8>,
+    value: Option<PartValue<'_>>,
+    anonymous: bool,
+    ipv6_prefix: u8,
+) -> Result<(), MissingPart> {
+    match value {
+        Some(PartValue::Bytes(value)) => escape_into(tail, value),
+        Some(PartValue::Ip(ip)) => write_ip(tail, ip, ipv6_prefix),
+        None if anonymous => tail.extend_from_slice(ANONYMOUS),
+        None => return Err(MissingPart),
+    }
+    Ok(())
+}
+
+/// The request's value for one part. Method, host and path come normalised (lower-case host,
+/// canonical path), so every spelling of one resource shares one bucket.
 fn part_value<'a>(part: &'a KeyPart, request: &'a Described<'_>) -> Option<PartValue<'a>> {
     let value = match part {
         KeyPart::Ip => return Some(PartValue::Ip(request.client_ip)),
-        KeyPart::Method => PartValue::Bytes(request.method.as_bytes()),
-        KeyPart::Host => PartValue::Lowercase(request.host_without_port().as_bytes()),
-        KeyPart::Path => PartValue::Bytes(request.path.as_bytes()),
-        KeyPart::Header(name) => PartValue::Bytes(request.header(name)?),
-        KeyPart::Const(text) => PartValue::Bytes(text.as_bytes()),
+        KeyPart::Method => request.method.as_bytes(),
+        KeyPart::Host => request.host.as_bytes(),
+        KeyPart::Path => request.path.as_bytes(),
+        KeyPart::Header(name) => request.header(name)?,
+        KeyPart::Const(text) => text.as_bytes(),
         // An HTTP request carries no descriptor.
         KeyPart::Descriptor(_) => return None,
     };
-    match value {
-        PartValue::Bytes(b) | PartValue::Lowercase(b) if b.is_empty() => None,
-        value => Some(value),
-    }
+    (!value.is_empty()).then_some(PartValue::Bytes(value))
 }
 
 fn escape_into(out: &mut Vec<u8>, value: &[u8]) {
@@ -327,6 +329,85 @@ mod tests {
         let mut out = Vec::new();
         escape_into(&mut out, b"#0123");
         assert!(out.starts_with(b"%23"));
+    }
+
+    /// A tuple of parts as `bucket_key` would write it (`None`: absent, anonymous).
+    fn key_of(parts: &[Option<Vec<u8>>]) -> String {
+        let mut tail = Vec::new();
+        for (i, part) in parts.iter().enumerate() {
+            if i > 0 {
+                tail.push(b'|');
+            }
+            let value = part
+                .as_deref()
+                .filter(|v| !v.is_empty())
+                .map(PartValue::Bytes);
+            push_part(&mut tail, value, true, 64).unwrap();
+        }
+        assemble("tg", "limit", &tail)
+    }
+
+    fn part() -> impl proptest::strategy::Strategy<Value = Option<Vec<u8>>> {
+        use proptest::prelude::*;
+        // Few distinct bytes, rich in separators and escapes, so near-collisions are common;
+        // up to 200 bytes, so some tails are hashed and some are not.
+        let byte = prop_oneof![
+            Just(b'%'),
+            Just(b'|'),
+            Just(b'#'),
+            Just(b'{'),
+            Just(b'}'),
+            Just(b'a'),
+            Just(b'2'),
+            Just(b'5'),
+            Just(b'7'),
+            Just(b'C'),
+            Just(0xff),
+        ];
+        proptest::option::weighted(0.9, proptest::collection::vec(byte, 0..200))
+    }
+
+    /// Values of a limit's key parts; `None` is an absent part.
+    type Tuple = Vec<Option<Vec<u8>>>;
+
+    /// Short values over a tiny alphabet of separators and escape digits: among 64 such
+    /// tuples, values that a broken escaping would confuse (`a|b`,`c` and `a`,`b|c`; `%7C` and
+    /// `|`) come up in most runs.
+    fn many_short_tuples() -> impl proptest::strategy::Strategy<Value = Vec<Tuple>> {
+        use proptest::prelude::*;
+        let byte = proptest::sample::select(vec![b'%', b'|', b'7', b'C', b'a', b'{', b'}']);
+        let part = proptest::option::weighted(0.9, proptest::collection::vec(byte, 0..4));
+        (1usize..4).prop_flat_map(move |n| {
+            proptest::collection::vec(proptest::collection::vec(part.clone(), n), 64)
+        })
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn no_two_distinct_tuples_share_a_key(tuples in many_short_tuples()) {
+            let mut seen = std::collections::HashMap::new();
+            for tuple in tuples {
+                // Absent and empty are one value (both mean "missing").
+                let tuple: Tuple = tuple.into_iter().map(|p| p.filter(|v| !v.is_empty())).collect();
+                if let Some(earlier) = seen.insert(key_of(&tuple), tuple.clone()) {
+                    proptest::prop_assert_eq!(earlier, tuple);
+                }
+            }
+        }
+
+        #[test]
+        // Long values too, so hashed tails are compared with hashed and plain ones.
+        fn a_tuple_differing_in_one_part_gets_another_key(
+            base in proptest::collection::vec(part(), 1..4),
+            index in 0usize..4,
+            other in part(),
+        ) {
+            let mut changed: Tuple = base.clone();
+            let i = index % base.len();
+            changed[i] = other;
+            let same = base[i].as_deref().unwrap_or_default() == changed[i].as_deref().unwrap_or_default();
+            proptest::prop_assert_eq!(same, key_of(&base) == key_of(&changed));
+        }
     }
 
     #[test]

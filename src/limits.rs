@@ -2,11 +2,13 @@
 //! bucket key, the cost, `on_missing`. The compiled set is a [`Policy`], swapped whole on
 //! reload.
 
+use std::borrow::Cow;
+
 use crate::config::{Config, ConfigError, LimitConfig, MatchConfig, OnMissing, ResponseConfig};
 use crate::grpc::DescriptorRule;
 use crate::keys::{self, KeyPart};
 use crate::metrics::{LimitCounters, Metrics};
-use crate::request::{ClientIpPolicy, Described};
+use crate::request::{normalise, ClientIpPolicy, Described};
 use crate::store::BucketRequest;
 
 /// One configured limit, ready for the hot path.
@@ -39,28 +41,34 @@ pub struct Matcher {
 impl Matcher {
     fn new(config: &MatchConfig) -> Matcher {
         Matcher {
+            // Spelled like a request's host is normalised: lower-case, no trailing dot.
             hosts: config
                 .hosts
                 .iter()
-                .map(|h| h.to_ascii_lowercase())
+                .map(|h| h.strip_suffix('.').unwrap_or(h).to_ascii_lowercase())
                 .collect(),
             methods: config
                 .methods
                 .iter()
                 .map(|m| m.to_ascii_uppercase())
                 .collect(),
-            path_prefix: config.path_prefix.clone(),
+            // Spelled like a request's path is normalised, so `/api/./v1/` still matches.
+            path_prefix: config
+                .path_prefix
+                .as_deref()
+                .map(|prefix| normalise::path(Cow::Borrowed(prefix)).into_owned()),
         }
     }
 
     pub fn matches(&self, request: &Described<'_>) -> bool {
-        let host = request.host_without_port();
-        (self.hosts.is_empty() || self.hosts.iter().any(|h| h.eq_ignore_ascii_case(host)))
+        // The request's host and path are normalised (lower-case host without port or trailing
+        // dot; path without dot segments, doubled slashes or escaped unreserved characters).
+        (self.hosts.is_empty() || self.hosts.iter().any(|h| *h == request.host))
             && (self.methods.is_empty()
                 || self
                     .methods
                     .iter()
-                    .any(|m| m.eq_ignore_ascii_case(request.method)))
+                    .any(|m| m.eq_ignore_ascii_case(&request.method)))
             && self
                 .path_prefix
                 .as_deref()
@@ -165,5 +173,54 @@ impl Policy {
             });
         }
         Ok(buckets)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use actix_web::http::header::{HeaderMap, HeaderName, HeaderValue};
+
+    fn described<'a>(headers: &'a HeaderMap) -> Described<'a> {
+        Described::new(headers, "GET", "/", "127.0.0.1".parse().unwrap())
+    }
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.insert(
+                HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                HeaderValue::from_str(value).unwrap(),
+            );
+        }
+        map
+    }
+
+    #[test]
+    fn the_match_rules_are_spelled_like_the_normalised_request() {
+        let matcher = Matcher::new(&MatchConfig {
+            hosts: vec!["API.example.com.".into()],
+            methods: vec!["post".into()],
+            path_prefix: Some("/api/./v1/".into()),
+            ..MatchConfig::default()
+        });
+        for (host, uri) in [
+            ("api.example.com", "/api/v1/items"),
+            ("Api.Example.com.:8443", "//api/%76%31/items"),
+            ("api.example.com.", "/x/../api/v1/./items"),
+        ] {
+            let h = headers(&[
+                ("x-forwarded-method", "POST"),
+                ("x-forwarded-host", host),
+                ("x-forwarded-uri", uri),
+            ]);
+            assert!(matcher.matches(&described(&h)), "{host} {uri}");
+        }
+        let h = headers(&[
+            ("x-forwarded-method", "POST"),
+            ("x-forwarded-host", "api.example.com"),
+            ("x-forwarded-uri", "/api/v2/items"),
+        ]);
+        assert!(!matcher.matches(&described(&h)));
     }
 }

@@ -124,6 +124,8 @@ async fn serve(
     let listener = tokio::net::TcpListener::from_std(listener)?;
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     let (reporter, health) = tonic_health::server::health_reporter();
+    // Every service has a status from the first call on.
+    set_status(&reporter, readiness(&state).await).await;
     tokio::spawn(report_readiness(
         reporter.clone(),
         state.clone(),
@@ -169,17 +171,20 @@ async fn report_readiness(
             _ = tick.tick() => {}
             _ = stopping.wait_for(|stop| *stop) => return,
         }
-        let ready =
-            state.limiter.store().ping().await.is_ok() || state.limiter.on_error() != OnError::Deny;
+        let status = readiness(&state).await;
         if *stopping.borrow() {
             return;
         }
-        let status = if ready {
-            ServingStatus::Serving
-        } else {
-            ServingStatus::NotServing
-        };
         set_status(&reporter, status).await;
+    }
+}
+
+/// As `/readyz`: tollgate can decide when the store answers or `on_error` decides without it.
+async fn readiness(state: &AppState) -> ServingStatus {
+    if state.limiter.on_error() != OnError::Deny || state.limiter.store().ping().await.is_ok() {
+        ServingStatus::Serving
+    } else {
+        ServingStatus::NotServing
     }
 }
 
