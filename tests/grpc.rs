@@ -503,3 +503,179 @@ fn a_python_grpcio_client_gets_the_same_answers() {
     assert_eq!(results[5]["statuses"][0]["remaining"], 2);
     assert_eq!(results[6]["error"], "INVALID_ARGUMENT");
 }
+
+/// The descriptor entries one Envoy `rate_limits` entry produces for a request with an API key
+/// that is a POST: each action gives one (key, value).
+fn envoy_descriptor(actions: &serde_yaml::Value) -> Vec<(String, String)> {
+    let text = |v: &serde_yaml::Value| v.as_str().unwrap_or_default().to_string();
+    actions
+        .as_sequence()
+        .expect("actions")
+        .iter()
+        .map(|action| {
+            if action.get("remote_address").is_some() {
+                ("remote_address".into(), "192.0.2.7".into())
+            } else if let Some(header) = action.get("request_headers") {
+                (text(&header["descriptor_key"]), "key-123".into())
+            } else if let Some(matched) = action.get("header_value_match") {
+                (
+                    text(&matched["descriptor_key"]),
+                    text(&matched["descriptor_value"]),
+                )
+            } else {
+                panic!("an action this test does not know: {action:?}")
+            }
+        })
+        .collect()
+}
+
+/// The same for one of Contour's `descriptors` (its `entries`).
+fn contour_descriptor(entries: &serde_yaml::Value) -> Vec<(String, String)> {
+    let text = |v: &serde_yaml::Value| v.as_str().unwrap_or_default().to_string();
+    entries
+        .as_sequence()
+        .expect("entries")
+        .iter()
+        .map(|entry| {
+            if entry.get("remoteAddress").is_some() {
+                ("remote_address".into(), "192.0.2.7".into())
+            } else if let Some(header) = entry.get("requestHeader") {
+                (text(&header["descriptorKey"]), "key-123".into())
+            } else if let Some(generic) = entry.get("genericKey") {
+                (text(&generic["key"]), text(&generic["value"]))
+            } else {
+                panic!("an entry this test does not know: {entry:?}")
+            }
+        })
+        .collect()
+}
+
+fn shipped_yaml(relative: &str) -> Vec<serde_yaml::Value> {
+    let text = std::fs::read_to_string(support::deploy::repo_path(relative)).expect("shipped file");
+    serde_yaml::Deserializer::from_str(&text)
+        .map(|document| serde_yaml::Value::deserialize(document).expect("valid YAML"))
+        .collect()
+}
+
+use serde::Deserialize as _;
+
+/// The ratelimit filter of an Envoy filter list, checked for the fields tollgate relies on.
+fn ratelimit_filter(filter: &serde_yaml::Value) -> (String, String) {
+    assert_eq!(filter["name"], "envoy.filters.http.ratelimit");
+    let config = &filter["typed_config"];
+    assert_eq!(
+        config["@type"],
+        "type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit"
+    );
+    assert_eq!(config["rate_limit_service"]["transport_api_version"], "V3");
+    let cluster = config["rate_limit_service"]["grpc_service"]["envoy_grpc"]["cluster_name"]
+        .as_str()
+        .expect("a gRPC cluster")
+        .to_string();
+    (
+        config["domain"].as_str().expect("domain").to_string(),
+        cluster,
+    )
+}
+
+/// Every shipped Envoy, Istio and Contour example sends descriptors that tollgate-grpc.toml
+/// limits, in the domain it names: asked of a real tollgate serving that file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shipped_envoy_istio_and_contour_examples_reach_the_shipped_limits() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    // (domain, descriptor, limit expected) gathered from the three files.
+    let mut cases: Vec<(String, Vec<(String, String)>)> = Vec::new();
+
+    let envoy = &shipped_yaml("config/envoy/ratelimit.yaml")[0];
+    let manager = &envoy["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+        ["typed_config"];
+    let filters = manager["http_filters"].as_sequence().unwrap();
+    assert_eq!(filters.last().unwrap()["name"], "envoy.filters.http.router");
+    let (domain, cluster) = ratelimit_filter(&filters[0]);
+    let clusters = envoy["static_resources"]["clusters"].as_sequence().unwrap();
+    let tollgate = clusters
+        .iter()
+        .find(|c| c["name"] == cluster.as_str())
+        .unwrap();
+    let http2 = &tollgate["typed_extension_protocol_options"]
+        ["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]["explicit_http_config"];
+    assert!(
+        http2.get("http2_protocol_options").is_some(),
+        "gRPC needs HTTP/2"
+    );
+    assert_eq!(
+        tollgate["health_checks"][0]["grpc_health_check"]["service_name"],
+        "envoy.service.ratelimit.v3.RateLimitService"
+    );
+    let endpoint = &tollgate["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]
+        ["address"]["socket_address"];
+    assert_eq!(endpoint["port_value"], 8081);
+    for limits in manager["route_config"]["virtual_hosts"][0]["rate_limits"]
+        .as_sequence()
+        .unwrap()
+    {
+        cases.push((domain.clone(), envoy_descriptor(&limits["actions"])));
+    }
+
+    let istio = &shipped_yaml("config/envoy/istio-envoyfilter.yaml")[0];
+    assert_eq!(istio["kind"], "EnvoyFilter");
+    let patches = istio["spec"]["configPatches"].as_sequence().unwrap();
+    assert_eq!(patches[0]["applyTo"], "HTTP_FILTER");
+    assert_eq!(patches[0]["patch"]["operation"], "INSERT_BEFORE");
+    let (domain, cluster) = ratelimit_filter(&patches[0]["patch"]["value"]);
+    assert_eq!(
+        cluster,
+        "outbound|8081||tollgate.tollgate.svc.cluster.local"
+    );
+    assert_eq!(patches[1]["applyTo"], "VIRTUAL_HOST");
+    for limits in patches[1]["patch"]["value"]["rate_limits"]
+        .as_sequence()
+        .unwrap()
+    {
+        cases.push((domain.clone(), envoy_descriptor(&limits["actions"])));
+    }
+
+    let contour = shipped_yaml("config/envoy/contour.yaml");
+    assert_eq!(contour[0]["kind"], "ExtensionService");
+    assert_eq!(contour[0]["spec"]["protocol"], "h2c");
+    assert_eq!(contour[0]["spec"]["services"][0]["port"], 8081);
+    assert_eq!(contour[1]["kind"], "HTTPProxy");
+    let proxy = &contour[1]["spec"];
+    let mut policies = vec![&proxy["virtualhost"]["rateLimitPolicy"]];
+    policies.extend(
+        proxy["routes"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .map(|route| &route["rateLimitPolicy"])
+            .filter(|policy| !policy.is_null()),
+    );
+    for policy in policies {
+        for descriptor in policy["global"]["descriptors"].as_sequence().unwrap() {
+            cases.push(("contour".into(), contour_descriptor(&descriptor["entries"])));
+        }
+    }
+    assert_eq!(cases.len(), 8, "{cases:?}");
+
+    let redis = RedisServer::start();
+    let config = std::fs::read_to_string(support::deploy::repo_path(
+        "config/envoy/tollgate-grpc.toml",
+    ))
+    .unwrap();
+    let (_tollgate, addr) =
+        grpc::tollgate_with_env(&config, &[("TOLLGATE_STORE__URL", &redis.url())]);
+    let mut client = grpc::client(addr).await;
+    for (domain, entries) in &cases {
+        let entries: Vec<(&str, &str)> = entries
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        let answer = ask(&mut client, request(domain, vec![descriptor(&entries)])).await;
+        assert_eq!(answer.overall_code, OK);
+        let limit = answer.statuses[0].current_limit.as_ref();
+        assert!(
+            limit.is_some(),
+            "no limit of tollgate-grpc.toml applies to {domain} {entries:?}"
+        );
+    }
+}
