@@ -679,3 +679,46 @@ async fn the_shipped_envoy_istio_and_contour_examples_reach_the_shipped_limits()
         );
     }
 }
+
+/// An empty entry value is a missing key part: `on_missing` decides, as for `/check`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_descriptor_value_is_a_missing_key_part() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let redis = RedisServer::start();
+    let limits = r#"
+[[limits]]
+name = "strict"
+rate = 1
+burst = 5
+key = ["descriptor:user"]
+on_missing = "deny"
+[limits.match]
+domains = ["strict"]
+
+[[limits]]
+name = "lenient"
+rate = 1
+burst = 5
+key = ["descriptor:user"]
+[limits.match]
+domains = ["lenient"]
+"#;
+    let (_tollgate, addr) = grpc::tollgate(&redis_config(&redis, "", limits));
+    let mut client = grpc::client(addr).await;
+    let blank = || vec![descriptor(&[("user", "")]), descriptor(&[("user", "amy")])];
+    let strict = ask(&mut client, request("strict", blank())).await;
+    assert_eq!(strict.overall_code, OVER_LIMIT);
+    assert_eq!(strict.statuses[0].code, OVER_LIMIT);
+    assert_eq!(strict.statuses[1].code, OK);
+    let lenient = ask(&mut client, request("lenient", blank())).await;
+    assert_eq!(lenient.overall_code, OK);
+    assert!(lenient.statuses[0].current_limit.is_none());
+    assert_eq!(lenient.statuses[1].limit_remaining, 4);
+    // The denial charged nothing: amy's strict bucket is still full.
+    let amy = ask(
+        &mut client,
+        request("strict", vec![descriptor(&[("user", "amy")])]),
+    )
+    .await;
+    assert_eq!(amy.statuses[0].limit_remaining, 4);
+}
