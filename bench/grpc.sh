@@ -91,3 +91,6 @@ printf '| ShouldRateLimit over gRPC (%s HTTP/2 connections) | %s | %s |\n' "$GRP
 printf '\ngRPC latency p50 / p99 ms per round: %s / %s\n' "${P50[*]}" "${P99[*]}"
 awk -v g="$grpc" -v h="$http" -v r="$rb" 'BEGIN {printf "gRPC / HTTP %.2f, gRPC / redis-benchmark %.2f\n", g / h, g / r}'
 echo "gRPC calls that failed: $(awk '{n += $10} END {print n + 0}' "$WORK/grpc.log")"
+# Answers that on_error gave because a store call overran timeout_ms (a loaded machine).
+curl -s "http://127.0.0.1:$ADMIN/metrics" | awk '/^tollgate_checks_total/ {print "  " $0}'
+curl -s "http://127.0.0.1:$ADMIN/metrics" | awk '/^tollgate_grpc_requests_total/ {print "  " $0}'
