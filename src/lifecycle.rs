@@ -72,6 +72,7 @@ fn keep_restart_only_settings(mut loaded: Config, running: &Config) -> Config {
     let changed = [
         ("listen", loaded.listen != running.listen),
         ("admin_listen", loaded.admin_listen != running.admin_listen),
+        ("grpc_listen", loaded.grpc_listen != running.grpc_listen),
         ("[store]", loaded.store != running.store),
     ];
     for (name, _) in changed.iter().filter(|(_, changed)| *changed) {
@@ -79,6 +80,7 @@ fn keep_restart_only_settings(mut loaded: Config, running: &Config) -> Config {
     }
     loaded.listen = running.listen;
     loaded.admin_listen = running.admin_listen;
+    loaded.grpc_listen = running.grpc_listen;
     loaded.store = running.store.clone();
     loaded
 }
