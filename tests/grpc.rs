@@ -43,9 +43,13 @@ domains = ["edge"]
 async fn a_descriptor_is_decided_with_its_numbers_and_headers() {
     let _serial = ONE_AT_A_TIME.lock().await;
     let redis = RedisServer::start();
-    let (_tollgate, addr) = grpc::tollgate(&redis_config(&redis, "", TWO_LIMITS));
+    let (tollgate, addr) = grpc::tollgate(&redis_config(&redis, "", TWO_LIMITS));
     let mut client = grpc::client(addr).await;
     let user = || request("edge", vec![descriptor(&[("user", "alice")])]);
+    // Descriptor limits never apply to /check.
+    let http = tollgate.check(&[]);
+    assert_eq!(http.status, 200);
+    assert_eq!(http.header("ratelimit"), None);
 
     for remaining in (0..5).rev() {
         let answer = ask(&mut client, user()).await;

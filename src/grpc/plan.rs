@@ -155,3 +155,111 @@ fn add_descriptor<'a>(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+
+    use super::*;
+    use crate::config::Config;
+    use crate::metrics::Metrics;
+
+    fn policy(limits: &str) -> Policy {
+        use figment::providers::Format as _;
+        let config: Config = figment::Figment::new()
+            .merge(figment::providers::Toml::string(limits))
+            .extract()
+            .expect("a config");
+        Policy::compile(&config, &Metrics::new()).expect("a valid config")
+    }
+
+    fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
+        RateLimitDescriptor {
+            entries: entries
+                .iter()
+                .map(|(key, value)| Entry {
+                    key: key.to_string(),
+                    value: value.to_string(),
+                })
+                .collect(),
+            ..RateLimitDescriptor::default()
+        }
+    }
+
+    fn request(descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
+        RateLimitRequest {
+            domain: "edge".into(),
+            descriptors,
+            hits_addend: 0,
+        }
+    }
+
+    const LIMITS: &str = r#"
+        [[limits]]
+        name = "user"
+        rate = 1
+        burst = 10
+        key = ["descriptor:user"]
+        [[limits]]
+        name = "user-on-path"
+        rate = 1
+        burst = 10
+        key = ["descriptor:user"]
+        [limits.match]
+        descriptors = { path = ["/a"] }
+        [[limits]]
+        name = "http"
+        rate = 1
+        burst = 10
+        key = ["ip"]
+    "#;
+
+    #[test]
+    fn each_descriptor_draws_the_limits_of_exactly_its_keys() {
+        let policy = policy(LIMITS);
+        let plan = plan(
+            &policy,
+            &request(vec![
+                descriptor(&[("user", "u")]),
+                descriptor(&[("path", "/a"), ("user", "u")]),
+                descriptor(&[("path", "/b"), ("user", "u")]),
+            ]),
+        )
+        .unwrap();
+        let keys: Vec<&str> = plan.buckets.iter().map(|b| b.key.as_str()).collect();
+        assert_eq!(keys, ["tollgate:user:{u}", "tollgate:user-on-path:{u}"]);
+        assert_eq!(plan.per_descriptor, [vec![0], vec![1], vec![]]);
+    }
+
+    #[test]
+    fn a_key_drawn_twice_is_one_bucket_charged_both_costs() {
+        let policy = policy(LIMITS);
+        let mut heavy = descriptor(&[("user", "u")]);
+        heavy.hits_addend = Some(envoy_types::pb::google::protobuf::UInt64Value { value: 5 });
+        let plan = plan(&policy, &request(vec![descriptor(&[("user", "u")]), heavy])).unwrap();
+        assert_eq!(plan.buckets.len(), 1);
+        assert_eq!(plan.buckets[0].cost, 6);
+        assert_eq!(plan.per_descriptor, [vec![0], vec![0]]);
+    }
+
+    #[test]
+    fn negative_hits_draw_nothing_and_oversized_requests_are_refused() {
+        let policy = policy(LIMITS);
+        let mut refund = descriptor(&[("user", "u")]);
+        refund.is_negative_hits = true;
+        assert!(plan(&policy, &request(vec![refund]))
+            .unwrap()
+            .buckets
+            .is_empty());
+        let many = vec![descriptor(&[("user", "u")]); MAX_DESCRIPTORS + 1];
+        assert!(plan(&policy, &request(many)).is_err());
+        let pairs: Vec<(String, String)> = (0..=MAX_ENTRIES)
+            .map(|i| (format!("k{i}"), "v".into()))
+            .collect();
+        let wide: Vec<(&str, &str)> = pairs
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        assert!(plan(&policy, &request(vec![descriptor(&wide)])).is_err());
+    }
+}
