@@ -2,9 +2,9 @@
 //! Envoy's `envoy.filters.http.ratelimit` filter (and Istio, Contour, Emissary, Gloo, which
 //! configure it) can call tollgate in place of envoyproxy/ratelimit.
 //!
-//! A request's descriptors become buckets ([`plan`]); the [`Limiter`](crate::limiter::Limiter)
+//! A request's descriptors become buckets (`plan`); the [`Limiter`](crate::limiter::Limiter)
 //! decides them all in one atomic store call with the deny cache, breaker, timeouts and
-//! `on_error` of `/check`; [`answer`] renders the verdict. `grpc.health.v1.Health` reports
+//! `on_error` of `/check`; `answer` renders the verdict. `grpc.health.v1.Health` reports
 //! readiness as `/readyz` does, and NOT_SERVING from the moment a shutdown begins.
 
 mod answer;
