@@ -155,30 +155,24 @@ pub fn value_of<'e>(entries: &'e [Entry], key: &str) -> Option<&'e str> {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
+    use figment::providers::Format as _;
 
     use super::*;
-    use crate::config::MatchConfig;
 
+    /// Built from TOML, as an operator writes it.
     fn limit(key: &[&str], domains: &[&str], descriptors: &[(&str, &[&str])]) -> LimitConfig {
-        LimitConfig {
-            name: "d".into(),
-            rate: 1.0,
-            burst: 1,
-            key: key.iter().map(|k| k.to_string()).collect(),
-            cost: 1,
-            cost_header: None,
-            shadow: false,
-            on_missing: Default::default(),
-            matching: MatchConfig {
-                domains: domains.iter().map(|d| d.to_string()).collect(),
-                descriptors: descriptors
-                    .iter()
-                    .map(|(k, v)| (k.to_string(), v.iter().map(|v| v.to_string()).collect()))
-                    .collect::<BTreeMap<_, _>>(),
-                ..MatchConfig::default()
-            },
-        }
+        let descriptors: Vec<String> = descriptors
+            .iter()
+            .map(|(k, values)| format!("{k:?} = {values:?}"))
+            .collect();
+        let toml = format!(
+            "name = \"d\"\nrate = 1\nburst = 1\nkey = {key:?}\n[match]\ndomains = {domains:?}\ndescriptors = {{ {} }}\n",
+            descriptors.join(", ")
+        );
+        figment::Figment::new()
+            .merge(figment::providers::Toml::string(&toml))
+            .extract()
+            .expect("a limit")
     }
 
     fn entries(pairs: &[(&str, &str)]) -> Vec<Entry> {
