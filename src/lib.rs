@@ -21,11 +21,13 @@
 //!   `lua/token_bucket.lua`.
 //! - [`decision`]: the verdict as a value: remaining, reset, retry-after.
 //! - [`metrics`]: the Prometheus registry; every metric name in one place.
+//! - [`clock`]: time as a parameter ([`clock::Clock`]), so tests advance it, never sleep.
 //! - [`config`]: defaults < TOML file < `TOLLGATE_*` environment; validation.
 //! - [`grpc`]: Envoy's rate limit service (`ShouldRateLimit`): descriptors become buckets for
 //!   the same [`limiter`]; [`import`] converts envoyproxy/ratelimit's YAML to tollgate TOML.
 //! - [`server`]: wiring and the listeners; [`lifecycle`]: signals, reload, heartbeat.
 
+pub mod clock;
 pub mod config;
 pub mod decision;
 pub mod deny_cache;
