@@ -2,15 +2,16 @@
 //! typed [`Config`]. Every refusal is a [`ConfigError`] naming the offending key, so the CLI
 //! can print one line and exit 2.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use figment::providers::{Env, Format, Serialized, Toml};
 use figment::Figment;
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
-use crate::keys::KeyPart;
+pub use crate::rate::RateSpec;
 
 /// Environment variables that carry the config file path, or that Kubernetes injects for a
 /// Service named `tollgate` (`TOLLGATE_SERVICE_HOST`, `TOLLGATE_PORT_8080_TCP`, ...). They are
@@ -25,6 +26,9 @@ pub struct Config {
     pub store: StoreConfig,
     pub client_ip: ClientIpConfig,
     pub response: ResponseConfig,
+    /// Requests admitted before any limit is looked at; the first matching rule wins.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub exempt: Vec<ExemptConfig>,
     pub limits: Vec<LimitConfig>,
 }
 
@@ -103,7 +107,7 @@ pub enum HeaderFamily {
 #[serde(deny_unknown_fields)]
 pub struct LimitConfig {
     pub name: String,
-    pub rate: f64,
+    pub rate: RateSpec,
     pub burst: u64,
     pub key: Vec<String>,
     #[serde(default = "one")]
@@ -116,6 +120,66 @@ pub struct LimitConfig {
     pub on_missing: OnMissing,
     #[serde(default, rename = "match")]
     pub matching: MatchConfig,
+    /// Per-key policies: the first whose `key` equals the request's key values wins.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub overrides: Vec<OverrideConfig>,
+    /// More overrides (`[[overrides]]` entries), read at start and on every reload. A relative
+    /// path is relative to the config file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overrides_file: Option<PathBuf>,
+}
+
+/// `[[limits.overrides]]`: another policy for one key of a limit.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OverrideConfig {
+    /// One value per key part of the limit, in order.
+    pub key: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate: Option<RateSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub burst: Option<u64>,
+    /// Never limited by this limit (no store call for it).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unlimited: bool,
+}
+
+/// The shape of an `overrides_file`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OverridesFile {
+    #[serde(default)]
+    pub overrides: Vec<OverrideConfig>,
+}
+
+/// `[[exempt]]`: requests admitted without a store call when every given condition holds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExemptConfig {
+    pub name: String,
+    /// The client IP (after the trusted-proxy walk) is in one of these networks.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cidrs: Vec<IpNet>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hosts: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub methods: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path_prefix: Option<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub headers: BTreeMap<String, Vec<String>>,
+}
+
+impl ExemptConfig {
+    /// The request conditions of the rule, shaped like a limit's `[limits.match]`.
+    pub fn matching(&self) -> MatchConfig {
+        MatchConfig {
+            hosts: self.hosts.clone(),
+            methods: self.methods.clone(),
+            path_prefix: self.path_prefix.clone(),
+            headers: self.headers.clone(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -136,6 +200,9 @@ pub struct MatchConfig {
     pub methods: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub path_prefix: Option<String>,
+    /// Header name -> accepted values; `""` stands for an absent or empty header.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub headers: BTreeMap<String, Vec<String>>,
 }
 
 fn one() -> u64 {
@@ -150,9 +217,10 @@ impl Default for Config {
             store: StoreConfig::default(),
             client_ip: ClientIpConfig::default(),
             response: ResponseConfig::default(),
+            exempt: Vec::new(),
             limits: vec![LimitConfig {
                 name: "per-ip".into(),
-                rate: 20.0,
+                rate: RateSpec::PerSecond(20.0),
                 burst: 100,
                 key: vec!["ip".into()],
                 cost: 1,
@@ -160,6 +228,8 @@ impl Default for Config {
                 shadow: false,
                 on_missing: OnMissing::Skip,
                 matching: MatchConfig::default(),
+                overrides: Vec::new(),
+                overrides_file: None,
             }],
         }
     }
@@ -268,12 +338,14 @@ impl Config {
         let env = Env::prefixed("TOLLGATE_")
             .split("__")
             .filter(|key| !is_kubernetes_or_cli_env(&key.as_str().to_ascii_lowercase()));
-        let config: Config = figment.merge(env).extract()?;
+        let mut config: Config = figment.merge(env).extract()?;
+        config.resolve_paths(file);
         config.validate()?;
         Ok(config)
     }
 
-    /// Checks what serde cannot: ranges, names, key parts, CIDRs, URLs.
+    /// Checks what serde cannot in the settings around the limits: ranges, CIDRs, URLs. Limits
+    /// and exemptions are checked where they are built (`Policy::compile`).
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.store.validate()?;
         if !(100..=599).contains(&self.response.deny_status) {
@@ -282,17 +354,19 @@ impl Config {
                 "must be an HTTP status between 100 and 599",
             ));
         }
-        let mut names = std::collections::HashSet::new();
-        for (i, limit) in self.limits.iter().enumerate() {
-            limit.validate(&format!("limits[{i}]"))?;
-            if !names.insert(limit.name.as_str()) {
-                return Err(ConfigError::new(
-                    format!("limits[{i}].name"),
-                    format!("duplicate limit name {:?}", limit.name),
-                ));
+        Ok(())
+    }
+
+    /// Makes every relative `overrides_file` relative to the directory of the config file.
+    fn resolve_paths(&mut self, file: Option<&Path>) {
+        let Some(dir) = file.and_then(Path::parent) else {
+            return;
+        };
+        for limit in &mut self.limits {
+            if let Some(path) = limit.overrides_file.as_mut().filter(|p| p.is_relative()) {
+                *path = dir.join(&*path);
             }
         }
-        Ok(())
     }
 }
 
@@ -315,13 +389,26 @@ impl Config {
                 .map(|n| n.to_string())
                 .collect::<Vec<_>>()
         );
+        if !self.exempt.is_empty() {
+            let _ = writeln!(out, "exempt        {}", self.exempt.len());
+            for rule in &self.exempt {
+                let cidrs: Vec<String> = rule.cidrs.iter().map(|n| n.to_string()).collect();
+                let matching = rule.matching();
+                let conditions = match (cidrs.is_empty(), matching.is_empty()) {
+                    (false, false) => format!("cidrs {cidrs:?}, {}", matching.describe()),
+                    (false, true) => format!("cidrs {cidrs:?}"),
+                    (true, _) => matching.describe(),
+                };
+                let _ = writeln!(out, "  {:<16} {conditions}", rule.name);
+            }
+        }
         let _ = writeln!(out, "limits        {}", self.limits.len());
         for limit in &self.limits {
             let _ = write!(
                 out,
-                "  {:<16} rate {}/s  burst {}  key [{}]  cost {}",
+                "  {:<16} rate {}  burst {}  key [{}]  cost {}",
                 limit.name,
-                limit.rate,
+                describe_rate(&limit.rate),
                 limit.burst,
                 limit.key.join(", "),
                 limit
@@ -335,14 +422,57 @@ impl Config {
             if limit.shadow {
                 out.push_str("  shadow");
             }
-            let _ = writeln!(
+            let _ = write!(
                 out,
                 "  on_missing {:?}  match {}",
                 limit.on_missing,
                 limit.matching.describe()
             );
+            if !limit.overrides.is_empty() || limit.overrides_file.is_some() {
+                let _ = write!(out, "  overrides {} inline", limit.overrides.len());
+                if let Some(file) = &limit.overrides_file {
+                    let _ = write!(out, " + file {}", file.display());
+                }
+            }
+            out.push('\n');
+        }
+        for warning in self.warnings() {
+            let _ = writeln!(out, "warning: {warning}");
         }
         out
+    }
+
+    /// Configurations that are valid but probably not meant: two limits on the same key that
+    /// one request can draw from together although header rules make them look like tiers.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut warnings = Vec::new();
+        for (i, a) in self.limits.iter().enumerate() {
+            for b in &self.limits[i + 1..] {
+                let tiered = !a.matching.headers.is_empty() || !b.matching.headers.is_empty();
+                if tiered && a.key == b.key && !a.matching.excludes(&b.matching) {
+                    warnings.push(format!(
+                        "limits.{} and limits.{} share the key [{}] and their [limits.match] rules \
+                         overlap: one request is charged by both (make the header values disjoint)",
+                        a.name,
+                        b.name,
+                        a.key.join(", ")
+                    ));
+                }
+            }
+        }
+        warnings
+    }
+}
+
+/// `20/s`, or the written form and what it means per second: `100/min = 1.666667 tokens/s`.
+fn describe_rate(rate: &RateSpec) -> String {
+    match (rate, rate.per_second()) {
+        (RateSpec::Text(text), Ok(per_second)) => {
+            let fixed = format!("{per_second:.6}");
+            let short = fixed.trim_end_matches('0').trim_end_matches('.');
+            format!("{} = {short} tokens/s", text.trim())
+        }
+        _ => rate.to_string(),
     }
 }
 
@@ -378,6 +508,38 @@ impl StoreConfig {
 }
 
 impl MatchConfig {
+    pub fn is_empty(&self) -> bool {
+        self.hosts.is_empty()
+            && self.methods.is_empty()
+            && self.path_prefix.is_none()
+            && self.headers.is_empty()
+    }
+
+    /// Whether no request can satisfy both rule sets: some condition both give has no value
+    /// in common (hosts and methods compared case-insensitively, path prefixes by prefix).
+    pub fn excludes(&self, other: &MatchConfig) -> bool {
+        let disjoint = |a: &[String], b: &[String]| {
+            !a.is_empty()
+                && !b.is_empty()
+                && !a.iter().any(|x| b.iter().any(|y| x.eq_ignore_ascii_case(y)))
+        };
+        let paths_apart = match (&self.path_prefix, &other.path_prefix) {
+            (Some(a), Some(b)) => !a.starts_with(b.as_str()) && !b.starts_with(a.as_str()),
+            _ => false,
+        };
+        let headers_apart = self.headers.iter().any(|(name, values)| {
+            other
+                .headers
+                .iter()
+                .find(|(n, _)| n.eq_ignore_ascii_case(name))
+                .is_some_and(|(_, others)| !values.iter().any(|v| others.contains(v)))
+        });
+        disjoint(&self.hosts, &other.hosts)
+            || disjoint(&self.methods, &other.methods)
+            || paths_apart
+            || headers_apart
+    }
+
     fn describe(&self) -> String {
         let mut parts = Vec::new();
         if !self.hosts.is_empty() {
@@ -388,6 +550,9 @@ impl MatchConfig {
         }
         if let Some(prefix) = &self.path_prefix {
             parts.push(format!("path_prefix {prefix:?}"));
+        }
+        for (name, values) in &self.headers {
+            parts.push(format!("{name} in {values:?}"));
         }
         if parts.is_empty() {
             "all requests".into()
@@ -535,93 +700,6 @@ fn password_of(url: &str) -> Option<&str> {
     let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
     let userinfo = &authority[..authority.rfind('@')?];
     userinfo.split_once(':').map(|(_, password)| password)
-}
-
-impl LimitConfig {
-    fn validate(&self, at: &str) -> Result<(), ConfigError> {
-        let name_ok = !self.name.is_empty()
-            && self.name.len() <= 64
-            && self
-                .name
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-');
-        if !name_ok {
-            return Err(ConfigError::new(
-                format!("{at}.name"),
-                "must match [a-z0-9_-]+ (at most 64 characters)",
-            ));
-        }
-        let at = format!("limits.{}", self.name);
-        if !(self.rate.is_finite() && self.rate > 0.0) {
-            return Err(ConfigError::new(format!("{at}.rate"), "must be > 0"));
-        }
-        if self.burst == 0 || self.burst > 1_000_000_000 {
-            return Err(ConfigError::new(
-                format!("{at}.burst"),
-                "must be between 1 and 1000000000",
-            ));
-        }
-        if self.cost == 0 {
-            return Err(ConfigError::new(format!("{at}.cost"), "must be >= 1"));
-        }
-        if self.cost > self.burst {
-            return Err(ConfigError::new(
-                format!("{at}.cost"),
-                format!(
-                    "cost {} exceeds burst {}: no request could ever pass",
-                    self.cost, self.burst
-                ),
-            ));
-        }
-        if let Some(header) = &self.cost_header {
-            if actix_web::http::header::HeaderName::try_from(header.as_str()).is_err() {
-                return Err(ConfigError::new(
-                    format!("{at}.cost_header"),
-                    "is not a valid header name",
-                ));
-            }
-        }
-        if self.key.is_empty() {
-            return Err(ConfigError::new(
-                format!("{at}.key"),
-                "needs at least one part, e.g. [\"ip\"]",
-            ));
-        }
-        for (i, part) in self.key.iter().enumerate() {
-            KeyPart::parse(part).map_err(|why| ConfigError::new(format!("{at}.key[{i}]"), why))?;
-        }
-        self.matching.validate(&format!("{at}.match"))
-    }
-}
-
-impl MatchConfig {
-    fn validate(&self, at: &str) -> Result<(), ConfigError> {
-        for (i, method) in self.methods.iter().enumerate() {
-            if method.is_empty() || !method.bytes().all(|b| b.is_ascii_alphabetic()) {
-                return Err(ConfigError::new(
-                    format!("{at}.methods[{i}]"),
-                    "must be an HTTP method name like GET",
-                ));
-            }
-        }
-        for (i, host) in self.hosts.iter().enumerate() {
-            if host.is_empty() || !host.bytes().all(|b| b.is_ascii_graphic()) {
-                return Err(ConfigError::new(
-                    format!("{at}.hosts[{i}]"),
-                    "must be a host name",
-                ));
-            }
-        }
-        if let Some(prefix) = &self.path_prefix {
-            if !prefix.starts_with('/') {
-                return Err(ConfigError::new(
-                    format!("{at}.path_prefix"),
-                    "must start with /",
-                ));
-            }
-        }
-        Ok(())
-    }
 }
 
 #[cfg(test)]

@@ -2,7 +2,10 @@
 //! is left. Everything the response headers need is derived here; only `http::headers` turns
 //! it into bytes.
 
-use crate::limits::{Limit, Policy};
+use std::borrow::Cow;
+
+use crate::limits::{policy_item, Limit, Policy};
+use crate::rate::ceil_secs;
 
 /// One applicable limit after the decision.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -10,6 +13,9 @@ pub struct LimitState {
     /// Index of the limit in the policy that decided.
     pub limit: usize,
     pub cost: u64,
+    /// The policy this key was decided under: the limit's, or its key's override.
+    pub rate: f64,
+    pub burst: u64,
     /// Tokens left after the decision.
     pub tokens: f64,
     /// Whether the bucket held the cost.
@@ -21,6 +27,8 @@ pub struct LimitState {
 pub enum Verdict {
     /// No limit applies to this request.
     Unlimited,
+    /// An `[[exempt]]` rule admitted it before any limit was looked at.
+    Exempt,
     /// Decided by the store (or, when `degraded`, by the local fallback).
     Decided(Decision),
     /// A key part is missing and the limit says `on_missing = "deny"`.
@@ -37,15 +45,6 @@ pub struct Decision {
     pub degraded: bool,
 }
 
-/// Rounds seconds up to a whole number, at least 0; huge or NaN values saturate.
-pub fn ceil_secs(seconds: f64) -> u64 {
-    if seconds.is_nan() || seconds <= 0.0 {
-        0
-    } else {
-        seconds.ceil().min(u64::MAX as f64) as u64
-    }
-}
-
 impl LimitState {
     /// Whole tokens left, as `RateLimit: r=` and `X-RateLimit-Remaining` show them.
     pub fn remaining(&self) -> u64 {
@@ -53,16 +52,26 @@ impl LimitState {
     }
 
     /// Seconds until the bucket is full again.
-    pub fn reset_secs(&self, limit: &Limit) -> u64 {
-        ceil_secs((limit.burst as f64 - self.tokens) / limit.rate)
+    pub fn reset_secs(&self) -> u64 {
+        ceil_secs((self.burst as f64 - self.tokens) / self.rate)
     }
 
     /// Seconds until this bucket could pay the cost; `None` if it never can (cost > burst).
-    pub fn wait_secs(&self, limit: &Limit) -> Option<u64> {
-        if self.cost > limit.burst {
+    pub fn wait_secs(&self) -> Option<u64> {
+        if self.cost > self.burst {
             return None;
         }
-        Some(ceil_secs((self.cost as f64 - self.tokens) / limit.rate).max(1))
+        Some(ceil_secs((self.cost as f64 - self.tokens) / self.rate).max(1))
+    }
+
+    /// This bucket's `RateLimit-Policy` item: the limit's own, unless an override gave the
+    /// key other numbers.
+    pub fn policy_item<'l>(&self, limit: &'l Limit) -> Cow<'l, str> {
+        if self.rate == limit.rate && self.burst == limit.burst {
+            Cow::Borrowed(&limit.policy_item)
+        } else {
+            Cow::Owned(policy_item(&limit.name, self.rate, self.burst))
+        }
     }
 
     /// A limit that stopped this request: not enough tokens, and not a shadow limit.
@@ -87,8 +96,8 @@ impl Decision {
     /// `None` when one of them can never pass (cost above its burst) or nothing was denied.
     pub fn retry_after(&self, policy: &Policy) -> Option<u64> {
         let mut longest = None;
-        for (state, limit) in self.violated(policy) {
-            let wait = state.wait_secs(limit)?;
+        for (state, _) in self.violated(policy) {
+            let wait = state.wait_secs()?;
             longest = Some(longest.map_or(wait, |l: u64| l.max(wait)));
         }
         longest
@@ -102,14 +111,14 @@ impl Decision {
     ) -> Option<(&'p LimitState, &'p Limit)> {
         let with_limits = self.limits.iter().map(|s| (s, &policy.limits[s.limit]));
         if !self.allowed {
-            return self.violated(policy).max_by_key(|(state, limit)| {
+            return self.violated(policy).max_by_key(|(state, _)| {
                 (
-                    state.wait_secs(limit).unwrap_or(u64::MAX),
-                    state.reset_secs(limit),
+                    state.wait_secs().unwrap_or(u64::MAX),
+                    state.reset_secs(),
                 )
             });
         }
         with_limits
-            .min_by_key(|(state, limit)| (state.remaining(), u64::MAX - state.reset_secs(limit)))
+            .min_by_key(|(state, _)| (state.remaining(), u64::MAX - state.reset_secs()))
     }
 }

@@ -90,6 +90,17 @@ pub fn bucket_key(
     request: &Described<'_>,
     anonymous: bool,
 ) -> Result<String, MissingPart> {
+    let tail = bucket_tail(parts, request, anonymous)?;
+    Ok(assemble(prefix, limit, &tail))
+}
+
+/// The request's values of `parts`, escaped and joined with `|`: what identifies its bucket
+/// within a limit, before [`assemble`] hashes it if need be. Overrides are looked up by it.
+pub fn bucket_tail(
+    parts: &[KeyPart],
+    request: &Described<'_>,
+    anonymous: bool,
+) -> Result<Vec<u8>, MissingPart> {
     let mut tail = Vec::with_capacity(64);
     for (i, part) in parts.iter().enumerate() {
         if i > 0 {
@@ -107,7 +118,35 @@ pub fn bucket_key(
             None => return Err(MissingPart),
         }
     }
-    Ok(assemble(prefix, limit, &tail))
+    Ok(tail)
+}
+
+/// The tail a request carrying `values` (one per part, as an operator writes them in an
+/// override) would have: IP addresses in canonical form, hosts lowercase. Fails with the
+/// index of a value that no request can carry, and why.
+pub fn tail_of_values(parts: &[KeyPart], values: &[String]) -> Result<Vec<u8>, (usize, String)> {
+    let mut tail = Vec::with_capacity(64);
+    for (i, (part, value)) in parts.iter().zip(values).enumerate() {
+        if i > 0 {
+            tail.push(b'|');
+        }
+        if value.is_empty() {
+            return Err((i, "is empty: an empty value is a missing key part".into()));
+        }
+        match part {
+            KeyPart::Ip => match crate::request::parse_ip(value.as_bytes()) {
+                Some(ip) => write_ip(&mut tail, ip),
+                None => return Err((i, format!("{value:?} is not an IP address"))),
+            },
+            KeyPart::Host => {
+                let start = tail.len();
+                escape_into(&mut tail, value.as_bytes());
+                tail[start..].make_ascii_lowercase();
+            }
+            _ => escape_into(&mut tail, value.as_bytes()),
+        }
+    }
+    Ok(tail)
 }
 
 /// The sorted set where instances announce themselves (`on_error = "local"`).
@@ -116,7 +155,7 @@ pub fn instances_key(prefix: &str) -> String {
 }
 
 /// `<prefix>:<limit>:{<tail>}`, hashing the tail when it is long or unprintable.
-fn assemble(prefix: &str, limit: &str, tail: &[u8]) -> String {
+pub fn assemble(prefix: &str, limit: &str, tail: &[u8]) -> String {
     let printable = tail.iter().all(|b| (0x20..=0x7e).contains(b));
     let mut key = String::with_capacity(prefix.len() + limit.len() + 4 + tail.len().min(33));
     key.push_str(prefix);

@@ -1,17 +1,32 @@
-//! Limits compiled from the config, and which of them apply to a request: match rules, the
-//! bucket key, the cost, `on_missing`. The compiled set is a [`Policy`], swapped whole on
-//! reload.
+//! Limits built from the config, and which of them apply to a request: match rules, the
+//! bucket key, per-key overrides, the cost, `on_missing`. The compiled set is a [`Policy`],
+//! swapped whole on reload.
+//!
+//! Building a [`Limit`] from its [`LimitConfig`] is the one place a limit is checked: what
+//! exists is valid, and nothing parses the config twice.
 
-use crate::config::{Config, ConfigError, LimitConfig, MatchConfig, OnMissing, ResponseConfig};
+use std::collections::HashSet;
+
+use crate::config::{Config, ConfigError, LimitConfig, OnMissing, RateSpec, ResponseConfig};
+use crate::exempt::{ExemptRule, Exemptions};
 use crate::keys::{self, KeyPart};
+use crate::matcher::Matcher;
 use crate::metrics::{LimitCounters, Metrics};
+use crate::overrides::{Base, Override, Overrides};
+use crate::rate::ceil_secs;
 use crate::request::{ClientIpPolicy, Described};
 use crate::store::BucketRequest;
+
+/// Largest burst a limit may have.
+pub const MAX_BURST: u64 = 1_000_000_000;
 
 /// One configured limit, ready for the hot path.
 pub struct Limit {
     pub name: String,
+    /// Tokens per second.
     pub rate: f64,
+    /// The rate as written (`"100/min"`), for `validate`.
+    pub rate_spec: RateSpec,
     pub burst: u64,
     pub cost: u64,
     pub cost_header: Option<String>,
@@ -19,77 +34,132 @@ pub struct Limit {
     pub on_missing: OnMissing,
     pub key: Vec<KeyPart>,
     pub matcher: Matcher,
+    pub overrides: Overrides,
     /// This limit's `RateLimit-Policy` item, `"<name>";q=<burst>;w=<window>`.
     pub policy_item: String,
+    /// Detached until [`Policy::compile`] gives it the exported counters.
     pub counters: LimitCounters,
 }
 
-/// `[limits.match]`: every given condition must hold.
-#[derive(Debug, Clone, Default)]
-pub struct Matcher {
-    hosts: Vec<String>,
-    methods: Vec<String>,
-    path_prefix: Option<String>,
+/// `[a-z0-9_-]+`, at most 64 characters: names become keys, headers and metric labels.
+pub fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
 }
 
-impl Matcher {
-    fn new(config: &MatchConfig) -> Matcher {
-        Matcher {
-            hosts: config
-                .hosts
-                .iter()
-                .map(|h| h.to_ascii_lowercase())
-                .collect(),
-            methods: config
-                .methods
-                .iter()
-                .map(|m| m.to_ascii_uppercase())
-                .collect(),
-            path_prefix: config.path_prefix.clone(),
-        }
+/// A burst must hold at least one token and the configured cost.
+pub fn check_burst(burst: u64, cost: u64, key: &str) -> Result<(), ConfigError> {
+    if burst == 0 || burst > MAX_BURST {
+        return Err(ConfigError::new(
+            key,
+            format!("must be between 1 and {MAX_BURST}"),
+        ));
     }
+    if cost > burst {
+        return Err(ConfigError::new(
+            key,
+            format!("burst {burst} is below the cost {cost}: no request could ever pass"),
+        ));
+    }
+    Ok(())
+}
 
-    pub fn matches(&self, request: &Described<'_>) -> bool {
-        let host = request.host_without_port();
-        (self.hosts.is_empty() || self.hosts.iter().any(|h| h.eq_ignore_ascii_case(host)))
-            && (self.methods.is_empty()
-                || self
-                    .methods
-                    .iter()
-                    .any(|m| m.eq_ignore_ascii_case(request.method)))
-            && self
-                .path_prefix
-                .as_deref()
-                .is_none_or(|prefix| request.path.starts_with(prefix))
+/// `"<name>";q=<burst>;w=<seconds to fill>`.
+pub fn policy_item(name: &str, rate: f64, burst: u64) -> String {
+    format!("\"{name}\";q={burst};w={}", ceil_secs(burst as f64 / rate))
+}
+
+impl TryFrom<&LimitConfig> for Limit {
+    type Error = ConfigError;
+
+    fn try_from(config: &LimitConfig) -> Result<Limit, ConfigError> {
+        if !valid_name(&config.name) {
+            return Err(ConfigError::new(
+                "limits.name",
+                format!(
+                    "{:?} must match [a-z0-9_-]+ (at most 64 characters)",
+                    config.name
+                ),
+            ));
+        }
+        let at = format!("limits.{}", config.name);
+        let rate = config
+            .rate
+            .per_second()
+            .map_err(|why| ConfigError::new(format!("{at}.rate"), why))?;
+        if config.cost == 0 {
+            return Err(ConfigError::new(format!("{at}.cost"), "must be >= 1"));
+        }
+        check_burst(config.burst, 1, &format!("{at}.burst"))?;
+        if config.cost > config.burst {
+            return Err(ConfigError::new(
+                format!("{at}.cost"),
+                format!(
+                    "cost {} exceeds burst {}: no request could ever pass",
+                    config.cost, config.burst
+                ),
+            ));
+        }
+        let cost_header = match &config.cost_header {
+            Some(header) => Some(
+                actix_web::http::header::HeaderName::try_from(header.as_str())
+                    .map_err(|_| {
+                        ConfigError::new(format!("{at}.cost_header"), "is not a valid header name")
+                    })?
+                    .as_str()
+                    .to_string(),
+            ),
+            None => None,
+        };
+        if config.key.is_empty() {
+            return Err(ConfigError::new(
+                format!("{at}.key"),
+                "needs at least one part, e.g. [\"ip\"]",
+            ));
+        }
+        let key = config
+            .key
+            .iter()
+            .enumerate()
+            .map(|(i, part)| {
+                KeyPart::parse(part).map_err(|why| ConfigError::new(format!("{at}.key[{i}]"), why))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let matcher = Matcher::compile(&config.matching, &format!("{at}.match"))?;
+        let base = Base {
+            rate,
+            burst: config.burst,
+            cost: config.cost,
+        };
+        let overrides = Overrides::compile(
+            &config.overrides,
+            config.overrides_file.as_deref(),
+            &key,
+            base,
+            &at,
+        )?;
+        Ok(Limit {
+            name: config.name.clone(),
+            rate,
+            rate_spec: config.rate.clone(),
+            burst: config.burst,
+            cost: config.cost,
+            cost_header,
+            shadow: config.shadow,
+            on_missing: config.on_missing,
+            key,
+            matcher,
+            overrides,
+            policy_item: policy_item(&config.name, rate, config.burst),
+            counters: LimitCounters::detached(),
+        })
     }
 }
 
 impl Limit {
-    fn compile(config: &LimitConfig, metrics: &Metrics) -> Limit {
-        Limit {
-            name: config.name.clone(),
-            rate: config.rate,
-            burst: config.burst,
-            cost: config.cost,
-            cost_header: config.cost_header.as_ref().map(|h| h.to_ascii_lowercase()),
-            shadow: config.shadow,
-            on_missing: config.on_missing,
-            key: config
-                .key
-                .iter()
-                .filter_map(|part| KeyPart::parse(part).ok())
-                .collect(),
-            matcher: Matcher::new(&config.matching),
-            policy_item: format!(
-                "\"{}\";q={};w={}",
-                config.name,
-                config.burst,
-                crate::decision::ceil_secs(config.burst as f64 / config.rate)
-            ),
-            counters: metrics.limit_counters(&config.name),
-        }
-    }
-
     /// The cost of this request: the `cost_header` value when it is a positive integer, else
     /// the configured `cost`. A malformed header cannot make a request cheaper than `cost`.
     fn cost_of(&self, request: &Described<'_>) -> u64 {
@@ -105,6 +175,7 @@ impl Limit {
 
 /// Everything a check needs that a reload may change.
 pub struct Policy {
+    pub exemptions: Exemptions,
     pub limits: Vec<Limit>,
     pub client_ip: ClientIpPolicy,
     pub response: ResponseConfig,
@@ -112,25 +183,40 @@ pub struct Policy {
 }
 
 impl Policy {
-    /// Compiles a validated config. Also re-validates, so a reload can never install a policy
-    /// that start-up would refuse.
+    /// Builds every exemption and limit of a loaded config (which checked the rest) and
+    /// resolves their counters; the first refused one is the error.
     pub fn compile(config: &Config, metrics: &Metrics) -> Result<Policy, ConfigError> {
-        config.validate()?;
+        let exemptions = Exemptions::compile(&config.exempt, metrics)?;
+        let mut names = HashSet::new();
+        let mut limits = Vec::with_capacity(config.limits.len());
+        for limit_config in &config.limits {
+            let mut limit = Limit::try_from(limit_config)?;
+            if !names.insert(limit_config.name.as_str()) {
+                return Err(ConfigError::new(
+                    format!("limits.{}.name", limit.name),
+                    format!("duplicate limit name {:?}", limit.name),
+                ));
+            }
+            limit.counters = metrics.limit_counters(&limit.name);
+            limits.push(limit);
+        }
         Ok(Policy {
-            limits: config
-                .limits
-                .iter()
-                .map(|l| Limit::compile(l, metrics))
-                .collect(),
+            exemptions,
+            limits,
             client_ip: ClientIpPolicy::from(&config.client_ip),
             response: config.response.clone(),
             key_prefix: config.store.key_prefix.clone(),
         })
     }
 
+    /// The `[[exempt]]` rule that admits this request, if any.
+    pub fn exempt(&self, request: &Described<'_>) -> Option<&ExemptRule> {
+        self.exemptions.first_match(request)
+    }
+
     /// The buckets this request must draw from, in limit order, each tagged with the index of
-    /// its limit. Fails with the index of a limit whose key is missing under
-    /// `on_missing = "deny"`.
+    /// its limit and carrying its key's policy (an override's numbers, if any). Fails with the
+    /// index of a limit whose key is missing under `on_missing = "deny"`.
     pub fn applicable(&self, request: &Described<'_>) -> Result<Vec<BucketRequest>, usize> {
         let mut buckets = Vec::with_capacity(self.limits.len());
         for (index, limit) in self.limits.iter().enumerate() {
@@ -138,21 +224,20 @@ impl Policy {
                 continue;
             }
             let anonymous = limit.on_missing == OnMissing::Anonymous;
-            let key = match keys::bucket_key(
-                &self.key_prefix,
-                &limit.name,
-                &limit.key,
-                request,
-                anonymous,
-            ) {
-                Ok(key) => key,
+            let tail = match keys::bucket_tail(&limit.key, request, anonymous) {
+                Ok(tail) => tail,
                 Err(keys::MissingPart) if limit.on_missing == OnMissing::Deny => return Err(index),
                 Err(keys::MissingPart) => continue,
             };
+            let (rate, burst) = match limit.overrides.get(&tail) {
+                Some(Override::Unlimited) => continue,
+                Some(Override::Bucket { rate, burst }) => (rate, burst),
+                None => (limit.rate, limit.burst),
+            };
             buckets.push(BucketRequest {
-                key,
-                rate: limit.rate,
-                burst: limit.burst as f64,
+                key: keys::assemble(&self.key_prefix, &limit.name, &tail),
+                rate,
+                burst: burst as f64,
                 cost: limit.cost_of(request),
                 shadow: limit.shadow,
                 limit: index,

@@ -120,6 +120,9 @@ pub async fn run(
         config.store.describe(),
         config.limits.len()
     );
+    for warning in config.warnings() {
+        log::warn!("{warning}");
+    }
 
     let public_state = state.clone();
     let draining = Arc::new(AtomicBool::new(false));

@@ -144,10 +144,10 @@ fn every_invalid_value_is_refused_naming_its_key() {
         ("[[limits]]\nname = \"a\"\nrate = 1\nburst = 5\ncost = 6\nkey = [\"ip\"]\n", "limits.a.cost"),
         ("[[limits]]\nname = \"a\"\nrate = 1\nburst = 5\nkey = [\"cookie\"]\n", "limits.a.key[0]"),
         ("[[limits]]\nname = \"a\"\nrate = 1\nburst = 5\nkey = []\n", "limits.a.key"),
-        ("[[limits]]\nname = \"Bad Name\"\nrate = 1\nburst = 5\nkey = [\"ip\"]\n", "limits[0].name"),
+        ("[[limits]]\nname = \"Bad Name\"\nrate = 1\nburst = 5\nkey = [\"ip\"]\n", "limits.name: \"Bad Name\""),
         ("[[limits]]\nname = \"a\"\nrate = 1\nburst = 5\nkey = [\"ip\"]\n[limits.match]\npath_prefix = \"api\"\n", "limits.a.match.path_prefix"),
         ("[[limits]]\nname = \"a\"\nrate = 1\nburst = 5\nkey = [\"ip\"]\nwindow = 3\n", "window"),
-        (&"[[limits]]\nname = \"a\"\nrate = 1\nburst = 5\nkey = [\"ip\"]\n".repeat(2), "limits[1].name"),
+        (&"[[limits]]\nname = \"a\"\nrate = 1\nburst = 5\nkey = [\"ip\"]\n".repeat(2), "limits.a.name"),
         ("[[limits]]\nname = \"a\"\nrate = 1\n", "burst"),
         ("[store\n", "TOML"),
     ];

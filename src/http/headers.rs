@@ -21,7 +21,9 @@ const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset
 pub fn render(verdict: &Verdict, policy: &Policy) -> HttpResponse {
     match verdict {
         // Empty 200: nginx keeps its keep-alive connection to tollgate only without a body.
-        Verdict::Unlimited | Verdict::StoreFailed { allow: true } => HttpResponse::Ok().finish(),
+        Verdict::Unlimited | Verdict::Exempt | Verdict::StoreFailed { allow: true } => {
+            HttpResponse::Ok().finish()
+        }
         Verdict::Decided(decision) if decision.allowed => {
             let mut response = HttpResponse::Ok();
             quota_headers(&mut response, decision, policy);
@@ -76,10 +78,10 @@ fn denied(decision: &Decision, policy: &Policy) -> HttpResponse {
                 violated.join(", ")
             )
         }
-        None => match decision.violated(policy).find(|(s, l)| s.cost > l.burst) {
+        None => match decision.violated(policy).find(|(s, _)| s.cost > s.burst) {
             Some((state, limit)) => format!(
                 "request cost {} exceeds the burst {} of limit {:?}: it can never pass",
-                state.cost, limit.burst, limit.name
+                state.cost, state.burst, limit.name
             ),
             None => format!("rate limit exceeded ({})", violated.join(", ")),
         },
@@ -132,16 +134,16 @@ fn quota_headers(response: &mut HttpResponseBuilder, decision: &Decision, policy
     let Some((state, limit)) = decision.most_restrictive(policy) else {
         return;
     };
-    let (remaining, reset) = (state.remaining(), state.reset_secs(limit));
+    let (remaining, reset) = (state.remaining(), state.reset_secs());
     for family in &policy.response.headers {
         match family {
             HeaderFamily::Ietf => {
                 let items = match decision.limits.as_slice() {
                     // One limit, the common case: its item as is, without a Vec and a join.
-                    [only] => policy.limits[only.limit].policy_item.clone(),
+                    [only] => only.policy_item(&policy.limits[only.limit]).into_owned(),
                     all => all
                         .iter()
-                        .map(|s| policy.limits[s.limit].policy_item.as_str())
+                        .map(|s| s.policy_item(&policy.limits[s.limit]))
                         .collect::<Vec<_>>()
                         .join(", "),
                 };
@@ -152,7 +154,7 @@ fn quota_headers(response: &mut HttpResponseBuilder, decision: &Decision, policy
                 ));
             }
             HeaderFamily::XRatelimit => {
-                response.insert_header((X_RATELIMIT_LIMIT, limit.burst));
+                response.insert_header((X_RATELIMIT_LIMIT, state.burst));
                 response.insert_header((X_RATELIMIT_REMAINING, remaining));
                 response.insert_header((X_RATELIMIT_RESET, reset));
             }

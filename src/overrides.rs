@@ -1,0 +1,259 @@
+//! Per-key policies of a limit: `[[limits.overrides]]` and the entries of its
+//! `overrides_file`. An override gives one key value its own rate and burst, or exempts it
+//! from the limit. The key keeps its bucket (the same store key): only the numbers change.
+//!
+//! Lookups are one hash probe by the escaped key tail the bucket key is built from
+//! ([`crate::keys::bucket_tail`]), so 100,000 overrides cost a check what one does.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use crate::config::{ConfigError, OverrideConfig, OverridesFile};
+use crate::keys::{self, KeyPart};
+
+/// What one key gets instead of the limit's own policy.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Override {
+    /// Not limited by this limit: no bucket, no store call.
+    Unlimited,
+    Bucket { rate: f64, burst: u64 },
+}
+
+/// The limit's own numbers, that an override's omitted fields keep.
+#[derive(Debug, Clone, Copy)]
+pub struct Base {
+    pub rate: f64,
+    pub burst: u64,
+    pub cost: u64,
+}
+
+/// Every override of one limit, by key tail.
+#[derive(Debug, Default)]
+pub struct Overrides {
+    by_tail: HashMap<Box<[u8]>, Override>,
+}
+
+impl Overrides {
+    /// Builds the inline overrides, then the file's: the first entry for a key wins. `at` is
+    /// the limit's dotted key (`limits.<name>`), for errors.
+    pub fn compile(
+        inline: &[OverrideConfig],
+        file: Option<&Path>,
+        parts: &[KeyPart],
+        base: Base,
+        at: &str,
+    ) -> Result<Overrides, ConfigError> {
+        let mut overrides = Overrides::default();
+        for (i, entry) in inline.iter().enumerate() {
+            overrides.add(entry, parts, base, &format!("{at}.overrides[{i}]"))?;
+        }
+        if let Some(path) = file {
+            let key = format!("{at}.overrides_file");
+            for (i, entry) in read_file(path, &key)?.overrides.iter().enumerate() {
+                let entry_at = format!("{key} ({}) overrides[{i}]", path.display());
+                overrides.add(entry, parts, base, &entry_at)?;
+            }
+        }
+        Ok(overrides)
+    }
+
+    fn add(
+        &mut self,
+        entry: &OverrideConfig,
+        parts: &[KeyPart],
+        base: Base,
+        at: &str,
+    ) -> Result<(), ConfigError> {
+        if entry.key.len() != parts.len() {
+            return Err(ConfigError::new(
+                format!("{at}.key"),
+                format!(
+                    "has {} value(s); the limit's key has {} part(s) [{}]",
+                    entry.key.len(),
+                    parts.len(),
+                    parts
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            ));
+        }
+        let tail = keys::tail_of_values(parts, &entry.key)
+            .map_err(|(i, why)| ConfigError::new(format!("{at}.key[{i}]"), why))?;
+        let policy = parse(entry, base, at)?;
+        self.by_tail.entry(tail.into_boxed_slice()).or_insert(policy);
+        Ok(())
+    }
+
+    /// The override for a request whose key tail is `tail`.
+    pub fn get(&self, tail: &[u8]) -> Option<Override> {
+        if self.by_tail.is_empty() {
+            return None;
+        }
+        self.by_tail.get(tail).copied()
+    }
+
+    /// Distinct keys overridden.
+    pub fn len(&self) -> usize {
+        self.by_tail.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_tail.is_empty()
+    }
+}
+
+/// One entry's policy: `unlimited` alone, or a rate and/or a burst.
+fn parse(entry: &OverrideConfig, base: Base, at: &str) -> Result<Override, ConfigError> {
+    if entry.unlimited {
+        let extra = if entry.rate.is_some() { "rate" } else { "burst" };
+        if entry.rate.is_some() || entry.burst.is_some() {
+            return Err(ConfigError::new(
+                format!("{at}.unlimited"),
+                format!("cannot be combined with {extra}: an unlimited key has no bucket"),
+            ));
+        }
+        return Ok(Override::Unlimited);
+    }
+    if entry.rate.is_none() && entry.burst.is_none() {
+        return Err(ConfigError::new(
+            at,
+            "needs rate, burst, or unlimited = true",
+        ));
+    }
+    let rate = match &entry.rate {
+        Some(spec) => spec
+            .per_second()
+            .map_err(|why| ConfigError::new(format!("{at}.rate"), why))?,
+        None => base.rate,
+    };
+    let burst = entry.burst.unwrap_or(base.burst);
+    crate::limits::check_burst(burst, base.cost, &format!("{at}.burst"))?;
+    Ok(Override::Bucket { rate, burst })
+}
+
+/// Reads an `overrides_file`; every error is one line naming the file's key.
+fn read_file(path: &Path, key: &str) -> Result<OverridesFile, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|error| {
+        ConfigError::new(key, format!("cannot read {}: {error}", path.display()))
+    })?;
+    toml::from_str(&text).map_err(|error| {
+        let line = error
+            .span()
+            .map(|span| text[..span.start.min(text.len())].lines().count().max(1));
+        let message = error.message().split_whitespace().collect::<Vec<_>>();
+        ConfigError::new(
+            key,
+            format!(
+                "{}{}: {}",
+                path.display(),
+                line.map_or(String::new(), |l| format!(" line {l}")),
+                message.join(" ")
+            ),
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::RateSpec;
+
+    const BASE: Base = Base {
+        rate: 10.0,
+        burst: 20,
+        cost: 1,
+    };
+
+    fn entry(key: &[&str]) -> OverrideConfig {
+        OverrideConfig {
+            key: key.iter().map(|k| k.to_string()).collect(),
+            rate: None,
+            burst: None,
+            unlimited: false,
+        }
+    }
+
+    fn compile(entries: &[OverrideConfig], parts: &[KeyPart]) -> Result<Overrides, ConfigError> {
+        Overrides::compile(entries, None, parts, BASE, "limits.l")
+    }
+
+    #[test]
+    fn omitted_numbers_are_the_limits_own() {
+        let mut only_burst = entry(&["acme"]);
+        only_burst.burst = Some(500);
+        let mut only_rate = entry(&["beta"]);
+        only_rate.rate = Some(RateSpec::Text("600/min".into()));
+        let header = [KeyPart::Header("x-api-key".into())];
+        let overrides = compile(&[only_burst, only_rate], &header).unwrap();
+        assert_eq!(
+            overrides.get(b"acme"),
+            Some(Override::Bucket {
+                rate: 10.0,
+                burst: 500
+            })
+        );
+        assert_eq!(
+            overrides.get(b"beta"),
+            Some(Override::Bucket {
+                rate: 10.0,
+                burst: 20
+            })
+        );
+        assert_eq!(overrides.get(b"gamma"), None);
+    }
+
+    #[test]
+    fn the_first_entry_for_a_key_wins() {
+        let mut first = entry(&["acme"]);
+        first.unlimited = true;
+        let mut second = entry(&["acme"]);
+        second.burst = Some(1);
+        let overrides = compile(&[first, second], &[KeyPart::Header("k".into())]).unwrap();
+        assert_eq!(overrides.get(b"acme"), Some(Override::Unlimited));
+        assert_eq!(overrides.len(), 1);
+    }
+
+    #[test]
+    fn values_are_matched_as_requests_are_keyed() {
+        let mut by_ip_and_host = entry(&["2001:DB8:0::1", "API.Example.com"]);
+        by_ip_and_host.burst = Some(5);
+        let overrides = compile(&[by_ip_and_host], &[KeyPart::Ip, KeyPart::Host]).unwrap();
+        assert!(overrides.get(b"2001:db8::1|api.example.com").is_some());
+        let mut separator = entry(&["a|b"]);
+        separator.burst = Some(5);
+        let overrides = compile(&[separator], &[KeyPart::Header("k".into())]).unwrap();
+        assert!(overrides.get(b"a%7Cb").is_some(), "escaped like a request value");
+    }
+
+    #[test]
+    fn wrong_shapes_are_refused_naming_the_entry() {
+        let header = [KeyPart::Header("k".into())];
+        let mut two_values = entry(&["a", "b"]);
+        two_values.burst = Some(5);
+        let error = compile(&[two_values], &header).unwrap_err();
+        assert_eq!(error.key, "limits.l.overrides[0].key");
+        assert!(error.reason.contains("has 2 value(s)"), "{error}");
+
+        let mut both = entry(&["a"]);
+        both.unlimited = true;
+        both.rate = Some(RateSpec::PerSecond(5.0));
+        let error = compile(&[both], &header).unwrap_err();
+        assert_eq!(error.key, "limits.l.overrides[0].unlimited");
+        assert!(error.reason.contains("rate"), "{error}");
+
+        let error = compile(&[entry(&["a"])], &header).unwrap_err();
+        assert_eq!(error.key, "limits.l.overrides[0]");
+
+        let mut bad_ip = entry(&["not-an-ip"]);
+        bad_ip.burst = Some(5);
+        let error = compile(&[bad_ip], &[KeyPart::Ip]).unwrap_err();
+        assert_eq!(error.key, "limits.l.overrides[0].key[0]");
+
+        let mut bad_unit = entry(&["a"]);
+        bad_unit.rate = Some(RateSpec::Text("5/fortnight".into()));
+        let error = compile(&[bad_unit], &header).unwrap_err();
+        assert_eq!(error.key, "limits.l.overrides[0].rate");
+    }
+}
