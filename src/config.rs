@@ -521,7 +521,9 @@ impl MatchConfig {
         let disjoint = |a: &[String], b: &[String]| {
             !a.is_empty()
                 && !b.is_empty()
-                && !a.iter().any(|x| b.iter().any(|y| x.eq_ignore_ascii_case(y)))
+                && !a
+                    .iter()
+                    .any(|x| b.iter().any(|y| x.eq_ignore_ascii_case(y)))
         };
         let paths_apart = match (&self.path_prefix, &other.path_prefix) {
             (Some(a), Some(b)) => !a.starts_with(b.as_str()) && !b.starts_with(a.as_str()),

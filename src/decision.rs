@@ -112,13 +112,9 @@ impl Decision {
         let with_limits = self.limits.iter().map(|s| (s, &policy.limits[s.limit]));
         if !self.allowed {
             return self.violated(policy).max_by_key(|(state, _)| {
-                (
-                    state.wait_secs().unwrap_or(u64::MAX),
-                    state.reset_secs(),
-                )
+                (state.wait_secs().unwrap_or(u64::MAX), state.reset_secs())
             });
         }
-        with_limits
-            .min_by_key(|(state, _)| (state.remaining(), u64::MAX - state.reset_secs()))
+        with_limits.min_by_key(|(state, _)| (state.remaining(), u64::MAX - state.reset_secs()))
     }
 }

@@ -65,7 +65,11 @@ fn validate(config: &Config) -> ExitCode {
     };
     print!("{}", config.summary());
     for limit in policy.limits.iter().filter(|l| !l.overrides.is_empty()) {
-        println!("overrides     {}: {} key(s)", limit.name, limit.overrides.len());
+        println!(
+            "overrides     {}: {} key(s)",
+            limit.name,
+            limit.overrides.len()
+        );
     }
     ExitCode::SUCCESS
 }

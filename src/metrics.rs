@@ -96,7 +96,10 @@ impl Metrics {
         )
         .expect("valid metric");
         let exempt = IntCounterVec::new(
-            Opts::new(EXEMPT_TOTAL, "Checks admitted by an [[exempt]] rule, by rule."),
+            Opts::new(
+                EXEMPT_TOTAL,
+                "Checks admitted by an [[exempt]] rule, by rule.",
+            ),
             &["rule"],
         )
         .expect("valid metric");

@@ -16,7 +16,10 @@ use crate::keys::{self, KeyPart};
 pub enum Override {
     /// Not limited by this limit: no bucket, no store call.
     Unlimited,
-    Bucket { rate: f64, burst: u64 },
+    Bucket {
+        rate: f64,
+        burst: u64,
+    },
 }
 
 /// The limit's own numbers, that an override's omitted fields keep.
@@ -82,7 +85,9 @@ impl Overrides {
         let tail = keys::tail_of_values(parts, &entry.key)
             .map_err(|(i, why)| ConfigError::new(format!("{at}.key[{i}]"), why))?;
         let policy = parse(entry, base, at)?;
-        self.by_tail.entry(tail.into_boxed_slice()).or_insert(policy);
+        self.by_tail
+            .entry(tail.into_boxed_slice())
+            .or_insert(policy);
         Ok(())
     }
 
@@ -107,7 +112,11 @@ impl Overrides {
 /// One entry's policy: `unlimited` alone, or a rate and/or a burst.
 fn parse(entry: &OverrideConfig, base: Base, at: &str) -> Result<Override, ConfigError> {
     if entry.unlimited {
-        let extra = if entry.rate.is_some() { "rate" } else { "burst" };
+        let extra = if entry.rate.is_some() {
+            "rate"
+        } else {
+            "burst"
+        };
         if entry.rate.is_some() || entry.burst.is_some() {
             return Err(ConfigError::new(
                 format!("{at}.unlimited"),
@@ -141,7 +150,8 @@ fn read_file(path: &Path, key: &str) -> Result<OverridesFile, ConfigError> {
     toml::from_str(&text).map_err(|error| {
         let line = error
             .span()
-            .map(|span| text[..span.start.min(text.len())].lines().count().max(1));
+            .and_then(|span| text.get(..span.start))
+            .map(|before| before.matches('\n').count() + 1);
         let message = error.message().split_whitespace().collect::<Vec<_>>();
         ConfigError::new(
             key,
@@ -224,7 +234,10 @@ mod tests {
         let mut separator = entry(&["a|b"]);
         separator.burst = Some(5);
         let overrides = compile(&[separator], &[KeyPart::Header("k".into())]).unwrap();
-        assert!(overrides.get(b"a%7Cb").is_some(), "escaped like a request value");
+        assert!(
+            overrides.get(b"a%7Cb").is_some(),
+            "escaped like a request value"
+        );
     }
 
     #[test]

@@ -122,7 +122,10 @@ mod tests {
         assert_eq!(text("0/s"), Err("must be > 0".into()));
         assert_eq!(text("-5/min"), Err("must be > 0".into()));
         assert_eq!(text("inf/s"), Err("must be > 0".into()));
-        assert_eq!(RateSpec::PerSecond(f64::NAN).per_second(), Err("must be > 0".into()));
+        assert_eq!(
+            RateSpec::PerSecond(f64::NAN).per_second(),
+            Err("must be > 0".into())
+        );
         assert!(text("").is_err());
     }
 
