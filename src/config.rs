@@ -287,6 +287,16 @@ impl ConfigError {
             reason: reason.into(),
         }
     }
+
+    /// The same error for a key relative to `at` (`""` names `at` itself).
+    pub fn within(mut self, at: &str) -> Self {
+        self.key = if self.key.is_empty() {
+            at.to_string()
+        } else {
+            format!("{at}.{}", self.key)
+        };
+        self
+    }
 }
 
 impl From<figment::Error> for ConfigError {

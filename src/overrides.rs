@@ -48,28 +48,31 @@ impl Overrides {
     ) -> Result<Overrides, ConfigError> {
         let mut overrides = Overrides::default();
         for (i, entry) in inline.iter().enumerate() {
-            overrides.add(entry, parts, base, &format!("{at}.overrides[{i}]"))?;
+            overrides
+                .add(entry, parts, base)
+                .map_err(|e| e.within(&format!("{at}.overrides[{i}]")))?;
         }
         if let Some(path) = file {
             let key = format!("{at}.overrides_file");
-            for (i, entry) in read_file(path, &key)?.overrides.iter().enumerate() {
-                let entry_at = format!("{key} ({}) overrides[{i}]", path.display());
-                overrides.add(entry, parts, base, &entry_at)?;
-            }
+            for_each_entry(path, &key, |i, entry| {
+                overrides
+                    .add(entry, parts, base)
+                    .map_err(|e| e.within(&format!("{key} ({}) overrides[{i}]", path.display())))
+            })?;
         }
         Ok(overrides)
     }
 
+    /// Adds one entry; an error's key is relative to the entry.
     fn add(
         &mut self,
         entry: &OverrideConfig,
         parts: &[KeyPart],
         base: Base,
-        at: &str,
     ) -> Result<(), ConfigError> {
         if entry.key.len() != parts.len() {
             return Err(ConfigError::new(
-                format!("{at}.key"),
+                "key",
                 format!(
                     "has {} value(s); the limit's key has {} part(s) [{}]",
                     entry.key.len(),
@@ -83,8 +86,8 @@ impl Overrides {
             ));
         }
         let tail = keys::tail_of_values(parts, &entry.key)
-            .map_err(|(i, why)| ConfigError::new(format!("{at}.key[{i}]"), why))?;
-        let policy = parse(entry, base, at)?;
+            .map_err(|(i, why)| ConfigError::new(format!("key[{i}]"), why))?;
+        let policy = parse(entry, base)?;
         self.by_tail
             .entry(tail.into_boxed_slice())
             .or_insert(policy);
@@ -109,8 +112,8 @@ impl Overrides {
     }
 }
 
-/// One entry's policy: `unlimited` alone, or a rate and/or a burst.
-fn parse(entry: &OverrideConfig, base: Base, at: &str) -> Result<Override, ConfigError> {
+/// One entry's policy: `unlimited` alone, or a rate and/or a burst. Error keys are relative.
+fn parse(entry: &OverrideConfig, base: Base) -> Result<Override, ConfigError> {
     if entry.unlimited {
         let extra = if entry.rate.is_some() {
             "rate"
@@ -119,7 +122,7 @@ fn parse(entry: &OverrideConfig, base: Base, at: &str) -> Result<Override, Confi
         };
         if entry.rate.is_some() || entry.burst.is_some() {
             return Err(ConfigError::new(
-                format!("{at}.unlimited"),
+                "unlimited",
                 format!("cannot be combined with {extra}: an unlimited key has no bucket"),
             ));
         }
@@ -127,42 +130,81 @@ fn parse(entry: &OverrideConfig, base: Base, at: &str) -> Result<Override, Confi
     }
     if entry.rate.is_none() && entry.burst.is_none() {
         return Err(ConfigError::new(
-            at,
+            "",
             "needs rate, burst, or unlimited = true",
         ));
     }
     let rate = match &entry.rate {
         Some(spec) => spec
             .per_second()
-            .map_err(|why| ConfigError::new(format!("{at}.rate"), why))?,
+            .map_err(|why| ConfigError::new("rate", why))?,
         None => base.rate,
     };
     let burst = entry.burst.unwrap_or(base.burst);
-    crate::limits::check_burst(burst, base.cost, &format!("{at}.burst"))?;
+    crate::limits::check_burst(burst, base.cost, "burst")?;
     Ok(Override::Bucket { rate, burst })
 }
 
-/// Reads an `overrides_file`; every error is one line naming the file's key.
-fn read_file(path: &Path, key: &str) -> Result<OverridesFile, ConfigError> {
+/// Entries parsed at once. The TOML parser holds about 2.5 KB per entry while it works, so a
+/// file of 100,000 entries parsed whole would briefly take 250 MB.
+const BATCH: usize = 1000;
+
+/// Reads an `overrides_file` batch by batch, calling `each(index, entry)` in file order. Every
+/// error is one line naming the file's key (and the line, for syntax errors).
+fn for_each_entry(
+    path: &Path,
+    key: &str,
+    mut each: impl FnMut(usize, &OverrideConfig) -> Result<(), ConfigError>,
+) -> Result<(), ConfigError> {
     let text = std::fs::read_to_string(path).map_err(|error| {
         ConfigError::new(key, format!("cannot read {}: {error}", path.display()))
     })?;
-    toml::from_str(&text).map_err(|error| {
-        let line = error
-            .span()
-            .and_then(|span| text.get(..span.start))
-            .map(|before| before.matches('\n').count() + 1);
-        let message = error.message().split_whitespace().collect::<Vec<_>>();
-        ConfigError::new(
-            key,
-            format!(
-                "{}{}: {}",
-                path.display(),
-                line.map_or(String::new(), |l| format!(" line {l}")),
-                message.join(" ")
-            ),
-        )
-    })
+    let mut index = 0;
+    for (first_line, chunk) in batches(&text, BATCH) {
+        let file: OverridesFile = toml::from_str(chunk).map_err(|error| {
+            let line = error
+                .span()
+                .and_then(|span| chunk.get(..span.start))
+                .map(|before| first_line + before.matches('\n').count());
+            let message = error.message().split_whitespace().collect::<Vec<_>>();
+            ConfigError::new(
+                key,
+                format!(
+                    "{}{}: {}",
+                    path.display(),
+                    line.map_or(String::new(), |l| format!(" line {l}")),
+                    message.join(" ")
+                ),
+            )
+        })?;
+        for entry in &file.overrides {
+            each(index, entry)?;
+            index += 1;
+        }
+    }
+    Ok(())
+}
+
+/// Splits a file before every `size`-th line that opens an `[[overrides]]` table; each piece
+/// is a TOML document of its own. Yields (line number of the piece's first line, piece). A
+/// header spelled otherwise (`[[ overrides ]]`) only makes a piece longer; a split inside a
+/// multi-line string (a key holding a line `[[overrides]]`) is a parse error, never a wrong
+/// entry.
+fn batches(text: &str, size: usize) -> Vec<(usize, &str)> {
+    let mut pieces = Vec::new();
+    let (mut start, mut start_line, mut headers, mut offset) = (0, 1, 0, 0);
+    for (line_index, line) in text.split_inclusive('\n').enumerate() {
+        if line.trim_start().starts_with("[[overrides]]") {
+            if headers == size {
+                pieces.push((start_line, &text[start..offset]));
+                (start, start_line, headers) = (offset, line_index + 1, 0);
+            }
+            headers += 1;
+        }
+        offset += line.len();
+    }
+    pieces.push((start_line, &text[start..]));
+    pieces
 }
 
 #[cfg(test)]
@@ -238,6 +280,42 @@ mod tests {
             overrides.get(b"a%7Cb").is_some(),
             "escaped like a request value"
         );
+    }
+
+    #[test]
+    fn a_file_is_parsed_in_batches_with_every_entry_in_order_and_lines_counted_from_the_top() {
+        let text: String = (0..25)
+            .map(|i| format!("[[overrides]]\nkey = [\"k{i}\"]\nburst = {}\n", i + 1))
+            .collect();
+        let pieces = batches(&text, 10);
+        assert_eq!(pieces.len(), 3);
+        assert_eq!(pieces.iter().map(|(_, p)| *p).collect::<String>(), text);
+        assert_eq!(pieces[1].0, 31, "10 entries of 3 lines before it");
+
+        let dir = std::env::temp_dir().join(format!("overrides-batches-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("keys.toml");
+        std::fs::write(&path, &text).unwrap();
+        let mut seen = Vec::new();
+        for_each_entry(&path, "k", |i, entry| {
+            seen.push((i, entry.key[0].clone()));
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(seen.len(), 25);
+        assert!(seen
+            .iter()
+            .enumerate()
+            .all(|(i, (j, key))| i == *j && *key == format!("k{i}")));
+
+        let broken = text.clone() + "[[overrides]]\nkey = [\"x\"]\nbrust = 3\n";
+        std::fs::write(&path, broken).unwrap();
+        let error = for_each_entry(&path, "k", |_, _| Ok(())).unwrap_err();
+        assert!(
+            error.reason.contains("line 78: unknown field `brust`"),
+            "{error}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

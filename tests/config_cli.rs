@@ -65,6 +65,20 @@ fn the_shipped_example_config_is_valid() {
 }
 
 #[test]
+fn the_plans_example_of_the_readme_is_valid_and_warns_about_nothing() {
+    let output = run(
+        &["validate"],
+        Some(include_str!("../config/plans.toml")),
+        &[],
+    );
+    assert!(output.status.success(), "{}", stderr(&output));
+    let out = String::from_utf8_lossy(&output.stdout);
+    assert!(out.contains("rate 60/min = 1 tokens/s"), "{out}");
+    assert!(out.contains("overrides     enterprise: 1 key(s)"), "{out}");
+    assert!(!out.contains("warning"), "{out}");
+}
+
+#[test]
 fn with_no_file_the_defaults_apply() {
     let output = run(&["validate"], None, &[]);
     assert!(output.status.success());
