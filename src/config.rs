@@ -18,6 +18,17 @@ pub use crate::rate::RateSpec;
 /// not config keys, and refusing them would crash-loop a pod for a name clash.
 const NON_CONFIG_ENV: &[&str] = &["config", "service_host", "service_port", "port"];
 
+/// Allowed `client_ip.ipv6_prefix`: shorter than /32 would put whole providers in one bucket.
+pub const IPV6_PREFIXES: std::ops::RangeInclusive<u8> = 32..=128;
+
+/// Longest full-refill time (`burst / rate`) accepted: ten years. The store keeps a bucket for
+/// up to twice that, in milliseconds (6.3e11), which `PEXPIRE` takes and Lua prints as an
+/// integer; a longer refill is a misconfiguration, not a rate limit.
+pub const MAX_REFILL_SECS: f64 = 10.0 * 365.0 * 86_400.0;
+
+/// Largest `burst` (and so `cost`): far inside the range where floats hold integers exactly.
+pub const MAX_BURST: u64 = 1_000_000_000;
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
@@ -79,6 +90,9 @@ pub enum OnError {
 pub struct ClientIpConfig {
     pub from: IpSource,
     pub trusted_proxies: Vec<IpNet>,
+    /// An IPv6 client is keyed by its network of this length (providers hand a /64 to each
+    /// customer); 128 keys each address. IPv4 addresses are always keyed whole.
+    pub ipv6_prefix: u8,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -259,6 +273,7 @@ impl Default for ClientIpConfig {
                 "127.0.0.0/8".parse().expect("literal CIDR"),
                 "::1/128".parse().expect("literal CIDR"),
             ],
+            ipv6_prefix: 64,
         }
     }
 }
@@ -358,10 +373,22 @@ impl Config {
     /// and exemptions are checked where they are built (`Policy::compile`).
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.store.validate()?;
-        if !(100..=599).contains(&self.response.deny_status) {
+        // A proxy treats a 2xx/3xx auth answer as admission and a 5xx as its own failure;
+        // only a 4xx is a denial every shipped config passes on to the client.
+        if !(400..=499).contains(&self.response.deny_status) {
             return Err(ConfigError::new(
                 "response.deny_status",
-                "must be an HTTP status between 100 and 599",
+                "must be a client error status between 400 and 499",
+            ));
+        }
+        if !IPV6_PREFIXES.contains(&self.client_ip.ipv6_prefix) {
+            return Err(ConfigError::new(
+                "client_ip.ipv6_prefix",
+                format!(
+                    "must be between {} and {}",
+                    IPV6_PREFIXES.start(),
+                    IPV6_PREFIXES.end()
+                ),
             ));
         }
         Ok(())
@@ -391,13 +418,14 @@ impl Config {
         let _ = writeln!(out, "store         {}", self.store.describe());
         let _ = writeln!(
             out,
-            "client_ip     from {}, trusted {:?}",
+            "client_ip     from {}, trusted {:?}, ipv6 keyed per /{}",
             spelled(&self.client_ip.from),
             self.client_ip
                 .trusted_proxies
                 .iter()
                 .map(|n| n.to_string())
-                .collect::<Vec<_>>()
+                .collect::<Vec<_>>(),
+            self.client_ip.ipv6_prefix
         );
         if !self.exempt.is_empty() {
             let _ = writeln!(out, "exempt        {}", self.exempt.len());

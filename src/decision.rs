@@ -2,10 +2,7 @@
 //! is left. Everything the response headers need is derived here; only `http::headers` turns
 //! it into bytes.
 
-use std::borrow::Cow;
-
-use crate::limits::{policy_item, Limit, Policy};
-use crate::rate::ceil_secs;
+use crate::limits::{Limit, Policy};
 
 /// One applicable limit after the decision.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -13,9 +10,10 @@ pub struct LimitState {
     /// Index of the limit in the policy that decided.
     pub limit: usize,
     pub cost: u64,
-    /// The policy this key was decided under: the limit's, or its key's override.
+    /// The rate and burst this bucket was decided with: the limit's own, or under
+    /// `on_error = "local"` this instance's share of them. Every header derives from these.
     pub rate: f64,
-    pub burst: u64,
+    pub burst: f64,
     /// Tokens left after the decision.
     pub tokens: f64,
     /// Whether the bucket held the cost.
@@ -45,33 +43,36 @@ pub struct Decision {
     pub degraded: bool,
 }
 
+pub use crate::rate::{ceil_secs, MAX_SF_INTEGER};
+
 impl LimitState {
     /// Whole tokens left, as `RateLimit: r=` and `X-RateLimit-Remaining` show them.
     pub fn remaining(&self) -> u64 {
-        self.tokens.max(0.0).floor() as u64
+        (self.tokens.max(0.0).floor() as u64).min(MAX_SF_INTEGER)
+    }
+
+    /// The capacity shown as `X-RateLimit-Limit` and `q=`: whole tokens.
+    pub fn capacity(&self) -> u64 {
+        (self.burst.max(0.0).floor() as u64).min(MAX_SF_INTEGER)
     }
 
     /// Seconds until the bucket is full again.
     pub fn reset_secs(&self) -> u64 {
-        ceil_secs((self.burst as f64 - self.tokens) / self.rate)
+        ceil_secs((self.burst - self.tokens) / self.rate)
     }
 
     /// Seconds until this bucket could pay the cost; `None` if it never can (cost > burst).
     pub fn wait_secs(&self) -> Option<u64> {
-        if self.cost > self.burst {
+        if self.cost as f64 > self.burst {
             return None;
         }
         Some(ceil_secs((self.cost as f64 - self.tokens) / self.rate).max(1))
     }
 
-    /// This bucket's `RateLimit-Policy` item: the limit's own, unless an override gave the
-    /// key other numbers.
-    pub fn policy_item<'l>(&self, limit: &'l Limit) -> Cow<'l, str> {
-        if self.rate == limit.rate && self.burst == limit.burst {
-            Cow::Borrowed(&limit.policy_item)
-        } else {
-            Cow::Owned(policy_item(&limit.name, self.rate, self.burst))
-        }
+    /// Whether this bucket was decided with other numbers than its limit's: its key's
+    /// override, or under `on_error = "local"` this instance's share.
+    pub fn has_own_numbers(&self, limit: &Limit) -> bool {
+        self.rate != limit.rate || self.burst != limit.burst as f64
     }
 
     /// A limit that stopped this request: not enough tokens, and not a shadow limit.
@@ -116,5 +117,39 @@ impl Decision {
             });
         }
         with_limits.min_by_key(|(state, _)| (state.remaining(), u64::MAX - state.reset_secs()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seconds_stay_within_the_structured_field_integer_range() {
+        assert_eq!(ceil_secs(1.2), 2);
+        assert_eq!(ceil_secs(-1.0), 0);
+        assert_eq!(ceil_secs(f64::NAN), 0);
+        assert_eq!(ceil_secs(1e18), MAX_SF_INTEGER);
+        assert_eq!(ceil_secs(f64::INFINITY), MAX_SF_INTEGER);
+    }
+
+    #[test]
+    fn every_number_a_header_shows_is_clamped() {
+        let state = LimitState {
+            limit: 0,
+            cost: 1,
+            rate: 1e-18,
+            burst: 1e18,
+            tokens: 1e17,
+            enough: true,
+        };
+        assert_eq!(state.remaining(), MAX_SF_INTEGER);
+        assert_eq!(state.capacity(), MAX_SF_INTEGER);
+        assert_eq!(state.reset_secs(), MAX_SF_INTEGER);
+        let drained = LimitState {
+            tokens: 0.0,
+            ..state
+        };
+        assert_eq!(drained.wait_secs(), Some(MAX_SF_INTEGER));
     }
 }

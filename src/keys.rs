@@ -15,12 +15,15 @@
 //! 128-bit SHA-256 prefix of itself: memory per bucket stays bounded whatever the client sends,
 //! and a hashed tail cannot collide with a plain one (a plain `#` is always escaped).
 
+use std::borrow::Cow;
 use std::io::Write as _;
 use std::net::IpAddr;
 
+use ipnet::Ipv6Net;
+
 use sha2::{Digest, Sha256};
 
-use crate::request::Described;
+use crate::request::{normalise, Described};
 
 /// Longest tail stored as is.
 pub const MAX_TAIL: usize = 128;
@@ -82,15 +85,16 @@ impl std::fmt::Display for KeyPart {
 pub struct MissingPart;
 
 /// Builds the bucket key of one limit for one request. With `anonymous`, absent parts become a
-/// shared marker instead of an error.
+/// shared marker instead of an error. An IPv6 client is keyed by its `/ipv6_prefix` network.
 pub fn bucket_key(
     prefix: &str,
     limit: &str,
     parts: &[KeyPart],
     request: &Described<'_>,
     anonymous: bool,
+    ipv6_prefix: u8,
 ) -> Result<String, MissingPart> {
-    let tail = bucket_tail(parts, request, anonymous)?;
+    let tail = bucket_tail(parts, request, anonymous, ipv6_prefix)?;
     Ok(assemble(prefix, limit, &tail))
 }
 
@@ -100,31 +104,27 @@ pub fn bucket_tail(
     parts: &[KeyPart],
     request: &Described<'_>,
     anonymous: bool,
+    ipv6_prefix: u8,
 ) -> Result<Vec<u8>, MissingPart> {
     let mut tail = Vec::with_capacity(64);
     for (i, part) in parts.iter().enumerate() {
         if i > 0 {
             tail.push(b'|');
         }
-        match part_value(part, request) {
-            Some(PartValue::Bytes(value)) => escape_into(&mut tail, value),
-            Some(PartValue::Lowercase(value)) => {
-                let start = tail.len();
-                escape_into(&mut tail, value);
-                tail[start..].make_ascii_lowercase();
-            }
-            Some(PartValue::Ip(ip)) => write_ip(&mut tail, ip),
-            None if anonymous => tail.extend_from_slice(ANONYMOUS),
-            None => return Err(MissingPart),
-        }
+        push_part(&mut tail, part_value(part, request), anonymous, ipv6_prefix)?;
     }
     Ok(tail)
 }
 
 /// The tail a request carrying `values` (one per part, as an operator writes them in an
-/// override) would have: IP addresses in canonical form, hosts lowercase. Fails with the
-/// index of a value that no request can carry, and why.
-pub fn tail_of_values(parts: &[KeyPart], values: &[String]) -> Result<Vec<u8>, (usize, String)> {
+/// override) would have: each value normalised as a request's is (an IP address in canonical
+/// form, an IPv6 one as its `/ipv6_prefix` network; a host lower-case without port or trailing
+/// dot; a path canonical). Fails with the index of a value no request can carry, and why.
+pub fn tail_of_values(
+    parts: &[KeyPart],
+    values: &[String],
+    ipv6_prefix: u8,
+) -> Result<Vec<u8>, (usize, String)> {
     let mut tail = Vec::with_capacity(64);
     for (i, (part, value)) in parts.iter().zip(values).enumerate() {
         if i > 0 {
@@ -133,18 +133,24 @@ pub fn tail_of_values(parts: &[KeyPart], values: &[String]) -> Result<Vec<u8>, (
         if value.is_empty() {
             return Err((i, "is empty: an empty value is a missing key part".into()));
         }
-        match part {
-            KeyPart::Ip => match crate::request::parse_ip(value.as_bytes()) {
-                Some(ip) => write_ip(&mut tail, ip),
-                None => return Err((i, format!("{value:?} is not an IP address"))),
-            },
-            KeyPart::Host => {
-                let start = tail.len();
-                escape_into(&mut tail, value.as_bytes());
-                tail[start..].make_ascii_lowercase();
+        // Header and const values are keyed as sent; method, host and path as `Described`
+        // spells them.
+        let visible = || normalise::visible(value.as_bytes());
+        let value = match part {
+            KeyPart::Ip => {
+                // An IPv6 client's network may be written as such: `2001:db8:1:2::/64`.
+                let ip = crate::request::parse_ip(value.as_bytes())
+                    .or_else(|| value.parse::<ipnet::IpNet>().ok().map(|net| net.addr()))
+                    .ok_or_else(|| (i, format!("{value:?} is not an IP address")))?;
+                write_ip(&mut tail, ip, ipv6_prefix);
+                continue;
             }
-            _ => escape_into(&mut tail, value.as_bytes()),
-        }
+            KeyPart::Method => visible(),
+            KeyPart::Host => normalise::host(visible()),
+            KeyPart::Path => normalise::path(visible()),
+            KeyPart::Header(_) | KeyPart::Const(_) => Cow::Borrowed(value.as_str()),
+        };
+        escape_into(&mut tail, value.as_bytes());
     }
     Ok(tail)
 }
@@ -181,23 +187,37 @@ const HEX: &[u8; 16] = b"0123456789abcdef";
 
 enum PartValue<'a> {
     Bytes(&'a [u8]),
-    Lowercase(&'a [u8]),
     Ip(IpAddr),
 }
 
+/// Appends one part to the tail: escaped bytes, an address, or (absent) the anonymous marker.
+fn push_part(
+    tail: &mut Vec<u8>,
+    value: Option<PartValue<'_>>,
+    anonymous: bool,
+    ipv6_prefix: u8,
+) -> Result<(), MissingPart> {
+    match value {
+        Some(PartValue::Bytes(value)) => escape_into(tail, value),
+        Some(PartValue::Ip(ip)) => write_ip(tail, ip, ipv6_prefix),
+        None if anonymous => tail.extend_from_slice(ANONYMOUS),
+        None => return Err(MissingPart),
+    }
+    Ok(())
+}
+
+/// The request's value for one part. Method, host and path come normalised (lower-case host,
+/// canonical path), so every spelling of one resource shares one bucket.
 fn part_value<'a>(part: &'a KeyPart, request: &'a Described<'_>) -> Option<PartValue<'a>> {
     let value = match part {
         KeyPart::Ip => return Some(PartValue::Ip(request.client_ip)),
-        KeyPart::Method => PartValue::Bytes(request.method.as_bytes()),
-        KeyPart::Host => PartValue::Lowercase(request.host_without_port().as_bytes()),
-        KeyPart::Path => PartValue::Bytes(request.path.as_bytes()),
-        KeyPart::Header(name) => PartValue::Bytes(request.header(name)?),
-        KeyPart::Const(text) => PartValue::Bytes(text.as_bytes()),
+        KeyPart::Method => request.method.as_bytes(),
+        KeyPart::Host => request.host.as_bytes(),
+        KeyPart::Path => request.path.as_bytes(),
+        KeyPart::Header(name) => request.header(name)?,
+        KeyPart::Const(text) => text.as_bytes(),
     };
-    match value {
-        PartValue::Bytes(b) | PartValue::Lowercase(b) if b.is_empty() => None,
-        value => Some(value),
-    }
+    (!value.is_empty()).then_some(PartValue::Bytes(value))
 }
 
 fn escape_into(out: &mut Vec<u8>, value: &[u8]) {
@@ -213,14 +233,50 @@ fn escape_into(out: &mut Vec<u8>, value: &[u8]) {
     }
 }
 
-fn write_ip(out: &mut Vec<u8>, ip: IpAddr) {
-    // Writing to a Vec cannot fail.
-    let _ = write!(out, "{ip}");
+/// IPv4 as is; IPv6 as its network (`2001:db8:1:2::/64`), or as is with a prefix of 128 (so
+/// keys of that setting stay what they always were). Writing to a Vec cannot fail.
+fn write_ip(out: &mut Vec<u8>, ip: IpAddr, ipv6_prefix: u8) {
+    match ip.to_canonical() {
+        IpAddr::V6(v6) if ipv6_prefix < 128 => match Ipv6Net::new(v6, ipv6_prefix) {
+            Ok(net) => {
+                let _ = write!(out, "{}", net.trunc());
+            }
+            // Validation keeps the prefix within 128; keying the whole address is the safe side.
+            Err(_) => {
+                let _ = write!(out, "{v6}");
+            }
+        },
+        ip => {
+            let _ = write!(out, "{ip}");
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn ip_key(ip: &str, prefix: u8) -> String {
+        let mut out = Vec::new();
+        write_ip(&mut out, ip.parse().unwrap(), prefix);
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn an_ipv6_client_is_keyed_by_its_network() {
+        assert_eq!(ip_key("2001:db8:1:2:aaaa::1", 64), "2001:db8:1:2::/64");
+        assert_eq!(ip_key("2001:db8:1:2:bbbb::9", 64), "2001:db8:1:2::/64");
+        assert_eq!(ip_key("2001:db8:1:3::1", 64), "2001:db8:1:3::/64");
+        assert_eq!(ip_key("2001:db8:1:2:aaaa::1", 48), "2001:db8:1::/48");
+    }
+
+    #[test]
+    fn prefix_128_keys_each_ipv6_address_and_ipv4_is_never_grouped() {
+        assert_eq!(ip_key("2001:db8::1", 128), "2001:db8::1");
+        assert_eq!(ip_key("2001:db8::2", 128), "2001:db8::2");
+        assert_eq!(ip_key("192.0.2.7", 32), "192.0.2.7");
+        assert_eq!(ip_key("::ffff:192.0.2.7", 64), "192.0.2.7");
+    }
 
     #[test]
     fn short_printable_tails_are_kept_verbatim() {
@@ -275,6 +331,85 @@ mod tests {
         let mut out = Vec::new();
         escape_into(&mut out, b"#0123");
         assert!(out.starts_with(b"%23"));
+    }
+
+    /// A tuple of parts as `bucket_key` would write it (`None`: absent, anonymous).
+    fn key_of(parts: &[Option<Vec<u8>>]) -> String {
+        let mut tail = Vec::new();
+        for (i, part) in parts.iter().enumerate() {
+            if i > 0 {
+                tail.push(b'|');
+            }
+            let value = part
+                .as_deref()
+                .filter(|v| !v.is_empty())
+                .map(PartValue::Bytes);
+            push_part(&mut tail, value, true, 64).unwrap();
+        }
+        assemble("tg", "limit", &tail)
+    }
+
+    fn part() -> impl proptest::strategy::Strategy<Value = Option<Vec<u8>>> {
+        use proptest::prelude::*;
+        // Few distinct bytes, rich in separators and escapes, so near-collisions are common;
+        // up to 200 bytes, so some tails are hashed and some are not.
+        let byte = prop_oneof![
+            Just(b'%'),
+            Just(b'|'),
+            Just(b'#'),
+            Just(b'{'),
+            Just(b'}'),
+            Just(b'a'),
+            Just(b'2'),
+            Just(b'5'),
+            Just(b'7'),
+            Just(b'C'),
+            Just(0xff),
+        ];
+        proptest::option::weighted(0.9, proptest::collection::vec(byte, 0..200))
+    }
+
+    /// Values of a limit's key parts; `None` is an absent part.
+    type Tuple = Vec<Option<Vec<u8>>>;
+
+    /// Short values over a tiny alphabet of separators and escape digits: among 64 such
+    /// tuples, values that a broken escaping would confuse (`a|b`,`c` and `a`,`b|c`; `%7C` and
+    /// `|`) come up in most runs.
+    fn many_short_tuples() -> impl proptest::strategy::Strategy<Value = Vec<Tuple>> {
+        use proptest::prelude::*;
+        let byte = proptest::sample::select(vec![b'%', b'|', b'7', b'C', b'a', b'{', b'}']);
+        let part = proptest::option::weighted(0.9, proptest::collection::vec(byte, 0..4));
+        (1usize..4).prop_flat_map(move |n| {
+            proptest::collection::vec(proptest::collection::vec(part.clone(), n), 64)
+        })
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn no_two_distinct_tuples_share_a_key(tuples in many_short_tuples()) {
+            let mut seen = std::collections::HashMap::new();
+            for tuple in tuples {
+                // Absent and empty are one value (both mean "missing").
+                let tuple: Tuple = tuple.into_iter().map(|p| p.filter(|v| !v.is_empty())).collect();
+                if let Some(earlier) = seen.insert(key_of(&tuple), tuple.clone()) {
+                    proptest::prop_assert_eq!(earlier, tuple);
+                }
+            }
+        }
+
+        #[test]
+        // Long values too, so hashed tails are compared with hashed and plain ones.
+        fn a_tuple_differing_in_one_part_gets_another_key(
+            base in proptest::collection::vec(part(), 1..4),
+            index in 0usize..4,
+            other in part(),
+        ) {
+            let mut changed: Tuple = base.clone();
+            let i = index % base.len();
+            changed[i] = other;
+            let same = base[i].as_deref().unwrap_or_default() == changed[i].as_deref().unwrap_or_default();
+            proptest::prop_assert_eq!(same, key_of(&base) == key_of(&changed));
+        }
     }
 
     #[test]

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use actix_web::dev::ServerHandle;
 use actix_web::web;
@@ -13,12 +13,18 @@ use tokio::signal::unix::{signal, SignalKind};
 
 use crate::config::Config;
 use crate::limits::Policy;
-use crate::server::{AppState, CLOSE_NOTICE};
+use crate::server::{AppState, Door, CLOSE_NOTICE};
 use crate::store::AnyStore;
 
 /// How often an instance announces itself; an instance silent for [`INSTANCE_TTL`] is gone.
 const HEARTBEAT_EVERY: Duration = Duration::from_secs(2);
 const INSTANCE_TTL: Duration = Duration::from_secs(6);
+
+/// After new SYNs are held back, how long handshakes already under way get to complete and be
+/// accepted before we look whether the accept queue is empty.
+const HANDSHAKE_SETTLE: Duration = Duration::from_millis(50);
+/// How long the accept thread gets to act on a pause before the queue is inspected.
+const PAUSE_SETTLE: Duration = Duration::from_millis(10);
 
 /// Reloads the config file into a new policy. Only what a policy holds changes live (limits,
 /// `[client_ip]`, `[response]`); listeners and the store need a restart, and say so.
@@ -37,20 +43,17 @@ impl Reloader {
         }
     }
 
-    /// Loads, validates and installs the file; on any error keeps the old limits.
+    /// Loads, validates and installs the file; on any error keeps the old limits. Listen
+    /// addresses and `[store]` (`key_prefix` included) keep their running values: a new
+    /// prefix would give every client a fresh bucket.
     pub fn reload(&self) {
         let metrics = &self.state.metrics;
+        let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
         let loaded = Config::load(self.path.as_deref())
+            .map(|config| keep_restart_only_settings(config, &running))
             .and_then(|config| Policy::compile(&config, metrics).map(|policy| (config, policy)));
         match loaded {
             Ok((config, policy)) => {
-                let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
-                if config.store != running.store
-                    || config.listen != running.listen
-                    || config.admin_listen != running.admin_listen
-                {
-                    log::warn!("reload: listen, admin_listen and [store] changes apply only after a restart");
-                }
                 self.state.limiter.replace_policy(policy);
                 metrics.reload_success.inc();
                 log::info!("reload: {} limit(s) active", config.limits.len());
@@ -64,11 +67,29 @@ impl Reloader {
     }
 }
 
-/// Waits for signals: SIGHUP reloads; SIGTERM or SIGINT stops the servers gracefully: no new
-/// connections; for [`CLOSE_NOTICE`] every answer says `Connection: close` (`draining`), then
-/// idle connections close and in-flight checks finish.
+/// `loaded` with the running listen addresses and `[store]`, logging each one the file changed.
+fn keep_restart_only_settings(mut loaded: Config, running: &Config) -> Config {
+    let changed = [
+        ("listen", loaded.listen != running.listen),
+        ("admin_listen", loaded.admin_listen != running.admin_listen),
+        ("[store]", loaded.store != running.store),
+    ];
+    for (name, _) in changed.iter().filter(|(_, changed)| *changed) {
+        log::warn!("reload: {name} changed in the file; it applies only after a restart, the running value stays");
+    }
+    loaded.listen = running.listen;
+    loaded.admin_listen = running.admin_listen;
+    loaded.store = running.store.clone();
+    loaded
+}
+
+/// Waits for signals: SIGHUP reloads; SIGTERM or SIGINT stops the servers gracefully: new
+/// connections are refused (none the kernel already accepted is reset); for [`CLOSE_NOTICE`]
+/// every answer says `Connection: close` (`draining`), then idle connections close and
+/// in-flight checks finish.
 pub async fn watch_signals(
     servers: Vec<ServerHandle>,
+    doors: Vec<Door>,
     draining: Arc<AtomicBool>,
     reloader: Arc<Reloader>,
 ) {
@@ -88,14 +109,45 @@ pub async fn watch_signals(
         }
     }
     log::info!("shutting down: no new connections, finishing in-flight checks");
-    for server in &servers {
-        server.pause().await;
-    }
+    let notice_ends = Instant::now() + CLOSE_NOTICE;
     draining.store(true, Ordering::Relaxed);
-    tokio::time::sleep(CLOSE_NOTICE).await;
+    stop_accepting(&servers, &doors, notice_ends).await;
+    tokio::time::sleep_until(notice_ends.into()).await;
     let stops = servers.iter().map(|server| server.stop(true));
     for stop in stops.collect::<Vec<_>>() {
         stop.await;
+    }
+}
+
+/// Hold new SYNs back, let actix accept what the kernel queued until the queues stay empty,
+/// then take the sockets out of LISTEN so later clients are refused at once.
+async fn stop_accepting(servers: &[ServerHandle], doors: &[Door], give_up: Instant) {
+    for door in doors {
+        if let Err(error) = door.hold_new_connections() {
+            log::warn!("cannot hold new connections back; some may be reset: {error}");
+        }
+    }
+    loop {
+        tokio::time::sleep(HANDSHAKE_SETTLE).await;
+        for server in servers {
+            server.pause().await;
+        }
+        tokio::time::sleep(PAUSE_SETTLE).await;
+        if !doors.iter().any(Door::has_waiting) {
+            break;
+        }
+        if Instant::now() >= give_up {
+            log::warn!("closing listeners with connections still queued; they are reset");
+            break;
+        }
+        for server in servers {
+            server.resume().await;
+        }
+    }
+    for door in doors {
+        if let Err(error) = door.shut() {
+            log::warn!("cannot shut a listener: {error}");
+        }
     }
 }
 

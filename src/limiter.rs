@@ -200,7 +200,7 @@ impl<S: Store> Limiter<S> {
                     limit: bucket.limit,
                     cost: bucket.cost,
                     rate: bucket.rate,
-                    burst: bucket.burst as u64,
+                    burst: bucket.burst,
                     tokens: if denied { denial.tokens } else { bucket.burst },
                     enough: !denied,
                 }
@@ -222,9 +222,11 @@ impl<S: Store> Limiter<S> {
         log::debug!("store failed, answering per on_error: {error}");
         match (&self.fallback, self.on_error) {
             (Some(fallback), OnError::Local) => {
+                // Recorded with the scaled numbers: the headers must describe the bucket that
+                // decided, or `Retry-After` would be N times too short.
                 let scaled = self.split_among_instances(buckets);
                 let decided = fallback.decide_now(&scaled);
-                Verdict::Decided(self.record(policy, buckets, decided, true))
+                Verdict::Decided(self.record(policy, &scaled, decided, true))
             }
             (_, OnError::Deny) => {
                 self.metrics.checks.error_denied.inc();
@@ -251,7 +253,8 @@ impl<S: Store> Limiter<S> {
             .collect()
     }
 
-    /// Counts the decision and turns it into a [`Decision`].
+    /// Counts the decision and turns it into a [`Decision`]; `buckets` are the requests as the
+    /// store decided them.
     fn record(
         &self,
         policy: &Policy,
@@ -280,7 +283,7 @@ impl<S: Store> Limiter<S> {
                     limit: bucket.limit,
                     cost: bucket.cost,
                     rate: bucket.rate,
-                    burst: bucket.burst as u64,
+                    burst: bucket.burst,
                     tokens: outcome.tokens,
                     enough: outcome.enough,
                 }

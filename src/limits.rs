@@ -7,7 +7,10 @@
 
 use std::collections::HashSet;
 
-use crate::config::{Config, ConfigError, LimitConfig, OnMissing, RateSpec, ResponseConfig};
+use crate::config::{
+    Config, ConfigError, LimitConfig, OnMissing, RateSpec, ResponseConfig, MAX_BURST,
+    MAX_REFILL_SECS,
+};
 use crate::exempt::{ExemptRule, Exemptions};
 use crate::keys::{self, KeyPart};
 use crate::matcher::Matcher;
@@ -16,9 +19,6 @@ use crate::overrides::{Base, Override, Overrides};
 use crate::rate::ceil_secs;
 use crate::request::{ClientIpPolicy, Described};
 use crate::store::BucketRequest;
-
-/// Largest burst a limit may have.
-pub const MAX_BURST: u64 = 1_000_000_000;
 
 /// One configured limit, ready for the hot path.
 pub struct Limit {
@@ -67,15 +67,41 @@ pub fn check_burst(burst: u64, cost: u64, key: &str) -> Result<(), ConfigError> 
     Ok(())
 }
 
+/// The store keeps a bucket for up to twice its refill time, in milliseconds, which must stay
+/// an exact integer for `PEXPIRE` and Lua: at most [`MAX_REFILL_SECS`] (ten years). Also
+/// catches a rate so small that `burst / rate` overflows to infinity.
+pub fn check_refill(rate: f64, burst: u64, key: &str) -> Result<(), ConfigError> {
+    let refill = burst as f64 / rate;
+    if refill > MAX_REFILL_SECS {
+        return Err(ConfigError::new(
+            key,
+            format!(
+                "refills the burst of {burst} in {refill:e} s; at most ten years \
+                 ({MAX_REFILL_SECS} s) is supported"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// `"<name>";q=<burst>;w=<seconds to fill>`.
 pub fn policy_item(name: &str, rate: f64, burst: u64) -> String {
     format!("\"{name}\";q={burst};w={}", ceil_secs(burst as f64 / rate))
 }
 
-impl TryFrom<&LimitConfig> for Limit {
+/// What building a limit takes: its table, and how an IPv6 client is keyed (an override's
+/// `ip` value is keyed the same way).
+#[derive(Clone, Copy)]
+pub struct LimitInput<'a> {
+    pub config: &'a LimitConfig,
+    pub ipv6_prefix: u8,
+}
+
+impl TryFrom<LimitInput<'_>> for Limit {
     type Error = ConfigError;
 
-    fn try_from(config: &LimitConfig) -> Result<Limit, ConfigError> {
+    fn try_from(input: LimitInput<'_>) -> Result<Limit, ConfigError> {
+        let config = input.config;
         if !valid_name(&config.name) {
             return Err(ConfigError::new(
                 "limits.name",
@@ -94,6 +120,7 @@ impl TryFrom<&LimitConfig> for Limit {
             return Err(ConfigError::new(format!("{at}.cost"), "must be >= 1"));
         }
         check_burst(config.burst, 1, &format!("{at}.burst"))?;
+        check_refill(rate, config.burst, &format!("{at}.rate"))?;
         if config.cost > config.burst {
             return Err(ConfigError::new(
                 format!("{at}.cost"),
@@ -133,6 +160,7 @@ impl TryFrom<&LimitConfig> for Limit {
             rate,
             burst: config.burst,
             cost: config.cost,
+            ipv6_prefix: input.ipv6_prefix,
         };
         let overrides = Overrides::compile(
             &config.overrides,
@@ -160,16 +188,16 @@ impl TryFrom<&LimitConfig> for Limit {
 }
 
 impl Limit {
-    /// The cost of this request: the `cost_header` value when it is a positive integer, else
-    /// the configured `cost`. A malformed header cannot make a request cheaper than `cost`.
+    /// The cost of this request: the `cost_header` value when it is an integer above the
+    /// configured `cost`, else `cost`. The configured cost is the minimum: neither a smaller
+    /// nor a malformed header makes a request cheaper.
     fn cost_of(&self, request: &Described<'_>) -> u64 {
         self.cost_header
             .as_deref()
             .and_then(|name| request.header(name))
             .and_then(|raw| std::str::from_utf8(raw).ok())
             .and_then(|text| text.trim().parse::<u64>().ok())
-            .filter(|&cost| cost >= 1)
-            .unwrap_or(self.cost)
+            .map_or(self.cost, |cost| cost.max(self.cost))
     }
 }
 
@@ -190,7 +218,10 @@ impl Policy {
         let mut names = HashSet::new();
         let mut limits = Vec::with_capacity(config.limits.len());
         for limit_config in &config.limits {
-            let mut limit = Limit::try_from(limit_config)?;
+            let mut limit = Limit::try_from(LimitInput {
+                config: limit_config,
+                ipv6_prefix: config.client_ip.ipv6_prefix,
+            })?;
             if !names.insert(limit_config.name.as_str()) {
                 return Err(ConfigError::new(
                     format!("limits.{}.name", limit.name),
@@ -224,11 +255,15 @@ impl Policy {
                 continue;
             }
             let anonymous = limit.on_missing == OnMissing::Anonymous;
-            let tail = match keys::bucket_tail(&limit.key, request, anonymous) {
-                Ok(tail) => tail,
-                Err(keys::MissingPart) if limit.on_missing == OnMissing::Deny => return Err(index),
-                Err(keys::MissingPart) => continue,
-            };
+            let tail =
+                match keys::bucket_tail(&limit.key, request, anonymous, self.client_ip.ipv6_prefix)
+                {
+                    Ok(tail) => tail,
+                    Err(keys::MissingPart) if limit.on_missing == OnMissing::Deny => {
+                        return Err(index)
+                    }
+                    Err(keys::MissingPart) => continue,
+                };
             let (rate, burst) = match limit.overrides.get(&tail) {
                 Some(Override::Unlimited) => continue,
                 Some(Override::Bucket { rate, burst }) => (rate, burst),

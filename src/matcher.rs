@@ -1,10 +1,12 @@
 //! Request conditions shared by `[limits.match]` and `[[exempt]]`: hosts, methods, a path
 //! prefix and header values. Every given condition must hold.
 
+use std::borrow::Cow;
+
 use actix_web::http::header::HeaderName;
 
 use crate::config::{ConfigError, MatchConfig};
-use crate::request::Described;
+use crate::request::{normalise, Described};
 
 /// Compiled conditions; an empty one matches every request.
 #[derive(Debug, Clone, Default)]
@@ -71,17 +73,22 @@ impl Matcher {
             });
         }
         Ok(Matcher {
+            // Spelled like a request's host is normalised: lower-case, no trailing dot.
             hosts: config
                 .hosts
                 .iter()
-                .map(|h| h.to_ascii_lowercase())
+                .map(|h| h.strip_suffix('.').unwrap_or(h).to_ascii_lowercase())
                 .collect(),
             methods: config
                 .methods
                 .iter()
                 .map(|m| m.to_ascii_uppercase())
                 .collect(),
-            path_prefix: config.path_prefix.clone(),
+            // Spelled like a request's path is normalised, so `/api/./v1/` still matches.
+            path_prefix: config
+                .path_prefix
+                .as_deref()
+                .map(|prefix| normalise::path(Cow::Borrowed(prefix)).into_owned()),
             headers,
         })
     }
@@ -94,13 +101,14 @@ impl Matcher {
     }
 
     pub fn matches(&self, request: &Described<'_>) -> bool {
-        let host = request.host_without_port();
-        (self.hosts.is_empty() || self.hosts.iter().any(|h| h.eq_ignore_ascii_case(host)))
+        // The request's host and path are normalised (lower-case host without port or trailing
+        // dot; path without dot segments, doubled slashes or escaped unreserved characters).
+        (self.hosts.is_empty() || self.hosts.iter().any(|h| *h == request.host))
             && (self.methods.is_empty()
                 || self
                     .methods
                     .iter()
-                    .any(|m| m.eq_ignore_ascii_case(request.method)))
+                    .any(|m| m.eq_ignore_ascii_case(&request.method)))
             && self
                 .path_prefix
                 .as_deref()
@@ -167,6 +175,40 @@ mod tests {
         assert!(matches(&free, Some("")));
         assert!(matches(&free, Some("free")));
         assert!(!matches(&free, Some("gold")));
+    }
+
+    #[test]
+    fn the_match_rules_are_spelled_like_the_normalised_request() {
+        let config = MatchConfig {
+            hosts: vec!["API.example.com.".into()],
+            methods: vec!["post".into()],
+            path_prefix: Some("/api/./v1/".into()),
+            ..MatchConfig::default()
+        };
+        let matcher = Matcher::compile(&config, "m").expect("valid");
+        let described = |host: &str, uri: &str| {
+            let mut headers = HeaderMap::new();
+            for (name, value) in [
+                ("x-forwarded-method", "POST"),
+                ("x-forwarded-host", host),
+                ("x-forwarded-uri", uri),
+            ] {
+                headers.insert(
+                    HeaderName::from_static(name),
+                    HeaderValue::from_str(value).unwrap(),
+                );
+            }
+            let request = Described::new(&headers, "GET", "/", "127.0.0.1".parse().unwrap());
+            matcher.matches(&request)
+        };
+        for (host, uri) in [
+            ("api.example.com", "/api/v1/items"),
+            ("Api.Example.com.:8443", "//api/%76%31/items"),
+            ("api.example.com.", "/x/../api/v1/./items"),
+        ] {
+            assert!(described(host, uri), "{host} {uri}");
+        }
+        assert!(!described("api.example.com", "/api/v2/items"));
     }
 
     #[test]

@@ -22,12 +22,14 @@ pub enum Override {
     },
 }
 
-/// The limit's own numbers, that an override's omitted fields keep.
+/// The limit's own numbers, that an override's omitted fields keep, and how its `ip` key part
+/// is keyed.
 #[derive(Debug, Clone, Copy)]
 pub struct Base {
     pub rate: f64,
     pub burst: u64,
     pub cost: u64,
+    pub ipv6_prefix: u8,
 }
 
 /// Every override of one limit, by key tail.
@@ -85,7 +87,7 @@ impl Overrides {
                 ),
             ));
         }
-        let tail = keys::tail_of_values(parts, &entry.key)
+        let tail = keys::tail_of_values(parts, &entry.key, base.ipv6_prefix)
             .map_err(|(i, why)| ConfigError::new(format!("key[{i}]"), why))?;
         let policy = parse(entry, base)?;
         self.by_tail
@@ -142,6 +144,15 @@ fn parse(entry: &OverrideConfig, base: Base) -> Result<Override, ConfigError> {
     };
     let burst = entry.burst.unwrap_or(base.burst);
     crate::limits::check_burst(burst, base.cost, "burst")?;
+    crate::limits::check_refill(
+        rate,
+        burst,
+        if entry.rate.is_some() {
+            "rate"
+        } else {
+            "burst"
+        },
+    )?;
     Ok(Override::Bucket { rate, burst })
 }
 
@@ -216,6 +227,7 @@ mod tests {
         rate: 10.0,
         burst: 20,
         cost: 1,
+        ipv6_prefix: 64,
     };
 
     fn entry(key: &[&str]) -> OverrideConfig {
@@ -269,10 +281,21 @@ mod tests {
 
     #[test]
     fn values_are_matched_as_requests_are_keyed() {
-        let mut by_ip_and_host = entry(&["2001:DB8:0::1", "API.Example.com"]);
+        let mut by_ip_and_host = entry(&["2001:DB8:0::1", "API.Example.com.:8443"]);
         by_ip_and_host.burst = Some(5);
-        let overrides = compile(&[by_ip_and_host], &[KeyPart::Ip, KeyPart::Host]).unwrap();
-        assert!(overrides.get(b"2001:db8::1|api.example.com").is_some());
+        let mut by_network = entry(&["2001:db8:0:7::/64", "x"]);
+        by_network.burst = Some(6);
+        let mut v4 = entry(&["::ffff:192.0.2.1", "x"]);
+        v4.burst = Some(7);
+        let parts = [KeyPart::Ip, KeyPart::Host];
+        let overrides = compile(&[by_ip_and_host, by_network, v4], &parts).unwrap();
+        assert!(overrides.get(b"2001:db8::/64|api.example.com").is_some());
+        assert!(overrides.get(b"2001:db8:0:7::/64|x").is_some());
+        assert!(overrides.get(b"192.0.2.1|x").is_some());
+        let mut path = entry(&["/api/./v1//items"]);
+        path.burst = Some(5);
+        let overrides = compile(&[path], &[KeyPart::Path]).unwrap();
+        assert!(overrides.get(b"/api/v1/items").is_some());
         let mut separator = entry(&["a|b"]);
         separator.burst = Some(5);
         let overrides = compile(&[separator], &[KeyPart::Header("k".into())]).unwrap();

@@ -82,12 +82,16 @@ impl From<f64> for RateSpec {
     }
 }
 
-/// Rounds seconds up to a whole number, at least 0; huge or NaN values saturate.
+/// Largest integer a structured header field may carry (15 digits, RFC 9651).
+pub const MAX_SF_INTEGER: u64 = 999_999_999_999_999;
+
+/// Rounds seconds up to a whole number, at least 0; huge or NaN values saturate at the largest
+/// structured-field integer, so every header that shows seconds stays parseable.
 pub fn ceil_secs(seconds: f64) -> u64 {
     if seconds.is_nan() || seconds <= 0.0 {
         0
     } else {
-        seconds.ceil().min(u64::MAX as f64) as u64
+        seconds.ceil().min(MAX_SF_INTEGER as f64) as u64
     }
 }
 

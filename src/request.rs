@@ -1,7 +1,10 @@
 //! What `/check` reads: the original request's method, path, host and client IP, recovered
-//! from the headers the ingress forwards (SPEC §4). Nothing here allocates; every value
-//! borrows from the check request.
+//! from the headers the ingress forwards. An already-normal request allocates nothing: every
+//! value borrows from the check request unless it had to be rewritten.
 
+pub(crate) mod normalise;
+
+use std::borrow::Cow;
 use std::net::{IpAddr, SocketAddr};
 
 use actix_web::http::header::HeaderMap;
@@ -14,6 +17,8 @@ use crate::config::{ClientIpConfig, IpSource};
 pub struct ClientIpPolicy {
     pub from: IpSource,
     pub trusted: Vec<IpNet>,
+    /// The network length an IPv6 client is keyed by; the trusted-proxy walk ignores it.
+    pub ipv6_prefix: u8,
 }
 
 impl From<&ClientIpConfig> for ClientIpPolicy {
@@ -21,6 +26,7 @@ impl From<&ClientIpConfig> for ClientIpPolicy {
         ClientIpPolicy {
             from: config.from,
             trusted: config.trusted_proxies.clone(),
+            ipv6_prefix: config.ipv6_prefix,
         }
     }
 }
@@ -102,14 +108,16 @@ pub fn parse_ip(raw: &[u8]) -> Option<IpAddr> {
     Some(ip.to_canonical())
 }
 
-/// The original request, as described by the check request's headers.
+/// The original request, as described by the check request's headers, normalised the way
+/// the proxies route (see [`normalise`]): what every limit matches and keys on.
 #[derive(Debug)]
 pub struct Described<'a> {
-    pub method: &'a str,
-    /// Path without query or fragment.
-    pub path: &'a str,
-    /// Host as sent, possibly with a port; see [`Described::host_without_port`].
-    pub host: &'a str,
+    /// As sent (bytes outside visible ASCII percent-encoded).
+    pub method: Cow<'a, str>,
+    /// Normalised path: no query or fragment, no dot segments, no doubled slashes.
+    pub path: Cow<'a, str>,
+    /// Normalised host: lower-case, no port, no trailing dot.
+    pub host: Cow<'a, str>,
     pub client_ip: IpAddr,
     headers: &'a HeaderMap,
 }
@@ -117,29 +125,31 @@ pub struct Described<'a> {
 impl<'a> Described<'a> {
     /// `check_method` and `check_path_tail` describe the check request itself: its method,
     /// and its path below `/check` (used when no header names the original).
+    ///
+    /// A present header is always used, whatever its bytes: a later source only stands in for
+    /// an absent one, so a client cannot push a header out of the way with an odd byte.
     pub fn new(
         headers: &'a HeaderMap,
         check_method: &'a str,
         check_path_tail: &'a str,
         client_ip: IpAddr,
     ) -> Described<'a> {
-        let original_url = header_str(headers, "x-original-url").map(split_url);
-        let method = header_str(headers, "x-forwarded-method")
-            .or_else(|| header_str(headers, "x-original-method"))
-            .unwrap_or(check_method);
-        let path = header_str(headers, "x-forwarded-uri")
-            .or_else(|| header_str(headers, "x-original-uri"))
-            .or_else(|| original_url.map(|(_, path)| path))
-            .map(strip_query)
-            .unwrap_or(check_path_tail);
-        let host = header_str(headers, "x-forwarded-host")
+        let original_url = header_text(headers, "x-original-url").map(split_url);
+        let method = header_text(headers, "x-forwarded-method")
+            .or_else(|| header_text(headers, "x-original-method"))
+            .unwrap_or(Cow::Borrowed(check_method));
+        let path = header_text(headers, "x-forwarded-uri")
+            .or_else(|| header_text(headers, "x-original-uri"))
+            .or_else(|| original_url.as_ref().map(|(_, path)| path.clone()))
+            .unwrap_or(Cow::Borrowed(check_path_tail));
+        let host = header_text(headers, "x-forwarded-host")
             .or_else(|| original_url.and_then(|(host, _)| host))
-            .or_else(|| header_str(headers, "host"))
-            .unwrap_or("");
+            .or_else(|| header_text(headers, "host"))
+            .unwrap_or(Cow::Borrowed(""));
         Described {
             method,
-            path: if path.is_empty() { "/" } else { path },
-            host,
+            path: normalise::path(path),
+            host: normalise::host(host),
             client_ip,
             headers,
         }
@@ -149,51 +159,50 @@ impl<'a> Described<'a> {
     pub fn header(&self, name: &str) -> Option<&'a [u8]> {
         self.headers.get(name).map(|v| v.as_bytes())
     }
-
-    /// Host without `:port` (brackets of an IPv6 literal kept).
-    pub fn host_without_port(&self) -> &'a str {
-        strip_port(self.host)
-    }
 }
 
-fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+/// A present header as text (trimmed, odd bytes percent-encoded); `None` only when absent.
+fn header_text<'a>(headers: &'a HeaderMap, name: &str) -> Option<Cow<'a, str>> {
     headers
         .get(name)
-        .and_then(|v| v.to_str().ok())
-        .map(str::trim)
-        .filter(|v| !v.is_empty())
-}
-
-fn strip_query(uri: &str) -> &str {
-    let end = uri.find(['?', '#']).unwrap_or(uri.len());
-    &uri[..end]
-}
-
-fn strip_port(host: &str) -> &str {
-    if host.starts_with('[') {
-        return host.find(']').map_or(host, |i| &host[..=i]);
-    }
-    match host.rsplit_once(':') {
-        Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) && !name.contains(':') => {
-            name
-        }
-        _ => host,
-    }
+        .map(|v| normalise::visible(v.as_bytes().trim_ascii()))
 }
 
 /// Splits `scheme://host[:port]/path?query` into host and path; a value starting with `/` is
 /// only a path. Garbage yields an unusable host and a path that matches nothing surprising.
-fn split_url(url: &str) -> (Option<&str>, &str) {
+fn split_url(url: Cow<'_, str>) -> (Option<Cow<'_, str>>, Cow<'_, str>) {
     let Some(scheme_end) = url.find("://") else {
         return (None, url);
     };
-    let rest = &url[scheme_end + 3..];
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let authority = &rest[..authority_end];
-    let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
-    let path = &rest[authority_end..];
-    let path = if path.starts_with('/') { path } else { "/" };
-    (Some(host).filter(|h| !h.is_empty()), path)
+    let rest = scheme_end + 3;
+    let authority_end = url[rest..]
+        .find(['/', '?', '#'])
+        .map_or(url.len(), |i| rest + i);
+    let host_start = url[rest..authority_end]
+        .rfind('@')
+        .map_or(rest, |i| rest + i + 1);
+    let path_is_rooted = url[authority_end..].starts_with('/');
+    match url {
+        Cow::Borrowed(text) => (
+            Some(Cow::Borrowed(&text[host_start..authority_end])).filter(|h| !h.is_empty()),
+            Cow::Borrowed(if path_is_rooted {
+                &text[authority_end..]
+            } else {
+                "/"
+            }),
+        ),
+        Cow::Owned(text) => (
+            Some(Cow::<str>::Owned(
+                text[host_start..authority_end].to_string(),
+            ))
+            .filter(|h| !h.is_empty()),
+            Cow::Owned(if path_is_rooted {
+                text[authority_end..].to_string()
+            } else {
+                "/".into()
+            }),
+        ),
+    }
 }
 
 #[cfg(test)]
@@ -216,6 +225,7 @@ mod tests {
         ClientIpPolicy {
             from: IpSource::XForwardedFor,
             trusted: trusted.iter().map(|t| t.parse().unwrap()).collect(),
+            ipv6_prefix: 64,
         }
     }
 
@@ -276,6 +286,7 @@ mod tests {
         let policy = ClientIpPolicy {
             from: IpSource::XRealIp,
             trusted: vec!["127.0.0.0/8".parse().unwrap()],
+            ipv6_prefix: 64,
         };
         let h = headers(&[("x-real-ip", "198.51.100.7")]);
         assert_eq!(policy.client_ip(&h, ip("127.0.0.1")), ip("198.51.100.7"));
@@ -293,8 +304,7 @@ mod tests {
         let d = Described::new(&h, "GET", "/", ip("127.0.0.1"));
         assert_eq!(d.method, "POST");
         assert_eq!(d.path, "/api/v1/items");
-        assert_eq!(d.host, "api.example.com:8443");
-        assert_eq!(d.host_without_port(), "api.example.com");
+        assert_eq!(d.host, "api.example.com");
     }
 
     #[test]
@@ -302,16 +312,67 @@ mod tests {
         let h = headers(&[("host", "Example.com")]);
         let d = Described::new(&h, "DELETE", "/items/7", ip("127.0.0.1"));
         assert_eq!(
-            (d.method, d.path, d.host),
-            ("DELETE", "/items/7", "Example.com")
+            (&*d.method, &*d.path, &*d.host),
+            ("DELETE", "/items/7", "example.com")
         );
     }
 
+    fn raw_headers(pairs: &[(&str, &[u8])]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.append(
+                HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                HeaderValue::from_bytes(value).unwrap(),
+            );
+        }
+        map
+    }
+
     #[test]
-    fn ports_are_stripped_from_hosts() {
-        assert_eq!(strip_port("example.com:80"), "example.com");
-        assert_eq!(strip_port("[::1]:80"), "[::1]");
-        assert_eq!(strip_port("::1"), "::1");
-        assert_eq!(strip_port("example.com"), "example.com");
+    fn a_header_with_bytes_above_ascii_is_read_not_skipped() {
+        let h = raw_headers(&[
+            ("x-forwarded-uri", b"/api/items?\xff=1"),
+            ("x-original-uri", b"/public"),
+            ("x-forwarded-host", b"API.example.com.:443"),
+        ]);
+        let d = Described::new(&h, "GET", "/", ip("127.0.0.1"));
+        assert_eq!(d.path, "/api/items");
+        assert_eq!(d.host, "api.example.com");
+        let h = raw_headers(&[("x-forwarded-uri", b"/api/\xc3\xa9")]);
+        let d = Described::new(&h, "GET", "/", ip("127.0.0.1"));
+        assert_eq!(d.path, "/api/%C3%A9");
+    }
+
+    #[test]
+    fn an_empty_header_is_present_and_later_sources_do_not_replace_it() {
+        let h = headers(&[("x-forwarded-uri", ""), ("x-original-uri", "/api/items")]);
+        let d = Described::new(&h, "GET", "/api/x", ip("127.0.0.1"));
+        assert_eq!(d.path, "/");
+    }
+
+    #[test]
+    fn the_original_url_is_normalised_like_the_others() {
+        let h = headers(&[(
+            "x-original-url",
+            "http://user@API.example.com.:80//%61pi/./items?x",
+        )]);
+        let d = Described::new(&h, "GET", "/", ip("127.0.0.1"));
+        assert_eq!((&*d.host, &*d.path), ("api.example.com", "/api/items"));
+        let h = headers(&[("x-original-url", "/x/../api")]);
+        let d = Described::new(&h, "GET", "/", ip("127.0.0.1"));
+        assert_eq!(d.path, "/api");
+    }
+
+    #[test]
+    fn an_already_normal_request_borrows_every_value() {
+        let h = headers(&[
+            ("x-forwarded-method", "POST"),
+            ("x-forwarded-uri", "/api/items?page=2"),
+            ("x-forwarded-host", "api.example.com:443"),
+        ]);
+        let d = Described::new(&h, "GET", "/", ip("127.0.0.1"));
+        assert!(matches!(d.method, Cow::Borrowed("POST")));
+        assert!(matches!(d.path, Cow::Borrowed("/api/items")));
+        assert!(matches!(d.host, Cow::Borrowed("api.example.com")));
     }
 }

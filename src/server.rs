@@ -20,12 +20,16 @@ use crate::store::memory::MemoryStore;
 use crate::store::redis::{RedisStore, Topology};
 use crate::store::AnyStore;
 
+mod door;
+pub use door::Door;
+
 /// In-flight checks get this long to finish after SIGTERM, [`CLOSE_NOTICE`] included.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 /// After SIGTERM, how long requests on open keep-alive connections are still answered (with
 /// `Connection: close`) before idle connections are closed. Closing a busy keep-alive
-/// connection without notice loses the request the client is sending at that moment.
+/// connection without notice loses the request the client is sending at that moment. New
+/// connections are refused from the start of the notice.
 pub const CLOSE_NOTICE: Duration = Duration::from_secs(1);
 
 /// Shared by every worker of both listeners.
@@ -124,6 +128,8 @@ pub async fn run(
         log::warn!("{warning}");
     }
 
+    // Kept to shut the listening sockets ourselves: actix would reset what the kernel queued.
+    let doors = vec![Door::of(&listeners.public)?, Door::of(&listeners.admin)?];
     let public_state = state.clone();
     let draining = Arc::new(AtomicBool::new(false));
     let public_draining = draining.clone();
@@ -172,6 +178,7 @@ pub async fn run(
     let reloader = Arc::new(Reloader::new(config_path, config, state.clone()));
     actix_web::rt::spawn(lifecycle::watch_signals(
         vec![public.handle(), admin.handle()],
+        doors,
         draining,
         reloader,
     ));

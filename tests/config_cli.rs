@@ -152,9 +152,27 @@ fn every_invalid_value_is_refused_naming_its_key() {
         ("[client_ip]\nfrom = \"cookie\"\n", "client_ip.from"),
         ("[response]\ndeny_status = 42\n", "response.deny_status"),
         ("[response]\nheaders = [\"draft-7\"]\n", "response.headers"),
+        // A proxy admits a 2xx/3xx auth answer and treats a 5xx as its own failure.
+        ("[response]\ndeny_status = 200\n", "response.deny_status"),
+        ("[response]\ndeny_status = 302\n", "response.deny_status"),
+        ("[response]\ndeny_status = 503\n", "response.deny_status"),
+        ("[client_ip]\nipv6_prefix = 0\n", "client_ip.ipv6_prefix"),
+        ("[client_ip]\nipv6_prefix = 31\n", "client_ip.ipv6_prefix"),
+        ("[client_ip]\nipv6_prefix = 129\n", "client_ip.ipv6_prefix"),
+        ("[client_ip]\nipv6_prefix = 300\n", "client_ip.ipv6_prefix"),
         ("[[limits]]\nname = \"a\"\nrate = 0\nburst = 5\nkey = [\"ip\"]\n", "limits.a.rate"),
         ("[[limits]]\nname = \"a\"\nrate = -1\nburst = 5\nkey = [\"ip\"]\n", "limits.a.rate"),
         ("[[limits]]\nname = \"a\"\nrate = 1\nburst = 0\nkey = [\"ip\"]\n", "limits.a.burst"),
+        // Buckets the store cannot represent: the refill time overflows what PEXPIRE takes
+        // (or is infinite), or the burst leaves the range of exact float integers.
+        ("[[limits]]\nname = \"a\"\nrate = 1e-14\nburst = 5\nkey = [\"ip\"]\n", "limits.a.rate"),
+        ("[[limits]]\nname = \"a\"\nrate = 1e-300\nburst = 5\nkey = [\"ip\"]\n", "limits.a.rate"),
+        ("[[limits]]\nname = \"a\"\nrate = 3.1e-9\nburst = 1\nkey = [\"ip\"]\n", "limits.a.rate"),
+        ("[[limits]]\nname = \"a\"\nrate = 3\nburst = 1000000000\nkey = [\"ip\"]\n", "limits.a.rate"),
+        ("[[limits]]\nname = \"a\"\nrate = inf\nburst = 5\nkey = [\"ip\"]\n", "limits.a.rate"),
+        ("[[limits]]\nname = \"a\"\nrate = nan\nburst = 5\nkey = [\"ip\"]\n", "limits.a.rate"),
+        ("[[limits]]\nname = \"a\"\nrate = 1e9\nburst = 1000000001\nkey = [\"ip\"]\n", "limits.a.burst"),
+        ("[[limits]]\nname = \"a\"\nrate = 1e9\nburst = 9007199254740993\nkey = [\"ip\"]\n", "limits.a.burst"),
         ("[[limits]]\nname = \"a\"\nrate = 1\nburst = 5\ncost = 6\nkey = [\"ip\"]\n", "limits.a.cost"),
         ("[[limits]]\nname = \"a\"\nrate = 1\nburst = 5\nkey = [\"cookie\"]\n", "limits.a.key[0]"),
         ("[[limits]]\nname = \"a\"\nrate = 1\nburst = 5\nkey = []\n", "limits.a.key"),
@@ -289,6 +307,22 @@ fn validate_shows_written_rates_per_second_policies_and_warns_about_overlapping_
     assert_eq!(warnings.len(), 2, "{out}");
     assert!(warnings[0].contains("limits.gold and limits.any"), "{out}");
     assert!(warnings[1].contains("limits.free and limits.any"), "{out}");
+}
+
+#[test]
+fn the_extremes_the_store_can_represent_are_accepted() {
+    let cases = [
+        // Ten years to refill, just under the bound.
+        "[[limits]]\nname = \"a\"\nrate = 3.2e-9\nburst = 1\nkey = [\"ip\"]\n",
+        "[[limits]]\nname = \"a\"\nrate = 3.2\nburst = 1000000000\ncost = 1000000000\nkey = [\"ip\"]\n",
+        "[[limits]]\nname = \"a\"\nrate = 1e300\nburst = 1\nkey = [\"ip\"]\n",
+        "[response]\ndeny_status = 400\n[client_ip]\nipv6_prefix = 32\n",
+        "[response]\ndeny_status = 499\n[client_ip]\nipv6_prefix = 128\n",
+    ];
+    for config in cases {
+        let output = run(&["validate"], Some(config), &[]);
+        assert!(output.status.success(), "{config}: {}", stderr(&output));
+    }
 }
 
 #[test]

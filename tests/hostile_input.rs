@@ -525,10 +525,11 @@ fn flood(addr: SocketAddr, first: u64, count: u64) -> u64 {
         let mut raw = Vec::with_capacity(batch as usize * 80);
         for i in 0..batch {
             let n = first + sent + i;
-            // Distinct IPv6 client addresses from 2001:db8::/32 (documentation range).
+            // Distinct IPv6 clients from 2001:db8::/32 (documentation range), each in its own
+            // /64: an IPv6 client is keyed by its /64 network.
             let _ = write!(
                 raw,
-                "GET /check HTTP/1.1\r\nhost: t\r\nx-forwarded-for: 2001:db8::{:x}:{:x}\r\n\r\n",
+                "GET /check HTTP/1.1\r\nhost: t\r\nx-forwarded-for: 2001:db8:{:x}:{:x}::1\r\n\r\n",
                 n >> 16,
                 n & 0xffff
             );
@@ -624,7 +625,7 @@ fn redis_memory_per_bucket_is_bounded() {
     let after = used();
     let dbsize: u64 = redis.cli(&["DBSIZE"]).trim().parse().unwrap_or(0);
     let per_bucket = (after - before) / dbsize.max(1);
-    let sample = redis.cli(&["MEMORY", "USAGE", "tollgate:per-ip:2001:db8::1"]);
+    let sample = redis.cli(&["MEMORY", "USAGE", "tollgate:per-ip:{2001:db8::/64}"]);
     eprintln!(
         "{dbsize} buckets: {per_bucket} bytes each of used_memory; MEMORY USAGE of one: {}",
         sample.trim()

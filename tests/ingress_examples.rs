@@ -8,92 +8,21 @@
 
 mod support;
 
-use std::net::SocketAddr;
-
 use serde_yaml::Value;
 use support::proxies::scenarios::{
     assert_denied_with_quota_headers, assert_path_and_method_limit, Stack, API_WRITES_BURST_1,
     PER_IP_BURST_2,
 };
-use support::proxies::{read_shipped, Nginx};
+use support::proxies::{read_shipped, yaml_text as text, Nginx};
 
 fn yaml(relative: &str) -> Value {
     serde_yaml::from_str(&read_shipped(relative))
         .unwrap_or_else(|e| panic!("{relative} is not valid YAML: {e}"))
 }
 
-fn text<'a>(value: &'a Value, path: &[&str]) -> &'a str {
-    let mut node = value;
-    for key in path {
-        node = &node[*key];
-    }
-    node.as_str()
-        .unwrap_or_else(|| panic!("{path:?} is not a string: {node:?}"))
-}
-
-fn annotation<'a>(ingress: &'a Value, name: &str) -> &'a str {
-    text(
-        ingress,
-        &[
-            "metadata",
-            "annotations",
-            &format!("nginx.ingress.kubernetes.io/{name}"),
-        ],
-    )
-}
-
-/// What ingress-nginx generates for an Ingress with `auth-url` (the lines of its template
-/// that matter here), with the example's snippets where the controller puts them.
-fn ingress_nginx_site(listen: SocketAddr, tollgate: SocketAddr, backend: SocketAddr) -> String {
-    let ingress = yaml("k8s/ingress-nginx/ingress.yaml");
-    let auth_url = annotation(&ingress, "auth-url");
-    let path = auth_url
-        .strip_prefix("http://tollgate.tollgate.svc.cluster.local:8080")
-        .expect("auth-url points at the tollgate Service");
-    format!(
-        "upstream tollgate_auth {{ server {tollgate}; keepalive {keepalive}; keepalive_timeout {timeout}s; }}
-server {{
-  listen {listen};
-  {server_snippet}
-  location = /_external-auth {{
-    internal;
-    proxy_pass_request_body off;
-    proxy_set_header Content-Length \"\";
-    proxy_set_header X-Forwarded-Proto \"\";
-    proxy_set_header Host tollgate.tollgate.svc.cluster.local;
-    proxy_set_header X-Original-URL $scheme://$http_host$request_uri;
-    proxy_set_header X-Original-Method $request_method;
-    proxy_set_header X-Sent-From \"nginx-ingress-controller\";
-    proxy_set_header X-Real-IP $remote_addr;
-    proxy_set_header X-Forwarded-For $remote_addr;
-    proxy_set_header X-Auth-Request-Redirect $request_uri;
-    proxy_http_version 1.1;
-    proxy_set_header Connection \"\";
-    proxy_pass_request_headers on;
-    {auth_snippet}
-    proxy_pass http://tollgate_auth{path};
-  }}
-  location / {{
-    auth_request /_external-auth;
-    auth_request_set $auth_cookie $upstream_http_set_cookie;
-    add_header Set-Cookie $auth_cookie;
-    proxy_set_header X-Forwarded-For $remote_addr;
-    {configuration_snippet}
-    proxy_pass http://{backend};
-  }}
-}}
-",
-        keepalive = annotation(&ingress, "auth-keepalive"),
-        timeout = annotation(&ingress, "auth-keepalive-timeout"),
-        server_snippet = annotation(&ingress, "server-snippet"),
-        auth_snippet = annotation(&ingress, "auth-snippet"),
-        configuration_snippet = annotation(&ingress, "configuration-snippet"),
-    )
-}
-
 fn ingress_nginx_stack(on_error: &str, limits: &str) -> Stack<Nginx> {
     Stack::start(on_error, limits, |tollgate, backend| {
-        Nginx::start_site(|listen| ingress_nginx_site(listen, tollgate, backend))
+        Nginx::start_ingress_nginx(tollgate, backend)
     })
 }
 

@@ -131,6 +131,115 @@ fn sigterm_under_keepalive_load_answers_every_request_sent() {
     );
 }
 
+/// What became of one `/check` sent on a fresh connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Attempt {
+    /// The kernel refused the connection: the client knows at once to go elsewhere.
+    Refused,
+    /// A full HTTP response came back.
+    Answered,
+    /// The request was sent and the connection was reset or closed without a response: the
+    /// client cannot tell whether it was counted, and the ingress fails the request.
+    Lost,
+}
+
+/// One request on a new connection, `Connection: close`, read to the end.
+fn check_on_new_connection(addr: std::net::SocketAddr) -> (Attempt, String) {
+    use std::io::{Read, Write};
+    // Longer than a SYN retransmission, so a dropped SYN ends as refused, not as a timeout.
+    let mut stream = match std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5)) {
+        Ok(stream) => stream,
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+            return (Attempt::Refused, e.to_string())
+        }
+        Err(e) => return (Attempt::Lost, format!("connect: {e}")),
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(15)));
+    let request = format!(
+        "GET /check HTTP/1.1\r\nHost: {addr}\r\nX-Forwarded-For: 203.0.113.7\r\n\
+         Connection: close\r\n\r\n"
+    );
+    if let Err(e) = stream.write_all(request.as_bytes()) {
+        return (Attempt::Lost, format!("write: {e}"));
+    }
+    let mut answer = Vec::new();
+    match stream.read_to_end(&mut answer) {
+        Ok(_)
+            if answer.starts_with(b"HTTP/1.1 200")
+                && answer.windows(4).any(|w| w == b"\r\n\r\n") =>
+        {
+            (Attempt::Answered, String::new())
+        }
+        Ok(_) => (
+            Attempt::Lost,
+            format!("answer: {:?}", String::from_utf8_lossy(&answer)),
+        ),
+        Err(e) => (Attempt::Lost, format!("read: {e}")),
+    }
+}
+
+#[test]
+fn sigterm_refuses_or_answers_every_new_connection_and_resets_none() {
+    let redis = RedisServer::start();
+    let mut tollgate = Tollgate::start(&patient_redis_config(&redis));
+    let addr = tollgate.addr;
+    const CLIENTS: usize = 8;
+    // Each client opens a new connection per check, as an ingress without keep-alive to its
+    // auth service does, until the door is shut (refused) or the process is gone.
+    let threads: Vec<_> = (0..CLIENTS)
+        .map(|_| {
+            thread::spawn(move || {
+                let mut seen = Vec::new();
+                loop {
+                    let (attempt, detail) = check_on_new_connection(addr);
+                    seen.push((attempt, detail));
+                    if attempt == Attempt::Refused {
+                        return (seen, Instant::now());
+                    }
+                }
+            })
+        })
+        .collect();
+    thread::sleep(Duration::from_millis(500));
+    let terminated = Instant::now();
+    tollgate.signal("TERM");
+    let code = tollgate.wait_exit(Duration::from_secs(12));
+    let exited_after = terminated.elapsed();
+
+    let (mut seen, mut last_refusal) = (Vec::new(), terminated);
+    for thread in threads {
+        let (attempts, refused_at) = thread.join().unwrap();
+        seen.extend(attempts);
+        last_refusal = last_refusal.max(refused_at);
+    }
+    let count = |kind| seen.iter().filter(|(a, _)| *a == kind).count();
+    let lost: Vec<&String> = seen
+        .iter()
+        .filter(|(a, _)| *a == Attempt::Lost)
+        .map(|(_, detail)| detail)
+        .collect();
+    eprintln!(
+        "new-connection attempts across SIGTERM: {} answered, {} refused, {} lost; \
+         last refusal {:?} after the signal",
+        count(Attempt::Answered),
+        count(Attempt::Refused),
+        lost.len(),
+        last_refusal - terminated
+    );
+    assert!(lost.is_empty(), "requests lost at shutdown: {lost:?}");
+    assert!(count(Attempt::Answered) > CLIENTS, "the load ran");
+    assert_eq!(
+        count(Attempt::Refused),
+        CLIENTS,
+        "every client was refused in the end"
+    );
+    assert_eq!(code, Some(0));
+    assert!(
+        exited_after < Duration::from_secs(11),
+        "took {exited_after:?}"
+    );
+}
+
 fn limited_config(redis: &RedisServer, rate: f64, burst: u32) -> String {
     support::redis_config(
         redis,
@@ -211,4 +320,49 @@ fn sighup_with_a_broken_file_keeps_the_running_limits_and_counts_a_failure() {
         );
     }
     assert_eq!(reloads(&tollgate, "success"), 0.0);
+}
+
+fn prefixed_config(redis: &RedisServer, prefix: &str, burst: u32) -> String {
+    support::redis_config(
+        redis,
+        &format!("timeout_ms = 2000\nkey_prefix = \"{prefix}\"\n"),
+        &format!("[[limits]]\nname = \"per-ip\"\nrate = 0.1\nburst = {burst}\nkey = [\"ip\"]\n"),
+    )
+}
+
+#[test]
+fn sighup_never_changes_the_key_prefix_so_a_drained_client_stays_denied() {
+    let redis = RedisServer::start();
+    let (tollgate, log) = Tollgate::start_logged(&prefixed_config(&redis, "before", 3), &[]);
+    let mut client = tollgate.client();
+    // One token per 10 s: the drained bucket cannot refill during the test.
+    for _ in 0..3 {
+        assert_eq!(client.get("/check", CHECK).unwrap().status, 200);
+    }
+    assert_eq!(client.get("/check", CHECK).unwrap().status, 429);
+
+    // A new prefix and a new burst in one file: the burst applies, the prefix waits for a restart.
+    replace_file(&tollgate.config_path, &prefixed_config(&redis, "after", 4));
+    tollgate.signal("HUP");
+    assert!(support::wait_until(Duration::from_secs(5), || reloads(
+        &tollgate, "success"
+    ) == 1.0));
+
+    let after = client.get("/check", CHECK).unwrap();
+    assert_eq!(
+        after.status, 429,
+        "a reload must not hand out fresh buckets"
+    );
+    assert_eq!(after.header("x-ratelimit-limit"), Some("4"));
+    assert_eq!(
+        after.header("ratelimit-policy"),
+        Some("\"per-ip\";q=4;w=40")
+    );
+    assert_eq!(redis.cli(&["KEYS", "after:*"]).trim(), "");
+    assert_ne!(redis.cli(&["KEYS", "before:*"]).trim(), "");
+    let logged = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        logged.contains("[store] changed in the file; it applies only after a restart"),
+        "{logged}"
+    );
 }

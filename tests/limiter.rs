@@ -1,5 +1,9 @@
 //! The decision without HTTP and without Redis: a `Limiter` over the memory store on a manual
-//! clock, and over a store that fails on demand to pin down every `on_error` answer.
+//! clock, and over a store that fails on demand to pin down every `on_error` answer; plus, end
+//! to end through the binary, the headers of the local fallback (two instances whose Redis
+//! dies) and the keying of IPv6 clients by network.
+
+mod support;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -145,16 +149,26 @@ impl Store for FlakyStore {
 }
 
 fn flaky_limiter(on_error: OnError) -> (Limiter<FlakyStore>, Metrics) {
+    flaky_limiter_with(on_error, 1.0, 10, 100)
+}
+
+fn flaky_limiter_with(
+    on_error: OnError,
+    rate: f64,
+    burst: u64,
+    max_buckets: usize,
+) -> (Limiter<FlakyStore>, Metrics) {
     let metrics = Metrics::new();
-    let config =
-        config("[[limits]]\nname = \"k\"\nrate = 1\nburst = 10\nkey = [\"header:x-api-key\"]\n");
+    let config = config(&format!(
+        "[[limits]]\nname = \"k\"\nrate = {rate}\nburst = {burst}\nkey = [\"header:x-api-key\"]\n"
+    ));
     let policy = Policy::compile(&config, &metrics).unwrap();
     let store = FlakyStore {
         inner: MemoryStore::with_clock(100, Arc::new(ManualClock::default())),
         failing: AtomicBool::new(true),
     };
     (
-        Limiter::new(store, policy, on_error, 100, metrics.clone()),
+        Limiter::new(store, policy, on_error, max_buckets, metrics.clone()),
         metrics,
     )
 }
@@ -199,4 +213,145 @@ fn on_error_local_splits_each_limit_among_the_instances() {
         allowed(&check(&limiter, &[("x-api-key", "k")])),
         "the store decides again once it answers"
     );
+}
+
+#[test]
+fn the_local_fallback_keeps_every_drained_client_below_max_buckets() {
+    // One token refilled in 1000 s: drained stays drained for the whole test.
+    let (limiter, _) = flaky_limiter_with(OnError::Local, 0.001, 1, 100_000);
+    let key = |i: usize| format!("client-{i}");
+    for i in 0..95_000 {
+        assert!(allowed(&check(&limiter, &[("x-api-key", &key(i))])));
+    }
+    let came_back_full = (0..95_000)
+        .filter(|&i| allowed(&check(&limiter, &[("x-api-key", &key(i))])))
+        .count();
+    assert_eq!(
+        came_back_full, 0,
+        "of 95,000 drained clients under a cap of 100,000"
+    );
+}
+
+#[test]
+fn local_fallback_headers_describe_this_instances_share_of_the_limit() {
+    let (limiter, _) = flaky_limiter_with(OnError::Local, 0.5, 10, 100);
+    limiter.set_instances(2);
+    let key = [("x-api-key", "k")];
+    for _ in 0..5 {
+        assert!(allowed(&check(&limiter, &key)));
+    }
+    let verdict = check(&limiter, &key);
+    let response = tollgate::http::headers::render(&verdict, &limiter.policy());
+    let header = |name: &str| {
+        response
+            .headers()
+            .get(name)
+            .map(|v| v.to_str().unwrap().to_string())
+    };
+    // This instance holds burst 5 refilled at 0.25/s: one token takes 4 s, all five 20 s.
+    assert_eq!(response.status(), 429);
+    assert_eq!(header("retry-after").as_deref(), Some("4"));
+    assert_eq!(header("x-ratelimit-limit").as_deref(), Some("5"));
+    assert_eq!(header("x-ratelimit-remaining").as_deref(), Some("0"));
+    assert_eq!(header("x-ratelimit-reset").as_deref(), Some("20"));
+    assert_eq!(
+        header("ratelimit-policy").as_deref(),
+        Some("\"k\";q=5;w=20")
+    );
+    assert_eq!(header("ratelimit").as_deref(), Some("\"k\";r=0;t=20"));
+}
+
+/// The same through the real binary: two instances learn N = 2 from Redis, Redis dies, and the
+/// local answers carry the halved limit.
+#[test]
+fn local_fallback_headers_through_two_instances_whose_redis_died() {
+    let mut redis = support::RedisServer::start();
+    let limits = "[[limits]]\nname = \"per-ip\"\nrate = 0.01\nburst = 20\nkey = [\"ip\"]\n";
+    let config = support::redis_config(&redis, "on_error = \"local\"", limits);
+    let a = support::Tollgate::start(&config);
+    let _b = support::Tollgate::start(&config);
+    assert!(support::wait_until(
+        std::time::Duration::from_secs(5),
+        || redis.cli(&["ZCARD", "tollgate:instances"]).trim() == "2"
+    ));
+    // The first instance learns N = 2 at its next heartbeat (every 2 s).
+    std::thread::sleep(std::time::Duration::from_millis(2300));
+    redis.kill();
+    let mut client = a.client();
+    let client_ip = [("X-Forwarded-For", "198.51.100.21")];
+    let statuses: Vec<u16> = (0..11)
+        .map(|_| client.get("/check", &client_ip).unwrap().status)
+        .collect();
+    assert_eq!(statuses, [[200; 10].as_slice(), &[429]].concat());
+    let denied = client.get("/check", &client_ip).unwrap();
+    // burst 10 at 0.005/s on this instance: one token in 200 s, all ten in 2000 s.
+    assert_eq!(denied.header("retry-after"), Some("200"));
+    assert_eq!(denied.header("x-ratelimit-limit"), Some("10"));
+    assert_eq!(denied.header("x-ratelimit-remaining"), Some("0"));
+    assert_eq!(denied.header("x-ratelimit-reset"), Some("2000"));
+    assert_eq!(
+        denied.header("ratelimit-policy"),
+        Some("\"per-ip\";q=10;w=2000")
+    );
+}
+
+/// Statuses of one check each from `clients`, in order, on a tollgate allowing one request per
+/// client key (burst 1, refilled in 1000 s).
+fn one_check_each(ipv6_prefix: Option<u8>, clients: &[&str]) -> Vec<u16> {
+    let client_ip = ipv6_prefix.map_or(String::new(), |p| {
+        format!("[client_ip]\nipv6_prefix = {p}\n")
+    });
+    let tollgate = support::Tollgate::start(&format!(
+        "{client_ip}[[limits]]\nname = \"per-ip\"\nrate = 0.001\nburst = 1\nkey = [\"ip\"]\n"
+    ));
+    clients
+        .iter()
+        .map(|ip| tollgate.check(&[("X-Forwarded-For", ip)]).status)
+        .collect()
+}
+
+#[test]
+fn two_addresses_of_one_ipv6_64_share_a_bucket_by_default() {
+    let statuses = one_check_each(
+        None,
+        &[
+            "2001:db8:1:2::1",
+            "2001:db8:1:2:ffff:ffff:ffff:fffe",
+            "2001:db8:1:3::1",
+            "192.0.2.1",
+            "192.0.2.2",
+        ],
+    );
+    assert_eq!(statuses, [200, 429, 200, 200, 200]);
+}
+
+#[test]
+fn with_ipv6_prefix_128_each_ipv6_address_has_its_own_bucket() {
+    let statuses = one_check_each(
+        Some(128),
+        &["2001:db8:1:2::1", "2001:db8:1:2::2", "2001:db8:1:2::1"],
+    );
+    assert_eq!(statuses, [200, 200, 429]);
+}
+
+#[test]
+fn a_cost_header_can_raise_the_configured_cost_but_never_lower_it() {
+    let (limiter, _clock) = memory_limiter(
+        "[[limits]]\nname = \"c\"\nrate = 1\nburst = 100\ncost = 5\ncost_header = \"x-cost\"\nkey = [\"ip\"]\n",
+    );
+    let charged = |value: &str| match check(&limiter, &[("x-cost", value)]) {
+        Verdict::Decided(decision) => decision.limits[0].cost,
+        other => panic!("decided, got {other:?}"),
+    };
+    assert_eq!(charged("1"), 5, "cheaper than configured");
+    assert_eq!(charged("0"), 5);
+    assert_eq!(charged("-3"), 5);
+    assert_eq!(charged("2.5"), 5, "malformed");
+    assert_eq!(charged("lots"), 5, "malformed");
+    assert_eq!(charged("7"), 7, "dearer than configured");
+    let Verdict::Decided(decision) = check(&limiter, &[]) else {
+        panic!("decided")
+    };
+    assert_eq!(decision.limits[0].cost, 5, "no header");
+    assert_eq!(decision.limits[0].tokens, 100.0 - 5.0 * 6.0 - 7.0);
 }

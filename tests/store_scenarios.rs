@@ -267,3 +267,146 @@ fn redis_buckets_expire_after_twice_their_refill_time() {
         ["tokens", "ts"]
     );
 }
+
+/// One token, refilled in 1000 s: a single allowed check drains it for the whole test.
+fn slow_bucket(key: String) -> BucketRequest {
+    BucketRequest {
+        key,
+        rate: 0.001,
+        burst: 1.0,
+        cost: 1,
+        shadow: false,
+        limit: 0,
+    }
+}
+
+/// Drains `count` clients named `<prefix><i>`, then asks each once more and returns how many
+/// came back full (were allowed again).
+fn drain_then_count_refilled(
+    store: &MemoryStore<Arc<ManualClock>>,
+    prefix: &str,
+    count: usize,
+) -> usize {
+    for i in 0..count {
+        let drained = store.decide_now(&[slow_bucket(format!("{prefix}{i}"))]);
+        assert!(drained.allowed, "{prefix}{i} starts full");
+    }
+    (0..count)
+        .filter(|i| {
+            store
+                .decide_now(&[slow_bucket(format!("{prefix}{i}"))])
+                .allowed
+        })
+        .count()
+}
+
+#[test]
+fn the_memory_store_keeps_every_bucket_below_its_cap() {
+    let clock = Arc::new(ManualClock::default());
+    let store = MemoryStore::with_clock(100_000, clock);
+    let came_back_full = drain_then_count_refilled(&store, "client-", 95_000);
+    assert_eq!(
+        came_back_full, 0,
+        "of 95,000 drained clients under a cap of 100,000"
+    );
+    assert_eq!(store.len(), 95_000);
+}
+
+#[test]
+fn past_its_cap_the_memory_store_drops_refilled_buckets_first() {
+    let clock = Arc::new(ManualClock::default());
+    let store = MemoryStore::with_clock(10_000, clock.clone());
+    assert_eq!(drain_then_count_refilled(&store, "old-", 6_000), 0);
+    clock.advance_ms(2_000_000); // the old buckets are full again
+    assert_eq!(drain_then_count_refilled(&store, "new-", 6_000), 0);
+    assert!(store.len() <= 10_000, "held {}", store.len());
+}
+
+#[test]
+fn past_its_cap_the_memory_store_drops_the_buckets_closest_to_full() {
+    let clock = Arc::new(ManualClock::default());
+    let store = MemoryStore::with_clock(10_000, clock.clone());
+    assert_eq!(drain_then_count_refilled(&store, "early-", 5_000), 0);
+    clock.advance_ms(500_000); // half refilled: these are the closest to full
+    assert_eq!(drain_then_count_refilled(&store, "late-", 5_000), 0);
+    // 1,000 more clients: room is made among the early ones only.
+    assert_eq!(drain_then_count_refilled(&store, "extra-", 1_000), 0);
+    let late_refilled = (0..5_000)
+        .filter(|i| {
+            store
+                .decide_now(&[slow_bucket(format!("late-{i}"))])
+                .allowed
+        })
+        .count();
+    assert_eq!(late_refilled, 0);
+    assert!(store.len() <= 10_000, "held {}", store.len());
+}
+
+/// Multi-bucket decisions hold several shard locks while making room; room is made with
+/// `try_lock` only, so threads doing that at once never deadlock, and the cap holds.
+#[test]
+fn concurrent_multi_bucket_decisions_at_the_cap_neither_deadlock_nor_overgrow() {
+    let clock = Arc::new(ManualClock::default());
+    let store = Arc::new(MemoryStore::with_clock(2_000, clock));
+    let threads: Vec<_> = (0..4)
+        .map(|t| {
+            let store = store.clone();
+            std::thread::spawn(move || {
+                for i in 0..5_000 {
+                    let pair: Vec<_> = (0..3)
+                        .map(|j| slow_bucket(format!("t{t}-{i}-{j}")))
+                        .collect();
+                    store.decide_now(&pair);
+                }
+            })
+        })
+        .collect();
+    for thread in threads {
+        thread.join().expect("no panic");
+    }
+    // A sweep may skip a shard another thread holds: a few buckets over, never more.
+    assert!(store.len() <= 2_000 + 4 * 3, "held {}", store.len());
+}
+
+/// The extremes `validate` accepts decide like any bucket on a real Redis, and every key keeps a
+/// TTL: a ten-year refill, a burst of 10^9, and a rate of 10^300.
+#[test]
+fn redis_decides_the_most_extreme_accepted_buckets_and_keeps_their_ttl() {
+    let redis = Redis::start();
+    let bucket = |key: &str, rate: f64, burst: f64, cost: u64| BucketRequest {
+        key: key.into(),
+        rate,
+        burst,
+        cost,
+        shadow: false,
+        limit: 0,
+    };
+    let pttl = |key: &str| -> i64 { redis.server.cli(&["PTTL", key]).trim().parse().unwrap() };
+
+    let decade = bucket("x:decade", 3.2e-9, 1.0, 1);
+    assert!(redis.decide(std::slice::from_ref(&decade)).allowed);
+    let again = redis.decide(&[decade]);
+    assert!(!again.allowed && again.buckets[0].tokens < 1e-6);
+    // ceil(2 / 3.2e-9) s = 625,000,000 s, in ms: an integer PEXPIRE took.
+    let ttl = pttl("x:decade");
+    assert!(
+        (624_999_000_000..=625_000_000_000).contains(&ttl),
+        "PTTL {ttl}"
+    );
+
+    let huge = bucket("x:huge", 3.2, 1e9, 1);
+    let first = redis.decide(std::slice::from_ref(&huge));
+    assert!(first.allowed);
+    assert_eq!(first.buckets[0].tokens, 999_999_999.0, "exact at 10^9");
+    let all = redis.decide(&[bucket("x:huge", 3.2, 1e9, 1_000_000_000)]);
+    assert!(!all.allowed, "one token short of the whole burst");
+    assert!(pttl("x:huge") > 0);
+
+    let instant = bucket("x:instant", 1e300, 1.0, 1);
+    assert!(redis.decide(&[instant]).allowed);
+    let ttl = pttl("x:instant");
+    assert!((1..=1_000).contains(&ttl), "PTTL {ttl}");
+
+    // The store stayed healthy: an ordinary bucket beside them is decided as usual.
+    assert!(redis.decide(&[bucket("x:plain", 1.0, 5.0, 1)]).allowed);
+}

@@ -1,13 +1,15 @@
 //! [`Verdict`] → HTTP response: status, `RateLimit-Policy` / `RateLimit` (IETF draft),
 //! `X-RateLimit-*`, `Retry-After`, and a problem+json body on denials.
 
+use std::borrow::Cow;
+
 use actix_web::http::header::HeaderName;
 use actix_web::http::StatusCode;
 use actix_web::{HttpResponse, HttpResponseBuilder};
 use serde::Serialize;
 
 use crate::config::HeaderFamily;
-use crate::decision::{Decision, Verdict};
+use crate::decision::{ceil_secs, Decision, LimitState, Verdict};
 use crate::limits::Policy;
 
 // Names as constants: a `&str` name is parsed and validated on every insert (4% of a
@@ -78,10 +80,15 @@ fn denied(decision: &Decision, policy: &Policy) -> HttpResponse {
                 violated.join(", ")
             )
         }
-        None => match decision.violated(policy).find(|(s, _)| s.cost > s.burst) {
+        None => match decision
+            .violated(policy)
+            .find(|(s, _)| s.wait_secs().is_none())
+        {
             Some((state, limit)) => format!(
                 "request cost {} exceeds the burst {} of limit {:?}: it can never pass",
-                state.cost, state.burst, limit.name
+                state.cost,
+                state.capacity(),
+                limit.name
             ),
             None => format!("rate limit exceeded ({})", violated.join(", ")),
         },
@@ -140,10 +147,10 @@ fn quota_headers(response: &mut HttpResponseBuilder, decision: &Decision, policy
             HeaderFamily::Ietf => {
                 let items = match decision.limits.as_slice() {
                     // One limit, the common case: its item as is, without a Vec and a join.
-                    [only] => only.policy_item(&policy.limits[only.limit]).into_owned(),
+                    [only] => policy_item(only, policy).into_owned(),
                     all => all
                         .iter()
-                        .map(|s| s.policy_item(&policy.limits[s.limit]))
+                        .map(|s| policy_item(s, policy))
                         .collect::<Vec<_>>()
                         .join(", "),
                 };
@@ -154,10 +161,25 @@ fn quota_headers(response: &mut HttpResponseBuilder, decision: &Decision, policy
                 ));
             }
             HeaderFamily::XRatelimit => {
-                response.insert_header((X_RATELIMIT_LIMIT, state.burst));
+                response.insert_header((X_RATELIMIT_LIMIT, state.capacity()));
                 response.insert_header((X_RATELIMIT_REMAINING, remaining));
                 response.insert_header((X_RATELIMIT_RESET, reset));
             }
         }
     }
+}
+
+/// A limit's `RateLimit-Policy` item: precomputed, unless the key has its own numbers (an
+/// override, or this instance's share of the limit under the local fallback).
+fn policy_item<'p>(state: &LimitState, policy: &'p Policy) -> Cow<'p, str> {
+    let limit = &policy.limits[state.limit];
+    if !state.has_own_numbers(limit) {
+        return Cow::Borrowed(&limit.policy_item);
+    }
+    Cow::Owned(format!(
+        "\"{}\";q={};w={}",
+        limit.name,
+        state.capacity(),
+        ceil_secs(state.burst / state.rate)
+    ))
 }

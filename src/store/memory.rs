@@ -2,15 +2,21 @@
 //!
 //! Buckets are sharded over independently locked maps, so workers rarely contend and there is
 //! no global lock. A multi-bucket decision locks its shards in index order (no deadlock) and is
-//! as atomic as the Lua script. Memory is bounded: a bucket that has refilled to full is
-//! equivalent to an absent one and is dropped when its shard needs room; if a shard is still
-//! at its cap, the buckets closest to full are dropped (a dropped bucket restarts full, so this
-//! is the only place the memory store can over-admit, and only past `max_buckets` live keys).
+//! as atomic as the Lua script.
+//!
+//! Memory is bounded by `max_buckets` over the whole store, counted by one atomic that only a
+//! new bucket touches. Nothing is dropped below that cap. Past it, the store makes room once for
+//! many inserts: first every bucket that has refilled (equivalent to an absent one: lossless),
+//! then, if that freed less than a 64th of the cap, the buckets closest to full make up the
+//! difference (a dropped bucket restarts full, so this is the only place the memory store can
+//! over-admit, and only past `max_buckets` live keys). Making room takes the shards it does not
+//! already hold with `try_lock` only, so it never waits for a lock and cannot deadlock with a
+//! decision that holds several.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard, TryLockError};
 use std::time::Instant;
 
 use super::bucket::{self, Bucket};
@@ -82,9 +88,15 @@ struct PaddedShard(Mutex<Shard>);
 pub struct MemoryStore<C: Clock = MonotonicClock> {
     shards: Box<[PaddedShard]>,
     hasher: RandomState,
-    shard_cap: usize,
+    max_buckets: usize,
+    /// Buckets held by all shards. Raised before a new bucket is inserted, lowered after
+    /// buckets are dropped, each under the lock of a shard concerned.
+    held: AtomicUsize,
     clock: C,
 }
+
+/// Shard locks held by the caller, with their shard index.
+type Held<'a> = [(usize, MutexGuard<'a, Shard>)];
 
 impl MemoryStore<MonotonicClock> {
     pub fn new(max_buckets: usize) -> Self {
@@ -99,7 +111,8 @@ impl<C: Clock> MemoryStore<C> {
                 .map(|_| PaddedShard(Mutex::new(Shard::default())))
                 .collect(),
             hasher: RandomState::new(),
-            shard_cap: max_buckets.div_ceil(SHARDS).max(1),
+            max_buckets: max_buckets.max(1),
+            held: AtomicUsize::new(0),
             clock,
         }
     }
@@ -151,17 +164,19 @@ impl<C: Clock> MemoryStore<C> {
 
         for ((request, shard), state) in requests.iter().zip(&shard_ids).zip(states) {
             let Some(bucket) = state else { continue };
-            let guard = &mut guards[order.binary_search(shard).unwrap_or_default()].1;
+            let at = order.binary_search(shard).unwrap_or_default();
             let entry = Entry {
                 bucket,
                 full_at_us: bucket.full_at_us(request.rate, request.burst),
             };
-            if let Some(existing) = guard.buckets.get_mut(request.key.as_str()) {
+            if let Some(existing) = guards[at].1.buckets.get_mut(request.key.as_str()) {
                 *existing = entry;
-            } else {
-                make_room(&mut guard.buckets, self.shard_cap, now);
-                guard.buckets.insert(request.key.clone(), entry);
+                continue;
             }
+            if self.reserve_one() {
+                self.make_room(&mut guards, now);
+            }
+            guards[at].1.buckets.insert(request.key.clone(), entry);
         }
         StoreDecision {
             allowed,
@@ -179,7 +194,8 @@ impl<C: Clock> MemoryStore<C> {
             full_at_us: bucket.full_at_us(request.rate, request.burst),
         };
         let requests = std::slice::from_ref(request);
-        let mut shard = self.lock(self.shard_of(&request.key));
+        let index = self.shard_of(&request.key);
+        let mut shard = self.lock(index);
         if let Some(existing) = shard.buckets.get_mut(request.key.as_str()) {
             let mut states = [Some(existing.bucket)];
             let (allowed, buckets) = bucket::decide(requests, &mut states, now);
@@ -191,29 +207,104 @@ impl<C: Clock> MemoryStore<C> {
         let mut states = [None];
         let (allowed, buckets) = bucket::decide(requests, &mut states, now);
         if let [Some(bucket)] = states {
-            make_room(&mut shard.buckets, self.shard_cap, now);
+            if self.reserve_one() {
+                let mut held = [(index, shard)];
+                self.make_room(&mut held, now);
+                [(_, shard)] = held;
+            }
             shard.buckets.insert(request.key.clone(), entry_of(bucket));
         }
         StoreDecision { allowed, buckets }
     }
+
+    /// Counts a bucket about to be inserted; true when that takes the store past its cap.
+    fn reserve_one(&self) -> bool {
+        self.held.fetch_add(1, Ordering::Relaxed) >= self.max_buckets
+    }
+
+    /// Brings the store back under its cap, and a 64th of it below, so the next inserts need
+    /// no sweep: refilled buckets first, then those closest to full. `held` are the shard locks
+    /// the caller owns; the other shards are taken only if free (a busy one is skipped, and
+    /// the store may stay over its cap by a few buckets until the next sweep).
+    fn make_room(&self, held: &mut Held<'_>, now_us: u64) {
+        let excess = self
+            .held
+            .load(Ordering::Relaxed)
+            .saturating_sub(self.max_buckets);
+        if excess == 0 {
+            return;
+        }
+        let mut others: Vec<MutexGuard<'_, Shard>> = (0..SHARDS)
+            .filter(|i| held.iter().all(|(h, _)| h != i))
+            .filter_map(|i| self.try_lock(i))
+            .collect();
+        let mut shards: Vec<&mut Shard> = held
+            .iter_mut()
+            .map(|(_, guard)| &mut **guard)
+            .chain(others.iter_mut().map(|guard| &mut **guard))
+            .collect();
+        let wanted = excess.max(self.max_buckets / SHARDS).max(1);
+        let mut freed = drop_refilled(&mut shards, now_us);
+        if freed < wanted {
+            freed += drop_closest_to_full(&mut shards, wanted - freed);
+            log::debug!(
+                "memory store at its cap of {}: dropped the buckets closest to full",
+                self.max_buckets
+            );
+        }
+        self.held.fetch_sub(freed, Ordering::Relaxed);
+    }
+
+    fn try_lock(&self, shard: usize) -> Option<MutexGuard<'_, Shard>> {
+        match self.shards[shard].0.try_lock() {
+            Ok(guard) => Some(guard),
+            Err(TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
+            Err(TryLockError::WouldBlock) => None,
+        }
+    }
 }
 
-/// Frees space in a full shard: first every bucket that has refilled (lossless), then, if that
-/// was not enough, the eighth of the shard closest to full.
-fn make_room(buckets: &mut HashMap<String, Entry>, cap: usize, now_us: u64) {
-    if buckets.len() < cap {
-        return;
+/// Drops every bucket that has refilled (lossless: an absent bucket reads as full).
+fn drop_refilled(shards: &mut [&mut Shard], now_us: u64) -> usize {
+    let mut freed = 0;
+    for shard in shards {
+        let before = shard.buckets.len();
+        shard.buckets.retain(|_, entry| entry.full_at_us > now_us);
+        freed += before - shard.buckets.len();
     }
-    buckets.retain(|_, entry| entry.full_at_us > now_us);
-    if buckets.len() < cap {
-        return;
+    freed
+}
+
+/// Drops exactly `count` buckets (or all there are), those that would be full soonest.
+fn drop_closest_to_full(shards: &mut [&mut Shard], count: usize) -> usize {
+    let mut full_at: Vec<u64> = shards
+        .iter()
+        .flat_map(|shard| shard.buckets.values().map(|entry| entry.full_at_us))
+        .collect();
+    let count = count.min(full_at.len());
+    if count == 0 {
+        return 0;
     }
-    let mut full_at: Vec<u64> = buckets.values().map(|e| e.full_at_us).collect();
-    let cut = (full_at.len() / 8).max(1).min(full_at.len() - 1);
-    let (_, threshold, _) = full_at.select_nth_unstable(cut);
-    let threshold = *threshold;
-    buckets.retain(|_, entry| entry.full_at_us > threshold);
-    log::debug!("memory store shard at its cap of {cap}: dropped the buckets closest to full");
+    let (_, &mut threshold, _) = full_at.select_nth_unstable(count - 1);
+    // Every bucket before the threshold goes, and as many at it as make up `count`: ties are
+    // common (buckets drained at the same moment), and dropping all of them could empty the
+    // store.
+    let below = full_at.iter().filter(|&&at| at < threshold).count();
+    let mut ties = count - below;
+    let mut freed = 0;
+    for shard in shards {
+        let before = shard.buckets.len();
+        shard.buckets.retain(|_, entry| {
+            let drop = entry.full_at_us < threshold
+                || (entry.full_at_us == threshold && ties > 0 && {
+                    ties -= 1;
+                    true
+                });
+            !drop
+        });
+        freed += before - shard.buckets.len();
+    }
+    freed
 }
 
 impl<C: Clock> Store for MemoryStore<C> {
@@ -250,6 +341,18 @@ mod tests {
             store.decide_now(&[request(&format!("k{i}"))]);
         }
         assert!(store.len() <= 640, "held {}", store.len());
+    }
+
+    #[test]
+    fn buckets_drained_at_the_same_moment_are_dropped_only_as_needed() {
+        let clock = Arc::new(ManualClock::default());
+        let store = MemoryStore::with_clock(640, clock);
+        for i in 0..=640 {
+            store.decide_now(&[request(&format!("k{i}"))]);
+        }
+        // One past the cap: a 64th of the cap (10) goes, the newcomer stays.
+        assert_eq!(store.len(), 631);
+        assert_eq!(store.held.load(Ordering::Relaxed), 631);
     }
 
     #[test]

@@ -108,23 +108,62 @@ impl Nginx {
         })
     }
 
+    /// The shipped `k8s/sidecar/nginx.conf` (a whole main config), pointed at `tollgate` and
+    /// `backend`, its scratch paths in a temp dir.
+    pub fn start_sidecar(tollgate: SocketAddr, backend: SocketAddr) -> Nginx {
+        Nginx::start_main(|listen, dir| {
+            let d = dir.display();
+            template(
+                &read_shipped("k8s/sidecar/nginx.conf").replace("/tmp/", &format!("{d}/")),
+                &[
+                    ("listen 8000;", &format!("listen {listen};")),
+                    ("server 127.0.0.1:8080;", &format!("server {tollgate};")),
+                    (
+                        "server app.default.svc.cluster.local:80;",
+                        &format!("server {backend};"),
+                    ),
+                    ("access_log /dev/stdout;", "access_log off;"),
+                    ("worker_processes auto;", "worker_processes 1;"),
+                    (
+                        "error_log /dev/stderr warn;",
+                        &format!("error_log {d}/error.log warn;"),
+                    ),
+                ],
+            )
+        })
+    }
+
+    /// The ingress-nginx example's snippets inside an nginx config shaped like the one the
+    /// controller generates for `auth-url`.
+    pub fn start_ingress_nginx(tollgate: SocketAddr, backend: SocketAddr) -> Nginx {
+        Nginx::start_site(|listen| ingress_nginx_site(listen, tollgate, backend))
+    }
+
     /// nginx serving the http-context config `site(listen address)`.
     pub fn start_site(site: impl FnOnce(SocketAddr) -> String) -> Nginx {
+        Nginx::start_main(|listen, dir| {
+            std::fs::write(dir.join("site.conf"), site(listen)).expect("write site.conf");
+            let d = dir.display();
+            // No `user`: as root, workers drop to nobody, and nginx chowns the temp paths it
+            // creates.
+            format!(
+                "worker_processes 1;\npid {d}/nginx.pid;\nerror_log {d}/error.log warn;\n\
+                 events {{ worker_connections 1024; }}\n\
+                 http {{\n  access_log off;\n\
+                   client_body_temp_path {d}/client_body;\n  proxy_temp_path {d}/proxy;\n\
+                   fastcgi_temp_path {d}/fastcgi;\n  uwsgi_temp_path {d}/uwsgi;\n  scgi_temp_path {d}/scgi;\n\
+                   include {d}/site.conf;\n}}\n"
+            )
+        })
+    }
+
+    /// nginx running the main config `main(listen address, scratch dir)` in the foreground.
+    fn start_main(main: impl FnOnce(SocketAddr, &Path) -> String) -> Nginx {
         let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         let dir = TempDir::new("nginx");
-        dir.write("site.conf", &site(addr));
-        let d = dir.path().display();
-        // No `user`: as root, workers drop to nobody, and nginx chowns the temp paths it creates.
-        let main = format!(
-            "daemon off;\nworker_processes 1;\npid {d}/nginx.pid;\nerror_log {d}/error.log warn;\n\
-             events {{ worker_connections 1024; }}\n\
-             http {{\n  access_log off;\n\
-               client_body_temp_path {d}/client_body;\n  proxy_temp_path {d}/proxy;\n\
-               fastcgi_temp_path {d}/fastcgi;\n  uwsgi_temp_path {d}/uwsgi;\n  scgi_temp_path {d}/scgi;\n\
-               include {d}/site.conf;\n}}\n"
-        );
-        let conf = dir.write("nginx.conf", &main);
+        let conf = dir.write("nginx.conf", &main(addr, dir.path()));
         let child = Command::new(require_binary("nginx"))
+            .args(["-g", "daemon off;"])
             .arg("-p")
             .arg(dir.path())
             .arg("-e")
@@ -151,6 +190,79 @@ impl Nginx {
     pub fn error_log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("error.log")).unwrap_or_default()
     }
+}
+
+/// A string at `path` inside a YAML document.
+pub fn yaml_text<'a>(value: &'a serde_yaml::Value, path: &[&str]) -> &'a str {
+    let mut node = value;
+    for key in path {
+        node = &node[*key];
+    }
+    node.as_str()
+        .unwrap_or_else(|| panic!("{path:?} is not a string: {node:?}"))
+}
+
+/// An annotation of the ingress-nginx example.
+fn annotation<'a>(ingress: &'a serde_yaml::Value, name: &str) -> &'a str {
+    yaml_text(
+        ingress,
+        &[
+            "metadata",
+            "annotations",
+            &format!("nginx.ingress.kubernetes.io/{name}"),
+        ],
+    )
+}
+
+/// What ingress-nginx generates for an Ingress with `auth-url` (the lines of its template
+/// that matter here), with the example's snippets where the controller puts them.
+fn ingress_nginx_site(listen: SocketAddr, tollgate: SocketAddr, backend: SocketAddr) -> String {
+    let ingress: serde_yaml::Value =
+        serde_yaml::from_str(&read_shipped("k8s/ingress-nginx/ingress.yaml"))
+            .expect("the Ingress is valid YAML");
+    let auth_url = annotation(&ingress, "auth-url");
+    let path = auth_url
+        .strip_prefix("http://tollgate.tollgate.svc.cluster.local:8080")
+        .expect("auth-url points at the tollgate Service");
+    format!(
+        "upstream tollgate_auth {{ server {tollgate}; keepalive {keepalive}; keepalive_timeout {timeout}s; }}
+server {{
+  listen {listen};
+  {server_snippet}
+  location = /_external-auth {{
+    internal;
+    proxy_pass_request_body off;
+    proxy_set_header Content-Length \"\";
+    proxy_set_header X-Forwarded-Proto \"\";
+    proxy_set_header Host tollgate.tollgate.svc.cluster.local;
+    proxy_set_header X-Original-URL $scheme://$http_host$request_uri;
+    proxy_set_header X-Original-Method $request_method;
+    proxy_set_header X-Sent-From \"nginx-ingress-controller\";
+    proxy_set_header X-Real-IP $remote_addr;
+    proxy_set_header X-Forwarded-For $remote_addr;
+    proxy_set_header X-Auth-Request-Redirect $request_uri;
+    proxy_http_version 1.1;
+    proxy_set_header Connection \"\";
+    proxy_pass_request_headers on;
+    {auth_snippet}
+    proxy_pass http://tollgate_auth{path};
+  }}
+  location / {{
+    auth_request /_external-auth;
+    auth_request_set $auth_cookie $upstream_http_set_cookie;
+    add_header Set-Cookie $auth_cookie;
+    proxy_set_header X-Forwarded-For $remote_addr;
+    {configuration_snippet}
+    proxy_pass http://{backend};
+  }}
+}}
+",
+        keepalive = annotation(&ingress, "auth-keepalive"),
+        timeout = annotation(&ingress, "auth-keepalive-timeout"),
+        server_snippet = annotation(&ingress, "server-snippet"),
+        auth_snippet = annotation(&ingress, "auth-snippet"),
+        configuration_snippet = annotation(&ingress, "configuration-snippet"),
+    )
 }
 
 /// Traefik running `config/traefik/traefik.yml` (static) and `config/traefik/dynamic.yml`

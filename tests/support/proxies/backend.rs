@@ -116,18 +116,17 @@ fn serve_backend_connection(
     };
     let mut reader = BufReader::new(stream);
     while !stop.load(Ordering::SeqCst) {
-        let mut line = String::new();
-        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+        // Bytes, not UTF-8 lines: a request with bytes above ASCII must be counted too.
+        let Some(line) = read_line_lossy(&mut reader) else {
             return;
-        }
+        };
         let mut parts = line.split_whitespace();
         let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
         let mut headers = Vec::new();
         loop {
-            let mut header = String::new();
-            if reader.read_line(&mut header).unwrap_or(0) == 0 {
+            let Some(header) = read_line_lossy(&mut reader) else {
                 return;
-            }
+            };
             let header = header.trim_end();
             if header.is_empty() {
                 break;
@@ -162,6 +161,15 @@ fn serve_backend_connection(
     }
 }
 
+/// One line, bytes above ASCII replaced; `None` at the end of the stream or on an error.
+fn read_line_lossy(reader: &mut impl BufRead) -> Option<String> {
+    let mut bytes = Vec::new();
+    match reader.read_until(b'\n', &mut bytes) {
+        Ok(0) | Err(_) => None,
+        Ok(_) => Some(String::from_utf8_lossy(&bytes).into_owned()),
+    }
+}
+
 /// One request on a fresh connection from `source` (any 127.x.y.z address: all of 127/8 is
 /// loopback on Linux), with `Connection: close`; the whole answer is read.
 pub fn send_from(
@@ -186,6 +194,25 @@ pub fn send_from(
         raw.push_str("\r\n");
     }
     stream.write_all(raw.as_bytes())?;
+    let mut bytes = Vec::new();
+    stream.read_to_end(&mut bytes)?;
+    let _ = stream.shutdown(Shutdown::Both);
+    parse_response(&bytes)
+}
+
+/// One request given as raw bytes (request line, headers, body: anything, even bytes no client
+/// library would send), on a fresh connection from `source`; the whole answer is read.
+pub fn send_raw_from(
+    source: Ipv4Addr,
+    addr: SocketAddr,
+    request: &[u8],
+) -> std::io::Result<Response> {
+    let socket = Socket::new(Domain::IPV4, Type::STREAM, None)?;
+    socket.bind(&SocketAddr::new(IpAddr::V4(source), 0).into())?;
+    socket.connect_timeout(&addr.into(), Duration::from_secs(2))?;
+    let mut stream: TcpStream = socket.into();
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    stream.write_all(request)?;
     let mut bytes = Vec::new();
     stream.read_to_end(&mut bytes)?;
     let _ = stream.shutdown(Shutdown::Both);
