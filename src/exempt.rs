@@ -6,8 +6,7 @@ use std::collections::HashSet;
 use ipnet::IpNet;
 use prometheus::IntCounter;
 
-use crate::config::{ConfigError, ExemptConfig};
-use crate::limits::valid_name;
+use crate::config::{valid_name, ConfigError, ExemptConfig};
 use crate::matcher::Matcher;
 use crate::metrics::{detached_counter, Metrics};
 use crate::request::Described;

@@ -23,7 +23,8 @@
 //!   `lua/token_bucket.lua`.
 //! - [`decision`]: the verdict as a value: remaining, reset, retry-after.
 //! - [`metrics`]: the Prometheus registry; every metric name in one place.
-//! - [`config`]: defaults < TOML file < `TOLLGATE_*` environment; validation.
+//! - [`config`]: defaults < TOML file < `TOLLGATE_*` environment: the schema, loading,
+//!   validation of the settings and the summary `validate` prints, one file each.
 //! - [`server`]: wiring and the two listeners; [`lifecycle`]: signals, reload, heartbeat.
 
 pub mod config;

@@ -8,8 +8,8 @@
 use std::collections::HashSet;
 
 use crate::config::{
-    Config, ConfigError, LimitConfig, OnMissing, RateSpec, ResponseConfig, MAX_BURST,
-    MAX_REFILL_SECS,
+    check_burst, check_refill, valid_name, Config, ConfigError, LimitConfig, OnMissing, RateSpec,
+    ResponseConfig,
 };
 use crate::exempt::{ExemptRule, Exemptions};
 use crate::keys::{self, KeyPart};
@@ -39,49 +39,6 @@ pub struct Limit {
     pub policy_item: String,
     /// Detached until [`Policy::compile`] gives it the exported counters.
     pub counters: LimitCounters,
-}
-
-/// `[a-z0-9_-]+`, at most 64 characters: names become keys, headers and metric labels.
-pub fn valid_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 64
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
-}
-
-/// A burst must hold at least one token and the configured cost.
-pub fn check_burst(burst: u64, cost: u64, key: &str) -> Result<(), ConfigError> {
-    if burst == 0 || burst > MAX_BURST {
-        return Err(ConfigError::new(
-            key,
-            format!("must be between 1 and {MAX_BURST}"),
-        ));
-    }
-    if cost > burst {
-        return Err(ConfigError::new(
-            key,
-            format!("burst {burst} is below the cost {cost}: no request could ever pass"),
-        ));
-    }
-    Ok(())
-}
-
-/// The store keeps a bucket for up to twice its refill time, in milliseconds, which must stay
-/// an exact integer for `PEXPIRE` and Lua: at most [`MAX_REFILL_SECS`] (ten years). Also
-/// catches a rate so small that `burst / rate` overflows to infinity.
-pub fn check_refill(rate: f64, burst: u64, key: &str) -> Result<(), ConfigError> {
-    let refill = burst as f64 / rate;
-    if refill > MAX_REFILL_SECS {
-        return Err(ConfigError::new(
-            key,
-            format!(
-                "refills the burst of {burst} in {refill:e} s; at most ten years \
-                 ({MAX_REFILL_SECS} s) is supported"
-            ),
-        ));
-    }
-    Ok(())
 }
 
 /// `"<name>";q=<burst>;w=<seconds to fill>`.

@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use crate::config::{ConfigError, OverrideConfig, OverridesFile};
+use crate::config::{check_burst, check_refill, ConfigError, OverrideConfig, OverridesFile};
 use crate::keys::{self, KeyPart};
 
 /// What one key gets instead of the limit's own policy.
@@ -143,8 +143,8 @@ fn parse(entry: &OverrideConfig, base: Base) -> Result<Override, ConfigError> {
         None => base.rate,
     };
     let burst = entry.burst.unwrap_or(base.burst);
-    crate::limits::check_burst(burst, base.cost, "burst")?;
-    crate::limits::check_refill(
+    check_burst(burst, base.cost, "burst")?;
+    check_refill(
         rate,
         burst,
         if entry.rate.is_some() {
