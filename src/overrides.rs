@@ -365,6 +365,18 @@ mod tests {
         let error = compile(&[bad_ip], &[KeyPart::Ip]).unwrap_err();
         assert_eq!(error.key, "limits.l.overrides[0].key[0]");
 
+        let mut eleven_years = entry(&["a"]);
+        eleven_years.rate = Some(RateSpec::Text("20/day".into()));
+        eleven_years.burst = Some(80_000);
+        let error = compile(&[eleven_years], &header).unwrap_err();
+        assert_eq!(error.key, "limits.l.overrides[0].rate");
+        assert!(error.reason.contains("at most ten years"), "{error}");
+
+        let mut below_cost = entry(&["a"]);
+        below_cost.burst = Some(0);
+        let error = compile(&[below_cost], &header).unwrap_err();
+        assert_eq!(error.key, "limits.l.overrides[0].burst");
+
         let mut bad_unit = entry(&["a"]);
         bad_unit.rate = Some(RateSpec::Text("5/fortnight".into()));
         let error = compile(&[bad_unit], &header).unwrap_err();
