@@ -8,7 +8,7 @@
 use std::collections::HashSet;
 
 use crate::config::{
-    check_burst, check_refill, valid_name, Config, ConfigError, LimitConfig, OnMissing, RateSpec,
+    check_burst, check_refill, valid_name, Config, ConfigError, LimitConfig, OnMissing,
     ResponseConfig,
 };
 use crate::exempt::{ExemptRule, Exemptions};
@@ -25,8 +25,6 @@ pub struct Limit {
     pub name: String,
     /// Tokens per second.
     pub rate: f64,
-    /// The rate as written (`"100/min"`), for `validate`.
-    pub rate_spec: RateSpec,
     pub burst: u64,
     pub cost: u64,
     pub cost_header: Option<String>,
@@ -69,49 +67,19 @@ impl TryFrom<LimitInput<'_>> for Limit {
             ));
         }
         let at = format!("limits.{}", config.name);
-        let rate = config
-            .rate
-            .per_second()
-            .map_err(|why| ConfigError::new(format!("{at}.rate"), why))?;
-        if config.cost == 0 {
-            return Err(ConfigError::new(format!("{at}.cost"), "must be >= 1"));
-        }
-        check_burst(config.burst, 1, &format!("{at}.burst"))?;
-        check_refill(rate, config.burst, &format!("{at}.rate"))?;
-        if config.cost > config.burst {
-            return Err(ConfigError::new(
-                format!("{at}.cost"),
-                format!(
-                    "cost {} exceeds burst {}: no request could ever pass",
-                    config.cost, config.burst
-                ),
-            ));
-        }
-        let cost_header = match &config.cost_header {
-            Some(header) => Some(
-                actix_web::http::header::HeaderName::try_from(header.as_str())
+        let rate = checked_rate(config, &at)?;
+        let cost_header = config
+            .cost_header
+            .as_deref()
+            .map(|header| {
+                actix_web::http::header::HeaderName::try_from(header)
+                    .map(|name| name.as_str().to_string())
                     .map_err(|_| {
                         ConfigError::new(format!("{at}.cost_header"), "is not a valid header name")
-                    })?
-                    .as_str()
-                    .to_string(),
-            ),
-            None => None,
-        };
-        if config.key.is_empty() {
-            return Err(ConfigError::new(
-                format!("{at}.key"),
-                "needs at least one part, e.g. [\"ip\"]",
-            ));
-        }
-        let key = config
-            .key
-            .iter()
-            .enumerate()
-            .map(|(i, part)| {
-                KeyPart::parse(part).map_err(|why| ConfigError::new(format!("{at}.key[{i}]"), why))
+                    })
             })
-            .collect::<Result<Vec<_>, _>>()?;
+            .transpose()?;
+        let key = key_parts(&config.key, &at)?;
         let matcher = Matcher::compile(&config.matching, &format!("{at}.match"))?;
         let base = Base {
             rate,
@@ -129,7 +97,6 @@ impl TryFrom<LimitInput<'_>> for Limit {
         Ok(Limit {
             name: config.name.clone(),
             rate,
-            rate_spec: config.rate.clone(),
             burst: config.burst,
             cost: config.cost,
             cost_header,
@@ -142,6 +109,47 @@ impl TryFrom<LimitInput<'_>> for Limit {
             counters: LimitCounters::detached(),
         })
     }
+}
+
+/// Tokens per second, after checking the numbers the store must represent: rate, burst,
+/// refill time, cost.
+fn checked_rate(config: &LimitConfig, at: &str) -> Result<f64, ConfigError> {
+    let rate = config
+        .rate
+        .per_second()
+        .map_err(|why| ConfigError::new(format!("{at}.rate"), why))?;
+    if config.cost == 0 {
+        return Err(ConfigError::new(format!("{at}.cost"), "must be >= 1"));
+    }
+    check_burst(config.burst, 1, &format!("{at}.burst"))?;
+    check_refill(rate, config.burst, &format!("{at}.rate"))?;
+    if config.cost > config.burst {
+        return Err(ConfigError::new(
+            format!("{at}.cost"),
+            format!(
+                "cost {} exceeds burst {}: no request could ever pass",
+                config.cost, config.burst
+            ),
+        ));
+    }
+    Ok(rate)
+}
+
+/// The key parts, at least one.
+fn key_parts(parts: &[String], at: &str) -> Result<Vec<KeyPart>, ConfigError> {
+    if parts.is_empty() {
+        return Err(ConfigError::new(
+            format!("{at}.key"),
+            "needs at least one part, e.g. [\"ip\"]",
+        ));
+    }
+    parts
+        .iter()
+        .enumerate()
+        .map(|(i, part)| {
+            KeyPart::parse(part).map_err(|why| ConfigError::new(format!("{at}.key[{i}]"), why))
+        })
+        .collect()
 }
 
 impl Limit {
