@@ -45,7 +45,9 @@ for i = 1, #KEYS do
     if give > 0 then level = math.min(burst, level + give) end
     local text = string.format('%.17g', level)
     redis.call('HSET', KEYS[i], 'tokens', text, 'ts', string.format('%d', now))
-    redis.call('PEXPIRE', KEYS[i], math.ceil(2 * burst / rate) * 1000)
+    -- Expires when full again, as lua/token_bucket.lua does.
+    local full_ms = (now + (burst - level) / rate * 1000000) / 1000
+    redis.call('PEXPIREAT', KEYS[i], string.format('%d', full_ms - full_ms % 1 + 1))
     reply[i] = text
   end
 end

@@ -4,31 +4,46 @@
 //! request's cost, the store would deny the request too, and asking it is wasted work; under a
 //! flood of one key, this keeps the flood off Redis.
 //!
-//! Exactness rests on three choices:
+//! Exactness rests on these choices:
 //! - `elapsed` is counted from when the request was *sent* (local monotonic clock), which is
 //!   no later than when the store evaluated it: any delay or clock offset only shortens the
 //!   cached window;
 //! - elapsed time is padded by [`MARGIN_US`] and [`DRIFT`] to cover the store clock's
 //!   microsecond resolution, float rounding, and a store clock slewed faster than ours;
 //! - an entry is used only for the same rate and burst it was learned with (a reload that
-//!   changes a limit must not reuse the old bound).
+//!   changes a limit must not reuse the old bound);
+//! - only buckets nothing but time can raise are cached: the caller must not consult the cache
+//!   for a bucket that a refund may raise (on a Redis Cluster, any bucket of a policy whose
+//!   limits are keyed on different parts: another request, here or on another instance, may
+//!   charge it in one slot and give it back when another slot denies);
+//! - a store clock that steps forward refills its buckets at once, which no local clock sees:
+//!   one answer is used for at most [`MAX_WINDOW_US`], so such a step denies too much for at
+//!   most that long (and a step backwards only makes the store refill later: still exact).
 //!
 //! When a cached window ends, every request in flight would otherwise rush to the store at
-//! once (a flood of 64 connections sent ~64 calls per window). Instead the first one probes
-//! and the others wait for its answer (at most the store timeout), then consult the cache
-//! again: waiting changes no decision, it only saves the calls.
+//! once. Instead the first one becomes the *probe* ([`Probe`]) and the others wait briefly for
+//! its answer, then consult the cache again. How waiting and a waiter's own store call share
+//! time: a waiter waits at most [`DenyCache::probe_wait`] (a few ms, at most a tenth of the
+//! store timeout), and its own call, if it still needs one, gets the store's full timeout. So
+//! a store that answers every call in time never makes a waiter fail, and any answer comes
+//! within the store timeout plus that short wait. A slow store (round trip above the wait)
+//! sees the rush: correct, only more calls.
+//!
+//! The probe protocol is closed in [`Probe`]: only a probe can teach the cache, it learns by
+//! value (once), and dropping it unanswered (store error, timeout, cancellation) abandons the
+//! probe. Every path that ends a probe wakes that bucket's waiters.
 //!
 //! Memory is bounded: sharded maps with a cap each; an entry is dropped once it can no longer
 //! deny anything, and a full shard that has no such entry simply stops caching.
 
 use std::collections::HashMap;
 use std::hash::BuildHasher;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use tokio::sync::Notify;
 
-use crate::store::memory::{Clock, MonotonicClock};
+use crate::clock::{Clock, MonotonicClock};
 use crate::store::{BucketOutcome, BucketRequest};
 
 const SHARDS: usize = 32;
@@ -39,13 +54,19 @@ const SHARDS: usize = 32;
 pub const MARGIN_US: f64 = 10.0;
 /// Relative padding: NTP slews a clock by at most 500 ppm; twice that, to be safe.
 pub const DRIFT: f64 = 0.001;
+/// Longest one store answer is used to deny: the most a store clock stepping forward can make
+/// the cache deny what the store would allow.
+pub const MAX_WINDOW_US: u64 = 1_000_000;
+/// Longest a check waits for another check's probe (further capped at a tenth of the store
+/// timeout).
+pub const MAX_PROBE_WAIT: Duration = Duration::from_millis(5);
 
 /// What the store last said about one bucket.
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Entry {
     /// Tokens the bucket held after the call.
     tokens: f64,
-    /// When that call was sent, in µs of [`DenyCache`]'s monotonic clock.
+    /// When that call was sent, in µs of [`DenyCache`]'s clock.
     sent_us: u64,
     rate: f64,
     burst: f64,
@@ -56,10 +77,15 @@ struct Entry {
 }
 
 impl Entry {
-    /// The most tokens the bucket can hold at `now_us`.
-    fn ceiling(&self, now_us: u64) -> f64 {
-        let elapsed = now_us.saturating_sub(self.sent_us) as f64 * (1.0 + DRIFT) + MARGIN_US;
-        (self.tokens + elapsed * self.rate / 1_000_000.0).min(self.burst)
+    /// The most tokens the bucket can hold at `now_us`; `None` once the answer is too old to
+    /// speak for the bucket (see [`MAX_WINDOW_US`]).
+    fn ceiling(&self, now_us: u64) -> Option<f64> {
+        let age = now_us.saturating_sub(self.sent_us);
+        if age > MAX_WINDOW_US {
+            return None;
+        }
+        let elapsed = age as f64 * (1.0 + DRIFT) + MARGIN_US;
+        Some((self.tokens + elapsed * self.rate / 1_000_000.0).min(self.burst))
     }
 }
 
@@ -84,57 +110,118 @@ struct Look {
 }
 
 /// What to do with a request, per the cache.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Consult {
+pub enum Consult<'c, 'b> {
     /// The store would surely deny it.
     Deny(CachedDenial),
     /// A window of one of its buckets just ended and another request is asking the store:
-    /// wait for that answer ([`DenyCache::wait_for_answer`]), then consult again.
+    /// [`DenyCache::wait`], then consult again.
     Wait,
-    /// Ask the store.
-    Ask,
+    /// Ask the store, then hand its answer to the probe.
+    Ask(Probe<'c, 'b>),
 }
 
-pub struct DenyCache {
-    shards: Box<[Mutex<HashMap<String, Entry>>]>,
-    hasher: std::hash::RandomState,
-    shard_cap: usize,
-    clock: MonotonicClock,
-    /// How long a probe may be waited for: the store's own timeout.
-    probe_timeout: Duration,
-    /// Woken whenever a probe's answer (or failure) arrives.
+/// A request on its way to the store. [`Probe::learn`] teaches the cache the store's answer;
+/// dropped without it (the store failed, or the check was cancelled), it abandons the probe.
+/// Either way, checks waiting on these buckets are woken.
+#[must_use = "hand the store's answer to `learn`; dropping abandons the probe"]
+pub struct Probe<'c, 'b> {
+    cache: &'c DenyCache,
+    buckets: &'b [BucketRequest],
+    sent_us: u64,
+    open: bool,
+}
+
+impl Probe<'_, '_> {
+    /// The store's answer to this request.
+    pub fn learn(mut self, outcomes: &[BucketOutcome]) {
+        self.open = false;
+        self.cache.learn(self.buckets, outcomes, self.sent_us);
+    }
+}
+
+impl Drop for Probe<'_, '_> {
+    fn drop(&mut self) {
+        if self.open {
+            self.cache.abandon(self.buckets, self.sent_us);
+        }
+    }
+}
+
+struct Shard {
+    entries: Mutex<HashMap<String, Entry>>,
+    /// Woken whenever a probe on one of its entries ends.
     answered: Notify,
 }
 
+pub struct DenyCache {
+    shards: Box<[Shard]>,
+    hasher: std::hash::RandomState,
+    shard_cap: usize,
+    clock: Arc<dyn Clock>,
+    probe_wait: Duration,
+    store_timeout: Duration,
+}
+
 impl DenyCache {
-    /// A cache holding at most about `capacity` buckets; a probe is waited for at most
-    /// `probe_timeout`.
-    pub fn new(capacity: usize, probe_timeout: Duration) -> DenyCache {
+    /// A cache holding at most about `capacity` buckets, for a store that answers within
+    /// `store_timeout`.
+    pub fn new(capacity: usize, store_timeout: Duration) -> DenyCache {
+        DenyCache::with_clock(capacity, store_timeout, Arc::new(MonotonicClock::default()))
+    }
+
+    /// [`DenyCache::new`] reading `clock` (tests advance a manual one).
+    pub fn with_clock(
+        capacity: usize,
+        store_timeout: Duration,
+        clock: Arc<dyn Clock>,
+    ) -> DenyCache {
         DenyCache {
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            shards: (0..SHARDS)
+                .map(|_| Shard {
+                    entries: Mutex::new(HashMap::new()),
+                    answered: Notify::new(),
+                })
+                .collect(),
             hasher: std::hash::RandomState::new(),
             shard_cap: capacity.div_ceil(SHARDS).max(1),
-            clock: MonotonicClock::default(),
-            probe_timeout,
-            answered: Notify::new(),
+            clock,
+            probe_wait: MAX_PROBE_WAIT.min(store_timeout / 10),
+            store_timeout,
         }
     }
 
-    /// Microseconds on the cache's monotonic clock: take it just before sending to the store.
-    pub fn now_us(&self) -> u64 {
+    /// How long a check waits for another's probe (see the module docs).
+    pub fn probe_wait(&self) -> Duration {
+        self.probe_wait
+    }
+
+    /// The store's own timeout: the budget of a waiter's own call.
+    pub fn store_timeout(&self) -> Duration {
+        self.store_timeout
+    }
+
+    fn now_us(&self) -> u64 {
         self.clock.now_us()
     }
 
-    fn shard(&self, key: &str) -> MutexGuard<'_, HashMap<String, Entry>> {
-        let index = (self.hasher.hash_one(key) as usize) % SHARDS;
+    fn shard_of(&self, key: &str) -> &Shard {
+        &self.shards[(self.hasher.hash_one(key) as usize) % SHARDS]
+    }
+
+    fn lock(shard: &Shard) -> MutexGuard<'_, HashMap<String, Entry>> {
         // Entries are plain values written whole: a poisoned shard is still consistent.
-        self.shards[index]
+        shard
+            .entries
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    fn entry(&self, key: &str) -> Option<Entry> {
+        Self::lock(self.shard_of(key)).get(key).copied()
+    }
+
     /// The buckets the cache may speak for: not shadow (never deny), cost within burst (an
-    /// impossible cost is the store's to explain), and an entry learned with the same limit.
+    /// impossible cost is the store's to explain).
     fn cached<'b>(
         &self,
         buckets: &'b [BucketRequest],
@@ -145,36 +232,36 @@ impl DenyCache {
             .filter(|(_, b)| !b.shadow && b.cost as f64 <= b.burst)
     }
 
+    /// An entry speaks only for the limit it was learned with.
     fn usable(entry: &Entry, bucket: &BucketRequest) -> bool {
         entry.rate == bucket.rate && entry.burst == bucket.burst
     }
 
     /// Whether the store would surely deny `buckets` now: the first non-shadow bucket whose
     /// ceiling is below its cost.
-    pub fn denies(&self, buckets: &[BucketRequest], now_us: u64) -> Option<CachedDenial> {
-        self.look(buckets, now_us).denial
+    pub fn denies(&self, buckets: &[BucketRequest]) -> Option<CachedDenial> {
+        self.look(buckets, self.now_us()).denial
     }
 
     /// One pass over the buckets' entries, one lock each: on the hot path most buckets have
     /// no entry at all, and this is then the whole cost of the cache.
     fn look(&self, buckets: &[BucketRequest], now_us: u64) -> Look {
-        let timeout = self.probe_timeout.as_micros() as u64;
         let mut look = Look::default();
         for (index, bucket) in self.cached(buckets) {
-            let Some(entry) = self.shard(&bucket.key).get(bucket.key.as_str()).copied() else {
+            let Some(entry) = self.entry(&bucket.key) else {
                 continue;
             };
             look.known = true;
-            look.probe_in_flight |= entry
-                .probe_sent_us
-                .is_some_and(|sent| now_us.saturating_sub(sent) < timeout);
+            look.probe_in_flight |= entry.probe_sent_us.is_some();
             if look.denial.is_none() && Self::usable(&entry, bucket) {
-                let tokens = entry.ceiling(now_us);
-                if tokens < bucket.cost as f64 {
-                    look.denial = Some(CachedDenial {
-                        bucket: index,
-                        tokens,
-                    });
+                match entry.ceiling(now_us) {
+                    Some(tokens) if tokens < bucket.cost as f64 => {
+                        look.denial = Some(CachedDenial {
+                            bucket: index,
+                            tokens,
+                        });
+                    }
+                    _ => {}
                 }
             }
         }
@@ -182,110 +269,150 @@ impl DenyCache {
     }
 
     /// Deny, wait for a probe, or ask the store; in the last case this request becomes the
-    /// probe of every bucket whose window has ended.
-    pub fn consult(&self, buckets: &[BucketRequest], now_us: u64) -> Consult {
+    /// probe of every known bucket. After one wait, pass `waited`: then it is never told to
+    /// wait again (a key under constant contention still gets answered).
+    pub fn consult<'c, 'b>(
+        &'c self,
+        buckets: &'b [BucketRequest],
+        waited: bool,
+    ) -> Consult<'c, 'b> {
+        // Taken before sending: the store evaluates the call later, so a bound counted from
+        // here is never too tight.
+        let now_us = self.now_us();
         let look = self.look(buckets, now_us);
         if let Some(denial) = look.denial {
             return Consult::Deny(denial);
         }
-        if look.probe_in_flight {
+        if look.probe_in_flight && !waited {
             return Consult::Wait;
         }
         if look.known {
             for (_, bucket) in self.cached(buckets) {
-                if let Some(entry) = self.shard(&bucket.key).get_mut(bucket.key.as_str()) {
+                if let Some(entry) =
+                    Self::lock(self.shard_of(&bucket.key)).get_mut(bucket.key.as_str())
+                {
                     entry.probe_sent_us = Some(now_us);
                 }
             }
         }
-        Consult::Ask
+        Consult::Ask(Probe {
+            cache: self,
+            buckets,
+            sent_us: now_us,
+            open: true,
+        })
     }
 
-    /// The store timeout: how long a probe may be waited for, and the budget of a whole check
-    /// that waited (see [`crate::limiter`]).
-    pub fn timeout(&self) -> Duration {
-        self.probe_timeout
-    }
-
-    /// Waits until a probe about `buckets` is answered, at most `budget`.
-    pub async fn wait_for_answer(&self, buckets: &[BucketRequest], budget: Duration) {
-        let notified = std::pin::pin!(self.answered.notified());
-        let mut notified = notified;
+    /// Waits until the probe in flight on one of `buckets` ends, at most [`Self::probe_wait`].
+    pub async fn wait(&self, buckets: &[BucketRequest]) {
+        let probed = self.cached(buckets).find(|(_, b)| {
+            self.entry(&b.key)
+                .is_some_and(|e| e.probe_sent_us.is_some())
+        });
+        let Some((_, bucket)) = probed else {
+            return;
+        };
+        let shard = self.shard_of(&bucket.key);
+        let mut notified = std::pin::pin!(shard.answered.notified());
         // Registered before looking again, so an answer landing in between is not missed.
         notified.as_mut().enable();
-        if self.look(buckets, self.now_us()).probe_in_flight {
-            let _ = tokio::time::timeout(budget, notified).await;
+        let still = Self::lock(shard)
+            .get(bucket.key.as_str())
+            .is_some_and(|e| e.probe_sent_us.is_some());
+        if still {
+            let _ = tokio::time::timeout(self.probe_wait, notified).await;
         }
     }
 
-    /// The store failed a call sent at `sent_us`: its probes are over.
-    pub fn abandon(&self, buckets: &[BucketRequest], sent_us: u64) {
-        let mut woke = false;
+    /// The probe sent at `sent_us` failed: its marks are cleared and its waiters woken.
+    fn abandon(&self, buckets: &[BucketRequest], sent_us: u64) {
         for bucket in buckets {
-            if let Some(entry) = self.shard(&bucket.key).get_mut(bucket.key.as_str()) {
-                if entry.probe_sent_us.is_some_and(|p| p <= sent_us) {
+            let shard = self.shard_of(&bucket.key);
+            let ended = match Self::lock(shard).get_mut(bucket.key.as_str()) {
+                Some(entry) if entry.probe_sent_us.is_some_and(|p| p <= sent_us) => {
                     entry.probe_sent_us = None;
-                    woke = true;
+                    true
                 }
+                _ => false,
+            };
+            if ended {
+                shard.answered.notify_waiters();
             }
-        }
-        if woke {
-            self.answered.notify_waiters();
         }
     }
 
     /// Learns from the store's answer to a call sent at `sent_us`: every bucket left unable to
     /// pay one token (or, when it refused, this request's cost) is cached until it may again;
-    /// a bucket with tokens to spare is forgotten.
-    pub fn learn(&self, buckets: &[BucketRequest], outcomes: &[BucketOutcome], sent_us: u64) {
-        let mut woke = false;
+    /// a bucket with tokens to spare is forgotten. Every probe this answer ends is woken.
+    fn learn(&self, buckets: &[BucketRequest], outcomes: &[BucketOutcome], sent_us: u64) {
         for (bucket, outcome) in buckets.iter().zip(outcomes) {
-            let need = if outcome.enough {
-                1.0
-            } else {
-                (bucket.cost as f64).min(bucket.burst)
-            };
-            let mut shard = self.shard(&bucket.key);
-            let existing = shard.get(bucket.key.as_str()).copied();
-            woke |= existing.is_some_and(|e| e.probe_sent_us.is_some_and(|p| p <= sent_us));
-            if existing.is_some_and(|e| e.sent_us > sent_us) {
-                // A later answer is already known; it bounds the bucket at least as tightly.
-                continue;
+            let shard = self.shard_of(&bucket.key);
+            let woke = self.learn_one(shard, bucket, outcome, sent_us);
+            if woke {
+                shard.answered.notify_waiters();
             }
-            if outcome.tokens >= need || outcome.tokens.is_nan() {
-                // Could serve the requests seen: nothing to save, and no probe to wait for.
-                shard.remove(bucket.key.as_str());
-                continue;
-            }
-            let wait_us = (need - outcome.tokens) / bucket.rate * 1_000_000.0;
-            let entry = Entry {
-                tokens: outcome.tokens,
-                sent_us,
-                rate: bucket.rate,
-                burst: bucket.burst,
-                useless_at_us: sent_us.saturating_add(wait_us.min(u64::MAX as f64) as u64),
-                probe_sent_us: None,
-            };
-            if existing.is_none() && shard.len() >= self.shard_cap {
-                let now = self.now_us();
-                shard.retain(|_, e| e.useless_at_us > now);
-                if shard.len() >= self.shard_cap {
-                    // Full of live denials: skip; the store still decides exactly.
-                    continue;
-                }
-            }
-            shard.insert(bucket.key.clone(), entry);
         }
-        if woke {
-            self.answered.notify_waiters();
+    }
+
+    /// [`Self::learn`] for one bucket; returns whether waiters must be woken.
+    fn learn_one(
+        &self,
+        shard: &Shard,
+        bucket: &BucketRequest,
+        outcome: &BucketOutcome,
+        sent_us: u64,
+    ) -> bool {
+        let mut entries = Self::lock(shard);
+        let existing = entries.get(bucket.key.as_str()).copied();
+        let probed = existing.is_some_and(|e| e.probe_sent_us.is_some());
+        // A probe sent after this call is still out: its mark stays.
+        let later_probe = existing
+            .and_then(|e| e.probe_sent_us)
+            .filter(|&p| p > sent_us);
+        if let Some(known) = existing.filter(|e| e.sent_us > sent_us) {
+            // A later answer is already known; it bounds the bucket at least as tightly.
+            if let Some(entry) = entries.get_mut(bucket.key.as_str()) {
+                entry.probe_sent_us = later_probe;
+            }
+            return probed && known.probe_sent_us != later_probe;
         }
+        let need = if outcome.enough {
+            1.0
+        } else {
+            (bucket.cost as f64).min(bucket.burst)
+        };
+        if outcome.tokens >= need || outcome.tokens.is_nan() {
+            // Could serve the requests seen: nothing to save, and no probe to wait for.
+            entries.remove(bucket.key.as_str());
+            return probed;
+        }
+        let wait_us =
+            ((need - outcome.tokens) / bucket.rate * 1_000_000.0).min(MAX_WINDOW_US as f64) as u64;
+        let entry = Entry {
+            tokens: outcome.tokens,
+            sent_us,
+            rate: bucket.rate,
+            burst: bucket.burst,
+            useless_at_us: sent_us.saturating_add(wait_us),
+            probe_sent_us: later_probe,
+        };
+        if existing.is_none() && entries.len() >= self.shard_cap {
+            let now = self.now_us();
+            entries.retain(|_, e| e.useless_at_us > now);
+            if entries.len() >= self.shard_cap {
+                // Full of live denials: skip; the store still decides exactly.
+                return false;
+            }
+        }
+        entries.insert(bucket.key.clone(), entry);
+        probed && later_probe.is_none()
     }
 
     /// Entries held (for tests and bounds).
     pub fn len(&self) -> usize {
         self.shards
             .iter()
-            .map(|s| s.lock().map_or(0, |m| m.len()))
+            .map(|s| s.entries.lock().map_or(0, |m| m.len()))
             .sum()
     }
 
@@ -297,6 +424,7 @@ impl DenyCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::clock::ManualClock;
 
     fn bucket(key: &str, rate: f64, burst: f64, cost: u64) -> BucketRequest {
         BucketRequest {
@@ -316,105 +444,219 @@ mod tests {
         }
     }
 
+    fn cache(capacity: usize) -> (DenyCache, Arc<ManualClock>) {
+        let clock = Arc::new(ManualClock::default());
+        let cache = DenyCache::with_clock(capacity, Duration::from_millis(50), clock.clone());
+        (cache, clock)
+    }
+
+    /// Sends a probe at the clock's time and answers it with `outcomes`.
+    fn answer(cache: &DenyCache, buckets: &[BucketRequest], outcomes: &[BucketOutcome]) {
+        match cache.consult(buckets, true) {
+            Consult::Ask(probe) => probe.learn(outcomes),
+            _ => panic!("expected to ask the store"),
+        }
+    }
+
+    fn is_ask(consult: Consult<'_, '_>) -> bool {
+        matches!(consult, Consult::Ask(_))
+    }
+
     const SEC: u64 = 1_000_000;
 
     #[test]
     fn denies_until_the_bucket_can_refill_counting_from_the_send_time() {
-        let cache = DenyCache::new(100, Duration::from_millis(50));
+        let (cache, clock) = cache(100);
         let b = [bucket("k", 10.0, 5.0, 1)];
-        cache.learn(&b, &[drained(0.0)], 5 * SEC);
+        clock.set_us(5 * SEC);
+        answer(&cache, &b, &[drained(0.0)]);
         // 10/s: one token 100 ms after the send, less the margins.
-        assert!(cache.denies(&b, 5 * SEC + 50_000).is_some());
-        assert!(cache.denies(&b, 5 * SEC + 99_000).is_some());
-        assert!(cache.denies(&b, 5 * SEC + 99_900).is_none());
-        assert!(cache.denies(&b, 6 * SEC).is_none());
+        clock.set_us(5 * SEC + 50_000);
+        assert!(cache.denies(&b).is_some());
+        clock.set_us(5 * SEC + 99_000);
+        assert!(cache.denies(&b).is_some());
+        clock.set_us(5 * SEC + 99_900);
+        assert!(cache.denies(&b).is_none());
+    }
+
+    #[test]
+    fn one_answer_denies_for_at_most_the_window_cap() {
+        let (cache, clock) = cache(100);
+        // 1 token a minute: the bound alone would deny for a minute.
+        let b = [bucket("k", 1.0 / 60.0, 5.0, 1)];
+        answer(&cache, &b, &[drained(0.0)]);
+        clock.set_us(MAX_WINDOW_US);
+        assert!(cache.denies(&b).is_some());
+        clock.advance_us(1);
+        assert!(cache.denies(&b).is_none(), "older answers never deny");
     }
 
     #[test]
     fn a_larger_cost_is_denied_longer() {
-        let cache = DenyCache::new(100, Duration::from_millis(50));
-        cache.learn(&[bucket("k", 10.0, 5.0, 1)], &[drained(0.5)], 0);
-        assert!(cache.denies(&[bucket("k", 10.0, 5.0, 1)], 60_000).is_none());
-        let denied = cache.denies(&[bucket("k", 10.0, 5.0, 3)], 60_000).unwrap();
+        let (cache, clock) = cache(100);
+        answer(&cache, &[bucket("k", 10.0, 5.0, 1)], &[drained(0.5)]);
+        clock.set_us(60_000);
+        assert!(cache.denies(&[bucket("k", 10.0, 5.0, 1)]).is_none());
+        let denied = cache.denies(&[bucket("k", 10.0, 5.0, 3)]).unwrap();
         assert!(denied.tokens < 3.0 && denied.tokens > 1.0);
     }
 
     #[test]
     fn shadow_limits_changed_limits_and_impossible_costs_are_left_to_the_store() {
-        let cache = DenyCache::new(100, Duration::from_millis(50));
-        cache.learn(&[bucket("k", 10.0, 5.0, 1)], &[drained(0.0)], 0);
+        let (cache, _) = cache(100);
+        answer(&cache, &[bucket("k", 10.0, 5.0, 1)], &[drained(0.0)]);
         let mut shadow = bucket("k", 10.0, 5.0, 1);
         shadow.shadow = true;
-        assert!(cache.denies(&[shadow], 0).is_none());
-        assert!(cache.denies(&[bucket("k", 20.0, 5.0, 1)], 0).is_none());
-        assert!(cache.denies(&[bucket("k", 10.0, 5.0, 9)], 0).is_none());
+        assert!(cache.denies(&[shadow]).is_none());
+        assert!(cache.denies(&[bucket("k", 20.0, 5.0, 1)]).is_none());
+        assert!(cache.denies(&[bucket("k", 10.0, 5.0, 9)]).is_none());
     }
 
     #[test]
     fn the_denying_bucket_of_a_multi_limit_request_is_named() {
-        let cache = DenyCache::new(100, Duration::from_millis(50));
+        let (cache, _) = cache(100);
         let reqs = [bucket("a", 10.0, 5.0, 1), bucket("b", 10.0, 5.0, 1)];
-        cache.learn(
-            &reqs,
-            &[
-                BucketOutcome {
-                    tokens: 4.0,
-                    enough: true,
-                },
-                drained(0.0),
-            ],
-            0,
-        );
-        assert_eq!(cache.denies(&reqs, 0).map(|d| d.bucket), Some(1));
-        assert!(cache.denies(&reqs[..1], 0).is_none());
+        let spare = BucketOutcome {
+            tokens: 4.0,
+            enough: true,
+        };
+        answer(&cache, &reqs, &[spare, drained(0.0)]);
+        assert_eq!(cache.denies(&reqs).map(|d| d.bucket), Some(1));
+        assert!(cache.denies(&reqs[..1]).is_none());
     }
 
     #[test]
     fn when_a_window_ends_one_request_probes_and_the_others_wait() {
-        let cache = DenyCache::new(100, Duration::from_millis(50));
+        let (cache, clock) = cache(100);
         let b = [bucket("k", 10.0, 5.0, 1)];
-        cache.learn(&b, &[drained(0.0)], 0);
-        assert!(matches!(cache.consult(&b, 10_000), Consult::Deny(_)));
-        assert_eq!(cache.consult(&b, 200_000), Consult::Ask);
-        assert_eq!(cache.consult(&b, 200_100), Consult::Wait);
+        answer(&cache, &b, &[drained(0.0)]);
+        clock.set_us(10_000);
+        assert!(matches!(cache.consult(&b, false), Consult::Deny(_)));
+        clock.set_us(200_000);
+        let Consult::Ask(probe) = cache.consult(&b, false) else {
+            panic!("the first request after the window probes");
+        };
+        clock.set_us(200_100);
+        assert!(matches!(cache.consult(&b, false), Consult::Wait));
+        assert!(
+            is_ask(cache.consult(&b, true)),
+            "a waiter is never told to wait twice"
+        );
         // The probe's answer: it took the token; the bucket is denied again.
-        cache.learn(&b, &[drained(0.0)], 200_000);
-        assert!(matches!(cache.consult(&b, 200_200), Consult::Deny(_)));
-        // A probe that never answers is waited for only up to the timeout.
-        assert_eq!(cache.consult(&b, 400_000), Consult::Ask);
-        assert_eq!(cache.consult(&b, 460_000), Consult::Ask);
+        probe.learn(&[drained(0.0)]);
+        clock.set_us(200_200);
+        assert!(matches!(cache.consult(&b, false), Consult::Deny(_)));
+    }
+
+    #[test]
+    fn a_dropped_probe_lets_the_next_request_probe() {
+        let (cache, clock) = cache(100);
+        let b = [bucket("k", 10.0, 5.0, 1)];
+        answer(&cache, &b, &[drained(0.0)]);
+        clock.set_us(200_000);
+        let probe = cache.consult(&b, false);
+        assert!(matches!(cache.consult(&b, false), Consult::Wait));
+        drop(probe);
+        assert!(is_ask(cache.consult(&b, false)));
+    }
+
+    #[test]
+    fn an_older_answer_landing_late_ends_the_probes_it_covers_only() {
+        let (cache, clock) = cache(100);
+        let b = [bucket("k", 10.0, 5.0, 1)];
+        answer(&cache, &b, &[drained(0.0)]);
+        clock.set_us(200_000);
+        let Consult::Ask(early) = cache.consult(&b, false) else {
+            panic!("probes");
+        };
+        clock.set_us(300_000);
+        let Consult::Ask(late) = cache.consult(&b, true) else {
+            panic!("a waiter asks");
+        };
+        late.learn(&[drained(0.0)]);
+        clock.set_us(300_001);
+        assert!(matches!(cache.consult(&b, false), Consult::Deny(_)));
+        // The earlier answer is older than what the cache holds: it changes nothing.
+        early.learn(&[drained(0.9)]);
+        assert!(matches!(cache.consult(&b, false), Consult::Deny(_)));
+    }
+
+    #[test]
+    fn waiters_wake_when_the_probe_answers_by_any_path() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        // A long wait: the test proves a wake-up, not a timeout.
+        let clock = Arc::new(ManualClock::default());
+        let cache = DenyCache {
+            probe_wait: Duration::from_secs(60),
+            ..DenyCache::with_clock(100, Duration::from_secs(1), clock.clone())
+        };
+        let b = [bucket("k", 10.0, 5.0, 1)];
+        let spare = BucketOutcome {
+            tokens: 3.0,
+            enough: true,
+        };
+        // Answered and kept, answered and forgotten, abandoned.
+        let endings: [&dyn Fn(Probe<'_, '_>); 3] = [
+            &|p: Probe<'_, '_>| p.learn(&[drained(0.0)]),
+            &|p: Probe<'_, '_>| p.learn(&[spare]),
+            &|p: Probe<'_, '_>| drop(p),
+        ];
+        for (i, end) in endings.iter().enumerate() {
+            clock.advance_us(10 * SEC);
+            answer(&cache, &b, &[drained(0.0)]);
+            clock.advance_us(SEC / 2);
+            let Consult::Ask(probe) = cache.consult(&b, false) else {
+                panic!("probes");
+            };
+            assert!(matches!(cache.consult(&b, false), Consult::Wait));
+            let started = std::time::Instant::now();
+            runtime.block_on(async {
+                let waiter = cache.wait(&b);
+                let answer = async {
+                    tokio::task::yield_now().await;
+                    end(probe);
+                };
+                tokio::join!(waiter, answer);
+            });
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "ending {i} woke"
+            );
+        }
     }
 
     #[test]
     fn a_bucket_with_tokens_to_spare_is_forgotten() {
-        let cache = DenyCache::new(100, Duration::from_millis(50));
+        let (cache, _) = cache(100);
         let b = [bucket("k", 10.0, 5.0, 1)];
-        cache.learn(&b, &[drained(0.0)], 0);
+        answer(&cache, &b, &[drained(0.0)]);
         let plenty = BucketOutcome {
             tokens: 3.0,
             enough: true,
         };
+        // A call sent before the cache denied (or another instance's view): learned all the same.
         cache.learn(&b, &[plenty], 10);
         assert!(cache.is_empty());
-        assert_eq!(cache.consult(&b, 20), Consult::Ask);
+        assert!(is_ask(cache.consult(&b, false)));
     }
 
     #[test]
     fn memory_is_capped_and_useless_entries_make_room() {
-        let cache = DenyCache::new(320, Duration::from_millis(50));
+        let (cache, clock) = cache(320);
         for i in 0..10_000u64 {
-            let b = [bucket(&format!("k{i}"), 1_000.0, 5.0, 1)];
-            cache.learn(&b, &[drained(0.0)], cache.now_us());
+            answer(
+                &cache,
+                &[bucket(&format!("k{i}"), 1_000.0, 5.0, 1)],
+                &[drained(0.0)],
+            );
         }
         assert!(cache.len() <= 320, "held {}", cache.len());
-        std::thread::sleep(std::time::Duration::from_millis(5));
-        cache.learn(
-            &[bucket("new", 1.0, 5.0, 1)],
-            &[drained(0.0)],
-            cache.now_us(),
-        );
-        assert!(cache
-            .denies(&[bucket("new", 1.0, 5.0, 1)], cache.now_us())
-            .is_some());
+        clock.advance_ms(5);
+        let new = [bucket("new", 1.0, 5.0, 1)];
+        answer(&cache, &new, &[drained(0.0)]);
+        assert!(cache.denies(&new).is_some());
     }
 }

@@ -23,10 +23,12 @@
 //!   `lua/token_bucket.lua`.
 //! - [`decision`]: the verdict as a value: remaining, reset, retry-after.
 //! - [`metrics`]: the Prometheus registry; every metric name in one place.
+//! - [`clock`]: time as a parameter ([`clock::Clock`]), so tests advance it, never sleep.
 //! - [`config`]: defaults < TOML file < `TOLLGATE_*` environment: the schema, loading,
 //!   validation of the settings and the summary `validate` prints, one file each.
 //! - [`server`]: wiring and the two listeners; [`lifecycle`]: signals, reload, heartbeat.
 
+pub mod clock;
 pub mod config;
 pub mod decision;
 pub mod deny_cache;

@@ -4,13 +4,13 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use arc_swap::ArcSwap;
 
 use crate::config::OnError;
 use crate::decision::{Decision, LimitState, Verdict};
-use crate::deny_cache::{CachedDenial, Consult, DenyCache};
+use crate::deny_cache::{CachedDenial, Consult, DenyCache, Probe};
 use crate::limits::Policy;
 use crate::metrics::Metrics;
 use crate::request::Described;
@@ -61,10 +61,14 @@ impl<S: Store> Limiter<S> {
     }
 
     /// Answers denials the store would surely repeat locally, remembering up to `capacity`
-    /// buckets; a request waits at most `timeout` for another's answer. Worth it only when
-    /// the store is remote.
-    pub fn with_deny_cache(mut self, capacity: usize, timeout: Duration) -> Self {
-        self.deny_cache = Some(DenyCache::new(capacity, timeout));
+    /// buckets, for a store answering within `timeout`. Worth it only when the store is remote.
+    pub fn with_deny_cache(self, capacity: usize, timeout: Duration) -> Self {
+        self.with_cache(DenyCache::new(capacity, timeout))
+    }
+
+    /// [`Limiter::with_deny_cache`] with a cache built by the caller (e.g. on a manual clock).
+    pub fn with_cache(mut self, cache: DenyCache) -> Self {
+        self.deny_cache = Some(cache);
         self
     }
 
@@ -121,61 +125,77 @@ impl<S: Store> Limiter<S> {
             self.metrics.checks.allowed.inc();
             return (Verdict::Unlimited, DecidedBy::Policy);
         }
-        let mut sent_us = None;
-        // Set when this check waited for another's probe: then waiting and the store call
-        // together must fit in the store timeout, as an answer always does (SPEC §5).
-        let mut deadline = None;
-        if let Some(cache) = &self.deny_cache {
-            let mut waits = 0;
-            // Taken before sending: the store evaluates the call later, so a bound counted
-            // from here is never too tight (see `deny_cache`).
-            let mut now = cache.now_us();
-            loop {
-                match cache.consult(&buckets, now) {
-                    Consult::Deny(denial) => {
-                        let decision = self.record_cached_denial(policy, &buckets, denial);
-                        return (Verdict::Decided(decision), DecidedBy::DenyCache);
-                    }
-                    // Twice at most: a key under constant contention still gets answered.
-                    Consult::Wait if waits < 2 => {
-                        waits += 1;
-                        let until =
-                            *deadline.get_or_insert_with(|| Instant::now() + cache.timeout());
-                        let budget = until.saturating_duration_since(Instant::now());
-                        cache.wait_for_answer(&buckets, budget).await;
-                        now = cache.now_us();
-                    }
-                    Consult::Wait | Consult::Ask => break,
-                }
+        let (probe, waited) = match self.consult_cache(policy, &buckets).await {
+            Ok(asked) => asked,
+            Err(denial) => {
+                let decision = self.record_cached_denial(policy, &buckets, denial);
+                return (Verdict::Decided(decision), DecidedBy::DenyCache);
             }
-            sent_us = Some(now);
-        }
-        let decided = match deadline {
-            None => self.store.decide(&buckets).await,
-            Some(until) => match until.saturating_duration_since(Instant::now()) {
-                // The probe used the whole budget (a hanging store): do not even send.
-                budget if budget.is_zero() => Err(StoreError::Timeout),
-                budget => tokio::time::timeout(budget, self.store.decide(&buckets))
-                    .await
-                    .unwrap_or(Err(StoreError::Timeout)),
-            },
         };
-        if let (Some(cache), Some(sent), Err(_)) = (&self.deny_cache, sent_us, &decided) {
-            cache.abandon(&buckets, sent);
-        }
+        // The store's full timeout, even after waiting for a probe (see `deny_cache`); bounded
+        // here too then, so the answer comes within the wait plus the timeout whatever the
+        // store does.
+        let decided = match waited {
+            Some(budget) => tokio::time::timeout(budget, self.store.decide(&buckets))
+                .await
+                .unwrap_or(Err(StoreError::Timeout)),
+            None => self.store.decide(&buckets).await,
+        };
         match decided {
             Ok(decided) => {
-                if let (Some(cache), Some(sent)) = (&self.deny_cache, sent_us) {
-                    cache.learn(&buckets, &decided.buckets, sent);
+                if let Some(probe) = probe {
+                    probe.learn(&decided.buckets);
                 }
                 let decision = self.record(policy, &buckets, decided, false);
                 (Verdict::Decided(decision), DecidedBy::Store)
             }
+            // The probe, if any, is dropped unanswered: abandoned, its waiters woken.
             Err(error) => (
                 self.on_store_error(policy, &buckets, &error),
                 DecidedBy::OnError,
             ),
         }
+    }
+
+    /// The deny cache's say: a denial, or the probe to teach with the store's answer (none
+    /// when there is no cache or it may not speak for these buckets), and, when the check
+    /// waited for another's probe, the budget of its own store call.
+    async fn consult_cache<'c, 'b>(
+        &'c self,
+        policy: &Policy,
+        buckets: &'b [BucketRequest],
+    ) -> Result<(Option<Probe<'c, 'b>>, Option<Duration>), CachedDenial> {
+        let Some(cache) = &self.deny_cache else {
+            return Ok((None, None));
+        };
+        if !self.cacheable(policy) {
+            return Ok((None, None));
+        }
+        let mut waited = false;
+        loop {
+            match cache.consult(buckets, waited) {
+                Consult::Deny(denial) => return Err(denial),
+                Consult::Ask(probe) => {
+                    return Ok((Some(probe), waited.then(|| cache.store_timeout())));
+                }
+                Consult::Wait => {
+                    cache.wait(buckets).await;
+                    waited = true;
+                }
+            }
+        }
+    }
+
+    /// Whether only time can raise this policy's buckets, as the deny cache requires. A store
+    /// that splits a request (a Redis Cluster, per slot) refunds the buckets it charged when
+    /// another slot denies; a request spans slots when its limits are keyed on different
+    /// parts, so then any bucket may be raised by a refund, here or on another instance.
+    fn cacheable(&self, policy: &Policy) -> bool {
+        !self.store.splits_requests()
+            || policy
+                .limits
+                .windows(2)
+                .all(|pair| pair[0].key == pair[1].key)
     }
 
     /// A denial by the cache, shaped like the store's: the denying bucket carries its token

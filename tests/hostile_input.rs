@@ -610,8 +610,8 @@ fn a_flood_of_distinct_keys_keeps_memory_bounded() {
 fn redis_memory_per_bucket_is_bounded() {
     const KEYS: u64 = 20_000;
     let redis = RedisServer::start();
-    // Keys live 200 s (twice the refill time): none expires during the measurement.
-    let limits = "[[limits]]\nname = \"per-ip\"\nrate = 1\nburst = 100\nkey = [\"ip\"]\n";
+    // A key lives until its one token is back, 50 s: none expires during the measurement.
+    let limits = "[[limits]]\nname = \"per-ip\"\nrate = 0.02\nburst = 100\nkey = [\"ip\"]\n";
     let tollgate = Tollgate::start(&support::redis_config(&redis, "", limits));
     let used = || {
         redis

@@ -15,8 +15,9 @@ const KEY: &str = "tg:per-user:{alice}";
 /// Charges `cost` (burst 10); returns (tokens after, `now` of the call).
 fn charge(redis: &RedisServer, rate: &str, cost: u32) -> (f64, String) {
     let out = redis.cli(&["EVAL", BUCKET, "1", KEY, rate, "10", &cost.to_string(), "0"]);
-    let lines: Vec<&str> = out.lines().collect();
-    (lines[1].parse().expect("tokens"), lines[3].to_string())
+    // "allowed now tokens enough"
+    let fields: Vec<&str> = out.split_whitespace().collect();
+    (fields[2].parse().expect("tokens"), fields[1].to_string())
 }
 
 fn refund(redis: &RedisServer, rate: &str, cost: u32, charged_at: &str) -> f64 {

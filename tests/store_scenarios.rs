@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use support::RedisServer;
 use tollgate::metrics::Metrics;
+use tollgate::store::bucket::Bucket as Stored;
 use tollgate::store::memory::{Clock, ManualClock, MemoryStore};
 use tollgate::store::redis::RedisStore;
 use tollgate::store::{BucketRequest, Store, StoreDecision};
@@ -246,22 +247,95 @@ fn scenarios_on_redis() {
     run_scenarios(&Redis::start(), "redis");
 }
 
-#[test]
-fn redis_buckets_expire_after_twice_their_refill_time() {
-    let redis = Redis::start();
-    let bucket = BucketRequest {
-        key: "ttl:k".into(),
-        rate: 4.0,
-        burst: 10.0,
-        cost: 1,
+fn request(key: &str, rate: f64, burst: f64, cost: u64) -> BucketRequest {
+    BucketRequest {
+        key: key.into(),
+        rate,
+        burst,
+        cost,
         shadow: false,
         limit: 0,
-    };
-    redis.decide(&[bucket]);
-    // ceil(2 * 10 / 4) = 5 s.
-    let pttl: i64 = redis.server.cli(&["PTTL", "ttl:k"]).trim().parse().unwrap();
-    assert!((4_900..=5_000).contains(&pttl), "PTTL {pttl}");
-    let fields = redis.server.cli(&["HKEYS", "ttl:k"]);
+    }
+}
+
+impl Redis {
+    /// The stored bucket: (tokens, ts) as written, parsed.
+    fn stored(&self, key: &str) -> Stored {
+        let fields = self.server.cli(&["HMGET", key, "tokens", "ts"]);
+        let mut fields = fields.split_whitespace();
+        Stored {
+            tokens: fields.next().unwrap().parse().unwrap(),
+            ts_us: fields.next().unwrap().parse().unwrap(),
+        }
+    }
+
+    fn expire_time_ms(&self, key: &str) -> i64 {
+        self.server
+            .cli(&["PEXPIRETIME", key])
+            .trim()
+            .parse()
+            .unwrap()
+    }
+}
+
+#[test]
+fn redis_buckets_expire_the_millisecond_after_they_are_full_again() {
+    let redis = Redis::start();
+    for (key, rate, burst, cost) in [
+        ("ttl:a", 4.0, 10.0, 1),
+        ("ttl:b", 0.3, 7.0, 2),
+        ("ttl:c", 7.0, 3.0, 2),
+        ("ttl:d", 1.0 / 60.0, 100.0, 3),
+    ] {
+        redis.decide(&[request(key, rate, burst, 1)]);
+        redis.decide(&[request(key, rate, burst, cost)]);
+        let stored = redis.stored(key);
+        // The memory store drops a bucket at `full_at_us`; Redis deletes the key once its
+        // millisecond clock passes the deadline, so never before that moment.
+        let full_at_ms = (stored.full_at_us(rate, burst) / 1000) as i64;
+        assert_eq!(redis.expire_time_ms(key), full_at_ms + 1, "{key}");
+    }
+}
+
+#[test]
+fn an_expired_bucket_decides_as_the_full_one_it_was() {
+    let redis = Redis::start();
+    // 100 tokens/s: one token is back after 10 ms, and then the key is gone.
+    let bucket = request("ttl:fast", 100.0, 10.0, 1);
+    assert_eq!(
+        redis.decide(std::slice::from_ref(&bucket)).buckets[0].tokens,
+        9.0
+    );
+    assert!(support::wait_until(Duration::from_secs(5), || {
+        redis.server.cli(&["EXISTS", "ttl:fast"]).trim() == "0"
+    }));
+    assert_eq!(redis.decide(&[bucket]).buckets[0].tokens, 9.0);
+}
+
+#[test]
+fn a_denial_on_a_full_bucket_still_expires() {
+    let redis = Redis::start();
+    // A cost above burst never passes; the bucket it writes is full and must not linger.
+    let decision = redis.decide(&[request("ttl:huge", 1.0, 5.0, 6)]);
+    assert!(!decision.allowed);
+    let pttl: i64 = redis
+        .server
+        .cli(&["PTTL", "ttl:huge"])
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(pttl != -1 && pttl <= 2, "PTTL {pttl}");
+}
+
+#[test]
+fn tokens_in_the_reply_are_exactly_the_stored_double() {
+    let redis = Redis::start();
+    let bucket = request("exact:k", 0.3, 7.0, 1);
+    for _ in 0..5 {
+        let decision = redis.decide(std::slice::from_ref(&bucket));
+        assert_eq!(decision.buckets[0].tokens, redis.stored("exact:k").tokens);
+    }
+    let fields = redis.server.cli(&["HKEYS", "exact:k"]);
     assert_eq!(
         fields.split_whitespace().collect::<Vec<_>>(),
         ["tokens", "ts"]

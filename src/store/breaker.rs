@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use prometheus::IntGauge;
 
-use super::memory::{Clock, MonotonicClock};
+use std::sync::Arc;
+
+use crate::clock::{Clock, MonotonicClock};
 
 /// Consecutive failures that open the breaker.
 pub const FAILURE_THRESHOLD: u32 = 3;
@@ -34,19 +36,24 @@ pub struct Breaker {
     state: AtomicU8,
     failures: AtomicU32,
     reopen_at_us: AtomicU64,
-    clock: MonotonicClock,
+    clock: Arc<dyn Clock>,
     up: IntGauge,
     name: &'static str,
 }
 
 impl Breaker {
     pub fn new(up: IntGauge, name: &'static str) -> Breaker {
+        Breaker::with_clock(up, name, Arc::new(MonotonicClock::default()))
+    }
+
+    /// A breaker reading `clock` (tests advance a manual one).
+    pub fn with_clock(up: IntGauge, name: &'static str, clock: Arc<dyn Clock>) -> Breaker {
         up.set(1);
         Breaker {
             state: AtomicU8::new(CLOSED),
             failures: AtomicU32::new(0),
             reopen_at_us: AtomicU64::new(0),
-            clock: MonotonicClock::default(),
+            clock,
             up,
             name,
         }
@@ -114,14 +121,21 @@ impl Breaker {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::clock::ManualClock;
 
-    fn breaker() -> Breaker {
-        Breaker::new(IntGauge::new("up", "up").unwrap(), "test store")
+    fn breaker() -> (Breaker, Arc<ManualClock>) {
+        let clock = Arc::new(ManualClock::default());
+        let up = IntGauge::new("up", "up").unwrap();
+        (Breaker::with_clock(up, "test store", clock.clone()), clock)
+    }
+
+    fn after_open_for(clock: &ManualClock) {
+        clock.advance_us(OPEN_FOR.as_micros() as u64);
     }
 
     #[test]
     fn opens_after_consecutive_failures_and_probes_once() {
-        let b = breaker();
+        let (b, clock) = breaker();
         for i in 1..=FAILURE_THRESHOLD {
             assert_eq!(b.admit(), Admission::Call);
             assert_eq!(
@@ -132,7 +146,13 @@ mod tests {
         }
         assert_eq!(b.admit(), Admission::Reject);
         assert_eq!(b.up.get(), 0);
-        std::thread::sleep(OPEN_FOR + Duration::from_millis(20));
+        clock.advance_us(OPEN_FOR.as_micros() as u64 - 1);
+        assert_eq!(
+            b.admit(),
+            Admission::Reject,
+            "still open 1 µs before the end"
+        );
+        clock.advance_us(1);
         assert_eq!(b.admit(), Admission::Probe);
         assert_eq!(b.admit(), Admission::Reject);
         b.on_success();
@@ -142,11 +162,11 @@ mod tests {
 
     #[test]
     fn a_failed_probe_reopens() {
-        let b = breaker();
+        let (b, clock) = breaker();
         for _ in 0..FAILURE_THRESHOLD {
             b.on_failure(&"boom");
         }
-        std::thread::sleep(OPEN_FOR + Duration::from_millis(20));
+        after_open_for(&clock);
         assert_eq!(b.admit(), Admission::Probe);
         assert!(b.on_failure(&"still down"), "a failed probe reopens");
         assert_eq!(b.admit(), Admission::Reject);
@@ -154,7 +174,7 @@ mod tests {
 
     #[test]
     fn a_success_resets_the_failure_count() {
-        let b = breaker();
+        let (b, _) = breaker();
         b.on_failure(&"x");
         b.on_failure(&"x");
         b.on_success();

@@ -12,7 +12,8 @@ pub struct Bucket {
 
 impl Bucket {
     /// When this bucket is full again; from then on it is indistinguishable from an absent
-    /// one and may be dropped.
+    /// one and may be dropped. The memory store drops it then; `lua/token_bucket.lua` has
+    /// Redis delete the key in the millisecond after.
     pub fn full_at_us(&self, rate: f64, burst: f64) -> u64 {
         let missing = (burst - self.tokens).max(0.0);
         self.ts_us

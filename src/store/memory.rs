@@ -15,60 +15,15 @@
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, TryLockError};
-use std::time::Instant;
 
 use super::bucket::{self, Bucket};
 use super::{BucketRequest, Store, StoreDecision, StoreError};
 
 const SHARDS: usize = 64;
 
-/// Time source of the memory store, in microseconds. Injected so tests need no sleeping.
-pub trait Clock: Send + Sync + 'static {
-    fn now_us(&self) -> u64;
-}
-
-/// Monotonic time since the store was created: immune to wall-clock steps.
-pub struct MonotonicClock(Instant);
-
-impl Default for MonotonicClock {
-    fn default() -> Self {
-        MonotonicClock(Instant::now())
-    }
-}
-
-impl Clock for MonotonicClock {
-    fn now_us(&self) -> u64 {
-        u64::try_from(self.0.elapsed().as_micros()).unwrap_or(u64::MAX)
-    }
-}
-
-/// A clock that moves only when told to.
-#[derive(Default)]
-pub struct ManualClock(AtomicU64);
-
-impl ManualClock {
-    pub fn advance_ms(&self, ms: u64) {
-        self.0.fetch_add(ms * 1000, Ordering::SeqCst);
-    }
-
-    pub fn set_us(&self, us: u64) {
-        self.0.store(us, Ordering::SeqCst);
-    }
-}
-
-impl Clock for ManualClock {
-    fn now_us(&self) -> u64 {
-        self.0.load(Ordering::SeqCst)
-    }
-}
-
-impl<C: Clock> Clock for std::sync::Arc<C> {
-    fn now_us(&self) -> u64 {
-        (**self).now_us()
-    }
-}
+pub use crate::clock::{Clock, ManualClock, MonotonicClock};
 
 struct Entry {
     bucket: Bucket,

@@ -69,6 +69,12 @@ pub trait Store: Send + Sync + 'static {
 
     /// Whether the store answers now (readiness).
     fn ping(&self) -> impl Future<Output = Result<(), StoreError>>;
+
+    /// Whether the store may decide one request in parts and refund a part (a Redis Cluster,
+    /// per slot): then a bucket can rise by more than its refill (see `deny_cache`).
+    fn splits_requests(&self) -> bool {
+        false
+    }
 }
 
 /// The store chosen by `store.backend`.
@@ -89,6 +95,13 @@ impl Store for AnyStore {
         match self {
             AnyStore::Memory(store) => store.ping().await,
             AnyStore::Redis(store) => store.ping().await,
+        }
+    }
+
+    fn splits_requests(&self) -> bool {
+        match self {
+            AnyStore::Memory(store) => store.splits_requests(),
+            AnyStore::Redis(store) => store.splits_requests(),
         }
     }
 }

@@ -8,8 +8,12 @@
 //! Sentinel is asked for the new master); a circuit breaker stops calling a Redis that keeps
 //! failing, and each time it opens a single-node connection is replaced by a fresh one, since a
 //! connection that went silent (a host gone without a reset, a black hole) reports only
-//! timeouts and would otherwise be kept forever; `NOSCRIPT` (a restarted, flushed or newly
-//! promoted node) is answered by re-sending the script with `EVAL`, once, to the same node.
+//! timeouts and would otherwise be kept forever. A connection that may be new (first use, a
+//! failed call, a renewal, a new Sentinel master) is sent the script whole (`EVAL`), so a
+//! (re)connect costs one round trip beyond the connect itself; `NOSCRIPT` anyway (a node
+//! restarted or promoted behind the same connection) is answered by `EVAL`, once, to the same
+//! node. Every socket runs with `TCP_NODELAY`: concurrent calls share one connection, and
+//! Nagle's algorithm would hold each write back until the previous one is acknowledged.
 //!
 //! On a Cluster, a script may only touch keys of one slot. A request whose buckets span slots
 //! is decided by `redis/cross_slot.rs`: per slot, all at once, refunding what was charged when
@@ -19,6 +23,7 @@ mod connection;
 mod cross_slot;
 mod sentinel;
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use redis::{Cmd, RedisError, Value};
@@ -37,6 +42,9 @@ const INSTANCES_SCRIPT: &str = include_str!("../../lua/instances.lua");
 struct LuaScript {
     source: &'static str,
     sha: String,
+    /// The connection epoch (see [`RedisStore::epoch`]) in which the script last ran; in any
+    /// other it is sent whole, since a new connection may reach a node that lacks it.
+    loaded_in: AtomicU64,
 }
 
 impl LuaScript {
@@ -44,6 +52,7 @@ impl LuaScript {
         LuaScript {
             source,
             sha: redis::Script::new(source).get_hash().to_string(),
+            loaded_in: AtomicU64::new(NEVER),
         }
     }
 
@@ -67,8 +76,14 @@ impl LuaScript {
     }
 }
 
+/// No epoch: the script has not run yet.
+const NEVER: u64 = u64::MAX;
+
 pub struct RedisStore {
     connection: Connection,
+    /// Bumped by every call that failed in a way that may replace the connection (dropped,
+    /// refused, timed out): the next connection starts without our scripts.
+    failures: AtomicU64,
     bucket_script: LuaScript,
     refund_script: LuaScript,
     instances_script: LuaScript,
@@ -96,6 +111,7 @@ impl RedisStore {
     ) -> Result<RedisStore, StoreError> {
         Ok(RedisStore {
             connection: Connection::open(topology, timeout)?,
+            failures: AtomicU64::new(0),
             bucket_script: LuaScript::new(BUCKET_SCRIPT),
             refund_script: LuaScript::new(REFUND_SCRIPT),
             instances_script: LuaScript::new(INSTANCES_SCRIPT),
@@ -105,7 +121,18 @@ impl RedisStore {
         })
     }
 
-    /// Runs a script through the breaker and the deadline, reloading it on `NOSCRIPT`.
+    /// Which connection calls go over now: changes when the connection may have been replaced.
+    fn epoch(&self) -> u64 {
+        self.failures
+            .load(Ordering::Acquire)
+            .wrapping_add(self.connection.generation())
+    }
+
+    /// Runs a script through the breaker and the deadline. On a connection that has not run it
+    /// yet the script is sent whole (`EVAL`, which also loads it), so the first call after a
+    /// (re)connect costs one round trip, not `EVALSHA` + `NOSCRIPT` + `EVAL`; a `NOSCRIPT`
+    /// anyway (a node restarted, flushed or promoted behind the same connection) is answered
+    /// by `EVAL`, once, to the same node.
     async fn run_script(
         &self,
         script: &LuaScript,
@@ -117,12 +144,14 @@ impl RedisStore {
             return Err(StoreError::Unavailable);
         }
         let started = Instant::now();
+        let epoch = self.epoch();
+        let whole = script.loaded_in.load(Ordering::Acquire) != epoch;
         let result = tokio::time::timeout_at(deadline.into(), async {
             // On a Cluster both commands are routed by their first key: the script is loaded
             // on the node that owns the slot, which is where it runs next time.
             match self
                 .connection
-                .query(&script.command(false, keys, &args))
+                .query(&script.command(whole, keys, &args))
                 .await
             {
                 Err(e)
@@ -145,15 +174,27 @@ impl RedisStore {
             Err(_elapsed) => Err(StoreError::Timeout),
         };
         match &result {
-            Ok(_) => self.breaker.on_success(),
+            Ok(_) => {
+                script.loaded_in.store(epoch, Ordering::Release);
+                self.breaker.on_success();
+            }
             Err(e) => {
                 self.count_error(e);
                 if self.breaker.on_failure(e) {
                     self.connection.renew();
                 }
+                self.note_failure(e);
             }
         }
         result
+    }
+
+    /// A call that timed out or lost its connection may leave the next call on a new one:
+    /// scripts then go whole.
+    fn note_failure(&self, error: &StoreError) {
+        if matches!(error, StoreError::Timeout | StoreError::Connection(_)) {
+            self.failures.fetch_add(1, Ordering::AcqRel);
+        }
     }
 
     fn count_error(&self, error: &StoreError) {
@@ -276,6 +317,10 @@ impl Store for RedisStore {
             .map(|(decision, _)| decision)
     }
 
+    fn splits_requests(&self) -> bool {
+        self.connection.is_cluster()
+    }
+
     async fn ping(&self) -> Result<(), StoreError> {
         if self.breaker.admit() == Admission::Reject {
             return Err(StoreError::Unavailable);
@@ -293,46 +338,42 @@ impl Store for RedisStore {
                 if self.breaker.on_failure(e) {
                     self.connection.renew();
                 }
+                self.note_failure(e);
             }
         }
         result
     }
 }
 
-/// `{allowed, tokens_1, enough_1, ..., now}` → [`StoreDecision`] and `now`.
+/// `"allowed now tokens_1 enough_1 ... tokens_n enough_n"` → [`StoreDecision`] and `now`.
 fn parse_decision(reply: Value, count: usize) -> Result<(StoreDecision, String), StoreError> {
     let malformed = || StoreError::Script("malformed token bucket reply".into());
-    let Value::Array(items) = reply else {
-        return Err(malformed());
-    };
-    if items.len() != 2 + 2 * count {
-        return Err(malformed());
-    }
-    let allowed = as_int(&items[0]).ok_or_else(malformed)? == 1;
-    let now = match &items[1 + 2 * count] {
-        Value::BulkString(bytes) => String::from_utf8(bytes.clone()).map_err(|_| malformed())?,
-        Value::SimpleString(text) => text.clone(),
-        Value::Int(n) => n.to_string(),
+    let text = match &reply {
+        Value::BulkString(bytes) => std::str::from_utf8(bytes).map_err(|_| malformed())?,
+        Value::SimpleString(text) => text.as_str(),
         _ => return Err(malformed()),
     };
-    let buckets = items[1..1 + 2 * count]
-        .chunks_exact(2)
-        .map(|pair| {
+    let flag = |field: Option<&str>| match field {
+        Some("1") => Some(true),
+        Some("0") => Some(false),
+        _ => None,
+    };
+    let mut fields = text.split(' ');
+    let allowed = flag(fields.next()).ok_or_else(malformed)?;
+    let now = fields.next().ok_or_else(malformed)?.to_owned();
+    let buckets = (0..count)
+        .map(|_| {
             Some(BucketOutcome {
-                tokens: as_float(&pair[0])?,
-                enough: as_int(&pair[1])? == 1,
+                tokens: fields.next()?.parse().ok()?,
+                enough: flag(fields.next())?,
             })
         })
         .collect::<Option<Vec<_>>>()
         .ok_or_else(malformed)?;
-    Ok((StoreDecision { allowed, buckets }, now))
-}
-
-fn as_int(value: &Value) -> Option<i64> {
-    match value {
-        Value::Int(n) => Some(*n),
-        _ => None,
+    if fields.next().is_some() {
+        return Err(malformed());
     }
+    Ok((StoreDecision { allowed, buckets }, now))
 }
 
 fn as_float(value: &Value) -> Option<f64> {
@@ -372,16 +413,31 @@ mod tests {
 
     #[test]
     fn replies_parse_into_decisions() {
-        let reply = Value::Array(vec![
-            Value::Int(1),
-            Value::BulkString(b"4.5".to_vec()),
-            Value::Int(1),
-            Value::BulkString(b"1764669600123456".to_vec()),
-        ]);
-        let (decision, now) = parse_decision(reply, 1).unwrap();
+        let reply = Value::BulkString(b"1 1764669600123456 4.5 1 0.30000000000000004 0".to_vec());
+        let (decision, now) = parse_decision(reply, 2).unwrap();
         assert!(decision.allowed);
         assert_eq!(now, "1764669600123456");
         assert_eq!(decision.buckets[0].tokens, 4.5);
+        assert!(decision.buckets[0].enough);
+        assert_eq!(decision.buckets[1].tokens, 0.1 + 0.2);
+        assert!(!decision.buckets[1].enough);
+    }
+
+    #[test]
+    fn malformed_replies_are_errors() {
+        for reply in [
+            "",
+            "1",
+            "1 5",
+            "1 5 4.5",
+            "1 5 4.5 2",
+            "2 5 4.5 1",
+            "1 5 x 1",
+            "1 5 4.5 1 7",
+        ] {
+            let value = Value::BulkString(reply.as_bytes().to_vec());
+            assert!(parse_decision(value, 1).is_err(), "{reply:?}");
+        }
         assert!(parse_decision(Value::Array(vec![Value::Int(1)]), 1).is_err());
     }
 

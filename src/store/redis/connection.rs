@@ -2,6 +2,7 @@
 //! (`store.cluster`), or the master that Sentinel names (`store.sentinel`). All three connect
 //! lazily, so tollgate starts and answers per `on_error` while Redis is unreachable.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -9,6 +10,7 @@ use arc_swap::ArcSwap;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::{ClusterClientBuilder, ClusterConfig};
 use redis::cluster_async::ClusterConnection;
+use redis::io::tcp::TcpSettings;
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{Cmd, IntoConnectionInfo, RedisResult, Value};
 
@@ -48,16 +50,21 @@ impl Connection {
     pub fn open(topology: &Topology<'_>, timeout: Duration) -> Result<Connection, StoreError> {
         match topology {
             Topology::Single { url } => {
-                let client = redis::Client::open(*url).map_err(|e| invalid("store.url", &e))?;
+                let info = url
+                    .into_connection_info()
+                    .map_err(|e| invalid("store.url", &e))?
+                    .set_tcp_settings(tcp_settings());
+                let client = redis::Client::open(info).map_err(|e| invalid("store.url", &e))?;
                 let node = SingleNode::open(client, manager_config(timeout))?;
                 Ok(Connection::Single(Box::new(node)))
             }
             Topology::Cluster { seeds } => {
                 let client = ClusterClientBuilder::new(seeds.iter().map(String::as_str))
+                    .tcp_settings(tcp_settings())
                     .build()
                     .map_err(|e| invalid("store.cluster", &e))?;
                 let config = ClusterConfig::new()
-                    .set_connection_timeout(timeout)
+                    .set_connection_timeout(connect_timeout(timeout))
                     .set_response_timeout(timeout);
                 Ok(Connection::Cluster(
                     client.get_pending_async_connection_with_config(config),
@@ -72,7 +79,8 @@ impl Connection {
                     .into_connection_info()
                     .map_err(|e| invalid("store.url", &e))?;
                 let node_info = SentinelNodeConnectionInfo::default()
-                    .set_redis_connection_info(node.redis_settings().clone());
+                    .set_redis_connection_info(node.redis_settings().clone())
+                    .set_tcp_settings(tcp_settings());
                 let client = SentinelClient::build(
                     sentinels.iter().map(String::as_str).collect(),
                     *master,
@@ -102,6 +110,16 @@ impl Connection {
         }
     }
 
+    /// Changes whenever calls move to a new connection that this handle knows of (a renewed
+    /// single node, a new Sentinel master): scripts must then be sent whole again.
+    pub fn generation(&self) -> u64 {
+        match self {
+            Connection::Single(node) => node.generation.load(Ordering::Acquire),
+            Connection::Cluster(_) => 0,
+            Connection::Sentinel(master) => master.generation(),
+        }
+    }
+
     /// Replaces a single-node connection by a fresh lazy one, connected by the next call (see
     /// the module docs of `store::redis`). A Cluster and Sentinel re-resolve by themselves.
     pub fn renew(&self) {
@@ -116,6 +134,7 @@ pub struct SingleNode {
     current: ArcSwap<ConnectionManager>,
     client: redis::Client,
     config: ConnectionManagerConfig,
+    generation: AtomicU64,
 }
 
 impl SingleNode {
@@ -129,6 +148,7 @@ impl SingleNode {
             current: ArcSwap::from_pointee(manager),
             client,
             config,
+            generation: AtomicU64::new(0),
         })
     }
 
@@ -138,15 +158,33 @@ impl SingleNode {
 
     fn renew(&self) {
         match ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone()) {
-            Ok(fresh) => self.current.store(Arc::new(fresh)),
+            Ok(fresh) => {
+                self.current.store(Arc::new(fresh));
+                self.generation.fetch_add(1, Ordering::AcqRel);
+            }
             Err(e) => log::debug!("cannot renew the Redis connection: {:?}", e.kind()),
         }
     }
 }
 
+/// How long one connection attempt may take: a connect costs a TCP handshake and the setup
+/// commands (two round trips, more with TLS), so a Redis whose round trip fits in the call
+/// timeout must still be able to connect. A call never waits longer than its own deadline;
+/// the attempt is shared, and the next call goes on with it.
+fn connect_timeout(timeout: Duration) -> Duration {
+    timeout * 4
+}
+
+/// `TCP_NODELAY` on every socket to Redis: with Nagle's algorithm a command written while
+/// another is in flight waits for the peer's ACK, so concurrent checks would go out in waves
+/// one round trip apart (a slow but healthy Redis would then time checks out).
+fn tcp_settings() -> TcpSettings {
+    TcpSettings::default().set_nodelay(true)
+}
+
 pub fn manager_config(timeout: Duration) -> ConnectionManagerConfig {
     ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(timeout))
+        .set_connection_timeout(Some(connect_timeout(timeout)))
         .set_response_timeout(Some(timeout))
         .set_max_delay(MAX_RECONNECT_DELAY)
         // One attempt per call: the breaker paces reconnection (see `Connection::renew`), and

@@ -4,6 +4,7 @@
 //! master). When the address changes, calls move to a new connection; until a master is
 //! known, calls fail fast and tollgate answers per `on_error`.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,6 +30,8 @@ struct Master {
 pub struct SentinelMaster {
     current: ArcSwapOption<Master>,
     wake: Notify,
+    /// Bumped on every change of master (a new connection).
+    generation: AtomicU64,
 }
 
 impl SentinelMaster {
@@ -41,9 +44,14 @@ impl SentinelMaster {
         let master = Arc::new(SentinelMaster {
             current: ArcSwapOption::empty(),
             wake: Notify::new(),
+            generation: AtomicU64::new(0),
         });
         tokio::spawn(discover_forever(master.clone(), client, name, config));
         master
+    }
+
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
     }
 
     pub async fn query(&self, cmd: &Cmd) -> RedisResult<Value> {
@@ -90,6 +98,7 @@ async fn discover_forever(
                             master
                                 .current
                                 .store(Some(Arc::new(Master { addr, connection })));
+                            master.generation.fetch_add(1, Ordering::AcqRel);
                         }
                         Err(error) => log::warn!("sentinel: cannot use master {addr}: {error}"),
                     }
