@@ -15,6 +15,7 @@
 //! 128-bit SHA-256 prefix of itself: memory per bucket stays bounded whatever the client sends,
 //! and a hashed tail cannot collide with a plain one (a plain `#` is always escaped).
 
+use std::borrow::Cow;
 use std::io::Write as _;
 use std::net::IpAddr;
 
@@ -22,7 +23,7 @@ use ipnet::Ipv6Net;
 
 use sha2::{Digest, Sha256};
 
-use crate::request::Described;
+use crate::request::{normalise, Described};
 
 /// Longest tail stored as is.
 pub const MAX_TAIL: usize = 128;
@@ -104,6 +105,18 @@ pub fn bucket_key(
     anonymous: bool,
     ipv6_prefix: u8,
 ) -> Result<String, MissingPart> {
+    let tail = bucket_tail(parts, request, anonymous, ipv6_prefix)?;
+    Ok(assemble(prefix, limit, &tail))
+}
+
+/// The request's values of `parts`, escaped and joined with `|`: what identifies its bucket
+/// within a limit, before [`assemble`] hashes it if need be. Overrides are looked up by it.
+pub fn bucket_tail(
+    parts: &[KeyPart],
+    request: &Described<'_>,
+    anonymous: bool,
+    ipv6_prefix: u8,
+) -> Result<Vec<u8>, MissingPart> {
     let mut tail = Vec::with_capacity(64);
     for (i, part) in parts.iter().enumerate() {
         if i > 0 {
@@ -111,7 +124,49 @@ pub fn bucket_key(
         }
         push_part(&mut tail, part_value(part, request), anonymous, ipv6_prefix)?;
     }
-    Ok(assemble(prefix, limit, &tail))
+    Ok(tail)
+}
+
+/// The tail a request carrying `values` (one per part, as an operator writes them in an
+/// override) would have: each value normalised as a request's is (an IP address in canonical
+/// form, an IPv6 one as its `/ipv6_prefix` network; a host lower-case without port or trailing
+/// dot; a path canonical). Fails with the index of a value no request can carry, and why.
+pub fn tail_of_values(
+    parts: &[KeyPart],
+    values: &[String],
+    ipv6_prefix: u8,
+) -> Result<Vec<u8>, (usize, String)> {
+    let mut tail = Vec::with_capacity(64);
+    for (i, (part, value)) in parts.iter().zip(values).enumerate() {
+        if i > 0 {
+            tail.push(b'|');
+        }
+        if value.is_empty() {
+            return Err((i, "is empty: an empty value is a missing key part".into()));
+        }
+        // Header and const values are keyed as sent; method, host and path as `Described`
+        // spells them.
+        let visible = || normalise::visible(value.as_bytes());
+        let value = match part {
+            KeyPart::Ip => {
+                // An IPv6 client's network may be written as such: `2001:db8:1:2::/64`.
+                let ip = crate::request::parse_ip(value.as_bytes())
+                    .or_else(|| value.parse::<ipnet::IpNet>().ok().map(|net| net.addr()))
+                    .ok_or_else(|| (i, format!("{value:?} is not an IP address")))?;
+                write_ip(&mut tail, ip, ipv6_prefix);
+                continue;
+            }
+            KeyPart::Method => visible(),
+            KeyPart::Host => normalise::host(visible()),
+            KeyPart::Path => normalise::path(visible()),
+            // Descriptor values are keyed as Envoy sends them.
+            KeyPart::Header(_) | KeyPart::Const(_) | KeyPart::Descriptor(_) => {
+                Cow::Borrowed(value.as_str())
+            }
+        };
+        escape_into(&mut tail, value.as_bytes());
+    }
+    Ok(tail)
 }
 
 /// Builds the bucket key of one limit from values looked up part by part: the gRPC path,
@@ -142,7 +197,7 @@ pub fn instances_key(prefix: &str) -> String {
 }
 
 /// `<prefix>:<limit>:{<tail>}`, hashing the tail when it is long or unprintable.
-fn assemble(prefix: &str, limit: &str, tail: &[u8]) -> String {
+pub fn assemble(prefix: &str, limit: &str, tail: &[u8]) -> String {
     let printable = tail.iter().all(|b| (0x20..=0x7e).contains(b));
     let mut key = String::with_capacity(prefix.len() + limit.len() + 4 + tail.len().min(33));
     key.push_str(prefix);

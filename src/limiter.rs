@@ -33,7 +33,7 @@ pub struct Limiter<S: Store> {
 /// Who decided a check; tests use it to prove the deny cache exact.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DecidedBy {
-    /// No store call was needed (no limit applies, or a key is missing).
+    /// No store call was needed (exempt, no limit applies, or a key is missing).
     Policy,
     Store,
     DenyCache,
@@ -109,6 +109,11 @@ impl<S: Store> Limiter<S> {
         policy: &Policy,
         request: &Described<'_>,
     ) -> (Verdict, DecidedBy) {
+        if let Some(rule) = policy.exempt(request) {
+            rule.counter.inc();
+            self.metrics.checks.exempt.inc();
+            return (Verdict::Exempt, DecidedBy::Policy);
+        }
         let buckets = match policy.applicable(request) {
             Ok(buckets) => buckets,
             Err(limit) => {

@@ -4,7 +4,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use tollgate::config::Config;
+use tollgate::config::{Config, ConfigError};
+use tollgate::limits::Policy;
+use tollgate::metrics::Metrics;
 use tollgate::server::{self, Listeners};
 
 #[derive(Parser)]
@@ -66,20 +68,36 @@ fn main() -> ExitCode {
     }
     let config = match Config::load(cli.config.as_deref()) {
         Ok(config) => config,
-        Err(error) => {
-            eprintln!("tollgate: invalid configuration: {error}");
-            return ExitCode::from(2);
-        }
+        Err(error) => return refuse(&error),
     };
     match cli.command.unwrap_or(Command::Serve) {
-        Command::Validate => {
-            print!("{}", config.summary());
-            ExitCode::SUCCESS
-        }
+        Command::Validate => validate(&config),
         Command::Serve => serve(config, cli.config),
         // Answered above, before any configuration is loaded.
         Command::Import(_) => ExitCode::SUCCESS,
     }
+}
+
+/// One line naming the key, exit code 2.
+fn refuse(error: &ConfigError) -> ExitCode {
+    eprintln!("tollgate: invalid configuration: {error}");
+    ExitCode::from(2)
+}
+
+fn validate(config: &Config) -> ExitCode {
+    let policy = match Policy::compile(config, &Metrics::new()) {
+        Ok(policy) => policy,
+        Err(error) => return refuse(&error),
+    };
+    print!("{}", config.summary());
+    for limit in policy.limits.iter().filter(|l| !l.overrides.is_empty()) {
+        println!(
+            "overrides     {}: {} key(s)",
+            limit.name,
+            limit.overrides.len()
+        );
+    }
+    ExitCode::SUCCESS
 }
 
 fn serve(config: Config, path: Option<PathBuf>) -> ExitCode {
@@ -90,6 +108,7 @@ fn serve(config: Config, path: Option<PathBuf>) -> ExitCode {
         });
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        Err(server::StartError::Config(error)) => refuse(&error),
         Err(error) => {
             log::error!("{error}");
             ExitCode::FAILURE

@@ -7,6 +7,7 @@ use prometheus::{
 };
 
 pub const CHECKS_TOTAL: &str = "tollgate_checks_total";
+pub const EXEMPT_TOTAL: &str = "tollgate_exempt_total";
 pub const LIMIT_DECISIONS_TOTAL: &str = "tollgate_limit_decisions_total";
 pub const CHECK_DURATION_SECONDS: &str = "tollgate_check_duration_seconds";
 pub const STORE_DURATION_SECONDS: &str = "tollgate_store_duration_seconds";
@@ -27,6 +28,7 @@ const LATENCY_BUCKETS: &[f64] = &[
 pub struct CheckCounters {
     pub allowed: IntCounter,
     pub denied: IntCounter,
+    pub exempt: IntCounter,
     pub error_allowed: IntCounter,
     pub error_denied: IntCounter,
 }
@@ -59,11 +61,29 @@ pub struct LimitCounters {
     pub shadow_denied: IntCounter,
 }
 
+impl LimitCounters {
+    /// Counters in no registry: a limit built from its config alone counts into these until
+    /// [`Metrics::limit_counters`] gives it the exported ones.
+    pub fn detached() -> LimitCounters {
+        LimitCounters {
+            allowed: detached_counter(),
+            denied: detached_counter(),
+            shadow_denied: detached_counter(),
+        }
+    }
+}
+
+/// A counter in no registry (see [`LimitCounters::detached`]).
+pub fn detached_counter() -> IntCounter {
+    IntCounter::new("detached", "not registered").expect("valid metric")
+}
+
 #[derive(Clone)]
 pub struct Metrics {
     registry: Registry,
     pub checks: CheckCounters,
     limit_decisions: IntCounterVec,
+    exempt: IntCounterVec,
     pub check_duration: Histogram,
     pub store_duration: Histogram,
     pub store_errors: StoreErrorCounters,
@@ -87,6 +107,14 @@ impl Metrics {
                 "Per-limit outcomes of evaluated checks.",
             ),
             &["limit", "decision"],
+        )
+        .expect("valid metric");
+        let exempt = IntCounterVec::new(
+            Opts::new(
+                EXEMPT_TOTAL,
+                "Checks admitted by an [[exempt]] rule, by rule.",
+            ),
+            &["rule"],
         )
         .expect("valid metric");
         let check_duration = Histogram::with_opts(
@@ -140,6 +168,7 @@ impl Metrics {
         for collector in [
             Box::new(checks.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(limit_decisions.clone()),
+            Box::new(exempt.clone()),
             Box::new(check_duration.clone()),
             Box::new(store_duration.clone()),
             Box::new(store_errors.clone()),
@@ -158,10 +187,12 @@ impl Metrics {
             checks: CheckCounters {
                 allowed: checks.with_label_values(&["allowed"]),
                 denied: checks.with_label_values(&["denied"]),
+                exempt: checks.with_label_values(&["exempt"]),
                 error_allowed: checks.with_label_values(&["error_allowed"]),
                 error_denied: checks.with_label_values(&["error_denied"]),
             },
             limit_decisions,
+            exempt,
             check_duration,
             store_duration,
             store_errors: StoreErrorCounters {
@@ -192,6 +223,11 @@ impl Metrics {
                 .limit_decisions
                 .with_label_values(&[limit, "shadow_denied"]),
         }
+    }
+
+    /// `tollgate_exempt_total` for one rule, resolved when the rules are compiled.
+    pub fn exempt_counter(&self, rule: &str) -> IntCounter {
+        self.exempt.with_label_values(&[rule])
     }
 
     /// The Prometheus text exposition of every metric.

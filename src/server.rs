@@ -127,6 +127,9 @@ pub async fn run(
         config.store.describe(),
         config.limits.len()
     );
+    for warning in config.warnings() {
+        log::warn!("{warning}");
+    }
 
     // Kept to shut the listening sockets ourselves: actix would reset what the kernel queued.
     let doors = vec![Door::of(&listeners.public)?, Door::of(&listeners.admin)?];

@@ -18,7 +18,8 @@ use crate::limits::{Limit, Policy};
 pub fn respond(verdict: &Verdict, plan: &Plan, policy: &Policy) -> RateLimitResponse {
     let descriptors = plan.per_descriptor.len();
     match verdict {
-        Verdict::Unlimited | Verdict::StoreFailed { allow: true } => {
+        // No exemption applies to descriptors (exemptions describe HTTP requests).
+        Verdict::Unlimited | Verdict::Exempt | Verdict::StoreFailed { allow: true } => {
             uniform(Code::Ok, descriptors, Vec::new())
         }
         Verdict::StoreFailed { allow: false } => uniform(

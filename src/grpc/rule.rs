@@ -65,10 +65,11 @@ impl DescriptorRule {
         if !matching.hosts.is_empty()
             || !matching.methods.is_empty()
             || matching.path_prefix.is_some()
+            || !matching.headers.is_empty()
         {
             return Err(ConfigError::new(
                 format!("{at}.match"),
-                "hosts, methods and path_prefix describe HTTP requests; a limit of the gRPC service matches domains and descriptors",
+                "hosts, methods, path_prefix and headers describe HTTP requests; a limit of the gRPC service matches domains and descriptors",
             ));
         }
         if config.cost_header.is_some() {

@@ -23,7 +23,9 @@ const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset
 pub fn render(verdict: &Verdict, policy: &Policy) -> HttpResponse {
     match verdict {
         // Empty 200: nginx keeps its keep-alive connection to tollgate only without a body.
-        Verdict::Unlimited | Verdict::StoreFailed { allow: true } => HttpResponse::Ok().finish(),
+        Verdict::Unlimited | Verdict::Exempt | Verdict::StoreFailed { allow: true } => {
+            HttpResponse::Ok().finish()
+        }
         Verdict::Decided(decision) if decision.allowed => {
             let mut response = HttpResponse::Ok();
             quota_headers(&mut response, decision, policy);
@@ -205,11 +207,11 @@ pub fn each_quota_header(
     }
 }
 
-/// A limit's `RateLimit-Policy` item: precomputed, unless the local fallback decided it with
-/// this instance's share of the limit.
+/// A limit's `RateLimit-Policy` item: precomputed, unless the key has its own numbers (an
+/// override, or this instance's share of the limit under the local fallback).
 fn policy_item<'p>(state: &LimitState, policy: &'p Policy) -> Cow<'p, str> {
     let limit = &policy.limits[state.limit];
-    if !state.is_scaled(limit) {
+    if !state.has_own_numbers(limit) {
         return Cow::Borrowed(&limit.policy_item);
     }
     Cow::Owned(format!(
