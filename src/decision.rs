@@ -28,6 +28,8 @@ pub struct LimitState {
 pub enum Verdict {
     /// No limit applies to this request.
     Unlimited,
+    /// An `[[exempt]]` rule admitted it before any limit was looked at.
+    Exempt,
     /// Decided by the store (or, when `degraded`, by the local fallback).
     Decided(Decision),
     /// A key part is missing and the limit says `on_missing = "deny"`.
@@ -44,18 +46,7 @@ pub struct Decision {
     pub degraded: bool,
 }
 
-/// Largest integer a structured header field may carry (15 digits, RFC 9651).
-pub const MAX_SF_INTEGER: u64 = 999_999_999_999_999;
-
-/// Rounds seconds up to a whole number, at least 0; huge or NaN values saturate at the largest
-/// structured-field integer, so every header that shows seconds stays parseable.
-pub fn ceil_secs(seconds: f64) -> u64 {
-    if seconds.is_nan() || seconds <= 0.0 {
-        0
-    } else {
-        seconds.ceil().min(MAX_SF_INTEGER as f64) as u64
-    }
-}
+pub use crate::rate::{ceil_secs, MAX_SF_INTEGER};
 
 impl LimitState {
     /// Whole tokens left, as `RateLimit: r=` and `X-RateLimit-Remaining` show them.
@@ -99,8 +90,9 @@ impl LimitState {
         }
     }
 
-    /// Whether this bucket was decided with other numbers than its limit's (local fallback).
-    pub fn is_scaled(&self, limit: &Limit) -> bool {
+    /// Whether this bucket was decided with other numbers than its limit's: its key's
+    /// override, or under `on_error = "local"` this instance's share.
+    pub fn has_own_numbers(&self, limit: &Limit) -> bool {
         self.rate != limit.rate || self.burst != limit.burst as f64
     }
 

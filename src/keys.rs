@@ -42,6 +42,8 @@ pub enum KeyPart {
     /// Header name, lowercase.
     Header(String),
     Const(String),
+    /// The value of this entry key in an Envoy rate limit descriptor (gRPC only).
+    Descriptor(String),
 }
 
 impl KeyPart {
@@ -61,8 +63,16 @@ impl KeyPart {
         if let Some(value) = text.strip_prefix("const:") {
             return Ok(KeyPart::Const(value.to_string()));
         }
+        if let Some(key) = text.strip_prefix("descriptor:") {
+            if key.is_empty() {
+                return Err(
+                    "descriptor: needs an entry key, e.g. descriptor:remote_address".into(),
+                );
+            }
+            return Ok(KeyPart::Descriptor(key.to_string()));
+        }
         Err(format!(
-            "unknown key part {text:?}: expected ip, method, host, path, header:<name> or const:<text>"
+            "unknown key part {text:?}: expected ip, method, host, path, header:<name>, const:<text> or descriptor:<key>"
         ))
     }
 }
@@ -76,6 +86,7 @@ impl std::fmt::Display for KeyPart {
             KeyPart::Path => f.write_str("path"),
             KeyPart::Header(name) => write!(f, "header:{name}"),
             KeyPart::Const(text) => write!(f, "const:{text}"),
+            KeyPart::Descriptor(key) => write!(f, "descriptor:{key}"),
         }
     }
 }
@@ -94,12 +105,88 @@ pub fn bucket_key(
     anonymous: bool,
     ipv6_prefix: u8,
 ) -> Result<String, MissingPart> {
+    let tail = bucket_tail(parts, request, anonymous, ipv6_prefix)?;
+    Ok(assemble(prefix, limit, &tail))
+}
+
+/// The request's values of `parts`, escaped and joined with `|`: what identifies its bucket
+/// within a limit, before [`assemble`] hashes it if need be. Overrides are looked up by it.
+pub fn bucket_tail(
+    parts: &[KeyPart],
+    request: &Described<'_>,
+    anonymous: bool,
+    ipv6_prefix: u8,
+) -> Result<Vec<u8>, MissingPart> {
     let mut tail = Vec::with_capacity(64);
     for (i, part) in parts.iter().enumerate() {
         if i > 0 {
             tail.push(b'|');
         }
         push_part(&mut tail, part_value(part, request), anonymous, ipv6_prefix)?;
+    }
+    Ok(tail)
+}
+
+/// The tail a request carrying `values` (one per part, as an operator writes them in an
+/// override) would have: each value normalised as a request's is (an IP address in canonical
+/// form, an IPv6 one as its `/ipv6_prefix` network; a host lower-case without port or trailing
+/// dot; a path canonical). Fails with the index of a value no request can carry, and why.
+pub fn tail_of_values(
+    parts: &[KeyPart],
+    values: &[String],
+    ipv6_prefix: u8,
+) -> Result<Vec<u8>, (usize, String)> {
+    let mut tail = Vec::with_capacity(64);
+    for (i, (part, value)) in parts.iter().zip(values).enumerate() {
+        if i > 0 {
+            tail.push(b'|');
+        }
+        if value.is_empty() {
+            return Err((i, "is empty: an empty value is a missing key part".into()));
+        }
+        // Header and const values are keyed as sent; method, host and path as `Described`
+        // spells them.
+        let visible = || normalise::visible(value.as_bytes());
+        let value = match part {
+            KeyPart::Ip => {
+                // An IPv6 client's network may be written as such: `2001:db8:1:2::/64`.
+                let ip = crate::request::parse_ip(value.as_bytes())
+                    .or_else(|| value.parse::<ipnet::IpNet>().ok().map(|net| net.addr()))
+                    .ok_or_else(|| (i, format!("{value:?} is not an IP address")))?;
+                write_ip(&mut tail, ip, ipv6_prefix);
+                continue;
+            }
+            KeyPart::Method => visible(),
+            KeyPart::Host => normalise::host(visible()),
+            KeyPart::Path => normalise::path(visible()),
+            // Descriptor values are keyed as Envoy sends them.
+            KeyPart::Header(_) | KeyPart::Const(_) | KeyPart::Descriptor(_) => {
+                Cow::Borrowed(value.as_str())
+            }
+        };
+        escape_into(&mut tail, value.as_bytes());
+    }
+    Ok(tail)
+}
+
+/// Builds the bucket key of one limit from values looked up part by part: the gRPC path,
+/// where a rate limit descriptor's entries carry them. Same escaping and hashing as
+/// [`bucket_key`]; an empty value is a missing part.
+pub fn key_from_values<'v>(
+    prefix: &str,
+    limit: &str,
+    parts: &'v [KeyPart],
+    mut value_of: impl FnMut(&'v KeyPart) -> Option<&'v [u8]>,
+    anonymous: bool,
+) -> Result<String, MissingPart> {
+    let mut tail = Vec::with_capacity(64);
+    for (i, part) in parts.iter().enumerate() {
+        if i > 0 {
+            tail.push(b'|');
+        }
+        let value = value_of(part).filter(|value| !value.is_empty());
+        // No address among descriptor values: the IPv6 prefix plays no part.
+        push_part(&mut tail, value.map(PartValue::Bytes), anonymous, 128)?;
     }
     Ok(assemble(prefix, limit, &tail))
 }
@@ -151,7 +238,7 @@ pub fn instances_key(prefix: &str) -> String {
 }
 
 /// `<prefix>:<limit>:{<tail>}`, hashing the tail when it is long or unprintable.
-fn assemble(prefix: &str, limit: &str, tail: &[u8]) -> String {
+pub fn assemble(prefix: &str, limit: &str, tail: &[u8]) -> String {
     let printable = tail.iter().all(|b| (0x20..=0x7e).contains(b));
     let mut key = String::with_capacity(prefix.len() + limit.len() + 4 + tail.len().min(33));
     key.push_str(prefix);
@@ -206,6 +293,8 @@ fn part_value<'a>(part: &'a KeyPart, request: &'a Described<'_>) -> Option<PartV
         KeyPart::Path => request.path.as_bytes(),
         KeyPart::Header(name) => request.header(name)?,
         KeyPart::Const(text) => text.as_bytes(),
+        // An HTTP request carries no descriptor.
+        KeyPart::Descriptor(_) => return None,
     };
     (!value.is_empty()).then_some(PartValue::Bytes(value))
 }
@@ -245,6 +334,21 @@ fn write_ip(out: &mut Vec<u8>, ip: IpAddr, ipv6_prefix: u8) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn descriptor_values_are_escaped_and_hostile_ones_hashed() {
+        let parts = [KeyPart::Descriptor("user".into())];
+        let key = |value: &'static [u8]| {
+            key_from_values("tg", "d", &parts, |_| Some(value), false).unwrap()
+        };
+        assert_eq!(key(b"a|b"), "tg:d:{a%7Cb}");
+        assert_eq!(key(&[b'x'; 100_000]).len(), "tg:d:{#}".len() + 32);
+        assert!(key(b"\xff\x00").starts_with("tg:d:{#"));
+        assert_eq!(
+            key_from_values("tg", "d", &parts, |_| Some(&b""[..]), false),
+            Err(MissingPart)
+        );
+    }
 
     fn ip_key(ip: &str, prefix: u8) -> String {
         let mut out = Vec::new();
@@ -424,10 +528,12 @@ mod tests {
             "path",
             "header:x-api-key",
             "const:all",
+            "descriptor:remote_address",
         ] {
             assert_eq!(KeyPart::parse(text).unwrap().to_string(), text);
         }
         assert!(KeyPart::parse("header:bad header").is_err());
         assert!(KeyPart::parse("cookie").is_err());
+        assert!(KeyPart::parse("descriptor:").is_err());
     }
 }

@@ -11,7 +11,9 @@
 //!
 //! - [`http`]: `/check`, `/healthz`, `/readyz`, `/metrics`; [`http::headers`] renders a verdict.
 //! - [`request`]: what `/check` reads: original method, path, host, client IP (XFF walk).
-//! - [`limits`]: compiled limits, match rules, cost; which limits apply to a request.
+//! - [`limits`]: limits built from their config, cost; which limits apply to a request;
+//!   [`exempt`] admits a request before any limit; [`matcher`] holds the match rules both
+//!   use; [`overrides`] gives single keys their own policy; [`rate`] reads `"100/min"`.
 //! - [`keys`]: every store key is built here (escaping, hashing of hostile values).
 //! - [`limiter`]: the decision without HTTP: one atomic store call, `on_error` fallbacks;
 //!   [`deny_cache`] answers the denials Redis would surely repeat, without asking it.
@@ -23,19 +25,28 @@
 //! - [`report`]: `POST /report` without HTTP: charges known after the response.
 //! - [`metrics`]: the Prometheus registry; every metric name in one place.
 //! - [`clock`]: time as a parameter ([`clock::Clock`]), so tests advance it, never sleep.
-//! - [`config`]: defaults < TOML file < `TOLLGATE_*` environment; validation.
-//! - [`server`]: wiring and the two listeners; [`lifecycle`]: signals, reload, heartbeat.
+//! - [`config`]: defaults < TOML file < `TOLLGATE_*` environment: the schema, loading,
+//!   validation of the settings and the summary `validate` prints, one file each.
+//! - [`grpc`]: Envoy's rate limit service (`ShouldRateLimit`): descriptors become buckets for
+//!   the same [`limiter`]; [`import`] converts envoyproxy/ratelimit's YAML to tollgate TOML.
+//! - [`server`]: wiring and the listeners; [`lifecycle`]: signals, reload, heartbeat.
 
 pub mod clock;
 pub mod config;
 pub mod decision;
 pub mod deny_cache;
+pub mod exempt;
+pub mod grpc;
 pub mod http;
+pub mod import;
 pub mod keys;
 pub mod lifecycle;
 pub mod limiter;
 pub mod limits;
+pub mod matcher;
 pub mod metrics;
+pub mod overrides;
+pub mod rate;
 pub mod report;
 pub mod request;
 pub mod server;

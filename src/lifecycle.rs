@@ -72,6 +72,7 @@ fn keep_restart_only_settings(mut loaded: Config, running: &Config) -> Config {
     let changed = [
         ("listen", loaded.listen != running.listen),
         ("admin_listen", loaded.admin_listen != running.admin_listen),
+        ("grpc_listen", loaded.grpc_listen != running.grpc_listen),
         ("[store]", loaded.store != running.store),
     ];
     for (name, _) in changed.iter().filter(|(_, changed)| *changed) {
@@ -79,11 +80,13 @@ fn keep_restart_only_settings(mut loaded: Config, running: &Config) -> Config {
     }
     loaded.listen = running.listen;
     loaded.admin_listen = running.admin_listen;
+    loaded.grpc_listen = running.grpc_listen;
     loaded.store = running.store.clone();
     loaded
 }
 
-/// Waits for signals: SIGHUP reloads; SIGTERM or SIGINT stops the servers gracefully: new
+/// Waits for signals: SIGHUP reloads; SIGTERM or SIGINT sets `stopping` and stops the HTTP
+/// servers gracefully: new
 /// connections are refused (none the kernel already accepted is reset); for [`CLOSE_NOTICE`]
 /// every answer says `Connection: close` (`draining`), then idle connections close and
 /// in-flight checks finish.
@@ -91,6 +94,7 @@ pub async fn watch_signals(
     servers: Vec<ServerHandle>,
     doors: Vec<Door>,
     draining: Arc<AtomicBool>,
+    stopping: tokio::sync::watch::Sender<bool>,
     reloader: Arc<Reloader>,
 ) {
     let (Ok(mut term), Ok(mut int), Ok(mut hup)) = (
@@ -111,6 +115,8 @@ pub async fn watch_signals(
     log::info!("shutting down: no new connections, finishing in-flight checks");
     let notice_ends = Instant::now() + CLOSE_NOTICE;
     draining.store(true, Ordering::Relaxed);
+    // The gRPC service drains on its own (see `grpc::spawn`).
+    stopping.send_replace(true);
     stop_accepting(&servers, &doors, notice_ends).await;
     tokio::time::sleep_until(notice_ends.into()).await;
     let stops = servers.iter().map(|server| server.stop(true));

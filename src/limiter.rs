@@ -33,7 +33,7 @@ pub struct Limiter<S: Store> {
 /// Who decided a check; tests use it to prove the deny cache exact.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DecidedBy {
-    /// No store call was needed (no limit applies, or a key is missing).
+    /// No store call was needed (exempt, no limit applies, or a key is missing).
     Policy,
     Store,
     DenyCache,
@@ -109,6 +109,11 @@ impl<S: Store> Limiter<S> {
         policy: &Policy,
         request: &Described<'_>,
     ) -> (Verdict, DecidedBy) {
+        if let Some(rule) = policy.exempt(request) {
+            rule.counter.inc();
+            self.metrics.checks.exempt.inc();
+            return (Verdict::Exempt, DecidedBy::Policy);
+        }
         let buckets = match policy.applicable(request) {
             Ok(buckets) => buckets,
             Err(limit) => {
@@ -116,14 +121,24 @@ impl<S: Store> Limiter<S> {
                 return (Verdict::MissingKey { limit }, DecidedBy::Policy);
             }
         };
+        self.decide_traced(policy, &buckets).await
+    }
+
+    /// Decides buckets that the caller found applicable (the gRPC path builds them from
+    /// descriptors): deny cache, one atomic store call, `on_error`, exactly as for `/check`.
+    pub async fn decide_traced(
+        &self,
+        policy: &Policy,
+        buckets: &[BucketRequest],
+    ) -> (Verdict, DecidedBy) {
         if buckets.is_empty() {
             self.metrics.checks.allowed.inc();
             return (Verdict::Unlimited, DecidedBy::Policy);
         }
-        let (probe, waited) = match self.consult_cache(policy, &buckets).await {
+        let (probe, waited) = match self.consult_cache(policy, buckets).await {
             Ok(asked) => asked,
             Err(denial) => {
-                let decision = self.record_cached_denial(policy, &buckets, denial);
+                let decision = self.record_cached_denial(policy, buckets, denial);
                 return (Verdict::Decided(decision), DecidedBy::DenyCache);
             }
         };
@@ -131,22 +146,22 @@ impl<S: Store> Limiter<S> {
         // here too then, so the answer comes within the wait plus the timeout whatever the
         // store does.
         let decided = match waited {
-            Some(budget) => tokio::time::timeout(budget, self.store.decide(&buckets))
+            Some(budget) => tokio::time::timeout(budget, self.store.decide(buckets))
                 .await
                 .unwrap_or(Err(StoreError::Timeout)),
-            None => self.store.decide(&buckets).await,
+            None => self.store.decide(buckets).await,
         };
         match decided {
             Ok(decided) => {
                 if let Some(probe) = probe {
                     probe.learn(&decided.buckets);
                 }
-                let decision = self.record(policy, &buckets, decided, false);
+                let decision = self.record(policy, buckets, decided, false);
                 (Verdict::Decided(decision), DecidedBy::Store)
             }
             // The probe, if any, is dropped unanswered: abandoned, its waiters woken.
             Err(error) => (
-                self.on_store_error(policy, &buckets, &error),
+                self.on_store_error(policy, buckets, &error),
                 DecidedBy::OnError,
             ),
         }
@@ -187,10 +202,13 @@ impl<S: Store> Limiter<S> {
     /// parts, so then any bucket may be raised by a refund, here or on another instance.
     fn cacheable(&self, policy: &Policy) -> bool {
         !self.store.splits_requests()
-            || policy
+            || (policy
                 .limits
                 .windows(2)
                 .all(|pair| pair[0].key == pair[1].key)
+                // A gRPC request's descriptors carry different values: it may span slots
+                // whatever the limits key on.
+                && policy.limits.iter().all(|limit| limit.descriptor.is_none()))
     }
 
     /// A denial by the cache, shaped like the store's: the denying bucket carries its token

@@ -1,16 +1,25 @@
-//! Limits compiled from the config, and which of them apply to a request: match rules, the
-//! bucket key, the cost, `on_missing`. The compiled set is a [`Policy`], swapped whole on
-//! reload.
+//! Limits built from the config, and which of them apply to a request: match rules, the
+//! bucket key, per-key overrides, the cost, `on_missing`. The compiled set is a [`Policy`],
+//! swapped whole on reload.
+//!
+//! Building a [`Limit`] from its [`LimitConfig`] is the one place a limit is checked: what
+//! exists is valid, and nothing parses the config twice.
 
-use std::borrow::Cow;
+use std::collections::HashSet;
 
 use crate::config::{
-    Charge, Config, ConfigError, LimitConfig, MatchConfig, OnMissing, ResponseConfig,
+    check_refill, valid_name, Charge, Config, ConfigError, LimitConfig, OnMissing, RateSpec,
+    ResponseConfig, MAX_BURST,
 };
+use crate::exempt::{ExemptRule, Exemptions};
+use crate::grpc::DescriptorRule;
 use crate::keys::{self, KeyPart};
+use crate::matcher::Matcher;
 use crate::metrics::{LimitCounters, Metrics};
-use crate::request::{normalise, ClientIpPolicy, Described};
-use crate::store::{BucketRequest, Meter};
+use crate::overrides::{Base, Override, Overrides};
+use crate::rate::ceil_secs;
+use crate::request::{ClientIpPolicy, Described};
+use crate::store::{BucketRequest, Meter, Period};
 
 /// One configured limit, ready for the hot path.
 pub struct Limit {
@@ -29,90 +38,239 @@ pub struct Limit {
     pub on_missing: OnMissing,
     pub key: Vec<KeyPart>,
     pub matcher: Matcher,
+    pub overrides: Overrides,
+    /// Set for a limit of Envoy's rate limit service: it applies to descriptors, never to
+    /// `/check`.
+    pub descriptor: Option<DescriptorRule>,
     /// This limit's `RateLimit-Policy` item, `"<name>";q=<burst>;w=<window>` (a quota's
     /// window is its period; a month's length is filled in per decision).
     pub policy_item: String,
+    /// Detached until [`Policy::compile`] gives it the exported counters.
     pub counters: LimitCounters,
 }
 
-/// `[limits.match]`: every given condition must hold.
-#[derive(Debug, Clone, Default)]
-pub struct Matcher {
-    hosts: Vec<String>,
-    methods: Vec<String>,
-    path_prefix: Option<String>,
+/// `"<name>";q=<burst>;w=<seconds to fill>`.
+pub fn policy_item(name: &str, rate: f64, burst: u64) -> String {
+    format!("\"{name}\";q={burst};w={}", ceil_secs(burst as f64 / rate))
 }
 
-impl Matcher {
-    fn new(config: &MatchConfig) -> Matcher {
-        Matcher {
-            // Spelled like a request's host is normalised: lower-case, no trailing dot.
-            hosts: config
-                .hosts
-                .iter()
-                .map(|h| h.strip_suffix('.').unwrap_or(h).to_ascii_lowercase())
-                .collect(),
-            methods: config
-                .methods
-                .iter()
-                .map(|m| m.to_ascii_uppercase())
-                .collect(),
-            // Spelled like a request's path is normalised, so `/api/./v1/` still matches.
-            path_prefix: config
-                .path_prefix
-                .as_deref()
-                .map(|prefix| normalise::path(Cow::Borrowed(prefix)).into_owned()),
+/// What building a limit takes: its table, and how an IPv6 client is keyed (an override's
+/// `ip` value is keyed the same way).
+#[derive(Clone, Copy)]
+pub struct LimitInput<'a> {
+    pub config: &'a LimitConfig,
+    pub ipv6_prefix: u8,
+}
+
+impl TryFrom<LimitInput<'_>> for Limit {
+    type Error = ConfigError;
+
+    fn try_from(input: LimitInput<'_>) -> Result<Limit, ConfigError> {
+        let config = input.config;
+        if !valid_name(&config.name) {
+            return Err(ConfigError::new(
+                "limits.name",
+                format!(
+                    "{:?} must match [a-z0-9_-]+ (at most 64 characters)",
+                    config.name
+                ),
+            ));
         }
-    }
-
-    pub fn matches(&self, request: &Described<'_>) -> bool {
-        // The request's host and path are normalised (lower-case host without port or trailing
-        // dot; path without dot segments, doubled slashes or escaped unreserved characters).
-        (self.hosts.is_empty() || self.hosts.iter().any(|h| *h == request.host))
-            && (self.methods.is_empty()
-                || self
-                    .methods
-                    .iter()
-                    .any(|m| m.eq_ignore_ascii_case(&request.method)))
-            && self
-                .path_prefix
-                .as_deref()
-                .is_none_or(|prefix| request.path.starts_with(prefix))
-    }
-}
-
-impl Limit {
-    fn compile(config: &LimitConfig, metrics: &Metrics) -> Limit {
-        let meter = match config.period {
-            Some(period) => Meter::Quota(period),
-            None => Meter::Bucket,
+        let at = format!("limits.{}", config.name);
+        let (rate, meter) = checked_meter(config, &at)?;
+        check_charge(config, &at)?;
+        let cost_header = config
+            .cost_header
+            .as_deref()
+            .map(|header| {
+                actix_web::http::header::HeaderName::try_from(header)
+                    .map(|name| name.as_str().to_string())
+                    .map_err(|_| {
+                        ConfigError::new(format!("{at}.cost_header"), "is not a valid header name")
+                    })
+            })
+            .transpose()?;
+        let key = key_parts(&config.key, &at)?;
+        let matcher = Matcher::compile(&config.matching, &format!("{at}.match"))?;
+        DescriptorRule::check(config, &at)?;
+        let base = Base {
+            rate,
+            burst: config.capacity(),
+            cost: config.cost,
+            ipv6_prefix: input.ipv6_prefix,
+            quota: matches!(meter, Meter::Quota(_)),
         };
-        let window = match meter {
-            Meter::Bucket => crate::decision::ceil_secs(config.burst as f64 / config.rate),
-            Meter::Quota(period) => period.fixed_secs().unwrap_or(30 * 86_400),
-        };
-        Limit {
+        let overrides = Overrides::compile(
+            &config.overrides,
+            config.overrides_file.as_deref(),
+            &key,
+            base,
+            &at,
+        )?;
+        Ok(Limit {
             name: config.name.clone(),
-            rate: config.rate,
+            rate,
             burst: config.capacity(),
             meter,
             charge: config.charge,
             max_debt: config.max_debt(),
             cost: config.cost,
-            cost_header: config.cost_header.as_ref().map(|h| h.to_ascii_lowercase()),
+            cost_header,
             shadow: config.shadow,
             on_missing: config.on_missing,
-            key: config
-                .key
-                .iter()
-                .filter_map(|part| KeyPart::parse(part).ok())
-                .collect(),
-            matcher: Matcher::new(&config.matching),
-            policy_item: format!("\"{}\";q={};w={window}", config.name, config.capacity()),
-            counters: metrics.limit_counters(&config.name),
-        }
+            key,
+            matcher,
+            descriptor: DescriptorRule::compile(config),
+            overrides,
+            policy_item: match meter {
+                Meter::Bucket => policy_item(&config.name, rate, config.burst),
+                Meter::Quota(period) => format!(
+                    "\"{}\";q={};w={}",
+                    config.name,
+                    config.capacity(),
+                    period.fixed_secs().unwrap_or(30 * 86_400)
+                ),
+            },
+            counters: LimitCounters::detached(),
+        })
     }
+}
 
+/// Tokens per second (0 for a quota) and the meter, after checking the numbers the store must
+/// represent: rate, burst or quota, refill time, cost.
+fn checked_meter(config: &LimitConfig, at: &str) -> Result<(f64, Meter), ConfigError> {
+    let (rate, meter) = if config.quota.is_some() || config.period.is_some() {
+        (0.0, Meter::Quota(checked_quota(config, at)?))
+    } else {
+        (checked_bucket(config, at)?, Meter::Bucket)
+    };
+    if config.cost == 0 {
+        return Err(ConfigError::new(format!("{at}.cost"), "must be >= 1"));
+    }
+    if config.cost > config.capacity() && config.charge == Charge::Request {
+        return Err(ConfigError::new(
+            format!("{at}.cost"),
+            format!(
+                "cost {} exceeds {} {}: no request could ever pass",
+                config.cost,
+                if config.quota.is_some() {
+                    "quota"
+                } else {
+                    "burst"
+                },
+                config.capacity()
+            ),
+        ));
+    }
+    Ok((rate, meter))
+}
+
+/// A bucket's rate in tokens per second, after checking its burst and refill time.
+fn checked_bucket(config: &LimitConfig, at: &str) -> Result<f64, ConfigError> {
+    const NEEDS: &str = "(a bucket takes rate and burst; a quota, quota and period)";
+    let rate = config
+        .rate
+        .per_second()
+        .map_err(|why| ConfigError::new(format!("{at}.rate"), format!("{why} {NEEDS}")))?;
+    if config.burst == 0 || config.burst > MAX_BURST {
+        return Err(ConfigError::new(
+            format!("{at}.burst"),
+            format!("must be between 1 and {MAX_BURST} {NEEDS}"),
+        ));
+    }
+    // A bucket in debt refills its burst and its debt before the store may forget it.
+    let debt = match config.charge {
+        Charge::Report => config.max_debt(),
+        Charge::Request => 0,
+    };
+    check_refill(rate, config.burst + debt, &format!("{at}.rate"))?;
+    Ok(rate)
+}
+
+/// A quota's period, after checking that it has quota and period and nothing of a bucket.
+fn checked_quota(config: &LimitConfig, at: &str) -> Result<Period, ConfigError> {
+    let Some(quota) = config.quota else {
+        return Err(ConfigError::new(
+            format!("{at}.quota"),
+            "is required with period: at most this many per period",
+        ));
+    };
+    let Some(period) = config.period else {
+        return Err(ConfigError::new(
+            format!("{at}.period"),
+            "is required with quota: \"hour\", \"day\", \"week\" or \"month\"",
+        ));
+    };
+    if quota == 0 || quota > MAX_BURST {
+        return Err(ConfigError::new(
+            format!("{at}.quota"),
+            format!("must be between 1 and {MAX_BURST}"),
+        ));
+    }
+    if config.rate != RateSpec::default() || config.burst != 0 {
+        let key = if config.rate != RateSpec::default() {
+            "rate"
+        } else {
+            "burst"
+        };
+        return Err(ConfigError::new(
+            format!("{at}.{key}"),
+            "a quota limit takes quota and period, not rate and burst (use two limits for both)",
+        ));
+    }
+    if config.max_debt.is_some() {
+        return Err(ConfigError::new(
+            format!("{at}.max_debt"),
+            "applies to buckets only: a report counts in full against a quota",
+        ));
+    }
+    Ok(period)
+}
+
+/// What `charge` allows: `max_debt` only with reports, no `cost_header` on a reported limit.
+fn check_charge(config: &LimitConfig, at: &str) -> Result<(), ConfigError> {
+    if config.charge == Charge::Request {
+        if config.max_debt.is_some() {
+            return Err(ConfigError::new(
+                format!("{at}.max_debt"),
+                "applies only with charge = \"report\"",
+            ));
+        }
+        return Ok(());
+    }
+    if config.cost_header.is_some() {
+        return Err(ConfigError::new(
+            format!("{at}.cost_header"),
+            "a charge = \"report\" limit is charged by POST /report, not by /check",
+        ));
+    }
+    if config.max_debt.is_some_and(|debt| debt > MAX_BURST) {
+        return Err(ConfigError::new(
+            format!("{at}.max_debt"),
+            format!("must be at most {MAX_BURST}"),
+        ));
+    }
+    Ok(())
+}
+
+/// The key parts, at least one.
+fn key_parts(parts: &[String], at: &str) -> Result<Vec<KeyPart>, ConfigError> {
+    if parts.is_empty() {
+        return Err(ConfigError::new(
+            format!("{at}.key"),
+            "needs at least one part, e.g. [\"ip\"]",
+        ));
+    }
+    parts
+        .iter()
+        .enumerate()
+        .map(|(i, part)| {
+            KeyPart::parse(part).map_err(|why| ConfigError::new(format!("{at}.key[{i}]"), why))
+        })
+        .collect()
+}
+
+impl Limit {
     /// What this limit charges at `/check`: nothing for a `charge = "report"` limit (0 admits
     /// while it is not used up), else [`Limit::cost_of`].
     fn check_cost(&self, request: &Described<'_>) -> u64 {
@@ -137,6 +295,7 @@ impl Limit {
 
 /// Everything a check needs that a reload may change.
 pub struct Policy {
+    pub exemptions: Exemptions,
     pub limits: Vec<Limit>,
     pub client_ip: ClientIpPolicy,
     pub response: ResponseConfig,
@@ -146,16 +305,29 @@ pub struct Policy {
 }
 
 impl Policy {
-    /// Compiles a validated config. Also re-validates, so a reload can never install a policy
-    /// that start-up would refuse.
+    /// Builds every exemption and limit of a loaded config (which checked the rest) and
+    /// resolves their counters; the first refused one is the error.
     pub fn compile(config: &Config, metrics: &Metrics) -> Result<Policy, ConfigError> {
-        config.validate()?;
+        let exemptions = Exemptions::compile(&config.exempt, metrics)?;
+        let mut names = HashSet::new();
+        let mut limits = Vec::with_capacity(config.limits.len());
+        for limit_config in &config.limits {
+            let mut limit = Limit::try_from(LimitInput {
+                config: limit_config,
+                ipv6_prefix: config.client_ip.ipv6_prefix,
+            })?;
+            if !names.insert(limit_config.name.as_str()) {
+                return Err(ConfigError::new(
+                    format!("limits.{}.name", limit.name),
+                    format!("duplicate limit name {:?}", limit.name),
+                ));
+            }
+            limit.counters = metrics.limit_counters(&limit.name);
+            limits.push(limit);
+        }
         Ok(Policy {
-            limits: config
-                .limits
-                .iter()
-                .map(|l| Limit::compile(l, metrics))
-                .collect(),
+            exemptions,
+            limits,
             client_ip: ClientIpPolicy::from(&config.client_ip),
             response: config.response.clone(),
             key_prefix: config.store.key_prefix.clone(),
@@ -163,32 +335,39 @@ impl Policy {
         })
     }
 
+    /// The `[[exempt]]` rule that admits this request, if any.
+    pub fn exempt(&self, request: &Described<'_>) -> Option<&ExemptRule> {
+        self.exemptions.first_match(request)
+    }
+
     /// The buckets this request must draw from, in limit order, each tagged with the index of
-    /// its limit. Fails with the index of a limit whose key is missing under
-    /// `on_missing = "deny"`.
+    /// its limit and carrying its key's policy (an override's numbers, if any). Fails with the
+    /// index of a limit whose key is missing under `on_missing = "deny"`.
     pub fn applicable(&self, request: &Described<'_>) -> Result<Vec<BucketRequest>, usize> {
         let mut buckets = Vec::with_capacity(self.limits.len());
         for (index, limit) in self.limits.iter().enumerate() {
-            if !limit.matcher.matches(request) {
+            if limit.descriptor.is_some() || !limit.matcher.matches(request) {
                 continue;
             }
             let anonymous = limit.on_missing == OnMissing::Anonymous;
-            let key = match keys::bucket_key(
-                &self.key_prefix,
-                &limit.name,
-                &limit.key,
-                request,
-                anonymous,
-                self.client_ip.ipv6_prefix,
-            ) {
-                Ok(key) => key,
-                Err(keys::MissingPart) if limit.on_missing == OnMissing::Deny => return Err(index),
-                Err(keys::MissingPart) => continue,
+            let tail =
+                match keys::bucket_tail(&limit.key, request, anonymous, self.client_ip.ipv6_prefix)
+                {
+                    Ok(tail) => tail,
+                    Err(keys::MissingPart) if limit.on_missing == OnMissing::Deny => {
+                        return Err(index)
+                    }
+                    Err(keys::MissingPart) => continue,
+                };
+            let (rate, burst) = match limit.overrides.get(&tail) {
+                Some(Override::Unlimited) => continue,
+                Some(Override::Bucket { rate, burst }) => (rate, burst),
+                None => (limit.rate, limit.burst),
             };
             buckets.push(BucketRequest {
-                key,
-                rate: limit.rate,
-                burst: limit.burst as f64,
+                key: keys::assemble(&self.key_prefix, &limit.name, &tail),
+                rate,
+                burst: burst as f64,
                 cost: limit.check_cost(request),
                 shadow: limit.shadow,
                 limit: index,
@@ -196,53 +375,5 @@ impl Policy {
             });
         }
         Ok(buckets)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use actix_web::http::header::{HeaderMap, HeaderName, HeaderValue};
-
-    fn described<'a>(headers: &'a HeaderMap) -> Described<'a> {
-        Described::new(headers, "GET", "/", "127.0.0.1".parse().unwrap())
-    }
-
-    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
-        let mut map = HeaderMap::new();
-        for (name, value) in pairs {
-            map.insert(
-                HeaderName::from_bytes(name.as_bytes()).unwrap(),
-                HeaderValue::from_str(value).unwrap(),
-            );
-        }
-        map
-    }
-
-    #[test]
-    fn the_match_rules_are_spelled_like_the_normalised_request() {
-        let matcher = Matcher::new(&MatchConfig {
-            hosts: vec!["API.example.com.".into()],
-            methods: vec!["post".into()],
-            path_prefix: Some("/api/./v1/".into()),
-        });
-        for (host, uri) in [
-            ("api.example.com", "/api/v1/items"),
-            ("Api.Example.com.:8443", "//api/%76%31/items"),
-            ("api.example.com.", "/x/../api/v1/./items"),
-        ] {
-            let h = headers(&[
-                ("x-forwarded-method", "POST"),
-                ("x-forwarded-host", host),
-                ("x-forwarded-uri", uri),
-            ]);
-            assert!(matcher.matches(&described(&h)), "{host} {uri}");
-        }
-        let h = headers(&[
-            ("x-forwarded-method", "POST"),
-            ("x-forwarded-host", "api.example.com"),
-            ("x-forwarded-uri", "/api/v2/items"),
-        ]);
-        assert!(!matcher.matches(&described(&h)));
     }
 }

@@ -4,7 +4,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use tollgate::config::Config;
+use tollgate::config::{Config, ConfigError};
+use tollgate::limits::Policy;
+use tollgate::metrics::Metrics;
 use tollgate::server::{self, Listeners};
 
 #[derive(Parser)]
@@ -21,12 +23,24 @@ struct Cli {
     config: Option<PathBuf>,
 }
 
-#[derive(Subcommand, Clone, Copy)]
+#[derive(Subcommand, Clone)]
 enum Command {
     /// Run the service (the default)
     Serve,
     /// Check the configuration, print the effective limits, exit 0 (or 2 on an error)
     Validate,
+    /// Convert another rate limiter's configuration to tollgate TOML on stdout
+    #[command(subcommand)]
+    Import(Import),
+}
+
+#[derive(Subcommand, Clone)]
+enum Import {
+    /// envoyproxy/ratelimit YAML files (domains, nested descriptors, rate_limit)
+    EnvoyRatelimit {
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -40,20 +54,50 @@ fn main() -> ExitCode {
     // rediss:// uses rustls; name its crypto provider so that no other crate enabling a second
     // one can leave TLS without a default at the first connection.
     let _ = rustls::crypto::ring::default_provider().install_default();
+    if let Some(Command::Import(Import::EnvoyRatelimit { files })) = &cli.command {
+        return match tollgate::import::envoy_ratelimit(files) {
+            Ok(toml) => {
+                print!("{toml}");
+                ExitCode::SUCCESS
+            }
+            Err(error) => {
+                eprintln!("tollgate: cannot import {error}");
+                ExitCode::from(2)
+            }
+        };
+    }
     let config = match Config::load(cli.config.as_deref()) {
         Ok(config) => config,
-        Err(error) => {
-            eprintln!("tollgate: invalid configuration: {error}");
-            return ExitCode::from(2);
-        }
+        Err(error) => return refuse(&error),
     };
     match cli.command.unwrap_or(Command::Serve) {
-        Command::Validate => {
-            print!("{}", config.summary());
-            ExitCode::SUCCESS
-        }
+        Command::Validate => validate(&config),
         Command::Serve => serve(config, cli.config),
+        // Answered above, before any configuration is loaded.
+        Command::Import(_) => ExitCode::SUCCESS,
     }
+}
+
+/// One line naming the key, exit code 2.
+fn refuse(error: &ConfigError) -> ExitCode {
+    eprintln!("tollgate: invalid configuration: {error}");
+    ExitCode::from(2)
+}
+
+fn validate(config: &Config) -> ExitCode {
+    let policy = match Policy::compile(config, &Metrics::new()) {
+        Ok(policy) => policy,
+        Err(error) => return refuse(&error),
+    };
+    print!("{}", config.summary());
+    for limit in policy.limits.iter().filter(|l| !l.overrides.is_empty()) {
+        println!(
+            "overrides     {}: {} key(s)",
+            limit.name,
+            limit.overrides.len()
+        );
+    }
+    ExitCode::SUCCESS
 }
 
 fn serve(config: Config, path: Option<PathBuf>) -> ExitCode {
@@ -64,6 +108,7 @@ fn serve(config: Config, path: Option<PathBuf>) -> ExitCode {
         });
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        Err(server::StartError::Config(error)) => refuse(&error),
         Err(error) => {
             log::error!("{error}");
             ExitCode::FAILURE

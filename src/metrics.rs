@@ -7,6 +7,7 @@ use prometheus::{
 };
 
 pub const CHECKS_TOTAL: &str = "tollgate_checks_total";
+pub const EXEMPT_TOTAL: &str = "tollgate_exempt_total";
 pub const LIMIT_DECISIONS_TOTAL: &str = "tollgate_limit_decisions_total";
 pub const CHECK_DURATION_SECONDS: &str = "tollgate_check_duration_seconds";
 pub const STORE_DURATION_SECONDS: &str = "tollgate_store_duration_seconds";
@@ -14,6 +15,8 @@ pub const STORE_ERRORS_TOTAL: &str = "tollgate_store_errors_total";
 pub const STORE_UP: &str = "tollgate_store_up";
 pub const CONFIG_RELOADS_TOTAL: &str = "tollgate_config_reloads_total";
 pub const BUILD_INFO: &str = "tollgate_build_info";
+pub const GRPC_REQUESTS_TOTAL: &str = "tollgate_grpc_requests_total";
+pub const GRPC_DURATION_SECONDS: &str = "tollgate_grpc_duration_seconds";
 
 /// Sub-millisecond buckets: a check normally costs one Redis round trip.
 const LATENCY_BUCKETS: &[f64] = &[
@@ -25,6 +28,7 @@ const LATENCY_BUCKETS: &[f64] = &[
 pub struct CheckCounters {
     pub allowed: IntCounter,
     pub denied: IntCounter,
+    pub exempt: IntCounter,
     pub error_allowed: IntCounter,
     pub error_denied: IntCounter,
 }
@@ -38,6 +42,17 @@ pub struct StoreErrorCounters {
     pub other: IntCounter,
 }
 
+/// `tollgate_grpc_requests_total` by answer: what tells Envoy's gRPC calls from `/check`
+/// (`tollgate_checks_total` counts the decisions of both).
+#[derive(Clone)]
+pub struct GrpcCounters {
+    pub ok: IntCounter,
+    pub over_limit: IntCounter,
+    /// Refused with a gRPC error status (a malformed request).
+    pub invalid: IntCounter,
+    pub duration: Histogram,
+}
+
 /// `tollgate_limit_decisions_total` for one limit.
 #[derive(Clone)]
 pub struct LimitCounters {
@@ -46,17 +61,36 @@ pub struct LimitCounters {
     pub shadow_denied: IntCounter,
 }
 
+impl LimitCounters {
+    /// Counters in no registry: a limit built from its config alone counts into these until
+    /// [`Metrics::limit_counters`] gives it the exported ones.
+    pub fn detached() -> LimitCounters {
+        LimitCounters {
+            allowed: detached_counter(),
+            denied: detached_counter(),
+            shadow_denied: detached_counter(),
+        }
+    }
+}
+
+/// A counter in no registry (see [`LimitCounters::detached`]).
+pub fn detached_counter() -> IntCounter {
+    IntCounter::new("detached", "not registered").expect("valid metric")
+}
+
 #[derive(Clone)]
 pub struct Metrics {
     registry: Registry,
     pub checks: CheckCounters,
     limit_decisions: IntCounterVec,
+    exempt: IntCounterVec,
     pub check_duration: Histogram,
     pub store_duration: Histogram,
     pub store_errors: StoreErrorCounters,
     pub store_up: IntGauge,
     pub reload_success: IntCounter,
     pub reload_failure: IntCounter,
+    pub grpc: GrpcCounters,
 }
 
 impl Metrics {
@@ -73,6 +107,14 @@ impl Metrics {
                 "Per-limit outcomes of evaluated checks.",
             ),
             &["limit", "decision"],
+        )
+        .expect("valid metric");
+        let exempt = IntCounterVec::new(
+            Opts::new(
+                EXEMPT_TOTAL,
+                "Checks admitted by an [[exempt]] rule, by rule.",
+            ),
+            &["rule"],
         )
         .expect("valid metric");
         let check_duration = Histogram::with_opts(
@@ -109,16 +151,32 @@ impl Metrics {
             .with_label_values(&[env!("CARGO_PKG_VERSION")])
             .set(1);
         store_up.set(1);
+        let grpc_requests = IntCounterVec::new(
+            Opts::new(
+                GRPC_REQUESTS_TOTAL,
+                "ShouldRateLimit calls of Envoy's rate limit service, by answer.",
+            ),
+            &["code"],
+        )
+        .expect("valid metric");
+        let grpc_duration = Histogram::with_opts(
+            HistogramOpts::new(GRPC_DURATION_SECONDS, "Time to answer one ShouldRateLimit.")
+                .buckets(LATENCY_BUCKETS.to_vec()),
+        )
+        .expect("valid metric");
 
         for collector in [
             Box::new(checks.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(limit_decisions.clone()),
+            Box::new(exempt.clone()),
             Box::new(check_duration.clone()),
             Box::new(store_duration.clone()),
             Box::new(store_errors.clone()),
             Box::new(store_up.clone()),
             Box::new(reloads.clone()),
             Box::new(build_info),
+            Box::new(grpc_requests.clone()),
+            Box::new(grpc_duration.clone()),
         ] {
             registry
                 .register(collector)
@@ -129,10 +187,12 @@ impl Metrics {
             checks: CheckCounters {
                 allowed: checks.with_label_values(&["allowed"]),
                 denied: checks.with_label_values(&["denied"]),
+                exempt: checks.with_label_values(&["exempt"]),
                 error_allowed: checks.with_label_values(&["error_allowed"]),
                 error_denied: checks.with_label_values(&["error_denied"]),
             },
             limit_decisions,
+            exempt,
             check_duration,
             store_duration,
             store_errors: StoreErrorCounters {
@@ -144,6 +204,12 @@ impl Metrics {
             store_up,
             reload_success: reloads.with_label_values(&["success"]),
             reload_failure: reloads.with_label_values(&["failure"]),
+            grpc: GrpcCounters {
+                ok: grpc_requests.with_label_values(&["ok"]),
+                over_limit: grpc_requests.with_label_values(&["over_limit"]),
+                invalid: grpc_requests.with_label_values(&["invalid"]),
+                duration: grpc_duration,
+            },
             registry,
         }
     }
@@ -157,6 +223,11 @@ impl Metrics {
                 .limit_decisions
                 .with_label_values(&[limit, "shadow_denied"]),
         }
+    }
+
+    /// `tollgate_exempt_total` for one rule, resolved when the rules are compiled.
+    pub fn exempt_counter(&self, rule: &str) -> IntCounter {
+        self.exempt.with_label_values(&[rule])
     }
 
     /// The Prometheus text exposition of every metric.

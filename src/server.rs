@@ -38,10 +38,12 @@ pub struct AppState {
     pub metrics: Metrics,
 }
 
-/// The two listening sockets, bound before the runtime starts so tests can bind port 0.
+/// The listening sockets, bound before the runtime starts so tests can bind port 0.
 pub struct Listeners {
     pub public: TcpListener,
     pub admin: TcpListener,
+    /// Envoy's rate limit service, when `grpc_listen` is set.
+    pub grpc: Option<TcpListener>,
 }
 
 impl Listeners {
@@ -49,6 +51,7 @@ impl Listeners {
         Ok(Listeners {
             public: TcpListener::bind(config.listen)?,
             admin: TcpListener::bind(config.admin_listen)?,
+            grpc: config.grpc_listen.map(TcpListener::bind).transpose()?,
         })
     }
 }
@@ -124,6 +127,9 @@ pub async fn run(
         config.store.describe(),
         config.limits.len()
     );
+    for warning in config.warnings() {
+        log::warn!("{warning}");
+    }
 
     // Kept to shut the listening sockets ourselves: actix would reset what the kernel queued.
     let doors = vec![Door::of(&listeners.public)?, Door::of(&listeners.admin)?];
@@ -172,15 +178,30 @@ pub async fn run(
             crate::keys::instances_key(&config.store.key_prefix),
         ));
     }
+    let (stopping, stop_seen) = tokio::sync::watch::channel(false);
+    let grpc = match listeners.grpc {
+        Some(listener) => {
+            log::info!(
+                "serving Envoy's rate limit service (gRPC) on {}",
+                listener.local_addr()?
+            );
+            Some(crate::grpc::spawn(listener, state.clone(), stop_seen)?)
+        }
+        None => None,
+    };
     let reloader = Arc::new(Reloader::new(config_path, config, state.clone()));
     actix_web::rt::spawn(lifecycle::watch_signals(
         vec![public.handle(), admin.handle()],
         doors,
         draining,
+        stopping,
         reloader,
     ));
 
     let (public_result, admin_result) = tokio::join!(public, admin);
+    if let Some(grpc) = grpc {
+        let _ = grpc.await;
+    }
     public_result?;
     admin_result?;
     log::info!("tollgate stopped");

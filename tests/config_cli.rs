@@ -65,6 +65,20 @@ fn the_shipped_example_config_is_valid() {
 }
 
 #[test]
+fn the_plans_example_of_the_readme_is_valid_and_warns_about_nothing() {
+    let output = run(
+        &["validate"],
+        Some(include_str!("../config/plans.toml")),
+        &[],
+    );
+    assert!(output.status.success(), "{}", stderr(&output));
+    let out = String::from_utf8_lossy(&output.stdout);
+    assert!(out.contains("rate 60/min = 1 tokens/s"), "{out}");
+    assert!(out.contains("overrides     enterprise: 1 key(s)"), "{out}");
+    assert!(!out.contains("warning"), "{out}");
+}
+
+#[test]
 fn with_no_file_the_defaults_apply() {
     let output = run(&["validate"], None, &[]);
     assert!(output.status.success());
@@ -162,18 +176,151 @@ fn every_invalid_value_is_refused_naming_its_key() {
         ("[[limits]]\nname = \"a\"\nrate = 1\nburst = 5\ncost = 6\nkey = [\"ip\"]\n", "limits.a.cost"),
         ("[[limits]]\nname = \"a\"\nrate = 1\nburst = 5\nkey = [\"cookie\"]\n", "limits.a.key[0]"),
         ("[[limits]]\nname = \"a\"\nrate = 1\nburst = 5\nkey = []\n", "limits.a.key"),
-        ("[[limits]]\nname = \"Bad Name\"\nrate = 1\nburst = 5\nkey = [\"ip\"]\n", "limits[0].name"),
+        ("[[limits]]\nname = \"Bad Name\"\nrate = 1\nburst = 5\nkey = [\"ip\"]\n", "limits.name: \"Bad Name\""),
         ("[[limits]]\nname = \"a\"\nrate = 1\nburst = 5\nkey = [\"ip\"]\n[limits.match]\npath_prefix = \"api\"\n", "limits.a.match.path_prefix"),
         ("[[limits]]\nname = \"a\"\nrate = 1\nburst = 5\nkey = [\"ip\"]\nwindow = 3\n", "window"),
-        (&"[[limits]]\nname = \"a\"\nrate = 1\nburst = 5\nkey = [\"ip\"]\n".repeat(2), "limits[1].name"),
-        ("[[limits]]\nname = \"a\"\nrate = 1\nkey = [\"ip\"]\n", "limits.a.burst"),
-        ("[[limits]]\nname = \"a\"\nburst = 1\nkey = [\"ip\"]\n", "limits.a.rate"),
+        (&"[[limits]]
+name = \"a\"
+rate = 1
+burst = 5
+key = [\"ip\"]
+".repeat(2), "limits.a.name"),
+        ("[[limits]]
+name = \"a\"
+rate = 1
+key = [\"ip\"]
+", "limits.a.burst"),
+        ("[[limits]]
+name = \"a\"
+burst = 1
+key = [\"ip\"]
+", "limits.a.rate"),
         ("[store\n", "TOML"),
     ];
     for (config, key) in cases {
         let output = run(&["validate"], Some(config), &[]);
         assert_refused(&output, key);
     }
+}
+
+const PER_KEY: &str =
+    "[[limits]]\nname = \"k\"\nrate = 1\nburst = 5\nkey = [\"header:x-api-key\"]\n";
+
+#[test]
+fn every_invalid_policy_shape_is_refused_naming_its_key() {
+    let cases: &[(String, &str)] = &[
+        (
+            "[[limits]]\nname = \"a\"\nrate = \"5/fortnight\"\nburst = 5\nkey = [\"ip\"]\n".into(),
+            "limits.a.rate: \"5/fortnight\": unknown unit",
+        ),
+        (
+            "[[limits]]\nname = \"a\"\nrate = \"0/min\"\nburst = 5\nkey = [\"ip\"]\n".into(),
+            "limits.a.rate",
+        ),
+        (
+            format!("{PER_KEY}[limits.match]\nheader = {{ \"x-plan\" = [\"gold\"] }}\n"),
+            "limits.0.match.header: unknown key",
+        ),
+        (
+            "[[exempt]]\nname = \"office\"\ncidr = [\"10.0.0.0/8\"]\n".into(),
+            "exempt.0.cidr: unknown key",
+        ),
+        (
+            "[[exempt]]\nname = \"a\"\ncidrs = [\"10.0.0.0/8\"]\n[[exempt]]\nname = \"a\"\nmethods = [\"GET\"]\n".into(),
+            "exempt.a.name: duplicate",
+        ),
+        ("[[exempt]]\nname = \"all\"\n".into(), "exempt.all: has no condition"),
+        (
+            "[[exempt]]\nname = \"a\"\ncidrs = [\"10.0.0.0/33\"]\n".into(),
+            "exempt.0.cidrs",
+        ),
+        (
+            format!("{PER_KEY}[[limits.overrides]]\nkey = [\"a\", \"b\"]\nburst = 9\n"),
+            "limits.k.overrides[0].key: has 2 value(s)",
+        ),
+        (
+            format!("{PER_KEY}[[limits.overrides]]\nkey = [\"a\"]\nunlimited = true\nrate = 5\n"),
+            "limits.k.overrides[0].unlimited: cannot be combined with rate",
+        ),
+        (
+            format!("{PER_KEY}[[limits.overrides]]\nkey = [\"a\"]\nburst = 9\nwindow = 3\n"),
+            "limits.0.overrides.0.window: unknown key",
+        ),
+        (
+            format!("{PER_KEY}[[limits.overrides]]\nkey = [\"a\"]\nrate = \"9/week\"\n"),
+            "limits.k.overrides[0].rate",
+        ),
+        (
+            format!("{PER_KEY}overrides_file = \"/nonexistent/keys.toml\"\n"),
+            "limits.k.overrides_file: cannot read /nonexistent/keys.toml",
+        ),
+    ];
+    for (config, key) in cases {
+        let output = run(&["validate"], Some(config), &[]);
+        assert_refused(&output, key);
+    }
+}
+
+#[test]
+fn a_broken_overrides_file_is_refused_naming_the_file_and_entry() {
+    let dir = TempDir::new("overrides-file");
+    let file = dir.write(
+        "keys.toml",
+        "[[overrides]]\nkey = [\"a\"]\nburst = 9\n[[overrides]]\nkey = [\"b\"]\nunlimited = true\nburst = 3\n",
+    );
+    let config = format!("{PER_KEY}overrides_file = \"{}\"\n", file.display());
+    assert_refused(
+        &run(&["validate"], Some(&config), &[]),
+        "limits.k.overrides_file",
+    );
+    assert!(stderr(&run(&["validate"], Some(&config), &[])).contains("overrides[1].unlimited"));
+    dir.write(
+        "keys.toml",
+        "[[overrides]]\nkey = [\"a\"]\nburst = 9\nfoo = 1\n",
+    );
+    let output = run(&[], Some(&config), &[]);
+    assert_refused(&output, "limits.k.overrides_file");
+    assert!(
+        stderr(&output).contains("line 4: unknown field `foo`"),
+        "{}",
+        stderr(&output)
+    );
+}
+
+#[test]
+fn validate_shows_written_rates_per_second_policies_and_warns_about_overlapping_tiers() {
+    let dir = TempDir::new("validate-policies");
+    dir.write(
+        "keys.toml",
+        "[[overrides]]\nkey = [\"x\"]\nburst = 9\n[[overrides]]\nkey = [\"y\"]\nunlimited = true\n",
+    );
+    let config = "[[exempt]]\nname = \"office\"\ncidrs = [\"10.0.0.0/8\"]\n\
+        [[limits]]\nname = \"gold\"\nrate = \"1000/min\"\nburst = 200\nkey = [\"header:x-api-key\"]\n\
+        [limits.match]\nheaders = { \"x-plan\" = [\"gold\"] }\n\
+        [[limits]]\nname = \"free\"\nrate = \"10/min\"\nburst = 20\nkey = [\"header:x-api-key\"]\n\
+        [limits.match]\nheaders = { \"x-plan\" = [\"free\", \"\"] }\n\
+        [[limits]]\nname = \"any\"\nrate = 10\nburst = 20\nkey = [\"header:x-api-key\"]\n\
+        overrides_file = \"keys.toml\"\n[[limits.overrides]]\nkey = [\"z\"]\nburst = 5\n";
+    let path = dir.write("tollgate.toml", config);
+    let output = tollgate_command()
+        .args(["validate", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", stderr(&output));
+    let out = String::from_utf8_lossy(&output.stdout);
+    assert!(out.contains("rate 1000/min = 16.666667 tokens/s"), "{out}");
+    assert!(out.contains("rate 10/s"), "{out}");
+    assert!(
+        out.contains("office           cidrs [\"10.0.0.0/8\"]"),
+        "{out}"
+    );
+    assert!(out.contains("overrides     any: 3 key(s)"), "{out}");
+    let warnings: Vec<&str> = out.lines().filter(|l| l.starts_with("warning:")).collect();
+    // gold and free exclude each other by their header values; "any" has no header rule.
+    assert_eq!(warnings.len(), 2, "{out}");
+    assert!(warnings[0].contains("limits.gold and limits.any"), "{out}");
+    assert!(warnings[1].contains("limits.free and limits.any"), "{out}");
 }
 
 #[test]
@@ -202,6 +349,8 @@ fn serve_refuses_a_bad_config_with_exit_code_2() {
         &[("TOLLGATE_STORE__ON_ERROR", "sometimes")],
     );
     assert_refused(&output, "store.on_error");
+    let output = run(&["serve"], Some("[[exempt]]\nname = \"x\"\n"), &[]);
+    assert_refused(&output, "exempt.x");
 }
 
 #[test]

@@ -6,11 +6,12 @@ mod support;
 use support::proxies::backend::Backend;
 use support::proxies::scenarios::{
     assert_api_key_limit, assert_client_ip_limit, assert_denied_with_quota_headers,
-    assert_exact_across_two_proxies, assert_path_and_method_limit, shared_key_limit,
-    tollgate_config, Stack, API_WRITES_BURST_1, PER_IP_BURST_2, PER_IP_BURST_3, PER_KEY_BURST_2,
+    assert_exact_across_two_proxies, assert_path_and_method_limit,
+    assert_tier_header_is_set_by_the_proxy, shared_key_limit, tollgate_config, Stack,
+    API_WRITES_BURST_1, PER_IP_BURST_2, PER_IP_BURST_3, PER_KEY_BURST_2, PLANS, TIERS,
 };
 use support::proxies::Nginx;
-use support::{RedisServer, Tollgate};
+use support::{RedisServer, TempDir, Tollgate};
 
 fn nginx_stack(on_error: &str, limits: &str) -> Stack<Nginx> {
     Stack::start(on_error, limits, Nginx::start)
@@ -112,4 +113,23 @@ fn two_nginx_instances_sharing_one_redis_admit_exactly_the_burst() {
     let nginx_a = Nginx::start(tollgate_a.addr, backend.addr);
     let nginx_b = Nginx::start(tollgate_b.addr, backend.addr);
     assert_exact_across_two_proxies([nginx_a.addr, nginx_b.addr], &backend, burst);
+}
+
+#[test]
+fn the_plan_comes_from_nginxs_map_and_a_client_sent_x_plan_is_overwritten() {
+    let plans = TempDir::new("nginx-plans");
+    let lines: String = PLANS
+        .iter()
+        .map(|(key, plan)| format!("\"{key}\" \"{plan}\";\n"))
+        .collect();
+    plans.write("customers.map", &lines);
+    let include = format!("include {}/*.map;", plans.path().display());
+    let stack = Stack::start("deny", TIERS, |tollgate, backend| {
+        Nginx::start_with(
+            tollgate,
+            backend,
+            &[("include /etc/nginx/tollgate-plans/*.map;", &include)],
+        )
+    });
+    assert_tier_header_is_set_by_the_proxy(&stack);
 }

@@ -6,8 +6,9 @@ mod support;
 use support::proxies::backend::Backend;
 use support::proxies::scenarios::{
     assert_api_key_limit, assert_client_ip_limit, assert_denied_with_quota_headers,
-    assert_exact_across_two_proxies, assert_path_and_method_limit, shared_key_limit,
-    tollgate_config, Stack, API_WRITES_BURST_1, PER_IP_BURST_2, PER_IP_BURST_3, PER_KEY_BURST_2,
+    assert_exact_across_two_proxies, assert_path_and_method_limit,
+    assert_tier_header_is_set_by_the_proxy, shared_key_limit, tollgate_config, Stack,
+    API_WRITES_BURST_1, PER_IP_BURST_2, PER_IP_BURST_3, PER_KEY_BURST_2, PLANS, TIERS,
 };
 use support::proxies::Traefik;
 use support::{RedisServer, Tollgate};
@@ -110,4 +111,24 @@ fn two_traefik_instances_sharing_one_redis_admit_exactly_the_burst() {
     // Traefik's readiness probes used no API key, so the shared bucket is still full.
     backend.forget();
     assert_exact_across_two_proxies([traefik_a.addr, traefik_b.addr], &backend, burst);
+}
+
+#[test]
+fn the_plan_comes_from_the_auth_service_and_a_client_sent_x_plan_is_removed() {
+    let plan_service = Backend::plan_service(PLANS);
+    let address = format!("http://{}/plan", plan_service.addr);
+    let stack = Stack::start("deny", TIERS, |tollgate, backend| {
+        Traefik::start_dynamic(
+            "config/traefik/dynamic-tiers.yml",
+            tollgate,
+            backend,
+            &[("http://127.0.0.1:4000/plan", &address)],
+        )
+    });
+    assert_tier_header_is_set_by_the_proxy(&stack);
+    let asked = plan_service.seen();
+    assert!(
+        asked.iter().all(|seen| seen.header("x-plan").is_none()),
+        "the client's X-Plan was removed before the auth service saw the request"
+    );
 }

@@ -24,7 +24,9 @@ const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset
 pub fn render(verdict: &Verdict, policy: &Policy) -> HttpResponse {
     match verdict {
         // Empty 200: nginx keeps its keep-alive connection to tollgate only without a body.
-        Verdict::Unlimited | Verdict::StoreFailed { allow: true } => HttpResponse::Ok().finish(),
+        Verdict::Unlimited | Verdict::Exempt | Verdict::StoreFailed { allow: true } => {
+            HttpResponse::Ok().finish()
+        }
         Verdict::Decided(decision) if decision.allowed => {
             let mut response = HttpResponse::Ok();
             quota_headers(&mut response, decision, policy);
@@ -142,6 +144,44 @@ fn problem(
 
 /// The quota headers of the families configured in `response.headers`.
 fn quota_headers(response: &mut HttpResponseBuilder, decision: &Decision, policy: &Policy) {
+    each_quota_header(decision, policy, |name, value| {
+        response.insert_header((name, value));
+    });
+}
+
+/// A header value: a number, or text built for this answer.
+pub enum QuotaValue {
+    Number(u64),
+    Text(String),
+}
+
+impl actix_web::http::header::TryIntoHeaderValue for QuotaValue {
+    type Error = actix_web::http::header::InvalidHeaderValue;
+
+    fn try_into_value(self) -> Result<actix_web::http::header::HeaderValue, Self::Error> {
+        match self {
+            QuotaValue::Number(number) => Ok(number.into()),
+            QuotaValue::Text(text) => text.try_into_value(),
+        }
+    }
+}
+
+impl std::fmt::Display for QuotaValue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            QuotaValue::Number(number) => write!(f, "{number}"),
+            QuotaValue::Text(text) => f.write_str(text),
+        }
+    }
+}
+
+/// Hands each quota header of the configured families to `put`: the one rendering shared by
+/// `/check` and the gRPC service's `response_headers_to_add`.
+pub fn each_quota_header(
+    decision: &Decision,
+    policy: &Policy,
+    mut put: impl FnMut(HeaderName, QuotaValue),
+) {
     let Some((state, limit)) = decision.most_restrictive(policy) else {
         return;
     };
@@ -158,29 +198,30 @@ fn quota_headers(response: &mut HttpResponseBuilder, decision: &Decision, policy
                         .collect::<Vec<_>>()
                         .join(", "),
                 };
-                response.insert_header((RATELIMIT_POLICY, items));
-                response.insert_header((
+                put(RATELIMIT_POLICY, QuotaValue::Text(items));
+                put(
                     RATELIMIT,
-                    format!("\"{}\";r={remaining};t={reset}", limit.name),
-                ));
+                    QuotaValue::Text(format!("\"{}\";r={remaining};t={reset}", limit.name)),
+                );
             }
             HeaderFamily::XRatelimit => {
-                response.insert_header((X_RATELIMIT_LIMIT, state.capacity()));
-                response.insert_header((X_RATELIMIT_REMAINING, remaining));
-                response.insert_header((X_RATELIMIT_RESET, reset));
+                put(X_RATELIMIT_LIMIT, QuotaValue::Number(state.capacity()));
+                put(X_RATELIMIT_REMAINING, QuotaValue::Number(remaining));
+                put(X_RATELIMIT_RESET, QuotaValue::Number(reset));
             }
         }
     }
 }
 
-/// A limit's `RateLimit-Policy` item: precomputed, unless the local fallback decided it with
-/// this instance's share of the limit, or it is a month whose length the store reported (a
-/// denial from the deny cache did not look at the quota: it shows the nominal 30 days).
+/// A limit's `RateLimit-Policy` item: precomputed, unless the key has its own numbers (an
+/// override, or this instance's share of the limit under the local fallback), or it is a
+/// month whose length the store reported (a denial from the deny cache did not look at the
+/// quota: it shows the nominal 30 days).
 fn policy_item<'p>(state: &LimitState, policy: &'p Policy) -> Cow<'p, str> {
     let limit = &policy.limits[state.limit];
     let month = matches!(limit.meter, Meter::Quota(period) if period.fixed_secs().is_none());
     let reported_month = month && state.window.is_some();
-    if !(state.is_scaled(limit) || reported_month) {
+    if !(state.has_own_numbers(limit) || reported_month) {
         return Cow::Borrowed(&limit.policy_item);
     }
     Cow::Owned(format!(

@@ -6,6 +6,7 @@ pub mod chaos;
 pub mod cluster;
 pub mod commandstats;
 pub mod deploy;
+pub mod grpc;
 pub mod http;
 pub mod proxies;
 

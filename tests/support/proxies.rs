@@ -90,15 +90,21 @@ pub struct Nginx {
 impl Nginx {
     /// The shipped `config/nginx/tollgate.conf`, pointed at `tollgate` and `backend`.
     pub fn start(tollgate: SocketAddr, backend: SocketAddr) -> Nginx {
+        Nginx::start_with(tollgate, backend, &[])
+    }
+
+    /// Like [`Nginx::start`], with `more` replacements in the shipped file.
+    pub fn start_with(tollgate: SocketAddr, backend: SocketAddr, more: &[(&str, &str)]) -> Nginx {
         Nginx::start_site(|listen| {
-            template(
-                &read_shipped("config/nginx/tollgate.conf"),
-                &[
-                    ("server 127.0.0.1:8080;", &format!("server {tollgate};")),
-                    ("server 127.0.0.1:3000;", &format!("server {backend};")),
-                    ("listen 80;", &format!("listen {listen};")),
-                ],
-            )
+            let (tollgate, backend) = (format!("server {tollgate};"), format!("server {backend};"));
+            let listen = format!("listen {listen};");
+            let mut replacements = vec![
+                ("server 127.0.0.1:8080;", tollgate.as_str()),
+                ("server 127.0.0.1:3000;", backend.as_str()),
+                ("listen 80;", listen.as_str()),
+            ];
+            replacements.extend_from_slice(more);
+            template(&read_shipped("config/nginx/tollgate.conf"), &replacements)
         })
     }
 
@@ -269,18 +275,27 @@ pub struct Traefik {
 
 impl Traefik {
     pub fn start(tollgate: SocketAddr, backend: SocketAddr) -> Traefik {
+        Traefik::start_dynamic("config/traefik/dynamic.yml", tollgate, backend, &[])
+    }
+
+    /// Traefik with the shipped dynamic config `dynamic` (tollgate's and the application's
+    /// addresses templated, plus `more` replacements).
+    pub fn start_dynamic(
+        dynamic: &str,
+        tollgate: SocketAddr,
+        backend: SocketAddr,
+        more: &[(&str, &str)],
+    ) -> Traefik {
         let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         let dir = TempDir::new("traefik");
-        let dynamic = template(
-            &read_shipped("config/traefik/dynamic.yml"),
-            &[
-                (
-                    "http://127.0.0.1:8080/check",
-                    &format!("http://{tollgate}/check"),
-                ),
-                ("http://127.0.0.1:3000", &format!("http://{backend}")),
-            ],
-        );
+        let check = format!("http://{tollgate}/check");
+        let app = format!("http://{backend}");
+        let mut replacements = vec![
+            ("http://127.0.0.1:8080/check", check.as_str()),
+            ("http://127.0.0.1:3000", app.as_str()),
+        ];
+        replacements.extend_from_slice(more);
+        let dynamic = template(&read_shipped(dynamic), &replacements);
         let dynamic_path = dir.write("dynamic.yml", &dynamic);
         let static_config = template(
             &read_shipped("config/traefik/traefik.yml"),

@@ -36,8 +36,30 @@ pub struct Backend {
     stop: Arc<AtomicBool>,
 }
 
+/// Extra header lines (each ending in CRLF) a backend adds to its answer to a request with
+/// these headers.
+type Answer = Arc<dyn Fn(&[(String, String)]) -> String + Send + Sync>;
+
 impl Backend {
     pub fn start() -> Backend {
+        Backend::start_answering(Arc::new(|_| String::new()))
+    }
+
+    /// An auth service in front of tollgate: answers `X-Plan: <plan>` for the API keys in
+    /// `plans` (and no X-Plan for others), as a real auth layer would from its customer data.
+    pub fn plan_service(plans: &[(&str, &str)]) -> Backend {
+        let plans: Vec<(String, String)> = plans
+            .iter()
+            .map(|(k, p)| (k.to_string(), p.to_string()))
+            .collect();
+        Backend::start_answering(Arc::new(move |headers| {
+            let key = headers.iter().find(|(n, _)| n == "x-api-key");
+            key.and_then(|(_, key)| plans.iter().find(|(k, _)| k == key))
+                .map_or(String::new(), |(_, plan)| format!("X-Plan: {plan}\r\n"))
+        }))
+    }
+
+    fn start_answering(answer: Answer) -> Backend {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind backend");
         let addr = listener.local_addr().expect("backend address");
         let seen = Arc::new(Mutex::new(Vec::new()));
@@ -49,8 +71,8 @@ impl Backend {
                     break;
                 }
                 let Ok(stream) = stream else { continue };
-                let (seen, stop) = (seen2.clone(), stop2.clone());
-                std::thread::spawn(move || serve_backend_connection(stream, &seen, &stop));
+                let (seen, stop, answer) = (seen2.clone(), stop2.clone(), answer.clone());
+                std::thread::spawn(move || serve_backend_connection(stream, &seen, &stop, &answer));
             }
         });
         Backend { addr, seen, stop }
@@ -82,7 +104,12 @@ impl Drop for Backend {
 }
 
 /// Keep-alive HTTP/1.1: reads requests (draining any Content-Length body) and answers each.
-fn serve_backend_connection(stream: TcpStream, seen: &Mutex<Vec<Seen>>, stop: &AtomicBool) {
+fn serve_backend_connection(
+    stream: TcpStream,
+    seen: &Mutex<Vec<Seen>>,
+    stop: &AtomicBool,
+    extra: &Answer,
+) {
     let _ = stream.set_read_timeout(Some(Duration::from_secs(30)));
     let Ok(mut writer) = stream.try_clone() else {
         return;
@@ -117,6 +144,7 @@ fn serve_backend_connection(stream: TcpStream, seen: &Mutex<Vec<Seen>>, stop: &A
         let close = headers
             .iter()
             .any(|(n, v)| n == "connection" && v.eq_ignore_ascii_case("close"));
+        let extra = extra(&headers);
         if let Ok(mut list) = seen.lock() {
             list.push(Seen {
                 method: method.to_string(),
@@ -124,8 +152,9 @@ fn serve_backend_connection(stream: TcpStream, seen: &Mutex<Vec<Seen>>, stop: &A
                 headers,
             });
         }
-        let answer =
-            "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 8\r\n\r\nbackend\n";
+        let answer = format!(
+            "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n{extra}Content-Length: 8\r\n\r\nbackend\n"
+        );
         if writer.write_all(answer.as_bytes()).is_err() || close {
             return;
         }

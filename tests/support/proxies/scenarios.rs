@@ -292,3 +292,57 @@ pub fn assert_exact_across_two_proxies(addrs: [SocketAddr; 2], backend: &Backend
 pub fn shared_key_limit(burst: usize) -> String {
     format!("[[limits]]\nname = \"shared\"\nrate = 0.01\nburst = {burst}\nkey = [\"header:x-api-key\"]\n")
 }
+
+/// Two tiers keyed by API key, chosen by the `X-Plan` header the proxy (or the auth layer in
+/// front of tollgate) sets.
+pub const TIERS: &str = r#"
+[[limits]]
+name = "free"
+rate = "1/min"
+burst = 2
+key = ["header:x-api-key"]
+[limits.match]
+headers = { "x-plan" = ["free", ""] }
+
+[[limits]]
+name = "enterprise"
+rate = "1/min"
+burst = 5
+key = ["header:x-api-key"]
+[limits.match]
+headers = { "x-plan" = ["enterprise"] }
+"#;
+
+/// The API keys the proxy's plan data knows: `k-ent` is an enterprise customer.
+pub const PLANS: &[(&str, &str)] = &[("k-ent", "enterprise"), ("k-free", "free")];
+
+/// A client-sent `X-Plan` never buys a bigger limit: the plan is the one the proxy set.
+pub fn assert_tier_header_is_set_by_the_proxy<P: Proxy>(stack: &Stack<P>) {
+    let statuses = |headers: &[(&str, &str)], n: usize| -> Vec<u16> {
+        (0..n).map(|_| stack.get("/", headers).status).collect()
+    };
+    let forged = [("x-api-key", "k-free"), ("x-plan", "enterprise")];
+    assert_eq!(
+        statuses(&forged, 4),
+        [200, 200, 429, 429],
+        "free, whatever it claims"
+    );
+    let denied = stack.get("/", &forged);
+    assert_eq!(
+        denied.header("ratelimit-policy"),
+        Some("\"free\";q=2;w=120")
+    );
+    let unknown = [("x-api-key", "k-nobody"), ("x-plan", "enterprise")];
+    assert_eq!(
+        statuses(&unknown, 3),
+        [200, 200, 429],
+        "an unknown key is free"
+    );
+    let enterprise = [("x-api-key", "k-ent"), ("x-plan", "free")];
+    assert_eq!(
+        statuses(&enterprise, 6),
+        [200, 200, 200, 200, 200, 429],
+        "the customer's own plan, whatever it claims"
+    );
+    assert_eq!(stack.backend.count(), 2 + 2 + 5);
+}

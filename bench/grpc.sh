@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Envoy's rate limit service next to /check and Redis itself, same script, same run: one
+# release-built tollgate serving both (one Redis bucket per call, random among KEYS keys),
+# loaded in turn by examples/grpc_load.rs (gRPC), wrk (/check) and redis-benchmark (EVALSHA of
+# lua/token_bucket.lua). Rounds are interleaved; medians are reported.
+#
+#   bench/grpc.sh                       # 3 rounds of 10 s runs
+#   ROUNDS=1 DURATION=3 bench/grpc.sh   # a quick look
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+DURATION=${DURATION:-10}
+ROUNDS=${ROUNDS:-3}
+CONNS=${CONNS:-64}           # HTTP connections, gRPC concurrent calls, redis-benchmark clients
+GRPC_CONNS=${GRPC_CONNS:-4}  # HTTP/2 connections carrying the gRPC calls (Envoy pools few)
+KEYS=${KEYS:-10000}
+
+. bench/lib.sh
+
+require wrk:wrk redis-server:redis-server redis-benchmark:redis-tools curl:curl
+echo "building tollgate and the gRPC load client (release)" >&2
+cargo build --release --quiet --bin tollgate --example grpc_load
+TOLLGATE=target/release/tollgate
+LOAD=target/release/examples/grpc_load
+
+start_redis
+rcli() { redis-cli -h 127.0.0.1 -p "$REDIS_PORT" "$@"; }
+SHA=$(rcli SCRIPT LOAD "$(cat lua/token_bucket.lua)")
+
+PORT=$(free_port); ADMIN=$(free_port); GRPC=$(free_port)
+cat >"$WORK/tollgate.toml" <<EOF
+listen = "127.0.0.1:$PORT"
+admin_listen = "127.0.0.1:$ADMIN"
+grpc_listen = "127.0.0.1:$GRPC"
+
+[store]
+backend = "redis"
+url = "redis://127.0.0.1:$REDIS_PORT/0"
+timeout_ms = 50
+max_buckets = 1000000
+
+# Both allow everything (rate 1,000/s, burst 1,000,000): every call is one script call.
+[[limits]]
+name = "per-key"
+rate = 1000
+burst = 1000000
+key = ["path"]
+
+[[limits]]
+name = "per-descriptor"
+rate = 1000
+burst = 1000000
+key = ["descriptor:k"]
+EOF
+RUST_LOG=warn "$TOLLGATE" --config "$WORK/tollgate.toml" &
+PIDS+=($!)
+for _ in $(seq 100); do curl -sf -o /dev/null "http://127.0.0.1:$PORT/healthz" && break; sleep 0.1; done
+
+grpc_rps() { "$LOAD" "127.0.0.1:$GRPC" "$CONNS" "$DURATION" "$KEYS" "$GRPC_CONNS" | tee -a "$WORK/grpc.log"; }
+wrk_rps() {
+  KEYS=$KEYS wrk -t1 -c"$CONNS" -d"${DURATION}s" -s bench/random_key.lua \
+    "http://127.0.0.1:$PORT/check" | awk '/^Requests\/sec/ {print $2}'
+}
+rb_rps() {
+  rcli FLUSHALL >/dev/null
+  timeout $((DURATION + 30)) redis-benchmark -h 127.0.0.1 -p "$REDIS_PORT" -c "$CONNS" \
+    -n $((DURATION * 32000)) -r "$KEYS" -q \
+    evalsha "$SHA" 1 "tollgate:per-key:{/k__rand_int__}" 1000 1000000 1 0 2>/dev/null \
+    | tr '\r' '\n' | grep -o '[0-9.]* requests per second' | tail -1 | awk '{print $1}'
+}
+median() { sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
+
+declare -a RB HTTP GRPC_R P50 P99
+for round in $(seq "$ROUNDS"); do
+  echo "round $round/$ROUNDS" >&2
+  RB+=("$(rb_rps)")
+  HTTP+=("$(wrk_rps)")
+  line=$(grpc_rps)
+  GRPC_R+=("$(awk '{print $2}' <<<"$line")")
+  P50+=("$(awk '{print $4}' <<<"$line")")
+  P99+=("$(awk '{print $6}' <<<"$line")")
+done
+
+rb=$(printf '%s\n' "${RB[@]}" | median)
+http=$(printf '%s\n' "${HTTP[@]}" | median)
+grpc=$(printf '%s\n' "${GRPC_R[@]}" | median)
+printf '\n| load (%s concurrent, %s keys) | calls/s, median | per round |\n|---|---|---|\n' "$CONNS" "$KEYS"
+printf '| redis-benchmark, EVALSHA token_bucket.lua | %s | %s |\n' "$rb" "${RB[*]}"
+printf '| /check over HTTP/1.1 (wrk) | %s | %s |\n' "$http" "${HTTP[*]}"
+printf '| ShouldRateLimit over gRPC (%s HTTP/2 connections) | %s | %s |\n' "$GRPC_CONNS" "$grpc" "${GRPC_R[*]}"
+printf '\ngRPC latency p50 / p99 ms per round: %s / %s\n' "${P50[*]}" "${P99[*]}"
+awk -v g="$grpc" -v h="$http" -v r="$rb" 'BEGIN {printf "gRPC / HTTP %.2f, gRPC / redis-benchmark %.2f\n", g / h, g / r}'
+echo "gRPC calls that failed: $(awk '{n += $10} END {print n + 0}' "$WORK/grpc.log")"
+# Answers that on_error gave because a store call overran timeout_ms (a loaded machine).
+curl -s "http://127.0.0.1:$ADMIN/metrics" | awk '/^tollgate_checks_total/ {print "  " $0}'
+curl -s "http://127.0.0.1:$ADMIN/metrics" | awk '/^tollgate_grpc_requests_total/ {print "  " $0}'

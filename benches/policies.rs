@@ -1,0 +1,101 @@
+//! What a policy costs a check in process, without HTTP: finding the buckets of a request
+//! (`Policy::applicable`, where overrides are looked up) and rendering the answer's headers,
+//! for one limit without overrides, the same limit with 100,000 overrides (the key overridden,
+//! and not), and an exempt request. Run with `cargo bench --bench policies`.
+
+use std::hint::black_box;
+
+use actix_web::http::header::{HeaderMap, HeaderName, HeaderValue};
+use criterion::{criterion_group, criterion_main, Criterion};
+use figment::providers::{Format, Serialized, Toml};
+use tollgate::config::Config;
+use tollgate::decision::{Decision, LimitState, Verdict};
+use tollgate::limits::Policy;
+use tollgate::metrics::Metrics;
+use tollgate::request::Described;
+
+const LIMIT: &str =
+    "[[limits]]\nname = \"per-key\"\nrate = 100\nburst = 1000\nkey = [\"header:x-api-key\"]\n";
+
+fn policy(extra: &str) -> Policy {
+    let config: Config = figment::Figment::from(Serialized::defaults(Config::default()))
+        .merge(Toml::string(&format!("{LIMIT}{extra}")))
+        .extract()
+        .expect("bench config parses");
+    Policy::compile(&config, &Metrics::new()).expect("bench config is valid")
+}
+
+fn headers(key: &str) -> HeaderMap {
+    let mut map = HeaderMap::new();
+    map.insert(
+        HeaderName::from_static("x-api-key"),
+        HeaderValue::from_str(key).expect("ascii"),
+    );
+    map
+}
+
+/// `applicable`, then the headers of an allowed answer with the bucket's own numbers.
+fn check(policy: &Policy, map: &HeaderMap) -> usize {
+    let request = Described::new(map, "GET", "/", "192.0.2.1".parse().expect("ip"));
+    if policy.exempt(&request).is_some() {
+        return 0;
+    }
+    let buckets = policy.applicable(&request).expect("no on_missing deny");
+    let decision = Decision {
+        allowed: true,
+        limits: buckets
+            .iter()
+            .map(|b| LimitState {
+                limit: b.limit,
+                cost: b.cost,
+                rate: b.rate,
+                burst: b.burst,
+                tokens: b.burst - 1.0,
+                enough: true,
+                window: None,
+            })
+            .collect(),
+        degraded: false,
+    };
+    let response = tollgate::http::headers::render(&Verdict::Decided(decision), policy);
+    response.headers().len()
+}
+
+fn policies(c: &mut Criterion) {
+    let dir = std::env::temp_dir().join(format!("tollgate-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let file = dir.join("keys.toml");
+    let entries: String = (0..100_000)
+        .map(|i| {
+            format!(
+                "[[overrides]]\nkey = [\"k{i}\"]\nrate = {}\nburst = {}\n",
+                200 + i,
+                2000 + i
+            )
+        })
+        .collect();
+    std::fs::write(&file, entries).expect("write overrides");
+    let plain = policy("");
+    let overridden = policy(&format!("overrides_file = \"{}\"\n", file.display()));
+    let exempt = policy("[[exempt]]\nname = \"batch\"\nheaders = { \"x-api-key\" = [\"k7\"] }\n");
+    let _ = std::fs::remove_dir_all(&dir);
+
+    let (k7, other) = (headers("k7"), headers("someone-else"));
+    let mut group = c.benchmark_group("policies");
+    group.bench_function("no_overrides", |b| {
+        b.iter(|| black_box(check(&plain, black_box(&k7))))
+    });
+    group.bench_function("100k_overrides_key_overridden", |b| {
+        b.iter(|| black_box(check(&overridden, black_box(&k7))))
+    });
+    group.bench_function("100k_overrides_key_not_overridden", |b| {
+        b.iter(|| black_box(check(&overridden, black_box(&other))))
+    });
+    group.bench_function("exempt", |b| {
+        b.iter(|| black_box(check(&exempt, black_box(&k7))))
+    });
+    group.finish();
+}
+
+criterion_group!(benches, policies);
+criterion_main!(benches);

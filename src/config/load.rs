@@ -1,0 +1,176 @@
+//! Loading: built-in defaults, then the TOML file, then the `TOLLGATE_*` environment; and the
+//! error every refusal becomes.
+
+use std::path::Path;
+
+use figment::providers::{Env, Format, Serialized, Toml};
+use figment::Figment;
+
+use super::{Config, Secret};
+
+/// Environment variables that carry the config file path, or that Kubernetes injects for a
+/// Service named `tollgate` (`TOLLGATE_SERVICE_HOST`, `TOLLGATE_PORT_8080_TCP`, ...). They are
+/// not config keys, and refusing them would crash-loop a pod for a name clash.
+/// `admin_token` is read from its variable verbatim instead (a token of digits would otherwise
+/// parse as a number).
+const NON_CONFIG_ENV: &[&str] = &[
+    "config",
+    "service_host",
+    "service_port",
+    "port",
+    "admin_token",
+];
+
+/// A refused configuration: the dotted key and why, printed as one line.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{key}: {reason}")]
+pub struct ConfigError {
+    pub key: String,
+    pub reason: String,
+}
+
+impl ConfigError {
+    pub fn new(key: impl Into<String>, reason: impl Into<String>) -> Self {
+        ConfigError {
+            key: key.into(),
+            reason: reason.into(),
+        }
+    }
+
+    /// The same error for a key relative to `at` (`""` names `at` itself).
+    pub fn within(mut self, at: &str) -> Self {
+        self.key = if self.key.is_empty() {
+            at.to_string()
+        } else {
+            format!("{at}.{}", self.key)
+        };
+        self
+    }
+}
+
+impl From<figment::Error> for ConfigError {
+    fn from(error: figment::Error) -> Self {
+        let mut path = error.path.join(".");
+        let reason = match &error.kind {
+            figment::error::Kind::UnknownField(field, _) => {
+                if error.path.last() != Some(field) {
+                    if !path.is_empty() {
+                        path.push('.');
+                    }
+                    path.push_str(field);
+                }
+                "unknown key".to_string()
+            }
+            figment::error::Kind::Message(msg)
+                if msg.contains("parse error") || path.is_empty() =>
+            {
+                // TOML syntax errors carry no path; keep the parser's own position info.
+                if path.is_empty() {
+                    path = "<file>".into();
+                }
+                msg.split_whitespace().collect::<Vec<_>>().join(" ")
+            }
+            kind => kind.to_string(),
+        };
+        let source = error
+            .metadata
+            .as_ref()
+            .map(|md| format!(" (from {})", md.name))
+            .unwrap_or_default();
+        ConfigError::new(path, format!("{reason}{source}"))
+    }
+}
+
+impl Config {
+    /// Loads defaults, then `file` (if any), then the `TOLLGATE_*` environment, and validates.
+    pub fn load(file: Option<&Path>) -> Result<Config, ConfigError> {
+        let mut figment = Figment::from(Serialized::defaults(Config::default()));
+        if let Some(path) = file {
+            if !path.is_file() {
+                return Err(ConfigError::new(
+                    "--config",
+                    format!("{} is not a readable file", path.display()),
+                ));
+            }
+            figment = figment.merge(Toml::file_exact(path));
+        }
+        let env = Env::prefixed("TOLLGATE_")
+            .split("__")
+            .filter(|key| !is_kubernetes_or_cli_env(&key.as_str().to_ascii_lowercase()));
+        let mut config: Config = figment.merge(env).extract()?;
+        if let Some(token) = std::env::var_os("TOLLGATE_ADMIN_TOKEN") {
+            let token = token.into_string().map_err(|_| {
+                ConfigError::new("admin_token", "TOLLGATE_ADMIN_TOKEN is not valid UTF-8")
+            })?;
+            config.admin_token = Some(Secret(token));
+        }
+        config.resolve_paths(file);
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Makes every relative `overrides_file` relative to the directory of the config file.
+    fn resolve_paths(&mut self, file: Option<&Path>) {
+        let Some(dir) = file.and_then(Path::parent) else {
+            return;
+        };
+        for limit in &mut self.limits {
+            if let Some(path) = limit.overrides_file.as_mut().filter(|p| p.is_relative()) {
+                *path = dir.join(&*path);
+            }
+        }
+    }
+}
+
+impl Config {
+    /// The admin bearer token, from `admin_token` or the file `admin_token_file` names (the
+    /// environment variable `TOLLGATE_ADMIN_TOKEN` sets the former). `None`: mutating admin
+    /// requests are refused.
+    pub fn admin_token(&self) -> Result<Option<String>, ConfigError> {
+        let token = match (&self.admin_token, &self.admin_token_file) {
+            (Some(_), Some(_)) => {
+                return Err(ConfigError::new(
+                    "admin_token_file",
+                    "set either admin_token or admin_token_file, not both",
+                ))
+            }
+            (Some(Secret(token)), None) => ("admin_token", token.trim().to_string()),
+            (None, Some(path)) => {
+                let text = std::fs::read_to_string(path).map_err(|e| {
+                    ConfigError::new(
+                        "admin_token_file",
+                        format!("cannot read {}: {}", path.display(), e.kind()),
+                    )
+                })?;
+                ("admin_token_file", text.trim().to_string())
+            }
+            (None, None) => return Ok(None),
+        };
+        match token {
+            (key, token) if token.len() < 16 || !token.bytes().all(|b| b.is_ascii_graphic()) => {
+                Err(ConfigError::new(
+                    key,
+                    "must be at least 16 printable characters without spaces",
+                ))
+            }
+            (_, token) => Ok(Some(token)),
+        }
+    }
+}
+
+fn is_kubernetes_or_cli_env(key: &str) -> bool {
+    NON_CONFIG_ENV.contains(&key) || key.starts_with("service_port_") || key.starts_with("port_")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kubernetes_service_variables_are_not_config_keys() {
+        assert!(is_kubernetes_or_cli_env("service_host"));
+        assert!(is_kubernetes_or_cli_env("port_8080_tcp_addr"));
+        assert!(is_kubernetes_or_cli_env("config"));
+        assert!(!is_kubernetes_or_cli_env("listen"));
+    }
+}

@@ -1,0 +1,364 @@
+//! The configuration's types as the file spells them, their defaults and their bounds.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use ipnet::IpNet;
+use serde::{Deserialize, Serialize};
+
+use super::RateSpec;
+use crate::store::Period;
+
+/// Allowed `client_ip.ipv6_prefix`: shorter than /32 would put whole providers in one bucket.
+pub const IPV6_PREFIXES: std::ops::RangeInclusive<u8> = 32..=128;
+
+/// Longest full-refill time (`burst / rate`) accepted: ten years. The store keeps a bucket for
+/// up to twice that, in milliseconds (6.3e11), which `PEXPIRE` takes and Lua prints as an
+/// integer; a longer refill is a misconfiguration, not a rate limit.
+pub const MAX_REFILL_SECS: f64 = 10.0 * 365.0 * 86_400.0;
+
+/// Largest `burst` (and so `cost`): far inside the range where floats hold integers exactly.
+pub const MAX_BURST: u64 = 1_000_000_000;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub listen: SocketAddr,
+    pub admin_listen: SocketAddr,
+    /// Envoy's rate limit service (gRPC); absent = off.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub grpc_listen: Option<SocketAddr>,
+    pub store: StoreConfig,
+    pub client_ip: ClientIpConfig,
+    pub response: ResponseConfig,
+    /// Requests admitted before any limit is looked at; the first matching rule wins.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub exempt: Vec<ExemptConfig>,
+    pub limits: Vec<LimitConfig>,
+    /// Bearer token for the admin listener's mutating requests (`POST /report`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub admin_token: Option<Secret>,
+    /// A file holding that token (a mounted Kubernetes secret); trailing whitespace is ignored.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub admin_token_file: Option<PathBuf>,
+}
+
+/// A value that must never reach a log line or `validate` output.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(pub String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("\"***\"")
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StoreConfig {
+    pub backend: Backend,
+    pub url: String,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub cluster: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sentinel: Option<SentinelConfig>,
+    pub timeout_ms: u64,
+    pub key_prefix: String,
+    pub on_error: OnError,
+    /// Upper bound on buckets held in process memory (memory store and `local` fallback).
+    pub max_buckets: usize,
+    /// Answer denials Redis would surely repeat without asking it (see `deny_cache`). Off
+    /// when something else edits buckets in Redis (e.g. support staff resetting a quota) and
+    /// that must take effect at once rather than when the cached window ends.
+    pub deny_cache: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SentinelConfig {
+    pub master: String,
+    pub urls: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    Memory,
+    Redis,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnError {
+    Allow,
+    Deny,
+    Local,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClientIpConfig {
+    pub from: IpSource,
+    pub trusted_proxies: Vec<IpNet>,
+    /// An IPv6 client is keyed by its network of this length (providers hand a /64 to each
+    /// customer); 128 keys each address. IPv4 addresses are always keyed whole.
+    pub ipv6_prefix: u8,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum IpSource {
+    XForwardedFor,
+    XRealIp,
+    Peer,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ResponseConfig {
+    pub deny_status: u16,
+    pub headers: Vec<HeaderFamily>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum HeaderFamily {
+    Ietf,
+    XRatelimit,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitConfig {
+    pub name: String,
+    /// A bucket's refill; absent (0) on a quota limit.
+    #[serde(default)]
+    pub rate: RateSpec,
+    /// A bucket's capacity; absent (0) on a quota limit.
+    #[serde(default)]
+    pub burst: u64,
+    /// At most this many per `period`, instead of `rate` and `burst`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quota: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub period: Option<Period>,
+    /// Who charges this limit: `/check` (default) or `POST /report`.
+    #[serde(default)]
+    pub charge: Charge,
+    /// How far a report may drive the bucket below 0 (default: its burst).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_debt: Option<u64>,
+    pub key: Vec<String>,
+    #[serde(default = "one")]
+    pub cost: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost_header: Option<String>,
+    #[serde(default)]
+    pub shadow: bool,
+    #[serde(default)]
+    pub on_missing: OnMissing,
+    #[serde(default, rename = "match")]
+    pub matching: MatchConfig,
+    /// Per-key policies: the first whose `key` equals the request's key values wins.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub overrides: Vec<OverrideConfig>,
+    /// More overrides (`[[overrides]]` entries), read at start and on every reload. A relative
+    /// path is relative to the config file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overrides_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Charge {
+    /// `/check` charges the cost when it admits.
+    #[default]
+    Request,
+    /// `/check` admits while the limit is not used up and charges nothing; `POST /report`
+    /// charges what the request really cost, once it is known.
+    Report,
+}
+
+impl LimitConfig {
+    /// The bucket's burst or the quota: the most one period or one full bucket admits.
+    pub fn capacity(&self) -> u64 {
+        self.quota.unwrap_or(self.burst)
+    }
+
+    /// How far below 0 a report may drive the bucket.
+    pub fn max_debt(&self) -> u64 {
+        self.max_debt.unwrap_or(self.burst)
+    }
+}
+
+/// `[[limits.overrides]]`: another policy for one key of a limit.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OverrideConfig {
+    /// One value per key part of the limit, in order.
+    pub key: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate: Option<RateSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub burst: Option<u64>,
+    /// A quota limit's quota for this key (its period stays the limit's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quota: Option<u64>,
+    /// Never limited by this limit (no store call for it).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unlimited: bool,
+}
+
+/// The shape of an `overrides_file`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OverridesFile {
+    #[serde(default)]
+    pub overrides: Vec<OverrideConfig>,
+}
+
+/// `[[exempt]]`: requests admitted without a store call when every given condition holds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExemptConfig {
+    pub name: String,
+    /// The client IP (after the trusted-proxy walk) is in one of these networks.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cidrs: Vec<IpNet>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hosts: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub methods: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path_prefix: Option<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub headers: BTreeMap<String, Vec<String>>,
+}
+
+impl ExemptConfig {
+    /// The request conditions of the rule, shaped like a limit's `[limits.match]`.
+    pub fn matching(&self) -> MatchConfig {
+        MatchConfig {
+            hosts: self.hosts.clone(),
+            methods: self.methods.clone(),
+            path_prefix: self.path_prefix.clone(),
+            headers: self.headers.clone(),
+            ..MatchConfig::default()
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnMissing {
+    #[default]
+    Skip,
+    Deny,
+    Anonymous,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MatchConfig {
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub hosts: Vec<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub methods: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path_prefix: Option<String>,
+    /// Header name -> accepted values; `""` stands for an absent or empty header.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub headers: BTreeMap<String, Vec<String>>,
+    /// gRPC only: the request's domain is one of these.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub domains: Vec<String>,
+    /// gRPC only: the descriptor carries each of these keys with one of the listed values.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub descriptors: BTreeMap<String, Vec<String>>,
+}
+
+fn one() -> u64 {
+    1
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            listen: SocketAddr::from(([0, 0, 0, 0], 8080)),
+            admin_listen: SocketAddr::from(([0, 0, 0, 0], 9090)),
+            grpc_listen: None,
+            store: StoreConfig::default(),
+            client_ip: ClientIpConfig::default(),
+            response: ResponseConfig::default(),
+            exempt: Vec::new(),
+            limits: vec![LimitConfig {
+                name: "per-ip".into(),
+                rate: RateSpec::PerSecond(20.0),
+                burst: 100,
+                quota: None,
+                period: None,
+                charge: Charge::Request,
+                max_debt: None,
+                key: vec!["ip".into()],
+                cost: 1,
+                cost_header: None,
+                shadow: false,
+                on_missing: OnMissing::Skip,
+                matching: MatchConfig::default(),
+                overrides: Vec::new(),
+                overrides_file: None,
+            }],
+            admin_token: None,
+            admin_token_file: None,
+        }
+    }
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig {
+            backend: Backend::Memory,
+            url: "redis://127.0.0.1:6379/0".into(),
+            cluster: Vec::new(),
+            sentinel: None,
+            timeout_ms: 50,
+            key_prefix: "tollgate".into(),
+            on_error: OnError::Allow,
+            max_buckets: 100_000,
+            deny_cache: true,
+        }
+    }
+}
+
+impl Default for ClientIpConfig {
+    fn default() -> Self {
+        ClientIpConfig {
+            from: IpSource::XForwardedFor,
+            trusted_proxies: vec![
+                "127.0.0.0/8".parse().expect("literal CIDR"),
+                "::1/128".parse().expect("literal CIDR"),
+            ],
+            ipv6_prefix: 64,
+        }
+    }
+}
+
+impl Default for ResponseConfig {
+    fn default() -> Self {
+        ResponseConfig {
+            deny_status: 429,
+            headers: vec![HeaderFamily::Ietf, HeaderFamily::XRatelimit],
+        }
+    }
+}
+
+impl MatchConfig {
+    pub fn is_empty(&self) -> bool {
+        self.hosts.is_empty()
+            && self.methods.is_empty()
+            && self.path_prefix.is_none()
+            && self.headers.is_empty()
+    }
+}

@@ -1,0 +1,270 @@
+//! A `RateLimitRequest` turned into the buckets to decide: every applicable limit of every
+//! descriptor, keyed through [`crate::keys`], with a descriptor's buckets remembered so the
+//! answer can report each descriptor. Malformed requests are refused here with a gRPC status.
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use tonic::Status;
+
+use super::rule::value_of;
+use crate::config::{Charge, OnMissing};
+use crate::keys::{self, KeyPart};
+use crate::limits::Policy;
+use crate::store::BucketRequest;
+
+/// Most descriptors one request may carry; Envoy sends one per rate limit action set.
+pub const MAX_DESCRIPTORS: usize = 64;
+/// Most entries one descriptor may carry.
+pub const MAX_ENTRIES: usize = 16;
+/// A cost above every possible burst: such a request is denied without `Retry-After`, and
+/// the store never sees a number it cannot hold exactly.
+const MAX_COST: u64 = 1 << 32;
+
+/// What one request must draw.
+#[derive(Debug, Default)]
+pub struct Plan {
+    /// One bucket per distinct key: a key drawn by several descriptors is charged their costs
+    /// added up, once, so the store never sees one key twice in a call.
+    pub buckets: Vec<BucketRequest>,
+    /// For each descriptor of the request, the indices of its buckets.
+    pub per_descriptor: Vec<Vec<usize>>,
+    /// A descriptor lacking a key value of a limit with `on_missing = "deny"`: (descriptor,
+    /// limit).
+    pub missing: Option<(usize, usize)>,
+}
+
+/// Builds the plan, or refuses a malformed request with `INVALID_ARGUMENT`.
+pub fn plan(policy: &Policy, request: &RateLimitRequest) -> Result<Plan, Status> {
+    check_shape(request)?;
+    let mut plan = Plan {
+        buckets: Vec::new(),
+        per_descriptor: Vec::with_capacity(request.descriptors.len()),
+        missing: None,
+    };
+    for (index, descriptor) in request.descriptors.iter().enumerate() {
+        let mut drawn = Vec::new();
+        // Envoy asks with negative hits to give hits back; tollgate never refunds on request,
+        // so such a descriptor draws nothing.
+        if !descriptor.is_negative_hits {
+            add_descriptor(policy, request, descriptor, index, &mut plan, &mut drawn);
+        }
+        plan.per_descriptor.push(drawn);
+    }
+    Ok(plan)
+}
+
+fn check_shape(request: &RateLimitRequest) -> Result<(), Status> {
+    if request.domain.is_empty() {
+        return Err(Status::invalid_argument("the domain must not be empty"));
+    }
+    if request.descriptors.is_empty() {
+        return Err(Status::invalid_argument(
+            "the request carries no descriptor",
+        ));
+    }
+    if request.descriptors.len() > MAX_DESCRIPTORS {
+        return Err(Status::invalid_argument(format!(
+            "{} descriptors; at most {MAX_DESCRIPTORS} are decided in one request",
+            request.descriptors.len()
+        )));
+    }
+    for (i, descriptor) in request.descriptors.iter().enumerate() {
+        if descriptor.entries.is_empty() {
+            return Err(Status::invalid_argument(format!(
+                "descriptor {i} has no entries"
+            )));
+        }
+        if descriptor.entries.len() > MAX_ENTRIES {
+            return Err(Status::invalid_argument(format!(
+                "descriptor {i} has {} entries; at most {MAX_ENTRIES}",
+                descriptor.entries.len()
+            )));
+        }
+        if descriptor.entries.iter().any(|entry| entry.key.is_empty()) {
+            return Err(Status::invalid_argument(format!(
+                "descriptor {i} has an entry without a key"
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn add_descriptor<'a>(
+    policy: &'a Policy,
+    request: &RateLimitRequest,
+    descriptor: &'a RateLimitDescriptor,
+    index: usize,
+    plan: &mut Plan,
+    drawn: &mut Vec<usize>,
+) {
+    let entries = &descriptor.entries;
+    // The descriptor's own addend wins over the request's; 0 counts as 1.
+    let hits = descriptor
+        .hits_addend
+        .as_ref()
+        .map_or(u64::from(request.hits_addend), |addend| addend.value)
+        .max(1);
+    for (limit_index, limit) in policy.limits.iter().enumerate() {
+        let Some(rule) = &limit.descriptor else {
+            continue;
+        };
+        if !rule.applies(&request.domain, entries) {
+            continue;
+        }
+        let anonymous = limit.on_missing == OnMissing::Anonymous;
+        let value = |part: &'a KeyPart| match part {
+            KeyPart::Descriptor(key) => value_of(entries, key).map(str::as_bytes),
+            KeyPart::Const(text) => Some(text.as_bytes()),
+            _ => None,
+        };
+        let key = match keys::key_from_values(
+            &policy.key_prefix,
+            &limit.name,
+            &limit.key,
+            value,
+            anonymous,
+        ) {
+            Ok(key) => key,
+            Err(keys::MissingPart) if limit.on_missing == OnMissing::Deny => {
+                plan.missing.get_or_insert((index, limit_index));
+                continue;
+            }
+            Err(keys::MissingPart) => continue,
+        };
+        // A reported limit is charged by `POST /report`: 0 admits while it is not used up.
+        let cost = match limit.charge {
+            Charge::Report => 0,
+            Charge::Request => hits.max(limit.cost).min(MAX_COST),
+        };
+        let bucket = match plan.buckets.iter().position(|b| b.key == key) {
+            Some(same) => {
+                let merged = &mut plan.buckets[same];
+                merged.cost = merged.cost.saturating_add(cost).min(MAX_COST);
+                same
+            }
+            None => {
+                plan.buckets.push(BucketRequest {
+                    key,
+                    rate: limit.rate,
+                    burst: limit.burst as f64,
+                    cost,
+                    shadow: limit.shadow,
+                    limit: limit_index,
+                    meter: limit.meter,
+                });
+                plan.buckets.len() - 1
+            }
+        };
+        if !drawn.contains(&bucket) {
+            drawn.push(bucket);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+
+    use super::*;
+    use crate::config::Config;
+    use crate::metrics::Metrics;
+
+    fn policy(limits: &str) -> Policy {
+        use figment::providers::Format as _;
+        let config: Config = figment::Figment::new()
+            .merge(figment::providers::Toml::string(limits))
+            .extract()
+            .expect("a config");
+        Policy::compile(&config, &Metrics::new()).expect("a valid config")
+    }
+
+    fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
+        RateLimitDescriptor {
+            entries: entries
+                .iter()
+                .map(|(key, value)| Entry {
+                    key: key.to_string(),
+                    value: value.to_string(),
+                })
+                .collect(),
+            ..RateLimitDescriptor::default()
+        }
+    }
+
+    fn request(descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
+        RateLimitRequest {
+            domain: "edge".into(),
+            descriptors,
+            hits_addend: 0,
+        }
+    }
+
+    const LIMITS: &str = r#"
+        [[limits]]
+        name = "user"
+        rate = 1
+        burst = 10
+        key = ["descriptor:user"]
+        [[limits]]
+        name = "user-on-path"
+        rate = 1
+        burst = 10
+        key = ["descriptor:user"]
+        [limits.match]
+        descriptors = { path = ["/a"] }
+        [[limits]]
+        name = "http"
+        rate = 1
+        burst = 10
+        key = ["ip"]
+    "#;
+
+    #[test]
+    fn each_descriptor_draws_the_limits_of_exactly_its_keys() {
+        let policy = policy(LIMITS);
+        let plan = plan(
+            &policy,
+            &request(vec![
+                descriptor(&[("user", "u")]),
+                descriptor(&[("path", "/a"), ("user", "u")]),
+                descriptor(&[("path", "/b"), ("user", "u")]),
+            ]),
+        )
+        .unwrap();
+        let keys: Vec<&str> = plan.buckets.iter().map(|b| b.key.as_str()).collect();
+        assert_eq!(keys, ["tollgate:user:{u}", "tollgate:user-on-path:{u}"]);
+        assert_eq!(plan.per_descriptor, [vec![0], vec![1], vec![]]);
+    }
+
+    #[test]
+    fn a_key_drawn_twice_is_one_bucket_charged_both_costs() {
+        let policy = policy(LIMITS);
+        let mut heavy = descriptor(&[("user", "u")]);
+        heavy.hits_addend = Some(envoy_types::pb::google::protobuf::UInt64Value { value: 5 });
+        let plan = plan(&policy, &request(vec![descriptor(&[("user", "u")]), heavy])).unwrap();
+        assert_eq!(plan.buckets.len(), 1);
+        assert_eq!(plan.buckets[0].cost, 6);
+        assert_eq!(plan.per_descriptor, [vec![0], vec![0]]);
+    }
+
+    #[test]
+    fn negative_hits_draw_nothing_and_oversized_requests_are_refused() {
+        let policy = policy(LIMITS);
+        let mut refund = descriptor(&[("user", "u")]);
+        refund.is_negative_hits = true;
+        assert!(plan(&policy, &request(vec![refund]))
+            .unwrap()
+            .buckets
+            .is_empty());
+        let many = vec![descriptor(&[("user", "u")]); MAX_DESCRIPTORS + 1];
+        assert!(plan(&policy, &request(many)).is_err());
+        let pairs: Vec<(String, String)> = (0..=MAX_ENTRIES)
+            .map(|i| (format!("k{i}"), "v".into()))
+            .collect();
+        let wide: Vec<(&str, &str)> = pairs
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        assert!(plan(&policy, &request(vec![descriptor(&wide)])).is_err());
+    }
+}

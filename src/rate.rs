@@ -1,0 +1,149 @@
+//! Rates as operators write them: a number of tokens per second (`20`, `0.5`) or
+//! `"<number>/<unit>"` (`"100/min"`, `"5000/day"`), and the time arithmetic shared by limits
+//! and decisions.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// A `rate` as written in the config. Parsed into tokens per second by [`RateSpec::per_second`];
+/// kept as written so `validate` can show both forms.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum RateSpec {
+    PerSecond(f64),
+    Text(String),
+}
+
+/// Units a rate may be written in, with their length in seconds.
+const UNITS: &[(&str, f64)] = &[
+    ("s", 1.0),
+    ("sec", 1.0),
+    ("second", 1.0),
+    ("m", 60.0),
+    ("min", 60.0),
+    ("minute", 60.0),
+    ("h", 3600.0),
+    ("hour", 3600.0),
+    ("d", 86_400.0),
+    ("day", 86_400.0),
+];
+
+impl RateSpec {
+    /// Tokens per second, or why the written form is not a rate. Always finite and > 0.
+    pub fn per_second(&self) -> Result<f64, String> {
+        let rate = match self {
+            RateSpec::PerSecond(rate) => *rate,
+            RateSpec::Text(text) => parse_text(text)?,
+        };
+        if rate.is_finite() && rate > 0.0 {
+            Ok(rate)
+        } else {
+            Err("must be > 0".into())
+        }
+    }
+}
+
+fn parse_text(text: &str) -> Result<f64, String> {
+    let Some((count, unit)) = text.split_once('/') else {
+        return text
+            .trim()
+            .parse::<f64>()
+            .map_err(|_| format!("{text:?} is not a rate: write a number or \"<number>/<unit>\""));
+    };
+    let count: f64 = count
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?}: {:?} is not a number", count.trim()))?;
+    let unit = unit.trim();
+    let seconds = UNITS
+        .iter()
+        .find(|(name, _)| *name == unit)
+        .map(|(_, seconds)| *seconds)
+        .ok_or_else(|| {
+            format!("{text:?}: unknown unit {unit:?} (use s, sec, second, m, min, minute, h, hour, d or day)")
+        })?;
+    Ok(count / seconds)
+}
+
+impl fmt::Display for RateSpec {
+    /// The written form: `20/s` for a plain number, the text as given otherwise.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RateSpec::PerSecond(rate) => write!(f, "{rate}/s"),
+            RateSpec::Text(text) => f.write_str(text.trim()),
+        }
+    }
+}
+
+/// No rate: what a quota limit has (refused by [`RateSpec::per_second`]).
+impl Default for RateSpec {
+    fn default() -> Self {
+        RateSpec::PerSecond(0.0)
+    }
+}
+
+impl From<f64> for RateSpec {
+    fn from(rate: f64) -> Self {
+        RateSpec::PerSecond(rate)
+    }
+}
+
+/// Largest integer a structured header field may carry (15 digits, RFC 9651).
+pub const MAX_SF_INTEGER: u64 = 999_999_999_999_999;
+
+/// Rounds seconds up to a whole number, at least 0; huge or NaN values saturate at the largest
+/// structured-field integer, so every header that shows seconds stays parseable.
+pub fn ceil_secs(seconds: f64) -> u64 {
+    if seconds.is_nan() || seconds <= 0.0 {
+        0
+    } else {
+        seconds.ceil().min(MAX_SF_INTEGER as f64) as u64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn text(t: &str) -> Result<f64, String> {
+        RateSpec::Text(t.into()).per_second()
+    }
+
+    #[test]
+    fn every_unit_and_its_long_name_is_understood() {
+        assert_eq!(text("10/s"), Ok(10.0));
+        assert_eq!(text("10/sec"), Ok(10.0));
+        assert_eq!(text("10/second"), Ok(10.0));
+        assert_eq!(text("120/m"), Ok(2.0));
+        assert_eq!(text("120/min"), Ok(2.0));
+        assert_eq!(text("120/minute"), Ok(2.0));
+        assert_eq!(text("7200/h"), Ok(2.0));
+        assert_eq!(text("7200/hour"), Ok(2.0));
+        assert_eq!(text("172800/d"), Ok(2.0));
+        assert_eq!(text("172800/day"), Ok(2.0));
+        assert_eq!(text(" 1.5 / s "), Ok(1.5));
+    }
+
+    #[test]
+    fn unknown_units_zero_and_garbage_are_refused_with_the_reason() {
+        assert!(text("10/fortnight").unwrap_err().contains("unknown unit"));
+        assert!(text("10/mins").unwrap_err().contains("unknown unit"));
+        assert!(text("ten/s").unwrap_err().contains("not a number"));
+        assert_eq!(text("0/s"), Err("must be > 0".into()));
+        assert_eq!(text("-5/min"), Err("must be > 0".into()));
+        assert_eq!(text("inf/s"), Err("must be > 0".into()));
+        assert_eq!(
+            RateSpec::PerSecond(f64::NAN).per_second(),
+            Err("must be > 0".into())
+        );
+        assert!(text("").is_err());
+    }
+
+    #[test]
+    fn the_written_form_is_kept() {
+        assert_eq!(RateSpec::PerSecond(20.0).to_string(), "20/s");
+        assert_eq!(RateSpec::PerSecond(0.5).to_string(), "0.5/s");
+        assert_eq!(RateSpec::Text("100/min".into()).to_string(), "100/min");
+    }
+}
