@@ -590,6 +590,42 @@ key = ["header:x-api-key"]
     assert_eq!(denied.header("x-ratelimit-remaining"), Some("0"));
 }
 
+/// An override's quota replaces the limit's for one key; the period stays the limit's, and
+/// other keys keep the limit's quota.
+#[test]
+fn an_override_gives_one_key_its_own_quota() {
+    let redis = RedisServer::start();
+    let limits = r#"
+[[limits]]
+name = "daily"
+quota = 2
+period = "day"
+key = ["header:x-api-key"]
+[[limits.overrides]]
+key = ["big"]
+quota = 4
+"#;
+    let tollgate = Tollgate::start(&redis_config(&redis, "", limits));
+    let admitted = |who: &'static str| {
+        (0..6)
+            .filter(|_| tollgate.check(&[("x-api-key", who)]).status == 200)
+            .count()
+    };
+    assert_eq!(admitted("big"), 4);
+    assert_eq!(admitted("small"), 2);
+    let first = tollgate.check(&[("x-api-key", "fresh")]);
+    assert_eq!(
+        first.header("ratelimit-policy"),
+        Some("\"daily\";q=2;w=86400")
+    );
+    let big = tollgate.check(&[("x-api-key", "big")]);
+    assert_eq!(big.status, 429);
+    assert_eq!(
+        big.header("ratelimit-policy"),
+        Some("\"daily\";q=4;w=86400")
+    );
+}
+
 const BOTH: &str = r#"
 [[limits]]
 name = "burst"
