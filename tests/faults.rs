@@ -239,14 +239,20 @@ fn assert_survived(
             bad_status.is_empty(),
             "{fault}/{mode:?}: unexpected statuses {bad_status:?}"
         );
-        if failing {
+        if failing && mode != Mode::Local {
+            assert!(degraded > 0, "{fault}/{mode:?}: the fault was never seen");
+        }
+        // A fault so brief that fewer calls failed than the breaker needs to open (a quick
+        // restart, now that a new connection costs one round trip) was ridden out: nothing
+        // to recover from, which is the better outcome.
+        let ridden_out = !went_down
+            && mode != Mode::Local
+            && degraded < tollgate::store::breaker::FAILURE_THRESHOLD as usize;
+        if failing && !ridden_out {
             assert!(
                 went_down,
                 "{fault}/{mode:?}: tollgate_store_up never showed 0"
             );
-            if mode != Mode::Local {
-                assert!(degraded > 0, "{fault}/{mode:?}: the fault was never seen");
-            }
             assert_eq!(
                 log_lines(gate, "circuit open"),
                 1,
@@ -269,7 +275,7 @@ fn assert_survived(
                     "{fault}/{mode:?}: Redis decided again only after {back:?}"
                 );
             }
-        } else {
+        } else if !failing {
             assert_eq!(degraded, 0, "{fault}/{mode:?}: {STARVED} Redis");
             assert!(!went_down, "{fault}/{mode:?}: store_up dropped");
         }

@@ -195,8 +195,8 @@ fn the_configs_shown_in_the_docs_are_the_shipped_ones() {
     let yaml_blocks = doc_blocks("yaml");
     assert_eq!(
         yaml_blocks.len(),
-        3,
-        "Traefik static, Traefik dynamic, Envoy filter"
+        4,
+        "Traefik static, Traefik dynamic, Envoy ext_authz filter, Envoy ratelimit filter"
     );
     assert_doc_lines_are_shipped(&yaml_blocks[0], "config/traefik/traefik.yml");
     assert_doc_lines_are_shipped(&yaml_blocks[1], "config/traefik/dynamic.yml");
@@ -208,4 +208,27 @@ fn the_configs_shown_in_the_docs_are_the_shipped_ones() {
         &shown[0], shipped,
         "the Envoy filter in the docs is the shipped one"
     );
+    let shown: Value =
+        serde_yaml::from_str(&yaml_blocks[3]).expect("the Envoy ratelimit snippet parses");
+    let ratelimit = yaml("config/envoy/ratelimit.yaml");
+    let shipped = find_named(&ratelimit, "envoy.filters.http.ratelimit")
+        .expect("the shipped ratelimit config has the filter");
+    assert_eq!(
+        &shown[0], shipped,
+        "the Envoy ratelimit filter in the docs is the shipped one"
+    );
+}
+
+/// The first mapping anywhere in `value` whose `name` is `name`.
+fn find_named<'a>(value: &'a Value, name: &str) -> Option<&'a Value> {
+    match value {
+        Value::Mapping(map) => {
+            if map.get("name").and_then(Value::as_str) == Some(name) {
+                return Some(value);
+            }
+            map.values().find_map(|v| find_named(v, name))
+        }
+        Value::Sequence(items) => items.iter().find_map(|v| find_named(v, name)),
+        _ => None,
+    }
 }

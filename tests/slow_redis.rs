@@ -143,8 +143,6 @@ fn a_slow_but_healthy_redis_always_decides_and_keeps_the_bound() {
     let mut failures = Vec::new();
     for deny_cache in [true, false] {
         for rtt_ms in [1, 10, 20, 30, 40] {
-            // Half the budget's slack: a proxy that late made the store itself slow.
-            let slack = Duration::from_millis((TIMEOUT_MS - rtt_ms) / 2);
             let mut run = 0;
             let outcome = loop {
                 let outcome = drained_bucket_scenario(&redis, rtt_ms, deny_cache, run);
@@ -158,8 +156,10 @@ fn a_slow_but_healthy_redis_always_decides_and_keeps_the_bound() {
                     outcome.lateness
                 );
                 run += 1;
-                // Inconclusive runs (the machine, not tollgate, was slow) are repeated.
-                if outcome.on_error == 0 || outcome.lateness <= slack || run == 3 {
+                // A run with on_error answers is repeated: the proxy's lateness shows a slow
+                // proxy, but not tollgate itself waiting for a CPU on a starved machine (the
+                // suite beside CPU burners). A defect such as Nagle's waves repeats every run.
+                if outcome.on_error == 0 || run == 3 {
                     break outcome;
                 }
             };
