@@ -1,4 +1,4 @@
-//! The Prometheus registry and every metric tollgate exports (SPEC §7). Label children used on
+//! The Prometheus registry and every metric tollgate exports. Label children used on
 //! the hot path are resolved once, so a check only bumps atomics. No client key is ever a label.
 
 use prometheus::{

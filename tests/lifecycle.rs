@@ -1,4 +1,4 @@
-//! SPEC §8 with real processes: SIGTERM drains what is in flight and exits 0; SIGHUP reloads
+//! Signals with real processes: SIGTERM drains what is in flight and exits 0; SIGHUP reloads
 //! the config file atomically, and a broken file keeps the running limits.
 
 mod support;

@@ -554,10 +554,8 @@ fn classify(error: &RedisError) -> StoreError {
 mod tests {
     use super::*;
 
-    #[test]
-    fn replies_parse_into_decisions() {
-        let reply = Value::BulkString(b"1 1764669600123456 4.5 1 0.30000000000000004 0".to_vec());
-        let bucket = BucketRequest {
+    fn one_bucket() -> BucketRequest {
+        BucketRequest {
             key: "k".into(),
             rate: 1.0,
             burst: 5.0,
@@ -565,7 +563,13 @@ mod tests {
             shadow: false,
             limit: 0,
             meter: Meter::Bucket,
-        };
+        }
+    }
+
+    #[test]
+    fn replies_parse_into_decisions() {
+        let reply = Value::BulkString(b"1 1764669600123456 4.5 1 0.30000000000000004 0".to_vec());
+        let bucket = one_bucket();
         let (decision, now) = parse_decision(reply, &[&bucket, &bucket]).unwrap();
         assert!(decision.allowed);
         assert_eq!(now, "1764669600123456");
@@ -577,15 +581,7 @@ mod tests {
 
     #[test]
     fn malformed_replies_are_errors() {
-        let bucket = BucketRequest {
-            key: "k".into(),
-            rate: 1.0,
-            burst: 5.0,
-            cost: 1,
-            shadow: false,
-            limit: 0,
-            meter: Meter::Bucket,
-        };
+        let bucket = one_bucket();
         for reply in [
             "",
             "1",
