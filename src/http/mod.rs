@@ -1,6 +1,7 @@
 //! The HTTP surface: `/check` on the public listener; `/metrics` only on the admin listener;
 //! `/healthz` and `/readyz` on both; `POST /report` only on the admin listener.
 
+pub mod admin;
 pub mod check;
 pub mod headers;
 pub mod health;

@@ -4,9 +4,8 @@
 use actix_web::http::header::{self, HeaderValue};
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse};
-use serde_json::json;
-use sha2::{Digest, Sha256};
 
+use super::admin::{self, problem};
 use crate::report::{self, ReportError};
 use crate::server::AppState;
 use crate::store::Store;
@@ -17,7 +16,9 @@ pub async fn report(
     state: web::Data<AppState>,
 ) -> HttpResponse {
     let policy = state.limiter.policy();
-    if let Some(refusal) = refuse_unauthorized(&request, policy.admin_token.as_deref()) {
+    if let Some(refusal) =
+        admin::refuse_unless_operator(&request, policy.admin_token.as_deref(), "POST /report")
+    {
         return refusal;
     }
     let reports = match report::parse(&body, &policy) {
@@ -59,54 +60,4 @@ pub async fn report(
             response
         }
     }
-}
-
-/// The refusal, unless the caller holds the admin token. The comparison takes the same time
-/// wherever the tokens differ (digests compared in full), so response times do not leak it.
-fn refuse_unauthorized(request: &HttpRequest, token: Option<&str>) -> Option<HttpResponse> {
-    let Some(token) = token else {
-        return Some(problem(
-            StatusCode::FORBIDDEN,
-            "POST /report is disabled: set admin_token (or admin_token_file, or the environment variable TOLLGATE_ADMIN_TOKEN)".into(),
-            None,
-        ));
-    };
-    let given = request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.strip_prefix("Bearer "))
-        .unwrap_or("");
-    let (a, b) = (Sha256::digest(given.trim()), Sha256::digest(token));
-    let differ = a
-        .iter()
-        .zip(b.iter())
-        .fold(0u8, |acc, (x, y)| acc | (x ^ y));
-    if given.is_empty() || differ != 0 {
-        let mut refusal = problem(
-            StatusCode::UNAUTHORIZED,
-            "needs Authorization: Bearer <admin_token>".into(),
-            None,
-        );
-        refusal
-            .headers_mut()
-            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-        return Some(refusal);
-    }
-    None
-}
-
-fn problem(status: StatusCode, detail: String, field: Option<String>) -> HttpResponse {
-    let mut body = json!({
-        "type": "about:blank",
-        "title": status.canonical_reason().unwrap_or("Error"),
-        "status": status.as_u16(),
-        "detail": detail,
-    });
-    if let Some(field) = field {
-        body["field"] = json!(field);
-    }
-    HttpResponse::build(status)
-        .content_type("application/problem+json")
-        .body(body.to_string())
 }
