@@ -70,7 +70,12 @@ fn admin_call(
 }
 
 fn peek(tollgate: &Tollgate, limit: &str, key: &[&str], auth: Option<&str>) -> serde_json::Value {
-    let answer = admin_call(tollgate, "GET", &format!("/v1/buckets/{limit}{}", query(key)), auth);
+    let answer = admin_call(
+        tollgate,
+        "GET",
+        &format!("/v1/buckets/{limit}{}", query(key)),
+        auth,
+    );
     assert_eq!(answer.status, 200, "{}", answer.body);
     json(&answer.body)
 }
@@ -88,7 +93,10 @@ fn stored(redis: &RedisServer, key: &str) -> String {
 fn wait_for_listeners(redis: &RedisServer, count: usize) {
     let listening = || {
         let out = redis.cli(&["PUBSUB", "NUMSUB", "tollgate:resets"]);
-        out.lines().nth(1).and_then(|n| n.trim().parse::<usize>().ok()) == Some(count)
+        out.lines()
+            .nth(1)
+            .and_then(|n| n.trim().parse::<usize>().ok())
+            == Some(count)
     };
     assert!(
         support::wait_until(Duration::from_secs(10), listening),
@@ -99,7 +107,10 @@ fn wait_for_listeners(redis: &RedisServer, count: usize) {
 #[test]
 fn a_peek_shows_what_the_next_check_sees_and_charges_nothing() {
     let redis = RedisServer::start();
-    let config = format!("admin_token = \"{TOKEN}\"\n{}", redis_config(&redis, "", LIMITS));
+    let config = format!(
+        "admin_token = \"{TOKEN}\"\n{}",
+        redis_config(&redis, "", LIMITS)
+    );
     let fleet: Vec<Tollgate> = (0..3).map(|_| Tollgate::start(&config)).collect();
     let bucket = "tollgate:per-key:{acme}";
 
@@ -125,7 +136,10 @@ fn a_peek_shows_what_the_next_check_sees_and_charges_nothing() {
     assert_eq!(next.header("x-ratelimit-remaining"), Some("1"));
     let reset_after: u64 = next.header("x-ratelimit-reset").unwrap().parse().unwrap();
     let full_in = seen["full_in_s"].as_u64().unwrap();
-    assert!(reset_after.abs_diff(full_in + 60) <= 1, "{reset_after} vs {full_in}");
+    assert!(
+        reset_after.abs_diff(full_in + 60) <= 1,
+        "{reset_after} vs {full_in}"
+    );
 
     let drained = check_key(&fleet[0], "acme");
     assert_eq!(drained.header("x-ratelimit-remaining"), Some("0"));
@@ -143,7 +157,10 @@ fn a_peek_shows_what_the_next_check_sees_and_charges_nothing() {
 #[test]
 fn a_reset_is_obeyed_by_every_instance_s_deny_cache_at_the_next_check() {
     let redis = RedisServer::start();
-    let config = format!("admin_token = \"{TOKEN}\"\n{}", redis_config(&redis, "", LIMITS));
+    let config = format!(
+        "admin_token = \"{TOKEN}\"\n{}",
+        redis_config(&redis, "", LIMITS)
+    );
     let fleet: Vec<Tollgate> = (0..3).map(|_| Tollgate::start(&config)).collect();
     wait_for_listeners(&redis, 3);
 
@@ -212,14 +229,23 @@ fn without_the_token_nothing_changes() {
         assert_eq!(refused.status, 403, "{}", refused.body);
         assert!(refused.body.contains("admin_token"), "{}", refused.body);
     }
-    for auth in [None, Some("Bearer wrong"), Some("Basic czNjcjN0"), Some("Bearer ")] {
+    for auth in [
+        None,
+        Some("Bearer wrong"),
+        Some("Basic czNjcjN0"),
+        Some("Bearer "),
+    ] {
         let refused = admin_call(&guarded, "DELETE", &path, auth);
         assert_eq!(refused.status, 401, "{auth:?}: {}", refused.body);
     }
     // Refused before the query is read: hostile ones are refused the same way.
     let hostile = admin_call(&guarded, "DELETE", "/v1/buckets/nope?key=%zz", None);
     assert_eq!(hostile.status, 401);
-    assert_eq!(stored(&redis, bucket), before, "a refused reset changed the bucket");
+    assert_eq!(
+        stored(&redis, bucket),
+        before,
+        "a refused reset changed the bucket"
+    );
     assert_eq!(check_key(&open, "acme").status, 429);
 
     let done = admin_call(&guarded, "DELETE", &path, Some(BEARER));
@@ -243,7 +269,10 @@ fn anonymous_readers_see_fingerprints_of_keys_and_addresses_as_they_are() {
     assert!(!hidden.to_string().contains(secret));
     let wrong = peek(&tollgate, "per-key", &[secret], Some("Bearer wrong"));
     assert_eq!(wrong["key"][0], fingerprint);
-    assert_eq!(peek(&tollgate, "per-key", &[secret], Some(BEARER))["key"][0], secret);
+    assert_eq!(
+        peek(&tollgate, "per-key", &[secret], Some(BEARER))["key"][0],
+        secret
+    );
 
     for ip in ["203.0.113.7", "2001:db8:1:2::/64"] {
         assert_eq!(peek(&tollgate, "per-ip", &[ip], None)["key"][0], ip);
@@ -280,13 +309,26 @@ fn hostile_queries_get_a_4xx_never_a_5xx() {
         for &(path, status, says) in cases {
             let answer = admin_call(&tollgate, method, path, Some(BEARER));
             assert_eq!(answer.status, status, "{method} {path}: {}", answer.body);
-            assert!(answer.body.contains(says), "{method} {path}: {}", answer.body);
+            assert!(
+                answer.body.contains(says),
+                "{method} {path}: {}",
+                answer.body
+            );
         }
         // 100 KB of query: refused by the parser or by us, never a 5xx, and the process lives.
-        let answer = HttpClient::connect(tollgate.admin)
-            .and_then(|mut c| c.request(method, &format!("/v1/buckets/per-key{huge}"), &[("authorization", BEARER)]));
+        let answer = HttpClient::connect(tollgate.admin).and_then(|mut c| {
+            c.request(
+                method,
+                &format!("/v1/buckets/per-key{huge}"),
+                &[("authorization", BEARER)],
+            )
+        });
         if let Ok(answer) = answer {
-            assert!((400..500).contains(&answer.status), "{method} huge: {}", answer.status);
+            assert!(
+                (400..500).contains(&answer.status),
+                "{method} huge: {}",
+                answer.status
+            );
         }
     }
     // A long but acceptable key is hashed like a check's, not refused.
@@ -305,9 +347,11 @@ fn hostile_queries_get_a_4xx_never_a_5xx() {
 #[test]
 fn the_limits_are_listed_with_override_counts_and_never_the_token() {
     let redis = RedisServer::start();
-    let config = format!("admin_token = \"{TOKEN}\"\n{}", redis_config(&redis, "", LIMITS));
-    let (tollgate, log) =
-        Tollgate::start_logged(&config, &[("RUST_LOG", "debug,redis=debug")]);
+    let config = format!(
+        "admin_token = \"{TOKEN}\"\n{}",
+        redis_config(&redis, "", LIMITS)
+    );
+    let (tollgate, log) = Tollgate::start_logged(&config, &[("RUST_LOG", "debug,redis=debug")]);
     let listed = admin_call(&tollgate, "GET", "/v1/limits", Some(BEARER));
     assert_eq!(listed.status, 200);
     let limits = json(&listed.body);
@@ -339,14 +383,21 @@ fn the_limits_are_listed_with_override_counts_and_never_the_token() {
         + &String::from_utf8_lossy(&validate.stderr);
     let logged = std::fs::read_to_string(&log).unwrap_or_default();
     assert!(logged.contains("reset by the operator"), "{logged}");
-    for (place, text) in [("/v1/limits", &listed.body), ("validate", &printed), ("the log", &logged)] {
+    for (place, text) in [
+        ("/v1/limits", &listed.body),
+        ("validate", &printed),
+        ("the log", &logged),
+    ] {
         assert!(!text.contains(TOKEN), "the token appears in {place}");
     }
 }
 
 #[test]
 fn on_the_memory_store_a_peek_and_a_reset_work_alike() {
-    let limits = LIMITS.replace("[[exempt]]", &format!("admin_token = \"{TOKEN}\"\n[[exempt]]"));
+    let limits = LIMITS.replace(
+        "[[exempt]]",
+        &format!("admin_token = \"{TOKEN}\"\n[[exempt]]"),
+    );
     let tollgate = Tollgate::start(&limits);
     for _ in 0..5 {
         assert_eq!(check_key(&tollgate, "acme").status, 200);
@@ -365,4 +416,74 @@ fn on_the_memory_store_a_peek_and_a_reset_work_alike() {
     let next = check_key(&tollgate, "acme");
     assert_eq!(next.status, 200);
     assert_eq!(next.header("x-ratelimit-remaining"), Some("4"));
+}
+
+#[test]
+fn on_a_cluster_a_peek_and_a_reset_reach_the_bucket_s_node_and_every_instance() {
+    let cluster = support::cluster::RedisCluster::start();
+    let seeds = cluster.seeds();
+    let config = |seeds: &[String]| {
+        let seeds: Vec<String> = seeds.iter().map(|s| format!("\"{s}\"")).collect();
+        format!(
+            "admin_token = \"{TOKEN}\"\n[store]\nbackend = \"redis\"\ncluster = [{}]\n\
+             timeout_ms = 2000\n\n[[limits]]\nname = \"per-key\"\nrate = \"1/min\"\nburst = 3\n\
+             key = [\"header:x-api-key\"]\n",
+            seeds.join(", ")
+        )
+    };
+    // Each listens to the first seed it is given: two different nodes.
+    let reversed: Vec<String> = seeds.iter().rev().cloned().collect();
+    let fleet = [
+        Tollgate::start(&config(&seeds)),
+        Tollgate::start(&config(&reversed)),
+    ];
+    let listening = || {
+        let on_every_node = seeds.iter().map(|seed| {
+            let port = seed
+                .rsplit(':')
+                .next()
+                .and_then(|p| p.parse().ok())
+                .unwrap();
+            support::redis_cli(port, &["PUBSUB", "NUMSUB", "tollgate:resets"]).unwrap_or_default()
+        });
+        on_every_node
+            .filter_map(|out| {
+                out.lines()
+                    .nth(1)
+                    .and_then(|n| n.trim().parse::<usize>().ok())
+            })
+            .sum::<usize>()
+            == 2
+    };
+    assert!(
+        support::wait_until(Duration::from_secs(10), listening),
+        "not subscribed"
+    );
+
+    for attempt in 0..5 {
+        let key = format!("flooder-{attempt}");
+        for _ in 0..3 {
+            assert_eq!(check_key(&fleet[0], &key).status, 200);
+        }
+        let learned = Instant::now();
+        for tollgate in &fleet {
+            assert_eq!(check_key(tollgate, &key).status, 429);
+            assert_eq!(check_key(tollgate, &key).status, 429);
+        }
+        assert_eq!(peek(&fleet[1], "per-key", &[&key], None)["remaining"], 0);
+        let path = format!("/v1/buckets/per-key{}", query(&[&key]));
+        let reset = admin_call(&fleet[0], "DELETE", &path, Some(BEARER));
+        assert_eq!(reset.status, 200, "{}", reset.body);
+        for tollgate in &fleet {
+            let allowed = support::wait_until(Duration::from_millis(150), || {
+                check_key(tollgate, &key).status == 200
+            });
+            assert!(allowed, "an instance still denied after the reset");
+        }
+        assert_eq!(peek(&fleet[1], "per-key", &[&key], None)["remaining"], 1);
+        if learned.elapsed() < Duration::from_millis(900) {
+            return;
+        }
+    }
+    panic!("the machine never ran the scenario within a second");
 }
