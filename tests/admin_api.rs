@@ -337,6 +337,15 @@ fn hostile_queries_get_a_4xx_never_a_5xx() {
     assert_eq!(peeked["remaining"], 5);
     check_key(&tollgate, &long);
     assert_eq!(peek(&tollgate, "per-key", &[&long], None)["remaining"], 4);
+    // Form-encoded as curl --data-urlencode writes it: `+` a space, `%2B` a plus.
+    check_key(&tollgate, "a+b c");
+    let curl_style = admin_call(&tollgate, "GET", "/v1/buckets/per-key?key=a%2bb+c", None);
+    assert_eq!(
+        json(&curl_style.body)["remaining"],
+        4,
+        "{}",
+        curl_style.body
+    );
     assert_eq!(
         admin_call(&tollgate, "GET", "/healthz", None).status,
         200,

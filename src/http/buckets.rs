@@ -7,8 +7,8 @@
 //! reads and a reset deletes the very bucket the next check draws from. A peek charges nothing;
 //! a reset needs the admin token and makes every instance's deny cache forget the bucket.
 //!
-//! Query values are percent-decoded strictly (`%` must start a two-digit escape); `+` is a
-//! plain plus, as in a URI (API keys are often base64), so a space is written `%20`.
+//! Query values are decoded as HTML forms and `curl --data-urlencode` encode them (`+` is a
+//! space, a plus is `%2B`), strictly: `%` must start a two-digit escape.
 
 use std::borrow::Cow;
 
@@ -149,7 +149,7 @@ fn key_values(query: &str) -> Result<Vec<String>, String> {
     Ok(values)
 }
 
-/// Strict percent-decoding: every `%` starts two hex digits. `+` stays a plus.
+/// Strict form decoding: every `%` starts two hex digits; `+` is a space.
 fn percent_decode(text: &str) -> Option<Vec<u8>> {
     let bytes = text.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
@@ -161,7 +161,7 @@ fn percent_decode(text: &str) -> Option<Vec<u8>> {
             out.push(u8::from_str_radix(hex, 16).ok()?);
             i += 3;
         } else {
-            out.push(bytes[i]);
+            out.push(if bytes[i] == b'+' { b' ' } else { bytes[i] });
             i += 1;
         }
     }
@@ -341,10 +341,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn key_values_are_decoded_strictly_and_plus_stays_plus() {
+    fn key_values_are_decoded_strictly_as_curl_encodes_them() {
+        // `curl --data-urlencode "key=a|b+c d"`
         assert_eq!(
-            key_values("key=203.0.113.9&key=a%7Cb+c%20d").unwrap(),
-            ["203.0.113.9", "a|b+c d"]
+            key_values("key=203.0.113.9&key=a%7cb%2bc+d%20e").unwrap(),
+            ["203.0.113.9", "a|b+c d e"]
         );
         assert_eq!(key_values("").unwrap(), Vec::<String>::new());
         assert_eq!(key_values("key=").unwrap(), [""]);
