@@ -39,22 +39,43 @@ struct Named<'p> {
     own: Option<Override>,
 }
 
+/// Why a request names no bucket: the problem answer to give.
+struct Refused {
+    status: StatusCode,
+    detail: String,
+    field: Option<String>,
+}
+
+impl Refused {
+    fn new(status: StatusCode, detail: String, field: Option<String>) -> Refused {
+        Refused {
+            status,
+            detail,
+            field,
+        }
+    }
+
+    fn answer(self) -> HttpResponse {
+        problem(self.status, self.detail, self.field)
+    }
+}
+
 /// Parses `{limit}` and the `key` values into the store key a check would use.
-fn named<'p>(policy: &'p Policy, name: &str, query: &str) -> Result<Named<'p>, HttpResponse> {
+fn named<'p>(policy: &'p Policy, name: &str, query: &str) -> Result<Named<'p>, Refused> {
     let Some((index, limit)) = policy
         .limits
         .iter()
         .enumerate()
         .find(|(_, limit)| limit.name == name)
     else {
-        return Err(problem(
+        return Err(Refused::new(
             StatusCode::NOT_FOUND,
             format!("no limit named {name:?}: GET /v1/limits lists them"),
             Some("limit".into()),
         ));
     };
     let values = key_values(query)
-        .map_err(|why| problem(StatusCode::BAD_REQUEST, why, Some("key".into())))?;
+        .map_err(|why| Refused::new(StatusCode::BAD_REQUEST, why, Some("key".into())))?;
     let expected = || {
         limit
             .key
@@ -64,7 +85,7 @@ fn named<'p>(policy: &'p Policy, name: &str, query: &str) -> Result<Named<'p>, H
             .join(", ")
     };
     if values.len() != limit.key.len() {
-        return Err(problem(
+        return Err(Refused::new(
             StatusCode::BAD_REQUEST,
             format!(
                 "limit {name:?} is keyed on {} part(s) [{}]: give one key= per part, in that order (got {})",
@@ -78,7 +99,7 @@ fn named<'p>(policy: &'p Policy, name: &str, query: &str) -> Result<Named<'p>, H
     for (i, (part, value)) in limit.key.iter().zip(&values).enumerate() {
         if let KeyPart::Const(text) = part {
             if text != value {
-                return Err(problem(
+                return Err(Refused::new(
                     StatusCode::BAD_REQUEST,
                     format!("key[{i}] is the constant part {part}: give {text:?}"),
                     Some(format!("key[{i}]")),
@@ -90,7 +111,7 @@ fn named<'p>(policy: &'p Policy, name: &str, query: &str) -> Result<Named<'p>, H
     let tail = keys::tail_of_given(&limit.key, &values, anonymous, policy.client_ip.ipv6_prefix)
         .map_err(|(i, why)| {
             let part = &limit.key[i];
-            problem(
+            Refused::new(
                 StatusCode::BAD_REQUEST,
                 format!("key[{i}] ({part}) {why}"),
                 Some(format!("key[{i}]")),
@@ -273,7 +294,7 @@ pub async fn peek(
     let caller = Caller::of(&request, policy.admin_token.as_deref());
     let named = match named(&policy, &name, request.query_string()) {
         Ok(named) => named,
-        Err(refusal) => return refusal,
+        Err(refused) => return refused.answer(),
     };
     let key = shown_key(&named.values, caller);
     if named.own == Some(Override::Unlimited) {
@@ -315,7 +336,7 @@ pub async fn reset(
     }
     let named = match named(&policy, &name, request.query_string()) {
         Ok(named) => named,
-        Err(refusal) => return refusal,
+        Err(refused) => return refused.answer(),
     };
     let existed = match state.limiter.store().reset(&named.bucket.key).await {
         Ok(existed) => existed,

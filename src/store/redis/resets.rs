@@ -67,7 +67,7 @@ impl ResetSource {
                     .set_redis_connection_info(node.redis_settings().clone());
                 let sentinel = SentinelClient::build(
                     sentinels.iter().map(String::as_str).collect(),
-                    master.to_string(),
+                    master,
                     Some(node_info),
                     SentinelServerType::Master,
                 )
@@ -140,11 +140,12 @@ async fn follow(pubsub: redis::aio::PubSub, heard: &impl Fn(Heard)) {
     loop {
         tokio::select! {
             message = messages.next() => match message {
-                Some(message) => match std::str::from_utf8(message.get_payload_bytes()) {
-                    Ok(key) => heard(Heard::Reset(key.to_string())),
-                    // Not a key tollgate wrote: nothing to forget.
-                    Err(_) => {}
-                },
+                // A payload that is not UTF-8 is no key tollgate wrote: nothing to forget.
+                Some(message) => {
+                    if let Ok(key) = std::str::from_utf8(message.get_payload_bytes()) {
+                        heard(Heard::Reset(key.to_string()));
+                    }
+                }
                 None => return,
             },
             _ = ping.tick() => {
