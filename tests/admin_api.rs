@@ -496,3 +496,36 @@ fn on_a_cluster_a_peek_and_a_reset_reach_the_bucket_s_node_and_every_instance() 
     }
     panic!("the machine never ran the scenario within a second");
 }
+
+#[test]
+fn behind_sentinel_a_peek_and_a_reset_reach_the_master_and_every_instance() {
+    use support::cluster::{SentinelSetup, MASTER_NAME};
+    let setup = SentinelSetup::start();
+    let urls: Vec<String> = setup.urls().iter().map(|u| format!("\"{u}\"")).collect();
+    let config = format!(
+        "admin_token = \"{TOKEN}\"\n[store]\nbackend = \"redis\"\ntimeout_ms = 2000\n\
+         sentinel = {{ master = \"{MASTER_NAME}\", urls = [{}] }}\n\n[[limits]]\n\
+         name = \"per-key\"\nrate = \"1/min\"\nburst = 3\nkey = [\"header:x-api-key\"]\n",
+        urls.join(", ")
+    );
+    let fleet = [Tollgate::start(&config), Tollgate::start(&config)];
+    wait_for_listeners(&setup.master, 2);
+    for _ in 0..3 {
+        assert_eq!(check_key(&fleet[0], "acme").status, 200);
+    }
+    for tollgate in &fleet {
+        assert_eq!(check_key(tollgate, "acme").status, 429);
+    }
+    assert_eq!(peek(&fleet[1], "per-key", &["acme"], None)["remaining"], 0);
+    let path = format!("/v1/buckets/per-key{}", query(&["acme"]));
+    assert_eq!(
+        admin_call(&fleet[1], "DELETE", &path, Some(BEARER)).status,
+        200
+    );
+    for tollgate in &fleet {
+        let allowed = support::wait_until(Duration::from_millis(150), || {
+            check_key(tollgate, "acme").status == 200
+        });
+        assert!(allowed, "an instance still denied after the reset");
+    }
+}
