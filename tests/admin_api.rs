@@ -375,6 +375,11 @@ fn the_limits_are_listed_with_override_counts_and_never_the_token() {
     assert_eq!(limits["exempt"][0]["name"], "office");
     assert_eq!(limits["exempt"][0]["cidrs"][0], "10.9.0.0/16");
     assert!(!listed.body.contains("vip"), "override keys are not listed");
+    let public = tollgate.client().get("/v1/limits", &[]).unwrap();
+    assert_eq!(
+        public.status, 404,
+        "the admin API is not on the public listener"
+    );
 
     // Exercise every admin path once, so each had its chance to log.
     check_key(&tollgate, "acme");
@@ -528,4 +533,35 @@ fn behind_sentinel_a_peek_and_a_reset_reach_the_master_and_every_instance() {
         });
         assert!(allowed, "an instance still denied after the reset");
     }
+}
+
+#[test]
+fn an_instance_that_lost_the_reset_channel_forgets_its_cached_denials_when_back() {
+    let redis = RedisServer::start();
+    let tollgate = Tollgate::start(&redis_config(&redis, "", LIMITS));
+    wait_for_listeners(&redis, 1);
+    for attempt in 0..5 {
+        let key = format!("flooder-{attempt}");
+        for _ in 0..5 {
+            check_key(&tollgate, &key);
+        }
+        let learned = Instant::now();
+        assert_eq!(check_key(&tollgate, &key).status, 429);
+        let calls = commandstats::script_calls(&redis);
+        assert_eq!(check_key(&tollgate, &key).status, 429);
+        assert_eq!(
+            commandstats::script_calls(&redis),
+            calls,
+            "the cache answered"
+        );
+        // A reset this instance cannot hear: its subscription is cut, the bucket deleted.
+        redis.cli(&["CLIENT", "KILL", "TYPE", "pubsub"]);
+        redis.cli(&["DEL", &format!("tollgate:per-key:{{{key}}}")]);
+        wait_for_listeners(&redis, 1);
+        assert_eq!(check_key(&tollgate, &key).status, 200);
+        if learned.elapsed() < Duration::from_millis(900) {
+            return;
+        }
+    }
+    panic!("the machine never ran the scenario within a second");
 }

@@ -4,8 +4,8 @@
 //!
 //! One node is enough to listen to: a single node or the Sentinel-named master hears every
 //! publish made to it, and a Redis Cluster forwards every `PUBLISH` to all its nodes, so any
-//! one of them will do. A lost connection is re-established with capped backoff; whenever the
-//! subscription starts (again), resets may have been missed meanwhile, so everything cached is
+//! one of them will do. A lost connection is re-established with capped backoff; when the
+//! subscription is back, resets may have been missed meanwhile, so everything cached is
 //! forgotten ([`Heard::Everything`]).
 
 use std::time::Duration;
@@ -95,10 +95,13 @@ pub async fn listen(mut source: ResetSource, channel: String, heard: impl Fn(Hea
     for attempt in 0.. {
         match subscribe(&mut source, attempt, &channel).await {
             Ok(pubsub) => {
+                // Not at the first subscription: the cache is nearly empty then, and clearing
+                // it would send a flood's next check to the store for nothing. A reset in the
+                // moment before is covered by the cache's own cap on how long it denies.
                 if lost {
                     log::info!("reset channel {channel:?} is back; cached denials dropped");
+                    heard(Heard::Everything);
                 }
-                heard(Heard::Everything);
                 backoff = FIRST_BACKOFF;
                 follow(pubsub, &heard).await;
                 if !lost {
