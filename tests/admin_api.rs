@@ -148,6 +148,10 @@ fn a_peek_shows_what_the_next_check_sees_and_charges_nothing() {
     assert_eq!(empty["next_check"], "denied");
     assert_eq!(check_key(&fleet[1], "acme").status, 429);
 
+    // Scripts flushed (as by a Redis restart): the peek reloads its script, like a check.
+    redis.cli(&["SCRIPT", "FLUSH"]);
+    assert_eq!(peek(&fleet[0], "per-key", &["acme"], None)["remaining"], 0);
+
     // An overridden key: its own numbers, said so.
     let vip = peek(&fleet[0], "per-key", &["vip"], None);
     assert_eq!(vip["burst"], 50.0);
