@@ -38,6 +38,7 @@
 
 use std::collections::HashMap;
 use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -151,6 +152,10 @@ struct Shard {
     entries: Mutex<HashMap<String, Entry>>,
     /// Woken whenever a probe on one of its entries ends.
     answered: Notify,
+    /// Just after a bucket of this shard was last reset (µs of the cache's clock; written and
+    /// read under `entries`' lock): answers to calls sent before then may describe the bucket
+    /// before its reset, and are not learned.
+    learn_from_us: AtomicU64,
 }
 
 pub struct DenyCache {
@@ -180,6 +185,7 @@ impl DenyCache {
                 .map(|_| Shard {
                     entries: Mutex::new(HashMap::new()),
                     answered: Notify::new(),
+                    learn_from_us: AtomicU64::new(0),
                 })
                 .collect(),
             hasher: std::hash::RandomState::new(),
@@ -373,6 +379,16 @@ impl DenyCache {
         sent_us: u64,
     ) -> bool {
         let mut entries = Self::lock(shard);
+        if sent_us < shard.learn_from_us.load(Ordering::Relaxed) {
+            // Sent before a reset was heard: the answer may describe the bucket before it.
+            return match entries.get_mut(bucket.key.as_str()) {
+                Some(entry) if entry.probe_sent_us.is_some_and(|p| p <= sent_us) => {
+                    entry.probe_sent_us = None;
+                    true
+                }
+                _ => false,
+            };
+        }
         let existing = entries.get(bucket.key.as_str()).copied();
         let probed = existing.is_some_and(|e| e.probe_sent_us.is_some());
         // A probe sent after this call is still out: its mark stays.
@@ -416,6 +432,35 @@ impl DenyCache {
         }
         entries.insert(bucket.key.clone(), entry);
         probed && later_probe.is_none()
+    }
+
+    /// Forgets what is known of one bucket, which was just reset, and ignores answers to
+    /// calls sent before now (they may describe the bucket before the reset). Checks waiting
+    /// on it are woken, so they ask the store.
+    pub fn forget(&self, key: &str) {
+        let shard = self.shard_of(key);
+        {
+            let mut entries = Self::lock(shard);
+            shard
+                .learn_from_us
+                .store(self.now_us() + 1, Ordering::Relaxed);
+            entries.remove(key);
+        }
+        shard.answered.notify_waiters();
+    }
+
+    /// [`DenyCache::forget`] for every bucket: resets may have gone unheard.
+    pub fn forget_all(&self) {
+        for shard in self.shards.iter() {
+            {
+                let mut entries = Self::lock(shard);
+                shard
+                    .learn_from_us
+                    .store(self.now_us() + 1, Ordering::Relaxed);
+                entries.clear();
+            }
+            shard.answered.notify_waiters();
+        }
     }
 
     /// Entries held (for tests and bounds).
@@ -552,6 +597,38 @@ mod tests {
         answer(&cache, &reqs, &[spare, drained(0.0)]);
         assert_eq!(cache.denies(&reqs).map(|d| d.bucket), Some(1));
         assert!(cache.denies(&reqs[..1]).is_none());
+    }
+
+    #[test]
+    fn a_reset_bucket_is_forgotten_and_others_are_kept() {
+        let (cache, clock) = cache(100);
+        let slow = |key| [bucket(key, 1.0 / 60.0, 5.0, 1)];
+        answer(&cache, &slow("a"), &[drained(0.0)]);
+        answer(&cache, &slow("b"), &[drained(0.0)]);
+        clock.advance_us(10);
+        cache.forget("a");
+        assert!(cache.denies(&slow("a")).is_none());
+        assert!(cache.denies(&slow("b")).is_some());
+        cache.forget_all();
+        assert!(cache.denies(&slow("b")).is_none());
+    }
+
+    #[test]
+    fn an_answer_sent_before_a_reset_is_not_learned() {
+        let (cache, clock) = cache(100);
+        let b = [bucket("k", 1.0 / 60.0, 5.0, 1)];
+        // Sent before the reset, answered (drained) after it was heard.
+        let Consult::Ask(probe) = cache.consult(&b, true) else {
+            panic!("expected to ask the store")
+        };
+        clock.advance_us(10);
+        cache.forget("k");
+        probe.learn(&[drained(0.0)]);
+        assert!(cache.denies(&b).is_none());
+        // Sent after it: learned as ever.
+        clock.advance_us(10);
+        answer(&cache, &b, &[drained(0.0)]);
+        assert!(cache.denies(&b).is_some());
     }
 
     #[test]

@@ -11,12 +11,16 @@ use crate::matcher::Matcher;
 use crate::metrics::{detached_counter, Metrics};
 use crate::request::Described;
 
-/// One compiled rule.
+/// One compiled rule (serialized as the admin API shows it).
+#[derive(serde::Serialize)]
 pub struct ExemptRule {
     pub name: String,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     cidrs: Vec<IpNet>,
+    #[serde(rename = "match")]
     matcher: Matcher,
     /// `tollgate_exempt_total{rule}`; detached until [`Exemptions::compile`] registers it.
+    #[serde(skip)]
     pub counter: IntCounter,
 }
 
@@ -86,6 +90,11 @@ impl Exemptions {
     /// The first rule that admits this request.
     pub fn first_match(&self, request: &Described<'_>) -> Option<&ExemptRule> {
         self.rules.iter().find(|rule| rule.matches(request))
+    }
+
+    /// Every rule, in config order.
+    pub fn rules(&self) -> &[ExemptRule] {
+        &self.rules
     }
 
     pub fn len(&self) -> usize {

@@ -136,10 +136,25 @@ pub fn tail_of_values(
     values: &[String],
     ipv6_prefix: u8,
 ) -> Result<Vec<u8>, (usize, String)> {
+    tail_of_given(parts, values, false, ipv6_prefix)
+}
+
+/// [`tail_of_values`], except that with `anonymous` an empty value stands for an absent part,
+/// keyed as `/check` keys a request without it under `on_missing = "anonymous"`.
+pub fn tail_of_given(
+    parts: &[KeyPart],
+    values: &[String],
+    anonymous: bool,
+    ipv6_prefix: u8,
+) -> Result<Vec<u8>, (usize, String)> {
     let mut tail = Vec::with_capacity(64);
     for (i, (part, value)) in parts.iter().zip(values).enumerate() {
         if i > 0 {
             tail.push(b'|');
+        }
+        if value.is_empty() && anonymous {
+            tail.extend_from_slice(ANONYMOUS);
+            continue;
         }
         if value.is_empty() {
             return Err((i, "is empty: an empty value is a missing key part".into()));
@@ -230,6 +245,20 @@ pub fn key_of_values(
         }
     }
     Ok(assemble(prefix, limit, &tail))
+}
+
+/// The Redis pub/sub channel on which a reset bucket's key is announced, so every instance's
+/// deny cache forgets it.
+pub fn resets_channel(prefix: &str) -> String {
+    format!("{prefix}:resets")
+}
+
+/// [`resets_channel`] of the prefix a bucket key was [`assemble`]d with: the text before
+/// `:<limit>:{`, since neither limit names nor prefixes hold braces and names hold no `:`.
+pub fn resets_channel_of(key: &str) -> Option<String> {
+    let (head, _) = key.split_once(":{")?;
+    let (prefix, _limit) = head.rsplit_once(':')?;
+    Some(resets_channel(prefix))
 }
 
 /// The sorted set where instances announce themselves (`on_error = "local"`).
@@ -517,6 +546,67 @@ mod tests {
         assert_eq!(key_of_values("tg", "l", &parts, &values[..1], 64), Err(1));
         let bad_ip = ["not-an-ip".to_string(), "k".to_string()];
         assert_eq!(key_of_values("tg", "l", &parts, &bad_ip, 64), Err(0));
+    }
+
+    #[test]
+    fn the_reset_channel_is_found_from_any_key_of_its_prefix() {
+        for prefix in ["tg", "a:b", "x-1:"] {
+            let key = assemble(prefix, "per-ip", b"a:{b}|c");
+            assert_eq!(resets_channel_of(&key), Some(resets_channel(prefix)));
+        }
+        assert_eq!(resets_channel_of("plain"), None);
+    }
+
+    /// What an operator types for each part keys the bucket a request carrying those values
+    /// is keyed by: peeks and resets name the bucket `/check` uses.
+    #[test]
+    fn given_values_key_the_bucket_of_a_request_carrying_them() {
+        use actix_web::http::header::{HeaderMap, HeaderName, HeaderValue};
+        let parts = [
+            KeyPart::Ip,
+            KeyPart::Header("x-api-key".into()),
+            KeyPart::Host,
+            KeyPart::Path,
+            KeyPart::Method,
+        ];
+        let long = "k".repeat(300);
+        #[rustfmt::skip]
+        let cases: &[[&str; 5]] = &[
+            ["203.0.113.9", "plain", "example.com", "/a", "GET"],
+            ["2001:db8:1:2:aaaa::1", "a|b%7C{x}#", "Example.COM.", "/a/./b//c/../d", "POST"],
+            ["::ffff:192.0.2.1", long.as_str(), "api.example.com", "/%7euser", "DELETE"],
+            ["192.0.2.1", "caf\u{e9}", "h", "/", "GET"],
+        ];
+        for case in cases {
+            let mut headers = HeaderMap::new();
+            let values: Vec<String> = case.iter().map(|v| v.to_string()).collect();
+            let set = |headers: &mut HeaderMap, name: &'static str, value: &str| {
+                headers.insert(
+                    HeaderName::from_static(name),
+                    HeaderValue::from_bytes(value.as_bytes()).unwrap(),
+                );
+            };
+            set(&mut headers, "x-api-key", case[1]);
+            set(&mut headers, "x-forwarded-host", case[2]);
+            set(&mut headers, "x-forwarded-uri", case[3]);
+            set(&mut headers, "x-forwarded-method", case[4]);
+            let ip = crate::request::parse_ip(case[0].as_bytes()).unwrap();
+            let request = Described::new(&headers, "GET", "/", ip);
+            let checked = bucket_key("tg", "l", &parts, &request, false, 64).unwrap();
+            let given = tail_of_given(&parts, &values, false, 64).unwrap();
+            assert_eq!(assemble("tg", "l", &given), checked, "{case:?}");
+        }
+    }
+
+    #[test]
+    fn an_empty_given_value_is_the_anonymous_bucket_only_under_anonymous() {
+        let parts = [KeyPart::Header("x-api-key".into())];
+        let headers = actix_web::http::header::HeaderMap::new();
+        let request = Described::new(&headers, "GET", "/", "192.0.2.1".parse().unwrap());
+        let checked = bucket_key("tg", "l", &parts, &request, true, 64).unwrap();
+        let given = tail_of_given(&parts, &[String::new()], true, 64).unwrap();
+        assert_eq!(assemble("tg", "l", &given), checked);
+        assert!(tail_of_given(&parts, &[String::new()], false, 64).is_err());
     }
 
     #[test]

@@ -9,7 +9,8 @@
 //!
 //! One request flows top to bottom:
 //!
-//! - [`http`]: `/check`, `/healthz`, `/readyz`, `/metrics`; [`http::headers`] renders a verdict.
+//! - [`http`]: `/check`, `/healthz`, `/readyz`, `/metrics`; [`http::headers`] renders a verdict;
+//!   the admin API ([`http::limits`], [`http::buckets`]: peek and reset) shares [`http::admin`].
 //! - [`request`]: what `/check` reads: original method, path, host, client IP (XFF walk).
 //! - [`limits`]: limits built from their config, cost; which limits apply to a request;
 //!   [`exempt`] admits a request before any limit; [`matcher`] holds the match rules both
@@ -20,7 +21,8 @@
 //! - [`store`]: the [`store::Store`] trait; [`store::redis`] (Lua via `EVALSHA`, deadlines,
 //!   circuit breaker; one node, a Cluster or a Sentinel-managed master) and
 //!   [`store::memory`] (sharded, bounded); [`store::bucket`] is the arithmetic twin of
-//!   `lua/token_bucket.lua` and `lua/report.lua`, [`store::calendar`] of their UTC periods.
+//!   `lua/token_bucket.lua` and `lua/report.lua`, [`store::calendar`] of their UTC periods;
+//!   [`store::redis::resets`] tells every instance's deny cache of a reset bucket.
 //! - [`decision`]: the verdict as a value: remaining, reset, retry-after.
 //! - [`report`]: `POST /report` without HTTP: charges known after the response.
 //! - [`metrics`]: the Prometheus registry; every metric name in one place.

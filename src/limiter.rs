@@ -90,6 +90,20 @@ impl<S: Store> Limiter<S> {
         self.on_error
     }
 
+    /// Forgets the deny cache's knowledge of one store key, whose bucket was just reset.
+    pub fn forget_denials(&self, key: &str) {
+        if let Some(cache) = &self.deny_cache {
+            cache.forget(key);
+        }
+    }
+
+    /// Forgets every cached denial: resets may have gone unheard (the reset channel was lost).
+    pub fn forget_all_denials(&self) {
+        if let Some(cache) = &self.deny_cache {
+            cache.forget_all();
+        }
+    }
+
     /// How many instances share the store; the local fallback splits each limit this many ways.
     pub fn set_instances(&self, count: u64) {
         self.instances.store(count.max(1), Ordering::Relaxed);

@@ -8,22 +8,28 @@ use actix_web::http::header::HeaderName;
 use crate::config::{ConfigError, MatchConfig};
 use crate::request::{normalise, Described};
 
-/// Compiled conditions; an empty one matches every request.
-#[derive(Debug, Clone, Default)]
+/// Compiled conditions; an empty one matches every request. Serialized as the admin API
+/// shows it: only the conditions given.
+#[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct Matcher {
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     hosts: Vec<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     methods: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     path_prefix: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     headers: Vec<HeaderRule>,
 }
 
 /// One header and the values it may have.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize)]
 struct HeaderRule {
     /// Lowercase.
     name: String,
     values: Vec<String>,
     /// `""` is among the values: an absent or empty header matches.
+    #[serde(skip)]
     absent_matches: bool,
 }
 

@@ -17,6 +17,7 @@ use crate::limiter::Limiter;
 use crate::limits::Policy;
 use crate::metrics::Metrics;
 use crate::store::memory::MemoryStore;
+use crate::store::redis::resets::{self, Heard, ResetSource};
 use crate::store::redis::{RedisStore, Topology};
 use crate::store::AnyStore;
 
@@ -112,6 +113,18 @@ fn topology(store: &StoreConfig) -> Topology<'_> {
     }
 }
 
+/// Makes this instance's deny cache forget every bucket reset on any instance
+/// (`DELETE /v1/buckets`), as the reset channel announces them.
+fn listen_for_resets(store: &StoreConfig, state: web::Data<AppState>) -> Result<(), StartError> {
+    let source = ResetSource::of(&topology(store))?;
+    let channel = crate::keys::resets_channel(&store.key_prefix);
+    actix_web::rt::spawn(resets::listen(source, channel, move |heard| match heard {
+        Heard::Reset(key) => state.limiter.forget_denials(&key),
+        Heard::Everything => state.limiter.forget_all_denials(),
+    }));
+    Ok(())
+}
+
 /// Serves until SIGTERM/SIGINT, then drains in-flight checks (at most [`SHUTDOWN_GRACE`]).
 pub async fn run(
     config: Config,
@@ -172,6 +185,9 @@ pub async fn run(
     .listen(listeners.admin)?
     .run();
 
+    if config.store.backend == Backend::Redis && config.store.deny_cache {
+        listen_for_resets(&config.store, state.clone())?;
+    }
     if config.store.backend == Backend::Redis && config.store.on_error == OnError::Local {
         actix_web::rt::spawn(lifecycle::count_instances(
             state.clone(),

@@ -17,7 +17,7 @@ use tollgate::metrics::Metrics;
 use tollgate::store::bucket::Bucket as Stored;
 use tollgate::store::memory::{Clock, ManualClock, MemoryStore};
 use tollgate::store::redis::RedisStore;
-use tollgate::store::{BucketRequest, Store, StoreDecision};
+use tollgate::store::{BucketOutcome, BucketRequest, Store, StoreDecision};
 
 /// A bucket used in a step: (key, rate, burst, cost, shadow).
 type Bucket = (&'static str, f64, f64, u64, bool);
@@ -120,6 +120,7 @@ const SCENARIOS: &[(&str, &[Step])] = &[
 
 trait Harness {
     fn decide(&self, buckets: &[BucketRequest]) -> StoreDecision;
+    fn peek(&self, bucket: &BucketRequest) -> BucketOutcome;
     fn advance(&self, ms: i64, keys: &[String]);
     /// Allowed difference between expected and observed tokens.
     fn tolerance(&self) -> f64;
@@ -150,8 +151,16 @@ fn run_scenarios(harness: &dyn Harness, prefix: &str) {
                 let keys: Vec<String> = requests.iter().map(|r| r.key.clone()).collect();
                 harness.advance(step.advance_ms, &keys);
             }
+            let peeked: Vec<BucketOutcome> = requests.iter().map(|r| harness.peek(r)).collect();
             let decision = harness.decide(&requests);
             assert_eq!(decision.allowed, step.allowed, "{name}, step {i}: allowed");
+            assert_peek_foretold(
+                harness,
+                &requests,
+                &peeked,
+                &decision,
+                &format!("{name}, step {i}"),
+            );
             for (j, (outcome, expected)) in decision.buckets.iter().zip(step.tokens).enumerate() {
                 assert!(
                     (outcome.tokens - expected).abs() <= harness.tolerance(),
@@ -163,6 +172,39 @@ fn run_scenarios(harness: &dyn Harness, prefix: &str) {
     }
 }
 
+/// What a peek found just before a decision is what the decision found: each bucket's
+/// `enough`, and its tokens less what the decision charged.
+fn assert_peek_foretold(
+    harness: &dyn Harness,
+    requests: &[BucketRequest],
+    peeked: &[BucketOutcome],
+    decision: &StoreDecision,
+    at: &str,
+) {
+    for (j, ((request, peek), outcome)) in requests
+        .iter()
+        .zip(peeked)
+        .zip(&decision.buckets)
+        .enumerate()
+    {
+        assert_eq!(
+            peek.enough, outcome.enough,
+            "{at}, bucket {j}: peek's enough"
+        );
+        let charged = if decision.allowed && outcome.enough {
+            request.cost as f64
+        } else {
+            0.0
+        };
+        assert!(
+            (peek.tokens - charged - outcome.tokens).abs() <= harness.tolerance(),
+            "{at}, bucket {j}: peeked {} tokens, the decision left {} after charging {charged}",
+            peek.tokens,
+            outcome.tokens
+        );
+    }
+}
+
 struct Memory {
     store: MemoryStore<Arc<ManualClock>>,
     clock: Arc<ManualClock>,
@@ -171,6 +213,10 @@ struct Memory {
 impl Harness for Memory {
     fn decide(&self, buckets: &[BucketRequest]) -> StoreDecision {
         self.store.decide_now(buckets)
+    }
+
+    fn peek(&self, bucket: &BucketRequest) -> BucketOutcome {
+        self.store.peek_now(bucket)
     }
 
     fn advance(&self, ms: i64, _keys: &[String]) {
@@ -194,6 +240,12 @@ impl Harness for Redis {
         self.runtime
             .block_on(self.store.decide(buckets))
             .expect("redis decides")
+    }
+
+    fn peek(&self, bucket: &BucketRequest) -> BucketOutcome {
+        self.runtime
+            .block_on(self.store.peek(bucket))
+            .expect("redis peeks")
     }
 
     /// Shifts each bucket's `ts` back by `ms` (forward when negative).
@@ -488,4 +540,31 @@ fn redis_decides_the_most_extreme_accepted_buckets_and_keeps_their_ttl() {
 
     // The store stayed healthy: an ordinary bucket beside them is decided as usual.
     assert!(redis.decide(&[bucket("x:plain", 1.0, 5.0, 1)]).allowed);
+}
+
+#[test]
+fn a_quota_peeks_alike_on_redis_and_in_memory() {
+    let redis = Redis::start();
+    let memory = MemoryStore::new(100);
+    let quota = BucketRequest {
+        meter: tollgate::store::Meter::Quota(tollgate::store::Period::Day),
+        ..request("peek-quota", 0.0, 3.0, 1)
+    };
+    for _ in 0..2 {
+        assert!(redis.decide(std::slice::from_ref(&quota)).allowed);
+        assert!(memory.decide_now(std::slice::from_ref(&quota)).allowed);
+    }
+    let (on_redis, in_memory) = (redis.peek(&quota), memory.peek_now(&quota));
+    assert_eq!(on_redis.tokens, 1.0);
+    assert_eq!(in_memory.tokens, 1.0);
+    assert!(on_redis.enough && in_memory.enough);
+    let (a, b) = (on_redis.window.unwrap(), in_memory.window.unwrap());
+    assert_eq!(a.length_s, 86_400);
+    assert_eq!(a.length_s, b.length_s);
+    assert!(a.ends_in_s.abs_diff(b.ends_in_s) <= 1, "{a:?} vs {b:?}");
+    assert!(redis.decide(std::slice::from_ref(&quota)).allowed);
+    assert!(
+        !redis.peek(&quota).enough,
+        "a used-up quota peeks as denied"
+    );
 }

@@ -1,10 +1,13 @@
 //! The HTTP surface: `/check` on the public listener; `/metrics` only on the admin listener;
-//! `/healthz` and `/readyz` on both; `POST /report` only on the admin listener.
+//! `/healthz` and `/readyz` on both; `POST /report` and the admin API (`/v1/limits`,
+//! `/v1/buckets`) only on the admin listener.
 
 pub mod admin;
+pub mod buckets;
 pub mod check;
 pub mod headers;
 pub mod health;
+pub mod limits;
 pub mod report;
 
 use actix_web::web;
@@ -26,5 +29,11 @@ pub fn admin_routes(cfg: &mut web::ServiceConfig) {
     cfg.route("/metrics", web::get().to(health::metrics))
         .route("/healthz", web::get().to(health::healthz))
         .route("/readyz", web::get().to(health::readyz))
-        .service(web::resource("/report").route(web::post().to(report::report)));
+        .service(web::resource("/report").route(web::post().to(report::report)))
+        .route("/v1/limits", web::get().to(limits::limits))
+        .service(
+            web::resource("/v1/buckets/{limit}")
+                .route(web::get().to(buckets::peek))
+                .route(web::delete().to(buckets::reset)),
+        );
 }

@@ -71,6 +71,24 @@ pub fn refilled(stored: Option<Bucket>, now_us: u64, rate: f64, burst: f64) -> f
     }
 }
 
+/// A key as a check would find it at `now_us`, before any charge: a bucket's tokens refilled,
+/// a quota's remainder and window; `enough` says whether `request.cost` could be paid. Nothing
+/// is written. Mirrors `lua/peek.lua`.
+pub fn peek(request: &BucketRequest, stored: Option<Bucket>, now_us: u64) -> BucketOutcome {
+    let (tokens, window) = match request.meter {
+        Meter::Bucket => (refilled(stored, now_us, request.rate, request.burst), None),
+        Meter::Quota(period) => {
+            let (used, _, window) = quota_now(stored, period, now_us);
+            (request.burst - used, Some(window))
+        }
+    };
+    BucketOutcome {
+        tokens,
+        enough: can_pay(tokens, request.cost),
+        window,
+    }
+}
+
 /// Decides `requests` against their current states, all-or-nothing, and writes the new states
 /// back into `states` (same order). Mirrors the Lua script step for step.
 pub fn decide(
@@ -271,6 +289,26 @@ mod tests {
                 states[0].map(|b| b.ts_us),
                 Some(now),
                 "{name}: ts persisted"
+            );
+        }
+    }
+
+    #[test]
+    fn a_peek_finds_what_the_next_decision_finds_and_writes_nothing() {
+        let now = 10_000 * SECOND;
+        for &(name, stored, rate, burst, cost, allowed, after) in CASES {
+            let stored = stored.map(|(tokens, age)| Bucket {
+                tokens,
+                ts_us: (now as i64 - age) as u64,
+            });
+            let request = request(rate, burst, cost);
+            let peeked = peek(&request, stored, now);
+            assert_eq!(peeked.enough, allowed, "{name}: enough");
+            let charged = if allowed { cost as f64 } else { 0.0 };
+            assert!(
+                (peeked.tokens - charged - after).abs() < 1e-9,
+                "{name}: peeked {}",
+                peeked.tokens
             );
         }
     }

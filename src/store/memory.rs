@@ -188,6 +188,27 @@ impl<C: Clock> MemoryStore<C> {
             .collect()
     }
 
+    /// One key as the next decision would find it; nothing is written.
+    pub fn peek_now(&self, request: &BucketRequest) -> BucketOutcome {
+        let now = self.now_us();
+        let stored = self
+            .lock(self.shard_of(&request.key))
+            .buckets
+            .get(request.key.as_str())
+            .map(|e| e.bucket);
+        bucket::peek(request, stored, now)
+    }
+
+    /// Drops one key (absent reads as full); whether it was held.
+    pub fn reset_now(&self, key: &str) -> bool {
+        let mut shard = self.lock(self.shard_of(key));
+        let removed = shard.buckets.remove(key).is_some();
+        if removed {
+            self.held.fetch_sub(1, Ordering::Relaxed);
+        }
+        removed
+    }
+
     /// The common case of one limit: one lock, one lookup on a hit, and no allocation beyond
     /// the answer (the general path collects shard ids, guards and states into vectors).
     fn decide_one(&self, request: &BucketRequest, now: u64) -> StoreDecision {
@@ -321,6 +342,14 @@ impl<C: Clock> Store for MemoryStore<C> {
     async fn report(&self, charges: &[ReportCharge]) -> Result<Vec<BucketOutcome>, StoreError> {
         Ok(self.report_now(charges))
     }
+
+    async fn peek(&self, bucket: &BucketRequest) -> Result<BucketOutcome, StoreError> {
+        Ok(self.peek_now(bucket))
+    }
+
+    async fn reset(&self, key: &str) -> Result<bool, StoreError> {
+        Ok(self.reset_now(key))
+    }
 }
 
 #[cfg(test)]
@@ -386,6 +415,24 @@ mod tests {
         clock.advance_ms(1000);
         assert!(store.decide_now(&one).allowed);
         assert!(!store.decide_now(&one).allowed);
+    }
+
+    #[test]
+    fn a_peek_charges_nothing_and_a_reset_refills() {
+        let clock = Arc::new(ManualClock::default());
+        let store = MemoryStore::with_clock(1000, clock.clone());
+        let one = [request("solo")];
+        assert!(store.decide_now(&one).allowed && store.decide_now(&one).allowed);
+        for _ in 0..3 {
+            let peeked = store.peek_now(&one[0]);
+            assert_eq!(peeked.tokens, 0.0);
+            assert!(!peeked.enough);
+        }
+        assert!(store.reset_now("solo"));
+        assert!(!store.reset_now("solo"));
+        assert_eq!(store.held.load(Ordering::Relaxed), 0);
+        assert_eq!(store.peek_now(&one[0]).tokens, one[0].burst);
+        assert!(store.decide_now(&one).allowed);
     }
 
     #[test]

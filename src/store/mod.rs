@@ -120,6 +120,25 @@ pub trait Store: Send + Sync + 'static {
         async { Err(StoreError::Other("this store takes no reports".into())) }
     }
 
+    /// One key as the next check would find it, before any charge (`GET /v1/buckets`):
+    /// `tokens` is a bucket's level now or what is left of a quota, `enough` whether
+    /// `bucket.cost` could be paid. Charges nothing, writes nothing.
+    fn peek(
+        &self,
+        bucket: &BucketRequest,
+    ) -> impl Future<Output = Result<BucketOutcome, StoreError>> {
+        let _ = bucket;
+        async { Err(StoreError::Other("this store cannot peek".into())) }
+    }
+
+    /// Deletes one key, so it reads full (a quota: unused) at the next check; a shared store
+    /// also tells every instance to forget its cached denials of the key. Returns whether the
+    /// key existed.
+    fn reset(&self, key: &str) -> impl Future<Output = Result<bool, StoreError>> {
+        let _ = key;
+        async { Err(StoreError::Other("this store cannot reset".into())) }
+    }
+
     /// Whether the store may decide one request in parts and refund a part (a Redis Cluster,
     /// per slot): then a bucket can rise by more than its refill (see `deny_cache`).
     fn splits_requests(&self) -> bool {
@@ -152,6 +171,20 @@ impl Store for AnyStore {
         match self {
             AnyStore::Memory(store) => store.report(charges).await,
             AnyStore::Redis(store) => store.report(charges).await,
+        }
+    }
+
+    async fn peek(&self, bucket: &BucketRequest) -> Result<BucketOutcome, StoreError> {
+        match self {
+            AnyStore::Memory(store) => store.peek(bucket).await,
+            AnyStore::Redis(store) => store.peek(bucket).await,
+        }
+    }
+
+    async fn reset(&self, key: &str) -> Result<bool, StoreError> {
+        match self {
+            AnyStore::Memory(store) => store.reset(key).await,
+            AnyStore::Redis(store) => store.reset(key).await,
         }
     }
 

@@ -19,8 +19,10 @@
 //! is decided by `redis/cross_slot.rs`: per slot, all at once, refunding what was charged when
 //! another slot denies.
 
+mod admin;
 mod connection;
 mod cross_slot;
+pub mod resets;
 mod sentinel;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -99,6 +101,8 @@ pub struct RedisStore {
     report_script: LuaScript,
     refund_script: LuaScript,
     instances_script: LuaScript,
+    peek_script: LuaScript,
+    reset_script: LuaScript,
     timeout: Duration,
     breaker: Breaker,
     metrics: Metrics,
@@ -128,6 +132,8 @@ impl RedisStore {
             report_script: LuaScript::new(REPORT_SCRIPT),
             refund_script: LuaScript::new(REFUND_SCRIPT),
             instances_script: LuaScript::new(INSTANCES_SCRIPT),
+            peek_script: LuaScript::new(admin::PEEK_SCRIPT),
+            reset_script: LuaScript::new(admin::RESET_SCRIPT),
             timeout,
             breaker: Breaker::new(metrics.store_up.clone(), "redis"),
             metrics,
@@ -382,6 +388,14 @@ impl Store for RedisStore {
             .into_iter()
             .collect::<Option<Vec<_>>>()
             .ok_or_else(|| StoreError::Script("a slot answered for too few reports".into()))
+    }
+
+    async fn peek(&self, bucket: &BucketRequest) -> Result<BucketOutcome, StoreError> {
+        self.peek_key(bucket).await
+    }
+
+    async fn reset(&self, key: &str) -> Result<bool, StoreError> {
+        self.reset_key(key).await
     }
 
     fn splits_requests(&self) -> bool {

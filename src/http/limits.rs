@@ -1,0 +1,104 @@
+//! `GET /v1/limits` on the admin listener: the effective limits and exemptions, as the running
+//! policy holds them (after environment overrides and the last reload). Overrides appear only
+//! as counts, since their keys are client credentials; the admin token never appears.
+
+use actix_web::{web, HttpResponse};
+use serde::Serialize;
+
+use crate::config::{Charge, OnMissing};
+use crate::exempt::ExemptRule;
+use crate::limits::{Limit, Policy};
+use crate::matcher::Matcher;
+use crate::server::AppState;
+use crate::store::{Meter, Period};
+
+#[derive(Serialize)]
+struct Limits<'p> {
+    limits: Vec<LimitView<'p>>,
+    exempt: &'p [ExemptRule],
+}
+
+#[derive(Serialize)]
+struct LimitView<'p> {
+    name: &'p str,
+    #[serde(flatten)]
+    meter: MeterView,
+    key: Vec<String>,
+    #[serde(rename = "match")]
+    matcher: &'p Matcher,
+    cost: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cost_header: Option<&'p str>,
+    charge: Charge,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_debt: Option<u64>,
+    shadow: bool,
+    on_missing: OnMissing,
+    /// Applies to Envoy's rate limit service (descriptors), not to `/check`.
+    grpc: bool,
+    overrides: OverrideCounts,
+}
+
+#[derive(Serialize)]
+#[serde(untagged)]
+enum MeterView {
+    Bucket { rate_per_s: f64, burst: u64 },
+    Quota { quota: u64, period: Period },
+}
+
+/// How many keys have their own policy, by where it comes from.
+#[derive(Serialize)]
+struct OverrideCounts {
+    /// `[[limits.overrides]]` and the `overrides_file`'s entries (distinct keys).
+    file: usize,
+    // Runtime overrides (held in the store) get their own count here.
+}
+
+impl<'p> From<&'p Limit> for LimitView<'p> {
+    fn from(limit: &'p Limit) -> Self {
+        LimitView {
+            name: &limit.name,
+            meter: match limit.meter {
+                Meter::Bucket => MeterView::Bucket {
+                    rate_per_s: limit.rate,
+                    burst: limit.burst,
+                },
+                Meter::Quota(period) => MeterView::Quota {
+                    quota: limit.burst,
+                    period,
+                },
+            },
+            key: limit.key.iter().map(ToString::to_string).collect(),
+            matcher: &limit.matcher,
+            cost: limit.cost,
+            cost_header: limit.cost_header.as_deref(),
+            charge: limit.charge,
+            max_debt: (limit.charge == Charge::Report).then_some(limit.max_debt),
+            shadow: limit.shadow,
+            on_missing: limit.on_missing,
+            grpc: limit.descriptor.is_some(),
+            overrides: OverrideCounts {
+                file: limit.overrides.len(),
+            },
+        }
+    }
+}
+
+/// The policy as the admin API shows it.
+pub fn render(policy: &Policy) -> serde_json::Result<String> {
+    serde_json::to_string_pretty(&Limits {
+        limits: policy.limits.iter().map(LimitView::from).collect(),
+        exempt: policy.exemptions.rules(),
+    })
+}
+
+pub async fn limits(state: web::Data<AppState>) -> HttpResponse {
+    let policy = state.limiter.policy();
+    match render(&policy) {
+        Ok(body) => HttpResponse::Ok()
+            .content_type("application/json")
+            .body(body),
+        // Every field is a plain value: serializing cannot fail; answer something defined.
+        Err(error) => HttpResponse::InternalServerError().body(error.to_string()),
+    }
+}

@@ -1,0 +1,139 @@
+//! What the admin API asks of Redis: a peek (`lua/peek.lua`, read-only, on Redis's clock with
+//! the check's arithmetic) and a reset (`lua/reset.lua`: the key deleted and announced on the
+//! reset channel in one atomic call). Both go through the same breaker, deadline and script
+//! loading as a check, and are routed by their key, so they work on one node, a Cluster or a
+//! Sentinel-managed master alike.
+
+use std::time::Instant;
+
+use redis::Value;
+
+use super::{as_float, RedisStore};
+use crate::keys;
+use crate::store::{bucket, BucketOutcome, BucketRequest, Meter, StoreError, Window};
+
+/// `lua/peek.lua` as shipped, calendar included.
+pub const PEEK_SCRIPT: &str = concat!(
+    include_str!("../../../lua/calendar.lua"),
+    include_str!("../../../lua/peek.lua")
+);
+pub const RESET_SCRIPT: &str = include_str!("../../../lua/reset.lua");
+
+impl RedisStore {
+    pub(super) async fn peek_key(
+        &self,
+        request: &BucketRequest,
+    ) -> Result<BucketOutcome, StoreError> {
+        let period = match request.meter {
+            Meter::Bucket => None,
+            Meter::Quota(period) => Some(period.code()),
+        };
+        let reply = self
+            .run_script(
+                &self.peek_script,
+                &[request.key.as_str()],
+                |cmd| {
+                    match period {
+                        Some(code) => cmd.arg(code),
+                        None => cmd.arg(request.rate),
+                    };
+                    cmd.arg(request.burst);
+                },
+                Instant::now() + self.timeout,
+            )
+            .await?;
+        parse_peek(&reply, request)
+    }
+
+    pub(super) async fn reset_key(&self, key: &str) -> Result<bool, StoreError> {
+        let channel = keys::resets_channel_of(key)
+            .ok_or_else(|| StoreError::Other("not a bucket key".into()))?;
+        let reply = self
+            .run_script(
+                &self.reset_script,
+                &[key],
+                |cmd| {
+                    cmd.arg(channel.as_str());
+                },
+                Instant::now() + self.timeout,
+            )
+            .await?;
+        match reply {
+            Value::Int(existed) => Ok(existed > 0),
+            other => Err(StoreError::Script(format!(
+                "unexpected reset reply {other:?}"
+            ))),
+        }
+    }
+}
+
+/// `"level"` (a bucket) or `"level t w"` (a quota) → the key's state before any charge.
+fn parse_peek(reply: &Value, request: &BucketRequest) -> Result<BucketOutcome, StoreError> {
+    let malformed = || StoreError::Script("malformed peek reply".into());
+    let text = match reply {
+        Value::BulkString(bytes) => std::str::from_utf8(bytes).map_err(|_| malformed())?,
+        Value::SimpleString(text) => text.as_str(),
+        _ => return Err(malformed()),
+    };
+    let mut fields = text.split(' ');
+    let tokens = fields
+        .next()
+        .and_then(|f| as_float(&Value::SimpleString(f.into())))
+        .ok_or_else(malformed)?;
+    let window = match request.meter {
+        Meter::Bucket => None,
+        Meter::Quota(_) => {
+            let mut number = || fields.next()?.parse::<u64>().ok();
+            let (ends_in_s, length_s) = number().zip(number()).ok_or_else(malformed)?;
+            Some(Window {
+                ends_in_s: ends_in_s.max(1),
+                length_s,
+            })
+        }
+    };
+    if fields.next().is_some() {
+        return Err(malformed());
+    }
+    Ok(BucketOutcome {
+        tokens,
+        enough: bucket::can_pay(tokens, request.cost),
+        window,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::Period;
+
+    fn request(meter: Meter) -> BucketRequest {
+        BucketRequest {
+            key: "tg:l:{k}".into(),
+            rate: 1.0,
+            burst: 5.0,
+            cost: 1,
+            shadow: false,
+            limit: 0,
+            meter,
+        }
+    }
+
+    #[test]
+    fn peek_replies_parse_and_malformed_ones_are_errors() {
+        let text = |t: &str| Value::BulkString(t.as_bytes().to_vec());
+        let peeked = parse_peek(&text("0.5"), &request(Meter::Bucket)).unwrap();
+        assert_eq!(peeked.tokens, 0.5);
+        assert!(!peeked.enough);
+        let quota = request(Meter::Quota(Period::Day));
+        let peeked = parse_peek(&text("3 60 86400"), &quota).unwrap();
+        assert_eq!(peeked.tokens, 3.0);
+        assert_eq!(peeked.window.map(|w| w.ends_in_s), Some(60));
+        for bad in ["", "x", "1 2"] {
+            assert!(
+                parse_peek(&text(bad), &request(Meter::Bucket)).is_err(),
+                "{bad:?}"
+            );
+        }
+        assert!(parse_peek(&text("3 60"), &quota).is_err());
+    }
+}

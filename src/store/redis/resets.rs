@@ -1,0 +1,162 @@
+//! The reset channel: `DELETE /v1/buckets` deletes a key and publishes it on
+//! `<key_prefix>:resets` in one script (`lua/reset.lua`); every instance keeps one subscriber
+//! connection and makes its deny cache forget each key it hears of, before its next check.
+//!
+//! One node is enough to listen to: a single node or the Sentinel-named master hears every
+//! publish made to it, and a Redis Cluster forwards every `PUBLISH` to all its nodes, so any
+//! one of them will do. A lost connection is re-established with capped backoff; when the
+//! subscription is back, resets may have been missed meanwhile, so everything cached is
+//! forgotten ([`Heard::Everything`]).
+
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
+use redis::{Client, IntoConnectionInfo, RedisResult};
+
+use super::Topology;
+use crate::store::StoreError;
+
+/// First pause after a failed attempt; doubled per failure up to [`MAX_BACKOFF`].
+const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
+/// A connect or a ping that takes longer counts as lost (a silent network drops no socket).
+const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
+/// How often a quiet subscription is checked to be alive.
+const PING_EVERY: Duration = Duration::from_secs(5);
+
+/// What the channel tells an instance.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Heard {
+    /// This key was reset.
+    Reset(String),
+    /// Listening (re)started: resets may have gone unheard, forget every cached denial.
+    Everything,
+}
+
+/// Where to subscribe: node clients tried in turn, or the master Sentinel names.
+pub enum ResetSource {
+    Nodes(Vec<Client>),
+    Sentinel { sentinel: Box<SentinelClient> },
+}
+
+impl ResetSource {
+    /// The nodes of the configured topology (a Cluster: its seeds).
+    pub fn of(topology: &Topology<'_>) -> Result<ResetSource, StoreError> {
+        let invalid = |key: &str, e: redis::RedisError| {
+            StoreError::Other(format!("invalid {key} ({:?})", e.kind()))
+        };
+        match topology {
+            Topology::Single { url } => Ok(ResetSource::Nodes(vec![
+                Client::open(*url).map_err(|e| invalid("store.url", e))?
+            ])),
+            Topology::Cluster { seeds } => seeds
+                .iter()
+                .map(|seed| Client::open(seed.as_str()).map_err(|e| invalid("store.cluster", e)))
+                .collect::<Result<_, _>>()
+                .map(ResetSource::Nodes),
+            Topology::Sentinel {
+                master,
+                sentinels,
+                url,
+            } => {
+                let node = url
+                    .into_connection_info()
+                    .map_err(|e| invalid("store.url", e))?;
+                let node_info = SentinelNodeConnectionInfo::default()
+                    .set_redis_connection_info(node.redis_settings().clone());
+                let sentinel = SentinelClient::build(
+                    sentinels.iter().map(String::as_str).collect(),
+                    master,
+                    Some(node_info),
+                    SentinelServerType::Master,
+                )
+                .map_err(|e| invalid("store.sentinel", e))?;
+                Ok(ResetSource::Sentinel {
+                    sentinel: Box::new(sentinel),
+                })
+            }
+        }
+    }
+
+    /// The node to listen to on attempt `attempt` (a Cluster's seeds in turn).
+    async fn client(&mut self, attempt: usize) -> RedisResult<Client> {
+        match self {
+            ResetSource::Nodes(clients) => Ok(clients[attempt % clients.len()].clone()),
+            ResetSource::Sentinel { sentinel } => sentinel.async_get_client().await,
+        }
+    }
+}
+
+/// Listens on `channel` for as long as the process runs, telling `heard` of every reset.
+pub async fn listen(mut source: ResetSource, channel: String, heard: impl Fn(Heard)) {
+    let mut backoff = FIRST_BACKOFF;
+    let mut lost = false;
+    for attempt in 0.. {
+        match subscribe(&mut source, attempt, &channel).await {
+            Ok(pubsub) => {
+                // Not at the first subscription: the cache is nearly empty then, and clearing
+                // it would send a flood's next check to the store for nothing. A reset in the
+                // moment before is covered by the cache's own cap on how long it denies.
+                if lost {
+                    log::info!("reset channel {channel:?} is back; cached denials dropped");
+                    heard(Heard::Everything);
+                }
+                backoff = FIRST_BACKOFF;
+                follow(pubsub, &heard).await;
+                if !lost {
+                    log::warn!("lost the reset channel {channel:?}; reconnecting");
+                }
+                lost = true;
+            }
+            Err(error) => {
+                log::debug!("cannot subscribe to {channel:?}: {error}");
+            }
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+    }
+}
+
+async fn subscribe(
+    source: &mut ResetSource,
+    attempt: usize,
+    channel: &str,
+) -> RedisResult<redis::aio::PubSub> {
+    let timed_out = || redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut));
+    let connect = async {
+        let client = source.client(attempt).await?;
+        let mut pubsub = client.get_async_pubsub().await?;
+        pubsub.subscribe(channel).await?;
+        Ok(pubsub)
+    };
+    tokio::time::timeout(ATTEMPT_TIMEOUT, connect)
+        .await
+        .unwrap_or_else(|_| Err(timed_out()))
+}
+
+/// Hands every message to `heard` until the connection ends or stops answering pings.
+async fn follow(pubsub: redis::aio::PubSub, heard: &impl Fn(Heard)) {
+    let (mut sink, mut messages) = pubsub.split();
+    let mut ping = tokio::time::interval(PING_EVERY);
+    ping.tick().await;
+    loop {
+        tokio::select! {
+            message = messages.next() => match message {
+                // A payload that is not UTF-8 is no key tollgate wrote: nothing to forget.
+                Some(message) => {
+                    if let Ok(key) = std::str::from_utf8(message.get_payload_bytes()) {
+                        heard(Heard::Reset(key.to_string()));
+                    }
+                }
+                None => return,
+            },
+            _ = ping.tick() => {
+                let alive = tokio::time::timeout(ATTEMPT_TIMEOUT, sink.ping::<String>()).await;
+                if !matches!(alive, Ok(Ok(_))) {
+                    return;
+                }
+            }
+        }
+    }
+}
