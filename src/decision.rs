@@ -1,6 +1,13 @@
 //! The outcome of one check, as a value: allowed or not, and for every applicable limit what
 //! is left. Everything the response headers need is derived here; only `http::headers` turns
 //! it into bytes.
+// Token and second arithmetic: every float <-> integer conversion is checked, and allowed only
+// where a bound makes it exact (see rate::count_f64 and rate::whole).
+#![warn(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_precision_loss
+)]
 
 use crate::limits::{Limit, Policy};
 use crate::store::Window;
@@ -47,16 +54,17 @@ pub struct Decision {
 }
 
 pub use crate::rate::{ceil_secs, MAX_SF_INTEGER};
+use crate::rate::{count_f64, whole};
 
 impl LimitState {
     /// Whole tokens left, as `RateLimit: r=` and `X-RateLimit-Remaining` show them.
     pub fn remaining(&self) -> u64 {
-        (self.tokens.max(0.0).floor() as u64).min(MAX_SF_INTEGER)
+        whole(self.tokens)
     }
 
     /// The capacity shown as `X-RateLimit-Limit` and `q=`: whole tokens.
     pub fn capacity(&self) -> u64 {
-        (self.burst.max(0.0).floor() as u64).min(MAX_SF_INTEGER)
+        whole(self.burst)
     }
 
     /// Seconds until the bucket is full again; a quota: until its period ends.
@@ -70,14 +78,14 @@ impl LimitState {
     /// Seconds until this bucket could pay the cost (a cost of 0: until it holds more than
     /// 0); a quota: until its period ends. `None` if it never can (cost above burst or quota).
     pub fn wait_secs(&self) -> Option<u64> {
-        if self.cost as f64 > self.burst {
+        if count_f64(self.cost) > self.burst {
             return None;
         }
         let wait = match self.window {
             Some(window) => window.ends_in_s.min(MAX_SF_INTEGER),
             // Strictly above 0: one second past the moment it reaches 0.
             None if self.cost == 0 => ceil_secs((-self.tokens / self.rate).floor() + 1.0),
-            None => ceil_secs((self.cost as f64 - self.tokens) / self.rate),
+            None => ceil_secs((count_f64(self.cost) - self.tokens) / self.rate),
         };
         Some(wait.max(1))
     }
@@ -93,7 +101,7 @@ impl LimitState {
     /// Whether this bucket was decided with other numbers than its limit's: its key's
     /// override, or under `on_error = "local"` this instance's share.
     pub fn has_own_numbers(&self, limit: &Limit) -> bool {
-        self.rate != limit.rate || self.burst != limit.burst as f64
+        self.rate != limit.rate || self.burst != count_f64(limit.burst)
     }
 
     /// A limit that stopped this request: not enough tokens, and not a shadow limit.

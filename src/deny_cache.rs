@@ -35,6 +35,13 @@
 //!
 //! Memory is bounded: sharded maps with a cap each; an entry is dropped once it can no longer
 //! deny anything, and a full shard that has no such entry simply stops caching.
+// Token and second arithmetic: every float <-> integer conversion is checked, and allowed only
+// where a bound makes it exact (see rate::count_f64 and rate::whole).
+#![warn(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_precision_loss
+)]
 
 use std::collections::HashMap;
 use std::hash::BuildHasher;
@@ -45,6 +52,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 
 use crate::clock::{Clock, MonotonicClock};
+use crate::rate::count_f64;
 use crate::store::{BucketOutcome, BucketRequest, Meter};
 
 const SHARDS: usize = 32;
@@ -85,6 +93,10 @@ impl Entry {
         if age > MAX_WINDOW_US {
             return None;
         }
+        #[expect(
+            clippy::cast_precision_loss,
+            reason = "age is at most MAX_WINDOW_US here, exact in f64"
+        )]
         let elapsed = age as f64 * (1.0 + DRIFT) + MARGIN_US;
         Some((self.tokens + elapsed * self.rate / 1_000_000.0).min(self.burst))
     }
@@ -210,6 +222,10 @@ impl DenyCache {
         self.clock.now_us()
     }
 
+    #[expect(
+        clippy::cast_possible_truncation,
+        reason = "a hash: only its low bits choose the shard"
+    )]
     fn shard_of(&self, key: &str) -> &Shard {
         &self.shards[(self.hasher.hash_one(key) as usize) % SHARDS]
     }
@@ -235,7 +251,7 @@ impl DenyCache {
         buckets
             .iter()
             .enumerate()
-            .filter(|(_, b)| !b.shadow && b.cost as f64 <= b.burst && Self::cacheable(b))
+            .filter(|(_, b)| !b.shadow && count_f64(b.cost) <= b.burst && Self::cacheable(b))
     }
 
     /// Only a bucket charged by its checks: a quota does not refill with time (its bound is
@@ -268,7 +284,7 @@ impl DenyCache {
             look.probe_in_flight |= entry.probe_sent_us.is_some();
             if look.denial.is_none() && Self::usable(&entry, bucket) {
                 match entry.ceiling(now_us) {
-                    Some(tokens) if tokens < bucket.cost as f64 => {
+                    Some(tokens) if tokens < count_f64(bucket.cost) => {
                         look.denial = Some(CachedDenial {
                             bucket: index,
                             tokens,
@@ -405,13 +421,19 @@ impl DenyCache {
         let need = if outcome.enough {
             1.0
         } else {
-            (bucket.cost as f64).min(bucket.burst)
+            count_f64(bucket.cost).min(bucket.burst)
         };
         if outcome.tokens >= need || outcome.tokens.is_nan() {
             // Could serve the requests seen: nothing to save, and no probe to wait for.
             entries.remove(bucket.key.as_str());
             return probed;
         }
+        #[expect(
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss,
+            clippy::cast_precision_loss,
+            reason = "tokens < need, so the wait is > 0; capped at MAX_WINDOW_US, exact in f64"
+        )]
         let wait_us =
             ((need - outcome.tokens) / bucket.rate * 1_000_000.0).min(MAX_WINDOW_US as f64) as u64;
         let entry = Entry {

@@ -1,6 +1,13 @@
 //! The decision, end to end and without HTTP: which limits apply, one atomic store call, and
 //! what happens when the store fails (`on_error`). Generic over the store, so tests drive it
 //! with a memory store on a manual clock or with a real Redis.
+// Token and second arithmetic: every float <-> integer conversion is checked, and allowed only
+// where a bound makes it exact (see rate::count_f64 and rate::whole).
+#![warn(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_precision_loss
+)]
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -13,6 +20,7 @@ use crate::decision::{Decision, LimitState, Verdict};
 use crate::deny_cache::{CachedDenial, Consult, DenyCache, Probe};
 use crate::limits::Policy;
 use crate::metrics::Metrics;
+use crate::rate::count_f64;
 use crate::request::Described;
 use crate::store::memory::MemoryStore;
 use crate::store::{BucketRequest, Store, StoreDecision, StoreError};
@@ -290,7 +298,7 @@ impl<S: Store> Limiter<S> {
     /// Each of N instances enforces `rate / N` and `burst / N` (at least one token, so a small
     /// burst still admits something).
     fn split_among_instances(&self, buckets: &[BucketRequest]) -> Vec<BucketRequest> {
-        let n = self.instances() as f64;
+        let n = count_f64(self.instances());
         buckets
             .iter()
             .map(|b| BucketRequest {

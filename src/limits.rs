@@ -4,6 +4,13 @@
 //!
 //! Building a [`Limit`] from its [`LimitConfig`] is the one place a limit is checked: what
 //! exists is valid, and nothing parses the config twice.
+// Token and second arithmetic: every float <-> integer conversion is checked, and allowed only
+// where a bound makes it exact (see rate::count_f64 and rate::whole).
+#![warn(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_precision_loss
+)]
 
 use std::collections::HashSet;
 
@@ -17,7 +24,7 @@ use crate::keys::{self, KeyPart};
 use crate::matcher::Matcher;
 use crate::metrics::{LimitCounters, Metrics};
 use crate::overrides::{Base, Override, Overrides};
-use crate::rate::ceil_secs;
+use crate::rate::{ceil_secs, count_f64};
 use crate::request::{ClientIpPolicy, Described};
 use crate::store::{BucketRequest, Meter, Period};
 
@@ -51,7 +58,10 @@ pub struct Limit {
 
 /// `"<name>";q=<burst>;w=<seconds to fill>`.
 pub fn policy_item(name: &str, rate: f64, burst: u64) -> String {
-    format!("\"{name}\";q={burst};w={}", ceil_secs(burst as f64 / rate))
+    format!(
+        "\"{name}\";q={burst};w={}",
+        ceil_secs(count_f64(burst) / rate)
+    )
 }
 
 /// What building a limit takes: its table, and how an IPv6 client is keyed (an override's
@@ -367,7 +377,7 @@ impl Policy {
             buckets.push(BucketRequest {
                 key: keys::assemble(&self.key_prefix, &limit.name, &tail),
                 rate,
-                burst: burst as f64,
+                burst: count_f64(burst),
                 cost: limit.check_cost(request),
                 shadow: limit.shadow,
                 limit: index,

@@ -1,6 +1,13 @@
 //! Rates as operators write them: a number of tokens per second (`20`, `0.5`) or
 //! `"<number>/<unit>"` (`"100/min"`, `"5000/day"`), and the time arithmetic shared by limits
 //! and decisions.
+// Token and second arithmetic: every float <-> integer conversion is checked, and allowed only
+// where a bound makes it exact (see rate::count_f64 and rate::whole).
+#![warn(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_precision_loss
+)]
 
 use std::fmt;
 
@@ -92,14 +99,38 @@ impl From<f64> for RateSpec {
 /// Largest integer a structured header field may carry (15 digits, RFC 9651).
 pub const MAX_SF_INTEGER: u64 = 999_999_999_999_999;
 
+/// [`MAX_SF_INTEGER`] as a float (below 2^53, so exact).
+const MAX_SF_INTEGER_F64: f64 = 999_999_999_999_999.0;
+
 /// Rounds seconds up to a whole number, at least 0; huge or NaN values saturate at the largest
 /// structured-field integer, so every header that shows seconds stays parseable.
 pub fn ceil_secs(seconds: f64) -> u64 {
     if seconds.is_nan() || seconds <= 0.0 {
         0
     } else {
-        seconds.ceil().min(MAX_SF_INTEGER as f64) as u64
+        whole(seconds.ceil())
     }
+}
+
+/// A count (tokens, a cost, a burst, a quota, a number of instances) as a float for the bucket
+/// arithmetic. The config bounds counts to 10^9, far below 2^53, where every integer is exact.
+#[expect(
+    clippy::cast_precision_loss,
+    reason = "counts are at most 10^9 (MAX_BURST), exact in f64"
+)]
+pub fn count_f64(count: u64) -> f64 {
+    count as f64
+}
+
+/// A float floored to a whole number within `0..=MAX_SF_INTEGER` (NaN and negatives give 0):
+/// tokens, capacities and seconds as headers show them.
+#[expect(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    reason = "clamped to 0..=MAX_SF_INTEGER first (f64::max maps NaN to 0), so the cast is exact"
+)]
+pub fn whole(value: f64) -> u64 {
+    value.max(0.0).floor().min(MAX_SF_INTEGER_F64) as u64
 }
 
 #[cfg(test)]
@@ -108,6 +139,16 @@ mod tests {
 
     fn text(t: &str) -> Result<f64, String> {
         RateSpec::Text(t.into()).per_second()
+    }
+
+    #[test]
+    fn whole_floors_into_the_header_range_and_maps_nan_and_negatives_to_zero() {
+        assert_eq!(whole(2.9), 2);
+        assert_eq!(whole(-0.5), 0);
+        assert_eq!(whole(f64::NAN), 0);
+        assert_eq!(whole(f64::INFINITY), MAX_SF_INTEGER);
+        assert_eq!(whole(MAX_SF_INTEGER_F64), MAX_SF_INTEGER);
+        assert_eq!(count_f64(1_000_000_000), 1e9);
     }
 
     #[test]

@@ -1,6 +1,13 @@
 //! Costs known after the response (`POST /report`), without HTTP: the body is read into
 //! charges against `charge = "report"` limits, every refusal naming the field at fault, and the
 //! store's answer is turned into what the caller learns (what is left, when to retry).
+// Token and second arithmetic: every float <-> integer conversion is checked, and allowed only
+// where a bound makes it exact (see rate::count_f64 and rate::whole).
+#![warn(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_precision_loss
+)]
 
 use serde::Serialize;
 use serde_json::{Map, Value};
@@ -9,6 +16,7 @@ use crate::config::Charge;
 use crate::decision::ceil_secs;
 use crate::keys;
 use crate::limits::{Limit, Policy};
+use crate::rate::{count_f64, whole};
 use crate::store::{BucketOutcome, BucketRequest, ReportCharge};
 
 /// Most charges one request may carry: a body is answered in one store round trip per slot.
@@ -152,13 +160,13 @@ fn charge(
         bucket: BucketRequest {
             key,
             rate: limit.rate,
-            burst: limit.burst as f64,
+            burst: count_f64(limit.burst),
             cost,
             shadow: false,
             limit: index,
             meter: limit.meter,
         },
-        max_debt: limit.max_debt as f64,
+        max_debt: count_f64(limit.max_debt),
     })
 }
 
@@ -212,11 +220,7 @@ pub fn answer(
             });
             Charged {
                 limit: policy.limits[bucket.limit].name.clone(),
-                remaining: outcome
-                    .tokens
-                    .max(0.0)
-                    .floor()
-                    .min(crate::decision::MAX_SF_INTEGER as f64) as u64,
+                remaining: whole(outcome.tokens),
                 retry_after,
             }
         })

@@ -109,7 +109,7 @@ pub fn parse_ip(raw: &[u8]) -> Option<IpAddr> {
 }
 
 /// The original request, as described by the check request's headers, normalised the way
-/// the proxies route (see [`normalise`]): what every limit matches and keys on.
+/// the proxies route (see `request/normalise.rs`): what every limit matches and keys on.
 #[derive(Debug)]
 pub struct Described<'a> {
     /// As sent (bytes outside visible ASCII percent-encoded).

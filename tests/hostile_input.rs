@@ -25,7 +25,11 @@ use tollgate::request::Described;
 use tollgate::store::memory::MemoryStore;
 use tollgate::store::AnyStore;
 
-const IN_PROCESS_CASES: u64 = 100_000;
+/// Generated cases run in process: the fast tier runs fewer (each run draws a new seed); the
+/// second tier the full hundred thousand.
+const IN_PROCESS_CASES: u64 = 10_000;
+#[cfg(feature = "e2e")]
+const IN_PROCESS_CASES_E2E: u64 = 100_000;
 const HTTP_CASES: u64 = 2_000;
 
 /// splitmix64: small, fast, and good enough to drive a fuzzer reproducibly.
@@ -321,7 +325,11 @@ fn max_key_len(prefix: &str, longest_limit_name: usize) -> usize {
 }
 
 #[test]
-fn a_hundred_thousand_hostile_requests_in_process() {
+fn ten_thousand_hostile_requests_in_process() {
+    hostile_requests_in_process(IN_PROCESS_CASES);
+}
+
+fn hostile_requests_in_process(cases: u64) {
     let seed = seed();
     let started = Instant::now();
     // Two threads, as `/check` runs on several workers sharing one limiter.
@@ -346,15 +354,14 @@ fn a_hundred_thousand_hostile_requests_in_process() {
         for half in 0..2 {
             let (policy, limiter) = (&policy, &limiter);
             scope.spawn(move || {
-                let cases = (half * IN_PROCESS_CASES / 2)..((half + 1) * IN_PROCESS_CASES / 2);
-                for case in cases {
+                for case in (half * cases / 2)..((half + 1) * cases / 2) {
                     one_case(seed, case, policy, limiter, key_bound);
                 }
             });
         }
     });
     eprintln!(
-        "{IN_PROCESS_CASES} in-process cases in {:.1} s (seed {seed})",
+        "{cases} in-process cases in {:.1} s (seed {seed})",
         started.elapsed().as_secs_f64()
     );
 }
@@ -606,7 +613,7 @@ fn a_flood_of_distinct_keys_keeps_memory_bounded() {
 
 /// Redis memory per bucket, measured: distinct keys through tollgate, `used_memory` before
 /// and after.
-#[test]
+#[cfg(feature = "e2e")]
 fn redis_memory_per_bucket_is_bounded() {
     const KEYS: u64 = 20_000;
     let redis = RedisServer::start();
@@ -632,4 +639,19 @@ fn redis_memory_per_bucket_is_bounded() {
     );
     assert!(dbsize >= KEYS);
     assert!(per_bucket <= 256, "{per_bucket} bytes per bucket");
+}
+
+/// Second tier (`cargo test --features e2e`): the long runs, 100,000 generated requests and
+/// 20,000 buckets in Redis. One module, so scripts/test.sh runs exactly these by `e2e::`.
+#[cfg(feature = "e2e")]
+mod e2e {
+    #[test]
+    fn a_hundred_thousand_hostile_requests_in_process() {
+        super::hostile_requests_in_process(super::IN_PROCESS_CASES_E2E);
+    }
+
+    #[test]
+    fn redis_memory_per_bucket_is_bounded() {
+        super::redis_memory_per_bucket_is_bounded();
+    }
 }

@@ -907,6 +907,7 @@ fn a_reported_bucket_is_used_up_at_zero_and_admits_just_above_it_on_both_stores(
 
 /// A quota per tenant and a bucket per user: keyed on different parts, so on a Cluster they
 /// live in different slots and a denial in one slot must refund the quota charged in the other.
+#[cfg(feature = "e2e")]
 const ACROSS_SLOTS: &str = r#"
 [[limits]]
 name = "per-user"
@@ -938,6 +939,7 @@ key = ["header:x-user"]
 /// The bucket denies while the quota (another slot) admits: the quota must count nothing. With
 /// the deny cache on, the denial may come from the cache, which charges nothing either; the
 /// Cluster test turns it off so the refund runs.
+#[cfg(feature = "e2e")]
 fn assert_quota_refunded_across_slots(tollgate: &Tollgate) {
     let from = |user: &'static str| [("x-tenant", "acme"), ("x-user", user)];
     assert_eq!(tollgate.check(&from("u1")).status, 200);
@@ -954,7 +956,7 @@ fn assert_quota_refunded_across_slots(tollgate: &Tollgate) {
     assert!(over.body.contains("\"tenant-daily\""), "{}", over.body);
 }
 
-#[test]
+#[cfg(feature = "e2e")]
 fn on_a_cluster_quotas_refund_across_slots_and_reports_span_slots() {
     let cluster = support::cluster::RedisCluster::start();
     let seeds: Vec<String> = cluster.seeds().iter().map(|s| format!("\"{s}\"")).collect();
@@ -988,7 +990,7 @@ fn on_a_cluster_quotas_refund_across_slots_and_reports_span_slots() {
     assert_eq!(denied.status, 429);
 }
 
-#[test]
+#[cfg(feature = "e2e")]
 fn behind_sentinel_quotas_and_reports_work() {
     let setup = support::cluster::SentinelSetup::start();
     let urls: Vec<String> = setup.urls().iter().map(|u| format!("\"{u}\"")).collect();
@@ -1074,4 +1076,19 @@ fn sighup_rotates_the_admin_token() {
         "the new token is accepted after SIGHUP"
     );
     assert_eq!(post(tollgate.admin, Some(TOKEN), body).status, 401);
+}
+
+/// Second tier (`cargo test --features e2e`): a Redis Cluster of six nodes, a Sentinel setup.
+/// One module, so scripts/test.sh runs exactly these by the `e2e::` prefix.
+#[cfg(feature = "e2e")]
+mod e2e {
+    #[test]
+    fn on_a_cluster_quotas_refund_across_slots_and_reports_span_slots() {
+        super::on_a_cluster_quotas_refund_across_slots_and_reports_span_slots();
+    }
+
+    #[test]
+    fn behind_sentinel_quotas_and_reports_work() {
+        super::behind_sentinel_quotas_and_reports_work();
+    }
 }

@@ -1,5 +1,12 @@
 //! What serde cannot check in the settings around the limits (ranges, URLs), and the
 //! warnings `tollgate validate` prints about valid but probably unmeant configurations.
+// Token and second arithmetic: every float <-> integer conversion is checked, and allowed only
+// where a bound makes it exact (see rate::count_f64 and rate::whole).
+#![warn(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_precision_loss
+)]
 
 use super::{
     Backend, Config, ConfigError, MatchConfig, StoreConfig, IPV6_PREFIXES, MAX_BURST,
@@ -37,6 +44,10 @@ pub fn check_burst(burst: u64, cost: u64, key: &str) -> Result<(), ConfigError> 
 /// The store keeps a bucket for up to twice its refill time, in milliseconds, which must stay
 /// an exact integer for `PEXPIRE` and Lua: at most [`MAX_REFILL_SECS`] (ten years). Also
 /// catches a rate so small that `burst / rate` overflows to infinity.
+#[expect(
+    clippy::cast_precision_loss,
+    reason = "compared with ten years only: a burst rounded beyond 2^53 is refused all the same"
+)]
 pub fn check_refill(rate: f64, burst: u64, key: &str) -> Result<(), ConfigError> {
     let refill = burst as f64 / rate;
     if refill > MAX_REFILL_SECS {

@@ -1,6 +1,13 @@
 //! A [`Verdict`] turned into Envoy's `RateLimitResponse`: the overall code, one status per
 //! descriptor, and the same rate-limit headers `/check` sends, for Envoy to add to the client's
 //! response.
+// Token and second arithmetic: every float <-> integer conversion is checked, and allowed only
+// where a bound makes it exact (see rate::count_f64 and rate::whole).
+#![warn(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_precision_loss
+)]
 
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
@@ -132,7 +139,7 @@ fn current_limit(state: &LimitState, limit: &Limit) -> RateLimit {
         };
         return RateLimit {
             name: limit.name.clone(),
-            requests_per_unit: state.capacity().clamp(1, u64::from(u32::MAX)) as u32,
+            requests_per_unit: u32::try_from(state.capacity().max(1)).unwrap_or(u32::MAX),
             unit: unit.into(),
         };
     }
@@ -147,9 +154,15 @@ fn current_limit(state: &LimitState, limit: &Limit) -> RateLimit {
         .map(|&(unit, seconds)| (unit, state.rate * seconds))
         .find(|(_, n)| *n >= 1.0 && (n - n.round()).abs() < 1e-6)
         .unwrap_or((Unit::Day, state.rate * 86_400.0));
+    #[expect(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        reason = "clamped to 1..=u32::MAX first, so the cast is exact"
+    )]
+    let requests_per_unit = per_unit.round().clamp(1.0, f64::from(u32::MAX)) as u32;
     RateLimit {
         name: limit.name.clone(),
-        requests_per_unit: per_unit.round().clamp(1.0, f64::from(u32::MAX)) as u32,
+        requests_per_unit,
         unit: unit.into(),
     }
 }

@@ -1,6 +1,13 @@
 //! A `RateLimitRequest` turned into the buckets to decide: every applicable limit of every
 //! descriptor, keyed through [`crate::keys`], with a descriptor's buckets remembered so the
 //! answer can report each descriptor. Malformed requests are refused here with a gRPC status.
+// Token and second arithmetic: every float <-> integer conversion is checked, and allowed only
+// where a bound makes it exact (see rate::count_f64 and rate::whole).
+#![warn(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_precision_loss
+)]
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
@@ -10,6 +17,7 @@ use super::rule::value_of;
 use crate::config::{Charge, OnMissing};
 use crate::keys::{self, KeyPart};
 use crate::limits::Policy;
+use crate::rate::count_f64;
 use crate::store::BucketRequest;
 
 /// Most descriptors one request may carry; Envoy sends one per rate limit action set.
@@ -146,7 +154,7 @@ fn add_descriptor<'a>(
                 plan.buckets.push(BucketRequest {
                     key,
                     rate: limit.rate,
-                    burst: limit.burst as f64,
+                    burst: count_f64(limit.burst),
                     cost,
                     shadow: limit.shadow,
                     limit: limit_index,

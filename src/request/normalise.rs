@@ -27,7 +27,7 @@ pub fn visible(raw: &[u8]) -> Cow<'_, str> {
 
 /// The path as limits see it: query and fragment removed; escapes of unreserved characters
 /// decoded, other escapes in upper-case hex, a `%` that starts no escape written `%25`; runs of
-/// `/` collapsed; dot segments removed (RFC 3986 §5.2.4); always starting with `/`.
+/// `/` collapsed; dot segments removed (RFC 3986, "Remove Dot Segments"); always starting with `/`.
 ///
 /// Slashes are collapsed before dot segments are removed, as nginx does (`/x//../a` is `/a`).
 pub fn path(uri: Cow<'_, str>) -> Cow<'_, str> {
@@ -134,7 +134,7 @@ fn collapse_slashes(path: &str) -> String {
     out
 }
 
-/// RFC 3986 §5.2.4 for an absolute path without empty segments: `.` segments vanish, `..`
+/// RFC 3986's "Remove Dot Segments" for an absolute path without empty segments: `.` segments vanish, `..`
 /// removes the segment before it (never above the root).
 fn remove_dot_segments(path: &str) -> String {
     let mut segments: Vec<&str> = Vec::new();

@@ -1,8 +1,16 @@
 //! The token-bucket and quota arithmetic, the Rust twin of `lua/token_bucket.lua` and
 //! `lua/report.lua`. Pure functions of state and time, so they are tested with an injected
 //! clock. Time is microseconds on the store's clock; quotas read it as Unix time (UTC).
+// Token and second arithmetic: every float <-> integer conversion is checked, and allowed only
+// where a bound makes it exact (see rate::count_f64 and rate::whole).
+#![warn(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_precision_loss
+)]
 
 use super::{BucketOutcome, BucketRequest, Meter, Period, ReportCharge, Window};
+use crate::rate::count_f64;
 
 /// A stored key. A bucket: `tokens` as of `ts_us`. A quota: `tokens` counts what was used in
 /// the period that starts at `ts_us`.
@@ -19,21 +27,21 @@ const MICROS: u64 = 1_000_000;
 fn quota_now(stored: Option<Bucket>, period: Period, now_us: u64) -> (f64, u64, Window) {
     let now_s = (now_us / MICROS) as i64;
     let (start, end) = period.bounds(now_s);
-    let start_us = start.max(0) as u64 * MICROS;
+    let start_us = u64::try_from(start).unwrap_or(0) * MICROS;
     let used = match stored {
         Some(quota) if quota.ts_us == start_us => quota.tokens,
         _ => 0.0,
     };
     let window = Window {
-        ends_in_s: (end - now_s) as u64,
-        length_s: (end - start) as u64,
+        ends_in_s: u64::try_from(end - now_s).unwrap_or(0),
+        length_s: u64::try_from(end - start).unwrap_or(0),
     };
     (used, start_us, window)
 }
 
 /// Whether a key holding `level` can pay `cost`; a cost of 0 asks only that it is not used up.
 pub fn can_pay(level: f64, cost: u64) -> bool {
-    level >= cost as f64 && level > 0.0
+    level >= count_f64(cost) && level > 0.0
 }
 
 impl Bucket {
@@ -44,7 +52,7 @@ impl Bucket {
             Meter::Bucket => self.full_at_us(request.rate, request.burst),
             Meter::Quota(period) => {
                 let (_, end) = period.bounds((self.ts_us / MICROS) as i64);
-                end.max(0) as u64 * MICROS
+                u64::try_from(end).unwrap_or(0) * MICROS
             }
         }
     }
@@ -52,15 +60,24 @@ impl Bucket {
     /// When this bucket is full again; from then on it is indistinguishable from an absent
     /// one and may be dropped. The memory store drops it then; `lua/token_bucket.lua` has
     /// Redis delete the key in the millisecond after.
+    #[expect(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        reason = "the wait is >= 0 and `as` saturates: a bucket that never refills is kept for good"
+    )]
     pub fn full_at_us(&self, rate: f64, burst: f64) -> u64 {
         let missing = (burst - self.tokens).max(0.0);
-        self.ts_us
-            .saturating_add((missing / rate * 1_000_000.0).ceil().min(u64::MAX as f64) as u64)
+        let wait_us = (missing / rate * 1_000_000.0).ceil();
+        self.ts_us.saturating_add(wait_us as u64)
     }
 }
 
 /// Tokens available at `now_us`: absent means full; refill at `rate`, capped at `burst`; a
 /// clock that went backwards counts as no time passing.
+#[expect(
+    clippy::cast_precision_loss,
+    reason = "microseconds since 1970 stay below 2^53 (until the year 2255), exact in f64"
+)]
 pub fn refilled(stored: Option<Bucket>, now_us: u64, rate: f64, burst: f64) -> f64 {
     match stored {
         None => burst,
@@ -120,7 +137,7 @@ pub fn decide(
         .all(|(request, outcome)| outcome.enough || request.shadow);
     for ((request, outcome), state) in requests.iter().zip(&mut outcomes).zip(states.iter_mut()) {
         if allowed && outcome.enough {
-            outcome.tokens -= request.cost as f64;
+            outcome.tokens -= count_f64(request.cost);
         }
         *state = Some(match request.meter {
             Meter::Bucket => Bucket {
@@ -141,7 +158,7 @@ pub fn decide(
 /// cost. Mirrors `lua/report.lua`.
 pub fn report(charge: &ReportCharge, state: &mut Option<Bucket>, now_us: u64) -> BucketOutcome {
     let request = &charge.bucket;
-    let cost = request.cost as f64;
+    let cost = count_f64(request.cost);
     match request.meter {
         Meter::Bucket => {
             let level = refilled(*state, now_us, request.rate, request.burst);
@@ -276,7 +293,7 @@ mod tests {
         for &(name, stored, rate, burst, cost, allowed, after) in CASES {
             let mut states = [stored.map(|(tokens, age)| Bucket {
                 tokens,
-                ts_us: (now as i64 - age) as u64,
+                ts_us: now.saturating_add_signed(-age),
             })];
             let (ok, outcomes) = decide(&[request(rate, burst, cost)], &mut states, now);
             assert_eq!(ok, allowed, "{name}: allowed");

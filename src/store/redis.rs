@@ -18,6 +18,13 @@
 //! On a Cluster, a script may only touch keys of one slot. A request whose buckets span slots
 //! is decided by `redis/cross_slot.rs`: per slot, all at once, refunding what was charged when
 //! another slot denies.
+// Token and second arithmetic: every float <-> integer conversion is checked, and allowed only
+// where a bound makes it exact (see rate::count_f64 and rate::whole).
+#![warn(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_precision_loss
+)]
 
 mod admin;
 mod connection;
@@ -235,7 +242,7 @@ impl RedisStore {
         instance: &str,
         ttl: Duration,
     ) -> Result<u64, StoreError> {
-        let ttl_ms = ttl.as_millis() as u64;
+        let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
         let value = self
             .run_script(
                 &self.instances_script,
@@ -247,7 +254,7 @@ impl RedisStore {
             )
             .await?;
         match value {
-            Value::Int(n) if n > 0 => Ok(n as u64),
+            Value::Int(n) if n > 0 => Ok(n.unsigned_abs()),
             other => Err(StoreError::Script(format!("unexpected reply {other:?}"))),
         }
     }
@@ -533,6 +540,10 @@ fn as_int(value: &Value) -> Option<i64> {
     }
 }
 
+#[expect(
+    clippy::cast_precision_loss,
+    reason = "the scripts' integers (tokens, seconds, microsecond times) are below 2^53"
+)]
 fn as_float(value: &Value) -> Option<f64> {
     match value {
         Value::BulkString(bytes) => std::str::from_utf8(bytes).ok()?.parse().ok(),
