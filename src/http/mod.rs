@@ -1,10 +1,12 @@
 //! The HTTP surface: `/check` on the public listener; `/metrics` only on the admin listener;
-//! `/healthz` and `/readyz` on both; `POST /report` only on the admin listener.
+//! `/healthz` and `/readyz` on both; `POST /report` and `/v1/overrides/{limit}` only on the
+//! admin listener.
 
 pub mod admin;
 pub mod check;
 pub mod headers;
 pub mod health;
+pub mod overrides;
 pub mod report;
 
 use actix_web::web;
@@ -26,5 +28,11 @@ pub fn admin_routes(cfg: &mut web::ServiceConfig) {
     cfg.route("/metrics", web::get().to(health::metrics))
         .route("/healthz", web::get().to(health::healthz))
         .route("/readyz", web::get().to(health::readyz))
-        .service(web::resource("/report").route(web::post().to(report::report)));
+        .service(web::resource("/report").route(web::post().to(report::report)))
+        .service(
+            web::resource("/v1/overrides/{limit}")
+                .route(web::get().to(overrides::list))
+                .route(web::put().to(overrides::put))
+                .route(web::delete().to(overrides::delete)),
+        );
 }

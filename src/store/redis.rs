@@ -21,6 +21,7 @@
 
 mod connection;
 mod cross_slot;
+pub mod overrides;
 mod sentinel;
 
 use std::sync::atomic::{AtomicU64, Ordering};
