@@ -337,7 +337,9 @@ impl Policy {
             response: config.response.clone(),
             key_prefix: config.store.key_prefix.clone(),
             admin_token: config.admin_token()?,
-            runtime: Arc::new(RuntimeOverrides::new(Some(metrics.runtime_overrides.clone()))),
+            runtime: Arc::new(RuntimeOverrides::new(Some(
+                metrics.runtime_overrides.clone(),
+            ))),
         })
     }
 

@@ -226,7 +226,12 @@ impl RuntimeOverrides {
     /// the way; fails with the count when the limit is full.
     pub fn insert(&self, limit: &str, tail: Box<[u8]>, entry: Entry) -> Result<(), usize> {
         let now = self.now_ms();
-        let current = self.table.load().entries(limit).cloned().unwrap_or_default();
+        let current = self
+            .table
+            .load()
+            .entries(limit)
+            .cloned()
+            .unwrap_or_default();
         let live = current.entries.values().filter(|e| !e.expired(now)).count();
         if !current.entries.contains_key(&tail) && live >= MAX_PER_LIMIT {
             return Err(live);
@@ -361,7 +366,11 @@ mod tests {
         let (clock, overrides) = on_manual_clock();
         let limit = bucket_limit();
         overrides
-            .insert("l", b"acme".to_vec().into(), entry(Some(500), Some(1_002_000)))
+            .insert(
+                "l",
+                b"acme".to_vec().into(),
+                entry(Some(500), Some(1_002_000)),
+            )
             .unwrap();
         assert!(overrides.view().get(&limit, b"acme").is_some());
         assert!(!overrides.has_expired("l"));
@@ -378,7 +387,11 @@ mod tests {
         let (_clock, overrides) = on_manual_clock();
         let limit = bucket_limit();
         overrides
-            .insert("l", b"acme".to_vec().into(), entry(Some(500), Some(1_002_000)))
+            .insert(
+                "l",
+                b"acme".to_vec().into(),
+                entry(Some(500), Some(1_002_000)),
+            )
             .unwrap();
         // The store's clock is found to be 5 s ahead: the entry has expired there.
         overrides.learn_store_time(1_005_000);

@@ -59,11 +59,9 @@ pub async fn put(
     state: web::Data<AppState>,
 ) -> HttpResponse {
     let policy = state.limiter.policy();
-    if let Some(refusal) = admin::refuse_unless_operator(
-        &request,
-        policy.admin_token.as_deref(),
-        "PUT /v1/overrides",
-    ) {
+    if let Some(refusal) =
+        admin::refuse_unless_operator(&request, policy.admin_token.as_deref(), "PUT /v1/overrides")
+    {
         return refusal;
     }
     let target = match target(&policy, &name, request.query_string()) {
@@ -73,7 +71,11 @@ pub async fn put(
     let (entry, ttl_s) = match parse_body(&body, target.limit, &target.values, &policy) {
         Ok(parsed) => parsed,
         Err((field, reason)) => {
-            return problem(StatusCode::BAD_REQUEST, format!("{field} {reason}"), Some(field))
+            return problem(
+                StatusCode::BAD_REQUEST,
+                format!("{field} {reason}"),
+                Some(field),
+            )
         }
     };
     let written = sync::put(
@@ -237,21 +239,35 @@ fn parse_body(
             ("rate", Value::Number(n)) => {
                 config.rate = n.as_f64().map(RateSpec::PerSecond);
             }
-            ("rate", _) => return Err(bad("rate", "must be like \"100/s\" or a number per second")),
-            ("burst", v) => config.burst = Some(count(v).ok_or_else(|| bad("burst", "must be a positive integer"))?),
-            ("quota", v) => config.quota = Some(count(v).ok_or_else(|| bad("quota", "must be a positive integer"))?),
+            ("rate", _) => {
+                return Err(bad("rate", "must be like \"100/s\" or a number per second"))
+            }
+            ("burst", v) => {
+                config.burst =
+                    Some(count(v).ok_or_else(|| bad("burst", "must be a positive integer"))?)
+            }
+            ("quota", v) => {
+                config.quota =
+                    Some(count(v).ok_or_else(|| bad("quota", "must be a positive integer"))?)
+            }
             ("unlimited", Value::Bool(flag)) => config.unlimited = *flag,
             ("unlimited", _) => return Err(bad("unlimited", "must be true or false")),
             ("ttl_s", v) => {
                 ttl_s = count(v)
                     .filter(|ttl| (1..=MAX_TTL_S).contains(ttl))
                     .ok_or_else(|| {
-                        bad("ttl_s", &format!("must be an integer between 1 and {MAX_TTL_S} (ten years)"))
+                        bad(
+                            "ttl_s",
+                            &format!("must be an integer between 1 and {MAX_TTL_S} (ten years)"),
+                        )
                     })?;
             }
             (other, _) => {
                 let other: String = other.chars().take(64).collect();
-                return Err((other, "is not a field of an override (rate, burst, quota, unlimited, ttl_s)".into()));
+                return Err((
+                    other,
+                    "is not a field of an override (rate, burst, quota, unlimited, ttl_s)".into(),
+                ));
             }
         }
     }
@@ -273,10 +289,7 @@ fn parse_body(
     let entry = Entry {
         expires_at_ms: None,
         key: config.key,
-        rate: config
-            .rate
-            .as_ref()
-            .and_then(|spec| spec.per_second().ok()),
+        rate: config.rate.as_ref().and_then(|spec| spec.per_second().ok()),
         burst: config.burst,
         quota: config.quota,
         unlimited: config.unlimited,

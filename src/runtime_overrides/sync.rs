@@ -62,7 +62,9 @@ pub async fn put(
         }
         AnyStore::Memory(_) => {
             entry.expires_at_ms = (ttl_ms > 0).then(|| {
-                u64::try_from(runtime.now_ms()).unwrap_or(0).saturating_add(ttl_ms)
+                u64::try_from(runtime.now_ms())
+                    .unwrap_or(0)
+                    .saturating_add(ttl_ms)
             });
             runtime
                 .insert(limit, tail.into_boxed_slice(), entry)
@@ -82,9 +84,7 @@ pub async fn delete(
     match store {
         AnyStore::Redis(store) => {
             let (versions, hash) = keys_of(prefix, limit);
-            let removed = store
-                .override_delete(&versions, &hash, limit, tail)
-                .await?;
+            let removed = store.override_delete(&versions, &hash, limit, tail).await?;
             reload_after_write(store, runtime, prefix, limit).await;
             Ok(removed)
         }
@@ -122,7 +122,9 @@ pub async fn follow(state: web::Data<AppState>) {
             }
             Ok(()) => {}
             Err(error) if !failing => {
-                log::warn!("runtime overrides: cannot read the store, keeping the last known: {error}");
+                log::warn!(
+                    "runtime overrides: cannot read the store, keeping the last known: {error}"
+                );
                 failing = true;
             }
             Err(_) => {}
@@ -185,7 +187,9 @@ async fn restore(
         .override_restore(&keys::override_versions_key(prefix), &limits)
         .await?
     {
-        log::warn!("the store had lost its runtime overrides; wrote back the {count} this instance held");
+        log::warn!(
+            "the store had lost its runtime overrides; wrote back the {count} this instance held"
+        );
     }
     Ok(())
 }
@@ -203,13 +207,17 @@ async fn load(
     let entries = loaded
         .entries
         .into_iter()
-        .filter_map(|(tail, json)| match serde_json::from_slice::<Entry>(&json) {
-            Ok(entry) => Some((tail.into_boxed_slice(), entry)),
-            Err(error) => {
-                log::warn!("runtime overrides of {limit}: skipping an unreadable entry: {error}");
-                None
-            }
-        })
+        .filter_map(
+            |(tail, json)| match serde_json::from_slice::<Entry>(&json) {
+                Ok(entry) => Some((tail.into_boxed_slice(), entry)),
+                Err(error) => {
+                    log::warn!(
+                        "runtime overrides of {limit}: skipping an unreadable entry: {error}"
+                    );
+                    None
+                }
+            },
+        )
         .collect();
     runtime.replace(
         limit,

@@ -83,7 +83,8 @@ impl RedisStore {
             )
             .await?;
         match reply {
-            Value::Array(items) if items.len() == 3 => match (as_int(&items[0]), as_int(&items[2])) {
+            Value::Array(items) if items.len() == 3 => match (as_int(&items[0]), as_int(&items[2]))
+            {
                 (Some(1), _) => Ok(Put::Written),
                 (Some(0), Some(count)) => Ok(Put::Full(u64::try_from(count).unwrap_or(0))),
                 _ => Err(malformed("override put")),
