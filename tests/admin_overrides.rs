@@ -636,6 +636,12 @@ fn the_memory_store_offers_the_same_api() {
         200
     );
     assert_eq!(admitted(&[&tollgate], "vip", 10), 10);
+    // A reload of the file keeps them: here no store could bring them back.
+    tollgate.signal("HUP");
+    assert!(wait_until(Duration::from_secs(3), || tollgate
+        .metric("tollgate_config_reloads_total{result=\"success\"}")
+        == 1.0));
+    assert_eq!(admitted(&[&tollgate], "vip", 10), 10);
     let deleted = admin(
         tollgate.admin,
         "DELETE",
