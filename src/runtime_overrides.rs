@@ -82,6 +82,9 @@ impl Entry {
     }
 }
 
+/// A limit's name and its unexpired entries (key tail, entry), to write back into a store.
+pub type Held = (String, Vec<(Box<[u8]>, Entry)>);
+
 /// One limit's runtime overrides and the store version they were read at.
 #[derive(Debug, Default, Clone)]
 pub struct LimitEntries {
@@ -180,7 +183,7 @@ impl RuntimeOverrides {
     }
 
     /// Every limit's unexpired entries, to write back into a store that lost them.
-    pub fn snapshot(&self) -> Vec<(String, Vec<(Box<[u8]>, Entry)>)> {
+    pub fn snapshot(&self) -> Vec<Held> {
         let now = self.now_ms();
         self.table
             .load()
