@@ -663,3 +663,37 @@ fn the_memory_store_offers_the_same_api() {
     );
     assert_eq!(refused.status, 400);
 }
+
+#[test]
+fn on_a_redis_cluster_an_override_and_its_version_share_a_slot() {
+    let cluster = support::cluster::RedisCluster::start();
+    let seeds: Vec<String> = cluster.seeds().iter().map(|s| format!("\"{s}\"")).collect();
+    let config = format!(
+        "admin_token = \"{TOKEN}\"\n[store]\nbackend = \"redis\"\ncluster = [{}]\ntimeout_ms = 2000\n{LIMITS}",
+        seeds.join(", ")
+    );
+    let (a, b) = (Tollgate::start(&config), Tollgate::start(&config));
+    let answer = put(&a, "tight", "big", r#"{"burst": 4, "ttl_s": 600}"#);
+    assert_eq!(answer.status, 200, "{answer:?}");
+    assert!(wait_until(Duration::from_secs(1), || listed(
+        &b,
+        "tight",
+        Some(TOKEN)
+    )
+    .as_array()
+    .is_some_and(|l| l.len() == 1)));
+    assert_eq!(admitted(&[&a, &b], "big", 8), 4);
+    let deleted = admin(
+        b.admin,
+        "DELETE",
+        "/v1/overrides/tight?key=big",
+        Some(TOKEN),
+        "",
+    );
+    assert_eq!(deleted.status, 204, "{deleted:?}");
+    assert!(wait_until(Duration::from_secs(1), || listed(
+        &a, "tight", None
+    ) == serde_json::json!(
+        []
+    )));
+}
