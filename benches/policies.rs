@@ -1,7 +1,7 @@
 //! What a policy costs a check in process, without HTTP: finding the buckets of a request
 //! (`Policy::applicable`, where overrides are looked up) and rendering the answer's headers,
 //! for one limit without overrides, the same limit with 100,000 overrides (the key overridden,
-//! and not), and an exempt request. Run with `cargo bench --bench policies`.
+//! and not), 1,000 runtime overrides (the key overridden, and not), and an exempt request. Run with `cargo bench --bench policies`.
 
 use std::hint::black_box;
 
@@ -79,6 +79,23 @@ fn policies(c: &mut Criterion) {
     let overridden = policy(&format!("overrides_file = \"{}\"\n", file.display()));
     let exempt = policy("[[exempt]]\nname = \"batch\"\nheaders = { \"x-api-key\" = [\"k7\"] }\n");
     let _ = std::fs::remove_dir_all(&dir);
+    // Runtime overrides (the admin API's) for 1,000 keys, k7 among them.
+    let runtime = policy("");
+    for i in 0..1000 {
+        let entry = tollgate::runtime_overrides::Entry {
+            expires_at_ms: None,
+            key: vec![format!("k{i}")],
+            rate: None,
+            burst: Some(3000),
+            quota: None,
+            unlimited: false,
+        };
+        let tail = format!("k{i}").into_bytes().into_boxed_slice();
+        runtime
+            .runtime
+            .insert("per-key", tail, entry)
+            .expect("below the cap");
+    }
 
     let (k7, other) = (headers("k7"), headers("someone-else"));
     let mut group = c.benchmark_group("policies");
@@ -90,6 +107,12 @@ fn policies(c: &mut Criterion) {
     });
     group.bench_function("100k_overrides_key_not_overridden", |b| {
         b.iter(|| black_box(check(&overridden, black_box(&other))))
+    });
+    group.bench_function("1k_runtime_overrides_key_overridden", |b| {
+        b.iter(|| black_box(check(&runtime, black_box(&k7))))
+    });
+    group.bench_function("1k_runtime_overrides_key_not_overridden", |b| {
+        b.iter(|| black_box(check(&runtime, black_box(&other))))
     });
     group.bench_function("exempt", |b| {
         b.iter(|| black_box(check(&exempt, black_box(&k7))))

@@ -266,6 +266,19 @@ pub fn instances_key(prefix: &str) -> String {
     format!("{prefix}:instances")
 }
 
+/// The hash of every limit's runtime-override version: `<prefix>:{<prefix>:overrides}:versions`.
+/// The hash tag puts it and every override hash in one Cluster slot, so one script may change
+/// an override and its version together. A bucket key can never take this shape: its tag comes
+/// after a non-empty limit name.
+pub fn override_versions_key(prefix: &str) -> String {
+    format!("{prefix}:{{{prefix}:overrides}}:versions")
+}
+
+/// The hash of one limit's runtime overrides (field: the key tail), in the versions' slot.
+pub fn overrides_key(prefix: &str, limit: &str) -> String {
+    format!("{prefix}:{{{prefix}:overrides}}:limit:{limit}")
+}
+
 /// `<prefix>:<limit>:{<tail>}`, hashing the tail when it is long or unprintable.
 pub fn assemble(prefix: &str, limit: &str, tail: &[u8]) -> String {
     let printable = tail.iter().all(|b| (0x20..=0x7e).contains(b));

@@ -14,7 +14,8 @@
 //! - [`request`]: what `/check` reads: original method, path, host, client IP (XFF walk).
 //! - [`limits`]: limits built from their config, cost; which limits apply to a request;
 //!   [`exempt`] admits a request before any limit; [`matcher`] holds the match rules both
-//!   use; [`overrides`] gives single keys their own policy; [`rate`] reads `"100/min"`.
+//!   use; [`overrides`] gives single keys their own policy; [`rate`] reads `"100/min"`;
+//!   [`runtime_overrides`] holds the ones set through the admin API, kept in the store.
 //! - [`keys`]: every store key is built here (escaping, hashing of hostile values).
 //! - [`limiter`]: the decision without HTTP: one atomic store call, `on_error` fallbacks;
 //!   [`deny_cache`] answers the denials Redis would surely repeat, without asking it.
@@ -51,5 +52,6 @@ pub mod overrides;
 pub mod rate;
 pub mod report;
 pub mod request;
+pub mod runtime_overrides;
 pub mod server;
 pub mod store;

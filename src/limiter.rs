@@ -85,8 +85,10 @@ impl<S: Store> Limiter<S> {
         self.policy.load_full()
     }
 
-    /// Installs a new policy for the next checks (SIGHUP).
-    pub fn replace_policy(&self, policy: Policy) {
+    /// Installs a new policy for the next checks (SIGHUP). The runtime overrides carry over:
+    /// they live in the store, not in the file.
+    pub fn replace_policy(&self, mut policy: Policy) {
+        policy.runtime = self.policy.load().runtime.clone();
         self.policy.store(Arc::new(policy));
     }
 

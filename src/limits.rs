@@ -13,6 +13,7 @@
 )]
 
 use std::collections::HashSet;
+use std::sync::Arc;
 
 use crate::config::{
     check_refill, valid_name, Charge, Config, ConfigError, LimitConfig, OnMissing, RateSpec,
@@ -26,6 +27,7 @@ use crate::metrics::{LimitCounters, Metrics};
 use crate::overrides::{Base, Override, Overrides};
 use crate::rate::{ceil_secs, count_f64};
 use crate::request::{ClientIpPolicy, Described};
+use crate::runtime_overrides::RuntimeOverrides;
 use crate::store::{BucketRequest, Meter, Period};
 
 /// One configured limit, ready for the hot path.
@@ -312,6 +314,9 @@ pub struct Policy {
     pub key_prefix: String,
     /// The bearer token mutating admin requests need; `None` refuses them.
     pub admin_token: Option<String>,
+    /// Overrides set through the admin API: they beat the file's, and every policy a reload
+    /// installs shares the running one's ([`crate::limiter::Limiter::replace_policy`]).
+    pub runtime: Arc<RuntimeOverrides>,
 }
 
 impl Policy {
@@ -342,6 +347,9 @@ impl Policy {
             response: config.response.clone(),
             key_prefix: config.store.key_prefix.clone(),
             admin_token: config.admin_token()?,
+            runtime: Arc::new(RuntimeOverrides::new(Some(
+                metrics.runtime_overrides.clone(),
+            ))),
         })
     }
 
@@ -351,10 +359,12 @@ impl Policy {
     }
 
     /// The buckets this request must draw from, in limit order, each tagged with the index of
-    /// its limit and carrying its key's policy (an override's numbers, if any). Fails with the
+    /// its limit and carrying its key's policy (an override's numbers, if any: a runtime one
+    /// before the file's). Fails with the
     /// index of a limit whose key is missing under `on_missing = "deny"`.
     pub fn applicable(&self, request: &Described<'_>) -> Result<Vec<BucketRequest>, usize> {
         let mut buckets = Vec::with_capacity(self.limits.len());
+        let runtime = self.runtime.view();
         for (index, limit) in self.limits.iter().enumerate() {
             if limit.descriptor.is_some() || !limit.matcher.matches(request) {
                 continue;
@@ -369,7 +379,10 @@ impl Policy {
                     }
                     Err(keys::MissingPart) => continue,
                 };
-            let (rate, burst) = match limit.overrides.get(&tail) {
+            let found = runtime
+                .get(limit, &tail)
+                .or_else(|| limit.overrides.get(&tail));
+            let (rate, burst) = match found {
                 Some(Override::Unlimited) => continue,
                 Some(Override::Bucket { rate, burst }) => (rate, burst),
                 None => (limit.rate, limit.burst),

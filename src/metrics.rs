@@ -17,6 +17,7 @@ pub const CONFIG_RELOADS_TOTAL: &str = "tollgate_config_reloads_total";
 pub const BUILD_INFO: &str = "tollgate_build_info";
 pub const GRPC_REQUESTS_TOTAL: &str = "tollgate_grpc_requests_total";
 pub const GRPC_DURATION_SECONDS: &str = "tollgate_grpc_duration_seconds";
+pub const RUNTIME_OVERRIDES: &str = "tollgate_runtime_overrides";
 
 /// Sub-millisecond buckets: a check normally costs one Redis round trip.
 const LATENCY_BUCKETS: &[f64] = &[
@@ -91,6 +92,8 @@ pub struct Metrics {
     pub reload_success: IntCounter,
     pub reload_failure: IntCounter,
     pub grpc: GrpcCounters,
+    /// Runtime overrides this instance holds, by limit (expired ones until the store drops them).
+    pub runtime_overrides: IntGaugeVec,
 }
 
 impl Metrics {
@@ -164,6 +167,14 @@ impl Metrics {
                 .buckets(LATENCY_BUCKETS.to_vec()),
         )
         .expect("valid metric");
+        let runtime_overrides = IntGaugeVec::new(
+            Opts::new(
+                RUNTIME_OVERRIDES,
+                "Overrides set through the admin API that this instance holds, by limit.",
+            ),
+            &["limit"],
+        )
+        .expect("valid metric");
 
         for collector in [
             Box::new(checks.clone()) as Box<dyn prometheus::core::Collector>,
@@ -177,6 +188,7 @@ impl Metrics {
             Box::new(build_info),
             Box::new(grpc_requests.clone()),
             Box::new(grpc_duration.clone()),
+            Box::new(runtime_overrides.clone()),
         ] {
             registry
                 .register(collector)
@@ -210,6 +222,7 @@ impl Metrics {
                 invalid: grpc_requests.with_label_values(&["invalid"]),
                 duration: grpc_duration,
             },
+            runtime_overrides,
             registry,
         }
     }

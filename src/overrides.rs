@@ -117,7 +117,7 @@ impl Overrides {
 }
 
 /// One entry's policy: `unlimited` alone, or a rate and/or a burst. Error keys are relative.
-fn parse(entry: &OverrideConfig, base: Base) -> Result<Override, ConfigError> {
+pub(crate) fn parse(entry: &OverrideConfig, base: Base) -> Result<Override, ConfigError> {
     if entry.unlimited {
         let extra = if entry.rate.is_some() {
             "rate"

@@ -194,6 +194,9 @@ pub async fn run(
             crate::keys::instances_key(&config.store.key_prefix),
         ));
     }
+    if config.store.backend == Backend::Redis {
+        actix_web::rt::spawn(crate::runtime_overrides::sync::follow(state.clone()));
+    }
     let (stopping, stop_seen) = tokio::sync::watch::channel(false);
     let grpc = match listeners.grpc {
         Some(listener) => {

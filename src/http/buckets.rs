@@ -117,8 +117,12 @@ fn named<'p>(policy: &'p Policy, name: &str, query: &str) -> Result<Named<'p>, R
                 Some(format!("key[{i}]")),
             )
         })?;
-    // The file's overrides; runtime overrides held in the store are to be consulted here too.
-    let own = limit.overrides.get(&tail);
+    // As a check looks them up: a runtime override before the file's.
+    let own = policy
+        .runtime
+        .view()
+        .get(limit, &tail)
+        .or_else(|| limit.overrides.get(&tail));
     let (rate, burst) = match own {
         Some(Override::Bucket { rate, burst }) => (rate, burst),
         _ => (limit.rate, limit.burst),

@@ -51,7 +51,8 @@ enum MeterView {
 struct OverrideCounts {
     /// `[[limits.overrides]]` and the `overrides_file`'s entries (distinct keys).
     file: usize,
-    // Runtime overrides (held in the store) get their own count here.
+    /// Set through `/v1/overrides` and held in the store, unexpired, as this instance knows them.
+    runtime: usize,
 }
 
 impl<'p> From<&'p Limit> for LimitView<'p> {
@@ -79,6 +80,7 @@ impl<'p> From<&'p Limit> for LimitView<'p> {
             grpc: limit.descriptor.is_some(),
             overrides: OverrideCounts {
                 file: limit.overrides.len(),
+                runtime: 0,
             },
         }
     }
@@ -87,7 +89,15 @@ impl<'p> From<&'p Limit> for LimitView<'p> {
 /// The policy as the admin API shows it.
 pub fn render(policy: &Policy) -> serde_json::Result<String> {
     serde_json::to_string_pretty(&Limits {
-        limits: policy.limits.iter().map(LimitView::from).collect(),
+        limits: policy
+            .limits
+            .iter()
+            .map(|limit| {
+                let mut view = LimitView::from(limit);
+                view.overrides.runtime = policy.runtime.list(&limit.name).len();
+                view
+            })
+            .collect(),
         exempt: policy.exemptions.rules(),
     })
 }

@@ -1,6 +1,6 @@
 //! The HTTP surface: `/check` on the public listener; `/metrics` only on the admin listener;
 //! `/healthz` and `/readyz` on both; `POST /report` and the admin API (`/v1/limits`,
-//! `/v1/buckets`) only on the admin listener.
+//! `/v1/buckets`, `/v1/overrides`) only on the admin listener.
 
 pub mod admin;
 pub mod buckets;
@@ -8,6 +8,7 @@ pub mod check;
 pub mod headers;
 pub mod health;
 pub mod limits;
+pub mod overrides;
 pub mod report;
 
 use actix_web::web;
@@ -35,5 +36,11 @@ pub fn admin_routes(cfg: &mut web::ServiceConfig) {
             web::resource("/v1/buckets/{limit}")
                 .route(web::get().to(buckets::peek))
                 .route(web::delete().to(buckets::reset)),
+        )
+        .service(
+            web::resource("/v1/overrides/{limit}")
+                .route(web::get().to(overrides::list))
+                .route(web::put().to(overrides::put))
+                .route(web::delete().to(overrides::delete)),
         );
 }

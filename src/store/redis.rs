@@ -29,6 +29,7 @@
 mod admin;
 mod connection;
 mod cross_slot;
+pub mod overrides;
 pub mod resets;
 mod sentinel;
 

@@ -1,0 +1,355 @@
+//! `/v1/overrides/{limit}` on the admin listener: runtime overrides of one limit's keys.
+//!
+//! - `GET` lists them as this instance enforces them (key values as fingerprints to callers
+//!   without the admin token);
+//! - `PUT ?key=<part>&key=<part>` with `{"rate": "100/s", "burst": 200}`, `{"quota": N}` or
+//!   `{"unlimited": true}`, and optionally `"ttl_s"`, sets one; `DELETE ?key=...` removes one.
+//!   Both need the admin token. Key values are checked and normalised as the file's overrides
+//!   are, so an override reaches the very bucket `/check` uses.
+
+use actix_web::http::header::{self, HeaderValue};
+use actix_web::http::StatusCode;
+use actix_web::{web, HttpRequest, HttpResponse};
+use serde_json::{json, Map, Value};
+
+use super::admin::{self, problem, shown, Caller};
+use crate::config::{OverrideConfig, RateSpec};
+use crate::keys;
+use crate::limits::{Limit, Policy};
+use crate::overrides::{self, Base};
+use crate::runtime_overrides::sync::{self, WriteError};
+use crate::runtime_overrides::{Entry, MAX_TTL_S};
+use crate::server::AppState;
+use crate::store::Meter;
+
+/// Longest key value accepted: far above any real API key, far below what would cost memory.
+const MAX_VALUE_BYTES: usize = 1024;
+
+/// A refusal: the answer to send as is.
+type Refused = Box<HttpResponse>;
+
+pub async fn list(
+    request: HttpRequest,
+    name: web::Path<String>,
+    state: web::Data<AppState>,
+) -> HttpResponse {
+    let policy = state.limiter.policy();
+    let limit = match find(&policy, &name) {
+        Ok(limit) => limit,
+        Err(refused) => return *refused,
+    };
+    let caller = Caller::of(&request, policy.admin_token.as_deref());
+    let now = policy.runtime.now_ms();
+    let listed: Vec<Value> = policy
+        .runtime
+        .list(&limit.name)
+        .iter()
+        .map(|entry| render(entry, caller, now))
+        .collect();
+    json_answer(
+        StatusCode::OK,
+        &json!({"limit": limit.name, "overrides": listed}),
+    )
+}
+
+pub async fn put(
+    request: HttpRequest,
+    name: web::Path<String>,
+    body: web::Bytes,
+    state: web::Data<AppState>,
+) -> HttpResponse {
+    let policy = state.limiter.policy();
+    if let Some(refusal) =
+        admin::refuse_unless_operator(&request, policy.admin_token.as_deref(), "PUT /v1/overrides")
+    {
+        return refusal;
+    }
+    let target = match target(&policy, &name, request.query_string()) {
+        Ok(target) => target,
+        Err(refused) => return *refused,
+    };
+    let (entry, ttl_s) = match parse_body(&body, target.limit, &target.values, &policy) {
+        Ok(parsed) => parsed,
+        Err((field, reason)) => {
+            return problem(
+                StatusCode::BAD_REQUEST,
+                format!("{field} {reason}"),
+                Some(field),
+            )
+        }
+    };
+    let written = sync::put(
+        state.limiter.store(),
+        &policy.runtime,
+        &policy.key_prefix,
+        &target.limit.name,
+        target.tail,
+        entry.clone(),
+        ttl_s * 1000,
+    )
+    .await;
+    match written {
+        Ok(()) => {
+            let mut shown = render(&entry, Caller::Operator, 0);
+            if ttl_s > 0 {
+                shown["ttl_s"] = json!(ttl_s);
+            }
+            json_answer(
+                StatusCode::OK,
+                &json!({"limit": target.limit.name, "override": shown}),
+            )
+        }
+        Err(error) => write_failed(&error),
+    }
+}
+
+pub async fn delete(
+    request: HttpRequest,
+    name: web::Path<String>,
+    state: web::Data<AppState>,
+) -> HttpResponse {
+    let policy = state.limiter.policy();
+    if let Some(refusal) = admin::refuse_unless_operator(
+        &request,
+        policy.admin_token.as_deref(),
+        "DELETE /v1/overrides",
+    ) {
+        return refusal;
+    }
+    let target = match target(&policy, &name, request.query_string()) {
+        Ok(target) => target,
+        Err(refused) => return *refused,
+    };
+    let removed = sync::delete(
+        state.limiter.store(),
+        &policy.runtime,
+        &policy.key_prefix,
+        &target.limit.name,
+        &target.tail,
+    )
+    .await;
+    match removed {
+        Ok(true) => HttpResponse::NoContent().finish(),
+        Ok(false) => problem(
+            StatusCode::NOT_FOUND,
+            "no runtime override for this key".into(),
+            Some("key".into()),
+        ),
+        Err(error) => write_failed(&error),
+    }
+}
+
+/// The limit and key a mutating request names.
+struct Target<'p> {
+    limit: &'p Limit,
+    values: Vec<String>,
+    tail: Vec<u8>,
+}
+
+fn find<'p>(policy: &'p Policy, name: &str) -> Result<&'p Limit, Refused> {
+    policy
+        .limits
+        .iter()
+        .find(|limit| limit.name == name)
+        .ok_or_else(|| {
+            Box::new(problem(
+                StatusCode::NOT_FOUND,
+                "no such limit".into(),
+                Some("limit".into()),
+            ))
+        })
+}
+
+fn target<'p>(policy: &'p Policy, name: &str, query: &str) -> Result<Target<'p>, Refused> {
+    let limit = find(policy, name)?;
+    let bad = |field: String, reason: String| {
+        Box::new(problem(
+            StatusCode::BAD_REQUEST,
+            format!("{field} {reason}"),
+            Some(field),
+        ))
+    };
+    let values = key_values(query, limit.key.len()).map_err(|(f, r)| bad(f, r))?;
+    let tail = keys::tail_of_values(&limit.key, &values, policy.client_ip.ipv6_prefix)
+        .map_err(|(i, why)| bad(format!("key[{i}]"), why))?;
+    Ok(Target {
+        limit,
+        values,
+        tail,
+    })
+}
+
+/// The `key` parameters, exactly `parts` of them; anything else in the query is refused.
+fn key_values(query: &str, parts: usize) -> Result<Vec<String>, (String, String)> {
+    let mut values = Vec::with_capacity(parts);
+    for (name, value) in form_urlencoded::parse(query.as_bytes()) {
+        if name != "key" {
+            let name: String = name.chars().take(64).collect();
+            return Err((name, "is not a parameter here (only key)".into()));
+        }
+        if value.len() > MAX_VALUE_BYTES {
+            return Err((
+                format!("key[{}]", values.len()),
+                format!("is longer than {MAX_VALUE_BYTES} bytes"),
+            ));
+        }
+        if values.len() == parts {
+            return Err((
+                "key".into(),
+                format!("has more than {parts} value(s): one per key part of the limit"),
+            ));
+        }
+        values.push(value.into_owned());
+    }
+    if values.len() != parts {
+        return Err((
+            "key".into(),
+            format!(
+                "has {} value(s); the limit's key has {parts} part(s) (one key=<value> each, in order)",
+                values.len()
+            ),
+        ));
+    }
+    Ok(values)
+}
+
+/// The body as an entry and its `ttl_s` (0: none), checked as a file override is.
+fn parse_body(
+    body: &[u8],
+    limit: &Limit,
+    values: &[String],
+    policy: &Policy,
+) -> Result<(Entry, u64), (String, String)> {
+    let bad = |field: &str, reason: &str| (field.to_string(), reason.to_string());
+    let object: Map<String, Value> = match serde_json::from_slice(body) {
+        Ok(Value::Object(object)) => object,
+        _ => return Err(bad("body", "must be a JSON object")),
+    };
+    let mut config = OverrideConfig {
+        key: values.to_vec(),
+        rate: None,
+        burst: None,
+        quota: None,
+        unlimited: false,
+    };
+    let mut ttl_s = 0;
+    for (field, value) in &object {
+        match (field.as_str(), value) {
+            ("rate", Value::String(text)) => config.rate = Some(RateSpec::Text(text.clone())),
+            ("rate", Value::Number(n)) => {
+                config.rate = n.as_f64().map(RateSpec::PerSecond);
+            }
+            ("rate", _) => {
+                return Err(bad("rate", "must be like \"100/s\" or a number per second"))
+            }
+            ("burst", v) => {
+                config.burst =
+                    Some(count(v).ok_or_else(|| bad("burst", "must be a positive integer"))?)
+            }
+            ("quota", v) => {
+                config.quota =
+                    Some(count(v).ok_or_else(|| bad("quota", "must be a positive integer"))?)
+            }
+            ("unlimited", Value::Bool(flag)) => config.unlimited = *flag,
+            ("unlimited", _) => return Err(bad("unlimited", "must be true or false")),
+            ("ttl_s", v) => {
+                ttl_s = count(v)
+                    .filter(|ttl| (1..=MAX_TTL_S).contains(ttl))
+                    .ok_or_else(|| {
+                        bad(
+                            "ttl_s",
+                            &format!("must be an integer between 1 and {MAX_TTL_S} (ten years)"),
+                        )
+                    })?;
+            }
+            (other, _) => {
+                let other: String = other.chars().take(64).collect();
+                return Err((
+                    other,
+                    "is not a field of an override (rate, burst, quota, unlimited, ttl_s)".into(),
+                ));
+            }
+        }
+    }
+    let base = Base {
+        rate: limit.rate,
+        burst: limit.burst,
+        cost: limit.cost,
+        ipv6_prefix: policy.client_ip.ipv6_prefix,
+        quota: matches!(limit.meter, Meter::Quota(_)),
+    };
+    overrides::parse(&config, base).map_err(|error| {
+        let field = if error.key.is_empty() {
+            "body".to_string()
+        } else {
+            error.key.clone()
+        };
+        (field, error.reason)
+    })?;
+    let entry = Entry {
+        expires_at_ms: None,
+        key: config.key,
+        rate: config.rate.as_ref().and_then(|spec| spec.per_second().ok()),
+        burst: config.burst,
+        quota: config.quota,
+        unlimited: config.unlimited,
+    };
+    Ok((entry, ttl_s))
+}
+
+/// A non-negative integer (a float with a fraction is not one).
+fn count(value: &Value) -> Option<u64> {
+    value.as_u64()
+}
+
+/// An entry as `caller` may see it; `now_ms` on the store's clock dates its expiry.
+fn render(entry: &Entry, caller: Caller, now_ms: i64) -> Value {
+    let key: Vec<String> = entry
+        .key
+        .iter()
+        .map(|value| shown(value, caller).into_owned())
+        .collect();
+    let mut shown = json!({ "key": key });
+    if entry.unlimited {
+        shown["unlimited"] = json!(true);
+    }
+    if let Some(rate) = entry.rate {
+        shown["rate_per_s"] = json!(rate);
+    }
+    if let Some(burst) = entry.burst {
+        shown["burst"] = json!(burst);
+    }
+    if let Some(quota) = entry.quota {
+        shown["quota"] = json!(quota);
+    }
+    if let Some(at) = entry.expires_at_ms {
+        let left_ms = i64::try_from(at).unwrap_or(i64::MAX).saturating_sub(now_ms);
+        // Whole seconds, rounded up: an entry listed is still in force.
+        shown["expires_in_s"] = json!((left_ms.max(0) + 999) / 1000);
+    }
+    shown
+}
+
+fn write_failed(error: &WriteError) -> HttpResponse {
+    match error {
+        WriteError::Full(_) => problem(StatusCode::CONFLICT, error.to_string(), None),
+        WriteError::Store(cause) => {
+            log::warn!("a runtime override was not changed (answered 503): {cause}");
+            let mut response = problem(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("the store did not take the change ({cause}); retry"),
+                None,
+            );
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            response
+        }
+    }
+}
+
+fn json_answer(status: StatusCode, body: &Value) -> HttpResponse {
+    HttpResponse::build(status)
+        .content_type("application/json")
+        .body(body.to_string())
+}

@@ -1,0 +1,429 @@
+//! Runtime overrides: per-key policies an operator sets through the admin API
+//! (`PUT /v1/overrides/{limit}?key=...`), held in the store and in force on every instance
+//! within a second. They beat the overrides of the config file, and a reload of the file keeps
+//! them (the [`Limiter`](crate::limiter::Limiter) hands them to each new policy).
+//!
+//! Every instance holds the overrides it knows in a [`Table`] behind an atomic pointer: a check
+//! looks up its key tail there without a lock or a store call. [`sync`] keeps the table in step
+//! with Redis (a version per limit, polled a few times a second) or, on the memory store,
+//! writes it directly.
+//!
+//! An entry's numbers are kept as the operator gave them: what is left out (a rate, a burst)
+//! is the limit's own at each check, as for the file's overrides. Its expiry is absolute, in
+//! milliseconds of the store's clock; each instance tracks the offset of that clock from its
+//! own, so all of them drop an entry at the same moment.
+
+pub mod sync;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+
+use arc_swap::{ArcSwap, Guard};
+use prometheus::IntGaugeVec;
+use serde::{Deserialize, Serialize};
+
+use crate::clock::{Clock, MonotonicClock};
+use crate::limits::Limit;
+use crate::overrides::Override;
+use crate::store::Meter;
+
+/// Most runtime overrides one limit may hold: each change reloads the limit's entries on every
+/// instance, so they are meant for a few customers at a time, not as a database.
+pub const MAX_PER_LIMIT: usize = 10_000;
+
+/// Longest `ttl_s`: ten years, as for a bucket's refill.
+pub const MAX_TTL_S: u64 = 10 * 365 * 86_400;
+
+/// One key's runtime override, as stored (compact JSON, one letter per field).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Entry {
+    /// When it stops applying, in ms of the store's clock; none: until deleted.
+    #[serde(rename = "x", default, skip_serializing_if = "Option::is_none")]
+    pub expires_at_ms: Option<u64>,
+    /// The key values as the operator gave them, one per key part (for listing).
+    #[serde(rename = "k")]
+    pub key: Vec<String>,
+    /// Tokens per second; none: the limit's own.
+    #[serde(rename = "r", default, skip_serializing_if = "Option::is_none")]
+    pub rate: Option<f64>,
+    #[serde(rename = "b", default, skip_serializing_if = "Option::is_none")]
+    pub burst: Option<u64>,
+    /// A quota limit's quota for this key.
+    #[serde(rename = "q", default, skip_serializing_if = "Option::is_none")]
+    pub quota: Option<u64>,
+    #[serde(rename = "u", default, skip_serializing_if = "std::ops::Not::not")]
+    pub unlimited: bool,
+}
+
+impl Entry {
+    /// The policy this entry gives a key of `limit`. None when the entry no longer fits the
+    /// limit (a reload turned a bucket into a quota or back): the file's policy applies then.
+    pub fn applied(&self, limit: &Limit) -> Option<Override> {
+        if self.unlimited {
+            return Some(Override::Unlimited);
+        }
+        match (limit.meter, self.quota) {
+            (Meter::Quota(_), Some(quota)) => Some(Override::Bucket {
+                rate: limit.rate,
+                burst: quota,
+            }),
+            (Meter::Bucket, None) => Some(Override::Bucket {
+                rate: self.rate.unwrap_or(limit.rate),
+                burst: self.burst.unwrap_or(limit.burst),
+            }),
+            _ => None,
+        }
+    }
+
+    fn expired(&self, now_ms: i64) -> bool {
+        self.expires_at_ms
+            .is_some_and(|at| i64::try_from(at).unwrap_or(i64::MAX) <= now_ms)
+    }
+}
+
+/// A limit's name and its unexpired entries (key tail, entry), to write back into a store.
+pub type Held = (String, Vec<(Box<[u8]>, Entry)>);
+
+/// One limit's runtime overrides and the store version they were read at.
+#[derive(Debug, Default, Clone)]
+pub struct LimitEntries {
+    pub version: i64,
+    pub entries: HashMap<Box<[u8]>, Entry>,
+}
+
+/// Every limit's runtime overrides, by limit name. Replaced whole on every change (each
+/// limit's entries are shared between versions of the table, so a change copies one limit).
+#[derive(Debug, Default)]
+pub struct Table {
+    limits: HashMap<String, Arc<LimitEntries>>,
+}
+
+impl Table {
+    fn entries(&self, limit: &str) -> Option<&LimitEntries> {
+        self.limits.get(limit).map(Arc::as_ref)
+    }
+}
+
+/// The runtime overrides this instance knows, and the store's clock.
+pub struct RuntimeOverrides {
+    table: ArcSwap<Table>,
+    clock: Arc<dyn Clock>,
+    /// The store's time (ms) minus `clock`'s, learnt from every store answer.
+    offset_ms: AtomicI64,
+    gauge: Option<IntGaugeVec>,
+}
+
+impl RuntimeOverrides {
+    /// Empty, on the monotonic clock, with the wall clock as the store's until a store answers;
+    /// `gauge` (`tollgate_runtime_overrides`) counts entries per limit.
+    pub fn new(gauge: Option<IntGaugeVec>) -> RuntimeOverrides {
+        RuntimeOverrides::with_clock(Arc::new(MonotonicClock::default()), gauge)
+    }
+
+    pub fn with_clock(clock: Arc<dyn Clock>, gauge: Option<IntGaugeVec>) -> RuntimeOverrides {
+        let wall_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        let overrides = RuntimeOverrides {
+            table: ArcSwap::from_pointee(Table::default()),
+            clock,
+            offset_ms: AtomicI64::new(0),
+            gauge,
+        };
+        overrides.learn_store_time(wall_ms);
+        overrides
+    }
+
+    /// What checks read: one atomic load, no lock.
+    pub fn view(&self) -> View<'_> {
+        View {
+            table: self.table.load(),
+            overrides: self,
+        }
+    }
+
+    /// Now on the store's clock, as far as this instance can tell.
+    pub fn now_ms(&self) -> i64 {
+        self.local_ms() + self.offset_ms.load(Ordering::Relaxed)
+    }
+
+    fn local_ms(&self) -> i64 {
+        i64::try_from(self.clock.now_us() / 1000).unwrap_or(i64::MAX)
+    }
+
+    /// Records the store's time as just read from it.
+    pub fn learn_store_time(&self, store_ms: i64) {
+        self.offset_ms
+            .store(store_ms - self.local_ms(), Ordering::Relaxed);
+    }
+
+    /// The version of `limit`'s entries this instance holds (0: none ever).
+    pub fn version(&self, limit: &str) -> i64 {
+        self.table.load().entries(limit).map_or(0, |e| e.version)
+    }
+
+    /// Whether `limit` holds an entry whose expiry has passed (the store should drop it).
+    pub fn has_expired(&self, limit: &str) -> bool {
+        let now = self.now_ms();
+        self.table
+            .load()
+            .entries(limit)
+            .is_some_and(|e| e.entries.values().any(|entry| entry.expired(now)))
+    }
+
+    /// Names of the limits holding entries, with their versions.
+    pub fn known(&self) -> Vec<(String, i64)> {
+        self.table
+            .load()
+            .limits
+            .iter()
+            .map(|(name, entries)| (name.clone(), entries.version))
+            .collect()
+    }
+
+    /// Every limit's unexpired entries, to write back into a store that lost them.
+    pub fn snapshot(&self) -> Vec<Held> {
+        let now = self.now_ms();
+        self.table
+            .load()
+            .limits
+            .iter()
+            .map(|(name, limit)| {
+                let live = limit
+                    .entries
+                    .iter()
+                    .filter(|(_, entry)| !entry.expired(now))
+                    .map(|(tail, entry)| (tail.clone(), entry.clone()))
+                    .collect::<Vec<_>>();
+                (name.clone(), live)
+            })
+            .filter(|(_, live)| !live.is_empty())
+            .collect()
+    }
+
+    /// `limit`'s unexpired entries, sorted by their key values.
+    pub fn list(&self, limit: &str) -> Vec<Entry> {
+        let now = self.now_ms();
+        let table = self.table.load();
+        let mut listed: Vec<Entry> = table
+            .entries(limit)
+            .map(|e| {
+                e.entries
+                    .values()
+                    .filter(|entry| !entry.expired(now))
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default();
+        listed.sort_by(|a, b| a.key.cmp(&b.key));
+        listed
+    }
+
+    /// Installs `limit`'s entries as read from the store at `version`.
+    pub fn replace(&self, limit: &str, entries: LimitEntries) {
+        self.change(limit, |current| *current = entries.clone());
+    }
+
+    /// Sets one entry (memory store: the table is the store). Expired entries are dropped on
+    /// the way; fails with the count when the limit is full.
+    pub fn insert(&self, limit: &str, tail: Box<[u8]>, entry: Entry) -> Result<(), usize> {
+        let now = self.now_ms();
+        let current = self
+            .table
+            .load()
+            .entries(limit)
+            .cloned()
+            .unwrap_or_default();
+        let live = current.entries.values().filter(|e| !e.expired(now)).count();
+        if !current.entries.contains_key(&tail) && live >= MAX_PER_LIMIT {
+            return Err(live);
+        }
+        self.change(limit, |entries| {
+            entries.entries.retain(|_, e| !e.expired(now));
+            entries.entries.insert(tail.clone(), entry.clone());
+            entries.version += 1;
+        });
+        Ok(())
+    }
+
+    /// Removes one entry (memory store); whether there was one in force.
+    pub fn remove(&self, limit: &str, tail: &[u8]) -> bool {
+        let now = self.now_ms();
+        let mut removed = false;
+        self.change(limit, |entries| {
+            removed = entries
+                .entries
+                .remove(tail)
+                .is_some_and(|entry| !entry.expired(now));
+            entries.entries.retain(|_, e| !e.expired(now));
+            entries.version += 1;
+        });
+        removed
+    }
+
+    /// Swaps in a table where `limit`'s entries went through `edit`; other limits are shared.
+    fn change(&self, limit: &str, mut edit: impl FnMut(&mut LimitEntries)) {
+        let mut count = 0;
+        self.table.rcu(|table| {
+            let mut limits = table.limits.clone();
+            let mut entries = limits
+                .get(limit)
+                .map(|e| LimitEntries::clone(e))
+                .unwrap_or_default();
+            edit(&mut entries);
+            count = entries.entries.len();
+            if entries.entries.is_empty() && entries.version == 0 {
+                limits.remove(limit);
+            } else {
+                limits.insert(limit.to_string(), Arc::new(entries));
+            }
+            Table { limits }
+        });
+        if let Some(gauge) = &self.gauge {
+            gauge
+                .with_label_values(&[limit])
+                .set(i64::try_from(count).unwrap_or(i64::MAX));
+        }
+    }
+}
+
+/// The table as one check sees it.
+pub struct View<'a> {
+    table: Guard<Arc<Table>>,
+    overrides: &'a RuntimeOverrides,
+}
+
+impl View<'_> {
+    /// The runtime override of `limit` for the key tail `tail`, if one is in force.
+    pub fn get(&self, limit: &Limit, tail: &[u8]) -> Option<Override> {
+        if self.table.limits.is_empty() {
+            return None;
+        }
+        let entry = self.table.entries(&limit.name)?.entries.get(tail)?;
+        if entry.expired(self.overrides.now_ms()) {
+            return None;
+        }
+        entry.applied(limit)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::config::LimitConfig;
+    use crate::limits::LimitInput;
+
+    fn limit(toml: &str) -> Limit {
+        let config: LimitConfig = toml::from_str(toml).unwrap();
+        Limit::try_from(LimitInput {
+            config: &config,
+            ipv6_prefix: 64,
+        })
+        .unwrap()
+    }
+
+    fn bucket_limit() -> Limit {
+        limit("name = \"l\"\nrate = 10.0\nburst = 20\nkey = [\"header:k\"]\n")
+    }
+
+    fn entry(burst: Option<u64>, expires_at_ms: Option<u64>) -> Entry {
+        Entry {
+            expires_at_ms,
+            key: vec!["acme".into()],
+            rate: None,
+            burst,
+            quota: None,
+            unlimited: false,
+        }
+    }
+
+    fn on_manual_clock() -> (Arc<ManualClock>, RuntimeOverrides) {
+        let clock = Arc::new(ManualClock::default());
+        let overrides = RuntimeOverrides::with_clock(clock.clone(), None);
+        overrides.learn_store_time(1_000_000);
+        (clock, overrides)
+    }
+
+    #[test]
+    fn an_entry_keeps_the_limits_own_numbers_for_what_it_leaves_out() {
+        let limit = bucket_limit();
+        assert_eq!(
+            entry(Some(500), None).applied(&limit),
+            Some(Override::Bucket {
+                rate: 10.0,
+                burst: 500
+            })
+        );
+        let quota = Entry {
+            quota: Some(5),
+            burst: None,
+            ..entry(None, None)
+        };
+        assert_eq!(quota.applied(&limit), None, "a quota entry on a bucket");
+    }
+
+    #[test]
+    fn an_entry_stops_applying_when_the_store_clock_passes_its_expiry() {
+        let (clock, overrides) = on_manual_clock();
+        let limit = bucket_limit();
+        overrides
+            .insert(
+                "l",
+                b"acme".to_vec().into(),
+                entry(Some(500), Some(1_002_000)),
+            )
+            .unwrap();
+        assert!(overrides.view().get(&limit, b"acme").is_some());
+        assert!(!overrides.has_expired("l"));
+        clock.advance_ms(1_999);
+        assert!(overrides.view().get(&limit, b"acme").is_some());
+        clock.advance_ms(1);
+        assert_eq!(overrides.view().get(&limit, b"acme"), None);
+        assert!(overrides.has_expired("l"));
+        assert!(overrides.list("l").is_empty());
+    }
+
+    #[test]
+    fn the_store_clock_is_followed_not_the_local_one() {
+        let (_clock, overrides) = on_manual_clock();
+        let limit = bucket_limit();
+        overrides
+            .insert(
+                "l",
+                b"acme".to_vec().into(),
+                entry(Some(500), Some(1_002_000)),
+            )
+            .unwrap();
+        // The store's clock is found to be 5 s ahead: the entry has expired there.
+        overrides.learn_store_time(1_005_000);
+        assert_eq!(overrides.view().get(&limit, b"acme"), None);
+    }
+
+    #[test]
+    fn insert_and_remove_bump_the_version_and_drop_expired_entries() {
+        let (clock, overrides) = on_manual_clock();
+        overrides
+            .insert("l", b"old".to_vec().into(), entry(Some(5), Some(1_000_500)))
+            .unwrap();
+        overrides
+            .insert("l", b"acme".to_vec().into(), entry(Some(6), None))
+            .unwrap();
+        assert_eq!(overrides.version("l"), 2);
+        clock.advance_ms(600);
+        assert!(!overrides.remove("l", b"old"), "expired: not in force");
+        assert!(overrides.remove("l", b"acme"));
+        assert_eq!(overrides.version("l"), 4);
+        assert!(overrides.snapshot().is_empty());
+    }
+
+    #[test]
+    fn a_stored_entry_is_compact_json() {
+        let text = serde_json::to_string(&entry(Some(200), None)).unwrap();
+        assert_eq!(text, r#"{"k":["acme"],"b":200}"#);
+        let back: Entry = serde_json::from_str(r#"{"x":5,"k":["acme"],"u":true}"#).unwrap();
+        assert!(back.unlimited);
+        assert_eq!(back.expires_at_ms, Some(5));
+    }
+}

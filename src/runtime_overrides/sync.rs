@@ -1,0 +1,237 @@
+//! Keeps every instance's runtime overrides in step with the store, and writes changes to it.
+//!
+//! Redis: each instance asks for every limit's version every [`POLL_EVERY`] (one small script
+//! call) and reloads the limits whose version moved, or that hold an entry past its expiry
+//! (the load drops it from the store). A change made here is reloaded at once. While Redis is
+//! unreachable the last known overrides stay in force. A version hash that vanished while this
+//! instance knew overrides means Redis lost its data (restarted without persistence): the
+//! first instance to notice writes back what it holds.
+//!
+//! Memory store: the table is the store; a change is written to it directly.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use actix_web::web;
+
+use super::{Entry, LimitEntries, RuntimeOverrides, MAX_PER_LIMIT};
+use crate::keys;
+use crate::server::AppState;
+use crate::store::redis::overrides::{Put, Restore};
+use crate::store::redis::RedisStore;
+use crate::store::{AnyStore, StoreError};
+
+/// How often an instance asks Redis whether an override changed: a change is in force
+/// everywhere within this plus one round trip.
+pub const POLL_EVERY: Duration = Duration::from_millis(250);
+
+/// Why a change was not made.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    #[error("{0}")]
+    Store(#[from] StoreError),
+    #[error("the limit holds {0} runtime overrides already (at most {MAX_PER_LIMIT})")]
+    Full(u64),
+}
+
+/// Sets `limit`'s override for the key tail `tail` for `ttl_ms` (0: until deleted).
+pub async fn put(
+    store: &AnyStore,
+    runtime: &RuntimeOverrides,
+    prefix: &str,
+    limit: &str,
+    tail: Vec<u8>,
+    mut entry: Entry,
+    ttl_ms: u64,
+) -> Result<(), WriteError> {
+    match store {
+        AnyStore::Redis(store) => {
+            entry.expires_at_ms = None;
+            let json = serde_json::to_string(&entry)
+                .map_err(|e| StoreError::Other(format!("cannot encode an override: {e}")))?;
+            let (versions, hash) = keys_of(prefix, limit);
+            match store
+                .override_put(&versions, &hash, limit, &tail, &json, ttl_ms, MAX_PER_LIMIT)
+                .await?
+            {
+                Put::Written => {}
+                Put::Full(count) => return Err(WriteError::Full(count)),
+            }
+            reload_after_write(store, runtime, prefix, limit).await;
+            Ok(())
+        }
+        AnyStore::Memory(_) => {
+            entry.expires_at_ms = (ttl_ms > 0).then(|| {
+                u64::try_from(runtime.now_ms())
+                    .unwrap_or(0)
+                    .saturating_add(ttl_ms)
+            });
+            runtime
+                .insert(limit, tail.into_boxed_slice(), entry)
+                .map_err(|count| WriteError::Full(count as u64))
+        }
+    }
+}
+
+/// Removes `limit`'s override for `tail`; whether one was in force.
+pub async fn delete(
+    store: &AnyStore,
+    runtime: &RuntimeOverrides,
+    prefix: &str,
+    limit: &str,
+    tail: &[u8],
+) -> Result<bool, WriteError> {
+    match store {
+        AnyStore::Redis(store) => {
+            let (versions, hash) = keys_of(prefix, limit);
+            let removed = store.override_delete(&versions, &hash, limit, tail).await?;
+            reload_after_write(store, runtime, prefix, limit).await;
+            Ok(removed)
+        }
+        AnyStore::Memory(_) => Ok(runtime.remove(limit, tail)),
+    }
+}
+
+/// The instance that made a change applies it now, not at its next poll.
+async fn reload_after_write(
+    store: &RedisStore,
+    runtime: &RuntimeOverrides,
+    prefix: &str,
+    limit: &str,
+) {
+    if let Err(error) = load(store, runtime, prefix, limit).await {
+        log::debug!("runtime overrides of {limit} not reloaded after a change (the next poll will): {error}");
+    }
+}
+
+/// Follows the store's runtime overrides for as long as the instance runs (Redis only).
+pub async fn follow(state: web::Data<AppState>) {
+    let AnyStore::Redis(store) = state.limiter.store() else {
+        return;
+    };
+    let mut tick = tokio::time::interval(POLL_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut failing = false;
+    loop {
+        tick.tick().await;
+        let policy = state.limiter.policy();
+        match sync_once(store, &policy.runtime, &policy.key_prefix).await {
+            Ok(()) if failing => {
+                log::info!("runtime overrides: the store answers again");
+                failing = false;
+            }
+            Ok(()) => {}
+            Err(error) if !failing => {
+                log::warn!(
+                    "runtime overrides: cannot read the store, keeping the last known: {error}"
+                );
+                failing = true;
+            }
+            Err(_) => {}
+        }
+    }
+}
+
+/// One poll: learn the store's time and versions, write back what a store that lost its data
+/// forgot, reload what changed.
+pub async fn sync_once(
+    store: &RedisStore,
+    runtime: &RuntimeOverrides,
+    prefix: &str,
+) -> Result<(), StoreError> {
+    let versions_key = keys::override_versions_key(prefix);
+    let polled = store.override_versions(&versions_key).await?;
+    runtime.learn_store_time(polled.now_ms);
+    if !polled.exists {
+        restore(store, runtime, prefix).await?;
+    }
+    let remote: HashMap<String, i64> = polled.versions.into_iter().collect();
+    let mut names: HashSet<String> = remote.keys().cloned().collect();
+    names.extend(runtime.known().into_iter().map(|(name, _)| name));
+    for name in names {
+        let theirs = remote.get(&name).copied().unwrap_or(0);
+        if theirs != runtime.version(&name) || runtime.has_expired(&name) {
+            load(store, runtime, prefix, &name).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Writes back every unexpired entry this instance holds, unless another instance did.
+async fn restore(
+    store: &RedisStore,
+    runtime: &RuntimeOverrides,
+    prefix: &str,
+) -> Result<(), StoreError> {
+    let held = runtime.snapshot();
+    if held.is_empty() {
+        return Ok(());
+    }
+    let limits: Vec<Restore<'_>> = held
+        .iter()
+        .map(|(limit, entries)| Restore {
+            hash: keys::overrides_key(prefix, limit),
+            limit,
+            entries: entries
+                .iter()
+                .filter_map(|(tail, entry)| {
+                    serde_json::to_string(entry)
+                        .ok()
+                        .map(|json| (tail.to_vec(), json))
+                })
+                .collect(),
+        })
+        .collect();
+    let count: usize = limits.iter().map(|l| l.entries.len()).sum();
+    if store
+        .override_restore(&keys::override_versions_key(prefix), &limits)
+        .await?
+    {
+        log::warn!(
+            "the store had lost its runtime overrides; wrote back the {count} this instance held"
+        );
+    }
+    Ok(())
+}
+
+/// Installs `limit`'s entries as the store holds them now.
+async fn load(
+    store: &RedisStore,
+    runtime: &RuntimeOverrides,
+    prefix: &str,
+    limit: &str,
+) -> Result<(), StoreError> {
+    let (versions, hash) = keys_of(prefix, limit);
+    let loaded = store.override_load(&versions, &hash, limit).await?;
+    runtime.learn_store_time(loaded.now_ms);
+    let entries = loaded
+        .entries
+        .into_iter()
+        .filter_map(
+            |(tail, json)| match serde_json::from_slice::<Entry>(&json) {
+                Ok(entry) => Some((tail.into_boxed_slice(), entry)),
+                Err(error) => {
+                    log::warn!(
+                        "runtime overrides of {limit}: skipping an unreadable entry: {error}"
+                    );
+                    None
+                }
+            },
+        )
+        .collect();
+    runtime.replace(
+        limit,
+        LimitEntries {
+            version: loaded.version,
+            entries,
+        },
+    );
+    Ok(())
+}
+
+fn keys_of(prefix: &str, limit: &str) -> (String, String) {
+    (
+        keys::override_versions_key(prefix),
+        keys::overrides_key(prefix, limit),
+    )
+}

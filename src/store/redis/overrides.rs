@@ -1,0 +1,234 @@
+//! Runtime overrides in Redis: one hash per limit (field: the escaped key tail, value: the
+//! entry's compact JSON with its absolute expiry) and one hash of versions (field: the limit,
+//! value: a counter bumped by every change), all in one Cluster slot
+//! ([`crate::keys::overrides_key`]). Every change and the version bump go in one script, with
+//! the expiry computed there from Redis `TIME`, so every instance reads one clock.
+
+use std::sync::LazyLock;
+use std::time::Instant;
+
+use redis::Value;
+
+use super::{LuaScript, RedisStore};
+use crate::store::StoreError;
+
+static PUT: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new(include_str!("../../../lua/override_put.lua")));
+static DELETE: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new(include_str!("../../../lua/override_delete.lua")));
+static POLL: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new(include_str!("../../../lua/override_poll.lua")));
+static LOAD: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new(include_str!("../../../lua/override_load.lua")));
+static RESTORE: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new(include_str!("../../../lua/override_restore.lua")));
+
+/// The answer to a write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Put {
+    Written,
+    /// The limit holds this many entries already.
+    Full(u64),
+}
+
+/// What a poll learns: the store's time, whether any version exists, each limit's version.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Versions {
+    pub now_ms: i64,
+    pub exists: bool,
+    pub versions: Vec<(String, i64)>,
+}
+
+/// One limit's stored entries: raw tail and JSON per entry.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Loaded {
+    pub now_ms: i64,
+    pub version: i64,
+    pub entries: Vec<(Vec<u8>, Vec<u8>)>,
+}
+
+/// One limit's entries to write back: its hash key, its name, (tail, JSON) per entry.
+pub struct Restore<'a> {
+    pub hash: String,
+    pub limit: &'a str,
+    pub entries: Vec<(Vec<u8>, String)>,
+}
+
+fn malformed(what: &str) -> StoreError {
+    StoreError::Script(format!("malformed {what} reply"))
+}
+
+impl RedisStore {
+    /// Sets one entry (`json` without its expiry) for `ttl_ms` (0: until deleted), dropping
+    /// the limit's expired entries; refused when the limit already holds `max` others.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn override_put(
+        &self,
+        versions: &str,
+        hash: &str,
+        limit: &str,
+        tail: &[u8],
+        json: &str,
+        ttl_ms: u64,
+        max: usize,
+    ) -> Result<Put, StoreError> {
+        let reply = self
+            .run_script(
+                &PUT,
+                &[versions, hash],
+                |cmd| {
+                    cmd.arg(limit).arg(tail).arg(json).arg(ttl_ms).arg(max);
+                },
+                Instant::now() + self.timeout,
+            )
+            .await?;
+        match reply {
+            Value::Array(items) if items.len() == 3 => match (as_int(&items[0]), as_int(&items[2]))
+            {
+                (Some(1), _) => Ok(Put::Written),
+                (Some(0), Some(count)) => Ok(Put::Full(u64::try_from(count).unwrap_or(0))),
+                _ => Err(malformed("override put")),
+            },
+            _ => Err(malformed("override put")),
+        }
+    }
+
+    /// Removes one entry; whether it was there.
+    pub async fn override_delete(
+        &self,
+        versions: &str,
+        hash: &str,
+        limit: &str,
+        tail: &[u8],
+    ) -> Result<bool, StoreError> {
+        let reply = self
+            .run_script(
+                &DELETE,
+                &[versions, hash],
+                |cmd| {
+                    cmd.arg(limit).arg(tail);
+                },
+                Instant::now() + self.timeout,
+            )
+            .await?;
+        match reply {
+            Value::Array(items) if items.len() == 2 => as_int(&items[0])
+                .map(|removed| removed > 0)
+                .ok_or_else(|| malformed("override delete")),
+            _ => Err(malformed("override delete")),
+        }
+    }
+
+    /// Every limit's version, and the store's time.
+    pub async fn override_versions(&self, versions: &str) -> Result<Versions, StoreError> {
+        let reply = self
+            .run_script(&POLL, &[versions], |_| {}, Instant::now() + self.timeout)
+            .await?;
+        let bad = || malformed("override poll");
+        let Value::Array(items) = reply else {
+            return Err(bad());
+        };
+        let [now, exists, Value::Array(pairs)] = items.as_slice() else {
+            return Err(bad());
+        };
+        let versions = pairs
+            .chunks(2)
+            .map(|pair| match pair {
+                [name, version] => Some((text(name)?, as_int(version)?)),
+                _ => None,
+            })
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(bad)?;
+        Ok(Versions {
+            now_ms: as_int(now).ok_or_else(bad)?,
+            exists: as_int(exists).ok_or_else(bad)? == 1,
+            versions,
+        })
+    }
+
+    /// One limit's entries and their version, expired ones dropped from the store.
+    pub async fn override_load(
+        &self,
+        versions: &str,
+        hash: &str,
+        limit: &str,
+    ) -> Result<Loaded, StoreError> {
+        let reply = self
+            .run_script(
+                &LOAD,
+                &[versions, hash],
+                |cmd| {
+                    cmd.arg(limit);
+                },
+                Instant::now() + self.timeout,
+            )
+            .await?;
+        let bad = || malformed("override load");
+        let Value::Array(items) = reply else {
+            return Err(bad());
+        };
+        let [now, version, Value::Array(pairs)] = items.as_slice() else {
+            return Err(bad());
+        };
+        let entries = pairs
+            .chunks(2)
+            .map(|pair| match pair {
+                [Value::BulkString(tail), Value::BulkString(json)] => {
+                    Some((tail.clone(), json.clone()))
+                }
+                _ => None,
+            })
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(bad)?;
+        Ok(Loaded {
+            now_ms: as_int(now).ok_or_else(bad)?,
+            version: as_int(version).ok_or_else(bad)?,
+            entries,
+        })
+    }
+
+    /// Writes `limits` back unless the version hash exists (another instance did it first);
+    /// whether this call wrote.
+    pub async fn override_restore(
+        &self,
+        versions: &str,
+        limits: &[Restore<'_>],
+    ) -> Result<bool, StoreError> {
+        let mut keys = vec![versions];
+        keys.extend(limits.iter().map(|l| l.hash.as_str()));
+        let reply = self
+            .run_script(
+                &RESTORE,
+                &keys,
+                |cmd| {
+                    for limit in limits {
+                        cmd.arg(limit.limit).arg(limit.entries.len());
+                        for (tail, json) in &limit.entries {
+                            cmd.arg(tail.as_slice()).arg(json.as_str());
+                        }
+                    }
+                },
+                Instant::now() + self.timeout,
+            )
+            .await?;
+        as_int(&reply)
+            .map(|written| written == 1)
+            .ok_or_else(|| malformed("override restore"))
+    }
+}
+
+/// An integer reply, or one sent as text (a hash's values).
+fn as_int(value: &Value) -> Option<i64> {
+    match value {
+        Value::Int(n) => Some(*n),
+        other => text(other)?.parse().ok(),
+    }
+}
+
+fn text(value: &Value) -> Option<String> {
+    match value {
+        Value::BulkString(bytes) => String::from_utf8(bytes.clone()).ok(),
+        Value::SimpleString(text) => Some(text.clone()),
+        _ => None,
+    }
+}
