@@ -229,6 +229,9 @@ impl Metrics {
 
     /// Counters for one limit, resolved when the limits are compiled (start and reload).
     pub fn limit_counters(&self, limit: &str) -> LimitCounters {
+        // Every limit shows its runtime override count from the start, 0 until one is set
+        // (touching an existing series keeps its value across a reload).
+        self.runtime_overrides.with_label_values(&[limit]);
         LimitCounters {
             allowed: self.limit_decisions.with_label_values(&[limit, "allowed"]),
             denied: self.limit_decisions.with_label_values(&[limit, "denied"]),

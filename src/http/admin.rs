@@ -11,6 +11,14 @@ use actix_web::{HttpRequest, HttpResponse};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
+use crate::config::OnMissing;
+use crate::keys::{self, KeyPart};
+use crate::limits::{Limit, Policy};
+
+/// Longest query accepted: a key part longer than the store keeps raw is hashed anyway, and
+/// anything near this is a mistake or an attack.
+pub const MAX_QUERY: usize = 16 * 1024;
+
 /// Who sent an admin request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Caller {
@@ -102,6 +110,126 @@ fn is_address(value: &str) -> bool {
     address.parse::<IpAddr>().is_ok()
 }
 
+/// A limit and one of its keys, as `/v1/…/{limit}?key=<part>&key=<part>` names them, resolved
+/// to the key tail a check builds for the same values ([`keys::tail_of_given`]): so a peek, a
+/// reset and an override reach the very bucket the next check draws from.
+///
+/// Query values are decoded as HTML forms and `curl --data-urlencode` encode them (`+` is a
+/// space, a plus is `%2B`), strictly: `%` must start a two-digit escape.
+pub struct NamedKey<'p> {
+    /// The limit's position in the policy.
+    pub index: usize,
+    pub limit: &'p Limit,
+    /// The decoded values, one per key part.
+    pub values: Vec<String>,
+    pub tail: Vec<u8>,
+}
+
+impl<'p> NamedKey<'p> {
+    /// 404 for an unknown limit; 400 naming the field for anything wrong in the query.
+    pub fn parse(policy: &'p Policy, name: &str, query: &str) -> Result<Self, Box<HttpResponse>> {
+        let Some((index, limit)) = policy
+            .limits
+            .iter()
+            .enumerate()
+            .find(|(_, limit)| limit.name == name)
+        else {
+            return Err(Box::new(problem(
+                StatusCode::NOT_FOUND,
+                format!("no limit named {name:?}: GET /v1/limits lists them"),
+                Some("limit".into()),
+            )));
+        };
+        let bad = |detail: String, field: String| {
+            Box::new(problem(StatusCode::BAD_REQUEST, detail, Some(field)))
+        };
+        let values = key_values(query).map_err(|why| bad(why, "key".into()))?;
+        if values.len() != limit.key.len() {
+            let expected: Vec<String> = limit.key.iter().map(ToString::to_string).collect();
+            return Err(bad(
+                format!(
+                    "limit {name:?} is keyed on {} part(s) [{}]: give one key= per part, in that order (got {})",
+                    limit.key.len(),
+                    expected.join(", "),
+                    values.len()
+                ),
+                "key".into(),
+            ));
+        }
+        for (i, (part, value)) in limit.key.iter().zip(&values).enumerate() {
+            if let KeyPart::Const(text) = part {
+                if text != value {
+                    return Err(bad(
+                        format!("key[{i}] is the constant part {part}: give {text:?}"),
+                        format!("key[{i}]"),
+                    ));
+                }
+            }
+        }
+        let anonymous = limit.on_missing == OnMissing::Anonymous;
+        let tail =
+            keys::tail_of_given(&limit.key, &values, anonymous, policy.client_ip.ipv6_prefix)
+                .map_err(|(i, why)| {
+                    bad(
+                        format!("key[{i}] ({}) {why}", limit.key[i]),
+                        format!("key[{i}]"),
+                    )
+                })?;
+        Ok(NamedKey {
+            index,
+            limit,
+            values,
+            tail,
+        })
+    }
+}
+
+/// The `key` values of a query string, percent-decoded. Any other parameter, a malformed
+/// escape or a value that is not UTF-8 is refused, with why.
+fn key_values(query: &str) -> Result<Vec<String>, String> {
+    if query.len() > MAX_QUERY {
+        return Err(format!(
+            "the query is {} bytes; at most {MAX_QUERY} are accepted",
+            query.len()
+        ));
+    }
+    let mut values = Vec::new();
+    for pair in query.split('&').filter(|pair| !pair.is_empty()) {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        if name != "key" {
+            return Err(format!(
+                "unknown parameter {:?}: only key=<part> (once per key part)",
+                String::from_utf8_lossy(&percent_decode(name).unwrap_or_default())
+            ));
+        }
+        let bytes = percent_decode(value)
+            .ok_or_else(|| format!("key value {} has a malformed %-escape", values.len()))?;
+        let text = String::from_utf8(bytes)
+            .map_err(|_| format!("key value {} is not UTF-8 once decoded", values.len()))?;
+        values.push(text);
+    }
+    Ok(values)
+}
+
+/// Strict form decoding: every `%` starts two hex digits; `+` is a space.
+fn percent_decode(text: &str) -> Option<Vec<u8>> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = bytes.get(i + 1..i + 3)?;
+            let hex = std::str::from_utf8(hex).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(if bytes[i] == b'+' { b' ' } else { bytes[i] });
+            i += 1;
+        }
+    }
+    Some(out)
+}
+
 /// An RFC 9457 problem answer; `field` names the offending input when there is one.
 pub fn problem(status: StatusCode, detail: String, field: Option<String>) -> HttpResponse {
     let mut body = json!({
@@ -137,5 +265,27 @@ mod tests {
     fn fingerprint_is_the_sha256_prefix() {
         // sha256("abc") = ba7816bf8f01cfea414140de5dae2223...
         assert_eq!(fingerprint("abc"), "ba7816bf8f01");
+    }
+
+    #[test]
+    fn key_values_are_decoded_strictly_as_curl_encodes_them() {
+        // `curl --data-urlencode "key=a|b+c d"`
+        assert_eq!(
+            key_values("key=203.0.113.9&key=a%7cb%2bc+d%20e").unwrap(),
+            ["203.0.113.9", "a|b+c d e"]
+        );
+        assert_eq!(key_values("").unwrap(), Vec::<String>::new());
+        assert_eq!(key_values("key=").unwrap(), [""]);
+        for bad in [
+            "key=%",
+            "key=%4",
+            "key=%zz",
+            "key=%ff",
+            "limit=x",
+            "key=a&kee=b",
+        ] {
+            assert!(key_values(bad).is_err(), "{bad:?}");
+        }
+        assert!(key_values(&format!("key={}", "a".repeat(MAX_QUERY))).is_err());
     }
 }

@@ -7,8 +7,7 @@
 //! reads and a reset deletes the very bucket the next check draws from. A peek charges nothing;
 //! a reset needs the admin token and makes every instance's deny cache forget the bucket.
 //!
-//! Query values are decoded as HTML forms and `curl --data-urlencode` encode them (`+` is a
-//! space, a plus is `%2B`), strictly: `%` must start a two-digit escape.
+//! The `{limit}` and `key` values are read by [`NamedKey::parse`], as for every admin endpoint.
 
 use std::borrow::Cow;
 
@@ -17,18 +16,13 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use serde::Serialize;
 use serde_json::json;
 
-use super::admin::{self, problem, shown, Caller};
-use crate::config::OnMissing;
+use super::admin::{self, problem, shown, Caller, NamedKey};
 use crate::decision::LimitState;
-use crate::keys::{self, KeyPart};
+use crate::keys;
 use crate::limits::{Limit, Policy};
 use crate::overrides::Override;
 use crate::server::AppState;
 use crate::store::{BucketOutcome, BucketRequest, Meter, Period, Store};
-
-/// Longest query accepted: a key part longer than the store keeps raw is hashed anyway, and
-/// anything near this is a mistake or an attack.
-pub const MAX_QUERY: usize = 16 * 1024;
 
 /// The bucket a request names, or the answer that refuses it.
 struct Named<'p> {
@@ -39,84 +33,14 @@ struct Named<'p> {
     own: Option<Override>,
 }
 
-/// Why a request names no bucket: the problem answer to give.
-struct Refused {
-    status: StatusCode,
-    detail: String,
-    field: Option<String>,
-}
-
-impl Refused {
-    fn new(status: StatusCode, detail: String, field: Option<String>) -> Refused {
-        Refused {
-            status,
-            detail,
-            field,
-        }
-    }
-
-    fn answer(self) -> HttpResponse {
-        problem(self.status, self.detail, self.field)
-    }
-}
-
-/// Parses `{limit}` and the `key` values into the store key a check would use.
-fn named<'p>(policy: &'p Policy, name: &str, query: &str) -> Result<Named<'p>, Refused> {
-    let Some((index, limit)) = policy
-        .limits
-        .iter()
-        .enumerate()
-        .find(|(_, limit)| limit.name == name)
-    else {
-        return Err(Refused::new(
-            StatusCode::NOT_FOUND,
-            format!("no limit named {name:?}: GET /v1/limits lists them"),
-            Some("limit".into()),
-        ));
-    };
-    let values = key_values(query)
-        .map_err(|why| Refused::new(StatusCode::BAD_REQUEST, why, Some("key".into())))?;
-    let expected = || {
-        limit
-            .key
-            .iter()
-            .map(ToString::to_string)
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    if values.len() != limit.key.len() {
-        return Err(Refused::new(
-            StatusCode::BAD_REQUEST,
-            format!(
-                "limit {name:?} is keyed on {} part(s) [{}]: give one key= per part, in that order (got {})",
-                limit.key.len(),
-                expected(),
-                values.len()
-            ),
-            Some("key".into()),
-        ));
-    }
-    for (i, (part, value)) in limit.key.iter().zip(&values).enumerate() {
-        if let KeyPart::Const(text) = part {
-            if text != value {
-                return Err(Refused::new(
-                    StatusCode::BAD_REQUEST,
-                    format!("key[{i}] is the constant part {part}: give {text:?}"),
-                    Some(format!("key[{i}]")),
-                ));
-            }
-        }
-    }
-    let anonymous = limit.on_missing == OnMissing::Anonymous;
-    let tail = keys::tail_of_given(&limit.key, &values, anonymous, policy.client_ip.ipv6_prefix)
-        .map_err(|(i, why)| {
-            let part = &limit.key[i];
-            Refused::new(
-                StatusCode::BAD_REQUEST,
-                format!("key[{i}] ({part}) {why}"),
-                Some(format!("key[{i}]")),
-            )
-        })?;
+/// Parses `{limit}` and the `key` values into the bucket a check would draw from.
+fn named<'p>(policy: &'p Policy, name: &str, query: &str) -> Result<Named<'p>, Box<HttpResponse>> {
+    let NamedKey {
+        index,
+        limit,
+        values,
+        tail,
+    } = NamedKey::parse(policy, name, query)?;
     // As a check looks them up: a runtime override before the file's.
     let own = policy
         .runtime
@@ -145,52 +69,6 @@ fn named<'p>(policy: &'p Policy, name: &str, query: &str) -> Result<Named<'p>, R
         bucket,
         own,
     })
-}
-
-/// The `key` values of a query string, percent-decoded. Any other parameter, a malformed
-/// escape or a value that is not UTF-8 is refused, with why.
-fn key_values(query: &str) -> Result<Vec<String>, String> {
-    if query.len() > MAX_QUERY {
-        return Err(format!(
-            "the query is {} bytes; at most {MAX_QUERY} are accepted",
-            query.len()
-        ));
-    }
-    let mut values = Vec::new();
-    for pair in query.split('&').filter(|pair| !pair.is_empty()) {
-        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-        if name != "key" {
-            return Err(format!(
-                "unknown parameter {:?}: only key=<part> (once per key part)",
-                String::from_utf8_lossy(&percent_decode(name).unwrap_or_default())
-            ));
-        }
-        let bytes = percent_decode(value)
-            .ok_or_else(|| format!("key value {} has a malformed %-escape", values.len()))?;
-        let text = String::from_utf8(bytes)
-            .map_err(|_| format!("key value {} is not UTF-8 once decoded", values.len()))?;
-        values.push(text);
-    }
-    Ok(values)
-}
-
-/// Strict form decoding: every `%` starts two hex digits; `+` is a space.
-fn percent_decode(text: &str) -> Option<Vec<u8>> {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = bytes.get(i + 1..i + 3)?;
-            let hex = std::str::from_utf8(hex).ok()?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(if bytes[i] == b'+' { b' ' } else { bytes[i] });
-            i += 1;
-        }
-    }
-    Some(out)
 }
 
 #[derive(Serialize)]
@@ -298,7 +176,7 @@ pub async fn peek(
     let caller = Caller::of(&request, policy.admin_token.as_deref());
     let named = match named(&policy, &name, request.query_string()) {
         Ok(named) => named,
-        Err(refused) => return refused.answer(),
+        Err(refused) => return *refused,
     };
     let key = shown_key(&named.values, caller);
     if named.own == Some(Override::Unlimited) {
@@ -340,7 +218,7 @@ pub async fn reset(
     }
     let named = match named(&policy, &name, request.query_string()) {
         Ok(named) => named,
-        Err(refused) => return refused.answer(),
+        Err(refused) => return *refused,
     };
     let existed = match state.limiter.store().reset(&named.bucket.key).await {
         Ok(existed) => existed,
@@ -359,31 +237,4 @@ pub async fn reset(
         "reset": true,
         "was_full": !existed,
     })))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn key_values_are_decoded_strictly_as_curl_encodes_them() {
-        // `curl --data-urlencode "key=a|b+c d"`
-        assert_eq!(
-            key_values("key=203.0.113.9&key=a%7cb%2bc+d%20e").unwrap(),
-            ["203.0.113.9", "a|b+c d e"]
-        );
-        assert_eq!(key_values("").unwrap(), Vec::<String>::new());
-        assert_eq!(key_values("key=").unwrap(), [""]);
-        for bad in [
-            "key=%",
-            "key=%4",
-            "key=%zz",
-            "key=%ff",
-            "limit=x",
-            "key=a&kee=b",
-        ] {
-            assert!(key_values(bad).is_err(), "{bad:?}");
-        }
-        assert!(key_values(&format!("key={}", "a".repeat(MAX_QUERY))).is_err());
-    }
 }

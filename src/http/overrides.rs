@@ -12,18 +12,14 @@ use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde_json::{json, Map, Value};
 
-use super::admin::{self, problem, shown, Caller};
+use super::admin::{self, problem, shown, Caller, NamedKey};
 use crate::config::{OverrideConfig, RateSpec};
-use crate::keys;
 use crate::limits::{Limit, Policy};
 use crate::overrides::{self, Base};
 use crate::runtime_overrides::sync::{self, WriteError};
 use crate::runtime_overrides::{Entry, MAX_TTL_S};
 use crate::server::AppState;
 use crate::store::Meter;
-
-/// Longest key value accepted: far above any real API key, far below what would cost memory.
-const MAX_VALUE_BYTES: usize = 1024;
 
 /// A refusal: the answer to send as is.
 type Refused = Box<HttpResponse>;
@@ -139,12 +135,9 @@ pub async fn delete(
     }
 }
 
-/// The limit and key a mutating request names.
-struct Target<'p> {
-    limit: &'p Limit,
-    values: Vec<String>,
-    tail: Vec<u8>,
-}
+/// Longest key value an override accepts: far above any real API key, far below what would
+/// cost memory held by every instance.
+const MAX_VALUE_BYTES: usize = 1024;
 
 fn find<'p>(policy: &'p Policy, name: &str) -> Result<&'p Limit, Refused> {
     policy
@@ -154,63 +147,24 @@ fn find<'p>(policy: &'p Policy, name: &str) -> Result<&'p Limit, Refused> {
         .ok_or_else(|| {
             Box::new(problem(
                 StatusCode::NOT_FOUND,
-                "no such limit".into(),
+                format!("no limit named {name:?}: GET /v1/limits lists them"),
                 Some("limit".into()),
             ))
         })
 }
 
-fn target<'p>(policy: &'p Policy, name: &str, query: &str) -> Result<Target<'p>, Refused> {
-    let limit = find(policy, name)?;
-    let bad = |field: String, reason: String| {
-        Box::new(problem(
+/// The key an override is for. Its values are stored with it (to list them), so each is
+/// bounded far above any real API key.
+fn target<'p>(policy: &'p Policy, name: &str, query: &str) -> Result<NamedKey<'p>, Refused> {
+    let named = NamedKey::parse(policy, name, query)?;
+    if let Some(i) = named.values.iter().position(|v| v.len() > MAX_VALUE_BYTES) {
+        return Err(Box::new(problem(
             StatusCode::BAD_REQUEST,
-            format!("{field} {reason}"),
-            Some(field),
-        ))
-    };
-    let values = key_values(query, limit.key.len()).map_err(|(f, r)| bad(f, r))?;
-    let tail = keys::tail_of_values(&limit.key, &values, policy.client_ip.ipv6_prefix)
-        .map_err(|(i, why)| bad(format!("key[{i}]"), why))?;
-    Ok(Target {
-        limit,
-        values,
-        tail,
-    })
-}
-
-/// The `key` parameters, exactly `parts` of them; anything else in the query is refused.
-fn key_values(query: &str, parts: usize) -> Result<Vec<String>, (String, String)> {
-    let mut values = Vec::with_capacity(parts);
-    for (name, value) in form_urlencoded::parse(query.as_bytes()) {
-        if name != "key" {
-            let name: String = name.chars().take(64).collect();
-            return Err((name, "is not a parameter here (only key)".into()));
-        }
-        if value.len() > MAX_VALUE_BYTES {
-            return Err((
-                format!("key[{}]", values.len()),
-                format!("is longer than {MAX_VALUE_BYTES} bytes"),
-            ));
-        }
-        if values.len() == parts {
-            return Err((
-                "key".into(),
-                format!("has more than {parts} value(s): one per key part of the limit"),
-            ));
-        }
-        values.push(value.into_owned());
+            format!("key[{i}] is longer than {MAX_VALUE_BYTES} bytes"),
+            Some(format!("key[{i}]")),
+        )));
     }
-    if values.len() != parts {
-        return Err((
-            "key".into(),
-            format!(
-                "has {} value(s); the limit's key has {parts} part(s) (one key=<value> each, in order)",
-                values.len()
-            ),
-        ));
-    }
-    Ok(values)
+    Ok(named)
 }
 
 /// The body as an entry and its `ttl_s` (0: none), checked as a file override is.

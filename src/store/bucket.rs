@@ -316,12 +316,12 @@ mod tests {
         for &(name, stored, rate, burst, cost, allowed, after) in CASES {
             let stored = stored.map(|(tokens, age)| Bucket {
                 tokens,
-                ts_us: (now as i64 - age) as u64,
+                ts_us: now.saturating_add_signed(-age),
             });
             let request = request(rate, burst, cost);
             let peeked = peek(&request, stored, now);
             assert_eq!(peeked.enough, allowed, "{name}: enough");
-            let charged = if allowed { cost as f64 } else { 0.0 };
+            let charged = if allowed { count_f64(cost) } else { 0.0 };
             assert!(
                 (peeked.tokens - charged - after).abs() < 1e-9,
                 "{name}: peeked {}",
