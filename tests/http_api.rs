@@ -99,7 +99,12 @@ fn a_caller_asking_for_403_gets_a_bodiless_403_with_the_same_headers_and_the_rea
     let ask = [("x-api-key", "k"), ("x-tollgate-deny-status", "403")];
     let responses = drain(&tollgate, &ask, 4);
     assert_eq!(statuses(&responses), [200, 200, 200, 403]);
-    assert_eq!(responses[2].header("x-tollgate-status"), None, "{:?}", responses[2]);
+    assert_eq!(
+        responses[2].header("x-tollgate-status"),
+        None,
+        "{:?}",
+        responses[2]
+    );
     let denied = &responses[3];
     assert_eq!(denied.header("x-tollgate-status"), Some("420"));
     assert_eq!(denied.header("content-length"), Some("0"));

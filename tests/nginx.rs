@@ -21,7 +21,11 @@ type Start = fn(std::net::SocketAddr, std::net::SocketAddr) -> Nginx;
 const SHIPPED: [(&str, Start, &str); 3] = [
     ("config/nginx", Nginx::start, "Too Many Requests\n"),
     ("k8s sidecar", Nginx::start_sidecar, "429 Too Many Requests"),
-    ("ingress-nginx", Nginx::start_ingress_nginx, "Too Many Requests\n"),
+    (
+        "ingress-nginx",
+        Nginx::start_ingress_nginx,
+        "Too Many Requests\n",
+    ),
 ];
 
 fn nginx_stack(on_error: &str, limits: &str) -> Stack<Nginx> {
@@ -158,8 +162,16 @@ fn denials_keep_the_clients_keep_alive_connection_and_log_no_error() {
             let response = client
                 .request(method, "/items", &[])
                 .unwrap_or_else(|e| panic!("{name}: request {i} on the same connection: {e}"));
-            assert_ne!(response.header("connection"), Some("close"), "{name}: {response:?}");
-            assert_eq!(response.header("x-tollgate-status"), None, "{name}: {response:?}");
+            assert_ne!(
+                response.header("connection"),
+                Some("close"),
+                "{name}: {response:?}"
+            );
+            assert_eq!(
+                response.header("x-tollgate-status"),
+                None,
+                "{name}: {response:?}"
+            );
             if response.status != 200 {
                 assert_denied_with_quota_headers(&response, "per-ip");
                 assert!(response.body.contains(body), "{name}: {response:?}");
@@ -191,8 +203,14 @@ fn a_403_from_an_nginx_access_rule_stays_a_403_and_is_not_taken_for_tollgates() 
         )
     });
     let from = |last: u8| {
-        send_from(Ipv4Addr::new(127, 0, 0, last), stack.addr(), "GET", "/", &[])
-            .expect("answered")
+        send_from(
+            Ipv4Addr::new(127, 0, 0, last),
+            stack.addr(),
+            "GET",
+            "/",
+            &[],
+        )
+        .expect("answered")
     };
     for _ in 0..3 {
         let refused = from(9);

@@ -26,7 +26,7 @@ pub async fn check(request: HttpRequest, state: web::Data<AppState>) -> HttpResp
     );
     let verdict = state.limiter.check(&policy, &described).await;
     let form = headers::DenyForm::requested(request.headers());
-    let response = headers::render(&verdict, &policy, form);
+    let response = headers::render_as(&verdict, &policy, form);
     state
         .metrics
         .check_duration

@@ -48,7 +48,13 @@ impl DenyForm {
     }
 }
 
-pub fn render(verdict: &Verdict, policy: &Policy, form: DenyForm) -> HttpResponse {
+/// The answer to a check, refusals in their own form.
+pub fn render(verdict: &Verdict, policy: &Policy) -> HttpResponse {
+    render_as(verdict, policy, DenyForm::AsIs)
+}
+
+/// The answer to a check, refusals in `form`.
+pub fn render_as(verdict: &Verdict, policy: &Policy, form: DenyForm) -> HttpResponse {
     match verdict {
         // Empty 200: nginx keeps its keep-alive connection to tollgate only without a body.
         Verdict::Unlimited | Verdict::Exempt | Verdict::StoreFailed { allow: true } => {
@@ -321,7 +327,7 @@ mod tests {
             "[response]\ndeny_status = 420\n\n[[limits]]\nname = \"per-key\"\nrate = 1\n\
              burst = 1\nkey = [\"header:x-api-key\"]\non_missing = \"deny\"\n",
         );
-        let missing = render(
+        let missing = render_as(
             &Verdict::MissingKey { limit: 0 },
             &policy,
             DenyForm::Forbidden,
@@ -330,7 +336,7 @@ mod tests {
         assert_eq!(header(&missing, "x-tollgate-status"), Some("420"));
         assert_eq!(missing.body().size(), BodySize::Sized(0));
 
-        let closed = render(
+        let closed = render_as(
             &Verdict::StoreFailed { allow: false },
             &policy,
             DenyForm::Forbidden,
@@ -344,15 +350,11 @@ mod tests {
     #[test]
     fn refusals_keep_their_own_status_and_body_unless_asked() {
         let policy = policy("");
-        let closed = render(
-            &Verdict::StoreFailed { allow: false },
-            &policy,
-            DenyForm::AsIs,
-        );
+        let closed = render(&Verdict::StoreFailed { allow: false }, &policy);
         assert_eq!(closed.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(header(&closed, "x-tollgate-status"), None);
         assert!(matches!(closed.body().size(), BodySize::Sized(n) if n > 0));
-        let allowed = render(&Verdict::Unlimited, &policy, DenyForm::Forbidden);
+        let allowed = render_as(&Verdict::Unlimited, &policy, DenyForm::Forbidden);
         assert_eq!(allowed.status(), StatusCode::OK, "an allow stays an allow");
         assert_eq!(header(&allowed, "x-tollgate-status"), None);
     }
