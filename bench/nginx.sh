@@ -101,8 +101,9 @@ $(cat)
 }
 NGINX
 }
-# One nginx (main): the shipped site on tollgate, a direct proxy and the backend itself (a
-# static 200). Another (stub): the shipped site on an auth stub answering an empty 200.
+# One nginx (main): the shipped site on tollgate and a direct proxy. Another (stub): the
+# shipped site on an auth stub. A third (back): the backend (a static 200) and the stub (an
+# empty 200), so the front ones count only their clients' connections.
 site "$TOLLGATE_PORT" "$CHECKED_PORT" tollgate
 nginx_main main "$STATUS_PORT" > "$WORK/nginx.conf" <<NGINX
   include $WORK/tollgate.conf;
@@ -115,25 +116,21 @@ nginx_main main "$STATUS_PORT" > "$WORK/nginx.conf" <<NGINX
       proxy_pass http://direct_app;
     }
   }
-  server {
-    listen 127.0.0.1:$BACKEND_PORT;
-    location / { return 200 "ok\n"; }
-  }
 NGINX
 site "$STUB_AUTH_PORT" "$STUB_PORT" stub-site
 nginx_main stub "$STUB_STATUS_PORT" > "$WORK/stub.conf" <<NGINX
   include $WORK/stub-site.conf;
-  server {
-    listen 127.0.0.1:$STUB_AUTH_PORT;
-    location / { return 200; }
-  }
 NGINX
-for instance in main:nginx stub:stub; do
+nginx_main back "$(free_port)" > "$WORK/back.conf" <<NGINX
+  server { listen 127.0.0.1:$BACKEND_PORT; location / { return 200 "ok\n"; } }
+  server { listen 127.0.0.1:$STUB_AUTH_PORT; location / { return 200; } }
+NGINX
+for instance in back:back main:nginx stub:stub; do
   nginx -p "$WORK/${instance%%:*}" -e "$WORK/${instance%%:*}/error.log" \
     -c "$WORK/${instance#*:}.conf" &
   PIDS+=($!)
 done
-wait_port "$CHECKED_PORT"; wait_port "$STUB_PORT"
+wait_port "$BACKEND_PORT"; wait_port "$CHECKED_PORT"; wait_port "$STUB_PORT"
 
 # The checked path must really be checked: tollgate's quota header reaches the client.
 if ! curl -fsS -D - -o /dev/null "http://127.0.0.1:$CHECKED_PORT/" | grep -qi '^ratelimit:'; then
