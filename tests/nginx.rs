@@ -238,3 +238,18 @@ fn an_older_tollgate_that_refuses_with_its_own_status_still_denies_through_nginx
     assert_eq!(denied.status, 429, "{denied:?}");
     assert_eq!(stack.backend.count(), 2);
 }
+
+#[test]
+fn a_denied_head_request_gets_the_status_and_headers_without_a_body() {
+    for (name, start, _) in SHIPPED {
+        let stack = Stack::start("deny", PER_IP_BURST_2, start);
+        let head = || send_from(Ipv4Addr::LOCALHOST, stack.addr(), "HEAD", "/", &[]);
+        for _ in 0..2 {
+            assert_eq!(head().expect("answered").status, 200, "{name}");
+        }
+        let denied = head().expect("answered");
+        assert_denied_with_quota_headers(&denied, "per-ip");
+        assert_eq!(denied.body, "", "{name}: {denied:?}");
+        assert_eq!(stack.backend.count(), 2, "{name}");
+    }
+}
