@@ -94,6 +94,39 @@ fn deny_status_is_configurable() {
 }
 
 #[test]
+fn a_caller_asking_for_403_gets_a_bodiless_403_with_the_same_headers_and_the_real_status() {
+    let tollgate = Tollgate::start(&format!("[response]\ndeny_status = 420\n{API_KEY_LIMIT}"));
+    let ask = [("x-api-key", "k"), ("x-tollgate-deny-status", "403")];
+    let responses = drain(&tollgate, &ask, 4);
+    assert_eq!(statuses(&responses), [200, 200, 200, 403]);
+    assert_eq!(
+        responses[2].header("x-tollgate-status"),
+        None,
+        "{:?}",
+        responses[2]
+    );
+    let denied = &responses[3];
+    assert_eq!(denied.header("x-tollgate-status"), Some("420"));
+    assert_eq!(denied.header("content-length"), Some("0"));
+    assert_eq!(denied.body, "");
+    let as_is = tollgate.check(&[("x-api-key", "k")]);
+    assert_eq!(as_is.status, 420, "{as_is:?}");
+    // The seconds may tick between the two answers; the rest must be the same.
+    for name in ["retry-after", "ratelimit", "x-ratelimit-reset"] {
+        assert!(denied.header(name).is_some(), "{name}: {denied:?}");
+        assert!(as_is.header(name).is_some(), "{name}: {as_is:?}");
+    }
+    for name in [
+        "ratelimit-policy",
+        "x-ratelimit-limit",
+        "x-ratelimit-remaining",
+    ] {
+        assert!(denied.header(name).is_some(), "{name}: {denied:?}");
+        assert_eq!(denied.header(name), as_is.header(name), "{name}");
+    }
+}
+
+#[test]
 fn the_most_restrictive_limit_is_shown_and_every_limit_is_listed() {
     let tollgate = Tollgate::start(
         r#"

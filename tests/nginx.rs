@@ -3,7 +3,9 @@
 
 mod support;
 
-use support::proxies::backend::Backend;
+use std::net::Ipv4Addr;
+
+use support::proxies::backend::{send_from, Backend};
 use support::proxies::scenarios::{
     assert_api_key_limit, assert_client_ip_limit, assert_denied_with_quota_headers,
     assert_exact_across_two_proxies, assert_path_and_method_limit,
@@ -11,7 +13,20 @@ use support::proxies::scenarios::{
     API_WRITES_BURST_1, PER_IP_BURST_2, PER_IP_BURST_3, PER_KEY_BURST_2, PLANS, TIERS,
 };
 use support::proxies::Nginx;
-use support::{RedisServer, TempDir, Tollgate};
+use support::{HttpClient, RedisServer, TempDir, Tollgate};
+
+/// Every shipped nginx setup: the plain config, the Kubernetes sidecar, the ingress-nginx
+/// snippets, with the body each gives a 429 (the sidecar's `return 429;` uses nginx's page).
+type Start = fn(std::net::SocketAddr, std::net::SocketAddr) -> Nginx;
+const SHIPPED: [(&str, Start, &str); 3] = [
+    ("config/nginx", Nginx::start, "Too Many Requests\n"),
+    ("k8s sidecar", Nginx::start_sidecar, "429 Too Many Requests"),
+    (
+        "ingress-nginx",
+        Nginx::start_ingress_nginx,
+        "Too Many Requests\n",
+    ),
+];
 
 fn nginx_stack(on_error: &str, limits: &str) -> Stack<Nginx> {
     Stack::start(on_error, limits, Nginx::start)
@@ -132,4 +147,109 @@ fn the_plan_comes_from_nginxs_map_and_a_client_sent_x_plan_is_overwritten() {
         )
     });
     assert_tier_header_is_set_by_the_proxy(&stack);
+}
+
+#[test]
+fn denials_keep_the_clients_keep_alive_connection_and_log_no_error() {
+    for (name, start, body) in SHIPPED {
+        let stack = Stack::start("deny", PER_IP_BURST_3, start);
+        // One TCP connection for all 20 requests: a proxy that closed it after a denial
+        // would end the loop with an error at the next request.
+        let mut client = HttpClient::connect(stack.addr()).expect("connect to nginx");
+        let mut statuses = Vec::new();
+        for i in 0..20 {
+            let method = if i % 2 == 0 { "GET" } else { "POST" };
+            let response = client
+                .request(method, "/items", &[])
+                .unwrap_or_else(|e| panic!("{name}: request {i} on the same connection: {e}"));
+            assert_ne!(
+                response.header("connection"),
+                Some("close"),
+                "{name}: {response:?}"
+            );
+            assert_eq!(
+                response.header("x-tollgate-status"),
+                None,
+                "{name}: {response:?}"
+            );
+            if response.status != 200 {
+                assert_denied_with_quota_headers(&response, "per-ip");
+                assert!(response.body.contains(body), "{name}: {response:?}");
+            }
+            statuses.push(response.status);
+        }
+        let mut expected = vec![200; 3];
+        expected.resize(20, 429);
+        assert_eq!(statuses, expected, "{name}");
+        assert_eq!(stack.backend.count(), 3, "{name}");
+        let log = stack.proxy.error_log();
+        assert!(
+            !log.contains("auth request unexpected status"),
+            "{name}: nginx logged the denials:\n{log}"
+        );
+    }
+}
+
+#[test]
+fn a_403_from_an_nginx_access_rule_stays_a_403_and_is_not_taken_for_tollgates() {
+    let stack = Stack::start("deny", PER_IP_BURST_2, |tollgate, backend| {
+        Nginx::start_with(
+            tollgate,
+            backend,
+            &[(
+                "auth_request /_tollgate;",
+                "deny 127.0.0.9;\n        auth_request /_tollgate;",
+            )],
+        )
+    });
+    let from = |last: u8| {
+        send_from(
+            Ipv4Addr::new(127, 0, 0, last),
+            stack.addr(),
+            "GET",
+            "/",
+            &[],
+        )
+        .expect("answered")
+    };
+    for _ in 0..3 {
+        let refused = from(9);
+        assert_eq!(refused.status, 403, "{refused:?}");
+        assert_eq!(refused.header("ratelimit"), None, "{refused:?}");
+    }
+    assert_eq!(stack.backend.count(), 0, "neither admitted nor failed open");
+    assert_eq!(from(2).status, 200, "others pass");
+}
+
+#[test]
+fn an_older_tollgate_that_refuses_with_its_own_status_still_denies_through_nginx() {
+    // Without the request for a 403, tollgate answers 429 and nginx makes it a 500: a denial
+    // all the same (without the quota headers, which this fallback does not copy).
+    let stack = Stack::start("deny", PER_IP_BURST_2, |tollgate, backend| {
+        Nginx::start_with(
+            tollgate,
+            backend,
+            &[("proxy_set_header X-Tollgate-Deny-Status 403;", "")],
+        )
+    });
+    let statuses: Vec<u16> = (0..2).map(|_| stack.get("/", &[]).status).collect();
+    assert_eq!(statuses, [200, 200]);
+    let denied = stack.get("/", &[]);
+    assert_eq!(denied.status, 429, "{denied:?}");
+    assert_eq!(stack.backend.count(), 2);
+}
+
+#[test]
+fn a_denied_head_request_gets_the_status_and_headers_without_a_body() {
+    for (name, start, _) in SHIPPED {
+        let stack = Stack::start("deny", PER_IP_BURST_2, start);
+        let head = || send_from(Ipv4Addr::LOCALHOST, stack.addr(), "HEAD", "/", &[]);
+        for _ in 0..2 {
+            assert_eq!(head().expect("answered").status, 200, "{name}");
+        }
+        let denied = head().expect("answered");
+        assert_denied_with_quota_headers(&denied, "per-ip");
+        assert_eq!(denied.body, "", "{name}: {denied:?}");
+        assert_eq!(stack.backend.count(), 2, "{name}");
+    }
 }

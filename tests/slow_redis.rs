@@ -7,7 +7,7 @@ mod support;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use support::chaos::LatencyProxy;
+use support::latency::LatencyProxy;
 use support::{wait_until, HttpClient, RedisServer, Response, Tollgate};
 
 const TIMEOUT_MS: u64 = 50;

@@ -25,7 +25,8 @@ pub async fn check(request: HttpRequest, state: web::Data<AppState>) -> HttpResp
         client_ip,
     );
     let verdict = state.limiter.check(&policy, &described).await;
-    let response = headers::render(&verdict, &policy);
+    let form = headers::DenyForm::requested(request.headers());
+    let response = headers::render_as(&verdict, &policy, form);
     state
         .metrics
         .check_duration

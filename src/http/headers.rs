@@ -1,9 +1,11 @@
 //! [`Verdict`] → HTTP response: status, `RateLimit-Policy` / `RateLimit` (IETF draft),
-//! `X-RateLimit-*`, `Retry-After`, and a problem+json body on denials.
+//! `X-RateLimit-*`, `Retry-After`, and a problem+json body on denials (or, when the caller
+//! asks with `X-Tollgate-Deny-Status: 403`, a body-less 403 naming the status in
+//! `X-Tollgate-Status`).
 
 use std::borrow::Cow;
 
-use actix_web::http::header::HeaderName;
+use actix_web::http::header::{HeaderMap, HeaderName};
 use actix_web::http::StatusCode;
 use actix_web::{HttpResponse, HttpResponseBuilder};
 use serde::Serialize;
@@ -20,8 +22,39 @@ const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
 const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
 const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+const X_TOLLGATE_STATUS: HeaderName = HeaderName::from_static("x-tollgate-status");
+const X_TOLLGATE_DENY_STATUS: HeaderName = HeaderName::from_static("x-tollgate-deny-status");
 
+/// How a refusal (a denial, or failing closed) is answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DenyForm {
+    /// Its own status (`deny_status`, or 503) with a problem+json body.
+    AsIs,
+    /// `403`, the status in `X-Tollgate-Status`, no body. nginx's `auth_request` passes a 403
+    /// on quietly, where it turns any other refusal into a 500 (an error log line, and the
+    /// client's keep-alive dropped); without a body nginx also keeps its connection to
+    /// tollgate. The nginx configs ask for it and map the status back at the client.
+    Forbidden,
+}
+
+impl DenyForm {
+    /// `Forbidden` when the check request says `X-Tollgate-Deny-Status: 403`. Any other value
+    /// is ignored: a caller can only pick another refusal, never turn one into a 2xx.
+    pub fn requested(headers: &HeaderMap) -> DenyForm {
+        match headers.get(X_TOLLGATE_DENY_STATUS) {
+            Some(value) if value.as_bytes().trim_ascii() == b"403" => DenyForm::Forbidden,
+            _ => DenyForm::AsIs,
+        }
+    }
+}
+
+/// The answer to a check, refusals in their own form.
 pub fn render(verdict: &Verdict, policy: &Policy) -> HttpResponse {
+    render_as(verdict, policy, DenyForm::AsIs)
+}
+
+/// The answer to a check, refusals in `form`.
+pub fn render_as(verdict: &Verdict, policy: &Policy, form: DenyForm) -> HttpResponse {
     match verdict {
         // Empty 200: nginx keeps its keep-alive connection to tollgate only without a body.
         Verdict::Unlimited | Verdict::Exempt | Verdict::StoreFailed { allow: true } => {
@@ -32,23 +65,32 @@ pub fn render(verdict: &Verdict, policy: &Policy) -> HttpResponse {
             quota_headers(&mut response, decision, policy);
             response.finish()
         }
-        Verdict::Decided(decision) => denied(decision, policy),
+        Verdict::Decided(decision) => denied(decision, policy, form),
         Verdict::MissingKey { limit } => {
+            let status = deny_status(policy);
+            let mut response = refusal(status, form);
+            if form == DenyForm::Forbidden {
+                return response.finish();
+            }
             let name = &policy.limits[*limit].name;
             problem(
-                &mut deny_builder(policy),
-                deny_status(policy),
+                &mut response,
+                status,
                 format!("the request lacks the key of limit {name:?}"),
                 vec![name.as_str()],
                 None,
             )
         }
         Verdict::StoreFailed { allow: false } => {
-            let mut response = HttpResponse::ServiceUnavailable();
+            let status = StatusCode::SERVICE_UNAVAILABLE;
+            let mut response = refusal(status, form);
             response.insert_header((actix_web::http::header::RETRY_AFTER, "1"));
+            if form == DenyForm::Forbidden {
+                return response.finish();
+            }
             problem(
                 &mut response,
-                StatusCode::SERVICE_UNAVAILABLE,
+                status,
                 "the rate-limit store is unavailable".into(),
                 Vec::new(),
                 Some(1),
@@ -61,14 +103,29 @@ fn deny_status(policy: &Policy) -> StatusCode {
     StatusCode::from_u16(policy.response.deny_status).unwrap_or(StatusCode::TOO_MANY_REQUESTS)
 }
 
-fn deny_builder(policy: &Policy) -> HttpResponseBuilder {
-    HttpResponse::build(deny_status(policy))
+/// The start of a refusal with `status`, in the form the caller asked for.
+fn refusal(status: StatusCode, form: DenyForm) -> HttpResponseBuilder {
+    match form {
+        DenyForm::AsIs => HttpResponse::build(status),
+        DenyForm::Forbidden => {
+            let mut response = HttpResponse::Forbidden();
+            response.insert_header((X_TOLLGATE_STATUS, status.as_str()));
+            response
+        }
+    }
 }
 
-fn denied(decision: &Decision, policy: &Policy) -> HttpResponse {
-    let mut response = deny_builder(policy);
+fn denied(decision: &Decision, policy: &Policy, form: DenyForm) -> HttpResponse {
+    let status = deny_status(policy);
+    let mut response = refusal(status, form);
     quota_headers(&mut response, decision, policy);
     let retry_after = decision.retry_after(policy);
+    if form == DenyForm::Forbidden {
+        if let Some(seconds) = retry_after {
+            response.insert_header((actix_web::http::header::RETRY_AFTER, seconds));
+        }
+        return response.finish();
+    }
     let violated: Vec<&str> = decision
         .violated(policy)
         .map(|(_, limit)| limit.name.as_str())
@@ -99,13 +156,7 @@ fn denied(decision: &Decision, policy: &Policy) -> HttpResponse {
             None => format!("rate limit exceeded ({})", violated.join(", ")),
         },
     };
-    problem(
-        &mut response,
-        deny_status(policy),
-        detail,
-        violated,
-        retry_after,
-    )
+    problem(&mut response, status, detail, violated, retry_after)
 }
 
 /// RFC 9457 problem details.
@@ -230,4 +281,81 @@ fn policy_item<'p>(state: &LimitState, policy: &'p Policy) -> Cow<'p, str> {
         state.capacity(),
         state.window_secs()
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use actix_web::body::{BodySize, MessageBody};
+    use actix_web::http::header::HeaderValue;
+
+    use super::*;
+    use crate::config::Config;
+    use crate::metrics::Metrics;
+
+    fn policy(toml: &str) -> Policy {
+        use figment::providers::Format as _;
+        let config: Config = figment::Figment::new()
+            .merge(figment::providers::Toml::string(toml))
+            .extract()
+            .expect("a config");
+        Policy::compile(&config, &Metrics::new()).expect("a valid config")
+    }
+
+    fn asking(value: &'static str) -> DenyForm {
+        let mut headers = HeaderMap::new();
+        headers.insert(X_TOLLGATE_DENY_STATUS, HeaderValue::from_static(value));
+        DenyForm::requested(&headers)
+    }
+
+    fn header<'r>(response: &'r HttpResponse, name: &str) -> Option<&'r str> {
+        response.headers().get(name).and_then(|v| v.to_str().ok())
+    }
+
+    #[test]
+    fn only_a_request_for_403_changes_the_form_of_a_refusal() {
+        assert_eq!(DenyForm::requested(&HeaderMap::new()), DenyForm::AsIs);
+        assert_eq!(asking("403"), DenyForm::Forbidden);
+        assert_eq!(asking(" 403 "), DenyForm::Forbidden);
+        for other in ["200", "204", "401", "429", "4030", "", "yes"] {
+            assert_eq!(asking(other), DenyForm::AsIs, "{other:?}");
+        }
+    }
+
+    #[test]
+    fn a_forbidden_refusal_is_a_bodiless_403_naming_the_real_status() {
+        let policy = policy(
+            "[response]\ndeny_status = 420\n\n[[limits]]\nname = \"per-key\"\nrate = 1\n\
+             burst = 1\nkey = [\"header:x-api-key\"]\non_missing = \"deny\"\n",
+        );
+        let missing = render_as(
+            &Verdict::MissingKey { limit: 0 },
+            &policy,
+            DenyForm::Forbidden,
+        );
+        assert_eq!(missing.status(), StatusCode::FORBIDDEN);
+        assert_eq!(header(&missing, "x-tollgate-status"), Some("420"));
+        assert_eq!(missing.body().size(), BodySize::Sized(0));
+
+        let closed = render_as(
+            &Verdict::StoreFailed { allow: false },
+            &policy,
+            DenyForm::Forbidden,
+        );
+        assert_eq!(closed.status(), StatusCode::FORBIDDEN);
+        assert_eq!(header(&closed, "x-tollgate-status"), Some("503"));
+        assert_eq!(header(&closed, "retry-after"), Some("1"));
+        assert_eq!(closed.body().size(), BodySize::Sized(0));
+    }
+
+    #[test]
+    fn refusals_keep_their_own_status_and_body_unless_asked() {
+        let policy = policy("");
+        let closed = render(&Verdict::StoreFailed { allow: false }, &policy);
+        assert_eq!(closed.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(header(&closed, "x-tollgate-status"), None);
+        assert!(matches!(closed.body().size(), BodySize::Sized(n) if n > 0));
+        let allowed = render_as(&Verdict::Unlimited, &policy, DenyForm::Forbidden);
+        assert_eq!(allowed.status(), StatusCode::OK, "an allow stays an allow");
+        assert_eq!(header(&allowed, "x-tollgate-status"), None);
+    }
 }

@@ -8,6 +8,7 @@ pub mod commandstats;
 pub mod deploy;
 pub mod grpc;
 pub mod http;
+pub mod latency;
 pub mod proxies;
 
 use std::io::Write as _;
