@@ -336,10 +336,16 @@ fn the_headers_table_names_every_header_check_sends() {
     let mut client = tollgate.client();
     let allowed = client.get("/check", &[]).unwrap();
     let denied = client.get("/check", &[]).unwrap();
-    assert_eq!((allowed.status, denied.status), (200, 429));
+    let for_nginx = client
+        .get("/check", &[("X-Tollgate-Deny-Status", "403")])
+        .unwrap();
+    assert_eq!(
+        (allowed.status, denied.status, for_nginx.status),
+        (200, 429, 403)
+    );
     // What any HTTP server sends, not part of the contract.
     let generic = ["content-length", "date", "connection", "keep-alive"];
-    let sent: BTreeSet<String> = [&allowed, &denied]
+    let sent: BTreeSet<String> = [&allowed, &denied, &for_nginx]
         .iter()
         .flat_map(|response| response.headers.iter().map(|(name, _)| name.clone()))
         .filter(|name| !generic.contains(&name.as_str()))
