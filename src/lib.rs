@@ -29,7 +29,8 @@
 //!   validation of the settings and the summary `validate` prints, one file each.
 //! - [`grpc`]: Envoy's rate limit service (`ShouldRateLimit`): descriptors become buckets for
 //!   the same [`limiter`]; [`import`] converts envoyproxy/ratelimit's YAML to tollgate TOML.
-//! - [`server`]: wiring and the listeners; [`lifecycle`]: signals, reload, heartbeat.
+//! - [`state`]: what every worker shares; [`server`]: the listeners, served until a shutdown
+//!   future resolves; [`lifecycle`]: signals, reload, graceful drain, heartbeat.
 
 pub mod clock;
 pub mod config;
@@ -50,4 +51,5 @@ pub mod rate;
 pub mod report;
 pub mod request;
 pub mod server;
+pub mod state;
 pub mod store;

@@ -31,7 +31,7 @@ fn forwarded_for_from_an_untrusted_peer_cannot_choose_a_bucket() {
         "",
         &format!("[client_ip]\ntrusted_proxies = [\"10.0.0.0/8\"]\n\n{LIMITS}"),
     );
-    let tollgate = Tollgate::start(&config);
+    let tollgate = Tollgate::in_process(&config);
     let mut client = tollgate.client();
     let statuses: Vec<u16> = (0..5)
         .map(|_| {
@@ -48,7 +48,7 @@ fn forwarded_for_from_an_untrusted_peer_cannot_choose_a_bucket() {
 #[test]
 fn a_forged_first_hop_behind_a_trusted_proxy_charges_the_real_client() {
     let redis = RedisServer::start();
-    let tollgate = Tollgate::start(&support::redis_config(&redis, "", LIMITS));
+    let tollgate = Tollgate::in_process(&support::redis_config(&redis, "", LIMITS));
     let mut client = tollgate.client();
     // The attacker (203.0.113.50) sends "X-Forwarded-For: <victim>"; its proxy appends the
     // address it saw. Right to left, the first untrusted hop is the attacker.
@@ -82,7 +82,7 @@ fn a_forged_first_hop_behind_a_trusted_proxy_charges_the_real_client() {
 
 #[test]
 fn metrics_are_served_on_the_admin_port_only() {
-    let tollgate = Tollgate::start("");
+    let tollgate = Tollgate::in_process("");
     let public = tollgate.client().get("/metrics", &[]).expect("answer");
     assert_eq!(public.status, 404);
     assert!(!public.body.contains("tollgate_"));

@@ -7,7 +7,7 @@ use actix_web::{web, HttpRequest, HttpResponse};
 
 use super::headers;
 use crate::request::Described;
-use crate::server::AppState;
+use crate::state::AppState;
 
 pub async fn check(request: HttpRequest, state: web::Data<AppState>) -> HttpResponse {
     let started = Instant::now();
