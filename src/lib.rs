@@ -9,7 +9,8 @@
 //!
 //! One request flows top to bottom:
 //!
-//! - [`http`]: `/check`, `/healthz`, `/readyz`, `/metrics`; [`http::headers`] renders a verdict.
+//! - [`http`]: `/check`, `/healthz`, `/readyz`, `/metrics`; [`http::response`] renders a
+//!   verdict as the whole answer: status, headers, body.
 //! - [`request`]: what `/check` reads: original method, path, host, client IP (XFF walk).
 //! - [`limits`]: limits built from their config, cost; which limits apply to a request;
 //!   [`exempt`] admits a request before any limit; [`matcher`] holds the match rules both

@@ -74,4 +74,3 @@ fn topology(store: &StoreConfig) -> Topology<'_> {
         None => Topology::Single { url: &store.url },
     }
 }
-

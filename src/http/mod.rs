@@ -3,9 +3,9 @@
 
 pub mod admin;
 pub mod check;
-pub mod headers;
 pub mod health;
 pub mod report;
+pub mod response;
 
 use actix_web::web;
 

@@ -381,6 +381,17 @@ pub fn tollgate_command() -> Command {
     command
 }
 
+/// Polls a future that never waits (the memory store's) to completion.
+pub fn block_on<F: std::future::Future>(future: F) -> F::Output {
+    let mut future = std::pin::pin!(future);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    loop {
+        if let std::task::Poll::Ready(out) = future.as_mut().poll(&mut cx) {
+            return out;
+        }
+    }
+}
+
 pub fn metric_value(metrics: &str, sample: &str) -> f64 {
     metrics
         .lines()
