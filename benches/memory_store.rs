@@ -35,7 +35,7 @@ fn run_threads(store: &Arc<MemoryStore>, threads: usize, iters: u64) -> Duration
                     .map(|k| [request(&format!("tg:bench:thread-{t}-{k}"))])
                     .collect();
                 for i in 0..iters {
-                    black_box(store.decide_now(black_box(&reqs[(i % 8) as usize])));
+                    black_box(store.decide_sync(black_box(&reqs[(i % 8) as usize])));
                 }
             });
         }
@@ -46,14 +46,14 @@ fn run_threads(store: &Arc<MemoryStore>, threads: usize, iters: u64) -> Duration
 fn decisions(c: &mut Criterion) {
     let store = Arc::new(MemoryStore::new(100_000));
     for i in 0..10_000 {
-        store.decide_now(&[request(&format!("tg:bench:{i}"))]);
+        store.decide_sync(&[request(&format!("tg:bench:{i}"))]);
     }
 
     let mut group = c.benchmark_group("memory_store");
     group.throughput(Throughput::Elements(1));
     let existing = [request("tg:bench:42")];
     group.bench_function("one_decision_existing_key_1_thread", |b| {
-        b.iter(|| black_box(store.decide_now(black_box(&existing))))
+        b.iter(|| black_box(store.decide_sync(black_box(&existing))))
     });
     // Reported per decision of all threads together: with linear scaling, 2 threads show
     // half the time per decision of one thread on the same wall clock.

@@ -12,7 +12,7 @@ use tollgate::config::Config;
 use tollgate::decision::{Decision, LimitState, Verdict};
 use tollgate::limits::Policy;
 use tollgate::metrics::Metrics;
-use tollgate::request::Described;
+use tollgate::request::OriginalRequest;
 
 const LIMIT: &str =
     "[[limits]]\nname = \"per-key\"\nrate = 100\nburst = 1000\nkey = [\"header:x-api-key\"]\n";
@@ -36,7 +36,7 @@ fn headers(key: &str) -> HeaderMap {
 
 /// `applicable`, then the headers of an allowed answer with the bucket's own numbers.
 fn check(policy: &Policy, map: &HeaderMap) -> usize {
-    let request = Described::new(map, "GET", "/", "192.0.2.1".parse().expect("ip"));
+    let request = OriginalRequest::new(map, "GET", "/", "192.0.2.1".parse().expect("ip"));
     if policy.exempt(&request).is_some() {
         return 0;
     }
@@ -57,7 +57,7 @@ fn check(policy: &Policy, map: &HeaderMap) -> usize {
             .collect(),
         degraded: false,
     };
-    let response = tollgate::http::headers::render(&Verdict::Decided(decision), policy);
+    let response = tollgate::http::response::render(&Verdict::Decided(decision), policy);
     response.headers().len()
 }
 

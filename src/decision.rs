@@ -1,5 +1,5 @@
 //! The outcome of one check, as a value: allowed or not, and for every applicable limit what
-//! is left. Everything the response headers need is derived here; only `http::headers` turns
+//! is left. Everything the response headers need is derived here; only `http::response` turns
 //! it into bytes.
 // Token and second arithmetic: every float <-> integer conversion is checked, and allowed only
 // where a bound makes it exact (see rate::count_f64 and rate::whole).

@@ -9,7 +9,7 @@ use prometheus::IntCounter;
 use crate::config::{valid_name, ConfigError, ExemptConfig};
 use crate::matcher::Matcher;
 use crate::metrics::{detached_counter, Metrics};
-use crate::request::Described;
+use crate::request::OriginalRequest;
 
 /// One compiled rule (serialized as the admin API shows it).
 #[derive(serde::Serialize)]
@@ -56,7 +56,7 @@ impl TryFrom<&ExemptConfig> for ExemptRule {
 }
 
 impl ExemptRule {
-    fn matches(&self, request: &Described<'_>) -> bool {
+    fn matches(&self, request: &OriginalRequest<'_>) -> bool {
         (self.cidrs.is_empty() || self.cidrs.iter().any(|n| n.contains(&request.client_ip)))
             && self.matcher.matches(request)
     }
@@ -88,7 +88,7 @@ impl Exemptions {
     }
 
     /// The first rule that admits this request.
-    pub fn first_match(&self, request: &Described<'_>) -> Option<&ExemptRule> {
+    pub fn first_match(&self, request: &OriginalRequest<'_>) -> Option<&ExemptRule> {
         self.rules.iter().find(|rule| rule.matches(request))
     }
 

@@ -10,10 +10,10 @@
 //! Attacker-controlled values never reach the store raw. Inside a part, `%`, `|`, `#`, `{` and
 //! `}` are percent-escaped, so two different part tuples can never produce the same tail, and a
 //! client cannot move the hash tag (the prefix and limit names hold no braces: config
-//! validation refuses them). A tail longer
-//! than [`MAX_TAIL`] bytes, or holding bytes outside printable ASCII, is replaced by `#` and a
-//! 128-bit SHA-256 prefix of itself: memory per bucket stays bounded whatever the client sends,
-//! and a hashed tail cannot collide with a plain one (a plain `#` is always escaped).
+//! validation refuses them). A tail longer than [`MAX_TAIL`] bytes, or holding bytes outside
+//! printable ASCII, is replaced by `#` and a 128-bit SHA-256 prefix of itself: memory per
+//! bucket stays bounded whatever the client sends, and a hashed tail cannot collide with a
+//! plain one (a plain `#` is always escaped).
 
 use std::borrow::Cow;
 use std::io::Write as _;
@@ -23,7 +23,7 @@ use ipnet::Ipv6Net;
 
 use sha2::{Digest, Sha256};
 
-use crate::request::{normalise, Described};
+use crate::request::{normalise, OriginalRequest};
 
 /// Longest tail stored as is.
 pub const MAX_TAIL: usize = 128;
@@ -101,7 +101,7 @@ pub fn bucket_key(
     prefix: &str,
     limit: &str,
     parts: &[KeyPart],
-    request: &Described<'_>,
+    request: &OriginalRequest<'_>,
     anonymous: bool,
     ipv6_prefix: u8,
 ) -> Result<String, MissingPart> {
@@ -113,7 +113,7 @@ pub fn bucket_key(
 /// within a limit, before [`assemble`] hashes it if need be. Overrides are looked up by it.
 pub fn bucket_tail(
     parts: &[KeyPart],
-    request: &Described<'_>,
+    request: &OriginalRequest<'_>,
     anonymous: bool,
     ipv6_prefix: u8,
 ) -> Result<Vec<u8>, MissingPart> {
@@ -159,7 +159,7 @@ pub fn tail_of_given(
         if value.is_empty() {
             return Err((i, "is empty: an empty value is a missing key part".into()));
         }
-        // Header and const values are keyed as sent; method, host and path as `Described`
+        // Header and const values are keyed as sent; method, host and path as `OriginalRequest`
         // spells them.
         let visible = || normalise::visible(value.as_bytes());
         let value = match part {
@@ -327,7 +327,7 @@ fn push_part(
 
 /// The request's value for one part. Method, host and path come normalised (lower-case host,
 /// canonical path), so every spelling of one resource shares one bucket.
-fn part_value<'a>(part: &'a KeyPart, request: &'a Described<'_>) -> Option<PartValue<'a>> {
+fn part_value<'a>(part: &'a KeyPart, request: &'a OriginalRequest<'_>) -> Option<PartValue<'a>> {
     let value = match part {
         KeyPart::Ip => return Some(PartValue::Ip(request.client_ip)),
         KeyPart::Method => request.method.as_bytes(),
@@ -604,7 +604,7 @@ mod tests {
             set(&mut headers, "x-forwarded-uri", case[3]);
             set(&mut headers, "x-forwarded-method", case[4]);
             let ip = crate::request::parse_ip(case[0].as_bytes()).unwrap();
-            let request = Described::new(&headers, "GET", "/", ip);
+            let request = OriginalRequest::new(&headers, "GET", "/", ip);
             let checked = bucket_key("tg", "l", &parts, &request, false, 64).unwrap();
             let given = tail_of_given(&parts, &values, false, 64).unwrap();
             assert_eq!(assemble("tg", "l", &given), checked, "{case:?}");
@@ -615,7 +615,7 @@ mod tests {
     fn an_empty_given_value_is_the_anonymous_bucket_only_under_anonymous() {
         let parts = [KeyPart::Header("x-api-key".into())];
         let headers = actix_web::http::header::HeaderMap::new();
-        let request = Described::new(&headers, "GET", "/", "192.0.2.1".parse().unwrap());
+        let request = OriginalRequest::new(&headers, "GET", "/", "192.0.2.1".parse().unwrap());
         let checked = bucket_key("tg", "l", &parts, &request, true, 64).unwrap();
         let given = tail_of_given(&parts, &[String::new()], true, 64).unwrap();
         assert_eq!(assemble("tg", "l", &given), checked);

@@ -9,8 +9,9 @@
 //!
 //! One request flows top to bottom:
 //!
-//! - [`http`]: `/check`, `/healthz`, `/readyz`, `/metrics`; [`http::headers`] renders a verdict;
-//!   the admin API ([`http::limits`], [`http::buckets`]: peek and reset) shares [`http::admin`].
+//! - [`http`]: `/check`, `/healthz`, `/readyz`, `/metrics`; [`http::response`] renders a
+//!   verdict as the whole answer: status, headers, body; the admin API ([`http::limits`],
+//!   [`http::buckets`]: peek and reset, [`http::overrides`]) shares [`http::admin`].
 //! - [`request`]: what `/check` reads: original method, path, host, client IP (XFF walk).
 //! - [`limits`]: limits built from their config, cost; which limits apply to a request;
 //!   [`exempt`] admits a request before any limit; [`matcher`] holds the match rules both
@@ -32,7 +33,8 @@
 //!   validation of the settings and the summary `validate` prints, one file each.
 //! - [`grpc`]: Envoy's rate limit service (`ShouldRateLimit`): descriptors become buckets for
 //!   the same [`limiter`]; [`import`] converts envoyproxy/ratelimit's YAML to tollgate TOML.
-//! - [`server`]: wiring and the listeners; [`lifecycle`]: signals, reload, heartbeat.
+//! - [`state`]: what every worker shares; [`server`]: the listeners, served until a shutdown
+//!   future resolves; [`lifecycle`]: signals, reload, graceful drain, heartbeat.
 
 pub mod clock;
 pub mod config;
@@ -54,4 +56,5 @@ pub mod report;
 pub mod request;
 pub mod runtime_overrides;
 pub mod server;
+pub mod state;
 pub mod store;

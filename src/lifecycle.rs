@@ -13,8 +13,20 @@ use tokio::signal::unix::{signal, SignalKind};
 
 use crate::config::Config;
 use crate::limits::Policy;
-use crate::server::{AppState, Door, CLOSE_NOTICE};
+use crate::state::AppState;
 use crate::store::AnyStore;
+
+mod door;
+pub use door::Door;
+
+/// In-flight checks get this long to finish after SIGTERM, [`CLOSE_NOTICE`] included.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// After SIGTERM, how long requests on open keep-alive connections are still answered (with
+/// `Connection: close`) before idle connections are closed. Closing a busy keep-alive
+/// connection without notice loses the request the client is sending at that moment. New
+/// connections are refused from the start of the notice.
+pub const CLOSE_NOTICE: Duration = Duration::from_secs(1);
 
 /// How often an instance announces itself; an instance silent for [`INSTANCE_TTL`] is gone.
 const HEARTBEAT_EVERY: Duration = Duration::from_secs(2);
@@ -85,25 +97,16 @@ fn keep_restart_only_settings(mut loaded: Config, running: &Config) -> Config {
     loaded
 }
 
-/// Waits for signals: SIGHUP reloads; SIGTERM or SIGINT sets `stopping` and stops the HTTP
-/// servers gracefully: new
-/// connections are refused (none the kernel already accepted is reset); for [`CLOSE_NOTICE`]
-/// every answer says `Connection: close` (`draining`), then idle connections close and
-/// in-flight checks finish.
-pub async fn watch_signals(
-    servers: Vec<ServerHandle>,
-    doors: Vec<Door>,
-    draining: Arc<AtomicBool>,
-    stopping: tokio::sync::watch::Sender<bool>,
-    reloader: Arc<Reloader>,
-) {
+/// Resolves at SIGTERM or SIGINT; SIGHUP reloads the limits meanwhile. The binary's
+/// shutdown future for [`crate::server::run`].
+pub async fn stop_signal(reloader: Reloader) {
     let (Ok(mut term), Ok(mut int), Ok(mut hup)) = (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
         signal(SignalKind::hangup()),
     ) else {
         log::error!("cannot install signal handlers; stop tollgate with SIGKILL");
-        return;
+        return std::future::pending().await;
     };
     loop {
         tokio::select! {
@@ -112,6 +115,18 @@ pub async fn watch_signals(
             _ = hup.recv() => reloader.reload(),
         }
     }
+}
+
+/// Stops the HTTP servers gracefully and tells the gRPC service (`stopping`): new
+/// connections are refused (none the kernel already accepted is reset); for
+/// [`CLOSE_NOTICE`] every answer says `Connection: close` (`draining`), then idle
+/// connections close and in-flight checks finish.
+pub async fn drain(
+    servers: Vec<ServerHandle>,
+    doors: Vec<Door>,
+    draining: Arc<AtomicBool>,
+    stopping: tokio::sync::watch::Sender<bool>,
+) {
     log::info!("shutting down: no new connections, finishing in-flight checks");
     let notice_ends = Instant::now() + CLOSE_NOTICE;
     draining.store(true, Ordering::Relaxed);

@@ -21,7 +21,7 @@ use crate::deny_cache::{CachedDenial, Consult, DenyCache, Probe};
 use crate::limits::Policy;
 use crate::metrics::Metrics;
 use crate::rate::count_f64;
-use crate::request::Described;
+use crate::request::OriginalRequest;
 use crate::store::memory::MemoryStore;
 use crate::store::{BucketRequest, Store, StoreDecision, StoreError};
 
@@ -123,7 +123,7 @@ impl<S: Store> Limiter<S> {
         self.instances.load(Ordering::Relaxed)
     }
 
-    pub async fn check(&self, policy: &Policy, request: &Described<'_>) -> Verdict {
+    pub async fn check(&self, policy: &Policy, request: &OriginalRequest<'_>) -> Verdict {
         self.check_traced(policy, request).await.0
     }
 
@@ -131,7 +131,7 @@ impl<S: Store> Limiter<S> {
     pub async fn check_traced(
         &self,
         policy: &Policy,
-        request: &Described<'_>,
+        request: &OriginalRequest<'_>,
     ) -> (Verdict, DecidedBy) {
         if let Some(rule) = policy.exempt(request) {
             rule.counter.inc();
@@ -283,7 +283,7 @@ impl<S: Store> Limiter<S> {
                 // Recorded with the scaled numbers: the headers must describe the bucket that
                 // decided, or `Retry-After` would be N times too short.
                 let scaled = self.split_among_instances(buckets);
-                let decided = fallback.decide_now(&scaled);
+                let decided = fallback.decide_sync(&scaled);
                 Verdict::Decided(self.record(policy, &scaled, decided, true))
             }
             (_, OnError::Deny) => {

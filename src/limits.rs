@@ -26,7 +26,7 @@ use crate::matcher::Matcher;
 use crate::metrics::{LimitCounters, Metrics};
 use crate::overrides::{Base, Override, Overrides};
 use crate::rate::{ceil_secs, count_f64};
-use crate::request::{ClientIpPolicy, Described};
+use crate::request::{ClientIpPolicy, OriginalRequest};
 use crate::runtime_overrides::RuntimeOverrides;
 use crate::store::{BucketRequest, Meter, Period};
 
@@ -285,7 +285,7 @@ fn key_parts(parts: &[String], at: &str) -> Result<Vec<KeyPart>, ConfigError> {
 impl Limit {
     /// What this limit charges at `/check`: nothing for a `charge = "report"` limit (0 admits
     /// while it is not used up), else [`Limit::cost_of`].
-    fn check_cost(&self, request: &Described<'_>) -> u64 {
+    fn check_cost(&self, request: &OriginalRequest<'_>) -> u64 {
         match self.charge {
             Charge::Report => 0,
             Charge::Request => self.cost_of(request),
@@ -295,7 +295,7 @@ impl Limit {
     /// The cost of this request: the `cost_header` value when it is an integer above the
     /// configured `cost`, else `cost`. The configured cost is the minimum: neither a smaller
     /// nor a malformed header makes a request cheaper.
-    fn cost_of(&self, request: &Described<'_>) -> u64 {
+    fn cost_of(&self, request: &OriginalRequest<'_>) -> u64 {
         self.cost_header
             .as_deref()
             .and_then(|name| request.header(name))
@@ -354,7 +354,7 @@ impl Policy {
     }
 
     /// The `[[exempt]]` rule that admits this request, if any.
-    pub fn exempt(&self, request: &Described<'_>) -> Option<&ExemptRule> {
+    pub fn exempt(&self, request: &OriginalRequest<'_>) -> Option<&ExemptRule> {
         self.exemptions.first_match(request)
     }
 
@@ -362,7 +362,7 @@ impl Policy {
     /// its limit and carrying its key's policy (an override's numbers, if any: a runtime one
     /// before the file's). Fails with the
     /// index of a limit whose key is missing under `on_missing = "deny"`.
-    pub fn applicable(&self, request: &Described<'_>) -> Result<Vec<BucketRequest>, usize> {
+    pub fn applicable(&self, request: &OriginalRequest<'_>) -> Result<Vec<BucketRequest>, usize> {
         let mut buckets = Vec::with_capacity(self.limits.len());
         let runtime = self.runtime.view();
         for (index, limit) in self.limits.iter().enumerate() {

@@ -8,6 +8,7 @@ use tollgate::config::{Config, ConfigError};
 use tollgate::limits::Policy;
 use tollgate::metrics::Metrics;
 use tollgate::server::{self, Listeners};
+use tollgate::state::StartError;
 
 #[derive(Parser)]
 #[command(
@@ -102,13 +103,13 @@ fn validate(config: &Config) -> ExitCode {
 
 fn serve(config: Config, path: Option<PathBuf>) -> ExitCode {
     let result = Listeners::bind(&config)
-        .map_err(server::StartError::from)
+        .map_err(StartError::from)
         .and_then(|listeners| {
-            actix_web::rt::System::new().block_on(server::run(config, path, listeners))
+            actix_web::rt::System::new().block_on(server::start(config, path, listeners))
         });
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(server::StartError::Config(error)) => refuse(&error),
+        Err(StartError::Config(error)) => refuse(&error),
         Err(error) => {
             log::error!("{error}");
             ExitCode::FAILURE

@@ -6,7 +6,7 @@ use std::borrow::Cow;
 use actix_web::http::header::HeaderName;
 
 use crate::config::{ConfigError, MatchConfig};
-use crate::request::{normalise, Described};
+use crate::request::{normalise, OriginalRequest};
 
 /// Compiled conditions; an empty one matches every request. Serialized as the admin API
 /// shows it: only the conditions given.
@@ -106,7 +106,7 @@ impl Matcher {
             && self.headers.is_empty()
     }
 
-    pub fn matches(&self, request: &Described<'_>) -> bool {
+    pub fn matches(&self, request: &OriginalRequest<'_>) -> bool {
         // The request's host and path are normalised (lower-case host without port or trailing
         // dot; path without dot segments, doubled slashes or escaped unreserved characters).
         (self.hosts.is_empty() || self.hosts.iter().any(|h| *h == request.host))
@@ -125,7 +125,7 @@ impl Matcher {
 
 impl HeaderRule {
     /// Exact, case-sensitive comparison of the first value, surrounding blanks ignored.
-    fn matches(&self, request: &Described<'_>) -> bool {
+    fn matches(&self, request: &OriginalRequest<'_>) -> bool {
         match request.header(&self.name).map(<[u8]>::trim_ascii) {
             None | Some(b"") => self.absent_matches,
             Some(value) => self.values.iter().any(|v| v.as_bytes() == value),
@@ -160,7 +160,7 @@ mod tests {
                 HeaderValue::from_str(plan).unwrap(),
             );
         }
-        let request = Described::new(&headers, "GET", "/", "192.0.2.1".parse().unwrap());
+        let request = OriginalRequest::new(&headers, "GET", "/", "192.0.2.1".parse().unwrap());
         matcher.matches(&request)
     }
 
@@ -192,7 +192,7 @@ mod tests {
             ..MatchConfig::default()
         };
         let matcher = Matcher::compile(&config, "m").expect("valid");
-        let described = |host: &str, uri: &str| {
+        let original = |host: &str, uri: &str| {
             let mut headers = HeaderMap::new();
             for (name, value) in [
                 ("x-forwarded-method", "POST"),
@@ -204,7 +204,7 @@ mod tests {
                     HeaderValue::from_str(value).unwrap(),
                 );
             }
-            let request = Described::new(&headers, "GET", "/", "127.0.0.1".parse().unwrap());
+            let request = OriginalRequest::new(&headers, "GET", "/", "127.0.0.1".parse().unwrap());
             matcher.matches(&request)
         };
         for (host, uri) in [
@@ -212,9 +212,9 @@ mod tests {
             ("Api.Example.com.:8443", "//api/%76%31/items"),
             ("api.example.com.", "/x/../api/v1/./items"),
         ] {
-            assert!(described(host, uri), "{host} {uri}");
+            assert!(original(host, uri), "{host} {uri}");
         }
-        assert!(!described("api.example.com", "/api/v2/items"));
+        assert!(!original("api.example.com", "/api/v2/items"));
     }
 
     #[test]

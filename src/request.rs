@@ -111,7 +111,7 @@ pub fn parse_ip(raw: &[u8]) -> Option<IpAddr> {
 /// The original request, as described by the check request's headers, normalised the way
 /// the proxies route (see `request/normalise.rs`): what every limit matches and keys on.
 #[derive(Debug)]
-pub struct Described<'a> {
+pub struct OriginalRequest<'a> {
     /// As sent (bytes outside visible ASCII percent-encoded).
     pub method: Cow<'a, str>,
     /// Normalised path: no query or fragment, no dot segments, no doubled slashes.
@@ -122,7 +122,7 @@ pub struct Described<'a> {
     headers: &'a HeaderMap,
 }
 
-impl<'a> Described<'a> {
+impl<'a> OriginalRequest<'a> {
     /// `check_method` and `check_path_tail` describe the check request itself: its method,
     /// and its path below `/check` (used when no header names the original).
     ///
@@ -133,7 +133,7 @@ impl<'a> Described<'a> {
         check_method: &'a str,
         check_path_tail: &'a str,
         client_ip: IpAddr,
-    ) -> Described<'a> {
+    ) -> OriginalRequest<'a> {
         let original_url = header_text(headers, "x-original-url").map(split_url);
         let method = header_text(headers, "x-forwarded-method")
             .or_else(|| header_text(headers, "x-original-method"))
@@ -146,7 +146,7 @@ impl<'a> Described<'a> {
             .or_else(|| original_url.and_then(|(host, _)| host))
             .or_else(|| header_text(headers, "host"))
             .unwrap_or(Cow::Borrowed(""));
-        Described {
+        OriginalRequest {
             method,
             path: normalise::path(path),
             host: normalise::host(host),
@@ -301,7 +301,7 @@ mod tests {
             ("host", "tollgate:8080"),
             ("x-original-url", "https://api.example.com:8443/other"),
         ]);
-        let d = Described::new(&h, "GET", "/", ip("127.0.0.1"));
+        let d = OriginalRequest::new(&h, "GET", "/", ip("127.0.0.1"));
         assert_eq!(d.method, "POST");
         assert_eq!(d.path, "/api/v1/items");
         assert_eq!(d.host, "api.example.com");
@@ -310,7 +310,7 @@ mod tests {
     #[test]
     fn the_check_path_describes_the_request_when_no_header_does() {
         let h = headers(&[("host", "Example.com")]);
-        let d = Described::new(&h, "DELETE", "/items/7", ip("127.0.0.1"));
+        let d = OriginalRequest::new(&h, "DELETE", "/items/7", ip("127.0.0.1"));
         assert_eq!(
             (&*d.method, &*d.path, &*d.host),
             ("DELETE", "/items/7", "example.com")
@@ -335,18 +335,18 @@ mod tests {
             ("x-original-uri", b"/public"),
             ("x-forwarded-host", b"API.example.com.:443"),
         ]);
-        let d = Described::new(&h, "GET", "/", ip("127.0.0.1"));
+        let d = OriginalRequest::new(&h, "GET", "/", ip("127.0.0.1"));
         assert_eq!(d.path, "/api/items");
         assert_eq!(d.host, "api.example.com");
         let h = raw_headers(&[("x-forwarded-uri", b"/api/\xc3\xa9")]);
-        let d = Described::new(&h, "GET", "/", ip("127.0.0.1"));
+        let d = OriginalRequest::new(&h, "GET", "/", ip("127.0.0.1"));
         assert_eq!(d.path, "/api/%C3%A9");
     }
 
     #[test]
     fn an_empty_header_is_present_and_later_sources_do_not_replace_it() {
         let h = headers(&[("x-forwarded-uri", ""), ("x-original-uri", "/api/items")]);
-        let d = Described::new(&h, "GET", "/api/x", ip("127.0.0.1"));
+        let d = OriginalRequest::new(&h, "GET", "/api/x", ip("127.0.0.1"));
         assert_eq!(d.path, "/");
     }
 
@@ -356,10 +356,10 @@ mod tests {
             "x-original-url",
             "http://user@API.example.com.:80//%61pi/./items?x",
         )]);
-        let d = Described::new(&h, "GET", "/", ip("127.0.0.1"));
+        let d = OriginalRequest::new(&h, "GET", "/", ip("127.0.0.1"));
         assert_eq!((&*d.host, &*d.path), ("api.example.com", "/api/items"));
         let h = headers(&[("x-original-url", "/x/../api")]);
-        let d = Described::new(&h, "GET", "/", ip("127.0.0.1"));
+        let d = OriginalRequest::new(&h, "GET", "/", ip("127.0.0.1"));
         assert_eq!(d.path, "/api");
     }
 
@@ -370,7 +370,7 @@ mod tests {
             ("x-forwarded-uri", "/api/items?page=2"),
             ("x-forwarded-host", "api.example.com:443"),
         ]);
-        let d = Described::new(&h, "GET", "/", ip("127.0.0.1"));
+        let d = OriginalRequest::new(&h, "GET", "/", ip("127.0.0.1"));
         assert!(matches!(d.method, Cow::Borrowed("POST")));
         assert!(matches!(d.path, Cow::Borrowed("/api/items")));
         assert!(matches!(d.host, Cow::Borrowed("api.example.com")));

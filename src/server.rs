@@ -1,43 +1,24 @@
-//! Start-up wiring: the store, the limiter and the shared state are built once and handed to
-//! every actix worker; then the public and admin listeners serve until a signal stops them.
+//! Start-up wiring: the shared state is built once and handed to every worker; the public,
+//! admin and gRPC listeners serve until the shutdown future resolves, then drain.
+//!
+//! [`run`] takes the shutdown as a future so tests serve in process and stop on their own
+//! signal; [`start`] is what the binary runs: the state, the background duties, and
+//! SIGTERM/SIGINT as the shutdown (SIGHUP reloads).
 
+use std::future::Future;
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use actix_web::dev::Service as _;
 use actix_web::http::ConnectionType;
 use actix_web::{web, App, HttpServer};
 
 use crate::config::{Backend, Config, OnError, StoreConfig};
-use crate::lifecycle::{self, Reloader};
-use crate::limiter::Limiter;
-use crate::limits::Policy;
-use crate::metrics::Metrics;
-use crate::store::memory::MemoryStore;
+use crate::lifecycle::{self, Door, Reloader, CLOSE_NOTICE, SHUTDOWN_GRACE};
+use crate::state::{build_state, topology, AppState, StartError};
 use crate::store::redis::resets::{self, Heard, ResetSource};
-use crate::store::redis::{RedisStore, Topology};
-use crate::store::AnyStore;
-
-mod door;
-pub use door::Door;
-
-/// In-flight checks get this long to finish after SIGTERM, [`CLOSE_NOTICE`] included.
-pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
-
-/// After SIGTERM, how long requests on open keep-alive connections are still answered (with
-/// `Connection: close`) before idle connections are closed. Closing a busy keep-alive
-/// connection without notice loses the request the client is sending at that moment. New
-/// connections are refused from the start of the notice.
-pub const CLOSE_NOTICE: Duration = Duration::from_secs(1);
-
-/// Shared by every worker of both listeners.
-pub struct AppState {
-    pub limiter: Limiter<AnyStore>,
-    pub metrics: Metrics,
-}
 
 /// The listening sockets, bound before the runtime starts so tests can bind port 0.
 pub struct Listeners {
@@ -57,76 +38,9 @@ impl Listeners {
     }
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum StartError {
-    #[error("{0}")]
-    Store(#[from] crate::store::StoreError),
-    #[error("{0}")]
-    Config(#[from] crate::config::ConfigError),
-    #[error("cannot serve: {0}")]
-    Io(#[from] std::io::Error),
-}
-
-/// Builds the shared state. Must run inside the actix (Tokio) runtime: the Redis connection
-/// manager spawns its driver there.
-pub fn build_state(config: &Config) -> Result<web::Data<AppState>, StartError> {
-    let metrics = Metrics::new();
-    let policy = Policy::compile(config, &metrics)?;
-    let store = match config.store.backend {
-        Backend::Memory => AnyStore::Memory(MemoryStore::new(config.store.max_buckets)),
-        Backend::Redis => AnyStore::Redis(Box::new(RedisStore::open(
-            &topology(&config.store),
-            Duration::from_millis(config.store.timeout_ms),
-            metrics.clone(),
-        )?)),
-    };
-    let remote = matches!(store, AnyStore::Redis(_));
-    let deny_cache = remote && config.store.deny_cache;
-    let mut limiter = Limiter::new(
-        store,
-        policy,
-        config.store.on_error,
-        config.store.max_buckets,
-        metrics.clone(),
-    );
-    if deny_cache {
-        limiter = limiter.with_deny_cache(
-            config.store.max_buckets,
-            Duration::from_millis(config.store.timeout_ms),
-        );
-    }
-    Ok(web::Data::new(AppState { limiter, metrics }))
-}
-
-/// Where the Redis store lives: a Cluster, a Sentinel-managed master, or one node.
-fn topology(store: &StoreConfig) -> Topology<'_> {
-    match &store.sentinel {
-        _ if !store.cluster.is_empty() => Topology::Cluster {
-            seeds: &store.cluster,
-        },
-        Some(sentinel) => Topology::Sentinel {
-            master: &sentinel.master,
-            sentinels: &sentinel.urls,
-            url: &store.url,
-        },
-        None => Topology::Single { url: &store.url },
-    }
-}
-
-/// Makes this instance's deny cache forget every bucket reset on any instance
-/// (`DELETE /v1/buckets`), as the reset channel announces them.
-fn listen_for_resets(store: &StoreConfig, state: web::Data<AppState>) -> Result<(), StartError> {
-    let source = ResetSource::of(&topology(store))?;
-    let channel = crate::keys::resets_channel(&store.key_prefix);
-    actix_web::rt::spawn(resets::listen(source, channel, move |heard| match heard {
-        Heard::Reset(key) => state.limiter.forget_denials(&key),
-        Heard::Everything => state.limiter.forget_all_denials(),
-    }));
-    Ok(())
-}
-
-/// Serves until SIGTERM/SIGINT, then drains in-flight checks (at most [`SHUTDOWN_GRACE`]).
-pub async fn run(
+/// The binary's service: serves `config` until SIGTERM/SIGINT (SIGHUP reloads `config_path`),
+/// then drains in-flight checks (at most [`SHUTDOWN_GRACE`]).
+pub async fn start(
     config: Config,
     config_path: Option<PathBuf>,
     listeners: Listeners,
@@ -143,16 +57,103 @@ pub async fn run(
     for warning in config.warnings() {
         log::warn!("{warning}");
     }
+    spawn_duties(&config, &state)?;
+    let reloader = Reloader::new(config_path, config, state.clone());
+    run(state, listeners, lifecycle::stop_signal(reloader)).await?;
+    log::info!("tollgate stopped");
+    Ok(())
+}
 
+/// Starts what a serving instance does besides answering: with a Redis store, following the
+/// runtime overrides, hearing bucket resets (with a deny cache) and, with
+/// `on_error = "local"`, the heartbeat that counts instances.
+pub fn spawn_duties(config: &Config, state: &web::Data<AppState>) -> Result<(), StartError> {
+    if config.store.backend != Backend::Redis {
+        return Ok(());
+    }
+    actix_web::rt::spawn(crate::runtime_overrides::sync::follow(state.clone()));
+    if config.store.deny_cache {
+        listen_for_resets(&config.store, state.clone())?;
+    }
+    if config.store.on_error == OnError::Local {
+        actix_web::rt::spawn(lifecycle::count_instances(
+            state.clone(),
+            crate::keys::instances_key(&config.store.key_prefix),
+        ));
+    }
+    Ok(())
+}
+
+/// Makes this instance's deny cache forget every bucket reset on any instance
+/// (`DELETE /v1/buckets`), as the reset channel announces them.
+fn listen_for_resets(store: &StoreConfig, state: web::Data<AppState>) -> Result<(), StartError> {
+    let source = ResetSource::of(&topology(store))?;
+    let channel = crate::keys::resets_channel(&store.key_prefix);
+    actix_web::rt::spawn(resets::listen(source, channel, move |heard| match heard {
+        Heard::Reset(key) => state.limiter.forget_denials(&key),
+        Heard::Everything => state.limiter.forget_all_denials(),
+    }));
+    Ok(())
+}
+
+/// Serves every listener until `shutdown` resolves, then refuses new connections, answers
+/// what is queued and in flight, and returns when every listener has stopped.
+pub async fn run(
+    state: web::Data<AppState>,
+    listeners: Listeners,
+    shutdown: impl Future<Output = ()> + 'static,
+) -> std::io::Result<()> {
     // Kept to shut the listening sockets ourselves: actix would reset what the kernel queued.
     let doors = vec![Door::of(&listeners.public)?, Door::of(&listeners.admin)?];
-    let public_state = state.clone();
     let draining = Arc::new(AtomicBool::new(false));
-    let public_draining = draining.clone();
-    let public = HttpServer::new(move || {
-        let draining = public_draining.clone();
+    let public = public_server(state.clone(), listeners.public, draining.clone())?;
+    let admin_state = state.clone();
+    let admin = HttpServer::new(move || {
         App::new()
-            .app_data(public_state.clone())
+            .app_data(admin_state.clone())
+            .configure(crate::http::admin_routes)
+    })
+    .workers(1)
+    .disable_signals()
+    .shutdown_timeout((SHUTDOWN_GRACE - CLOSE_NOTICE).as_secs())
+    .listen(listeners.admin)?
+    .run();
+
+    let (stopping, stop_seen) = tokio::sync::watch::channel(false);
+    let grpc = match listeners.grpc {
+        Some(listener) => {
+            log::info!(
+                "serving Envoy's rate limit service (gRPC) on {}",
+                listener.local_addr()?
+            );
+            Some(crate::grpc::spawn(listener, state, stop_seen)?)
+        }
+        None => None,
+    };
+    let handles = vec![public.handle(), admin.handle()];
+    actix_web::rt::spawn(async move {
+        shutdown.await;
+        lifecycle::drain(handles, doors, draining, stopping).await;
+    });
+
+    let (public_result, admin_result) = tokio::join!(public, admin);
+    if let Some(grpc) = grpc {
+        let _ = grpc.await;
+    }
+    public_result?;
+    admin_result
+}
+
+/// The listener the ingress calls. While draining, every answer says `Connection: close`.
+fn public_server(
+    state: web::Data<AppState>,
+    listener: TcpListener,
+    draining: Arc<AtomicBool>,
+) -> std::io::Result<actix_web::dev::Server> {
+    Ok(HttpServer::new(move || {
+        let draining = draining.clone();
+        App::new()
+            .app_data(state.clone())
             .wrap_fn(move |request, service| {
                 let answer = service.call(request);
                 let draining = draining.clone();
@@ -170,59 +171,6 @@ pub async fn run(
     })
     .disable_signals()
     .shutdown_timeout((SHUTDOWN_GRACE - CLOSE_NOTICE).as_secs())
-    .listen(listeners.public)?
-    .run();
-
-    let admin_state = state.clone();
-    let admin = HttpServer::new(move || {
-        App::new()
-            .app_data(admin_state.clone())
-            .configure(crate::http::admin_routes)
-    })
-    .workers(1)
-    .disable_signals()
-    .shutdown_timeout((SHUTDOWN_GRACE - CLOSE_NOTICE).as_secs())
-    .listen(listeners.admin)?
-    .run();
-
-    if config.store.backend == Backend::Redis && config.store.deny_cache {
-        listen_for_resets(&config.store, state.clone())?;
-    }
-    if config.store.backend == Backend::Redis && config.store.on_error == OnError::Local {
-        actix_web::rt::spawn(lifecycle::count_instances(
-            state.clone(),
-            crate::keys::instances_key(&config.store.key_prefix),
-        ));
-    }
-    if config.store.backend == Backend::Redis {
-        actix_web::rt::spawn(crate::runtime_overrides::sync::follow(state.clone()));
-    }
-    let (stopping, stop_seen) = tokio::sync::watch::channel(false);
-    let grpc = match listeners.grpc {
-        Some(listener) => {
-            log::info!(
-                "serving Envoy's rate limit service (gRPC) on {}",
-                listener.local_addr()?
-            );
-            Some(crate::grpc::spawn(listener, state.clone(), stop_seen)?)
-        }
-        None => None,
-    };
-    let reloader = Arc::new(Reloader::new(config_path, config, state.clone()));
-    actix_web::rt::spawn(lifecycle::watch_signals(
-        vec![public.handle(), admin.handle()],
-        doors,
-        draining,
-        stopping,
-        reloader,
-    ));
-
-    let (public_result, admin_result) = tokio::join!(public, admin);
-    if let Some(grpc) = grpc {
-        let _ = grpc.await;
-    }
-    public_result?;
-    admin_result?;
-    log::info!("tollgate stopped");
-    Ok(())
+    .listen(listener)?
+    .run())
 }

@@ -15,8 +15,8 @@ use tollgate::deny_cache::MAX_PROBE_WAIT;
 use tollgate::limiter::{DecidedBy, Limiter};
 use tollgate::limits::Policy;
 use tollgate::metrics::Metrics;
-use tollgate::request::Described;
-use tollgate::store::redis::RedisStore;
+use tollgate::request::OriginalRequest;
+use tollgate::store::redis::{RedisStore, Topology};
 use tollgate::store::{BucketOutcome, BucketRequest, Store, StoreDecision, StoreError};
 
 use support::{commandstats, redis_config, RedisServer, TempDir, Tollgate};
@@ -129,9 +129,9 @@ async fn flood(
             .wrapping_add(1442695040888963407);
         let cost = 1 + (n >> 33) % 3;
         let map = headers(&key, cost);
-        let described = Described::new(&map, "GET", "/", ip);
+        let original = OriginalRequest::new(&map, "GET", "/", ip);
         let policy = limiter.policy();
-        let (verdict, by) = limiter.check_traced(&policy, &described).await;
+        let (verdict, by) = limiter.check_traced(&policy, &original).await;
         let decided_at = wall_us();
         match by {
             DecidedBy::Store => tally.store += 1,
@@ -141,7 +141,7 @@ async fn flood(
                     panic!("a cached denial is a decision: {verdict:?}");
                 };
                 assert!(!decision.allowed);
-                let buckets = policy.applicable(&described).expect("keys present");
+                let buckets = policy.applicable(&original).expect("keys present");
                 if let Some(levels) = levels_at(&mut replay, &buckets, decided_at).await {
                     tally.replayed += 1;
                     let redis_denies = buckets
@@ -173,9 +173,12 @@ async fn every_cached_denial_is_one_redis_would_have_made() {
     let config = Config::load(Some(&path)).expect("valid config");
     let metrics = Metrics::new();
     let policy = Policy::compile(&config, &metrics).expect("compiles");
-    let store =
-        RedisStore::connect_lazily(&redis.url(), Duration::from_millis(500), metrics.clone())
-            .expect("store");
+    let store = RedisStore::open(
+        &Topology::Single { url: &redis.url() },
+        Duration::from_millis(500),
+        metrics.clone(),
+    )
+    .expect("store");
     let limiter = Arc::new(
         Limiter::new(store, policy, OnError::Deny, 10_000, metrics)
             .with_deny_cache(10_000, Duration::from_millis(500)),
@@ -319,9 +322,9 @@ async fn a_check_waiting_for_a_hanging_probe_still_answers_within_the_timeout() 
     );
     let check = |limiter: Arc<Limiter<DeniesThenHangs>>| async move {
         let map = HeaderMap::new();
-        let described = Described::new(&map, "GET", "/", IpAddr::V4(Ipv4Addr::LOCALHOST));
+        let original = OriginalRequest::new(&map, "GET", "/", IpAddr::V4(Ipv4Addr::LOCALHOST));
         let policy = limiter.policy();
-        limiter.check_traced(&policy, &described).await.1
+        limiter.check_traced(&policy, &original).await.1
     };
     assert_eq!(check(limiter.clone()).await, DecidedBy::Store);
     assert_eq!(check(limiter.clone()).await, DecidedBy::DenyCache);
@@ -549,8 +552,8 @@ async fn cached_on_a_splitting_store(limits: &str) -> usize {
     let map = headers("flooder", 1);
     let mut cached = 0;
     for _ in 0..60 {
-        let described = Described::new(&map, "GET", "/", IpAddr::V4(Ipv4Addr::LOCALHOST));
-        let (_, by) = limiter.check_traced(&policy, &described).await;
+        let original = OriginalRequest::new(&map, "GET", "/", IpAddr::V4(Ipv4Addr::LOCALHOST));
+        let (_, by) = limiter.check_traced(&policy, &original).await;
         cached += usize::from(by == DecidedBy::DenyCache);
     }
     cached

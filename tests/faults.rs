@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use support::chaos::{self, FullBacklog, Load, Proxy, Sample, UpWatch};
 use support::{wait_until, RedisServer, Tollgate};
+use tollgate::config::OnError;
 
 const TIMEOUT_MS: u64 = 50;
 /// The promise: every answer within the store timeout plus 20 ms.
@@ -35,21 +36,21 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Mode {
-    Allow,
-    Deny,
-    Local,
+const MODES: [OnError; 3] = [OnError::Allow, OnError::Deny, OnError::Local];
+
+/// What each `on_error` answer looks like from outside.
+trait Expected: Copy {
+    fn name(self) -> &'static str;
+    fn store_decided(self, sample: &Sample) -> bool;
+    fn allowed_statuses(self) -> &'static [u16];
 }
 
-const MODES: [Mode; 3] = [Mode::Allow, Mode::Deny, Mode::Local];
-
-impl Mode {
+impl Expected for OnError {
     fn name(self) -> &'static str {
         match self {
-            Mode::Allow => "allow",
-            Mode::Deny => "deny",
-            Mode::Local => "local",
+            OnError::Allow => "allow",
+            OnError::Deny => "deny",
+            OnError::Local => "local",
         }
     }
 
@@ -58,26 +59,26 @@ impl Mode {
     /// `tollgate_store_up` tells.
     fn store_decided(self, sample: &Sample) -> bool {
         match self {
-            Mode::Allow | Mode::Local => sample.quota_headers,
-            Mode::Deny => sample.status != 503,
+            OnError::Allow | OnError::Local => sample.quota_headers,
+            OnError::Deny => sample.status != 503,
         }
     }
 
     fn allowed_statuses(self) -> &'static [u16] {
         match self {
-            Mode::Deny => &[200, 429, 503],
-            Mode::Allow | Mode::Local => &[200, 429],
+            OnError::Deny => &[200, 429, 503],
+            OnError::Allow | OnError::Local => &[200, 429],
         }
     }
 }
 
 struct Gate {
-    mode: Mode,
+    mode: OnError,
     tollgate: Tollgate,
     log: PathBuf,
 }
 
-fn config(url: &str, mode: Mode) -> String {
+fn config(url: &str, mode: OnError) -> String {
     format!(
         "[store]\nbackend = \"redis\"\nurl = \"{url}\"\ntimeout_ms = {TIMEOUT_MS}\n\
          on_error = \"{m}\"\nkey_prefix = \"tg-{m}\"\n\n{LIMITS}",
@@ -209,7 +210,7 @@ fn assert_survived(
         // the moment `tollgate_store_up` returned to 1.
         let back_by_answer = samples
             .iter()
-            .filter(|s| mode != Mode::Local && s.at >= healed_at && mode.store_decided(s))
+            .filter(|s| mode != OnError::Local && s.at >= healed_at && mode.store_decided(s))
             .map(|s| s.at + s.latency - healed_at)
             .next();
         let went_down = outcome.up_changes.iter().any(|(_, v)| *v == 0.0);
@@ -239,14 +240,14 @@ fn assert_survived(
             bad_status.is_empty(),
             "{fault}/{mode:?}: unexpected statuses {bad_status:?}"
         );
-        if failing && mode != Mode::Local {
+        if failing && mode != OnError::Local {
             assert!(degraded > 0, "{fault}/{mode:?}: the fault was never seen");
         }
         // A fault so brief that fewer calls failed than the breaker needs to open (a quick
         // restart, now that a new connection costs one round trip) was ridden out: nothing
         // to recover from, which is the better outcome.
         let ridden_out = !went_down
-            && mode != Mode::Local
+            && mode != OnError::Local
             && degraded < tollgate::store::breaker::FAILURE_THRESHOLD as usize;
         if failing && !ridden_out {
             assert!(
@@ -268,7 +269,7 @@ fn assert_survived(
                 back <= RECOVERY_BOUND,
                 "{fault}/{mode:?}: store_up back after {back:?}"
             );
-            if mode != Mode::Local {
+            if mode != OnError::Local {
                 let back = back_by_answer.expect("a store-decided answer after the fault");
                 assert!(
                     back <= RECOVERY_BOUND,

@@ -15,13 +15,13 @@ use std::time::{Duration, Instant};
 
 use actix_web::http::header::{HeaderMap, HeaderName, HeaderValue};
 use support::chaos;
-use support::{HttpClient, RedisServer, Tollgate};
+use support::{block_on, HttpClient, RedisServer, Tollgate};
 use tollgate::config::{Config, OnError};
 use tollgate::keys::MAX_TAIL;
 use tollgate::limiter::Limiter;
 use tollgate::limits::Policy;
 use tollgate::metrics::Metrics;
-use tollgate::request::Described;
+use tollgate::request::OriginalRequest;
 use tollgate::store::memory::MemoryStore;
 use tollgate::store::AnyStore;
 
@@ -391,8 +391,8 @@ fn one_case(seed: u64, case: u64, policy: &Policy, limiter: &Limiter<AnyStore>, 
             at()
         );
     }
-    let described = Described::new(&headers, method, &tail, client_ip);
-    if let Ok(buckets) = policy.applicable(&described) {
+    let original = OriginalRequest::new(&headers, method, &tail, client_ip);
+    if let Ok(buckets) = policy.applicable(&original) {
         for bucket in &buckets {
             assert!(
                 bucket.key.len() <= key_bound
@@ -405,25 +405,14 @@ fn one_case(seed: u64, case: u64, policy: &Policy, limiter: &Limiter<AnyStore>, 
         }
     }
     // The memory store answers at once, so polling the future once decides.
-    let verdict = block_on(limiter.check(policy, &described));
-    let response = tollgate::http::headers::render(&verdict, policy);
+    let verdict = block_on(limiter.check(policy, &original));
+    let response = tollgate::http::response::render(&verdict, policy);
     assert!(
         [200, 429].contains(&response.status().as_u16()),
         "{}: status {}",
         at(),
         response.status()
     );
-}
-
-/// Polls a future that never waits (the memory store's) to completion.
-fn block_on<F: std::future::Future>(future: F) -> F::Output {
-    let mut future = std::pin::pin!(future);
-    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-    loop {
-        if let std::task::Poll::Ready(out) = future.as_mut().poll(&mut cx) {
-            return out;
-        }
-    }
 }
 
 /// One raw HTTP/1.1 request with the generated headers, each written byte for byte.

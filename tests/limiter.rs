@@ -10,12 +10,13 @@ use std::sync::Arc;
 
 use actix_web::http::header::{HeaderMap, HeaderName, HeaderValue};
 use figment::providers::{Format, Toml};
+use support::block_on;
 use tollgate::config::{Config, OnError};
 use tollgate::decision::Verdict;
 use tollgate::limiter::Limiter;
 use tollgate::limits::Policy;
 use tollgate::metrics::Metrics;
-use tollgate::request::Described;
+use tollgate::request::OriginalRequest;
 use tollgate::store::memory::{ManualClock, MemoryStore};
 use tollgate::store::{BucketRequest, Store, StoreDecision, StoreError};
 
@@ -57,16 +58,8 @@ fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
 fn check<S: Store>(limiter: &Limiter<S>, pairs: &[(&str, &str)]) -> Verdict {
     let policy = limiter.policy();
     let map = headers(pairs);
-    let request = Described::new(&map, "GET", "/", "192.0.2.1".parse().unwrap());
+    let request = OriginalRequest::new(&map, "GET", "/", "192.0.2.1".parse().unwrap());
     block_on(limiter.check(&policy, &request))
-}
-
-/// The memory store never awaits, so its futures complete on the first poll.
-fn block_on<F: std::future::Future>(future: F) -> F::Output {
-    tokio::runtime::Builder::new_current_thread()
-        .build()
-        .expect("runtime")
-        .block_on(future)
 }
 
 fn memory_limiter(limits: &str) -> (Limiter<MemoryStore<Arc<ManualClock>>>, Arc<ManualClock>) {
@@ -242,7 +235,7 @@ fn local_fallback_headers_describe_this_instances_share_of_the_limit() {
         assert!(allowed(&check(&limiter, &key)));
     }
     let verdict = check(&limiter, &key);
-    let response = tollgate::http::headers::render(&verdict, &limiter.policy());
+    let response = tollgate::http::response::render(&verdict, &limiter.policy());
     let header = |name: &str| {
         response
             .headers()

@@ -109,7 +109,7 @@ fn period_boundaries_agree_between_the_rust_twin_and_the_shipped_script() {
         for (step, (at_us, due)) in script(next, before, after).into_iter().enumerate() {
             // The Rust twin, on a clock set to the instant.
             clock.set_us(at_us);
-            let decided = memory.decide_now(&[quota_request(&key, period)]);
+            let decided = memory.decide_sync(&[quota_request(&key, period)]);
             let outcome = decided.buckets[0];
             let window = outcome.window.expect("a quota reports its window");
             let twin: Seen = (outcome.tokens, window.ends_in_s, window.length_s);
@@ -154,7 +154,7 @@ fn a_used_up_period_denies_until_it_ends_on_both_stores() {
     ];
     for (step, (at_us, admitted)) in instants.into_iter().enumerate() {
         clock.set_us(at_us);
-        let memory_says = memory.decide_now(&[quota_request("tg:m:{k}", Period::Month)]);
+        let memory_says = memory.decide_sync(&[quota_request("tg:m:{k}", Period::Month)]);
         let reply = pinned_eval(&mut conn, shipped, at_us, "tg:m:{k}", &["m", "3", "1", "0"]);
         assert_eq!(memory_says.allowed, admitted, "step {step}: memory store");
         assert_eq!(bucket_reply(&reply).0, admitted, "step {step}: Redis");
@@ -874,7 +874,7 @@ fn a_reported_bucket_is_used_up_at_zero_and_admits_just_above_it_on_both_stores(
                 ((twin.tokens, twin.enough), (report_reply(&reply), None))
             }
             None => {
-                let twin = memory.decide_now(std::slice::from_ref(&check));
+                let twin = memory.decide_sync(std::slice::from_ref(&check));
                 let reply = pinned_eval(
                     &mut conn,
                     tollgate::store::redis::BUCKET_SCRIPT,

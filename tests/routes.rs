@@ -6,7 +6,7 @@ use support::Tollgate;
 
 #[test]
 fn paths_below_check_are_checks_and_others_are_not_found() {
-    let tollgate = Tollgate::start("");
+    let tollgate = Tollgate::in_process("");
     let mut client = tollgate.client();
     for path in ["/check", "/check/", "/check/api/v1/items?x=1"] {
         let response = client.get(path, &[]).unwrap();

@@ -3,27 +3,11 @@
 
 mod support;
 
+use support::commandstats::script_calls;
 use support::{redis_config, RedisServer, Tollgate};
 
 const LIMITS: &str = "[[limits]]\nname = \"per-ip\"\nrate = 100\nburst = 100\nkey = [\"ip\"]\n\n\
                       [[limits]]\nname = \"per-user\"\nrate = 100\nburst = 100\nkey = [\"header:x-user\"]\n";
-
-/// Script calls Redis has served (EVALSHA and EVAL), from `INFO commandstats`.
-fn script_calls(redis: &RedisServer) -> u64 {
-    redis
-        .cli(&["INFO", "commandstats"])
-        .lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-        .filter_map(|l| {
-            l.split("calls=")
-                .nth(1)?
-                .split(',')
-                .next()?
-                .parse::<u64>()
-                .ok()
-        })
-        .sum()
-}
 
 #[test]
 fn one_check_with_two_limits_is_one_script_call() {

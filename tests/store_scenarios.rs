@@ -16,7 +16,7 @@ use support::RedisServer;
 use tollgate::metrics::Metrics;
 use tollgate::store::bucket::Bucket as Stored;
 use tollgate::store::memory::{Clock, ManualClock, MemoryStore};
-use tollgate::store::redis::RedisStore;
+use tollgate::store::redis::{RedisStore, Topology};
 use tollgate::store::{BucketOutcome, BucketRequest, Store, StoreDecision};
 
 /// A bucket used in a step: (key, rate, burst, cost, shadow).
@@ -212,7 +212,7 @@ struct Memory {
 
 impl Harness for Memory {
     fn decide(&self, buckets: &[BucketRequest]) -> StoreDecision {
-        self.store.decide_now(buckets)
+        self.store.decide_sync(buckets)
     }
 
     fn peek(&self, bucket: &BucketRequest) -> BucketOutcome {
@@ -284,8 +284,12 @@ impl Redis {
             .expect("runtime");
         let store = {
             let _inside = runtime.enter();
-            RedisStore::connect_lazily(&server.url(), Duration::from_secs(2), Metrics::new())
-                .expect("store")
+            RedisStore::open(
+                &Topology::Single { url: &server.url() },
+                Duration::from_secs(2),
+                Metrics::new(),
+            )
+            .expect("store")
         };
         Redis {
             server,
@@ -417,13 +421,13 @@ fn drain_then_count_refilled(
     count: usize,
 ) -> usize {
     for i in 0..count {
-        let drained = store.decide_now(&[slow_bucket(format!("{prefix}{i}"))]);
+        let drained = store.decide_sync(&[slow_bucket(format!("{prefix}{i}"))]);
         assert!(drained.allowed, "{prefix}{i} starts full");
     }
     (0..count)
         .filter(|i| {
             store
-                .decide_now(&[slow_bucket(format!("{prefix}{i}"))])
+                .decide_sync(&[slow_bucket(format!("{prefix}{i}"))])
                 .allowed
         })
         .count()
@@ -463,7 +467,7 @@ fn past_its_cap_the_memory_store_drops_the_buckets_closest_to_full() {
     let late_refilled = (0..5_000)
         .filter(|i| {
             store
-                .decide_now(&[slow_bucket(format!("late-{i}"))])
+                .decide_sync(&[slow_bucket(format!("late-{i}"))])
                 .allowed
         })
         .count();
@@ -485,7 +489,7 @@ fn concurrent_multi_bucket_decisions_at_the_cap_neither_deadlock_nor_overgrow() 
                     let pair: Vec<_> = (0..3)
                         .map(|j| slow_bucket(format!("t{t}-{i}-{j}")))
                         .collect();
-                    store.decide_now(&pair);
+                    store.decide_sync(&pair);
                 }
             })
         })
@@ -552,7 +556,7 @@ fn a_quota_peeks_alike_on_redis_and_in_memory() {
     };
     for _ in 0..2 {
         assert!(redis.decide(std::slice::from_ref(&quota)).allowed);
-        assert!(memory.decide_now(std::slice::from_ref(&quota)).allowed);
+        assert!(memory.decide_sync(std::slice::from_ref(&quota)).allowed);
     }
     let (on_redis, in_memory) = (redis.peek(&quota), memory.peek_now(&quota));
     assert_eq!(on_redis.tokens, 1.0);

@@ -67,7 +67,8 @@ pub struct StoreConfig {
     pub timeout_ms: u64,
     pub key_prefix: String,
     pub on_error: OnError,
-    /// Upper bound on buckets held in process memory (memory store and `local` fallback).
+    /// Upper bound on buckets held in process memory, for each of: the memory store, the
+    /// `local` fallback, the deny cache.
     pub max_buckets: usize,
     /// Answer denials Redis would surely repeat without asking it (see `deny_cache`). Off
     /// when something else edits buckets in Redis (e.g. support staff resetting a quota) and

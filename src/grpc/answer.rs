@@ -19,7 +19,7 @@ use envoy_types::pb::google::protobuf::Duration;
 
 use super::plan::Plan;
 use crate::decision::{Decision, LimitState, Verdict};
-use crate::http::headers::each_quota_header;
+use crate::http::response::each_quota_header;
 use crate::limits::{Limit, Policy};
 use crate::store::{Meter, Period};
 

@@ -29,7 +29,8 @@ pub use rule::DescriptorRule;
 
 use crate::config::OnError;
 use crate::decision::Verdict;
-use crate::server::{AppState, Door, CLOSE_NOTICE, SHUTDOWN_GRACE};
+use crate::lifecycle::{Door, CLOSE_NOTICE, SHUTDOWN_GRACE};
+use crate::state::AppState;
 use crate::store::Store;
 
 /// How often the health service asks the store whether tollgate can decide.

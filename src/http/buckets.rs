@@ -21,7 +21,7 @@ use crate::decision::LimitState;
 use crate::keys;
 use crate::limits::{Limit, Policy};
 use crate::overrides::Override;
-use crate::server::AppState;
+use crate::state::AppState;
 use crate::store::{BucketOutcome, BucketRequest, Meter, Period, Store};
 
 /// The bucket a request names, or the answer that refuses it.

@@ -5,9 +5,9 @@ use std::time::Instant;
 
 use actix_web::{web, HttpRequest, HttpResponse};
 
-use super::headers;
-use crate::request::Described;
-use crate::server::AppState;
+use super::response;
+use crate::request::OriginalRequest;
+use crate::state::AppState;
 
 pub async fn check(request: HttpRequest, state: web::Data<AppState>) -> HttpResponse {
     let started = Instant::now();
@@ -18,15 +18,15 @@ pub async fn check(request: HttpRequest, state: web::Data<AppState>) -> HttpResp
         .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |addr| addr.ip());
     let client_ip = policy.client_ip.client_ip(request.headers(), peer);
     let path_tail = request.path().get("/check".len()..).unwrap_or("/");
-    let described = Described::new(
+    let original = OriginalRequest::new(
         request.headers(),
         request.method().as_str(),
         path_tail,
         client_ip,
     );
-    let verdict = state.limiter.check(&policy, &described).await;
-    let form = headers::DenyForm::requested(request.headers());
-    let response = headers::render_as(&verdict, &policy, form);
+    let verdict = state.limiter.check(&policy, &original).await;
+    let form = response::DenyForm::requested(request.headers());
+    let response = response::render_as(&verdict, &policy, form);
     state
         .metrics
         .check_duration

@@ -3,7 +3,7 @@
 use actix_web::{web, HttpResponse};
 
 use crate::config::OnError;
-use crate::server::AppState;
+use crate::state::AppState;
 use crate::store::Store;
 
 /// Liveness: never looks at the store, so a Redis outage cannot restart tollgate.

@@ -9,7 +9,7 @@ use crate::config::{Charge, OnMissing};
 use crate::exempt::ExemptRule;
 use crate::limits::{Limit, Policy};
 use crate::matcher::Matcher;
-use crate::server::AppState;
+use crate::state::AppState;
 use crate::store::{Meter, Period};
 
 #[derive(Serialize)]

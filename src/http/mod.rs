@@ -5,11 +5,11 @@
 pub mod admin;
 pub mod buckets;
 pub mod check;
-pub mod headers;
 pub mod health;
 pub mod limits;
 pub mod overrides;
 pub mod report;
+pub mod response;
 
 use actix_web::web;
 

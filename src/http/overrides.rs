@@ -18,7 +18,7 @@ use crate::limits::{Limit, Policy};
 use crate::overrides::{self, Base};
 use crate::runtime_overrides::sync::{self, WriteError};
 use crate::runtime_overrides::{Entry, MAX_TTL_S};
-use crate::server::AppState;
+use crate::state::AppState;
 use crate::store::Meter;
 
 /// A refusal: the answer to send as is.

@@ -7,7 +7,7 @@ use actix_web::{web, HttpRequest, HttpResponse};
 
 use super::admin::{self, problem};
 use crate::report::{self, ReportError};
-use crate::server::AppState;
+use crate::state::AppState;
 use crate::store::Store;
 
 pub async fn report(

@@ -16,7 +16,7 @@ use actix_web::web;
 
 use super::{Entry, LimitEntries, RuntimeOverrides, MAX_PER_LIMIT};
 use crate::keys;
-use crate::server::AppState;
+use crate::state::AppState;
 use crate::store::redis::overrides::{Put, Restore};
 use crate::store::redis::RedisStore;
 use crate::store::{AnyStore, StoreError};

@@ -63,10 +63,6 @@ impl Breaker {
         self.clock.now_us()
     }
 
-    pub fn is_closed(&self) -> bool {
-        self.state.load(Ordering::Acquire) == CLOSED
-    }
-
     pub fn admit(&self) -> Admission {
         match self.state.load(Ordering::Acquire) {
             CLOSED => Admission::Call,

@@ -110,7 +110,7 @@ impl<C: Clock> MemoryStore<C> {
     }
 
     /// The decision itself, synchronous: a few hash lookups under shard locks.
-    pub fn decide_now(&self, requests: &[BucketRequest]) -> StoreDecision {
+    pub fn decide_sync(&self, requests: &[BucketRequest]) -> StoreDecision {
         let now = self.now_us();
         if let [request] = requests {
             return self.decide_one(request, now);
@@ -332,7 +332,7 @@ fn drop_closest_to_full(shards: &mut [&mut Shard], count: usize) -> usize {
 
 impl<C: Clock> Store for MemoryStore<C> {
     async fn decide(&self, buckets: &[BucketRequest]) -> Result<StoreDecision, StoreError> {
-        Ok(self.decide_now(buckets))
+        Ok(self.decide_sync(buckets))
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
@@ -374,7 +374,7 @@ mod tests {
         let clock = Arc::new(ManualClock::default());
         let store = MemoryStore::with_clock(640, clock.clone());
         for i in 0..100_000 {
-            store.decide_now(&[request(&format!("k{i}"))]);
+            store.decide_sync(&[request(&format!("k{i}"))]);
         }
         assert!(store.len() <= 640, "held {}", store.len());
     }
@@ -384,7 +384,7 @@ mod tests {
         let clock = Arc::new(ManualClock::default());
         let store = MemoryStore::with_clock(640, clock);
         for i in 0..=640 {
-            store.decide_now(&[request(&format!("k{i}"))]);
+            store.decide_sync(&[request(&format!("k{i}"))]);
         }
         // One past the cap: a 64th of the cap (10) goes, the newcomer stays.
         assert_eq!(store.len(), 631);
@@ -395,10 +395,10 @@ mod tests {
     fn refilled_buckets_are_dropped_first() {
         let clock = Arc::new(ManualClock::default());
         let store = MemoryStore::with_clock(64, clock.clone());
-        store.decide_now(&[request("old")]);
+        store.decide_sync(&[request("old")]);
         clock.advance_ms(10_000);
         for i in 0..1000 {
-            store.decide_now(&[request(&format!("k{i}"))]);
+            store.decide_sync(&[request(&format!("k{i}"))]);
         }
         assert!(store.len() <= 64);
     }
@@ -408,13 +408,13 @@ mod tests {
         let clock = Arc::new(ManualClock::default());
         let store = MemoryStore::with_clock(1000, clock.clone());
         let one = [request("solo")];
-        assert!(store.decide_now(&one).allowed);
-        assert_eq!(store.decide_now(&one).buckets[0].tokens, 0.0);
-        let denied = store.decide_now(&one);
+        assert!(store.decide_sync(&one).allowed);
+        assert_eq!(store.decide_sync(&one).buckets[0].tokens, 0.0);
+        let denied = store.decide_sync(&one);
         assert!(!denied.allowed && !denied.buckets[0].enough);
         clock.advance_ms(1000);
-        assert!(store.decide_now(&one).allowed);
-        assert!(!store.decide_now(&one).allowed);
+        assert!(store.decide_sync(&one).allowed);
+        assert!(!store.decide_sync(&one).allowed);
     }
 
     #[test]
@@ -422,7 +422,7 @@ mod tests {
         let clock = Arc::new(ManualClock::default());
         let store = MemoryStore::with_clock(1000, clock.clone());
         let one = [request("solo")];
-        assert!(store.decide_now(&one).allowed && store.decide_now(&one).allowed);
+        assert!(store.decide_sync(&one).allowed && store.decide_sync(&one).allowed);
         for _ in 0..3 {
             let peeked = store.peek_now(&one[0]);
             assert_eq!(peeked.tokens, 0.0);
@@ -432,7 +432,7 @@ mod tests {
         assert!(!store.reset_now("solo"));
         assert_eq!(store.held.load(Ordering::Relaxed), 0);
         assert_eq!(store.peek_now(&one[0]).tokens, one[0].burst);
-        assert!(store.decide_now(&one).allowed);
+        assert!(store.decide_sync(&one).allowed);
     }
 
     #[test]
@@ -440,9 +440,9 @@ mod tests {
         let clock = Arc::new(ManualClock::default());
         let store = MemoryStore::with_clock(1000, clock);
         let reqs: Vec<_> = (0..10).map(|i| request(&format!("multi{i}"))).collect();
-        assert!(store.decide_now(&reqs).allowed);
-        assert!(store.decide_now(&reqs).allowed);
-        let third = store.decide_now(&reqs);
+        assert!(store.decide_sync(&reqs).allowed);
+        assert!(store.decide_sync(&reqs).allowed);
+        let third = store.decide_sync(&reqs);
         assert!(!third.allowed);
         assert!(third.buckets.iter().all(|b| !b.enough));
     }

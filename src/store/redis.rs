@@ -117,15 +117,6 @@ pub struct RedisStore {
 }
 
 impl RedisStore {
-    /// Creates the store for a single node without connecting.
-    pub fn connect_lazily(
-        url: &str,
-        timeout: Duration,
-        metrics: Metrics,
-    ) -> Result<RedisStore, StoreError> {
-        RedisStore::open(&Topology::Single { url }, timeout, metrics)
-    }
-
     /// Creates the store without connecting: tollgate must start (and answer per `on_error`)
     /// while Redis is down. Must be called inside a Tokio runtime.
     pub fn open(

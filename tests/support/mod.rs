@@ -178,13 +178,21 @@ pub fn redis_cli(port: u16, args: &[&str]) -> Result<String, String> {
     Ok(String::from_utf8_lossy(&output.stdout).into_owned())
 }
 
-/// A running `tollgate` process with its own config file and free ports.
+/// A running tollgate with its own config file and free ports: a process of the real binary,
+/// or served inside the test process ([`Tollgate::in_process`]) when a test needs no
+/// signals, logs or process of its own.
 pub struct Tollgate {
     pub addr: SocketAddr,
     pub admin: SocketAddr,
     pub config_path: PathBuf,
-    child: Child,
+    running: Running,
     _dir: TempDir,
+}
+
+enum Running {
+    Process(Child),
+    /// Dropping the sender is the shutdown signal of `server::run`.
+    InProcess(Option<tokio::sync::oneshot::Sender<()>>),
 }
 
 impl Tollgate {
@@ -233,9 +241,53 @@ impl Tollgate {
             addr,
             admin,
             config_path,
-            child,
+            running: Running::Process(child),
             _dir: dir,
         };
+        tollgate.wait_healthy();
+        (tollgate, log_path)
+    }
+
+    /// Serves `config` in this test process, on port 0, through the same `server::run` the
+    /// binary uses; it stops when dropped.
+    pub fn in_process(config: &str) -> Tollgate {
+        let dir = TempDir::new("tollgate");
+        let config_path = dir.write("tollgate.toml", config);
+        let config = tollgate::config::Config::load(Some(&config_path)).expect("a valid config");
+        let bind = || TcpListener::bind("127.0.0.1:0").expect("bind port 0");
+        let listeners = tollgate::server::Listeners {
+            public: bind(),
+            admin: bind(),
+            grpc: None,
+        };
+        let addr = listeners.public.local_addr().unwrap();
+        let admin = listeners.admin.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        std::thread::spawn(move || {
+            actix_web::rt::System::new().block_on(async move {
+                let state = tollgate::state::build_state(&config).expect("state built");
+                tollgate::server::spawn_duties(&config, &state).expect("duties started");
+                let shutdown = async move {
+                    let _ = stopped.await;
+                };
+                tollgate::server::run(state, listeners, shutdown)
+                    .await
+                    .expect("served");
+            })
+        });
+        let tollgate = Tollgate {
+            addr,
+            admin,
+            config_path,
+            running: Running::InProcess(Some(stop)),
+            _dir: dir,
+        };
+        tollgate.wait_healthy();
+        tollgate
+    }
+
+    fn wait_healthy(&self) {
+        let addr = self.addr;
         assert!(
             wait_until(Duration::from_secs(10), || {
                 HttpClient::connect(addr)
@@ -245,7 +297,13 @@ impl Tollgate {
             }),
             "tollgate did not come up on {addr}"
         );
-        (tollgate, log_path)
+    }
+
+    fn child(&mut self) -> &mut Child {
+        match &mut self.running {
+            Running::Process(child) => child,
+            Running::InProcess(_) => panic!("an in-process tollgate has no process"),
+        }
     }
 
     pub fn client(&self) -> HttpClient {
@@ -273,8 +331,9 @@ impl Tollgate {
     }
 
     pub fn signal(&self, signal: &str) {
+        let pid = self.pid();
         let status = Command::new("kill")
-            .args([&format!("-{signal}"), &self.child.id().to_string()])
+            .args([&format!("-{signal}"), &pid.to_string()])
             .status()
             .expect("run kill");
         assert!(status.success());
@@ -284,7 +343,7 @@ impl Tollgate {
     pub fn wait_exit(&mut self, within: Duration) -> Option<i32> {
         let deadline = Instant::now() + within;
         while Instant::now() < deadline {
-            if let Ok(Some(status)) = self.child.try_wait() {
+            if let Ok(Some(status)) = self.child().try_wait() {
                 return status.code();
             }
             std::thread::sleep(Duration::from_millis(20));
@@ -293,14 +352,23 @@ impl Tollgate {
     }
 
     pub fn pid(&self) -> u32 {
-        self.child.id()
+        match &self.running {
+            Running::Process(child) => child.id(),
+            Running::InProcess(_) => panic!("an in-process tollgate has no process"),
+        }
     }
 }
 
 impl Drop for Tollgate {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        match &mut self.running {
+            Running::Process(child) => {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+            // The server drains on its own thread; nothing here waits for it.
+            Running::InProcess(stop) => drop(stop.take()),
+        }
     }
 }
 
@@ -313,6 +381,17 @@ pub fn tollgate_command() -> Command {
         }
     }
     command
+}
+
+/// Polls a future that never waits (the memory store's) to completion.
+pub fn block_on<F: std::future::Future>(future: F) -> F::Output {
+    let mut future = std::pin::pin!(future);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    loop {
+        if let std::task::Poll::Ready(out) = future.as_mut().poll(&mut cx) {
+            return out;
+        }
+    }
 }
 
 pub fn metric_value(metrics: &str, sample: &str) -> f64 {

@@ -1,0 +1,76 @@
+//! What every worker of every listener shares: the limiter (policy, store, deny cache) and
+//! the metrics. Built once at start; tests build it themselves to serve in process.
+
+use std::time::Duration;
+
+use actix_web::web;
+
+use crate::config::{Backend, Config, StoreConfig};
+use crate::limiter::Limiter;
+use crate::limits::Policy;
+use crate::metrics::Metrics;
+use crate::store::memory::MemoryStore;
+use crate::store::redis::{RedisStore, Topology};
+use crate::store::AnyStore;
+
+/// Shared by every worker of both listeners.
+pub struct AppState {
+    pub limiter: Limiter<AnyStore>,
+    pub metrics: Metrics,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("{0}")]
+    Store(#[from] crate::store::StoreError),
+    #[error("{0}")]
+    Config(#[from] crate::config::ConfigError),
+    #[error("cannot serve: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Builds the shared state. Must run inside the actix (Tokio) runtime: the Redis connection
+/// manager spawns its driver there.
+pub fn build_state(config: &Config) -> Result<web::Data<AppState>, StartError> {
+    let metrics = Metrics::new();
+    let policy = Policy::compile(config, &metrics)?;
+    let store = match config.store.backend {
+        Backend::Memory => AnyStore::Memory(MemoryStore::new(config.store.max_buckets)),
+        Backend::Redis => AnyStore::Redis(Box::new(RedisStore::open(
+            &topology(&config.store),
+            Duration::from_millis(config.store.timeout_ms),
+            metrics.clone(),
+        )?)),
+    };
+    let remote = matches!(store, AnyStore::Redis(_));
+    let deny_cache = remote && config.store.deny_cache;
+    let mut limiter = Limiter::new(
+        store,
+        policy,
+        config.store.on_error,
+        config.store.max_buckets,
+        metrics.clone(),
+    );
+    if deny_cache {
+        limiter = limiter.with_deny_cache(
+            config.store.max_buckets,
+            Duration::from_millis(config.store.timeout_ms),
+        );
+    }
+    Ok(web::Data::new(AppState { limiter, metrics }))
+}
+
+/// Where the Redis store lives: a Cluster, a Sentinel-managed master, or one node.
+pub(crate) fn topology(store: &StoreConfig) -> Topology<'_> {
+    match &store.sentinel {
+        _ if !store.cluster.is_empty() => Topology::Cluster {
+            seeds: &store.cluster,
+        },
+        Some(sentinel) => Topology::Sentinel {
+            master: &sentinel.master,
+            sentinels: &sentinel.urls,
+            url: &store.url,
+        },
+        None => Topology::Single { url: &store.url },
+    }
+}
