@@ -51,3 +51,4 @@ pub mod report;
 pub mod request;
 pub mod server;
 pub mod store;
+pub mod top;
