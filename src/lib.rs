@@ -34,6 +34,7 @@
 pub mod clock;
 pub mod config;
 pub mod decision;
+pub mod denial_log;
 pub mod deny_cache;
 pub mod exempt;
 pub mod grpc;
@@ -52,3 +53,4 @@ pub mod request;
 pub mod server;
 pub mod store;
 pub mod top;
+pub mod top_view;

@@ -11,7 +11,8 @@ use actix_web::dev::Service as _;
 use actix_web::http::ConnectionType;
 use actix_web::{web, App, HttpServer};
 
-use crate::config::{Backend, Config, OnError, StoreConfig};
+use crate::config::{Backend, Config, DenialLogging, OnError, StoreConfig};
+use crate::denial_log::DenialLog;
 use crate::lifecycle::{self, Reloader};
 use crate::limiter::Limiter;
 use crate::limits::Policy;
@@ -93,6 +94,9 @@ pub fn build_state(config: &Config) -> Result<web::Data<AppState>, StartError> {
             config.store.max_buckets,
             Duration::from_millis(config.store.timeout_ms),
         );
+    }
+    if config.log.denials == DenialLogging::Sampled {
+        limiter = limiter.with_denial_log(DenialLog::default());
     }
     Ok(web::Data::new(AppState { limiter, metrics }))
 }

@@ -6,6 +6,7 @@ pub mod check;
 pub mod headers;
 pub mod health;
 pub mod report;
+pub mod top;
 
 use actix_web::web;
 
@@ -26,5 +27,6 @@ pub fn admin_routes(cfg: &mut web::ServiceConfig) {
     cfg.route("/metrics", web::get().to(health::metrics))
         .route("/healthz", web::get().to(health::healthz))
         .route("/readyz", web::get().to(health::readyz))
-        .service(web::resource("/report").route(web::post().to(report::report)));
+        .service(web::resource("/report").route(web::post().to(report::report)))
+        .route("/v1/top", web::get().to(top::top));
 }
