@@ -156,7 +156,9 @@ mod tests {
         clock.advance_ms(9_999);
         assert!(log.line("per-ip", "203.0.113.9", Some(3)).is_none());
         clock.advance_ms(1);
-        let Line(line) = log.line("per-ip", "203.0.113.9", Some(2)).expect("its turn");
+        let Line(line) = log
+            .line("per-ip", "203.0.113.9", Some(2))
+            .expect("its turn");
         assert_eq!(line["suppressed"], 2);
         assert_eq!(line["retry_after_s"], 2);
         assert_eq!(line["key"], json!(["203.0.113.9"]));
@@ -168,7 +170,10 @@ mod tests {
         let log = log_on(&clock);
         let logged = |from: usize| {
             (from..from + 1000)
-                .filter(|i| log.line("per-ip", &format!("10.0.{}.{}", i / 256, i % 256), None).is_some())
+                .filter(|i| {
+                    log.line("per-ip", &format!("10.0.{}.{}", i / 256, i % 256), None)
+                        .is_some()
+                })
                 .count()
         };
         assert_eq!(logged(0), 100);
@@ -180,7 +185,9 @@ mod tests {
     fn keys_that_are_not_addresses_are_fingerprinted() {
         let clock = Arc::new(ManualClock::default());
         let log = log_on(&clock);
-        let Line(line) = log.line("per-key", "sk_live_secret|GET", None).expect("first");
+        let Line(line) = log
+            .line("per-key", "sk_live_secret|GET", None)
+            .expect("first");
         let key = line["key"].as_array().expect("parts");
         assert_eq!(key[0], crate::http::admin::fingerprint("sk_live_secret"));
         assert_eq!(key[1], crate::http::admin::fingerprint("GET"));

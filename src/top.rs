@@ -83,7 +83,11 @@ impl KeyTop {
         let mut total = 0;
         for shard in &self.shards {
             let ring = shard.lock().unwrap_or_else(PoisonError::into_inner);
-            for slot in ring.slots.iter().filter(|s| (oldest..=now).contains(&s.minute)) {
+            for slot in ring
+                .slots
+                .iter()
+                .filter(|s| (oldest..=now).contains(&s.minute))
+            {
                 total += slot.summary.total;
                 for counter in &slot.summary.counters {
                     *merged.entry(counter.key.clone()).or_default() += counter.count;

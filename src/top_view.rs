@@ -89,7 +89,10 @@ pub fn run(args: &TopArgs) -> io::Result<()> {
 pub fn merge(answers: &[(String, Answer)]) -> Vec<Row> {
     let mut rows: HashMap<(String, String), (u64, f64)> = HashMap::new();
     let mut totals: HashMap<String, u64> = HashMap::new();
-    for answer in answers.iter().filter_map(|(_, answer)| answer.as_ref().ok()) {
+    for answer in answers
+        .iter()
+        .filter_map(|(_, answer)| answer.as_ref().ok())
+    {
         for limit in answer["limits"].as_array().into_iter().flatten() {
             let name = limit["limit"].as_str().unwrap_or("?").to_string();
             *totals.entry(name.clone()).or_default() += limit["denied"].as_u64().unwrap_or(0);
@@ -319,7 +322,10 @@ mod tests {
     fn an_unreachable_instance_is_shown_not_fatal() {
         let screen = render(
             "1m",
-            &[("http://127.0.0.1:1".into(), Err("connection refused".into()))],
+            &[(
+                "http://127.0.0.1:1".into(),
+                Err("connection refused".into()),
+            )],
             20,
             100,
         );

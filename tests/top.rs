@@ -49,7 +49,10 @@ fn checks(tollgate: &Tollgate, ip: &str, api_key: Option<&str>, times: usize) {
 
 fn top(tollgate: &Tollgate, query: &str, token: Option<&str>) -> (u16, Value) {
     let bearer = token.map(|t| format!("Bearer {t}"));
-    let headers: Vec<(&str, &str)> = bearer.iter().map(|b| ("Authorization", b.as_str())).collect();
+    let headers: Vec<(&str, &str)> = bearer
+        .iter()
+        .map(|b| ("Authorization", b.as_str()))
+        .collect();
     let answer = HttpClient::connect(tollgate.admin)
         .and_then(|mut c| c.get(&format!("/v1/top{query}"), &headers))
         .expect("admin answered");
@@ -87,11 +90,15 @@ fn top_lists_the_most_denied_keys_of_each_limit_with_every_denial_counted() {
     assert_eq!(keys[1]["denied"], 20);
     // The deny cache answered most of these without Redis: they count all the same, as in
     // the metric of the limit.
-    let denied_metric = tollgate.metric(r#"tollgate_limit_decisions_total{decision="denied",limit="per-ip"}"#);
+    let denied_metric =
+        tollgate.metric(r#"tollgate_limit_decisions_total{decision="denied",limit="per-ip"}"#);
     assert_eq!(per_ip["denied"], 84);
     assert_eq!(denied_metric, 84.0);
     let store_calls = support::commandstats::script_calls(&redis);
-    assert!(store_calls < 60, "the deny cache answered most of the flood: {store_calls} calls");
+    assert!(
+        store_calls < 60,
+        "the deny cache answered most of the flood: {store_calls} calls"
+    );
     let share = keys[0]["share"].as_f64().expect("share");
     assert!((share - 59.0 / 84.0).abs() < 0.01, "{share}");
     assert!(keys[0]["denied_per_min"].as_f64().expect("rate") > 0.0);
@@ -103,14 +110,24 @@ fn top_lists_the_most_denied_keys_of_each_limit_with_every_denial_counted() {
     assert_eq!(anonymous.as_str().map(str::len), Some(12), "{answer}");
     assert!(!answer.to_string().contains("sk_live_flood"));
     let (_, operator) = top(&tollgate, "?window=1m", Some(TOKEN));
-    assert_eq!(limit(&operator, "per-key")["keys"][0]["key"], serde_json::json!(["sk_live_flood"]));
+    assert_eq!(
+        limit(&operator, "per-key")["keys"][0]["key"],
+        serde_json::json!(["sk_live_flood"])
+    );
 }
 
 #[test]
 fn top_refuses_an_unknown_window_or_size_with_400() {
     let redis = RedisServer::start();
     let (tollgate, _) = start(&redis, "off");
-    for query in ["?window=2m", "?window=60s", "?n=0", "?n=100000", "?n=x", "?window=1m&n=-3"] {
+    for query in [
+        "?window=2m",
+        "?window=60s",
+        "?n=0",
+        "?n=100000",
+        "?n=x",
+        "?window=1m&n=-3",
+    ] {
         let (status, answer) = top(&tollgate, query, None);
         assert_eq!(status, 400, "{query}: {answer}");
         assert!(answer["field"].is_string(), "{query}: {answer}");
@@ -143,7 +160,8 @@ fn the_sampled_deny_log_writes_one_line_per_denied_key_every_ten_seconds() {
             });
         }
     });
-    let denied = tollgate.metric(r#"tollgate_limit_decisions_total{decision="denied",limit="per-ip"}"#);
+    let denied =
+        tollgate.metric(r#"tollgate_limit_decisions_total{decision="denied",limit="per-ip"}"#);
     assert!(denied > 100.0, "the flood was denied: {denied}");
     let lines = denial_lines(&log);
     assert_eq!(lines.len(), 2, "{lines:?}");
@@ -152,7 +170,10 @@ fn the_sampled_deny_log_writes_one_line_per_denied_key_every_ten_seconds() {
     assert_eq!(keys, ["\"203.0.113.1\"", "\"203.0.113.2\""]);
     for line in &lines {
         assert_eq!(line["limit"], "per-ip");
-        assert!(line["retry_after_s"].as_u64().is_some_and(|s| s >= 1), "{line}");
+        assert!(
+            line["retry_after_s"].as_u64().is_some_and(|s| s >= 1),
+            "{line}"
+        );
         assert!(line["suppressed"].is_u64(), "{line}");
     }
 }
@@ -168,7 +189,12 @@ fn the_sampled_deny_log_writes_at_most_a_hundred_lines_a_second() {
             scope.spawn(move || {
                 for i in 0..150 {
                     // Each key once allowed, then denied: 600 keys denied once each.
-                    checks(tollgate, &format!("10.{thread}.{}.{}", i / 200, i % 200), None, 2);
+                    checks(
+                        tollgate,
+                        &format!("10.{thread}.{}.{}", i / 200, i % 200),
+                        None,
+                        2,
+                    );
                 }
             });
         }
@@ -179,7 +205,10 @@ fn the_sampled_deny_log_writes_at_most_a_hundred_lines_a_second() {
     assert!(lines >= 100, "the first hundred keys are logged: {lines}");
     assert!(lines <= allowed.min(600), "{lines} lines in {elapsed:.1} s");
     if elapsed < 4.0 {
-        assert!(lines < 600, "the budget held some back: {lines} lines in {elapsed:.1} s");
+        assert!(
+            lines < 600,
+            "the budget held some back: {lines} lines in {elapsed:.1} s"
+        );
     }
 }
 

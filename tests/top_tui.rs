@@ -39,7 +39,11 @@ impl Session {
         let session = Session { socket };
         let (w, h) = (width.to_string(), height.to_string());
         let out = session.run(&["new-session", "-d", "-s", "top", "-x", &w, "-y", &h, "sh"]);
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         session
     }
 
@@ -113,10 +117,17 @@ fn top_merges_two_instances_on_screen_and_quits_on_q() {
     // Merged over both instances (one bucket in Redis, one allowed check): the flooding
     // address is first with 59 of the 69 per-ip denials.
     assert!(rows[0].starts_with("203.0.113.9 "), "{screen}");
-    assert!(rows[0].contains("per-ip") && rows[0].contains("85.5%"), "{screen}");
+    assert!(
+        rows[0].contains("per-ip") && rows[0].contains("85.5%"),
+        "{screen}"
+    );
     assert!(rows[1].starts_with("198.51.100.7 "), "{screen}");
     // Without the token, the API key shows as a fingerprint.
-    assert!(rows.iter().any(|r| r.contains("per-key") && r.contains("100.0%")), "{screen}");
+    assert!(
+        rows.iter()
+            .any(|r| r.contains("per-key") && r.contains("100.0%")),
+        "{screen}"
+    );
     assert!(!screen.contains("sk_live_flood"), "{screen}");
 
     // Still refreshing a second later; then q quits and the shell is back.
@@ -128,7 +139,10 @@ fn top_merges_two_instances_on_screen_and_quits_on_q() {
         screen.contains("top-exited-0")
     });
     assert!(back, "q did not quit back to the shell:\n{screen}");
-    assert!(!screen.contains("instance(s) answering"), "the view was left on screen:\n{screen}");
+    assert!(
+        !screen.contains("instance(s) answering"),
+        "the view was left on screen:\n{screen}"
+    );
 }
 
 #[test]
@@ -152,7 +166,9 @@ fn top_shows_an_unreachable_instance_instead_of_failing() {
     assert!(screen.contains("0/1 instance(s)"), "{screen}");
     session.run(&["send-keys", "-t", "top", "q"]);
     assert!(
-        wait_until(Duration::from_secs(5), || session.screen().contains("top-exited-0")),
+        wait_until(Duration::from_secs(5), || session
+            .screen()
+            .contains("top-exited-0")),
         "{}",
         session.screen()
     );

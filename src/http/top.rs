@@ -62,7 +62,10 @@ fn parse(query: &str) -> Result<(u64, usize), (&'static str, String)> {
             .strip_suffix('m')
             .and_then(|m| m.parse::<u64>().ok())
             .filter(|m| top::WINDOWS.contains(m))
-            .ok_or(("window", format!("window {window:?}: expected 1m, 5m or 15m")))?,
+            .ok_or((
+                "window",
+                format!("window {window:?}: expected 1m, 5m or 15m"),
+            ))?,
     };
     let n = match asked.n.as_deref() {
         None => DEFAULT_N,
@@ -70,7 +73,10 @@ fn parse(query: &str) -> Result<(u64, usize), (&'static str, String)> {
             .parse::<usize>()
             .ok()
             .filter(|n| (1..=MAX_N).contains(n))
-            .ok_or(("n", format!("n {n:?}: expected a whole number from 1 to {MAX_N}")))?,
+            .ok_or((
+                "n",
+                format!("n {n:?}: expected a whole number from 1 to {MAX_N}"),
+            ))?,
     };
     Ok((minutes, n))
 }

@@ -78,7 +78,11 @@ fn flood(top: &KeyTop, clock: &ManualClock, s: f64, draws: usize, minutes: u64) 
     clock.advance_ms(1_000);
     let mut ranks: Vec<(usize, u64)> = exact.into_iter().collect();
     ranks.sort_unstable_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-    ranks.iter().take(10).map(|&(rank, _)| key_of(rank)).collect()
+    ranks
+        .iter()
+        .take(10)
+        .map(|&(rank, _)| key_of(rank))
+        .collect()
 }
 
 fn reported_top_ten_holds_nine_of_the_true_ones(s: f64) {
@@ -190,7 +194,10 @@ fn a_new_key_takes_over_the_smallest_counter_when_full() {
 
 #[test]
 fn tails_are_read_back_into_their_values() {
-    assert_eq!(tail_of("tg:per-ip:{203.0.113.9}", "tg", "per-ip"), "203.0.113.9");
+    assert_eq!(
+        tail_of("tg:per-ip:{203.0.113.9}", "tg", "per-ip"),
+        "203.0.113.9"
+    );
     assert_eq!(tail_of("odd", "tg", "per-ip"), "odd");
     assert_eq!(parts("a%7Cb|GET"), vec!["a|b", "GET"]);
     assert_eq!(parts("100%25|%anon"), vec!["100%", "(anonymous)"]);
