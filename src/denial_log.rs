@@ -151,10 +151,12 @@ mod tests {
         let log = log_on(&clock);
         assert!(log.line("per-ip", "203.0.113.9", Some(3)).is_some());
         assert!(log.line("per-ip", "203.0.113.9", Some(3)).is_none());
-        // The same key under another limit is another pair.
-        assert!(log.line("per-key", "203.0.113.9", Some(3)).is_some());
+        // The same key under another limit is another pair; it reports the denial held back.
+        let Line(other) = log.line("per-key", "203.0.113.9", Some(3)).expect("first");
+        assert_eq!(other["suppressed"], 1);
         clock.advance_ms(9_999);
         assert!(log.line("per-ip", "203.0.113.9", Some(3)).is_none());
+        assert!(log.line("per-key", "203.0.113.9", Some(3)).is_none());
         clock.advance_ms(1);
         let Line(line) = log
             .line("per-ip", "203.0.113.9", Some(2))
