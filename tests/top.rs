@@ -219,3 +219,19 @@ fn denials_are_not_logged_by_default() {
     checks(&tollgate, "203.0.113.3", None, 5);
     assert!(denial_lines(&log).is_empty());
 }
+
+#[test]
+fn an_unknown_deny_log_mode_is_refused_naming_the_key() {
+    let dir = support::TempDir::new("top-config");
+    let path = dir.write("tollgate.toml", "[log]\ndenials = \"everything\"\n");
+    let output = support::tollgate_command()
+        .arg("validate")
+        .arg("--config")
+        .arg(&path)
+        .output()
+        .expect("run tollgate validate");
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("log.denials"), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+}
