@@ -2,7 +2,7 @@
 # What recording denials costs /check: deny floods against this tree's tollgate and one built
 # from BASE (a commit without the recording), side by side, in interleaved rounds; prints
 # medians and the ratio (this tree / base) per flood. Recording happens only on a denial, so
-# a deny flood is its worst case:
+# a deny flood is its worst case (timeout_ms = 500: a loaded machine must not open the breaker):
 #   - one key, memory store:          every check decided in memory and denied;
 #   - 10,000 keys, memory store:      the summaries churn (a new key takes over a counter);
 #   - one key, Redis store:           the deny cache answers the flood without Redis;
@@ -54,7 +54,7 @@ admin_listen = "127.0.0.1:$admin"
 backend = "$backend"
 url = "redis://127.0.0.1:$REDIS_PORT/0"
 key_prefix = "$name"
-timeout_ms = 50
+timeout_ms = 500
 max_buckets = 1000000
 
 [[limits]]
