@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # What recording denials costs /check: deny floods against this tree's tollgate and one built
 # from BASE (a commit without the recording), side by side, in interleaved rounds; prints
-# medians and the ratio (this tree / base) per flood. Recording happens only on a denial, so
-# a deny flood is its worst case (timeout_ms = 500: a loaded machine must not open the breaker):
+# medians and ratios (this tree / base) of CPU per check and of throughput per flood.
+# Recording happens only on a denial, so a deny flood is its worst case (timeout_ms = 500: a
+# loaded machine must not open the breaker):
 #   - one key, memory store:          every check decided in memory and denied;
 #   - 10,000 keys, memory store:      the summaries churn (a new key takes over a counter);
 #   - one key, Redis store:           the deny cache answers the flood without Redis;
@@ -65,7 +66,7 @@ key = ["path"]
 TOML
   RUST_LOG=warn "$binary" --config "$conf" &
   PIDS+=($!)
-  eval "PORT_$name=$port; ADMIN_$name=$admin"
+  eval "PORT_$name=$port; ADMIN_$name=$admin; PID_$name=$!"
   wait_http "http://127.0.0.1:$port/healthz"
 }
 
@@ -74,18 +75,27 @@ for backend in memory redis; do
   start_tollgate "new_$backend" "$WORK/tollgate-new" "$backend"
 done
 
-rps() { # port one|many -> requests/s
-  local port=$1 url
+# CPU time of a process (user + system), in clock ticks.
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+TICK_US=$(awk -v hz="$(getconf CLK_TCK)" 'BEGIN {print 1000000 / hz}')
+
+run() { # name one|many -> "requests/s CPU-µs-per-check" of that instance
+  local port_var=PORT_$1 pid_var=PID_$1 before after
+  before=$(cpu_ticks "${!pid_var}")
   if [ "$2" = one ]; then
-    wrk -t1 -c"$CONNS" -d"${DURATION}s" "http://127.0.0.1:$port/check/victim"
+    wrk -t1 -c"$CONNS" -d"${DURATION}s" "http://127.0.0.1:${!port_var}/check/victim"
   else
     KEYS=$KEYS wrk -t1 -c"$CONNS" -d"${DURATION}s" -s bench/random_key.lua \
-      "http://127.0.0.1:$port/check"
-  fi | awk '/^Requests\/sec/ {print $2}'
+      "http://127.0.0.1:${!port_var}/check"
+  fi >"$WORK/wrk.out"
+  after=$(cpu_ticks "${!pid_var}")
+  awk -v t=$((after - before)) -v us="$TICK_US" '
+    /requests in/ {n = $1} /^Requests\/sec/ {r = $2}
+    END {printf "%s %.2f\n", r, (n > 0) ? t * us / n : 0}' "$WORK/wrk.out"
 }
 median() { sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
 
-declare -A R
+declare -A R C
 SCENARIOS="memory:one memory:many redis:one redis:many"
 for round in $(seq "$ROUNDS"); do
   echo "round $round/$ROUNDS" >&2
@@ -94,26 +104,32 @@ for round in $(seq "$ROUNDS"); do
     # Alternate which build goes first, so neither always meets a warmer machine.
     if [ $((round % 2)) = 1 ]; then order="base new"; else order="new base"; fi
     for build in $order; do
-      port_var="PORT_${build}_$backend"
-      R[$build:$scenario]+="$(rps "${!port_var}" "$keys") "
+      read -r rate cpu < <(run "${build}_$backend" "$keys")
+      R[$build:$scenario]+="$rate "
+      C[$build:$scenario]+="$cpu "
     done
   done
 done
 
 echo
-echo "| deny flood | base req/s | with recording req/s | ratio |"
-echo "| --- | --- | --- | --- |"
+# CPU per check is what recording adds; throughput swings with whatever else the machine runs.
+echo "| deny flood | CPU µs/check, base | with recording | ratio | req/s, base | with recording | ratio |"
+echo "| --- | --- | --- | --- | --- | --- | --- |"
 for scenario in $SCENARIOS; do
   b=$(printf '%s\n' ${R[base:$scenario]} | median)
   n=$(printf '%s\n' ${R[new:$scenario]} | median)
+  cb=$(printf '%s\n' ${C[base:$scenario]} | median)
+  cn=$(printf '%s\n' ${C[new:$scenario]} | median)
   label="${scenario#*:} key(s), ${scenario%%:*} store"
   [ "${scenario#*:}" = many ] && label="$KEYS keys, ${scenario%%:*} store"
   [ "${scenario#*:}" = one ] && label="one key, ${scenario%%:*} store"
-  printf '| %s | %.0f | %.0f | %s |\n' "$label" "$b" "$n" "$(awk -v a="$n" -v b="$b" 'BEGIN {printf "%.3f", a / b}')"
+  printf '| %s | %.2f | %.2f | %s | %.0f | %.0f | %s |\n' "$label" "$cb" "$cn" \
+    "$(awk -v a="$cn" -v b="$cb" 'BEGIN {printf "%.3f", a / b}')" "$b" "$n" \
+    "$(awk -v a="$n" -v b="$b" 'BEGIN {printf "%.3f", a / b}')"
 done
 echo
 echo "rounds: $ROUNDS x ${DURATION}s, wrk -t1 -c$CONNS; all runs:"
-for key in "${!R[@]}"; do echo "  $key: ${R[$key]}"; done | sort
+for key in "${!R[@]}"; do echo "  $key: req/s ${R[$key]}; CPU µs/check ${C[$key]}"; done | sort
 for backend in memory redis; do
   admin_var="ADMIN_new_$backend"
   denied=$(curl -s "http://127.0.0.1:${!admin_var}/metrics" |
