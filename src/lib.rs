@@ -23,7 +23,9 @@
 //!   `lua/token_bucket.lua` and `lua/report.lua`, [`store::calendar`] of their UTC periods.
 //! - [`decision`]: the verdict as a value: remaining, reset, retry-after.
 //! - [`report`]: `POST /report` without HTTP: charges known after the response.
-//! - [`metrics`]: the Prometheus registry; every metric name in one place.
+//! - [`metrics`]: the Prometheus registry; every metric name in one place. Each limit's
+//!   denials also count into [`top`] (the most denied keys, bounded memory, `GET /v1/top`)
+//!   and, when asked, into [`denial_log`]; [`top_view`] is `tollgate top`.
 //! - [`clock`]: time as a parameter ([`clock::Clock`]), so tests advance it, never sleep.
 //! - [`config`]: defaults < TOML file < `TOLLGATE_*` environment: the schema, loading,
 //!   validation of the settings and the summary `validate` prints, one file each.

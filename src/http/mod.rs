@@ -1,5 +1,5 @@
 //! The HTTP surface: `/check` on the public listener; `/metrics` only on the admin listener;
-//! `/healthz` and `/readyz` on both; `POST /report` only on the admin listener.
+//! `/healthz` and `/readyz` on both; `POST /report` and `GET /v1/top` only on the admin listener.
 
 pub mod admin;
 pub mod check;
