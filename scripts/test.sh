@@ -15,6 +15,7 @@ command -v redis-cli    >/dev/null || apt_missing+=(redis-tools)
 command -v nginx        >/dev/null || apt_missing+=(nginx)
 command -v promtool     >/dev/null || apt_missing+=(prometheus)
 command -v openssl      >/dev/null || apt_missing+=(openssl)  # certificates for the rediss:// test
+command -v tmux         >/dev/null || apt_missing+=(tmux)     # tollgate top, as a person sees it
 if [ "${#apt_missing[@]}" -gt 0 ]; then
   echo "installing with apt-get: ${apt_missing[*]}"
   as_root apt-get update -qq

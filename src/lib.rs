@@ -27,7 +27,9 @@
 //!   [`store::redis::resets`] tells every instance's deny cache of a reset bucket.
 //! - [`decision`]: the verdict as a value: remaining, reset, retry-after.
 //! - [`report`]: `POST /report` without HTTP: charges known after the response.
-//! - [`metrics`]: the Prometheus registry; every metric name in one place.
+//! - [`metrics`]: the Prometheus registry; every metric name in one place. Each limit's
+//!   denials also count into [`top`] (the most denied keys, bounded memory, `GET /v1/top`)
+//!   and, when asked, into [`denial_log`]; [`top_view`] is `tollgate top`.
 //! - [`clock`]: time as a parameter ([`clock::Clock`]), so tests advance it, never sleep.
 //! - [`config`]: defaults < TOML file < `TOLLGATE_*` environment: the schema, loading,
 //!   validation of the settings and the summary `validate` prints, one file each.
@@ -39,6 +41,7 @@
 pub mod clock;
 pub mod config;
 pub mod decision;
+pub mod denial_log;
 pub mod deny_cache;
 pub mod exempt;
 pub mod grpc;
@@ -58,3 +61,5 @@ pub mod runtime_overrides;
 pub mod server;
 pub mod state;
 pub mod store;
+pub mod top;
+pub mod top_view;

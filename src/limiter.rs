@@ -17,6 +17,7 @@ use arc_swap::ArcSwap;
 
 use crate::config::OnError;
 use crate::decision::{Decision, LimitState, Verdict};
+use crate::denial_log::DenialLog;
 use crate::deny_cache::{CachedDenial, Consult, DenyCache, Probe};
 use crate::limits::Policy;
 use crate::metrics::Metrics;
@@ -24,6 +25,7 @@ use crate::rate::count_f64;
 use crate::request::OriginalRequest;
 use crate::store::memory::MemoryStore;
 use crate::store::{BucketRequest, Store, StoreDecision, StoreError};
+use crate::top;
 
 pub struct Limiter<S: Store> {
     store: S,
@@ -35,6 +37,8 @@ pub struct Limiter<S: Store> {
     instances: AtomicU64,
     /// Denials the store would surely repeat, answered without asking it (remote stores).
     deny_cache: Option<DenyCache>,
+    /// `[log] denials = "sampled"`.
+    denial_log: Option<DenialLog>,
     metrics: Metrics,
 }
 
@@ -64,6 +68,7 @@ impl<S: Store> Limiter<S> {
             fallback: (on_error == OnError::Local).then(|| MemoryStore::new(max_buckets)),
             instances: AtomicU64::new(1),
             deny_cache: None,
+            denial_log: None,
             metrics,
         }
     }
@@ -77,6 +82,12 @@ impl<S: Store> Limiter<S> {
     /// [`Limiter::with_deny_cache`] with a cache built by the caller (e.g. on a manual clock).
     pub fn with_cache(mut self, cache: DenyCache) -> Self {
         self.deny_cache = Some(cache);
+        self
+    }
+
+    /// Logs denials, sampled (`[log] denials = "sampled"`).
+    pub fn with_denial_log(mut self, log: DenialLog) -> Self {
+        self.denial_log = Some(log);
         self
     }
 
@@ -250,10 +261,7 @@ impl<S: Store> Limiter<S> {
             .enumerate()
             .map(|(index, bucket)| {
                 let denied = index == denial.bucket;
-                if denied {
-                    policy.limits[bucket.limit].counters.denied.inc();
-                }
-                LimitState {
+                let state = LimitState {
                     limit: bucket.limit,
                     cost: bucket.cost,
                     rate: bucket.rate,
@@ -261,7 +269,11 @@ impl<S: Store> Limiter<S> {
                     tokens: if denied { denial.tokens } else { bucket.burst },
                     enough: !denied,
                     window: None,
+                };
+                if denied {
+                    self.count_denial(policy, bucket, &state);
                 }
+                state
             })
             .collect();
         Decision {
@@ -332,12 +344,7 @@ impl<S: Store> Limiter<S> {
             .zip(&decided.buckets)
             .map(|(bucket, outcome)| {
                 let limit = &policy.limits[bucket.limit];
-                match (outcome.enough, limit.shadow) {
-                    (true, _) => limit.counters.allowed.inc(),
-                    (false, true) => limit.counters.shadow_denied.inc(),
-                    (false, false) => limit.counters.denied.inc(),
-                }
-                LimitState {
+                let state = LimitState {
                     limit: bucket.limit,
                     cost: bucket.cost,
                     rate: bucket.rate,
@@ -345,13 +352,31 @@ impl<S: Store> Limiter<S> {
                     tokens: outcome.tokens,
                     enough: outcome.enough,
                     window: outcome.window,
+                };
+                match (outcome.enough, limit.shadow) {
+                    (true, _) => limit.counters.allowed.inc(),
+                    (false, true) => limit.counters.shadow_denied.inc(),
+                    (false, false) => self.count_denial(policy, bucket, &state),
                 }
+                state
             })
             .collect();
         Decision {
             allowed: decided.allowed,
             limits,
             degraded,
+        }
+    }
+
+    /// A limit denied `bucket`: its counter, its key's place in the top list, the deny log.
+    /// Only denials come here, so the allowed path pays nothing for them.
+    fn count_denial(&self, policy: &Policy, bucket: &BucketRequest, state: &LimitState) {
+        let limit = &policy.limits[bucket.limit];
+        limit.counters.denied.inc();
+        let tail = top::tail_of(&bucket.key, &policy.key_prefix, &limit.name);
+        limit.counters.denied_keys.record(tail);
+        if let Some(log) = &self.denial_log {
+            log.note(&limit.name, tail, state.wait_secs());
         }
     }
 }

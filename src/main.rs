@@ -33,6 +33,8 @@ enum Command {
     /// Convert another rate limiter's configuration to tollgate TOML on stdout
     #[command(subcommand)]
     Import(Import),
+    /// The most denied keys over instances, refreshed every second (q quits)
+    Top(tollgate::top_view::TopArgs),
 }
 
 #[derive(Subcommand, Clone)]
@@ -67,6 +69,15 @@ fn main() -> ExitCode {
             }
         };
     }
+    if let Some(Command::Top(args)) = &cli.command {
+        return match tollgate::top_view::run(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => {
+                eprintln!("tollgate: top: {error}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let config = match Config::load(cli.config.as_deref()) {
         Ok(config) => config,
         Err(error) => return refuse(&error),
@@ -75,7 +86,7 @@ fn main() -> ExitCode {
         Command::Validate => validate(&config),
         Command::Serve => serve(config, cli.config),
         // Answered above, before any configuration is loaded.
-        Command::Import(_) => ExitCode::SUCCESS,
+        Command::Import(_) | Command::Top(_) => ExitCode::SUCCESS,
     }
 }
 

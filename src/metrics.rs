@@ -1,10 +1,15 @@
 //! The Prometheus registry and every metric tollgate exports. Label children used on
 //! the hot path are resolved once, so a check only bumps atomics. No client key is ever a label.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
 use prometheus::{
     Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
     Registry, TextEncoder,
 };
+
+use crate::top::KeyTop;
 
 pub const CHECKS_TOTAL: &str = "tollgate_checks_total";
 pub const EXEMPT_TOTAL: &str = "tollgate_exempt_total";
@@ -60,6 +65,8 @@ pub struct LimitCounters {
     pub allowed: IntCounter,
     pub denied: IntCounter,
     pub shadow_denied: IntCounter,
+    /// The keys this limit denied most (`GET /v1/top`): in memory, never a label.
+    pub denied_keys: Arc<KeyTop>,
 }
 
 impl LimitCounters {
@@ -70,6 +77,7 @@ impl LimitCounters {
             allowed: detached_counter(),
             denied: detached_counter(),
             shadow_denied: detached_counter(),
+            denied_keys: Arc::default(),
         }
     }
 }
@@ -94,6 +102,7 @@ pub struct Metrics {
     pub grpc: GrpcCounters,
     /// Runtime overrides this instance holds, by limit (expired ones until the store drops them).
     pub runtime_overrides: IntGaugeVec,
+    tops: Arc<Mutex<HashMap<String, Arc<KeyTop>>>>,
 }
 
 impl Metrics {
@@ -216,6 +225,7 @@ impl Metrics {
             store_up,
             reload_success: reloads.with_label_values(&["success"]),
             reload_failure: reloads.with_label_values(&["failure"]),
+            tops: Arc::default(),
             grpc: GrpcCounters {
                 ok: grpc_requests.with_label_values(&["ok"]),
                 over_limit: grpc_requests.with_label_values(&["over_limit"]),
@@ -238,7 +248,14 @@ impl Metrics {
             shadow_denied: self
                 .limit_decisions
                 .with_label_values(&[limit, "shadow_denied"]),
+            denied_keys: self.denied_keys(limit),
         }
+    }
+
+    /// The top-denied keys of `limit`: one per name, so they survive a reload.
+    fn denied_keys(&self, limit: &str) -> Arc<KeyTop> {
+        let mut tops = self.tops.lock().unwrap_or_else(PoisonError::into_inner);
+        tops.entry(limit.to_owned()).or_default().clone()
     }
 
     /// `tollgate_exempt_total` for one rule, resolved when the rules are compiled.

@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use actix_web::web;
 
-use crate::config::{Backend, Config, StoreConfig};
+use crate::config::{Backend, Config, DenialLogging, StoreConfig};
+use crate::denial_log::DenialLog;
 use crate::limiter::Limiter;
 use crate::limits::Policy;
 use crate::metrics::Metrics;
@@ -56,6 +57,9 @@ pub fn build_state(config: &Config) -> Result<web::Data<AppState>, StartError> {
             config.store.max_buckets,
             Duration::from_millis(config.store.timeout_ms),
         );
+    }
+    if config.log.denials == DenialLogging::Sampled {
+        limiter = limiter.with_denial_log(DenialLog::default());
     }
     Ok(web::Data::new(AppState { limiter, metrics }))
 }

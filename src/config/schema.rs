@@ -32,6 +32,7 @@ pub struct Config {
     pub store: StoreConfig,
     pub client_ip: ClientIpConfig,
     pub response: ResponseConfig,
+    pub log: LogConfig,
     /// Requests admitted before any limit is looked at; the first matching rule wins.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub exempt: Vec<ExemptConfig>,
@@ -114,6 +115,21 @@ pub enum IpSource {
     XForwardedFor,
     XRealIp,
     Peer,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    /// `sampled`: a JSON line per denied (limit, key) at most every 10 s, 100 lines/s in all.
+    pub denials: DenialLogging,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DenialLogging {
+    #[default]
+    Off,
+    Sampled,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -293,6 +309,7 @@ impl Default for Config {
             store: StoreConfig::default(),
             client_ip: ClientIpConfig::default(),
             response: ResponseConfig::default(),
+            log: LogConfig::default(),
             exempt: Vec::new(),
             limits: vec![LimitConfig {
                 name: "per-ip".into(),

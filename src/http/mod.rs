@@ -1,6 +1,6 @@
 //! The HTTP surface: `/check` on the public listener; `/metrics` only on the admin listener;
 //! `/healthz` and `/readyz` on both; `POST /report` and the admin API (`/v1/limits`,
-//! `/v1/buckets`, `/v1/overrides`) only on the admin listener.
+//! `/v1/buckets`, `/v1/overrides`, `/v1/top`) only on the admin listener.
 
 pub mod admin;
 pub mod buckets;
@@ -10,6 +10,7 @@ pub mod limits;
 pub mod overrides;
 pub mod report;
 pub mod response;
+pub mod top;
 
 use actix_web::web;
 
@@ -42,5 +43,6 @@ pub fn admin_routes(cfg: &mut web::ServiceConfig) {
                 .route(web::get().to(overrides::list))
                 .route(web::put().to(overrides::put))
                 .route(web::delete().to(overrides::delete)),
-        );
+        )
+        .route("/v1/top", web::get().to(top::top));
 }
