@@ -62,13 +62,7 @@ cargo +"$msrv" check --all-targets --all-features --quiet
 cargo test --all-targets --no-fail-fast
 
 # The second tier (proxies, deployment artifacts, Cluster, Sentinel, Redis faults under load,
-# Python gRPC, the long runs): only its own targets, those with `required-features = ["e2e"]`,
-# and the `e2e::` tests inside otherwise fast targets, so nothing of the fast tier runs twice.
-mapfile -t e2e_targets < <(cargo metadata --no-deps --format-version 1 | python3 -c '
-import json, sys
-for target in json.load(sys.stdin)["packages"][0]["targets"]:
-    if "e2e" in target.get("required-features", []):
-        print("--test=" + target["name"])')
-cargo test --features e2e --no-fail-fast "${e2e_targets[@]}"
-mapfile -t mixed_targets < <(grep -l '^mod e2e' tests/*.rs | sed 's|^tests/\(.*\)\.rs$|--test=\1|')
-cargo test --features e2e --no-fail-fast "${mixed_targets[@]}" -- e2e::
+# Python gRPC, the long runs): its own binary, plus the `e2e` modules that keep slow cases
+# next to their fast siblings in the fast binary, so nothing of the fast tier runs twice.
+cargo test --features e2e --no-fail-fast --test e2e
+cargo test --features e2e --no-fail-fast --test fast -- ::e2e::

@@ -1,0 +1,242 @@
+//! tollgate on a real Redis Cluster (3 masters, 3 replicas): it starts before the cluster
+//! exists, stays exact when one request draws from buckets in different slots, and follows a
+//! master failover without a restart.
+
+use std::time::{Duration, Instant};
+
+use crate::support::cluster::{drive, Outcome, RedisCluster};
+use crate::support::Tollgate;
+
+/// (name, rate, burst, key header). `per-user` and `per-user-minute` share a slot (same hash
+/// tag); `per-tenant` lives in another slot, so every request spans slots.
+const LIMITS: &[(&str, f64, f64, &str)] = &[
+    ("per-user", 5.0, 10.0, "x-user"),
+    ("per-user-minute", 2.0, 15.0, "x-user"),
+    ("per-tenant", 20.0, 20.0, "x-tenant"),
+];
+
+fn config(seeds: &[String]) -> String {
+    let seeds: Vec<String> = seeds.iter().map(|s| format!("\"{s}\"")).collect();
+    let mut config = format!(
+        "[store]\nbackend = \"redis\"\ncluster = [{}]\ntimeout_ms = 1000\non_error = \"deny\"\n\
+         key_prefix = \"tgtest\"\n",
+        seeds.join(", ")
+    );
+    for (name, rate, burst, header) in LIMITS {
+        config.push_str(&format!(
+            "\n[[limits]]\nname = \"{name}\"\nrate = {rate}\nburst = {burst}\n\
+             key = [\"header:{header}\"]\n"
+        ));
+    }
+    config
+}
+
+fn names(prefix: &str, count: usize) -> Vec<String> {
+    (0..count).map(|i| format!("{prefix}{i}")).collect()
+}
+
+fn allowed(o: &Outcome) -> bool {
+    o.status == 200 && o.decided
+}
+
+/// For every bucket: allowed <= burst + rate * elapsed + 1. Returns the largest use of the bound
+/// seen (allowed / bound) and the totals, for the report.
+fn assert_exact(
+    phase: &str,
+    outcomes: &[Outcome],
+    elapsed: Duration,
+    users: usize,
+    tenants: usize,
+) {
+    let secs = elapsed.as_secs_f64();
+    let mut per_user = vec![0u64; users];
+    let mut per_tenant = vec![0u64; tenants];
+    for o in outcomes.iter().filter(|o| allowed(o)) {
+        per_user[o.user] += 1;
+        per_tenant[o.tenant] += 1;
+    }
+    for (name, rate, burst, header) in LIMITS {
+        let counts = if *header == "x-user" {
+            &per_user
+        } else {
+            &per_tenant
+        };
+        let bound = burst + rate * secs + 1.0;
+        let max = counts.iter().copied().max().unwrap_or(0);
+        assert!(
+            counts.iter().all(|&n| n as f64 <= bound),
+            "{phase}: {name} admitted {max} > bound {bound:.1} over {secs:.2}s: {counts:?}"
+        );
+        eprintln!(
+            "{phase}: {name}: max admitted per bucket {max} <= bound {bound:.1} \
+             (burst {burst} + {rate}/s x {secs:.2}s + 1)"
+        );
+    }
+    let total_allowed: u64 = per_user.iter().sum();
+    let denied = outcomes.iter().filter(|o| o.status == 429).count();
+    let errors = outcomes.iter().filter(|o| o.status == 503).count();
+    eprintln!(
+        "{phase}: {} checks in {secs:.2}s: {total_allowed} allowed, {denied} denied, {errors} store errors",
+        outcomes.len()
+    );
+    assert!(denied > 0, "{phase}: the load must exceed the limits");
+    // Not vacuous: the tenant buckets (the cross-slot limit) really were used up.
+    let tenant_bound = 20.0 + 20.0 * secs;
+    assert!(
+        per_tenant.iter().sum::<u64>() as f64 >= 0.5 * tenant_bound * tenants as f64
+            || per_user.iter().sum::<u64>() as f64 >= 0.5 * (10.0 + 5.0 * secs) * users as f64,
+        "{phase}: far fewer admissions than the limits allow: {per_user:?} {per_tenant:?}"
+    );
+}
+
+#[test]
+fn cluster_is_exact_across_slots_and_follows_a_master_failover() {
+    let ports = RedisCluster::pick_ports();
+    let seeds: Vec<String> = ports
+        .iter()
+        .map(|p| format!("redis://127.0.0.1:{p}"))
+        .collect();
+    let config = config(&seeds);
+
+    // Lazy start: tollgate serves (per on_error) before any node exists.
+    let first = Tollgate::start(&config);
+    let early = first.check(&[("x-user", "early"), ("x-tenant", "early")]);
+    assert_eq!(early.status, 503, "no cluster yet: on_error = deny");
+
+    let mut cluster = RedisCluster::start_on(&ports);
+    let others = [Tollgate::start(&config), Tollgate::start(&config)];
+    let connected_after = Instant::now();
+    assert!(
+        crate::support::wait_until(Duration::from_secs(15), || {
+            let r = first.check(&[("x-user", "warmup"), ("x-tenant", "warmup")]);
+            r.status == 200 && r.header("ratelimit").is_some()
+        }),
+        "the tollgate started before the cluster never connected"
+    );
+    eprintln!(
+        "lazy start: first store decision {:.2}s after the cluster came up",
+        connected_after.elapsed().as_secs_f64()
+    );
+    let targets = [first.addr, others[0].addr, others[1].addr];
+
+    // Phase 1: exactness with a multi-limit rule spanning slots, keys on every master.
+    let (users, tenants) = (names("p1-user-", 24), names("p1-tenant-", 3));
+    let (outcomes, elapsed) = drive(&targets, 9, Duration::from_secs(4), &users, &tenants);
+    assert!(
+        outcomes.iter().all(|o| o.status != 0),
+        "tollgate always answers"
+    );
+    assert_exact("steady", &outcomes, elapsed, users.len(), tenants.len());
+    let errors = outcomes.iter().filter(|o| o.status == 503).count();
+    assert!(
+        errors * 50 <= outcomes.len(),
+        "steady state: {errors} of {} checks failed",
+        outcomes.len()
+    );
+    let sizes = cluster.on_masters(&["DBSIZE"]);
+    eprintln!("keys per master: {sizes:?}");
+    assert_eq!(sizes.len(), 3);
+    assert!(
+        sizes
+            .iter()
+            .all(|s| s.trim().parse::<u64>().unwrap_or(0) > 0),
+        "buckets spread over every master: {sizes:?}"
+    );
+
+    // Scripts vanish (flush here, and the promoted replica never had them): EVAL takes over.
+    cluster.on_masters(&["SCRIPT", "FLUSH"]);
+
+    // Phase 2: a master dies; its replica is promoted; tollgate follows without a restart.
+    let victim = cluster.master_ports()[0];
+    let heir = cluster
+        .replica_of(victim)
+        .expect("the victim has a replica");
+    let (users2, tenants2) = (names("p2-user-", 24), names("p2-tenant-", 3));
+    let load_start = Instant::now();
+    let load =
+        std::thread::spawn(move || drive(&targets, 6, Duration::from_secs(9), &users2, &tenants2));
+    std::thread::sleep(Duration::from_millis(1500));
+    let killed_at = load_start.elapsed();
+    cluster.kill(victim);
+    assert!(
+        cluster.wait_healthy(3, Duration::from_secs(15)),
+        "the replica was not promoted"
+    );
+    let healed_at = load_start.elapsed();
+    assert!(
+        cluster.master_ports().contains(&heir),
+        "{heir} is a master now"
+    );
+    let (outcomes, _) = load.join().expect("load thread");
+    assert!(
+        outcomes.iter().all(|o| o.status != 0),
+        "tollgate always answers"
+    );
+    let failed: Vec<&Outcome> = outcomes
+        .iter()
+        .filter(|o| !allowed(o) && o.status != 429)
+        .collect();
+    let window = match (failed.first(), failed.last()) {
+        (Some(_), Some(_)) => {
+            let first = failed.iter().map(|o| o.at).min().unwrap_or_default();
+            let last = failed.iter().map(|o| o.at).max().unwrap_or_default();
+            format!("{:.2}s..{:.2}s", first.as_secs_f64(), last.as_secs_f64())
+        }
+        _ => "none".into(),
+    };
+    let slowest = outcomes.iter().map(|o| o.latency).max().unwrap_or_default();
+    eprintln!(
+        "failover: master killed at {:.2}s, cluster healthy at {:.2}s; {} of {} checks failed \
+         (503), in {window}; slowest answer {:.0} ms",
+        killed_at.as_secs_f64(),
+        healed_at.as_secs_f64(),
+        failed.len(),
+        outcomes.len(),
+        slowest.as_secs_f64() * 1000.0
+    );
+    // A rare timeout on this shared machine may fall outside; the failover's errors may not.
+    let outside = failed
+        .iter()
+        .filter(|o| o.at < killed_at || o.at > healed_at + Duration::from_secs(2))
+        .count();
+    assert!(
+        outside * 100 <= outcomes.len(),
+        "errors only inside the failover window: {outside} outside"
+    );
+    let in_window = outcomes
+        .iter()
+        .filter(|o| o.at >= killed_at && o.at <= healed_at + Duration::from_secs(2))
+        .count();
+    eprintln!(
+        "failover: {} of {in_window} checks from the kill to 2 s after healing failed; \
+         {outside} failures outside",
+        failed.len() - outside
+    );
+    assert!(
+        outcomes
+            .iter()
+            .any(|o| o.at > healed_at + Duration::from_secs(2) && allowed(o)),
+        "checks are decided by the store again after the failover"
+    );
+
+    // Phase 3: exact again on the new topology (fresh keys: a replica may lose the last writes).
+    let (users, tenants) = (names("p3-user-", 24), names("p3-tenant-", 3));
+    let (outcomes, elapsed) = drive(&targets, 9, Duration::from_secs(4), &users, &tenants);
+    assert!(
+        outcomes.iter().all(|o| o.status != 0),
+        "tollgate always answers"
+    );
+    assert_exact(
+        "after failover",
+        &outcomes,
+        elapsed,
+        users.len(),
+        tenants.len(),
+    );
+    let errors = outcomes.iter().filter(|o| o.status == 503).count();
+    assert!(
+        errors * 50 <= outcomes.len(),
+        "after failover: {errors} of {} checks failed",
+        outcomes.len()
+    );
+}

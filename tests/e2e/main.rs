@@ -1,0 +1,16 @@
+//! The end-to-end tier (`cargo test --features e2e --test e2e`): the real nginx and Traefik
+//! in front of tollgate, the deployment files, Redis Cluster and Sentinel, faults under load.
+//! One module per concern; `cargo test --features e2e --test e2e <module>::` runs one.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod cluster;
+mod deploy_artifacts;
+mod dodge;
+mod faults;
+mod ingress_examples;
+mod metrics_exposition;
+mod nginx;
+mod sentinel;
+mod traefik;

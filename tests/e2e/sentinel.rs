@@ -1,0 +1,127 @@
+//! tollgate behind Redis Sentinel (1 master, 1 replica, 3 sentinels): it follows the master
+//! through a `SENTINEL FAILOVER` and through the death of the master, without a restart, and
+//! afterwards every check is decided by the store again (not by `on_error`).
+
+use std::time::{Duration, Instant};
+
+use crate::support::cluster::{SentinelSetup, MASTER_NAME};
+use crate::support::{wait_until, Tollgate};
+
+const ALLOWED: &str = "tollgate_checks_total{result=\"allowed\"}";
+const ERROR_ALLOWED: &str = "tollgate_checks_total{result=\"error_allowed\"}";
+
+fn config(setup: &SentinelSetup) -> String {
+    let urls: Vec<String> = setup.urls().iter().map(|u| format!("\"{u}\"")).collect();
+    format!(
+        "[store]\nbackend = \"redis\"\ntimeout_ms = 100\non_error = \"allow\"\n\
+         sentinel = {{ master = \"{MASTER_NAME}\", urls = [{}] }}\n\n\
+         [[limits]]\nname = \"per-user\"\nrate = 10\nburst = 100000\nkey = [\"header:x-user\"]\n",
+        urls.join(", ")
+    )
+}
+
+/// Decided by the store: quota headers present (an `on_error = "allow"` answer has none).
+fn decided(tollgate: &Tollgate) -> bool {
+    let r = tollgate.check(&[("x-user", "alice")]);
+    r.status == 200 && r.header("ratelimit").is_some()
+}
+
+/// Checks every 10 ms from `started` (the failover's trigger) until the sentinels name `new_master` and a check is
+/// decided by the store again; returns (undecided checks, seconds until decided again).
+fn ride_out(
+    tollgate: &Tollgate,
+    started: Instant,
+    new_master: u16,
+    master_port: impl Fn() -> Option<u16>,
+) -> (u32, f64) {
+    let mut undecided = 0;
+    let mut switched = false;
+    while started.elapsed() < Duration::from_secs(30) {
+        switched = switched || master_port() == Some(new_master);
+        if decided(tollgate) {
+            if switched {
+                return (undecided, started.elapsed().as_secs_f64());
+            }
+        } else {
+            undecided += 1;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    panic!("tollgate did not follow the new master {new_master} (switched: {switched})");
+}
+
+/// After a failover: 50 checks, every one decided by the store, and the metrics agree; the
+/// bucket lives on the master the sentinels name.
+fn assert_store_decides(tollgate: &Tollgate, master: u16, phase: &str) {
+    let (allowed, errors) = (tollgate.metric(ALLOWED), tollgate.metric(ERROR_ALLOWED));
+    for _ in 0..50 {
+        assert!(decided(tollgate), "{phase}: a check fell back to on_error");
+    }
+    assert_eq!(tollgate.metric(ALLOWED) - allowed, 50.0, "{phase}: allowed");
+    assert_eq!(
+        tollgate.metric(ERROR_ALLOWED),
+        errors,
+        "{phase}: error_allowed"
+    );
+    let tokens =
+        crate::support::redis_cli(master, &["HGET", "tollgate:per-user:{alice}", "tokens"])
+            .unwrap_or_default();
+    assert!(
+        tokens.trim().parse::<f64>().is_ok_and(|t| t < 100_000.0),
+        "{phase}: the bucket is on master {master}: {tokens:?}"
+    );
+}
+
+#[test]
+fn sentinel_failovers_are_followed_without_a_restart() {
+    let mut setup = SentinelSetup::start();
+    let tollgate = Tollgate::start(&config(&setup));
+    assert!(
+        wait_until(Duration::from_secs(10), || decided(&tollgate)),
+        "tollgate never reached the master through the sentinels"
+    );
+    assert_store_decides(&tollgate, setup.master.port, "before failover");
+
+    // 1. An operator's failover: the master is demoted (it answers READONLY), the replica wins.
+    let replica = setup.replica.port;
+    let started = Instant::now();
+    setup.sentinel_cli(&["SENTINEL", "FAILOVER", MASTER_NAME]);
+    let (undecided, secs) = ride_out(&tollgate, started, replica, || setup.master_port());
+    eprintln!("SENTINEL FAILOVER: store decides again after {secs:.2}s; {undecided} checks answered per on_error");
+    assert_store_decides(&tollgate, replica, "after SENTINEL FAILOVER");
+
+    // 2. The new master dies; the old one, now its replica, is promoted back.
+    let old_master = setup.master.port;
+    assert!(
+        wait_until(Duration::from_secs(20), || {
+            let info = setup.master.cli(&["INFO", "replication"]);
+            info.contains("role:slave") && info.contains("master_link_status:up")
+        }),
+        "the demoted master did not become a synced replica"
+    );
+    let started = Instant::now();
+    setup.replica.kill();
+    let (undecided, secs) = ride_out(&tollgate, started, old_master, || setup.master_port());
+    eprintln!("master killed: store decides again after {secs:.2}s; {undecided} checks answered per on_error");
+    assert_store_decides(&tollgate, old_master, "after the master died");
+}
+
+#[test]
+fn tollgate_starts_and_answers_while_no_sentinel_is_reachable() {
+    let nobody = [crate::support::free_port(), crate::support::free_port()];
+    let config = format!(
+        "[store]\nbackend = \"redis\"\ntimeout_ms = 50\non_error = \"deny\"\n\
+         sentinel = {{ master = \"{MASTER_NAME}\", urls = [\"redis://127.0.0.1:{}\", \
+         \"redis://127.0.0.1:{}\"] }}\n",
+        nobody[0], nobody[1]
+    );
+    let tollgate = Tollgate::start(&config);
+    let started = Instant::now();
+    let r = tollgate.check(&[]);
+    assert_eq!(r.status, 503, "on_error = deny while no master is known");
+    assert!(started.elapsed() < Duration::from_secs(1), "fails fast");
+    let ready = crate::support::HttpClient::connect(tollgate.admin)
+        .and_then(|mut c| c.get("/readyz", &[]))
+        .expect("readyz answered");
+    assert_eq!(ready.status, 503);
+}

@@ -1,0 +1,374 @@
+//! The command line: `validate`, `--version`, and every refused configuration exiting 2 with
+//! one line that names the offending key.
+
+use std::process::Output;
+
+use crate::support::{tollgate_command, TempDir};
+
+fn run(args: &[&str], config: Option<&str>, env: &[(&str, &str)]) -> Output {
+    let dir = TempDir::new("cli");
+    let mut command = tollgate_command();
+    if let Some(config) = config {
+        command
+            .arg("--config")
+            .arg(dir.write("tollgate.toml", config));
+    }
+    command
+        .args(args)
+        .envs(env.iter().copied())
+        .output()
+        .expect("run tollgate")
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+/// Asserts exit code 2 and a single stderr line naming `key`.
+fn assert_refused(output: &Output, key: &str) {
+    let err = stderr(output);
+    assert_eq!(output.status.code(), Some(2), "stderr: {err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
+    assert!(err.contains(key), "{key:?} named in: {err}");
+}
+
+const LIMIT: &str = "[[limits]]\nname = \"a\"\nrate = 1\nburst = 5\nkey = [\"ip\"]\n";
+
+#[test]
+fn validate_prints_the_effective_limits() {
+    let config = format!(
+        "[store]\nbackend = \"redis\"\nurl = \"redis://:hunter2@10.0.0.5:6379/0\"\n{LIMIT}\n[limits.match]\npath_prefix = \"/api/\"\n"
+    );
+    let output = run(&["validate"], Some(&config), &[]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let out = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        out.contains("rate 1/s") && out.contains("burst 5") && out.contains("/api/"),
+        "{out}"
+    );
+    assert!(out.contains("redis://:***@10.0.0.5:6379/0"), "{out}");
+    assert!(!out.contains("hunter2"), "the password is never printed");
+}
+
+#[test]
+fn the_shipped_example_config_is_valid() {
+    let example = include_str!("../../config/tollgate.toml");
+    let output = run(&["validate"], Some(example), &[]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let out = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        out.contains("limits        5") && out.contains("on_error allow"),
+        "{out}"
+    );
+}
+
+#[test]
+fn the_plans_example_of_the_readme_is_valid_and_warns_about_nothing() {
+    let output = run(
+        &["validate"],
+        Some(include_str!("../../config/plans.toml")),
+        &[],
+    );
+    assert!(output.status.success(), "{}", stderr(&output));
+    let out = String::from_utf8_lossy(&output.stdout);
+    assert!(out.contains("rate 60/min = 1 tokens/s"), "{out}");
+    assert!(out.contains("overrides     enterprise: 1 key(s)"), "{out}");
+    assert!(!out.contains("warning"), "{out}");
+}
+
+#[test]
+fn with_no_file_the_defaults_apply() {
+    let output = run(&["validate"], None, &[]);
+    assert!(output.status.success());
+    let out = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        out.contains("memory")
+            && out.contains("per-ip")
+            && out.contains("rate 20/s")
+            && out.contains("burst 100"),
+        "{out}"
+    );
+}
+
+#[test]
+fn the_config_path_may_come_from_the_environment() {
+    let dir = TempDir::new("cli-env");
+    let path = dir.write(
+        "t.toml",
+        "[[limits]]\nname = \"from-env-file\"\nrate = 1\nburst = 1\nkey = [\"ip\"]\n",
+    );
+    let output = tollgate_command()
+        .arg("validate")
+        .env("TOLLGATE_CONFIG", &path)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert!(String::from_utf8_lossy(&output.stdout).contains("from-env-file"));
+}
+
+#[test]
+fn environment_variables_override_the_file() {
+    let output = run(
+        &["validate"],
+        Some(LIMIT),
+        &[
+            ("TOLLGATE_STORE__TIMEOUT_MS", "75"),
+            ("TOLLGATE_STORE__BACKEND", "redis"),
+        ],
+    );
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert!(String::from_utf8_lossy(&output.stdout).contains("timeout 75 ms"));
+}
+
+#[test]
+fn kubernetes_service_variables_are_ignored() {
+    let output = run(
+        &["validate"],
+        Some(LIMIT),
+        &[
+            ("TOLLGATE_SERVICE_HOST", "10.0.0.1"),
+            ("TOLLGATE_SERVICE_PORT", "8080"),
+            ("TOLLGATE_PORT", "tcp://10.0.0.1:8080"),
+            ("TOLLGATE_PORT_8080_TCP_ADDR", "10.0.0.1"),
+        ],
+    );
+    assert!(output.status.success(), "{}", stderr(&output));
+}
+
+#[test]
+fn every_invalid_value_is_refused_naming_its_key() {
+    let cases: &[(&str, &str)] = &[
+        ("bogus = 1\n", "bogus"),
+        ("[store]\ntimeout = 5\n", "store.timeout"),
+        ("[store]\nbackend = \"mongo\"\n", "store.backend"),
+        ("[store]\ntimeout_ms = 0\n", "store.timeout_ms"),
+        ("[store]\non_error = \"maybe\"\n", "store.on_error"),
+        ("[store]\nbackend = \"redis\"\nurl = \"http://x\"\n", "store.url"),
+        ("[store]\nkey_prefix = \"\"\n", "store.key_prefix"),
+        ("listen = \"nowhere\"\n", "listen"),
+        ("[client_ip]\ntrusted_proxies = [\"10.0.0.0/33\"]\n", "client_ip.trusted_proxies"),
+        ("[client_ip]\nfrom = \"cookie\"\n", "client_ip.from"),
+        ("[response]\ndeny_status = 42\n", "response.deny_status"),
+        ("[response]\nheaders = [\"draft-7\"]\n", "response.headers"),
+        // A proxy admits a 2xx/3xx auth answer and treats a 5xx as its own failure.
+        ("[response]\ndeny_status = 200\n", "response.deny_status"),
+        ("[response]\ndeny_status = 302\n", "response.deny_status"),
+        ("[response]\ndeny_status = 503\n", "response.deny_status"),
+        ("[client_ip]\nipv6_prefix = 0\n", "client_ip.ipv6_prefix"),
+        ("[client_ip]\nipv6_prefix = 31\n", "client_ip.ipv6_prefix"),
+        ("[client_ip]\nipv6_prefix = 129\n", "client_ip.ipv6_prefix"),
+        ("[client_ip]\nipv6_prefix = 300\n", "client_ip.ipv6_prefix"),
+        ("[[limits]]\nname = \"a\"\nrate = 0\nburst = 5\nkey = [\"ip\"]\n", "limits.a.rate"),
+        ("[[limits]]\nname = \"a\"\nrate = -1\nburst = 5\nkey = [\"ip\"]\n", "limits.a.rate"),
+        ("[[limits]]\nname = \"a\"\nrate = 1\nburst = 0\nkey = [\"ip\"]\n", "limits.a.burst"),
+        // Buckets the store cannot represent: the refill time overflows what PEXPIRE takes
+        // (or is infinite), or the burst leaves the range of exact float integers.
+        ("[[limits]]\nname = \"a\"\nrate = 1e-14\nburst = 5\nkey = [\"ip\"]\n", "limits.a.rate"),
+        ("[[limits]]\nname = \"a\"\nrate = 1e-300\nburst = 5\nkey = [\"ip\"]\n", "limits.a.rate"),
+        ("[[limits]]\nname = \"a\"\nrate = 3.1e-9\nburst = 1\nkey = [\"ip\"]\n", "limits.a.rate"),
+        ("[[limits]]\nname = \"a\"\nrate = 3\nburst = 1000000000\nkey = [\"ip\"]\n", "limits.a.rate"),
+        ("[[limits]]\nname = \"a\"\nrate = inf\nburst = 5\nkey = [\"ip\"]\n", "limits.a.rate"),
+        ("[[limits]]\nname = \"a\"\nrate = nan\nburst = 5\nkey = [\"ip\"]\n", "limits.a.rate"),
+        ("[[limits]]\nname = \"a\"\nrate = 1e9\nburst = 1000000001\nkey = [\"ip\"]\n", "limits.a.burst"),
+        ("[[limits]]\nname = \"a\"\nrate = 1e9\nburst = 9007199254740993\nkey = [\"ip\"]\n", "limits.a.burst"),
+        ("[[limits]]\nname = \"a\"\nrate = 1\nburst = 5\ncost = 6\nkey = [\"ip\"]\n", "limits.a.cost"),
+        ("[[limits]]\nname = \"a\"\nrate = 1\nburst = 5\nkey = [\"cookie\"]\n", "limits.a.key[0]"),
+        ("[[limits]]\nname = \"a\"\nrate = 1\nburst = 5\nkey = []\n", "limits.a.key"),
+        ("[[limits]]\nname = \"Bad Name\"\nrate = 1\nburst = 5\nkey = [\"ip\"]\n", "limits.name: \"Bad Name\""),
+        ("[[limits]]\nname = \"a\"\nrate = 1\nburst = 5\nkey = [\"ip\"]\n[limits.match]\npath_prefix = \"api\"\n", "limits.a.match.path_prefix"),
+        ("[[limits]]\nname = \"a\"\nrate = 1\nburst = 5\nkey = [\"ip\"]\nwindow = 3\n", "window"),
+        (&"[[limits]]
+name = \"a\"
+rate = 1
+burst = 5
+key = [\"ip\"]
+".repeat(2), "limits.a.name"),
+        ("[[limits]]
+name = \"a\"
+rate = 1
+key = [\"ip\"]
+", "limits.a.burst"),
+        ("[[limits]]
+name = \"a\"
+burst = 1
+key = [\"ip\"]
+", "limits.a.rate"),
+        ("[store\n", "TOML"),
+    ];
+    for (config, key) in cases {
+        let output = run(&["validate"], Some(config), &[]);
+        assert_refused(&output, key);
+    }
+}
+
+const PER_KEY: &str =
+    "[[limits]]\nname = \"k\"\nrate = 1\nburst = 5\nkey = [\"header:x-api-key\"]\n";
+
+#[test]
+fn every_invalid_policy_shape_is_refused_naming_its_key() {
+    let cases: &[(String, &str)] = &[
+        (
+            "[[limits]]\nname = \"a\"\nrate = \"5/fortnight\"\nburst = 5\nkey = [\"ip\"]\n".into(),
+            "limits.a.rate: \"5/fortnight\": unknown unit",
+        ),
+        (
+            "[[limits]]\nname = \"a\"\nrate = \"0/min\"\nburst = 5\nkey = [\"ip\"]\n".into(),
+            "limits.a.rate",
+        ),
+        (
+            format!("{PER_KEY}[limits.match]\nheader = {{ \"x-plan\" = [\"gold\"] }}\n"),
+            "limits.0.match.header: unknown key",
+        ),
+        (
+            "[[exempt]]\nname = \"office\"\ncidr = [\"10.0.0.0/8\"]\n".into(),
+            "exempt.0.cidr: unknown key",
+        ),
+        (
+            "[[exempt]]\nname = \"a\"\ncidrs = [\"10.0.0.0/8\"]\n[[exempt]]\nname = \"a\"\nmethods = [\"GET\"]\n".into(),
+            "exempt.a.name: duplicate",
+        ),
+        ("[[exempt]]\nname = \"all\"\n".into(), "exempt.all: has no condition"),
+        (
+            "[[exempt]]\nname = \"a\"\ncidrs = [\"10.0.0.0/33\"]\n".into(),
+            "exempt.0.cidrs",
+        ),
+        (
+            format!("{PER_KEY}[[limits.overrides]]\nkey = [\"a\", \"b\"]\nburst = 9\n"),
+            "limits.k.overrides[0].key: has 2 value(s)",
+        ),
+        (
+            format!("{PER_KEY}[[limits.overrides]]\nkey = [\"a\"]\nunlimited = true\nrate = 5\n"),
+            "limits.k.overrides[0].unlimited: cannot be combined with rate",
+        ),
+        (
+            format!("{PER_KEY}[[limits.overrides]]\nkey = [\"a\"]\nburst = 9\nwindow = 3\n"),
+            "limits.0.overrides.0.window: unknown key",
+        ),
+        (
+            format!("{PER_KEY}[[limits.overrides]]\nkey = [\"a\"]\nrate = \"9/week\"\n"),
+            "limits.k.overrides[0].rate",
+        ),
+        (
+            format!("{PER_KEY}overrides_file = \"/nonexistent/keys.toml\"\n"),
+            "limits.k.overrides_file: cannot read /nonexistent/keys.toml",
+        ),
+    ];
+    for (config, key) in cases {
+        let output = run(&["validate"], Some(config), &[]);
+        assert_refused(&output, key);
+    }
+}
+
+#[test]
+fn a_broken_overrides_file_is_refused_naming_the_file_and_entry() {
+    let dir = TempDir::new("overrides-file");
+    let file = dir.write(
+        "keys.toml",
+        "[[overrides]]\nkey = [\"a\"]\nburst = 9\n[[overrides]]\nkey = [\"b\"]\nunlimited = true\nburst = 3\n",
+    );
+    let config = format!("{PER_KEY}overrides_file = \"{}\"\n", file.display());
+    assert_refused(
+        &run(&["validate"], Some(&config), &[]),
+        "limits.k.overrides_file",
+    );
+    assert!(stderr(&run(&["validate"], Some(&config), &[])).contains("overrides[1].unlimited"));
+    dir.write(
+        "keys.toml",
+        "[[overrides]]\nkey = [\"a\"]\nburst = 9\nfoo = 1\n",
+    );
+    let output = run(&[], Some(&config), &[]);
+    assert_refused(&output, "limits.k.overrides_file");
+    assert!(
+        stderr(&output).contains("line 4: unknown field `foo`"),
+        "{}",
+        stderr(&output)
+    );
+}
+
+#[test]
+fn validate_shows_written_rates_per_second_policies_and_warns_about_overlapping_tiers() {
+    let dir = TempDir::new("validate-policies");
+    dir.write(
+        "keys.toml",
+        "[[overrides]]\nkey = [\"x\"]\nburst = 9\n[[overrides]]\nkey = [\"y\"]\nunlimited = true\n",
+    );
+    let config = "[[exempt]]\nname = \"office\"\ncidrs = [\"10.0.0.0/8\"]\n\
+        [[limits]]\nname = \"gold\"\nrate = \"1000/min\"\nburst = 200\nkey = [\"header:x-api-key\"]\n\
+        [limits.match]\nheaders = { \"x-plan\" = [\"gold\"] }\n\
+        [[limits]]\nname = \"free\"\nrate = \"10/min\"\nburst = 20\nkey = [\"header:x-api-key\"]\n\
+        [limits.match]\nheaders = { \"x-plan\" = [\"free\", \"\"] }\n\
+        [[limits]]\nname = \"any\"\nrate = 10\nburst = 20\nkey = [\"header:x-api-key\"]\n\
+        overrides_file = \"keys.toml\"\n[[limits.overrides]]\nkey = [\"z\"]\nburst = 5\n";
+    let path = dir.write("tollgate.toml", config);
+    let output = tollgate_command()
+        .args(["validate", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", stderr(&output));
+    let out = String::from_utf8_lossy(&output.stdout);
+    assert!(out.contains("rate 1000/min = 16.666667 tokens/s"), "{out}");
+    assert!(out.contains("rate 10/s"), "{out}");
+    assert!(
+        out.contains("office           cidrs [\"10.0.0.0/8\"]"),
+        "{out}"
+    );
+    assert!(out.contains("overrides     any: 3 key(s)"), "{out}");
+    let warnings: Vec<&str> = out.lines().filter(|l| l.starts_with("warning:")).collect();
+    // gold and free exclude each other by their header values; "any" has no header rule.
+    assert_eq!(warnings.len(), 2, "{out}");
+    assert!(warnings[0].contains("limits.gold and limits.any"), "{out}");
+    assert!(warnings[1].contains("limits.free and limits.any"), "{out}");
+}
+
+#[test]
+fn the_extremes_the_store_can_represent_are_accepted() {
+    let cases = [
+        // Ten years to refill, just under the bound.
+        "[[limits]]\nname = \"a\"\nrate = 3.2e-9\nburst = 1\nkey = [\"ip\"]\n",
+        "[[limits]]\nname = \"a\"\nrate = 3.2\nburst = 1000000000\ncost = 1000000000\nkey = [\"ip\"]\n",
+        "[[limits]]\nname = \"a\"\nrate = 1e300\nburst = 1\nkey = [\"ip\"]\n",
+        "[response]\ndeny_status = 400\n[client_ip]\nipv6_prefix = 32\n",
+        "[response]\ndeny_status = 499\n[client_ip]\nipv6_prefix = 128\n",
+    ];
+    for config in cases {
+        let output = run(&["validate"], Some(config), &[]);
+        assert!(output.status.success(), "{config}: {}", stderr(&output));
+    }
+}
+
+#[test]
+fn serve_refuses_a_bad_config_with_exit_code_2() {
+    let output = run(&[], Some("[store]\ntimeout_ms = 0\n"), &[]);
+    assert_refused(&output, "store.timeout_ms");
+    let output = run(
+        &["serve"],
+        Some(LIMIT),
+        &[("TOLLGATE_STORE__ON_ERROR", "sometimes")],
+    );
+    assert_refused(&output, "store.on_error");
+    let output = run(&["serve"], Some("[[exempt]]\nname = \"x\"\n"), &[]);
+    assert_refused(&output, "exempt.x");
+}
+
+#[test]
+fn a_missing_config_file_is_refused() {
+    let output = tollgate_command()
+        .args(["validate", "--config", "/nonexistent/tollgate.toml"])
+        .output()
+        .unwrap();
+    assert_refused(&output, "--config");
+}
+
+#[test]
+fn version_and_help() {
+    let output = tollgate_command().arg("--version").output().unwrap();
+    assert!(output.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout).trim(),
+        format!("tollgate {}", env!("CARGO_PKG_VERSION"))
+    );
+    let output = tollgate_command().arg("--help").output().unwrap();
+    let help = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success() && help.contains("validate") && help.contains("--config"));
+}

@@ -1,0 +1,571 @@
+//! The local deny cache never denies a request Redis would have allowed, against a real
+//! redis-server: every check the cache denied is replayed against Redis's own state as of that
+//! moment, and the answers it gives on the wire look like Redis's.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use actix_web::http::header::{HeaderMap, HeaderName, HeaderValue};
+use tollgate::config::{Config, OnError};
+use tollgate::decision::Verdict;
+use tollgate::deny_cache::MAX_PROBE_WAIT;
+use tollgate::limiter::{DecidedBy, Limiter};
+use tollgate::limits::Policy;
+use tollgate::metrics::Metrics;
+use tollgate::request::OriginalRequest;
+use tollgate::store::redis::{RedisStore, Topology};
+use tollgate::store::{BucketOutcome, BucketRequest, Store, StoreDecision, StoreError};
+
+use crate::support::{commandstats, redis_config, RedisServer, TempDir, Tollgate};
+
+/// Three limits on one API key: two that deny (one with a per-request cost) and a shadow one,
+/// which never does and so must never make the cache deny.
+const LIMITS: &str = r#"
+[[limits]]
+name = "burst"
+rate = 40
+burst = 4
+key = ["header:x-api-key"]
+cost_header = "x-cost"
+
+[[limits]]
+name = "sustained"
+rate = 15
+burst = 6
+key = ["header:x-api-key", "const:s"]
+
+[[limits]]
+name = "watch"
+rate = 5
+burst = 2
+key = ["header:x-api-key"]
+shadow = true
+"#;
+
+/// What Redis's bucket held at wall-clock time `at_us` (Redis's `TIME` is this host's clock),
+/// per key, computed exactly as the script would. `nil` when a write landed after `at_us`: then
+/// the state at `at_us` is no longer in Redis, and that replay proves nothing.
+const LEVEL_AT: &str = r#"
+local at = tonumber(ARGV[1])
+local out = {}
+for i = 1, #KEYS do
+  local rate, burst = tonumber(ARGV[2 * i]), tonumber(ARGV[2 * i + 1])
+  local stored = redis.call('HMGET', KEYS[i], 'tokens', 'ts')
+  local level, ts = tonumber(stored[1]), tonumber(stored[2])
+  if level == nil then
+    out[i] = string.format('%.17g', burst)
+  elseif ts > at then
+    return nil
+  else
+    out[i] = string.format('%.17g', math.min(burst, level + (at - ts) * rate / 1000000))
+  end
+end
+return out
+"#;
+
+fn wall_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
+/// Redis's bucket levels at `at_us`, or `None` when that moment can no longer be replayed.
+async fn levels_at(
+    connection: &mut redis::aio::MultiplexedConnection,
+    buckets: &[BucketRequest],
+    at_us: u64,
+) -> Option<Vec<f64>> {
+    let script = redis::Script::new(LEVEL_AT);
+    let mut invocation = script.prepare_invoke();
+    invocation.arg(at_us);
+    for bucket in buckets {
+        invocation
+            .key(&bucket.key)
+            .arg(bucket.rate)
+            .arg(bucket.burst);
+    }
+    let levels: Option<Vec<String>> = invocation
+        .invoke_async(connection)
+        .await
+        .expect("replay script runs");
+    levels.map(|l| l.iter().map(|x| x.parse().expect("a float")).collect())
+}
+
+fn headers(key: &str, cost: u64) -> HeaderMap {
+    let mut map = HeaderMap::new();
+    map.insert(
+        HeaderName::from_static("x-api-key"),
+        HeaderValue::from_str(key).expect("ascii key"),
+    );
+    map.insert(HeaderName::from_static("x-cost"), HeaderValue::from(cost));
+    map
+}
+
+#[derive(Default, Debug)]
+struct Tally {
+    store: u64,
+    cached: u64,
+    replayed: u64,
+}
+
+/// Floods `key` for `duration`, varying the cost; replays each cached denial against Redis.
+async fn flood(
+    limiter: Arc<Limiter<RedisStore>>,
+    mut replay: redis::aio::MultiplexedConnection,
+    key: String,
+    seed: u64,
+    duration: Duration,
+) -> Tally {
+    let mut tally = Tally::default();
+    let ip = IpAddr::V4(Ipv4Addr::LOCALHOST);
+    let deadline = Instant::now() + duration;
+    let mut n = seed;
+    while Instant::now() < deadline {
+        n = n
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let cost = 1 + (n >> 33) % 3;
+        let map = headers(&key, cost);
+        let original = OriginalRequest::new(&map, "GET", "/", ip);
+        let policy = limiter.policy();
+        let (verdict, by) = limiter.check_traced(&policy, &original).await;
+        let decided_at = wall_us();
+        match by {
+            DecidedBy::Store => tally.store += 1,
+            DecidedBy::DenyCache => {
+                tally.cached += 1;
+                let Verdict::Decided(decision) = &verdict else {
+                    panic!("a cached denial is a decision: {verdict:?}");
+                };
+                assert!(!decision.allowed);
+                let buckets = policy.applicable(&original).expect("keys present");
+                if let Some(levels) = levels_at(&mut replay, &buckets, decided_at).await {
+                    tally.replayed += 1;
+                    let redis_denies = buckets
+                        .iter()
+                        .zip(&levels)
+                        .any(|(b, &level)| !b.shadow && level < b.cost as f64);
+                    assert!(
+                        redis_denies,
+                        "cached denial of {key} cost {cost}, but Redis held {levels:?} \
+                         for {buckets:?}"
+                    );
+                }
+            }
+            other => panic!("unexpected decider {other:?}: {verdict:?}"),
+        }
+        // Some pauses, so buckets refill and cached windows end while requests arrive.
+        if n.is_multiple_of(7) {
+            tokio::time::sleep(Duration::from_millis((n >> 40) % 30)).await;
+        }
+    }
+    tally
+}
+
+#[tokio::test]
+async fn every_cached_denial_is_one_redis_would_have_made() {
+    let redis = RedisServer::start();
+    let dir = TempDir::new("deny-cache");
+    let path = dir.write("tollgate.toml", &redis_config(&redis, "", LIMITS));
+    let config = Config::load(Some(&path)).expect("valid config");
+    let metrics = Metrics::new();
+    let policy = Policy::compile(&config, &metrics).expect("compiles");
+    let store = RedisStore::open(
+        &Topology::Single { url: &redis.url() },
+        Duration::from_millis(500),
+        metrics.clone(),
+    )
+    .expect("store");
+    let limiter = Arc::new(
+        Limiter::new(store, policy, OnError::Deny, 10_000, metrics)
+            .with_deny_cache(10_000, Duration::from_millis(500)),
+    );
+    let client = redis::Client::open(redis.url()).expect("url");
+
+    // Several tasks per key: answers come back out of order and some are stale when they land.
+    let mut tasks = Vec::new();
+    for i in 0..12u64 {
+        let replay = client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect");
+        let key = format!("client-{}", i % 4);
+        tasks.push(tokio::spawn(flood(
+            limiter.clone(),
+            replay,
+            key,
+            i + 1,
+            Duration::from_millis(1500),
+        )));
+    }
+    let mut total = Tally::default();
+    for task in tasks {
+        let tally = task.await.expect("task");
+        total.store += tally.store;
+        total.cached += tally.cached;
+        total.replayed += tally.replayed;
+    }
+    assert!(
+        total.cached > total.store,
+        "the cache must absorb the flood: {total:?}"
+    );
+    assert!(
+        total.replayed >= 50,
+        "too few cached denials replayed: {total:?}"
+    );
+}
+
+#[test]
+fn cached_denials_answer_like_redis_and_spare_it() {
+    let redis = RedisServer::start();
+    let limits = r#"
+[[limits]]
+name = "per-key"
+rate = 0.1
+burst = 2
+key = ["header:x-api-key"]
+"#;
+    let tollgate = Tollgate::start(&redis_config(&redis, "", limits));
+    let mut client = tollgate.client();
+    let key = [("x-api-key", "flooder")];
+    for _ in 0..2 {
+        assert_eq!(client.get("/check", &key).unwrap().status, 200);
+    }
+    let from_redis = client.get("/check", &key).unwrap();
+    assert_eq!(from_redis.status, 429);
+    let calls_before = commandstats::script_calls(&redis);
+
+    for _ in 0..200 {
+        let cached = client.get("/check", &key).unwrap();
+        assert_eq!(cached.status, 429);
+        for header in ["retry-after", "ratelimit-policy", "x-ratelimit-limit"] {
+            assert_eq!(cached.header(header), from_redis.header(header), "{header}");
+        }
+        assert_eq!(cached.header("x-ratelimit-remaining"), Some("0"));
+        let ratelimit = cached.header("ratelimit").unwrap_or_default();
+        assert!(
+            ratelimit == "\"per-key\";r=0;t=20" || ratelimit == "\"per-key\";r=0;t=19",
+            "{ratelimit}"
+        );
+        assert_eq!(
+            cached.header("content-type"),
+            Some("application/problem+json")
+        );
+    }
+    // One token takes 10 s to come back: Redis is not asked again before that.
+    let spent = commandstats::script_calls(&redis) - calls_before;
+    assert_eq!(spent, 0, "script calls for 200 flooded checks");
+    assert_eq!(
+        tollgate.metric("tollgate_checks_total{result=\"denied\"}"),
+        201.0
+    );
+}
+
+#[test]
+fn with_the_deny_cache_off_every_check_asks_redis_and_a_reset_takes_effect_at_once() {
+    let redis = RedisServer::start();
+    let limits =
+        "[[limits]]\nname = \"per-key\"\nrate = 0.1\nburst = 2\nkey = [\"header:x-api-key\"]\n";
+    let tollgate = Tollgate::start(&redis_config(&redis, "deny_cache = false", limits));
+    let mut client = tollgate.client();
+    let key = [("x-api-key", "flooder")];
+    // The first call also loads the script (EVAL): count after it.
+    assert_eq!(client.get("/check", &key).unwrap().status, 200);
+    let calls_before = commandstats::script_calls(&redis);
+    let statuses: Vec<u16> = (0..20)
+        .map(|_| client.get("/check", &key).unwrap().status)
+        .collect();
+    assert_eq!(statuses[0], 200);
+    assert!(statuses[1..].iter().all(|&s| s == 429), "{statuses:?}");
+    assert_eq!(commandstats::script_calls(&redis) - calls_before, 20);
+    // An operator resetting the bucket in Redis unblocks the client on the next request.
+    redis.cli(&["DEL", "tollgate:per-key:{flooder}"]);
+    assert_eq!(client.get("/check", &key).unwrap().status, 200);
+}
+
+/// A store that denies the first call (the bucket is empty) and never answers again.
+struct DeniesThenHangs(std::sync::atomic::AtomicU32);
+
+impl Store for DeniesThenHangs {
+    async fn decide(&self, buckets: &[BucketRequest]) -> Result<StoreDecision, StoreError> {
+        if self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
+            let empty = BucketOutcome {
+                tokens: 0.0,
+                enough: false,
+                window: None,
+            };
+            return Ok(StoreDecision {
+                allowed: false,
+                buckets: vec![empty; buckets.len()],
+            });
+        }
+        std::future::pending().await
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn a_check_waiting_for_a_hanging_probe_still_answers_within_the_timeout() {
+    let timeout = Duration::from_millis(50);
+    let metrics = Metrics::new();
+    // The built-in default: one limit per client IP, 20/s: a cached window of 50 ms.
+    let policy = Policy::compile(&Config::default(), &metrics).expect("compiles");
+    let store = DeniesThenHangs(Default::default());
+    let limiter = Arc::new(
+        Limiter::new(store, policy, OnError::Allow, 100, metrics).with_deny_cache(100, timeout),
+    );
+    let check = |limiter: Arc<Limiter<DeniesThenHangs>>| async move {
+        let map = HeaderMap::new();
+        let original = OriginalRequest::new(&map, "GET", "/", IpAddr::V4(Ipv4Addr::LOCALHOST));
+        let policy = limiter.policy();
+        limiter.check_traced(&policy, &original).await.1
+    };
+    assert_eq!(check(limiter.clone()).await, DecidedBy::Store);
+    assert_eq!(check(limiter.clone()).await, DecidedBy::DenyCache);
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    // The window is over: this one probes, and the store never answers it.
+    let _probe = tokio::spawn(check(limiter.clone()));
+    tokio::task::yield_now().await;
+    let started = Instant::now();
+    let answer = tokio::time::timeout(Duration::from_secs(1), check(limiter.clone())).await;
+    assert_eq!(answer, Ok(DecidedBy::OnError), "no answer within 1 s");
+    // It waited a few ms for the probe, then gave its own call the full timeout.
+    let waited = started.elapsed();
+    assert!(
+        waited >= timeout && waited < timeout + MAX_PROBE_WAIT + Duration::from_millis(25),
+        "answered after {waited:?}"
+    );
+}
+
+/// Random sequences against the Rust twin of the script (`store::bucket`): the cache and the
+/// "store" see the same moments, the cache through its own clock.
+mod model {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use proptest::prelude::*;
+    use tollgate::clock::{Clock, ManualClock};
+    use tollgate::deny_cache::{Consult, DenyCache, MAX_WINDOW_US};
+    use tollgate::store::bucket::{self, Bucket};
+    use tollgate::store::BucketRequest;
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        /// A check through the cache, of this cost.
+        Check(u64),
+        /// Another instance charges the bucket (no cache involved).
+        Foreign(u64),
+        /// Both clocks move on, in µs.
+        Advance(u64),
+        /// The store's clock alone steps, in µs (negative: backwards).
+        StoreStep(i64),
+    }
+
+    fn op(steps: bool) -> impl Strategy<Value = Op> {
+        let step = if steps { 1 } else { 0 };
+        prop_oneof![
+            6 => (1u64..=4).prop_map(Op::Check),
+            2 => (1u64..=3).prop_map(Op::Foreign),
+            4 => (0u64..400_000).prop_map(Op::Advance),
+            step => (-3_000_000i64..3_000_000).prop_map(Op::StoreStep),
+        ]
+    }
+
+    struct World {
+        cache: DenyCache,
+        local: Arc<ManualClock>,
+        /// The store's clock minus the local one, in µs.
+        offset: i64,
+        state: [Option<Bucket>; 1],
+        /// Local time of the last forward step of the store clock.
+        stepped_at: Option<u64>,
+    }
+
+    impl World {
+        fn new() -> World {
+            let local = Arc::new(ManualClock::default());
+            local.set_us(10_000_000);
+            World {
+                cache: DenyCache::with_clock(100, Duration::from_millis(50), local.clone()),
+                local,
+                offset: 1_000_000_000,
+                state: [None],
+                stepped_at: None,
+            }
+        }
+
+        fn store_now(&self) -> u64 {
+            (self.local.now_us() as i64 + self.offset) as u64
+        }
+
+        /// Runs `ops`; returns (cached denials, wrong ones with the local time since the last
+        /// forward step of the store clock).
+        fn run(&mut self, rate: f64, burst: f64, ops: &[Op]) -> (u32, Vec<Option<u64>>) {
+            let request = |cost| BucketRequest {
+                key: "k".into(),
+                rate,
+                burst,
+                cost,
+                shadow: false,
+                limit: 0,
+                meter: Default::default(),
+            };
+            let (mut denials, mut wrong) = (0, Vec::new());
+            for op in ops {
+                match *op {
+                    Op::Check(cost) => {
+                        let req = [request(cost)];
+                        let consult = self.cache.consult(&req, true);
+                        match consult {
+                            Consult::Deny(_) => {
+                                denials += 1;
+                                let level =
+                                    bucket::refilled(self.state[0], self.store_now(), rate, burst);
+                                if level >= cost as f64 {
+                                    let now = self.local.now_us();
+                                    wrong.push(self.stepped_at.map(|at| now - at));
+                                }
+                            }
+                            Consult::Ask(probe) => {
+                                let now = self.store_now();
+                                let (_, outcomes) = bucket::decide(&req, &mut self.state, now);
+                                probe.learn(&outcomes);
+                            }
+                            Consult::Wait => unreachable!("told not to wait"),
+                        }
+                    }
+                    Op::Foreign(cost) => {
+                        let now = self.store_now();
+                        bucket::decide(&[request(cost)], &mut self.state, now);
+                    }
+                    Op::Advance(us) => self.local.advance_us(us),
+                    Op::StoreStep(us) => {
+                        self.offset += us;
+                        if us > 0 {
+                            self.stepped_at = Some(self.local.now_us());
+                        }
+                    }
+                }
+            }
+            (denials, wrong)
+        }
+    }
+
+    fn limit() -> impl Strategy<Value = (f64, f64)> {
+        (
+            prop_oneof![Just(0.5), Just(1.0), Just(7.0), Just(100.0), Just(1_600.0)],
+            1u32..=5,
+        )
+            .prop_map(|(rate, burst)| (rate, burst as f64))
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2_000))]
+
+        /// Charges (ours and another instance's), time, and a store clock that only steps
+        /// backwards: a cached denial is always one the store makes.
+        #[test]
+        fn a_cached_denial_is_one_the_store_makes(
+            (rate, burst) in limit(),
+            ops in proptest::collection::vec(op(false), 1..120),
+        ) {
+            let (_, wrong) = World::new().run(rate, burst, &ops);
+            prop_assert!(wrong.is_empty(), "{} wrong denials", wrong.len());
+        }
+
+        /// A store clock stepping forward refills buckets no local clock can see: the cache
+        /// may then deny what the store allows, but only within `MAX_WINDOW_US` of the step.
+        #[test]
+        fn a_store_clock_step_misleads_the_cache_for_at_most_the_window(
+            (rate, burst) in limit(),
+            ops in proptest::collection::vec(op(true), 1..120),
+        ) {
+            let (_, wrong) = World::new().run(rate, burst, &ops);
+            for since_step in wrong {
+                prop_assert!(
+                    since_step.is_some_and(|us| us <= MAX_WINDOW_US),
+                    "a wrong denial {since_step:?} µs after a step"
+                );
+            }
+        }
+    }
+
+    /// The property is not vacuous: floods do get denied from the cache.
+    #[test]
+    fn the_model_does_cache_denials() {
+        let ops: Vec<Op> = (0..50).map(|_| Op::Check(1)).collect();
+        let (denials, wrong) = World::new().run(1.0, 5.0, &ops);
+        assert!(denials >= 40, "{denials} cached denials");
+        assert!(wrong.is_empty());
+    }
+
+    /// Why a bucket a refund can raise must not be cached: a Cluster refund (another slot
+    /// denied) gives tokens back, beyond the `tokens + rate * elapsed` bound.
+    #[test]
+    fn a_refund_would_break_the_bound() {
+        let mut world = World::new();
+        let ops: Vec<Op> = (0..6).map(|_| Op::Check(1)).collect();
+        world.run(1.0, 5.0, &ops);
+        // refund.lua, uncontended: the charge comes back whole.
+        if let Some(bucket) = world.state[0].as_mut() {
+            bucket.tokens += 1.0;
+        }
+        let (_, wrong) = world.run(1.0, 5.0, &[Op::Check(1)]);
+        assert_eq!(wrong.len(), 1, "the cache denied a bucket holding a token");
+    }
+}
+
+/// A store that, like a Redis Cluster, may decide a request per slot and refund a part.
+struct Splitting(tollgate::store::memory::MemoryStore);
+
+impl Store for Splitting {
+    async fn decide(&self, buckets: &[BucketRequest]) -> Result<StoreDecision, StoreError> {
+        self.0.decide(buckets).await
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    fn splits_requests(&self) -> bool {
+        true
+    }
+}
+
+/// Cached denials out of 60 flooded checks, on a store that splits requests.
+async fn cached_on_a_splitting_store(limits: &str) -> usize {
+    let dir = TempDir::new("deny-cache-split");
+    let path = dir.write("tollgate.toml", limits);
+    let config = Config::load(Some(&path)).expect("valid config");
+    let metrics = Metrics::new();
+    let policy = Policy::compile(&config, &metrics).expect("compiles");
+    let store = Splitting(tollgate::store::memory::MemoryStore::new(100));
+    let limiter = Limiter::new(store, policy, OnError::Deny, 100, metrics)
+        .with_deny_cache(100, Duration::from_secs(1));
+    let policy = limiter.policy();
+    let map = headers("flooder", 1);
+    let mut cached = 0;
+    for _ in 0..60 {
+        let original = OriginalRequest::new(&map, "GET", "/", IpAddr::V4(Ipv4Addr::LOCALHOST));
+        let (_, by) = limiter.check_traced(&policy, &original).await;
+        cached += usize::from(by == DecidedBy::DenyCache);
+    }
+    cached
+}
+
+/// On a Cluster, a request whose limits are keyed on different parts spans slots, and its
+/// buckets may be refunded (here or by another instance): the cache must not speak for them.
+#[tokio::test]
+async fn buckets_a_refund_can_raise_are_never_cached() {
+    assert_eq!(cached_on_a_splitting_store(LIMITS).await, 0);
+    let one_shape = "[[limits]]\nname = \"a\"\nrate = 1\nburst = 2\nkey = [\"header:x-api-key\"]\n\
+                     [[limits]]\nname = \"b\"\nrate = 5\nburst = 4\nkey = [\"header:x-api-key\"]\n";
+    assert!(
+        cached_on_a_splitting_store(one_shape).await > 40,
+        "limits keyed alike share a slot: no refunds, cached as usual"
+    );
+}

@@ -1,0 +1,30 @@
+//! The fast tier: unit-sized and in-process behaviour, the real binary against a real
+//! `redis-server` the harness starts. `cargo test` runs it in well under a minute after a build.
+//! One module per concern; `cargo test --test fast <module>::` runs one.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod admin_api;
+mod admin_overrides;
+mod config_cli;
+mod deny_cache;
+mod exactness;
+mod grpc;
+mod hostile_input;
+mod http_api;
+mod import;
+mod lifecycle;
+mod limiter;
+mod policies;
+mod quotas;
+mod reference;
+mod refund;
+mod routes;
+mod security;
+mod single_node;
+mod slow_redis;
+mod smoke;
+mod store_scenarios;
+mod top;
+mod top_tui;

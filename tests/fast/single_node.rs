@@ -1,0 +1,33 @@
+//! The single-node path keeps its shape after the Cluster work: one script call per check, even
+//! with several limits, and a flushed script cache is reloaded transparently.
+
+use crate::support::commandstats::script_calls;
+use crate::support::{redis_config, RedisServer, Tollgate};
+
+const LIMITS: &str = "[[limits]]\nname = \"per-ip\"\nrate = 100\nburst = 100\nkey = [\"ip\"]\n\n\
+                      [[limits]]\nname = \"per-user\"\nrate = 100\nburst = 100\nkey = [\"header:x-user\"]\n";
+
+#[test]
+fn one_check_with_two_limits_is_one_script_call() {
+    let redis = RedisServer::start();
+    let tollgate = Tollgate::start(&redis_config(&redis, "", LIMITS));
+    let mut client = tollgate.client();
+    // The first check loads the script (NOSCRIPT, then EVAL): count from the second on.
+    client.get("/check", &[("x-user", "alice")]).unwrap();
+    let before = script_calls(&redis);
+    for _ in 0..20 {
+        let r = client.get("/check", &[("x-user", "alice")]).unwrap();
+        assert_eq!(r.status, 200);
+        assert!(r.header("ratelimit").is_some());
+    }
+    assert_eq!(script_calls(&redis) - before, 20);
+    let keys = redis.cli(&["KEYS", "tollgate:*"]);
+    assert!(keys.contains("tollgate:per-user:{alice}"), "{keys}");
+
+    redis.cli(&["SCRIPT", "FLUSH"]);
+    let r = client.get("/check", &[("x-user", "alice")]).unwrap();
+    assert!(
+        r.header("ratelimit").is_some(),
+        "NOSCRIPT is answered by EVAL"
+    );
+}
