@@ -1,0 +1,52 @@
+//! What recording one denial in the top-offenders summary costs, in ns, against what a denied
+//! check costs on the memory store: the recording's share of `/check` without the noise of a
+//! whole HTTP benchmark. Run with `cargo bench --bench top`.
+
+use std::hint::black_box;
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use tollgate::store::memory::MemoryStore;
+use tollgate::store::BucketRequest;
+use tollgate::top::KeyTop;
+
+fn denied_request(key: &str) -> [BucketRequest; 1] {
+    [BucketRequest {
+        key: key.into(),
+        // Drained after the first call: every later decision is a denial.
+        rate: 1e-6,
+        burst: 1.0,
+        cost: 1,
+        shadow: false,
+        limit: 0,
+        meter: Default::default(),
+    }]
+}
+
+fn bench(c: &mut Criterion) {
+    let mut group = c.benchmark_group("denial");
+    let store = MemoryStore::new(100_000);
+    let one = denied_request("tg:per-key:{flood}");
+    store.decide_sync(&one);
+    group.bench_function("memory_store_denial", |b| {
+        b.iter(|| black_box(store.decide_sync(black_box(&one))))
+    });
+
+    let top = KeyTop::default();
+    group.bench_function("record_one_key_flood", |b| {
+        b.iter(|| top.record(black_box("flood")))
+    });
+
+    // Distinct keys: every record evicts the smallest counter of a full summary.
+    let keys: Vec<String> = (0..10_000).map(|i| format!("client-{i}")).collect();
+    let mut next = 0;
+    group.bench_function("record_10k_distinct_keys", |b| {
+        b.iter(|| {
+            next = (next + 1) % keys.len();
+            top.record(black_box(&keys[next]))
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
