@@ -87,6 +87,11 @@ rb_rps() { # keys -> requests/s of redis-benchmark running the same script, same
     evalsha "$SHA" 1 "tollgate:per-key:{/k__rand_int__}" 1000 1000000 1 0 2>/dev/null \
     | tr '\r' '\n' | grep -o '[0-9.]* requests per second' | tail -1 | awk '{print $1}'
 }
+# Redis's own CPU seconds so far (INFO cpu, user + sys): checks per Redis core is the count of
+# checks in a run divided by the CPU seconds Redis spent in it.
+redis_cpu() { rcli INFO cpu | tr -d '\r' | awk -F: '
+  /^used_cpu_sys:/ {s = $2} /^used_cpu_user:/ {u = $2} END {printf "%.6f", s + u}'; }
+per_cpu() { awk -v n="$1" -v a="$2" -v b="$3" 'BEGIN {printf "%d", (b > a) ? n / (b - a) : 0}'; }
 usec_per_call() { rcli INFO commandstats | tr -d '\r' | awk -F'usec_per_call=' '
   /^cmdstat_evalsha:/ {split($2, v, ","); print v[1]}'; }
 script_calls() { rcli INFO commandstats | tr -d '\r' | awk -F'[=,:]' '
@@ -98,12 +103,17 @@ percentile() { # oha output, label (e.g. 99.00%) -> ms (oha prints ms or secs)
   awk -v p="$2" '$1 == p && $2 == "in" {printf "%.3f", ($4 == "secs") ? $3 * 1000 : $3}' "$1"
 }
 
-declare -a RB TG MEM BARE_R MULTI P50 P99 P999 US1 US3
+declare -a RB TG MEM BARE_R MULTI P50 P99 P999 US1 US3 CORE_RB CORE_TG
 for round in $(seq "$ROUNDS"); do
   echo "round $round/$ROUNDS" >&2
+  cpu0=$(redis_cpu)
   RB+=("$(rb_rps "$KEYS")")
+  CORE_RB+=("$(per_cpu $((DURATION * 32000)) "$cpu0" "$(redis_cpu)")")
   rcli CONFIG RESETSTAT >/dev/null
+  cpu0=$(redis_cpu)
   TG+=("$(wrk_rps "$PORT_redis")")
+  checks=$(awk '/requests in/ {n = $1} END {print n}' "$WORK/wrk.log")
+  CORE_TG+=("$(per_cpu "$checks" "$cpu0" "$(redis_cpu)")")
   US1+=("$(usec_per_call)")
   MEM+=("$(wrk_rps "$PORT_memory")")
   BARE_R+=("$(wrk_rps "$PORT_bare")")
@@ -175,6 +185,8 @@ $ROUNDS interleaved rounds of ${DURATION} s, $CONNS connections, medians (every 
 | redis-benchmark EVALSHA, same script, $KEYS keys, $CONNS clients (req/s) | $m_rb [$(join "${RB[@]}")] | the ceiling |
 | /check, Redis store, $KEYS keys, wrk $CONNS conns (req/s) | $m_tg [$(join "${TG[@]}")] | |
 | ratio /check ÷ redis-benchmark | $(ratio "$m_tg" "$m_rb") | ≥ 0.90 |
+| **checks per Redis core**: /check checks ÷ Redis CPU seconds (INFO cpu) | $(printf '%s\n' "${CORE_TG[@]}" | median) [$(join "${CORE_TG[@]}")] | |
+| the same for redis-benchmark's script calls | $(printf '%s\n' "${CORE_RB[@]}" | median) [$(join "${CORE_RB[@]}")] | |
 | latency at $OHA_RATE req/s fixed (oha, latency-corrected): p50 / p99 / p99.9 (ms) | $m_p50 / $m_p99 / $m_p999 [p99 $(join "${P99[@]}")] | p99 ≤ 1, p99.9 ≤ 3 |
 | /check, memory store (req/s) | $m_mem [$(join "${MEM[@]}")] | |
 | bare actix-web handler, same headers (req/s) | $m_bare [$(join "${BARE_R[@]}")] | |
