@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use crate::support::chaos::{self, FullBacklog, Load, Proxy, Sample, UpWatch};
+use crate::support::limit;
 use crate::support::{wait_until, RedisServer, Tollgate};
 use tollgate::config::OnError;
 
@@ -480,7 +481,7 @@ fn port_with_a_full_backlog() {
 fn local_fallback_splits_each_limit_among_live_instances() {
     let _serial = serial();
     let mut redis = RedisServer::start();
-    let limits = "[[limits]]\nname = \"per-ip\"\nrate = 0.01\nburst = 20\nkey = [\"ip\"]\n";
+    let limits = &limit("per-ip", 0.01, 20, &["ip"]);
     let config = crate::support::redis_config(&redis, "on_error = \"local\"", limits);
     let a = Tollgate::start(&config);
     let b = Tollgate::start(&config);

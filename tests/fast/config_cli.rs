@@ -3,6 +3,7 @@
 
 use std::process::Output;
 
+use crate::support::limit;
 use crate::support::{tollgate_command, TempDir};
 
 fn run(args: &[&str], config: Option<&str>, env: &[(&str, &str)]) -> Output {
@@ -93,10 +94,7 @@ fn with_no_file_the_defaults_apply() {
 #[test]
 fn the_config_path_may_come_from_the_environment() {
     let dir = TempDir::new("cli-env");
-    let path = dir.write(
-        "t.toml",
-        "[[limits]]\nname = \"from-env-file\"\nrate = 1\nburst = 1\nkey = [\"ip\"]\n",
-    );
+    let path = dir.write("t.toml", &limit("from-env-file", 1, 1, &["ip"]));
     let output = tollgate_command()
         .arg("validate")
         .env("TOLLGATE_CONFIG", &path)
@@ -158,25 +156,25 @@ fn every_invalid_value_is_refused_naming_its_key() {
         ("[client_ip]\nipv6_prefix = 31\n", "client_ip.ipv6_prefix"),
         ("[client_ip]\nipv6_prefix = 129\n", "client_ip.ipv6_prefix"),
         ("[client_ip]\nipv6_prefix = 300\n", "client_ip.ipv6_prefix"),
-        ("[[limits]]\nname = \"a\"\nrate = 0\nburst = 5\nkey = [\"ip\"]\n", "limits.a.rate"),
-        ("[[limits]]\nname = \"a\"\nrate = -1\nburst = 5\nkey = [\"ip\"]\n", "limits.a.rate"),
-        ("[[limits]]\nname = \"a\"\nrate = 1\nburst = 0\nkey = [\"ip\"]\n", "limits.a.burst"),
+        (&limit("a", 0, 5, &["ip"]), "limits.a.rate"),
+        (&limit("a", -1, 5, &["ip"]), "limits.a.rate"),
+        (&limit("a", 1, 0, &["ip"]), "limits.a.burst"),
         // Buckets the store cannot represent: the refill time overflows what PEXPIRE takes
         // (or is infinite), or the burst leaves the range of exact float integers.
-        ("[[limits]]\nname = \"a\"\nrate = 1e-14\nburst = 5\nkey = [\"ip\"]\n", "limits.a.rate"),
-        ("[[limits]]\nname = \"a\"\nrate = 1e-300\nburst = 5\nkey = [\"ip\"]\n", "limits.a.rate"),
-        ("[[limits]]\nname = \"a\"\nrate = 3.1e-9\nburst = 1\nkey = [\"ip\"]\n", "limits.a.rate"),
-        ("[[limits]]\nname = \"a\"\nrate = 3\nburst = 1000000000\nkey = [\"ip\"]\n", "limits.a.rate"),
-        ("[[limits]]\nname = \"a\"\nrate = inf\nburst = 5\nkey = [\"ip\"]\n", "limits.a.rate"),
-        ("[[limits]]\nname = \"a\"\nrate = nan\nburst = 5\nkey = [\"ip\"]\n", "limits.a.rate"),
-        ("[[limits]]\nname = \"a\"\nrate = 1e9\nburst = 1000000001\nkey = [\"ip\"]\n", "limits.a.burst"),
-        ("[[limits]]\nname = \"a\"\nrate = 1e9\nburst = 9007199254740993\nkey = [\"ip\"]\n", "limits.a.burst"),
+        (&limit("a", "1e-14", 5, &["ip"]), "limits.a.rate"),
+        (&limit("a", "1e-300", 5, &["ip"]), "limits.a.rate"),
+        (&limit("a", "3.1e-9", 1, &["ip"]), "limits.a.rate"),
+        (&limit("a", 3, 1000000000, &["ip"]), "limits.a.rate"),
+        (&limit("a", "inf", 5, &["ip"]), "limits.a.rate"),
+        (&limit("a", "nan", 5, &["ip"]), "limits.a.rate"),
+        (&limit("a", "1e9", 1000000001, &["ip"]), "limits.a.burst"),
+        (&limit("a", "1e9", 9_007_199_254_740_993_u64, &["ip"]), "limits.a.burst"),
         ("[[limits]]\nname = \"a\"\nrate = 1\nburst = 5\ncost = 6\nkey = [\"ip\"]\n", "limits.a.cost"),
-        ("[[limits]]\nname = \"a\"\nrate = 1\nburst = 5\nkey = [\"cookie\"]\n", "limits.a.key[0]"),
-        ("[[limits]]\nname = \"a\"\nrate = 1\nburst = 5\nkey = []\n", "limits.a.key"),
+        (&limit("a", 1, 5, &["cookie"]), "limits.a.key[0]"),
+        (&limit("a", 1, 5, &[]), "limits.a.key"),
         ("[[limits]]\nname = \"Bad Name\"\nrate = 1\nburst = 5\nkey = [\"ip\"]\n", "limits.name: \"Bad Name\""),
         ("[[limits]]\nname = \"a\"\nrate = 1\nburst = 5\nkey = [\"ip\"]\n[limits.match]\npath_prefix = \"api\"\n", "limits.a.match.path_prefix"),
-        ("[[limits]]\nname = \"a\"\nrate = 1\nburst = 5\nkey = [\"ip\"]\nwindow = 3\n", "window"),
+        (&limit("a", 1, 5, &["ip"]).set("window", 3), "window"),
         (&"[[limits]]
 name = \"a\"
 rate = 1
@@ -325,9 +323,9 @@ fn validate_shows_written_rates_per_second_policies_and_warns_about_overlapping_
 fn the_extremes_the_store_can_represent_are_accepted() {
     let cases = [
         // Ten years to refill, just under the bound.
-        "[[limits]]\nname = \"a\"\nrate = 3.2e-9\nburst = 1\nkey = [\"ip\"]\n",
+        &limit("a", "3.2e-9", 1, &["ip"]),
         "[[limits]]\nname = \"a\"\nrate = 3.2\nburst = 1000000000\ncost = 1000000000\nkey = [\"ip\"]\n",
-        "[[limits]]\nname = \"a\"\nrate = 1e300\nburst = 1\nkey = [\"ip\"]\n",
+        &limit("a", "1e300", 1, &["ip"]),
         "[response]\ndeny_status = 400\n[client_ip]\nipv6_prefix = 32\n",
         "[response]\ndeny_status = 499\n[client_ip]\nipv6_prefix = 128\n",
     ];

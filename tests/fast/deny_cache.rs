@@ -17,6 +17,7 @@ use tollgate::request::OriginalRequest;
 use tollgate::store::redis::{RedisStore, Topology};
 use tollgate::store::{BucketOutcome, BucketRequest, Store, StoreDecision, StoreError};
 
+use crate::support::limit;
 use crate::support::{commandstats, redis_config, RedisServer, TempDir, Tollgate};
 
 /// Three limits on one API key: two that deny (one with a per-request cost) and a shadow one,
@@ -265,8 +266,7 @@ key = ["header:x-api-key"]
 #[test]
 fn with_the_deny_cache_off_every_check_asks_redis_and_a_reset_takes_effect_at_once() {
     let redis = RedisServer::start();
-    let limits =
-        "[[limits]]\nname = \"per-key\"\nrate = 0.1\nburst = 2\nkey = [\"header:x-api-key\"]\n";
+    let limits = &limit("per-key", 0.1, 2, &["header:x-api-key"]);
     let tollgate = Tollgate::start(&redis_config(&redis, "deny_cache = false", limits));
     let mut client = tollgate.client();
     let key = [("x-api-key", "flooder")];

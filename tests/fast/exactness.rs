@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
+use crate::support::limit;
 use crate::support::{redis_config, RedisServer, Tollgate};
 
 const RATE: f64 = 50.0;
@@ -108,8 +109,7 @@ fn three_instances_never_admit_more_than_the_bucket_allows() {
 #[test]
 fn script_flush_under_traffic_causes_no_error() {
     let redis = RedisServer::start();
-    let limits =
-        "[[limits]]\nname = \"k\"\nrate = 1000\nburst = 1000\nkey = [\"header:x-api-key\"]\n";
+    let limits = &limit("k", 1000, 1000, &["header:x-api-key"]);
     let tollgate = Tollgate::start(&redis_config(&redis, "timeout_ms = 1000", limits));
     let stop = Arc::new(AtomicBool::new(false));
     let tally = Arc::new(Tally::default());

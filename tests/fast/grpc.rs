@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::support::grpc::{self, ask, descriptor, header, request, OK, OVER_LIMIT};
+use crate::support::limit;
 use crate::support::{redis_config, RedisServer};
 use envoy_types::pb::google::protobuf::UInt64Value;
 use tonic::Code;
@@ -312,7 +313,7 @@ async fn a_dead_redis_answers_per_on_error_within_the_timeout() {
     let _serial = ONE_AT_A_TIME.lock().await;
     const TIMEOUT_MS: u64 = 50;
     let mut redis = RedisServer::start();
-    let limits = "[[limits]]\nname = \"u\"\nrate = 10\nburst = 10\nkey = [\"descriptor:user\"]\n";
+    let limits = &limit("u", 10, 10, &["descriptor:user"]);
     let store = |mode: &str| {
         format!("timeout_ms = {TIMEOUT_MS}\non_error = \"{mode}\"\ndeny_cache = false\n")
     };
@@ -374,7 +375,7 @@ const RLS: &str = "envoy.service.ratelimit.v3.RateLimitService";
 async fn grpc_health_follows_readiness() {
     let _serial = ONE_AT_A_TIME.lock().await;
     let mut redis = RedisServer::start();
-    let limits = "[[limits]]\nname = \"u\"\nrate = 10\nburst = 10\nkey = [\"descriptor:user\"]\n";
+    let limits = &limit("u", 10, 10, &["descriptor:user"]);
     let store = |mode: &str| format!("timeout_ms = 50\non_error = \"{mode}\"\n");
     let (_deny, deny) = grpc::tollgate(&redis_config(&redis, &store("deny"), limits));
     let (_allow, allow) = grpc::tollgate(&redis_config(&redis, &store("allow"), limits));
@@ -420,7 +421,7 @@ async fn grpc_health_follows_readiness() {
 async fn sigterm_finishes_in_flight_rpcs_and_reports_not_serving() {
     let _serial = ONE_AT_A_TIME.lock().await;
     let redis = RedisServer::start();
-    let limits = "[[limits]]\nname = \"u\"\nrate = 0.01\nburst = 10\nkey = [\"descriptor:user\"]\n";
+    let limits = &limit("u", 0.01, 10, &["descriptor:user"]);
     let (mut tollgate, addr) = grpc::tollgate(&redis_config(&redis, "", limits));
     let mut client = grpc::client(addr).await;
     let mut checks = health_client(addr).await;
@@ -474,8 +475,7 @@ fn envoy_proto_root() -> std::path::PathBuf {
 fn a_python_grpcio_client_gets_the_same_answers() {
     let _serial = ONE_AT_A_TIME.blocking_lock();
     let redis = RedisServer::start();
-    let limits =
-        "[[limits]]\nname = \"per-user\"\nrate = 0.001\nburst = 3\nkey = [\"descriptor:user\"]\n";
+    let limits = &limit("per-user", 0.001, 3, &["descriptor:user"]);
     let (_tollgate, addr) = grpc::tollgate(&redis_config(&redis, "", limits));
     let output = std::process::Command::new("python3")
         .arg(crate::support::deploy::repo_path(

@@ -12,6 +12,7 @@ use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use crate::support::chaos;
+use crate::support::limit;
 use crate::support::{block_on, HttpClient, RedisServer, Tollgate};
 use actix_web::http::header::{HeaderMap, HeaderName, HeaderValue};
 use tollgate::config::{Config, OnError};
@@ -605,7 +606,7 @@ fn redis_memory_per_bucket_is_bounded() {
     const KEYS: u64 = 20_000;
     let redis = RedisServer::start();
     // A key lives until its one token is back, 50 s: none expires during the measurement.
-    let limits = "[[limits]]\nname = \"per-ip\"\nrate = 0.02\nburst = 100\nkey = [\"ip\"]\n";
+    let limits = &limit("per-ip", 0.02, 100, &["ip"]);
     let tollgate = Tollgate::start(&crate::support::redis_config(&redis, "", limits));
     let used = || {
         redis

@@ -3,6 +3,7 @@
 //! Most tests use the memory store (no Redis needed); the last ones repeat the core decisions
 //! against a real `redis-server`.
 
+use crate::support::limit;
 use crate::support::{redis_config, HttpClient, RedisServer, Response, Tollgate};
 
 const API_KEY_LIMIT: &str = r#"
@@ -150,8 +151,7 @@ key = ["header:x-api-key"]
 
 #[test]
 fn client_ip_comes_from_a_trusted_forwarded_for_chain() {
-    let tollgate =
-        Tollgate::in_process("[[limits]]\nname = \"ip\"\nrate = 1\nburst = 1\nkey = [\"ip\"]\n");
+    let tollgate = Tollgate::in_process(&limit("ip", 1, 1, &["ip"]));
     // The test client connects from 127.0.0.1, which the default trusted_proxies include.
     let a = drain(&tollgate, &[("x-forwarded-for", "198.51.100.1")], 2);
     let b = drain(
@@ -200,9 +200,7 @@ fn client_ip_from_x_real_ip_and_from_the_peer() {
 
 #[test]
 fn method_host_and_path_key_parts_come_from_the_forwarded_headers() {
-    let tollgate = Tollgate::in_process(
-        "[[limits]]\nname = \"route\"\nrate = 1\nburst = 1\nkey = [\"method\", \"host\", \"path\"]\n",
-    );
+    let tollgate = Tollgate::in_process(&limit("route", 1, 1, &["method", "host", "path"]));
     let get_a = [
         ("x-forwarded-method", "GET"),
         ("x-forwarded-host", "api.example.com"),
@@ -228,9 +226,7 @@ fn method_host_and_path_key_parts_come_from_the_forwarded_headers() {
 
 #[test]
 fn a_const_key_is_one_bucket_for_everyone() {
-    let tollgate = Tollgate::in_process(
-        "[[limits]]\nname = \"all\"\nrate = 1\nburst = 2\nkey = [\"const:all\"]\n",
-    );
+    let tollgate = Tollgate::in_process(&limit("all", 1, 2, &["const:all"]));
     assert_eq!(
         statuses(&drain(&tollgate, &[("x-forwarded-for", "198.51.100.1")], 1)),
         [200]
@@ -348,7 +344,7 @@ on_missing = "anonymous"
     );
 
     let denying = Tollgate::in_process(
-        "[[limits]]\nname = \"keyed\"\nrate = 1\nburst = 5\nkey = [\"header:x-api-key\"]\non_missing = \"deny\"\n",
+        &limit("keyed", 1, 5, &["header:x-api-key"]).set_str("on_missing", "deny"),
     );
     let r = denying.check(&[]);
     assert_eq!(r.status, 429);
@@ -368,9 +364,7 @@ on_missing = "anonymous"
 
 #[test]
 fn a_shadow_limit_reports_but_never_denies() {
-    let tollgate = Tollgate::in_process(
-        "[[limits]]\nname = \"trial\"\nrate = 1\nburst = 1\nkey = [\"ip\"]\nshadow = true\n",
-    );
+    let tollgate = Tollgate::in_process(&limit("trial", 1, 1, &["ip"]).set("shadow", true));
     let responses = drain(&tollgate, &[], 3);
     assert_eq!(statuses(&responses), [200, 200, 200]);
     assert_eq!(responses[2].header("ratelimit"), Some("\"trial\";r=0;t=1"));
@@ -390,9 +384,8 @@ fn a_shadow_limit_reports_but_never_denies() {
 
 #[test]
 fn cost_comes_from_the_cost_header_when_it_is_a_positive_integer() {
-    let tollgate = Tollgate::in_process(
-        "[[limits]]\nname = \"c\"\nrate = 1\nburst = 10\nkey = [\"ip\"]\ncost_header = \"X-Cost\"\n",
-    );
+    let tollgate =
+        Tollgate::in_process(&limit("c", 1, 10, &["ip"]).set_str("cost_header", "X-Cost"));
     let mut client = tollgate.client();
     let r = client.get("/check", &[("x-cost", "4")]).unwrap();
     assert_eq!(r.header("x-ratelimit-remaining"), Some("6"));
@@ -407,9 +400,8 @@ fn cost_comes_from_the_cost_header_when_it_is_a_positive_integer() {
 
 #[test]
 fn a_cost_above_the_burst_is_denied_without_retry_after() {
-    let tollgate = Tollgate::in_process(
-        "[[limits]]\nname = \"c\"\nrate = 1\nburst = 10\nkey = [\"ip\"]\ncost_header = \"x-cost\"\n",
-    );
+    let tollgate =
+        Tollgate::in_process(&limit("c", 1, 10, &["ip"]).set_str("cost_header", "x-cost"));
     let r = tollgate.check(&[("x-cost", "11")]);
     assert_eq!(r.status, 429);
     assert_eq!(r.header("retry-after"), None);

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use crate::support::block_on;
+use crate::support::limit;
 use actix_web::http::header::{HeaderMap, HeaderName, HeaderValue};
 use figment::providers::{Format, Toml};
 use tollgate::config::{Config, OnError};
@@ -258,7 +259,7 @@ fn local_fallback_headers_describe_this_instances_share_of_the_limit() {
 #[test]
 fn local_fallback_headers_through_two_instances_whose_redis_died() {
     let mut redis = crate::support::RedisServer::start();
-    let limits = "[[limits]]\nname = \"per-ip\"\nrate = 0.01\nburst = 20\nkey = [\"ip\"]\n";
+    let limits = &limit("per-ip", 0.01, 20, &["ip"]);
     let config = crate::support::redis_config(&redis, "on_error = \"local\"", limits);
     let a = crate::support::Tollgate::start(&config);
     let _b = crate::support::Tollgate::start(&config);

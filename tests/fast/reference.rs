@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::Path;
 
+use crate::support::limit;
 use crate::support::{HttpClient, Tollgate};
 
 const REFERENCE: &str = include_str!("../../docs/REFERENCE.md");
@@ -329,8 +330,7 @@ fn every_route_is_documented_and_answers_on_its_listener_only() {
 
 #[test]
 fn the_headers_table_names_every_header_check_sends() {
-    let tollgate =
-        Tollgate::start("[[limits]]\nname = \"per-ip\"\nrate = 0.01\nburst = 1\nkey = [\"ip\"]\n");
+    let tollgate = Tollgate::start(&limit("per-ip", 0.01, 1, &["ip"]));
     let mut client = tollgate.client();
     let allowed = client.get("/check", &[]).unwrap();
     let denied = client.get("/check", &[]).unwrap();
