@@ -12,6 +12,7 @@ use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use crate::support::chaos;
+#[cfg(feature = "e2e")]
 use crate::support::limit;
 use crate::support::{block_on, HttpClient, RedisServer, Tollgate};
 use actix_web::http::header::{HeaderMap, HeaderName, HeaderValue};

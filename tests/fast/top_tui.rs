@@ -26,14 +26,18 @@ fn tmux(args: &[&str]) -> Output {
     Command::new("tmux").args(args).output().expect("run tmux")
 }
 
-/// A tmux session on its own server socket, killed on drop.
+/// A tmux session on its own server socket, killed on drop. One socket per session, not per
+/// process: tests run in parallel, and one's `kill-server` must not end another's view.
 struct Session {
     socket: String,
 }
 
+static SESSIONS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 impl Session {
     fn start(width: u16, height: u16) -> Session {
-        let socket = format!("tollgate-top-{}", std::process::id());
+        let n = SESSIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let socket = format!("tollgate-top-{}-{n}", std::process::id());
         let session = Session { socket };
         let (w, h) = (width.to_string(), height.to_string());
         let out = session.run(&["new-session", "-d", "-s", "top", "-x", &w, "-y", &h, "sh"]);
@@ -130,7 +134,8 @@ fn top_merges_two_instances_on_screen_and_quits_on_q() {
 
     // Still refreshing a second later; then q quits and the shell is back.
     std::thread::sleep(Duration::from_millis(1500));
-    assert!(session.screen().contains("2/2 instance(s)"));
+    let later = session.screen();
+    assert!(later.contains("2/2 instance(s)"), "{later}");
     session.run(&["send-keys", "-t", "top", "q"]);
     let back = wait_until(Duration::from_secs(5), || {
         screen = session.screen();
