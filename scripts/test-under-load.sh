@@ -16,10 +16,17 @@ for _ in $(seq "$burners"); do
 done
 
 cargo test --all-targets --no-run --quiet
+cargo test --features e2e --test e2e --test fast --no-run --quiet
+# Both tiers, as scripts/test.sh runs them.
+all_tiers() {
+  cargo test --all-targets --no-fail-fast &&
+    cargo test --features e2e --no-fail-fast --test e2e &&
+    cargo test --features e2e --no-fail-fast --test fast -- ::e2e::
+}
 failed=0
 for round in $(seq "$rounds"); do
   started=$(date +%s)
-  if cargo test --all-targets --no-fail-fast >"target/under-load-$round.log" 2>&1; then
+  if all_tiers >"target/under-load-$round.log" 2>&1; then
     echo "round $round: green in $(( $(date +%s) - started )) s"
   else
     failed=$((failed + 1))
