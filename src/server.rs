@@ -31,7 +31,7 @@ pub struct Listeners {
 impl Listeners {
     pub fn bind(config: &Config) -> std::io::Result<Listeners> {
         Ok(Listeners {
-            public: TcpListener::bind(config.listen)?,
+            public: Door::defer_until_request(TcpListener::bind(config.listen)?)?,
             admin: TcpListener::bind(config.admin_listen)?,
             grpc: config.grpc_listen.map(TcpListener::bind).transpose()?,
         })

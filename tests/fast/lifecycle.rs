@@ -20,6 +20,23 @@ fn patient_redis_config(redis: &RedisServer) -> String {
 }
 
 #[test]
+fn a_client_that_connects_and_waits_before_its_request_is_served() {
+    // The public listener hands connections over only once a request has arrived (the kernel
+    // holds them until then); one whose request comes late must be served all the same.
+    let redis = RedisServer::start();
+    let tollgate = Tollgate::start(&patient_redis_config(&redis));
+    let mut late = HttpClient::connect(tollgate.addr).expect("connect");
+    let mut prompt = tollgate.client();
+    assert_eq!(prompt.get("/check", CHECK).unwrap().status, 200);
+    thread::sleep(Duration::from_millis(2500));
+    let answer = late
+        .get("/check", CHECK)
+        .expect("an answer to the late request");
+    assert_eq!(answer.status, 200);
+    assert_eq!(prompt.get("/check", CHECK).unwrap().status, 200);
+}
+
+#[test]
 fn sigterm_finishes_checks_in_flight_and_exits_zero() {
     let redis = RedisServer::start();
     let mut tollgate = Tollgate::start(&patient_redis_config(&redis));
