@@ -144,6 +144,9 @@ pub async fn run(
     admin_result
 }
 
+/// What a public worker's start registers: its Redis connection is being made.
+struct WorkerStarted;
+
 /// The listener the ingress calls. While draining, every answer says `Connection: close`.
 fn public_server(
     state: web::Data<AppState>,
@@ -152,8 +155,17 @@ fn public_server(
 ) -> std::io::Result<actix_web::dev::Server> {
     Ok(HttpServer::new(move || {
         let draining = draining.clone();
+        let warm = state.clone();
         App::new()
             .app_data(state.clone())
+            // Each worker has its own Redis connection: connect it before the first check.
+            .data_factory(move || {
+                let state = warm.clone();
+                async move {
+                    actix_web::rt::spawn(async move { state.limiter.store().warm_up().await });
+                    Ok::<_, std::convert::Infallible>(WorkerStarted)
+                }
+            })
             .wrap_fn(move |request, service| {
                 let answer = service.call(request);
                 let draining = draining.clone();

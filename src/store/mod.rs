@@ -152,6 +152,16 @@ pub enum AnyStore {
     Redis(Box<redis::RedisStore>),
 }
 
+impl AnyStore {
+    /// Readies the calling worker's own connection to Redis, if it has one (a no-op for
+    /// the memory store).
+    pub async fn warm_up(&self) {
+        if let AnyStore::Redis(store) = self {
+            store.warm_up().await;
+        }
+    }
+}
+
 impl Store for AnyStore {
     async fn decide(&self, buckets: &[BucketRequest]) -> Result<StoreDecision, StoreError> {
         match self {

@@ -1,6 +1,7 @@
-//! The Redis store: `lua/token_bucket.lua` run with `EVALSHA` over one multiplexed async
-//! connection shared by every worker (one round trip per check, no worker ever blocks), to one
-//! node, a Cluster or a Sentinel-managed master (`redis/connection.rs`).
+//! The Redis store: `lua/token_bucket.lua` run with `EVALSHA` over multiplexed async
+//! connections (one round trip per check, no worker ever blocks), to one node, a Cluster or a
+//! Sentinel-managed master (`redis/connection.rs`). To one node, each worker has a connection
+//! of its own, driven on its own thread; readiness asks every one of them.
 //!
 //! Failure handling, in layers: every call has a deadline of `store.timeout_ms` (connection
 //! wait included); a dropped connection is re-established one attempt per call, so a refused
@@ -12,7 +13,7 @@
 //! failed call, a renewal, a new Sentinel master) is sent the script whole (`EVAL`), so a
 //! (re)connect costs one round trip beyond the connect itself; `NOSCRIPT` anyway (a node
 //! restarted or promoted behind the same connection) is answered by `EVAL`, once, to the same
-//! node. Every socket runs with `TCP_NODELAY`: concurrent calls share one connection, and
+//! node. Every socket runs with `TCP_NODELAY`: concurrent calls share a connection, and
 //! Nagle's algorithm would hold each write back until the previous one is acknowledged.
 //!
 //! On a Cluster, a script may only touch keys of one slot. A request whose buckets span slots
@@ -137,6 +138,14 @@ impl RedisStore {
             breaker: Breaker::new(metrics.store_up.clone(), "redis"),
             metrics,
         })
+    }
+
+    /// Connects the calling thread's connection now (see `Connection::warm_up`), patient as
+    /// a connect is.
+    pub async fn warm_up(&self) {
+        self.connection
+            .warm_up(connection::connect_timeout(self.timeout))
+            .await;
     }
 
     /// Which connection calls go over now: changes when the connection may have been replaced.
@@ -405,8 +414,7 @@ impl Store for RedisStore {
         if self.breaker.admit() == Admission::Reject {
             return Err(StoreError::Unavailable);
         }
-        let result =
-            tokio::time::timeout(self.timeout, self.connection.query(&redis::cmd("PING"))).await;
+        let result = tokio::time::timeout(self.timeout, self.connection.ping(self.timeout)).await;
         let result = match result {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(e)) => Err(classify(&e)),
