@@ -18,9 +18,14 @@ require() {
 
 WORK=$(mktemp -d)
 PIDS=()
+# Stops in the reverse order of start, each before the next: a tollgate draining after its
+# Redis was gone would log store failures that the run never had.
 cleanup() {
-  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-  for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+  local i
+  for ((i = ${#PIDS[@]} - 1; i >= 0; i--)); do
+    kill "${PIDS[i]}" 2>/dev/null || true
+    wait "${PIDS[i]}" 2>/dev/null || true
+  done
   rm -rf "$WORK"
 }
 trap cleanup EXIT

@@ -541,6 +541,24 @@ fn behind_sentinel_a_peek_and_a_reset_reach_the_master_and_every_instance() {
 }
 
 #[test]
+fn the_reset_channel_survives_its_keep_alive_pings() {
+    // The subscriber pings Redis every 5 s to notice a dead connection. A ping it misreads
+    // would drop the channel each time, and with it every cached denial.
+    let redis = RedisServer::start();
+    let _tollgate = Tollgate::start(&redis_config(&redis, "", LIMITS));
+    wait_for_listeners(&redis, 1);
+    std::thread::sleep(Duration::from_millis(11_500));
+    let subscriber = redis.cli(&["CLIENT", "LIST", "TYPE", "pubsub"]);
+    let ages: Vec<u64> = subscriber
+        .split_whitespace()
+        .filter_map(|field| field.strip_prefix("age="))
+        .filter_map(|age| age.parse().ok())
+        .collect();
+    assert_eq!(ages.len(), 1, "one subscriber: {subscriber}");
+    assert!(ages[0] >= 11, "resubscribed since: {subscriber}");
+}
+
+#[test]
 fn an_instance_that_lost_the_reset_channel_forgets_its_cached_denials_when_back() {
     let redis = RedisServer::start();
     let tollgate = Tollgate::start(&redis_config(&redis, "", LIMITS));

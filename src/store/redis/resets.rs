@@ -152,7 +152,9 @@ async fn follow(pubsub: redis::aio::PubSub, heard: &impl Fn(Heard)) {
                 None => return,
             },
             _ = ping.tick() => {
-                let alive = tokio::time::timeout(ATTEMPT_TIMEOUT, sink.ping::<String>()).await;
+                // Any answer will do: a subscribed RESP2 connection answers PING with an
+                // array, ["pong", ""], not the usual "PONG".
+                let alive = tokio::time::timeout(ATTEMPT_TIMEOUT, sink.ping::<redis::Value>()).await;
                 if !matches!(alive, Ok(Ok(_))) {
                     return;
                 }

@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# tollgate's CPU time per check against the rate it is offered, on the Redis store over
+# kept-alive connections: a check costs more when checks are few, since each one then wakes
+# threads that a busy server finds awake. Paced loads (`examples/paced_load.rs`, 64
+# connections, 10,000 keys) at each rate of RATES, then wrk at saturation; tollgate's user +
+# system time from /proc divided by the checks answered, Redis's (INFO cpu) likewise.
+#
+# BASE_BIN=<another tollgate binary> measures it too, interleaved, for a before/after.
+#
+#   bench/cpu_per_check.sh                       # RATES="2000 9500 30000", 5 s each, 3 rounds
+#   BASE_BIN=/path/to/old/tollgate bench/cpu_per_check.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+DURATION=${DURATION:-5}
+RUNS=${RUNS:-3}
+RATES=${RATES:-"2000 9500 30000"}
+
+. bench/lib.sh
+require wrk:wrk curl:curl redis-server:redis-server
+cargo build --release --quiet --bin tollgate --example paced_load
+start_redis
+
+ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
+redis_cpu() { redis-cli -h 127.0.0.1 -p "$REDIS_PORT" INFO cpu | tr -d '\r' | awk -F: '
+  /^used_cpu_(sys|user):/ {s += $2} END {printf "%.6f", s}'; }
+median() { sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
+
+# start NAME BINARY: sets PORT_<NAME>, PID_<NAME>.
+start() {
+  local port admin
+  port=$(free_port); admin=$(free_port)
+  cat > "$WORK/$1.toml" <<TOML
+listen = "127.0.0.1:$port"
+admin_listen = "127.0.0.1:$admin"
+[store]
+backend = "redis"
+url = "redis://127.0.0.1:$REDIS_PORT/0"
+timeout_ms = 1000
+[[limits]]
+name = "per-key"
+rate = 1000
+burst = 1000000
+key = ["path"]
+TOML
+  RUST_LOG=warn "$2" --config "$WORK/$1.toml" &
+  PIDS+=($!)
+  printf -v "PID_$1" %s "$!"
+  printf -v "PORT_$1" %s "$port"
+  for _ in $(seq 100); do
+    [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$admin/readyz")" = 200 ] && return 0
+    sleep 0.1
+  done
+  echo "tollgate $1 did not get ready" >&2; exit 1
+}
+
+# run NAME RATE|max -> "checks/s tollgate_us_per_check redis_us_per_check p50_ms"
+run() {
+  local pid_var="PID_$1" port_var="PORT_$1" t0 t1 r0 r1 n rps p50
+  t0=$(ticks "${!pid_var}"); r0=$(redis_cpu)
+  if [ "$2" = max ]; then
+    KEYS=10000 wrk -t1 -c64 -d"${DURATION}s" --latency -s bench/random_key.lua \
+      "http://127.0.0.1:${!port_var}/check" > "$WORK/out"
+    n=$(awk '/ requests in / {print $1}' "$WORK/out")
+    rps=$(awk '/^Requests\/sec/ {printf "%.0f", $2}' "$WORK/out")
+    p50=$(awk '/^ +50%/ {v = $2; if (v ~ /us$/) v = v / 1000; else if (v ~ /ms$/) v = v + 0; else v = v * 1000; print v}' "$WORK/out")
+  else
+    # sent rps p50 p90 p99 max non2xx late%
+    read -r n rps p50 _ < <(target/release/examples/paced_load "127.0.0.1:${!port_var}" "$2" \
+      "$DURATION" 64 10000 /check/k)
+  fi
+  t1=$(ticks "${!pid_var}"); r1=$(redis_cpu)
+  awk -v t="$(( t1 - t0 ))" -v hz="$(getconf CLK_TCK)" -v r0="$r0" -v r1="$r1" -v n="$n" \
+    -v rps="$rps" -v p50="$p50" 'BEGIN {printf "%s %.1f %.1f %s\n", rps, t / hz * 1e6 / n, (r1 - r0) * 1e6 / n, p50}'
+}
+
+NAMES=now
+start now target/release/tollgate
+if [ -n "${BASE_BIN:-}" ]; then
+  start base "$BASE_BIN"
+  NAMES="base now"
+fi
+
+echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, load average $(cut -d' ' -f1 /proc/loadavg); $RUNS rounds of ${DURATION} s, medians"
+for round in $(seq "$RUNS"); do
+  echo "round $round/$RUNS" >&2
+  for rate in $RATES max; do
+    for name in $NAMES; do
+      run "$name" "$rate" >> "$WORK/$name.$rate"
+    done
+  done
+done
+
+echo
+echo "| offered | tollgate | checks/s | tollgate CPU µs per check | Redis CPU µs per check | p50 ms |"
+echo "| --- | --- | --- | --- | --- | --- |"
+for rate in $RATES max; do
+  for name in $NAMES; do
+    f="$WORK/$name.$rate"
+    printf '| %s | %s | %s | %s | %s | %s |\n' "$([ "$rate" = max ] && echo "saturating (wrk -c64)" || echo "$rate/s")" \
+      "$name" "$(cut -d' ' -f1 "$f" | median)" "$(cut -d' ' -f2 "$f" | median)" \
+      "$(cut -d' ' -f3 "$f" | median)" "$(cut -d' ' -f4 "$f" | median)"
+  done
+done
