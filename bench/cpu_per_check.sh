@@ -54,13 +54,23 @@ TOML
   echo "tollgate $1 did not get ready" >&2; exit 1
 }
 
-# run NAME RATE|max -> "checks/s tollgate_us_per_check redis_us_per_check p50_ms"
+# The machine's idle CPU time so far, in seconds (all cores).
+idle_s() { awk -v hz="$(getconf CLK_TCK)" '/^cpu / {printf "%.2f", ($5 + $6) / hz}' /proc/stat; }
+
+# run NAME RATE|max -> "checks/s tollgate_us redis_us p50_ms load_tool_us idle_cores"
+# (CPU µs per check; idle cores: the machine's idle time over the run's length)
 run() {
-  local pid_var="PID_$1" port_var="PORT_$1" t0 t1 r0 r1 n rps p50
-  t0=$(ticks "${!pid_var}"); r0=$(redis_cpu)
+  local pid_var="PID_$1" port_var="PORT_$1" t0 t1 r0 r1 n rps p50 i0 i1 tool=0
+  t0=$(ticks "${!pid_var}"); r0=$(redis_cpu); i0=$(idle_s)
   if [ "$2" = max ]; then
-    KEYS=10000 wrk -t1 -c64 -d"${DURATION}s" --latency -s bench/random_key.lua \
-      "http://127.0.0.1:${!port_var}/check" > "$WORK/out"
+    # wrk's own CPU time, from its rusage as a child of this python.
+    tool=$(KEYS=10000 python3 -c '
+import resource, subprocess, sys
+with open(sys.argv[1], "w") as out:
+    subprocess.run(sys.argv[2:], stdout=out, check=True)
+r = resource.getrusage(resource.RUSAGE_CHILDREN)
+print(r.ru_utime + r.ru_stime)' "$WORK/out" wrk -t1 -c64 -d"${DURATION}s" --latency \
+      -s bench/random_key.lua "http://127.0.0.1:${!port_var}/check")
     n=$(awk '/ requests in / {print $1}' "$WORK/out")
     rps=$(awk '/^Requests\/sec/ {printf "%.0f", $2}' "$WORK/out")
     p50=$(awk '/^ +50%/ {v = $2; if (v ~ /us$/) v = v / 1000; else if (v ~ /ms$/) v = v + 0; else v = v * 1000; print v}' "$WORK/out")
@@ -69,9 +79,11 @@ run() {
     read -r n rps p50 _ < <(target/release/examples/paced_load "127.0.0.1:${!port_var}" "$2" \
       "$DURATION" 64 10000 /check/k)
   fi
-  t1=$(ticks "${!pid_var}"); r1=$(redis_cpu)
+  t1=$(ticks "${!pid_var}"); r1=$(redis_cpu); i1=$(idle_s)
   awk -v t="$(( t1 - t0 ))" -v hz="$(getconf CLK_TCK)" -v r0="$r0" -v r1="$r1" -v n="$n" \
-    -v rps="$rps" -v p50="$p50" 'BEGIN {printf "%s %.1f %.1f %s\n", rps, t / hz * 1e6 / n, (r1 - r0) * 1e6 / n, p50}'
+    -v rps="$rps" -v p50="$p50" -v tool="$tool" -v idle="$(awk -v a="$i0" -v b="$i1" 'BEGIN {print b - a}')" \
+    -v secs="$DURATION" 'BEGIN {printf "%s %.1f %.1f %s %.1f %.2f\n", rps, t / hz * 1e6 / n,
+      (r1 - r0) * 1e6 / n, p50, tool * 1e6 / n, idle / secs}'
 }
 
 NAMES=now
@@ -101,4 +113,10 @@ for rate in $RATES max; do
       "$name" "$(cut -d' ' -f1 "$f" | median)" "$(cut -d' ' -f2 "$f" | median)" \
       "$(cut -d' ' -f3 "$f" | median)" "$(cut -d' ' -f4 "$f" | median)"
   done
+done
+echo
+echo "At saturation, where the machine's $(nproc) cores went (CPU µs per check, medians):"
+for name in $NAMES; do
+  f="$WORK/$name.max"
+  echo "- $name: tollgate $(cut -d' ' -f2 "$f" | median), Redis $(cut -d' ' -f3 "$f" | median), wrk $(cut -d' ' -f5 "$f" | median); idle $(cut -d' ' -f6 "$f" | median) cores"
 done

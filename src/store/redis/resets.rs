@@ -154,7 +154,8 @@ async fn follow(pubsub: redis::aio::PubSub, heard: &impl Fn(Heard)) {
             _ = ping.tick() => {
                 // Any answer will do: a subscribed RESP2 connection answers PING with an
                 // array, ["pong", ""], not the usual "PONG".
-                let alive = tokio::time::timeout(ATTEMPT_TIMEOUT, sink.ping::<redis::Value>()).await;
+                let pong = sink.ping::<redis::Value>();
+                let alive = tokio::time::timeout(ATTEMPT_TIMEOUT, pong).await;
                 if !matches!(alive, Ok(Ok(_))) {
                     return;
                 }
