@@ -184,16 +184,15 @@ pub fn tail_of_given(
     Ok(tail)
 }
 
-/// Builds the bucket key of one limit from values looked up part by part: the gRPC path,
-/// where a rate limit descriptor's entries carry them. Same escaping and hashing as
-/// [`bucket_key`]; an empty value is a missing part.
-pub fn key_from_values<'v>(
-    prefix: &str,
-    limit: &str,
+/// The tail of one limit's bucket from values looked up part by part: the gRPC path, where
+/// a rate limit descriptor's entries carry them. Same escaping as [`bucket_tail`] (and as
+/// [`tail_of_values`] for an override's values), so overrides are found by it; an empty value
+/// is a missing part.
+pub fn tail_from_values<'v>(
     parts: &'v [KeyPart],
     mut value_of: impl FnMut(&'v KeyPart) -> Option<&'v [u8]>,
     anonymous: bool,
-) -> Result<String, MissingPart> {
+) -> Result<Vec<u8>, MissingPart> {
     let mut tail = Vec::with_capacity(64);
     for (i, part) in parts.iter().enumerate() {
         if i > 0 {
@@ -203,7 +202,7 @@ pub fn key_from_values<'v>(
         // No address among descriptor values: the IPv6 prefix plays no part.
         push_part(&mut tail, value.map(PartValue::Bytes), anonymous, 128)?;
     }
-    Ok(assemble(prefix, limit, &tail))
+    Ok(tail)
 }
 
 /// The key of `limit` for part values given explicitly (a `POST /report`), one per part in
@@ -381,14 +380,21 @@ mod tests {
     fn descriptor_values_are_escaped_and_hostile_ones_hashed() {
         let parts = [KeyPart::Descriptor("user".into())];
         let key = |value: &'static [u8]| {
-            key_from_values("tg", "d", &parts, |_| Some(value), false).unwrap()
+            let tail = tail_from_values(&parts, |_| Some(value), false).unwrap();
+            assemble("tg", "d", &tail)
         };
         assert_eq!(key(b"a|b"), "tg:d:{a%7Cb}");
         assert_eq!(key(&[b'x'; 100_000]).len(), "tg:d:{#}".len() + 32);
         assert!(key(b"\xff\x00").starts_with("tg:d:{#"));
         assert_eq!(
-            key_from_values("tg", "d", &parts, |_| Some(&b""[..]), false),
+            tail_from_values(&parts, |_| Some(&b""[..]), false),
             Err(MissingPart)
+        );
+        // An override's values find the bucket a descriptor carrying them draws from.
+        let given = tail_of_values(&parts, &["a|b".to_string()], 128).unwrap();
+        assert_eq!(
+            tail_from_values(&parts, |_| Some(&b"a|b"[..]), false),
+            Ok(given)
         );
     }
 

@@ -17,6 +17,7 @@ use super::rule::value_of;
 use crate::config::{Charge, OnMissing};
 use crate::keys::{self, KeyPart};
 use crate::limits::Policy;
+use crate::overrides::Override;
 use crate::rate::count_f64;
 use crate::store::BucketRequest;
 
@@ -112,6 +113,7 @@ fn add_descriptor<'a>(
         .as_ref()
         .map_or(u64::from(request.hits_addend), |addend| addend.value)
         .max(1);
+    let runtime = policy.runtime.view();
     for (limit_index, limit) in policy.limits.iter().enumerate() {
         let Some(rule) = &limit.descriptor else {
             continue;
@@ -125,20 +127,24 @@ fn add_descriptor<'a>(
             KeyPart::Const(text) => Some(text.as_bytes()),
             _ => None,
         };
-        let key = match keys::key_from_values(
-            &policy.key_prefix,
-            &limit.name,
-            &limit.key,
-            value,
-            anonymous,
-        ) {
-            Ok(key) => key,
+        let tail = match keys::tail_from_values(&limit.key, value, anonymous) {
+            Ok(tail) => tail,
             Err(keys::MissingPart) if limit.on_missing == OnMissing::Deny => {
                 plan.missing.get_or_insert((index, limit_index));
                 continue;
             }
             Err(keys::MissingPart) => continue,
         };
+        // A key's override, runtime before file, as on `/check`.
+        let found = runtime
+            .get(limit, &tail)
+            .or_else(|| limit.overrides.get(&tail));
+        let (rate, burst) = match found {
+            Some(Override::Unlimited) => continue,
+            Some(Override::Bucket { rate, burst }) => (rate, burst),
+            None => (limit.rate, limit.burst),
+        };
+        let key = keys::assemble(&policy.key_prefix, &limit.name, &tail);
         // A reported limit is charged by `POST /report`: 0 admits while it is not used up.
         let cost = match limit.charge {
             Charge::Report => 0,
@@ -153,8 +159,8 @@ fn add_descriptor<'a>(
             None => {
                 plan.buckets.push(BucketRequest {
                     key,
-                    rate: limit.rate,
-                    burst: count_f64(limit.burst),
+                    rate,
+                    burst: count_f64(burst),
                     cost,
                     shadow: limit.shadow,
                     limit: limit_index,

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use crate::support::grpc::{self, ask, descriptor, header, request, OK, OVER_LIMIT};
 use crate::support::limit;
 use crate::support::{redis_config, RedisServer};
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::google::protobuf::UInt64Value;
 use tonic::Code;
 
@@ -738,4 +739,64 @@ mod e2e {
     fn a_python_grpcio_client_gets_the_same_answers() {
         super::a_python_grpcio_client_gets_the_same_answers();
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overrides_from_the_file_and_the_admin_api_apply_to_descriptors() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let redis = RedisServer::start();
+    let limits = r#"
+[[limits]]
+name = "per-user"
+rate = 0.001
+burst = 2
+key = ["descriptor:user"]
+[limits.match]
+domains = ["edge"]
+
+[[limits.overrides]]
+key = ["gold"]
+burst = 4
+
+[[limits.overrides]]
+key = ["vip"]
+unlimited = true
+"#;
+    // Top-level keys come before redis_config's [store] table.
+    let config = format!(
+        "admin_token = \"grpc-admin-token-0123456789\"\n{}",
+        redis_config(&redis, "", limits)
+    );
+    let (tollgate, addr) = grpc::tollgate(&config);
+    let mut client = grpc::client(addr).await;
+    let user = |name: &str| request("edge", vec![descriptor(&[("user", name)])]);
+    // Admitted in a row until denied, at most `cap` asks.
+    async fn run_length(
+        client: &mut grpc::Client,
+        request: impl Fn() -> RateLimitRequest,
+        cap: u32,
+    ) -> u32 {
+        let mut admitted = 0;
+        while admitted < cap && ask(client, request()).await.overall_code == OK {
+            admitted += 1;
+        }
+        admitted
+    }
+    assert_eq!(run_length(&mut client, || user("plain"), 10).await, 2);
+    assert_eq!(run_length(&mut client, || user("gold"), 10).await, 4);
+    assert_eq!(run_length(&mut client, || user("vip"), 10).await, 10);
+
+    // A runtime override set through the admin API, as on /check.
+    let body = r#"{"burst": 6}"#;
+    let raw = format!(
+        "PUT /v1/overrides/per-user?key=carol HTTP/1.1\r\nHost: admin\r\n\
+         Content-Type: application/json\r\nAuthorization: Bearer grpc-admin-token-0123456789\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let answer = crate::support::HttpClient::connect(tollgate.admin)
+        .and_then(|mut c| c.send_raw(raw.as_bytes()))
+        .expect("the admin listener answers");
+    assert_eq!(answer.status, 200, "{answer:?}");
+    assert_eq!(run_length(&mut client, || user("carol"), 10).await, 6);
 }

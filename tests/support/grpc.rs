@@ -10,6 +10,9 @@ use tonic::transport::Channel;
 
 use super::{free_port, Tollgate};
 
+/// A client of the rate limit service.
+pub type Client = RateLimitServiceClient<Channel>;
+
 pub const OK: i32 = 1;
 pub const OVER_LIMIT: i32 = 2;
 
