@@ -13,6 +13,7 @@
 # Usage: bench/nginx.sh [seconds per run, default 10] [connections, default 64]
 # NGINX_SITE=file runs another site config in place of config/nginx/tollgate.conf (the same
 # addresses to template), e.g. an older one, for a before/after comparison in one script.
+# BIN=file runs another tollgate build in place of this tree's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,7 +26,7 @@ SITE="${NGINX_SITE:-config/nginx/tollgate.conf}"
 require wrk:wrk nginx:nginx redis-server:redis-server curl:curl
 
 cargo build --release --quiet
-TOLLGATE="$PWD/target/release/tollgate"
+TOLLGATE="${BIN:-$PWD/target/release/tollgate}"
 
 wait_port() {
   for _ in $(seq 100); do
