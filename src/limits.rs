@@ -27,7 +27,7 @@ use crate::metrics::{LimitCounters, Metrics};
 use crate::overrides::{Base, Override, Overrides};
 use crate::rate::{ceil_secs, count_f64};
 use crate::request::{ClientIpPolicy, OriginalRequest};
-use crate::runtime_overrides::RuntimeOverrides;
+use crate::runtime_overrides::{RuntimeOverrides, View};
 use crate::store::{BucketRequest, Meter, Period};
 
 /// One configured limit, ready for the hot path.
@@ -283,6 +283,17 @@ fn key_parts(parts: &[String], at: &str) -> Result<Vec<KeyPart>, ConfigError> {
 }
 
 impl Limit {
+    /// The rate and burst of the bucket whose key ends in `tail`: a runtime override's, else
+    /// the file's, else the limit's own; `None` when an override makes the key unlimited.
+    pub fn numbers_for(&self, runtime: &View<'_>, tail: &[u8]) -> Option<(f64, u64)> {
+        let found = runtime.get(self, tail).or_else(|| self.overrides.get(tail));
+        match found {
+            Some(Override::Unlimited) => None,
+            Some(Override::Bucket { rate, burst }) => Some((rate, burst)),
+            None => Some((self.rate, self.burst)),
+        }
+    }
+
     /// What this limit charges at `/check`: nothing for a `charge = "report"` limit (0 admits
     /// while it is not used up), else [`Limit::cost_of`].
     fn check_cost(&self, request: &OriginalRequest<'_>) -> u64 {
@@ -379,13 +390,8 @@ impl Policy {
                     }
                     Err(keys::MissingPart) => continue,
                 };
-            let found = runtime
-                .get(limit, &tail)
-                .or_else(|| limit.overrides.get(&tail));
-            let (rate, burst) = match found {
-                Some(Override::Unlimited) => continue,
-                Some(Override::Bucket { rate, burst }) => (rate, burst),
-                None => (limit.rate, limit.burst),
+            let Some((rate, burst)) = limit.numbers_for(&runtime, &tail) else {
+                continue;
             };
             buckets.push(BucketRequest {
                 key: keys::assemble(&self.key_prefix, &limit.name, &tail),

@@ -17,7 +17,6 @@ use super::rule::value_of;
 use crate::config::{Charge, OnMissing};
 use crate::keys::{self, KeyPart};
 use crate::limits::Policy;
-use crate::overrides::Override;
 use crate::rate::count_f64;
 use crate::store::BucketRequest;
 
@@ -136,13 +135,8 @@ fn add_descriptor<'a>(
             Err(keys::MissingPart) => continue,
         };
         // A key's override, runtime before file, as on `/check`.
-        let found = runtime
-            .get(limit, &tail)
-            .or_else(|| limit.overrides.get(&tail));
-        let (rate, burst) = match found {
-            Some(Override::Unlimited) => continue,
-            Some(Override::Bucket { rate, burst }) => (rate, burst),
-            None => (limit.rate, limit.burst),
+        let Some((rate, burst)) = limit.numbers_for(&runtime, &tail) else {
+            continue;
         };
         let key = keys::assemble(&policy.key_prefix, &limit.name, &tail);
         // A reported limit is charged by `POST /report`: 0 admits while it is not used up.
