@@ -97,7 +97,6 @@ usec_per_call() { rcli INFO commandstats | tr -d '\r' | awk -F'usec_per_call=' '
 script_calls() { rcli INFO commandstats | tr -d '\r' | awk -F'[=,:]' '
   /^cmdstat_(evalsha|eval):/ {n += $3} END {print n + 0}'; }
 rss_kb() { ps -o rss= -p "$1" | tr -d ' '; }
-median() { sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.2f", (b > 0) ? a / b : 0}'; }
 percentile() { # oha output, label (e.g. 99.00%) -> ms (oha prints ms or secs)
   awk -v p="$2" '$1 == p && $2 == "in" {printf "%.3f", ($4 == "secs") ? $3 * 1000 : $3}' "$1"

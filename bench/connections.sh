@@ -22,8 +22,6 @@ CONNECTIONS=${CONNECTIONS:-16}
 require wrk:wrk curl:curl
 cargo build --release --quiet --bin tollgate
 
-ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
-median() { sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
 
 # start NAME BINARY: a tollgate on the memory store; sets PORT_<NAME> and PID_<NAME>.
 start() {

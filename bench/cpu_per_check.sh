@@ -21,10 +21,8 @@ require wrk:wrk curl:curl redis-server:redis-server
 cargo build --release --quiet --bin tollgate --example paced_load
 start_redis
 
-ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
 redis_cpu() { redis-cli -h 127.0.0.1 -p "$REDIS_PORT" INFO cpu | tr -d '\r' | awk -F: '
   /^used_cpu_(sys|user):/ {s += $2} END {printf "%.6f", s}'; }
-median() { sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
 
 # start NAME BINARY: sets PORT_<NAME>, PID_<NAME>.
 start() {

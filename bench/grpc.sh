@@ -68,7 +68,6 @@ rb_rps() {
     evalsha "$SHA" 1 "tollgate:per-key:{/k__rand_int__}" 1000 1000000 1 0 2>/dev/null \
     | tr '\r' '\n' | grep -o '[0-9.]* requests per second' | tail -1 | awk '{print $1}'
 }
-median() { sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
 
 declare -a RB HTTP GRPC_R P50 P99
 for round in $(seq "$ROUNDS"); do

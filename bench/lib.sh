@@ -49,3 +49,10 @@ start_redis() {
   echo "redis-server did not start" >&2
   exit 1
 }
+
+# median: the median of the numbers on stdin, one per line (the mean of the middle two when
+# their count is even).
+median() { sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
+
+# ticks PID: the CPU time (user + system, in clock ticks) process PID has used; 0 without one.
+ticks() { if [ -n "$1" ]; then awk '{ print $14 + $15 }' "/proc/$1/stat"; else echo 0; fi; }

@@ -76,7 +76,6 @@ wrk_rps() { # port [prefix]
   KEYS=$KEYS PREFIX=${2:-/check/k} wrk -t1 -c"$CONNS" -d"${DURATION}s" -s bench/random_key.lua \
     "http://127.0.0.1:$1/check" | awk '/^Requests\/sec/ {print $2}'
 }
-median() { sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.3f", (b > 0) ? a / b : 0}'; }
 join() { local IFS=/; echo "$*"; }
 

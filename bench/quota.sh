@@ -77,7 +77,6 @@ wrk_rps() { # url script -> requests/s
   KEYS=$KEYS TOKEN=$TOKEN wrk -t1 -c"$CONNS" -d"${DURATION}s" -s "$2" "$1" \
     | tee -a "$WORK/wrk.log" | awk '/^Requests\/sec/ {print $2}'
 }
-median() { sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.2f", (b > 0) ? a / b : 0}'; }
 join() { local IFS=/; echo "$*"; }
 

@@ -93,7 +93,6 @@ run() { # name one|many -> "requests/s CPU-µs-per-check" of that instance
     /requests in/ {n = $1} /^Requests\/sec/ {r = $2}
     END {printf "%s %.2f\n", r, (n > 0) ? t * us / n : 0}' "$WORK/wrk.out"
 }
-median() { sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
 
 declare -A R C
 SCENARIOS="memory:one memory:many redis:one redis:many"

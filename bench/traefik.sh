@@ -163,8 +163,6 @@ fi
 
 accepts() { curl -fsS "http://127.0.0.1:$STUB_STATUS_PORT/" | awk 'NR == 3 { print $1 }'; }
 
-# CPU ticks (user + system) process $1 has used; 0 for no process.
-ticks() { if [ -n "$1" ]; then awk '{ print $14 + $15 }' "/proc/$1/stat"; else echo 0; fi; }
 
 # One wrk run on port $1 ($2 = count: count the stub's accepts; else the pid of the tollgate
 # behind it, or -): prints "req/s p50_ms p99_ms non-2xx stub-connections-per-1000-requests

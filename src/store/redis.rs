@@ -414,7 +414,7 @@ impl Store for RedisStore {
         if self.breaker.admit() == Admission::Reject {
             return Err(StoreError::Unavailable);
         }
-        let result = tokio::time::timeout(self.timeout, self.connection.ping(self.timeout)).await;
+        let result = tokio::time::timeout(self.timeout, self.connection.ping()).await;
         let result = match result {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(e)) => Err(classify(&e)),

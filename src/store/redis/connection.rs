@@ -99,9 +99,9 @@ impl Connection {
     }
 
     /// Whether calls would be answered now: on one node, by every thread's connection.
-    pub async fn ping(&self, patience: Duration) -> RedisResult<()> {
+    pub async fn ping(&self) -> RedisResult<()> {
         match self {
-            Connection::Single(node) => node.ping_all(patience).await,
+            Connection::Single(node) => node.ping_all().await,
             _ => self.query(&redis::cmd("PING")).await.map(drop),
         }
     }
@@ -153,34 +153,24 @@ impl Connection {
 /// thread, and each check woke that thread and was woken by it: ~3.7 context switches per
 /// check at 9.5k checks/s, which cost more CPU than the check itself.
 pub struct SingleNode {
-    /// Tells this node's connections apart from other nodes' in a thread's slots.
-    id: u64,
-    /// Slots of a node that is gone can be dropped once this no longer upgrades.
+    /// This node's identity in the threads' slots; a slot whose node is gone no longer
+    /// upgrades its `Weak` of it.
     alive: Arc<()>,
     client: redis::Client,
     config: ConnectionManagerConfig,
     /// Bumped by [`SingleNode::renew`]: each thread replaces its connection on its next call.
     generation: AtomicU64,
-    /// Every thread's connection, so that readiness can ask each of them.
-    registry: Mutex<Vec<Registered>>,
-}
-
-/// A thread's connection as the registry knows it; gone with the thread's slot.
-struct Registered {
-    slot: Weak<()>,
-    generation: u64,
-    manager: ConnectionManager,
+    /// Every thread's connection, so that readiness can ask each of them; an entry dies with
+    /// its thread's slot.
+    registry: Mutex<Vec<(u64, Weak<ConnectionManager>)>>,
 }
 
 /// A thread's connection to one node, made on one runtime at one generation.
 struct Slot {
-    node: u64,
-    alive: Weak<()>,
+    node: Weak<()>,
     runtime: tokio::runtime::Id,
     generation: u64,
-    manager: ConnectionManager,
-    /// Keeps the registry's entry for this connection alive.
-    _registered: Arc<()>,
+    manager: Arc<ConnectionManager>,
 }
 
 thread_local! {
@@ -192,12 +182,10 @@ impl SingleNode {
         client: redis::Client,
         config: ConnectionManagerConfig,
     ) -> Result<SingleNode, StoreError> {
-        static NEXT_ID: AtomicU64 = AtomicU64::new(0);
-        // Checked once here, so that making a thread's connection later cannot fail.
+        // Refused here, at start, for what the client would refuse on every thread later.
         ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
             .map_err(|e| StoreError::Other(e.to_string()))?;
         Ok(SingleNode {
-            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             alive: Arc::new(()),
             client,
             config,
@@ -213,45 +201,41 @@ impl SingleNode {
             .map_err(|_| redis::RedisError::from((redis::ErrorKind::Client, "no Tokio runtime")))?
             .id();
         let generation = self.generation.load(Ordering::Acquire);
+        let node = Arc::as_ptr(&self.alive);
         SLOTS.with_borrow_mut(|slots| {
             let found = slots
                 .iter()
-                .find(|s| s.node == self.id && s.runtime == runtime);
+                .find(|s| s.node.as_ptr() == node && s.runtime == runtime);
             if let Some(slot) = found.filter(|s| s.generation == generation) {
-                return Ok(slot.manager.clone());
+                return Ok(ConnectionManager::clone(&slot.manager));
             }
-            let manager =
-                ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone())?;
+            let manager = Arc::new(ConnectionManager::new_lazy_with_config(
+                self.client.clone(),
+                self.config.clone(),
+            )?);
             slots.retain(|s| {
-                !(s.node == self.id && s.runtime == runtime) && s.alive.strong_count() > 0
+                !(s.node.as_ptr() == node && s.runtime == runtime) && s.node.strong_count() > 0
             });
-            let registered = Arc::new(());
-            self.register(Registered {
-                slot: Arc::downgrade(&registered),
-                generation,
-                manager: manager.clone(),
-            });
+            self.register(generation, &manager);
             slots.push(Slot {
-                node: self.id,
-                alive: Arc::downgrade(&self.alive),
+                node: Arc::downgrade(&self.alive),
                 runtime,
                 generation,
-                manager: manager.clone(),
-                _registered: registered,
+                manager: Arc::clone(&manager),
             });
-            Ok(manager)
+            Ok(ConnectionManager::clone(&manager))
         })
     }
 
-    fn register(&self, connection: Registered) {
+    fn register(&self, generation: u64, manager: &Arc<ConnectionManager>) {
         let mut registry = self.registry.lock().unwrap_or_else(PoisonError::into_inner);
-        registry.retain(|r| r.slot.strong_count() > 0);
-        registry.push(connection);
+        registry.retain(|(_, entry)| entry.strong_count() > 0);
+        registry.push((generation, Arc::downgrade(manager)));
     }
 
     /// Readiness: every thread's current connection answers `PING` (checks on any worker
-    /// would be decided), this thread's included. Each is asked at once, within `patience`.
-    async fn ping_all(&self, patience: Duration) -> RedisResult<()> {
+    /// would be decided), this thread's included, all asked at once. The caller bounds it.
+    async fn ping_all(&self) -> RedisResult<()> {
         // Registers this thread's connection if it has none yet.
         self.current()?;
         let generation = self.generation.load(Ordering::Acquire);
@@ -259,20 +243,18 @@ impl SingleNode {
             let registry = self.registry.lock().unwrap_or_else(PoisonError::into_inner);
             registry
                 .iter()
-                .filter(|r| r.generation == generation && r.slot.strong_count() > 0)
-                .map(|r| r.manager.clone())
+                .filter(|(made_at, _)| *made_at == generation)
+                .filter_map(|(_, entry)| entry.upgrade())
+                .map(|manager| ConnectionManager::clone(&manager))
                 .collect()
         };
         let pings = managers.into_iter().map(|mut manager| async move {
             redis::cmd("PING").query_async::<()>(&mut manager).await
         });
-        let answers = futures_util::future::join_all(pings);
-        match tokio::time::timeout(patience, answers).await {
-            Ok(answers) => answers.into_iter().collect(),
-            Err(_) => Err(redis::RedisError::from(std::io::Error::from(
-                std::io::ErrorKind::TimedOut,
-            ))),
-        }
+        futures_util::future::join_all(pings)
+            .await
+            .into_iter()
+            .collect()
     }
 
     fn renew(&self) {
