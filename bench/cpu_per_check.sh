@@ -23,6 +23,9 @@ start_redis
 
 redis_cpu() { redis-cli -h 127.0.0.1 -p "$REDIS_PORT" INFO cpu | tr -d '\r' | awk -F: '
   /^used_cpu_(sys|user):/ {s += $2} END {printf "%.6f", s}'; }
+# Script calls Redis has run so far (EVALSHA and EVAL): fewer than checks when calls batch.
+script_calls() { redis-cli -h 127.0.0.1 -p "$REDIS_PORT" INFO commandstats | tr -d '\r' | awk -F'[:=,]' '
+  /^cmdstat_(evalsha|eval):/ {s += $3} END {printf "%d", s}'; }
 
 # start NAME BINARY: sets PORT_<NAME>, PID_<NAME>.
 start() {
@@ -55,11 +58,11 @@ TOML
 # The machine's idle CPU time so far, in seconds (all cores).
 idle_s() { awk -v hz="$(getconf CLK_TCK)" '/^cpu / {printf "%.2f", ($5 + $6) / hz}' /proc/stat; }
 
-# run NAME RATE|max -> "checks/s tollgate_us redis_us p50_ms load_tool_us idle_cores"
-# (CPU µs per check; idle cores: the machine's idle time over the run's length)
+# run NAME RATE|max -> "checks/s tollgate_us redis_us p50_ms load_tool_us idle_cores
+# checks_per_call" (CPU µs per check; idle cores: the machine's idle time over the run's length)
 run() {
-  local pid_var="PID_$1" port_var="PORT_$1" t0 t1 r0 r1 n rps p50 i0 i1 tool=0
-  t0=$(ticks "${!pid_var}"); r0=$(redis_cpu); i0=$(idle_s)
+  local pid_var="PID_$1" port_var="PORT_$1" t0 t1 r0 r1 n rps p50 i0 i1 c0 c1 tool=0
+  t0=$(ticks "${!pid_var}"); r0=$(redis_cpu); i0=$(idle_s); c0=$(script_calls)
   if [ "$2" = max ]; then
     # wrk's own CPU time, from its rusage as a child of this python.
     tool=$(KEYS=10000 python3 -c '
@@ -77,11 +80,11 @@ print(r.ru_utime + r.ru_stime)' "$WORK/out" wrk -t1 -c64 -d"${DURATION}s" --late
     read -r n rps p50 _ < <(target/release/examples/paced_load "127.0.0.1:${!port_var}" "$2" \
       "$DURATION" 64 10000 /check/k)
   fi
-  t1=$(ticks "${!pid_var}"); r1=$(redis_cpu); i1=$(idle_s)
-  awk -v t="$(( t1 - t0 ))" -v hz="$(getconf CLK_TCK)" -v r0="$r0" -v r1="$r1" -v n="$n" \
+  t1=$(ticks "${!pid_var}"); r1=$(redis_cpu); i1=$(idle_s); c1=$(script_calls)
+  awk -v t="$(( t1 - t0 ))" -v calls="$(( c1 - c0 ))" -v hz="$(getconf CLK_TCK)" -v r0="$r0" -v r1="$r1" -v n="$n" \
     -v rps="$rps" -v p50="$p50" -v tool="$tool" -v idle="$(awk -v a="$i0" -v b="$i1" 'BEGIN {print b - a}')" \
-    -v secs="$DURATION" 'BEGIN {printf "%s %.1f %.1f %s %.1f %.2f\n", rps, t / hz * 1e6 / n,
-      (r1 - r0) * 1e6 / n, p50, tool * 1e6 / n, idle / secs}'
+    -v secs="$DURATION" 'BEGIN {printf "%s %.1f %.1f %s %.1f %.2f %.2f\n", rps, t / hz * 1e6 / n,
+      (r1 - r0) * 1e6 / n, p50, tool * 1e6 / n, idle / secs, (calls > 0) ? n / calls : 0}'
 }
 
 NAMES=now
@@ -102,14 +105,14 @@ for round in $(seq "$RUNS"); do
 done
 
 echo
-echo "| offered | tollgate | checks/s | tollgate CPU µs per check | Redis CPU µs per check | p50 ms |"
-echo "| --- | --- | --- | --- | --- | --- |"
+echo "| offered | tollgate | checks/s | tollgate CPU µs per check | Redis CPU µs per check | checks per script call | p50 ms |"
+echo "| --- | --- | --- | --- | --- | --- | --- |"
 for rate in $RATES max; do
   for name in $NAMES; do
     f="$WORK/$name.$rate"
-    printf '| %s | %s | %s | %s | %s | %s |\n' "$([ "$rate" = max ] && echo "saturating (wrk -c64)" || echo "$rate/s")" \
+    printf '| %s | %s | %s | %s | %s | %s | %s |\n' "$([ "$rate" = max ] && echo "saturating (wrk -c64)" || echo "$rate/s")" \
       "$name" "$(cut -d' ' -f1 "$f" | median)" "$(cut -d' ' -f2 "$f" | median)" \
-      "$(cut -d' ' -f3 "$f" | median)" "$(cut -d' ' -f4 "$f" | median)"
+      "$(cut -d' ' -f3 "$f" | median)" "$(cut -d' ' -f7 "$f" | median)" "$(cut -d' ' -f4 "$f" | median)"
   done
 done
 echo

@@ -1,6 +1,8 @@
--- tollgate token bucket and calendar quota: decides N keys all-or-nothing in one atomic call.
--- Loaded with lua/calendar.lua (period_bounds) in front of it.
+-- tollgate token bucket and calendar quota: decides N keys all-or-nothing in one atomic call,
+-- or several such requests in turn (a batch). Loaded with lua/calendar.lua (period_bounds) in
+-- front of it.
 --
+-- One request:
 -- KEYS[i]     key i: a bucket, hash {tokens, ts} (ts in microseconds of this server's TIME),
 --             or a quota, hash {used, start} (start: the Unix second its period began)
 -- ARGV[4i-3]  a bucket's rate, tokens per second (> 0, may be fractional); or a quota's period:
@@ -23,6 +25,14 @@
 --   t_q, w_q  for each quota key, in KEYS order: seconds until its period ends, and the
 --             period's length in seconds
 --
+-- A batch (ARGV[1] is "*", which no rate or period is): requests one after another, KEYS
+-- holding every request's keys in order and ARGV, after the "*", for each request its key
+-- count n and then its 4n arguments as above. Each request is decided as if alone, in order,
+-- all at the same TIME: a request sees what the ones before it charged, so two requests for
+-- one bucket in one batch are decided exactly as two calls would be. Returns the requests'
+-- replies, as above, joined by " , ". One call for many requests costs Redis one TIME, one
+-- script invocation and one reply instead of one of each per request.
+--
 -- The clock is Redis's own (TIME), never the caller's, so instances with skewed clocks agree.
 -- A bucket persists {tokens, now} in both branches and expires when it would be full again
 -- (the next millisecond after it, so never before): an absent bucket reads as full, so that
@@ -43,73 +53,98 @@ local ts = t[1] .. us
 
 local PERIOD = {h = true, d = true, w = true, m = true}
 
--- reply[2i+1], reply[2i+2]: key i's tokens (a number until written) and enough flag.
-local n = #KEYS
-local reply, allowed = {'1', ts}, '1'
--- For each quota key: its period's start and end, and whether its count is this period's.
-local starts, stops, current = {}, {}, {}
-for i = 1, n do
-  local j = 4 * i
-  local burst = ARGV[j - 2] + 0
-  local level
-  if PERIOD[ARGV[j - 3]] then
-    local start, stop = period_bounds(ARGV[j - 3], now_s)
-    local stored = redis.call('HMGET', KEYS[i], 'used', 'start')
-    level = burst
-    if tonumber(stored[2]) == start then
-      level = burst - (tonumber(stored[1]) or 0)
-      current[i] = true
-    end
-    starts[i], stops[i] = start, stop
-  else
-    local stored = redis.call('HMGET', KEYS[i], 'tokens', 'ts')
-    -- tonumber, not arithmetic: a field someone else mangled reads as absent, i.e. full.
-    local at
-    level, at = tonumber(stored[1]), tonumber(stored[2])
-    if level == nil or at == nil then
-      level = burst
-    elseif now > at then
-      level = level + (now - at) * ARGV[j - 3] / 1000000
-      if level > burst then level = burst end
-    end
-  end
-  reply[2 * i + 1] = level
-  if level >= ARGV[j - 1] + 0 and level > 0 then
-    reply[2 * i + 2] = '1'
-  else
-    reply[2 * i + 2] = '0'
-    if ARGV[j] ~= '1' then allowed = '0' end
-  end
-end
-reply[1] = allowed
+-- The reply, field by field: every request's fields, requests separated by a "," field.
+local out = {}
 
-local windows = {}
-for i = 1, n do
-  local j, key = 4 * i, KEYS[i]
-  local level = reply[2 * i + 1]
-  local cost = ARGV[j - 1] + 0
-  local charged = allowed == '1' and reply[2 * i + 2] == '1'
-  if charged then level = level - cost end
-  if starts[i] then
-    if charged and cost > 0 and current[i] then
-      -- This period's count exists, and so does its expiry.
-      redis.call('HINCRBY', key, 'used', cost)
-    elseif charged and cost > 0 then
-      redis.call('HSET', key, 'used', string.format('%d', cost), 'start', string.format('%d', starts[i]))
-      redis.call('PEXPIRE', key, math.ceil((stops[i] * 1000000 - now) / 1000))
+-- Decides the n keys KEYS[k+1..k+n] with arguments ARGV[a+1..a+4n]; appends its reply to out.
+local function decide(k, a, n)
+  local p = #out
+  -- out[p+2i+1], out[p+2i+2]: key i's tokens (a number until written) and enough flag.
+  out[p + 1], out[p + 2] = '1', ts
+  local allowed = '1'
+  -- For quota keys only (made at the first one): the period's start and end, and whether
+  -- the stored count is this period's.
+  local starts, stops, current
+  for i = 1, n do
+    local j = a + 4 * i
+    local burst = ARGV[j - 2] + 0
+    local level
+    if PERIOD[ARGV[j - 3]] then
+      if not starts then starts, stops, current = {}, {}, {} end
+      local start, stop = period_bounds(ARGV[j - 3], now_s)
+      local stored = redis.call('HMGET', KEYS[k + i], 'used', 'start')
+      level = burst
+      if tonumber(stored[2]) == start then
+        level = burst - (tonumber(stored[1]) or 0)
+        current[i] = true
+      end
+      starts[i], stops[i] = start, stop
+    else
+      local stored = redis.call('HMGET', KEYS[k + i], 'tokens', 'ts')
+      -- tonumber, not arithmetic: a field someone else mangled reads as absent, i.e. full.
+      local at
+      level, at = tonumber(stored[1]), tonumber(stored[2])
+      if level == nil or at == nil then
+        level = burst
+      elseif now > at then
+        level = level + (now - at) * ARGV[j - 3] / 1000000
+        if level > burst then level = burst end
+      end
     end
-    windows[#windows + 1] = stops[i] - now_s
-    windows[#windows + 1] = stops[i] - starts[i]
-    reply[2 * i + 1] = string.format('%.17g', level)
-  else
-    local text = string.format('%.17g', level)
-    redis.call('HSET', key, 'tokens', text, 'ts', ts)
-    -- Redis deletes a key once its millisecond clock passes the deadline: the millisecond
-    -- after the one in which the bucket is full again.
-    local full_ms = (now + (ARGV[j - 2] - level) / ARGV[j - 3] * 1000000) / 1000
-    redis.call('PEXPIREAT', key, string.format('%d', full_ms - full_ms % 1 + 1))
-    reply[2 * i + 1] = text
+    out[p + 2 * i + 1] = level
+    if level >= ARGV[j - 1] + 0 and level > 0 then
+      out[p + 2 * i + 2] = '1'
+    else
+      out[p + 2 * i + 2] = '0'
+      if ARGV[j] ~= '1' then allowed = '0' end
+    end
+  end
+  out[p + 1] = allowed
+
+  for i = 1, n do
+    local j, key = a + 4 * i, KEYS[k + i]
+    local level = out[p + 2 * i + 1]
+    local cost = ARGV[j - 1] + 0
+    local charged = allowed == '1' and out[p + 2 * i + 2] == '1'
+    if charged then level = level - cost end
+    if starts and starts[i] then
+      if charged and cost > 0 and current[i] then
+        -- This period's count exists, and so does its expiry.
+        redis.call('HINCRBY', key, 'used', cost)
+      elseif charged and cost > 0 then
+        redis.call('HSET', key, 'used', string.format('%d', cost), 'start', string.format('%d', starts[i]))
+        redis.call('PEXPIRE', key, math.ceil((stops[i] * 1000000 - now) / 1000))
+      end
+      out[p + 2 * i + 1] = string.format('%.17g', level)
+    else
+      local text = string.format('%.17g', level)
+      redis.call('HSET', key, 'tokens', text, 'ts', ts)
+      -- Redis deletes a key once its millisecond clock passes the deadline: the millisecond
+      -- after the one in which the bucket is full again.
+      local full_ms = (now + (ARGV[j - 2] - level) / ARGV[j - 3] * 1000000) / 1000
+      redis.call('PEXPIREAT', key, string.format('%d', full_ms - full_ms % 1 + 1))
+      out[p + 2 * i + 1] = text
+    end
+  end
+  if starts then
+    for i = 1, n do
+      if starts[i] then
+        out[#out + 1] = string.format('%d', stops[i] - now_s)
+        out[#out + 1] = string.format('%d', stops[i] - starts[i])
+      end
+    end
   end
 end
-for _, value in ipairs(windows) do reply[#reply + 1] = string.format('%d', value) end
-return table.concat(reply, ' ')
+
+if ARGV[1] ~= '*' then
+  decide(0, 0, #KEYS)
+  return table.concat(out, ' ')
+end
+local k, a = 0, 2
+while a <= #ARGV do
+  local n = ARGV[a] + 0
+  if k > 0 then out[#out + 1] = ',' end
+  decide(k, a, n)
+  k, a = k + n, a + 1 + 4 * n
+end
+return table.concat(out, ' ')

@@ -28,6 +28,7 @@
 )]
 
 mod admin;
+mod coalesce;
 mod connection;
 mod cross_slot;
 pub mod overrides;
@@ -35,10 +36,12 @@ pub mod resets;
 mod sentinel;
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redis::{Cmd, RedisError, Value};
 
+use self::coalesce::Coalescer;
 use self::connection::Connection;
 pub use self::connection::Topology;
 use super::breaker::{Admission, Breaker};
@@ -101,8 +104,19 @@ impl LuaScript {
 /// No epoch: the script has not run yet.
 const NEVER: u64 = u64::MAX;
 
+/// A script call admitted by the breaker.
+struct Call {
+    started: Instant,
+    /// The connection epoch it was sent in.
+    epoch: u64,
+    /// Send the script whole (`EVAL`).
+    whole: bool,
+}
+
 pub struct RedisStore {
-    connection: Connection,
+    connection: Arc<Connection>,
+    /// Batches the checks that queue on a thread into one `token_bucket.lua` call.
+    coalescer: Coalescer,
     /// Bumped by every call that failed in a way that may replace the connection (dropped,
     /// refused, timed out): the next connection starts without our scripts.
     failures: AtomicU64,
@@ -125,10 +139,17 @@ impl RedisStore {
         timeout: Duration,
         metrics: Metrics,
     ) -> Result<RedisStore, StoreError> {
+        let connection = Arc::new(Connection::open(topology, timeout)?);
+        let bucket_script = LuaScript::new(BUCKET_SCRIPT);
         Ok(RedisStore {
-            connection: Connection::open(topology, timeout)?,
+            coalescer: Coalescer::new(
+                Arc::clone(&connection),
+                BUCKET_SCRIPT,
+                bucket_script.sha.clone(),
+            ),
+            connection,
             failures: AtomicU64::new(0),
-            bucket_script: LuaScript::new(BUCKET_SCRIPT),
+            bucket_script,
             report_script: LuaScript::new(REPORT_SCRIPT),
             refund_script: LuaScript::new(REFUND_SCRIPT),
             instances_script: LuaScript::new(INSTANCES_SCRIPT),
@@ -167,18 +188,13 @@ impl RedisStore {
         args: impl Fn(&mut Cmd),
         deadline: Instant,
     ) -> Result<Value, StoreError> {
-        if self.breaker.admit() == Admission::Reject {
-            return Err(StoreError::Unavailable);
-        }
-        let started = Instant::now();
-        let epoch = self.epoch();
-        let whole = script.loaded_in.load(Ordering::Acquire) != epoch;
+        let call = self.begin(script)?;
         let result = tokio::time::timeout_at(deadline.into(), async {
             // On a Cluster both commands are routed by their first key: the script is loaded
             // on the node that owns the slot, which is where it runs next time.
             match self
                 .connection
-                .query(&script.command(whole, keys, &args))
+                .query(&script.command(call.whole, keys, &args))
                 .await
             {
                 Err(e)
@@ -192,17 +208,41 @@ impl RedisStore {
             }
         })
         .await;
-        self.metrics
-            .store_duration
-            .observe(started.elapsed().as_secs_f64());
         let result = match result {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(e)) => Err(classify(&e)),
             Err(_elapsed) => Err(StoreError::Timeout),
         };
+        self.finish(script, &call, result)
+    }
+
+    /// Admits a call through the breaker and notes how to send `script` on this epoch.
+    fn begin(&self, script: &LuaScript) -> Result<Call, StoreError> {
+        if self.breaker.admit() == Admission::Reject {
+            return Err(StoreError::Unavailable);
+        }
+        let epoch = self.epoch();
+        Ok(Call {
+            started: Instant::now(),
+            epoch,
+            whole: script.loaded_in.load(Ordering::Acquire) != epoch,
+        })
+    }
+
+    /// Accounts for a call's result: latency, breaker, error counters, and whether `script`
+    /// is now known to the connection.
+    fn finish(
+        &self,
+        script: &LuaScript,
+        call: &Call,
+        result: Result<Value, StoreError>,
+    ) -> Result<Value, StoreError> {
+        self.metrics
+            .store_duration
+            .observe(call.started.elapsed().as_secs_f64());
         match &result {
             Ok(_) => {
-                script.loaded_in.store(epoch, Ordering::Release);
+                script.loaded_in.store(call.epoch, Ordering::Release);
                 self.breaker.on_success();
             }
             Err(e) => {
@@ -276,6 +316,30 @@ impl RedisStore {
         parse_decision(reply, buckets)
     }
 
+    /// As [`RedisStore::charge`], in whichever call this thread sends next (see
+    /// `redis/coalesce.rs`).
+    async fn charge_coalesced(
+        &self,
+        buckets: &[&BucketRequest],
+        deadline: Instant,
+    ) -> Result<StoreDecision, StoreError> {
+        let script = &self.bucket_script;
+        let call = self.begin(script)?;
+        let Some(answer) = self.coalescer.submit(buckets, call.whole, deadline) else {
+            return Err(StoreError::Other(
+                "no async runtime to call Redis from".into(),
+            ));
+        };
+        let result = match tokio::time::timeout_at(deadline.into(), answer).await {
+            Ok(Ok(result)) => result,
+            // The call's task ended without answering: its runtime is shutting down.
+            Ok(Err(_dropped)) => Err(StoreError::Other("the Redis call was dropped".into())),
+            Err(_elapsed) => Err(StoreError::Timeout),
+        };
+        let reply = self.finish(script, &call, result)?;
+        parse_decision(reply, buckets).map(|(decision, _)| decision)
+    }
+
     /// Gives back `cost` to each bucket charged by the call whose `charged_at` (per bucket:
     /// that call's `now`, or a quota's period start) is given (`lua/refund.lua`); returns the
     /// tokens each holds afterwards.
@@ -319,11 +383,7 @@ impl RedisStore {
         let keys: Vec<&str> = buckets.iter().map(|b| b.key.as_str()).collect();
         let args = |cmd: &mut Cmd| {
             for (i, bucket) in buckets.iter().enumerate() {
-                match bucket.meter {
-                    Meter::Bucket => cmd.arg(bucket.rate),
-                    Meter::Quota(period) => cmd.arg(period.code()),
-                };
-                cmd.arg(bucket.burst).arg(bucket.cost).arg(last(i));
+                bucket_args(cmd, bucket, last(i));
             }
         };
         self.run_script(script, &keys, args, deadline).await
@@ -366,9 +426,7 @@ impl Store for RedisStore {
             }
         }
         let all: Vec<&BucketRequest> = buckets.iter().collect();
-        self.charge(&all, deadline)
-            .await
-            .map(|(decision, _)| decision)
+        self.charge_coalesced(&all, deadline).await
     }
 
     async fn report(&self, charges: &[ReportCharge]) -> Result<Vec<BucketOutcome>, StoreError> {
@@ -431,6 +489,16 @@ impl Store for RedisStore {
         }
         result
     }
+}
+
+/// One bucket's four script arguments: rate (a quota: its period code), burst (or quota),
+/// cost, and one script-specific value.
+fn bucket_args(cmd: &mut Cmd, bucket: &BucketRequest, last: &str) {
+    match bucket.meter {
+        Meter::Bucket => cmd.arg(bucket.rate),
+        Meter::Quota(period) => cmd.arg(period.code()),
+    };
+    cmd.arg(bucket.burst).arg(bucket.cost).arg(last);
 }
 
 /// The quota windows appended to a reply (`t, w` per quota, in order), one per bucket.

@@ -240,3 +240,86 @@ fn cluster_is_exact_across_slots_and_follows_a_master_failover() {
         outcomes.len()
     );
 }
+
+/// Checks that queue together on one thread go to the Cluster in one call per slot (a script
+/// may touch one slot only), each decided exactly: 20 users spread over the masters, 5
+/// checks each, all queued at once, burst 3.
+#[test]
+fn checks_queued_together_are_batched_per_slot_and_stay_exact() {
+    use tollgate::metrics::Metrics;
+    use tollgate::store::redis::{RedisStore, Topology};
+    use tollgate::store::{BucketRequest, Meter, Store};
+
+    let cluster = RedisCluster::start();
+    let seeds = cluster.seeds();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let store = {
+        let _inside = runtime.enter();
+        RedisStore::open(
+            &Topology::Cluster { seeds: &seeds },
+            Duration::from_secs(5),
+            Metrics::new(),
+        )
+        .expect("store")
+    };
+    let users = names("batch-user-", 20);
+    let requests: Vec<Vec<BucketRequest>> = (0..5)
+        .flat_map(|_| users.iter())
+        .map(|user| {
+            vec![BucketRequest {
+                key: format!("tollgate:per-user:{{{user}}}"),
+                rate: 0.001,
+                burst: 3.0,
+                cost: 1,
+                shadow: false,
+                limit: 0,
+                meter: Meter::Bucket,
+            }]
+        })
+        .collect();
+    // The connection and the slot map first, so that the batch meets a ready Cluster.
+    runtime
+        .block_on(store.decide(&requests[0]))
+        .expect("a first check");
+    let decisions = runtime.block_on(futures_util::future::join_all(
+        requests[1..].iter().map(|buckets| store.decide(buckets)),
+    ));
+    let mut admitted = std::collections::HashMap::new();
+    admitted.insert(users[0].clone(), 1);
+    for (buckets, decision) in requests[1..].iter().zip(decisions) {
+        let decision = decision.expect("every check decided: no cross-slot call");
+        if decision.allowed {
+            *admitted.entry(buckets[0].key.clone()).or_insert(0) += 1;
+        }
+    }
+    let total: usize = admitted.values().sum();
+    assert_eq!(total, 20 * 3, "each user's burst exactly: {admitted:?}");
+    let sizes = cluster.on_masters(&["DBSIZE"]);
+    assert!(
+        sizes
+            .iter()
+            .all(|s| s.trim().parse::<u64>().unwrap_or(0) > 0),
+        "the users' buckets spread over every master: {sizes:?}"
+    );
+    let calls: u64 = cluster
+        .on_masters(&["INFO", "commandstats"])
+        .iter()
+        .flat_map(|stats| stats.lines())
+        .filter_map(|line| {
+            let rest = line.trim().strip_prefix("cmdstat_eval")?;
+            let rest = rest.strip_prefix("sha").unwrap_or(rest);
+            rest.strip_prefix(":calls=")?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum();
+    assert!(
+        calls < 40,
+        "99 checks queued together took {calls} script calls"
+    );
+}

@@ -7,6 +7,7 @@ mod support;
 
 mod admin_api;
 mod admin_overrides;
+mod coalescing;
 mod config_cli;
 mod deny_cache;
 mod exactness;
