@@ -28,7 +28,7 @@ PACE="${PACE:-0.5}"
 require wrk:wrk redis-server:redis-server curl:curl
 
 cargo build --release --quiet --bin tollgate --example latency_proxy --example paced_load
-TOLLGATE="$PWD/target/release/tollgate"
+TOLLGATE="${BIN:-$PWD/target/release/tollgate}"   # BIN=: another build, for a before/after
 PROXY="$PWD/target/release/examples/latency_proxy"
 LOAD="$PWD/target/release/examples/paced_load"
 
