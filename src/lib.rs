@@ -21,7 +21,8 @@
 //! - [`limiter`]: the decision without HTTP: one atomic store call, `on_error` fallbacks;
 //!   [`deny_cache`] answers the denials Redis would surely repeat, without asking it.
 //! - [`store`]: the [`store::Store`] trait; [`store::redis`] (Lua via `EVALSHA`, deadlines,
-//!   circuit breaker; one node, a Cluster or a Sentinel-managed master) and
+//!   circuit breaker; one node, a Cluster or a Sentinel-managed master; the checks queued on
+//!   one thread together share one script call) and
 //!   [`store::memory`] (sharded, bounded); [`store::bucket`] is the arithmetic twin of
 //!   `lua/token_bucket.lua` and `lua/report.lua`, [`store::calendar`] of their UTC periods;
 //!   [`store::redis::resets`] tells every instance's deny cache of a reset bucket.

@@ -135,8 +135,11 @@ impl Metrics {
         )
         .expect("valid metric");
         let store_duration = Histogram::with_opts(
-            HistogramOpts::new(STORE_DURATION_SECONDS, "Time of one store call.")
-                .buckets(LATENCY_BUCKETS.to_vec()),
+            HistogramOpts::new(
+                STORE_DURATION_SECONDS,
+                "Time a caller waited for one store call.",
+            )
+            .buckets(LATENCY_BUCKETS.to_vec()),
         )
         .expect("valid metric");
         let store_errors = IntCounterVec::new(

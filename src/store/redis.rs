@@ -1,6 +1,7 @@
 //! The Redis store: `lua/token_bucket.lua` run with `EVALSHA` over multiplexed async
 //! connections (one round trip per check, no worker ever blocks), to one node, a Cluster or a
-//! Sentinel-managed master (`redis/connection.rs`). To one node, each worker has a connection
+//! Sentinel-managed master (`redis/connection.rs`). Checks that queue on one thread together
+//! are decided by one call in the script's batch form (`redis/coalesce.rs`). To one node, each worker has a connection
 //! of its own, driven on its own thread; readiness asks every one of them.
 //!
 //! Failure handling, in layers: every call has a deadline of `store.timeout_ms` (connection

@@ -274,3 +274,109 @@ fn fail(batch: Vec<Pending>, error: &StoreError) {
         let _ = pending.answer.send(Err(error.clone()));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::Meter;
+
+    fn pending(keys: &[&str]) -> (Pending, oneshot::Receiver<Result<Value, StoreError>>) {
+        let (answer, receiver) = oneshot::channel();
+        let buckets = keys
+            .iter()
+            .map(|key| BucketRequest {
+                key: (*key).to_string(),
+                rate: 2.0,
+                burst: 5.0,
+                cost: 1,
+                shadow: false,
+                limit: 0,
+                meter: Meter::Bucket,
+            })
+            .collect();
+        let pending = Pending {
+            buckets,
+            whole: false,
+            deadline: Instant::now(),
+            answer,
+        };
+        (pending, receiver)
+    }
+
+    fn args(cmd: &Cmd) -> Vec<String> {
+        cmd.args_iter()
+            .map(|arg| match arg {
+                redis::Arg::Simple(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+                _ => "<other>".to_string(),
+            })
+            .collect()
+    }
+
+    fn script() -> Script {
+        Script {
+            source: "return 1",
+            sha: "sha".to_string(),
+        }
+    }
+
+    #[test]
+    fn a_lone_request_goes_in_the_single_form() {
+        let (one, _r) = pending(&["a", "b"]);
+        let cmd = command(&script(), false, &[one]);
+        assert_eq!(
+            args(&cmd),
+            ["EVALSHA", "sha", "2", "a", "b", "2.0", "5.0", "1", "0", "2.0", "5.0", "1", "0"]
+        );
+    }
+
+    #[test]
+    fn several_requests_go_in_the_batch_form_keys_first_then_each_request_s_count_and_args() {
+        let (one, _r1) = pending(&["a", "b"]);
+        let (two, _r2) = pending(&["c"]);
+        let cmd = command(&script(), true, &[one, two]);
+        assert_eq!(
+            args(&cmd),
+            [
+                "EVAL", "return 1", "3", "a", "b", "c", "*", "2", "2.0", "5.0", "1", "0", "2.0",
+                "5.0", "1", "0", "1", "2.0", "5.0", "1", "0"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_batch_reply_is_handed_out_in_order_and_a_short_one_fails_every_request() {
+        let (one, r1) = pending(&["a"]);
+        let (two, r2) = pending(&["b"]);
+        hand_out(
+            Value::BulkString(b"1 7 4 1 , 0 7 0 0".to_vec()),
+            vec![one, two],
+        );
+        let text = |r: oneshot::Receiver<Result<Value, StoreError>>| match r.blocking_recv() {
+            Ok(Ok(Value::BulkString(bytes))) => String::from_utf8(bytes).unwrap(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(text(r1), "1 7 4 1");
+        assert_eq!(text(r2), "0 7 0 0");
+
+        let (one, r1) = pending(&["a"]);
+        let (two, r2) = pending(&["b"]);
+        hand_out(Value::BulkString(b"1 7 4 1".to_vec()), vec![one, two]);
+        for r in [r1, r2] {
+            assert!(matches!(r.blocking_recv(), Ok(Err(StoreError::Script(_)))));
+        }
+    }
+
+    #[test]
+    fn requests_are_grouped_by_slot_keeping_their_order() {
+        // {x} and {y} hash to different slots; keys with the same tag share one.
+        let (a, _ra) = pending(&["k:{x}"]);
+        let (b, _rb) = pending(&["k:{y}"]);
+        let (c, _rc) = pending(&["other:{x}"]);
+        let groups = by_slot(vec![a, b, c]);
+        let keys: Vec<Vec<&str>> = groups
+            .iter()
+            .map(|g| g.iter().map(|p| p.buckets[0].key.as_str()).collect())
+            .collect();
+        assert_eq!(keys, [vec!["k:{x}", "other:{x}"], vec!["k:{y}"]]);
+    }
+}
