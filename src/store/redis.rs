@@ -84,20 +84,26 @@ impl LuaScript {
 
     /// `EVALSHA sha numkeys keys... args...`, or `EVAL source ...` when `by_source`.
     fn command(&self, by_source: bool, keys: &[&str], args: impl FnOnce(&mut Cmd)) -> Cmd {
-        let mut cmd = if by_source {
-            let mut cmd = redis::cmd("EVAL");
-            cmd.arg(self.source);
-            cmd
-        } else {
-            let mut cmd = redis::cmd("EVALSHA");
-            cmd.arg(&self.sha);
-            cmd
-        };
+        let mut cmd = script_call(self.source, &self.sha, by_source);
         cmd.arg(keys.len());
         for key in keys {
             cmd.arg(*key);
         }
         args(&mut cmd);
+        cmd
+    }
+}
+
+/// `EVAL source` when `by_source`, else `EVALSHA sha`: a script call without its keys and
+/// arguments.
+fn script_call(source: &str, sha: &str, by_source: bool) -> Cmd {
+    if by_source {
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(source);
+        cmd
+    } else {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(sha);
         cmd
     }
 }

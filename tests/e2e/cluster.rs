@@ -246,25 +246,14 @@ fn cluster_is_exact_across_slots_and_follows_a_master_failover() {
 /// checks each, all queued at once, burst 3.
 #[test]
 fn checks_queued_together_are_batched_per_slot_and_stay_exact() {
-    use tollgate::metrics::Metrics;
-    use tollgate::store::redis::{RedisStore, Topology};
+    use crate::support::redis_store;
+    use tollgate::store::redis::Topology;
     use tollgate::store::{BucketRequest, Meter, Store};
 
     let cluster = RedisCluster::start();
     let seeds = cluster.seeds();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    let store = {
-        let _inside = runtime.enter();
-        RedisStore::open(
-            &Topology::Cluster { seeds: &seeds },
-            Duration::from_secs(5),
-            Metrics::new(),
-        )
-        .expect("store")
-    };
+    let (store, runtime) =
+        redis_store(&Topology::Cluster { seeds: &seeds }, Duration::from_secs(5));
     let users = names("batch-user-", 20);
     let requests: Vec<Vec<BucketRequest>> = (0..5)
         .flat_map(|_| users.iter())

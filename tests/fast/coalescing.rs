@@ -11,8 +11,7 @@ use futures_util::FutureExt;
 use proptest::prelude::*;
 
 use crate::support::commandstats::script_calls;
-use crate::support::RedisServer;
-use tollgate::metrics::Metrics;
+use crate::support::{redis_store, RedisServer};
 use tollgate::store::memory::{ManualClock, MemoryStore};
 use tollgate::store::redis::{RedisStore, Topology};
 use tollgate::store::{BucketRequest, Meter, Period, Store, StoreDecision};
@@ -31,19 +30,10 @@ impl Harness {
     /// A store on a current-thread runtime, the way an HTTP worker runs it.
     fn start() -> Harness {
         let redis = RedisServer::start();
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        let store = {
-            let _inside = runtime.enter();
-            RedisStore::open(
-                &Topology::Single { url: &redis.url() },
-                Duration::from_secs(5),
-                Metrics::new(),
-            )
-            .expect("store")
-        };
+        let (store, runtime) = redis_store(
+            &Topology::Single { url: &redis.url() },
+            Duration::from_secs(5),
+        );
         runtime.block_on(store.warm_up());
         Harness {
             redis,

@@ -80,12 +80,36 @@ fn three_instances_never_admit_more_than_the_bucket_allows() {
     let instances: Vec<Tollgate> = (0..3).map(|_| Tollgate::start(&config)).collect();
 
     let (tally, elapsed) = hammer(&instances, 32, Duration::from_secs(5), "shared-key");
+    assert_within_the_bucket("3 instances", &tally, elapsed, 0.98);
+}
 
+#[test]
+fn three_instances_on_a_distant_redis_never_admit_more_than_the_bucket_allows() {
+    let redis = RedisServer::start();
+    let proxy = LatencyProxy::start(redis.port, Duration::from_millis(2));
+    let config = format!(
+        "[store]\nbackend = \"redis\"\nurl = \"{}\"\ntimeout_ms = 1000\non_error = \"deny\"\n\n{}",
+        proxy.url(),
+        hot_key_limit()
+    );
+    let instances: Vec<Tollgate> = (0..3).map(|_| Tollgate::start(&config)).collect();
+    let before = script_calls(&redis);
+
+    let (tally, elapsed) = hammer(&instances, 48, Duration::from_secs(4), "distant-key");
+    eprintln!("{} script calls at 4 ms RTT", script_calls(&redis) - before);
+    // Not only cached denials: the bucket itself was asked, and refilled into admissions.
+    assert_within_the_bucket("3 instances at 4 ms RTT", &tally, elapsed, 0.9);
+}
+
+/// Every answer was 200 or 429, the load exceeded the limit many times over, and admissions
+/// stayed within `burst + rate * t` (+1 for the check in flight at the end), and above
+/// `min_share` of it.
+fn assert_within_the_bucket(what: &str, tally: &Tally, elapsed: Duration, min_share: f64) {
     let allowed = tally.allowed.load(Ordering::Relaxed) as f64;
     let denied = tally.denied.load(Ordering::Relaxed);
     let bound = BURST + RATE * elapsed.as_secs_f64();
     eprintln!(
-        "exactness: {allowed} allowed, {denied} denied in {:.3} s through 3 instances; bound {bound:.1} ({:.2}% of it)",
+        "exactness, {what}: {allowed} allowed, {denied} denied in {:.3} s; bound {bound:.1} ({:.2}% of it)",
         elapsed.as_secs_f64(),
         100.0 * allowed / bound
     );
@@ -103,53 +127,8 @@ fn three_instances_never_admit_more_than_the_bucket_allows() {
         "over-admitted: {allowed} > {bound:.1} + 1"
     );
     assert!(
-        allowed >= 0.98 * bound,
-        "under-admitted: {allowed} < 98% of {bound:.1}"
-    );
-}
-
-/// The same promise with Redis 2 ms away each way: checks queue on every worker and go out
-/// in shared calls, several for the one key per call, each decided after the one before it.
-#[test]
-fn three_instances_on_a_distant_redis_never_admit_more_than_the_bucket_allows() {
-    let redis = RedisServer::start();
-    let proxy = LatencyProxy::start(redis.port, Duration::from_millis(2));
-    let config = format!(
-        "[store]\nbackend = \"redis\"\nurl = \"{}\"\ntimeout_ms = 1000\non_error = \"deny\"\n\n{}",
-        proxy.url(),
-        hot_key_limit()
-    );
-    let instances: Vec<Tollgate> = (0..3).map(|_| Tollgate::start(&config)).collect();
-    let before = script_calls(&redis);
-
-    let (tally, elapsed) = hammer(&instances, 48, Duration::from_secs(4), "distant-key");
-
-    let allowed = tally.allowed.load(Ordering::Relaxed) as f64;
-    let denied = tally.denied.load(Ordering::Relaxed);
-    let calls = script_calls(&redis) - before;
-    let bound = BURST + RATE * elapsed.as_secs_f64();
-    eprintln!(
-        "exactness at 4 ms RTT: {allowed} allowed, {denied} denied, {calls} script calls in \
-         {:.3} s; bound {bound:.1}",
-        elapsed.as_secs_f64()
-    );
-    assert_eq!(
-        tally.other.load(Ordering::Relaxed),
-        0,
-        "every answer is 200 or 429"
-    );
-    assert!(
-        denied > 1000,
-        "the load must exceed the limit many times over"
-    );
-    assert!(
-        allowed <= bound + 1.0,
-        "over-admitted: {allowed} > {bound:.1} + 1"
-    );
-    // Not only cached denials: the bucket itself was asked, and refilled into admissions.
-    assert!(
-        allowed >= 0.9 * bound,
-        "under-admitted: {allowed} < 90% of {bound:.1}"
+        allowed >= min_share * bound,
+        "under-admitted: {allowed} < {min_share} of {bound:.1}"
     );
 }
 

@@ -10,8 +10,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::support::RedisServer;
-use tollgate::metrics::Metrics;
+use crate::support::{redis_store, RedisServer};
 use tollgate::store::bucket::Bucket as Stored;
 use tollgate::store::memory::{Clock, ManualClock, MemoryStore};
 use tollgate::store::redis::{RedisStore, Topology};
@@ -276,19 +275,10 @@ fn scenarios_on_the_memory_store() {
 impl Redis {
     fn start() -> Redis {
         let server = RedisServer::start();
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        let store = {
-            let _inside = runtime.enter();
-            RedisStore::open(
-                &Topology::Single { url: &server.url() },
-                Duration::from_secs(2),
-                Metrics::new(),
-            )
-            .expect("store")
-        };
+        let (store, runtime) = redis_store(
+            &Topology::Single { url: &server.url() },
+            Duration::from_secs(2),
+        );
         Redis {
             server,
             store,

@@ -472,3 +472,25 @@ impl std::ops::Add<Limit> for Limit {
         self
     }
 }
+
+/// A Redis store on a current-thread runtime, the way an HTTP worker runs it (the store must
+/// be opened inside the runtime that drives it).
+pub fn redis_store(
+    topology: &tollgate::store::redis::Topology<'_>,
+    timeout: Duration,
+) -> (tollgate::store::redis::RedisStore, tokio::runtime::Runtime) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let store = {
+        let _inside = runtime.enter();
+        tollgate::store::redis::RedisStore::open(
+            topology,
+            timeout,
+            tollgate::metrics::Metrics::new(),
+        )
+        .expect("store")
+    };
+    (store, runtime)
+}

@@ -25,7 +25,7 @@ use redis::{Cmd, Value};
 use tokio::sync::oneshot;
 
 use super::connection::Connection;
-use super::{bucket_args, classify};
+use super::{bucket_args, classify, script_call};
 use crate::store::{BucketRequest, StoreError};
 
 /// Most requests one call carries: a bigger batch would hold Redis, which runs one script at a
@@ -208,15 +208,7 @@ async fn call(connection: &Connection, script: &Script, batch: Vec<Pending>) {
 /// `EVALSHA` (or `EVAL`, when `whole`) of the batch: one request alone goes in the script's
 /// single form, several in its batch form.
 fn command(script: &Script, whole: bool, batch: &[Pending]) -> Cmd {
-    let mut cmd = if whole {
-        let mut cmd = redis::cmd("EVAL");
-        cmd.arg(script.source);
-        cmd
-    } else {
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(&script.sha);
-        cmd
-    };
+    let mut cmd = script_call(script.source, &script.sha, whole);
     let keys: usize = batch.iter().map(|p| p.buckets.len()).sum();
     cmd.arg(keys);
     for bucket in batch.iter().flat_map(|p| &p.buckets) {
