@@ -3,7 +3,7 @@
 
 use serde::Serialize;
 
-use super::{Backend, Charge, Config, MatchConfig, RateSpec, StoreConfig};
+use super::{Backend, Charge, Config, DenialLogging, MatchConfig, RateSpec, StoreConfig};
 
 impl Config {
     /// What `tollgate validate` prints: the effective settings and limits, passwords redacted.
@@ -48,6 +48,15 @@ impl Config {
                 (Some(_), _) => "set".to_string(),
                 (None, Some(path)) => format!("from {}", path.display()),
                 (None, None) => "not set (POST /report is refused)".to_string(),
+            }
+        );
+        let _ = writeln!(
+            out,
+            "log denials   {}",
+            match self.log.denials {
+                DenialLogging::Off => "off",
+                DenialLogging::Sampled =>
+                    "sampled (a JSON line per denied limit and key, at most every 10 s)",
             }
         );
         let _ = writeln!(out, "limits        {}", self.limits.len());

@@ -219,6 +219,26 @@ fn denials_are_not_logged_by_default() {
 }
 
 #[test]
+fn validate_shows_whether_denials_are_logged() {
+    let dir = crate::support::TempDir::new("top-validate");
+    for (config, shown) in [
+        ("", "log denials   off"),
+        ("[log]\ndenials = \"sampled\"\n", "log denials   sampled"),
+    ] {
+        let path = dir.write("tollgate.toml", config);
+        let output = crate::support::tollgate_command()
+            .arg("validate")
+            .arg("--config")
+            .arg(&path)
+            .output()
+            .expect("run tollgate validate");
+        assert_eq!(output.status.code(), Some(0));
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(stdout.contains(shown), "{stdout}");
+    }
+}
+
+#[test]
 fn an_unknown_deny_log_mode_is_refused_naming_the_key() {
     let dir = crate::support::TempDir::new("top-config");
     let path = dir.write("tollgate.toml", "[log]\ndenials = \"everything\"\n");
