@@ -605,6 +605,52 @@ fn overrides_outlive_a_redis_restart_and_a_reload() {
     assert_eq!(a.metric("tollgate_runtime_overrides{limit=\"roomy\"}"), 1.0);
 }
 
+/// A limit holds at most 10,000 runtime overrides: one more is refused with 409 and changes
+/// nothing; once one is gone there is room again.
+#[test]
+fn a_full_limit_refuses_one_more_override_with_409() {
+    let redis = RedisServer::start();
+    let tollgate = Tollgate::start(&config(&redis, Some(TOKEN)));
+    let hash = "tollgate:{tollgate:overrides}:limit:tight";
+    // 10,000 entries written straight into the store, as 10,000 PUTs would leave them.
+    redis.cli(&[
+        "EVAL",
+        "for i = 1, tonumber(ARGV[1]) do \
+           redis.call('HSET', KEYS[1], 'filler' .. i, cjson.encode({k = {'filler' .. i}, b = 5})) \
+         end",
+        "1",
+        hash,
+        "10000",
+    ]);
+
+    let refused = put(&tollgate, "tight", "newcomer", r#"{"burst": 4}"#);
+    assert_eq!(refused.status, 409, "{refused:?}");
+    assert!(refused.body.contains("10000"), "{}", refused.body);
+    assert_eq!(
+        redis.cli(&["HLEN", hash]).trim(),
+        "10000",
+        "nothing written"
+    );
+    assert_eq!(
+        admitted(&[&tollgate], "newcomer", 4),
+        2,
+        "the file's burst still"
+    );
+
+    redis.cli(&["HDEL", hash, "filler1"]);
+    assert_eq!(
+        put(&tollgate, "tight", "newcomer", r#"{"burst": 4}"#).status,
+        200
+    );
+    assert!(
+        wait_until(Duration::from_secs(3), || policy_of(
+            &tollgate, "tight", "newcomer"
+        )
+        .contains("q=4")),
+        "the override applies once there was room"
+    );
+}
+
 #[test]
 fn the_memory_store_offers_the_same_api() {
     let tollgate = Tollgate::start(&memory_config());
