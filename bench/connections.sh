@@ -23,29 +23,6 @@ require wrk:wrk curl:curl
 cargo build --release --quiet --bin tollgate
 
 
-# start NAME BINARY: a tollgate on the memory store; sets PORT_<NAME> and PID_<NAME>.
-start() {
-  local port admin
-  port=$(free_port); admin=$(free_port)
-  cat > "$WORK/$1.toml" <<TOML
-listen = "127.0.0.1:$port"
-admin_listen = "127.0.0.1:$admin"
-[store]
-backend = "memory"
-[[limits]]
-name = "per-key"
-rate = 1000
-burst = 1000000
-key = ["path"]
-TOML
-  RUST_LOG=warn "$2" --config "$WORK/$1.toml" &
-  PIDS+=($!)
-  printf -v "PID_$1" %s "$!"
-  printf -v "PORT_$1" %s "$port"
-  for _ in $(seq 100); do curl -sf -o /dev/null "http://127.0.0.1:$admin/healthz" && return 0; sleep 0.1; done
-  echo "tollgate $1 did not start" >&2; exit 1
-}
-
 # run NAME MODE -> "req/s cpu_us_per_check"
 run() {
   local pid_var="PID_$1" port_var="PORT_$1" header=() before after
@@ -59,9 +36,9 @@ run() {
 }
 
 NAMES=now
-start now target/release/tollgate
+start_per_key now target/release/tollgate memory
 if [ -n "${BASE_BIN:-}" ]; then
-  start base "$BASE_BIN"
+  start_per_key base "$BASE_BIN" memory
   NAMES="base now"
 fi
 

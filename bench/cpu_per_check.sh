@@ -27,34 +27,6 @@ redis_cpu() { redis-cli -h 127.0.0.1 -p "$REDIS_PORT" INFO cpu | tr -d '\r' | aw
 script_calls() { redis-cli -h 127.0.0.1 -p "$REDIS_PORT" INFO commandstats | tr -d '\r' | awk -F'[:=,]' '
   /^cmdstat_(evalsha|eval):/ {s += $3} END {printf "%d", s}'; }
 
-# start NAME BINARY: sets PORT_<NAME>, PID_<NAME>.
-start() {
-  local port admin
-  port=$(free_port); admin=$(free_port)
-  cat > "$WORK/$1.toml" <<TOML
-listen = "127.0.0.1:$port"
-admin_listen = "127.0.0.1:$admin"
-[store]
-backend = "redis"
-url = "redis://127.0.0.1:$REDIS_PORT/0"
-timeout_ms = 1000
-[[limits]]
-name = "per-key"
-rate = 1000
-burst = 1000000
-key = ["path"]
-TOML
-  RUST_LOG=warn "$2" --config "$WORK/$1.toml" &
-  PIDS+=($!)
-  printf -v "PID_$1" %s "$!"
-  printf -v "PORT_$1" %s "$port"
-  for _ in $(seq 100); do
-    [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$admin/readyz")" = 200 ] && return 0
-    sleep 0.1
-  done
-  echo "tollgate $1 did not get ready" >&2; exit 1
-}
-
 # The machine's idle CPU time so far, in seconds (all cores).
 idle_s() { awk -v hz="$(getconf CLK_TCK)" '/^cpu / {printf "%.2f", ($5 + $6) / hz}' /proc/stat; }
 
@@ -88,9 +60,9 @@ print(r.ru_utime + r.ru_stime)' "$WORK/out" wrk -t1 -c64 -d"${DURATION}s" --late
 }
 
 NAMES=now
-start now target/release/tollgate
+start_per_key now target/release/tollgate redis
 if [ -n "${BASE_BIN:-}" ]; then
-  start base "$BASE_BIN"
+  start_per_key base "$BASE_BIN" redis
   NAMES="base now"
 fi
 

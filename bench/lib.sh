@@ -56,3 +56,40 @@ median() { sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (
 
 # ticks PID: the CPU time (user + system, in clock ticks) process PID has used; 0 without one.
 ticks() { if [ -n "$1" ]; then awk '{ print $14 + $15 }' "/proc/$1/stat"; else echo 0; fi; }
+
+# per_key_config PORT ADMIN BACKEND: a tollgate config on stdout with one limit keyed by the
+# path that never denies (rate 1,000/s, burst 1,000,000), on the memory store or on the
+# Redis of start_redis.
+per_key_config() {
+  cat <<TOML
+listen = "127.0.0.1:$1"
+admin_listen = "127.0.0.1:$2"
+[store]
+backend = "$3"
+url = "redis://127.0.0.1:${REDIS_PORT:-6379}/0"
+timeout_ms = 1000
+[[limits]]
+name = "per-key"
+rate = 1000
+burst = 1000000
+key = ["path"]
+TOML
+}
+
+# start_per_key NAME BINARY BACKEND: BINARY with per_key_config, waited for until ready;
+# sets PORT_<NAME> and PID_<NAME>.
+start_per_key() {
+  local port admin
+  port=$(free_port); admin=$(free_port)
+  per_key_config "$port" "$admin" "$3" > "$WORK/$1.toml"
+  RUST_LOG=warn "$2" --config "$WORK/$1.toml" &
+  PIDS+=($!)
+  printf -v "PID_$1" %s "$!"
+  printf -v "PORT_$1" %s "$port"
+  for _ in $(seq 100); do
+    [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$admin/readyz")" = 200 ] && return 0
+    sleep 0.1
+  done
+  echo "tollgate $1 did not get ready" >&2; exit 1
+}
+

@@ -21,19 +21,7 @@ start_redis
 
 for store in $STORES; do
   port=$(free_port); admin=$(free_port)
-  cat >"$WORK/$store.toml" <<EOF
-listen = "127.0.0.1:$port"
-admin_listen = "127.0.0.1:$admin"
-[store]
-backend = "$store"
-url = "redis://127.0.0.1:$REDIS_PORT/0"
-timeout_ms = 1000
-[[limits]]
-name = "per-key"
-rate = 1000
-burst = 1000000
-key = ["path"]
-EOF
+  per_key_config "$port" "$admin" "$store" >"$WORK/$store.toml"
   RUST_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$WORK/$store.out" \
     target/release/tollgate --config "$WORK/$store.toml" 2>"$WORK/$store.valgrind" &
   pid=$!

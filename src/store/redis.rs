@@ -127,7 +127,8 @@ pub struct RedisStore {
     /// Bumped by every call that failed in a way that may replace the connection (dropped,
     /// refused, timed out): the next connection starts without our scripts.
     failures: AtomicU64,
-    bucket_script: LuaScript,
+    /// Shared with the coalescer, which sends it for batched checks.
+    bucket_script: Arc<LuaScript>,
     report_script: LuaScript,
     refund_script: LuaScript,
     instances_script: LuaScript,
@@ -147,13 +148,9 @@ impl RedisStore {
         metrics: Metrics,
     ) -> Result<RedisStore, StoreError> {
         let connection = Arc::new(Connection::open(topology, timeout)?);
-        let bucket_script = LuaScript::new(BUCKET_SCRIPT);
+        let bucket_script = Arc::new(LuaScript::new(BUCKET_SCRIPT));
         Ok(RedisStore {
-            coalescer: Coalescer::new(
-                Arc::clone(&connection),
-                BUCKET_SCRIPT,
-                bucket_script.sha.clone(),
-            ),
+            coalescer: Coalescer::new(Arc::clone(&connection), Arc::clone(&bucket_script)),
             connection,
             failures: AtomicU64::new(0),
             bucket_script,

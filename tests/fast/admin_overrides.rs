@@ -3,10 +3,10 @@
 //! enforced by all within a second, beats the file's, expires on its TTL, survives a Redis
 //! restart and a SIGHUP; without the token nothing changes; hostile input is a 4xx.
 
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use crate::support::{redis_config, wait_until, HttpClient, RedisServer, Response, Tollgate};
+use crate::support::http::admin_json;
+use crate::support::{redis_config, wait_until, RedisServer, Response, Tollgate};
 
 const TOKEN: &str = "s3cret-admin-token";
 
@@ -60,21 +60,8 @@ fn memory_config() -> String {
     format!("admin_token = \"{TOKEN}\"\n[store]\nbackend = \"memory\"\n{LIMITS}")
 }
 
-/// One admin request; `body` is sent as JSON.
-fn admin(addr: SocketAddr, method: &str, path: &str, token: Option<&str>, body: &str) -> Response {
-    let mut client = HttpClient::connect(addr).expect("connect to the admin listener");
-    let auth = token
-        .map(|t| format!("Authorization: Bearer {t}\r\n"))
-        .unwrap_or_default();
-    let raw = format!(
-        "{method} {path} HTTP/1.1\r\nHost: admin\r\nContent-Type: application/json\r\n{auth}Content-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    client.send_raw(raw.as_bytes()).expect("admin answered")
-}
-
 fn put(tollgate: &Tollgate, limit: &str, key: &str, body: &str) -> Response {
-    admin(
+    admin_json(
         tollgate.admin,
         "PUT",
         &format!("/v1/overrides/{limit}?key={key}"),
@@ -84,7 +71,7 @@ fn put(tollgate: &Tollgate, limit: &str, key: &str, body: &str) -> Response {
 }
 
 fn listed(tollgate: &Tollgate, limit: &str, token: Option<&str>) -> serde_json::Value {
-    let answer = admin(
+    let answer = admin_json(
         tollgate.admin,
         "GET",
         &format!("/v1/overrides/{limit}"),
@@ -203,7 +190,7 @@ fn get_shows_key_values_to_the_token_holder_and_fingerprints_to_others() {
     );
 
     // An IP part is normalised as /check keys it (an IPv6 client by its /64) and shown as is.
-    let answer = admin(
+    let answer = admin_json(
         tollgate.admin,
         "PUT",
         "/v1/overrides/per-ip?key=2001:DB8:0:0::1&key=acme",
@@ -265,7 +252,7 @@ fn unlimited_and_ttl_expire_everywhere_and_delete_restores_the_limit() {
     // DELETE restores the limit on every instance.
     assert_eq!(put(&a, "tight", "gone", r#"{"burst": 50}"#).status, 200);
     assert_eq!(admitted(&[&a], "gone", 3), 3);
-    let deleted = admin(
+    let deleted = admin_json(
         c.admin,
         "DELETE",
         "/v1/overrides/tight?key=gone",
@@ -276,7 +263,7 @@ fn unlimited_and_ttl_expire_everywhere_and_delete_restores_the_limit() {
     std::thread::sleep(Duration::from_secs(1));
     // The bucket kept its tokens (47 left); back under burst 2 it holds at most 2.
     assert_eq!(admitted(&[&a, &b, &c], "gone", 6), 2);
-    let again = admin(
+    let again = admin_json(
         c.admin,
         "DELETE",
         "/v1/overrides/tight?key=gone",
@@ -319,7 +306,7 @@ fn without_a_token_every_change_is_refused_and_nothing_changes() {
     let redis = RedisServer::start();
     let [a, b, _c] = three(&redis, None);
     for (method, body) in [("PUT", r#"{"unlimited": true}"#), ("DELETE", "")] {
-        let answer = admin(
+        let answer = admin_json(
             a.admin,
             method,
             "/v1/overrides/tight?key=acme",
@@ -341,7 +328,7 @@ fn without_a_token_every_change_is_refused_and_nothing_changes() {
     // With a token configured, a wrong or missing one is 401 and changes nothing either.
     let guarded = Tollgate::start(&config(&redis, Some(TOKEN)));
     for token in [Some("wrong"), None] {
-        let answer = admin(
+        let answer = admin_json(
             guarded.admin,
             "PUT",
             "/v1/overrides/tight?key=acme",
@@ -509,7 +496,7 @@ fn hostile_requests_are_answered_400_or_404_never_5xx() {
         ),
     ];
     for (method, path, body, expected) in &cases {
-        let answer = admin(tollgate.admin, method, path, Some(TOKEN), body);
+        let answer = admin_json(tollgate.admin, method, path, Some(TOKEN), body);
         assert_eq!(
             answer.status,
             *expected,
@@ -519,7 +506,7 @@ fn hostile_requests_are_answered_400_or_404_never_5xx() {
         );
     }
     // A request line too long for the server is refused before any handler, still not a 5xx.
-    let answer = admin(
+    let answer = admin_json(
         tollgate.admin,
         "PUT",
         &format!("/v1/overrides/tight?key={huge}"),
@@ -534,7 +521,7 @@ fn hostile_requests_are_answered_400_or_404_never_5xx() {
         "{}",
         answer.body
     );
-    let answer = admin(
+    let answer = admin_json(
         tollgate.admin,
         "PUT",
         "/v1/overrides/tight?key=a&key=b",
@@ -686,7 +673,7 @@ fn the_memory_store_offers_the_same_api() {
         .metric("tollgate_config_reloads_total{result=\"success\"}")
         == 1.0));
     assert_eq!(admitted(&[&tollgate], "vip", 10), 10);
-    let deleted = admin(
+    let deleted = admin_json(
         tollgate.admin,
         "DELETE",
         "/v1/overrides/tight?key=vip",
@@ -698,7 +685,7 @@ fn the_memory_store_offers_the_same_api() {
     std::thread::sleep(Duration::from_millis(1100));
     // The TTL passed: back to the file's override (burst 3).
     assert_eq!(admitted(&[&tollgate], "file-key", 5), 3);
-    let refused = admin(
+    let refused = admin_json(
         tollgate.admin,
         "PUT",
         "/v1/overrides/tight?key=a&key=b",
@@ -727,7 +714,7 @@ fn on_a_redis_cluster_an_override_and_its_version_share_a_slot() {
     .as_array()
     .is_some_and(|l| l.len() == 1)));
     assert_eq!(admitted(&[&a, &b], "big", 8), 4);
-    let deleted = admin(
+    let deleted = admin_json(
         b.admin,
         "DELETE",
         "/v1/overrides/tight?key=big",

@@ -787,16 +787,13 @@ unlimited = true
     assert_eq!(run_length(&mut client, || user("vip"), 10).await, 10);
 
     // A runtime override set through the admin API, as on /check.
-    let body = r#"{"burst": 6}"#;
-    let raw = format!(
-        "PUT /v1/overrides/per-user?key=carol HTTP/1.1\r\nHost: admin\r\n\
-         Content-Type: application/json\r\nAuthorization: Bearer grpc-admin-token-0123456789\r\n\
-         Content-Length: {}\r\n\r\n{body}",
-        body.len()
+    let answer = crate::support::http::admin_json(
+        tollgate.admin,
+        "PUT",
+        "/v1/overrides/per-user?key=carol",
+        Some("grpc-admin-token-0123456789"),
+        r#"{"burst": 6}"#,
     );
-    let answer = crate::support::HttpClient::connect(tollgate.admin)
-        .and_then(|mut c| c.send_raw(raw.as_bytes()))
-        .expect("the admin listener answers");
     assert_eq!(answer.status, 200, "{answer:?}");
     assert_eq!(run_length(&mut client, || user("carol"), 10).await, 6);
 }

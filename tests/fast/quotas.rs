@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::support::{redis_config, HttpClient, RedisServer, Response, Tollgate};
+use crate::support::{redis_config, RedisServer, Response, Tollgate};
 use tollgate::store::memory::{ManualClock, MemoryStore};
 use tollgate::store::{BucketRequest, Meter, Period};
 
@@ -164,15 +164,7 @@ fn a_used_up_period_denies_until_it_ends_on_both_stores() {
 }
 
 fn post(addr: std::net::SocketAddr, token: Option<&str>, body: &str) -> Response {
-    let mut client = HttpClient::connect(addr).expect("connect to the admin listener");
-    let auth = token
-        .map(|t| format!("Authorization: Bearer {t}\r\n"))
-        .unwrap_or_default();
-    let raw = format!(
-        "POST /report HTTP/1.1\r\nHost: admin\r\nContent-Type: application/json\r\n{auth}Content-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    client.send_raw(raw.as_bytes()).expect("report answered")
+    crate::support::http::admin_json(addr, "POST", "/report", token, body)
 }
 
 fn json(response: &Response) -> serde_json::Value {

@@ -218,6 +218,17 @@ fn denials_are_not_logged_by_default() {
     assert!(denial_lines(&log).is_empty());
 }
 
+/// `tollgate validate` of `config`, written into `dir`.
+fn validate(dir: &crate::support::TempDir, config: &str) -> std::process::Output {
+    let path = dir.write("tollgate.toml", config);
+    crate::support::tollgate_command()
+        .arg("validate")
+        .arg("--config")
+        .arg(&path)
+        .output()
+        .expect("run tollgate validate")
+}
+
 #[test]
 fn validate_shows_whether_denials_are_logged() {
     let dir = crate::support::TempDir::new("top-validate");
@@ -225,13 +236,7 @@ fn validate_shows_whether_denials_are_logged() {
         ("", "log denials   off"),
         ("[log]\ndenials = \"sampled\"\n", "log denials   sampled"),
     ] {
-        let path = dir.write("tollgate.toml", config);
-        let output = crate::support::tollgate_command()
-            .arg("validate")
-            .arg("--config")
-            .arg(&path)
-            .output()
-            .expect("run tollgate validate");
+        let output = validate(&dir, config);
         assert_eq!(output.status.code(), Some(0));
         let stdout = String::from_utf8_lossy(&output.stdout);
         assert!(stdout.contains(shown), "{stdout}");
@@ -241,13 +246,7 @@ fn validate_shows_whether_denials_are_logged() {
 #[test]
 fn an_unknown_deny_log_mode_is_refused_naming_the_key() {
     let dir = crate::support::TempDir::new("top-config");
-    let path = dir.write("tollgate.toml", "[log]\ndenials = \"everything\"\n");
-    let output = crate::support::tollgate_command()
-        .arg("validate")
-        .arg("--config")
-        .arg(&path)
-        .output()
-        .expect("run tollgate validate");
+    let output = validate(&dir, "[log]\ndenials = \"everything\"\n");
     assert_eq!(output.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("log.denials"), "{stderr}");

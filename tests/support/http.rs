@@ -105,3 +105,23 @@ impl HttpClient {
         })
     }
 }
+
+/// One request to the admin listener with a JSON `body`, and the admin token if `token`.
+pub fn admin_json(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: &str,
+) -> Response {
+    let auth = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    let raw = format!(
+        "{method} {path} HTTP/1.1\r\nHost: admin\r\nContent-Type: application/json\r\n{auth}Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    HttpClient::connect(addr)
+        .and_then(|mut client| client.send_raw(raw.as_bytes()))
+        .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
+}

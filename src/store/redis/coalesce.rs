@@ -25,7 +25,7 @@ use redis::{Cmd, Value};
 use tokio::sync::oneshot;
 
 use super::connection::Connection;
-use super::{bucket_args, classify, script_call};
+use super::{bucket_args, classify, script_call, LuaScript};
 use crate::store::{BucketRequest, StoreError};
 
 /// Most requests one call carries: a bigger batch would hold Redis, which runs one script at a
@@ -58,25 +58,19 @@ thread_local! {
     static QUEUES: RefCell<Vec<ThreadQueue>> = const { RefCell::new(Vec::new()) };
 }
 
-/// The script as the batch calls send it.
-struct Script {
-    source: &'static str,
-    sha: String,
-}
-
 pub struct Coalescer {
     /// This coalescer's identity in the threads' queues.
     alive: Arc<()>,
     connection: Arc<Connection>,
-    script: Arc<Script>,
+    script: Arc<LuaScript>,
 }
 
 impl Coalescer {
-    pub fn new(connection: Arc<Connection>, source: &'static str, sha: String) -> Coalescer {
+    pub fn new(connection: Arc<Connection>, script: Arc<LuaScript>) -> Coalescer {
         Coalescer {
             alive: Arc::new(()),
             connection,
-            script: Arc::new(Script { source, sha }),
+            script,
         }
     }
 
@@ -138,7 +132,7 @@ impl Coalescer {
 
 /// Sends everything queued on `queue` now: one call per slot and per [`MAX_BATCH`] requests,
 /// all at once.
-async fn flush(queue: Queue, connection: Arc<Connection>, script: Arc<Script>) {
+async fn flush(queue: Queue, connection: Arc<Connection>, script: Arc<LuaScript>) {
     // Tokio defers a yielded task until it has run out of ready tasks and polled for I/O:
     // requests read in that turn join this call.
     tokio::task::yield_now().await;
@@ -179,7 +173,7 @@ fn by_slot(queued: Vec<Pending>) -> Vec<Vec<Pending>> {
 }
 
 /// One script call for `batch`, its reply handed out request by request.
-async fn call(connection: &Connection, script: &Script, batch: Vec<Pending>) {
+async fn call(connection: &Connection, script: &LuaScript, batch: Vec<Pending>) {
     if batch.is_empty() {
         return;
     }
@@ -207,7 +201,7 @@ async fn call(connection: &Connection, script: &Script, batch: Vec<Pending>) {
 
 /// `EVALSHA` (or `EVAL`, when `whole`) of the batch: one request alone goes in the script's
 /// single form, several in its batch form.
-fn command(script: &Script, whole: bool, batch: &[Pending]) -> Cmd {
+fn command(script: &LuaScript, whole: bool, batch: &[Pending]) -> Cmd {
     let mut cmd = script_call(script.source, &script.sha, whole);
     let keys: usize = batch.iter().map(|p| p.buckets.len()).sum();
     cmd.arg(keys);
@@ -304,10 +298,11 @@ mod tests {
             .collect()
     }
 
-    fn script() -> Script {
-        Script {
+    fn script() -> LuaScript {
+        LuaScript {
             source: "return 1",
             sha: "sha".to_string(),
+            loaded_in: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
