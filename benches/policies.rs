@@ -9,9 +9,9 @@ use actix_web::http::header::{HeaderMap, HeaderName, HeaderValue};
 use criterion::{criterion_group, criterion_main, Criterion};
 use figment::providers::{Format, Serialized, Toml};
 use tollgate::config::Config;
-use tollgate::decision::{Decision, LimitState, Verdict};
-use tollgate::limits::Policy;
-use tollgate::metrics::Metrics;
+use tollgate::limiter::decision::{Decision, LimitState, Verdict};
+use tollgate::observe::metrics::Metrics;
+use tollgate::policy::limits::Policy;
 use tollgate::request::OriginalRequest;
 
 const LIMIT: &str =
@@ -82,7 +82,7 @@ fn policies(c: &mut Criterion) {
     // Runtime overrides (the admin API's) for 1,000 keys, k7 among them.
     let runtime = policy("");
     for i in 0..1000 {
-        let entry = tollgate::runtime_overrides::Entry {
+        let entry = tollgate::policy::runtime_overrides::Entry {
             expires_at_ms: None,
             key: vec![format!("k{i}")],
             rate: None,

@@ -5,9 +5,9 @@
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion};
+use tollgate::observe::top::KeyTop;
 use tollgate::store::memory::MemoryStore;
 use tollgate::store::BucketRequest;
-use tollgate::top::KeyTop;
 
 fn denied_request(key: &str) -> [BucketRequest; 1] {
     [BucketRequest {

@@ -8,14 +8,14 @@
 //! - `summary`: what `tollgate validate` prints, passwords redacted.
 //!
 //! Limits and exemptions are checked once, where they are built from their tables
-//! (`crate::limits`, `crate::exempt`).
+//! (`crate::policy::limits`, `crate::policy::exempt`).
 
 mod load;
 mod schema;
 mod summary;
 mod validate;
 
-pub use crate::rate::RateSpec;
+pub use crate::base::rate::RateSpec;
 pub use load::ConfigError;
 pub use schema::*;
 pub use summary::redact_url;

@@ -9,23 +9,27 @@
     clippy::cast_precision_loss
 )]
 
+pub mod decision;
+pub mod deny_cache;
+pub mod report;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
 
+use crate::base::rate::count_f64;
 use crate::config::OnError;
-use crate::decision::{Decision, LimitState, Verdict};
-use crate::denial_log::DenialLog;
-use crate::deny_cache::{CachedDenial, Consult, DenyCache, Probe};
-use crate::limits::Policy;
-use crate::metrics::Metrics;
-use crate::rate::count_f64;
+use crate::limiter::decision::{Decision, LimitState, Verdict};
+use crate::limiter::deny_cache::{CachedDenial, Consult, DenyCache, Probe};
+use crate::observe::denial_log::DenialLog;
+use crate::observe::metrics::Metrics;
+use crate::observe::top;
+use crate::policy::limits::Policy;
 use crate::request::OriginalRequest;
 use crate::store::memory::MemoryStore;
 use crate::store::{BucketRequest, Store, StoreDecision, StoreError};
-use crate::top;
 
 pub struct Limiter<S: Store> {
     store: S,

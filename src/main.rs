@@ -4,11 +4,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use tollgate::app::server::{self, Listeners};
+use tollgate::app::state::StartError;
 use tollgate::config::{Config, ConfigError};
-use tollgate::limits::Policy;
-use tollgate::metrics::Metrics;
-use tollgate::server::{self, Listeners};
-use tollgate::state::StartError;
+use tollgate::observe::metrics::Metrics;
+use tollgate::policy::limits::Policy;
 
 #[derive(Parser)]
 #[command(
@@ -34,7 +34,7 @@ enum Command {
     #[command(subcommand)]
     Import(Import),
     /// The most denied keys over instances, refreshed every second (q quits)
-    Top(tollgate::top_view::TopArgs),
+    Top(tollgate::cli::top_view::TopArgs),
 }
 
 #[derive(Subcommand, Clone)]
@@ -58,7 +58,7 @@ fn main() -> ExitCode {
     // one can leave TLS without a default at the first connection.
     let _ = rustls::crypto::ring::default_provider().install_default();
     if let Some(Command::Import(Import::EnvoyRatelimit { files })) = &cli.command {
-        return match tollgate::import::envoy_ratelimit(files) {
+        return match tollgate::cli::import::envoy_ratelimit(files) {
             Ok(toml) => {
                 print!("{toml}");
                 ExitCode::SUCCESS
@@ -70,7 +70,7 @@ fn main() -> ExitCode {
         };
     }
     if let Some(Command::Top(args)) = &cli.command {
-        return match tollgate::top_view::run(args) {
+        return match tollgate::cli::top_view::run(args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(error) => {
                 eprintln!("tollgate: top: {error}");

@@ -18,9 +18,9 @@ use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use envoy_types::pb::google::protobuf::Duration;
 
 use super::plan::Plan;
-use crate::decision::{Decision, LimitState, Verdict};
 use crate::http::response::each_quota_header;
-use crate::limits::{Limit, Policy};
+use crate::limiter::decision::{Decision, LimitState, Verdict};
+use crate::policy::limits::{Limit, Policy};
 use crate::store::{Meter, Period};
 
 pub fn respond(verdict: &Verdict, plan: &Plan, policy: &Policy) -> RateLimitResponse {
@@ -194,7 +194,7 @@ mod tests {
     #[test]
     fn rates_read_back_in_the_shortest_whole_unit() {
         let config = crate::config::Config::default();
-        let policy = Policy::compile(&config, &crate::metrics::Metrics::new()).unwrap();
+        let policy = Policy::compile(&config, &crate::observe::metrics::Metrics::new()).unwrap();
         let limit = &policy.limits[0];
         let shown = |rate: f64| {
             let l = current_limit(&state(rate), limit);

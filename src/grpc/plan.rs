@@ -1,5 +1,5 @@
 //! A `RateLimitRequest` turned into the buckets to decide: every applicable limit of every
-//! descriptor, keyed through [`crate::keys`], with a descriptor's buckets remembered so the
+//! descriptor, keyed through [`crate::base::keys`], with a descriptor's buckets remembered so the
 //! answer can report each descriptor. Malformed requests are refused here with a gRPC status.
 // Token and second arithmetic: every float <-> integer conversion is checked, and allowed only
 // where a bound makes it exact (see rate::count_f64 and rate::whole).
@@ -13,11 +13,11 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescript
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use tonic::Status;
 
-use super::rule::value_of;
+use crate::base::keys::{self, KeyPart};
+use crate::base::rate::count_f64;
 use crate::config::{Charge, OnMissing};
-use crate::keys::{self, KeyPart};
-use crate::limits::Policy;
-use crate::rate::count_f64;
+use crate::policy::descriptors::value_of;
+use crate::policy::limits::Policy;
 use crate::store::BucketRequest;
 
 /// Most descriptors one request may carry; Envoy sends one per rate limit action set.
@@ -175,7 +175,7 @@ mod tests {
 
     use super::*;
     use crate::config::Config;
-    use crate::metrics::Metrics;
+    use crate::observe::metrics::Metrics;
 
     fn policy(limits: &str) -> Policy {
         use figment::providers::Format as _;

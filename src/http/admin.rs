@@ -11,9 +11,9 @@ use actix_web::{HttpRequest, HttpResponse};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
+use crate::base::keys::{self, KeyPart};
 use crate::config::OnMissing;
-use crate::keys::{self, KeyPart};
-use crate::limits::{Limit, Policy};
+use crate::policy::limits::{Limit, Policy};
 
 /// Longest query accepted: a key part longer than the store keeps raw is hashed anyway, and
 /// anything near this is a mistake or an attack.

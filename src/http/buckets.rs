@@ -17,11 +17,11 @@ use serde::Serialize;
 use serde_json::json;
 
 use super::admin::{self, problem, shown, Caller, NamedKey};
-use crate::decision::LimitState;
-use crate::keys;
-use crate::limits::{Limit, Policy};
-use crate::overrides::Override;
-use crate::state::AppState;
+use crate::app::state::AppState;
+use crate::base::keys;
+use crate::limiter::decision::LimitState;
+use crate::policy::limits::{Limit, Policy};
+use crate::policy::overrides::Override;
 use crate::store::{BucketOutcome, BucketRequest, Meter, Period, Store};
 
 /// The bucket a request names, or the answer that refuses it.

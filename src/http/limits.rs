@@ -5,11 +5,11 @@
 use actix_web::{web, HttpResponse};
 use serde::Serialize;
 
+use crate::app::state::AppState;
 use crate::config::{Charge, OnMissing};
-use crate::exempt::ExemptRule;
-use crate::limits::{Limit, Policy};
-use crate::matcher::Matcher;
-use crate::state::AppState;
+use crate::policy::exempt::ExemptRule;
+use crate::policy::limits::{Limit, Policy};
+use crate::policy::matcher::Matcher;
 use crate::store::{Meter, Period};
 
 #[derive(Serialize)]

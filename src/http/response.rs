@@ -11,8 +11,8 @@ use actix_web::{HttpResponse, HttpResponseBuilder};
 use serde::Serialize;
 
 use crate::config::HeaderFamily;
-use crate::decision::{Decision, LimitState, Verdict};
-use crate::limits::Policy;
+use crate::limiter::decision::{Decision, LimitState, Verdict};
+use crate::policy::limits::Policy;
 use crate::store::Meter;
 
 // Names as constants: a `&str` name is parsed and validated on every insert (4% of a
@@ -290,7 +290,7 @@ mod tests {
 
     use super::*;
     use crate::config::Config;
-    use crate::metrics::Metrics;
+    use crate::observe::metrics::Metrics;
 
     fn policy(toml: &str) -> Policy {
         use figment::providers::Format as _;

@@ -10,7 +10,7 @@ use prometheus::IntGauge;
 
 use std::sync::Arc;
 
-use crate::clock::{Clock, MonotonicClock};
+use crate::base::clock::{Clock, MonotonicClock};
 
 /// Consecutive failures that open the breaker.
 pub const FAILURE_THRESHOLD: u32 = 3;
@@ -117,7 +117,7 @@ impl Breaker {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::clock::ManualClock;
+    use crate::base::clock::ManualClock;
 
     fn breaker() -> (Breaker, Arc<ManualClock>) {
         let clock = Arc::new(ManualClock::default());

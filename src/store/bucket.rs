@@ -10,7 +10,7 @@
 )]
 
 use super::{BucketOutcome, BucketRequest, Meter, Period, ReportCharge, Window};
-use crate::rate::count_f64;
+use crate::base::rate::count_f64;
 
 /// A stored key. A bucket: `tokens` as of `ts_us`. A quota: `tokens` counts what was used in
 /// the period that starts at `ts_us`.

@@ -23,7 +23,7 @@ use super::{BucketOutcome, BucketRequest, ReportCharge, Store, StoreDecision, St
 
 const SHARDS: usize = 64;
 
-pub use crate::clock::{Clock, ManualClock, MonotonicClock};
+pub use crate::base::clock::{Clock, ManualClock, MonotonicClock};
 
 struct Entry {
     bucket: Bucket,

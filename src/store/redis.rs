@@ -49,7 +49,7 @@ use super::breaker::{Admission, Breaker};
 use super::{
     BucketOutcome, BucketRequest, Meter, ReportCharge, Store, StoreDecision, StoreError, Window,
 };
-use crate::metrics::Metrics;
+use crate::observe::metrics::Metrics;
 
 /// `lua/token_bucket.lua` as shipped: prefixed with the calendar arithmetic it uses.
 pub const BUCKET_SCRIPT: &str = concat!(

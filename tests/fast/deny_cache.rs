@@ -8,11 +8,11 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use actix_web::http::header::{HeaderMap, HeaderName, HeaderValue};
 use tollgate::config::{Config, OnError};
-use tollgate::decision::Verdict;
-use tollgate::deny_cache::MAX_PROBE_WAIT;
+use tollgate::limiter::decision::Verdict;
+use tollgate::limiter::deny_cache::MAX_PROBE_WAIT;
 use tollgate::limiter::{DecidedBy, Limiter};
-use tollgate::limits::Policy;
-use tollgate::metrics::Metrics;
+use tollgate::observe::metrics::Metrics;
+use tollgate::policy::limits::Policy;
 use tollgate::request::OriginalRequest;
 use tollgate::store::redis::{RedisStore, Topology};
 use tollgate::store::{BucketOutcome, BucketRequest, Store, StoreDecision, StoreError};
@@ -348,8 +348,8 @@ mod model {
     use std::time::Duration;
 
     use proptest::prelude::*;
-    use tollgate::clock::{Clock, ManualClock};
-    use tollgate::deny_cache::{Consult, DenyCache, MAX_WINDOW_US};
+    use tollgate::base::clock::{Clock, ManualClock};
+    use tollgate::limiter::deny_cache::{Consult, DenyCache, MAX_WINDOW_US};
     use tollgate::store::bucket::{self, Bucket};
     use tollgate::store::BucketRequest;
 

@@ -255,7 +255,7 @@ impl Tollgate {
         let config_path = dir.write("tollgate.toml", config);
         let config = tollgate::config::Config::load(Some(&config_path)).expect("a valid config");
         let bind = || TcpListener::bind("127.0.0.1:0").expect("bind port 0");
-        let listeners = tollgate::server::Listeners {
+        let listeners = tollgate::app::server::Listeners {
             public: bind(),
             admin: bind(),
             grpc: None,
@@ -265,12 +265,12 @@ impl Tollgate {
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         std::thread::spawn(move || {
             actix_web::rt::System::new().block_on(async move {
-                let state = tollgate::state::build_state(&config).expect("state built");
-                tollgate::server::spawn_duties(&config, &state).expect("duties started");
+                let state = tollgate::app::state::build_state(&config).expect("state built");
+                tollgate::app::server::spawn_duties(&config, &state).expect("duties started");
                 let shutdown = async move {
                     let _ = stopped.await;
                 };
-                tollgate::server::run(state, listeners, shutdown)
+                tollgate::app::server::run(state, listeners, shutdown)
                     .await
                     .expect("served");
             })
@@ -488,7 +488,7 @@ pub fn redis_store(
         tollgate::store::redis::RedisStore::open(
             topology,
             timeout,
-            tollgate::metrics::Metrics::new(),
+            tollgate::observe::metrics::Metrics::new(),
         )
         .expect("store")
     };

@@ -9,7 +9,7 @@ use std::time::Instant;
 use redis::Value;
 
 use super::{as_float, RedisStore};
-use crate::keys;
+use crate::base::keys;
 use crate::store::{bucket, BucketOutcome, BucketRequest, Meter, StoreError, Window};
 
 /// `lua/peek.lua` as shipped, calendar included.

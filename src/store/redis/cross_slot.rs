@@ -2,7 +2,7 @@
 //!
 //! A Lua script may only touch keys of one slot, so the all-or-nothing rule of one script call
 //! cannot span slots. Instead: the buckets are grouped by slot (keys share a slot when their
-//! hash tags match, see [`crate::keys`]), every group is decided by its own `token_bucket.lua`
+//! hash tags match, see [`crate::base::keys`]), every group is decided by its own `token_bucket.lua`
 //! call, all groups at once (one round trip), each all-or-nothing within itself. If every group
 //! allows, the request is allowed and every bucket was charged. If any group denies, the
 //! groups that did charge are refunded (`lua/refund.lua`, one more round trip) and the request

@@ -1,7 +1,7 @@
 //! Runtime overrides in Redis: one hash per limit (field: the escaped key tail, value: the
 //! entry's compact JSON with its absolute expiry) and one hash of versions (field: the limit,
 //! value: a counter bumped by every change), all in one Cluster slot
-//! ([`crate::keys::overrides_key`]). Every change and the version bump go in one script, with
+//! ([`crate::base::keys::overrides_key`]). Every change and the version bump go in one script, with
 //! the expiry computed there from Redis `TIME`, so every instance reads one clock.
 
 use std::sync::LazyLock;

@@ -9,7 +9,7 @@
     clippy::cast_precision_loss
 )]
 
-use crate::limits::{Limit, Policy};
+use crate::policy::limits::{Limit, Policy};
 use crate::store::Window;
 
 /// One applicable limit after the decision.
@@ -53,8 +53,8 @@ pub struct Decision {
     pub degraded: bool,
 }
 
-pub use crate::rate::{ceil_secs, MAX_SF_INTEGER};
-use crate::rate::{count_f64, whole};
+pub use crate::base::rate::{ceil_secs, MAX_SF_INTEGER};
+use crate::base::rate::{count_f64, whole};
 
 impl LimitState {
     /// Whole tokens left, as `RateLimit: r=` and `X-RateLimit-Remaining` show them.

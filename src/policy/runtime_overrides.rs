@@ -23,9 +23,9 @@ use arc_swap::{ArcSwap, Guard};
 use prometheus::IntGaugeVec;
 use serde::{Deserialize, Serialize};
 
-use crate::clock::{Clock, MonotonicClock};
-use crate::limits::Limit;
-use crate::overrides::Override;
+use crate::base::clock::{Clock, MonotonicClock};
+use crate::policy::limits::Limit;
+use crate::policy::overrides::Override;
 use crate::store::Meter;
 
 /// Most runtime overrides one limit may hold: each change reloads the limit's entries on every
@@ -311,9 +311,9 @@ impl View<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::clock::ManualClock;
+    use crate::base::clock::ManualClock;
     use crate::config::LimitConfig;
-    use crate::limits::LimitInput;
+    use crate::policy::limits::LimitInput;
 
     fn limit(toml: &str) -> Limit {
         let config: LimitConfig = toml::from_str(toml).unwrap();

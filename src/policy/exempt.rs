@@ -7,8 +7,8 @@ use ipnet::IpNet;
 use prometheus::IntCounter;
 
 use crate::config::{valid_name, ConfigError, ExemptConfig};
-use crate::matcher::Matcher;
-use crate::metrics::{detached_counter, Metrics};
+use crate::observe::metrics::{detached_counter, Metrics};
+use crate::policy::matcher::Matcher;
 use crate::request::OriginalRequest;
 
 /// One compiled rule (serialized as the admin API shows it).

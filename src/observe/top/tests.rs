@@ -2,7 +2,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::*;
-use crate::clock::ManualClock;
+use crate::base::clock::ManualClock;
 
 /// A seeded generator (SplitMix64): the same stream on every run.
 struct SplitMix(u64);

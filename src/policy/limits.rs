@@ -15,19 +15,19 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
+use crate::base::keys::{self, KeyPart};
+use crate::base::rate::{ceil_secs, count_f64};
 use crate::config::{
     check_refill, valid_name, Charge, Config, ConfigError, LimitConfig, OnMissing, RateSpec,
     ResponseConfig, MAX_BURST,
 };
-use crate::exempt::{ExemptRule, Exemptions};
-use crate::grpc::DescriptorRule;
-use crate::keys::{self, KeyPart};
-use crate::matcher::Matcher;
-use crate::metrics::{LimitCounters, Metrics};
-use crate::overrides::{Base, Override, Overrides};
-use crate::rate::{ceil_secs, count_f64};
+use crate::observe::metrics::{LimitCounters, Metrics};
+use crate::policy::descriptors::DescriptorRule;
+use crate::policy::exempt::{ExemptRule, Exemptions};
+use crate::policy::matcher::Matcher;
+use crate::policy::overrides::{Base, Override, Overrides};
+use crate::policy::runtime_overrides::{RuntimeOverrides, View};
 use crate::request::{ClientIpPolicy, OriginalRequest};
-use crate::runtime_overrides::{RuntimeOverrides, View};
 use crate::store::{BucketRequest, Meter, Period};
 
 /// One configured limit, ready for the hot path.

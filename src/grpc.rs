@@ -9,7 +9,6 @@
 
 mod answer;
 mod plan;
-mod rule;
 
 use std::time::{Duration, Instant};
 
@@ -25,12 +24,11 @@ use tonic_health::server::HealthReporter;
 use tonic_health::ServingStatus;
 
 pub use plan::{MAX_DESCRIPTORS, MAX_ENTRIES};
-pub use rule::DescriptorRule;
 
+use crate::app::lifecycle::{Door, CLOSE_NOTICE, SHUTDOWN_GRACE};
+use crate::app::state::AppState;
 use crate::config::OnError;
-use crate::decision::Verdict;
-use crate::lifecycle::{Door, CLOSE_NOTICE, SHUTDOWN_GRACE};
-use crate::state::AppState;
+use crate::limiter::decision::Verdict;
 use crate::store::Store;
 
 /// How often the health service asks the store whether tollgate can decide.

@@ -3,13 +3,13 @@
 //! from the limit. The key keeps its bucket (the same store key): only the numbers change.
 //!
 //! Lookups are one hash probe by the escaped key tail the bucket key is built from
-//! ([`crate::keys::bucket_tail`]), so 100,000 overrides cost a check what one does.
+//! ([`crate::base::keys::bucket_tail`]), so 100,000 overrides cost a check what one does.
 
 use std::collections::HashMap;
 use std::path::Path;
 
+use crate::base::keys::{self, KeyPart};
 use crate::config::{check_burst, check_refill, ConfigError, OverrideConfig, OverridesFile};
-use crate::keys::{self, KeyPart};
 
 /// What one key gets instead of the limit's own policy.
 #[derive(Debug, Clone, Copy, PartialEq)]

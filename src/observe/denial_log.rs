@@ -15,9 +15,9 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use crate::clock::{Clock, MonotonicClock};
+use crate::base::clock::{Clock, MonotonicClock};
 use crate::http::admin::{shown, Caller};
-use crate::top::parts;
+use crate::observe::top::parts;
 
 /// The shortest time between two lines about one (limit, key).
 pub const PER_KEY: Duration = Duration::from_secs(10);
@@ -138,7 +138,7 @@ impl DenialLog {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::clock::ManualClock;
+    use crate::base::clock::ManualClock;
 
     fn log_on(clock: &Arc<ManualClock>) -> DenialLog {
         clock.set_us(1_000_000_000);

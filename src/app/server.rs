@@ -15,9 +15,9 @@ use actix_web::dev::Service as _;
 use actix_web::http::ConnectionType;
 use actix_web::{web, App, HttpServer};
 
+use crate::app::lifecycle::{self, Door, Reloader, CLOSE_NOTICE, SHUTDOWN_GRACE};
+use crate::app::state::{build_state, topology, AppState, StartError};
 use crate::config::{Backend, Config, OnError, StoreConfig};
-use crate::lifecycle::{self, Door, Reloader, CLOSE_NOTICE, SHUTDOWN_GRACE};
-use crate::state::{build_state, topology, AppState, StartError};
 use crate::store::redis::resets::{self, Heard, ResetSource};
 
 /// The listening sockets, bound before the runtime starts so tests can bind port 0.
@@ -71,14 +71,16 @@ pub fn spawn_duties(config: &Config, state: &web::Data<AppState>) -> Result<(), 
     if config.store.backend != Backend::Redis {
         return Ok(());
     }
-    actix_web::rt::spawn(crate::runtime_overrides::sync::follow(state.clone()));
+    actix_web::rt::spawn(crate::policy::runtime_overrides::sync::follow(
+        state.clone(),
+    ));
     if config.store.deny_cache {
         listen_for_resets(&config.store, state.clone())?;
     }
     if config.store.on_error == OnError::Local {
         actix_web::rt::spawn(lifecycle::count_instances(
             state.clone(),
-            crate::keys::instances_key(&config.store.key_prefix),
+            crate::base::keys::instances_key(&config.store.key_prefix),
         ));
     }
     Ok(())
@@ -88,7 +90,7 @@ pub fn spawn_duties(config: &Config, state: &web::Data<AppState>) -> Result<(), 
 /// (`DELETE /v1/buckets`), as the reset channel announces them.
 fn listen_for_resets(store: &StoreConfig, state: web::Data<AppState>) -> Result<(), StartError> {
     let source = ResetSource::of(&topology(store))?;
-    let channel = crate::keys::resets_channel(&store.key_prefix);
+    let channel = crate::base::keys::resets_channel(&store.key_prefix);
     actix_web::rt::spawn(resets::listen(source, channel, move |heard| match heard {
         Heard::Reset(key) => state.limiter.forget_denials(&key),
         Heard::Everything => state.limiter.forget_all_denials(),

@@ -30,7 +30,7 @@ pub enum Meter {
 /// One bucket to draw from.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BucketRequest {
-    /// The full store key, built by [`crate::keys`].
+    /// The full store key, built by [`crate::base::keys`].
     pub key: String,
     /// Tokens per second.
     pub rate: f64,

@@ -12,11 +12,11 @@
 use serde::Serialize;
 use serde_json::{Map, Value};
 
+use crate::base::keys;
+use crate::base::rate::{count_f64, whole};
 use crate::config::Charge;
-use crate::decision::ceil_secs;
-use crate::keys;
-use crate::limits::{Limit, Policy};
-use crate::rate::{count_f64, whole};
+use crate::limiter::decision::ceil_secs;
+use crate::policy::limits::{Limit, Policy};
 use crate::store::{BucketOutcome, BucketRequest, ReportCharge};
 
 /// Most charges one request may carry: a body is answered in one store round trip per slot.

@@ -6,10 +6,10 @@ use std::time::Duration;
 use actix_web::web;
 
 use crate::config::{Backend, Config, DenialLogging, StoreConfig};
-use crate::denial_log::DenialLog;
 use crate::limiter::Limiter;
-use crate::limits::Policy;
-use crate::metrics::Metrics;
+use crate::observe::denial_log::DenialLog;
+use crate::observe::metrics::Metrics;
+use crate::policy::limits::Policy;
 use crate::store::memory::MemoryStore;
 use crate::store::redis::{RedisStore, Topology};
 use crate::store::AnyStore;

@@ -18,7 +18,7 @@ use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use crate::clock::{Clock, MonotonicClock};
+use crate::base::clock::{Clock, MonotonicClock};
 
 /// Counters per minute summary: enough to hold the heavy hitters of a Zipf-like flood over a
 /// million keys (see the tests) at a few hundred kB per limit at most.

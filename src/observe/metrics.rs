@@ -9,7 +9,7 @@ use prometheus::{
     Registry, TextEncoder,
 };
 
-use crate::top::KeyTop;
+use crate::observe::top::KeyTop;
 
 pub const CHECKS_TOTAL: &str = "tollgate_checks_total";
 pub const EXEMPT_TOTAL: &str = "tollgate_exempt_total";

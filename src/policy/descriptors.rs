@@ -6,8 +6,8 @@
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 
+use crate::base::keys::KeyPart;
 use crate::config::{ConfigError, LimitConfig};
-use crate::keys::KeyPart;
 
 /// The descriptor side of one limit; absent for limits of `/check`.
 #[derive(Debug, Clone)]

@@ -11,9 +11,9 @@ use actix_web::dev::ServerHandle;
 use actix_web::web;
 use tokio::signal::unix::{signal, SignalKind};
 
+use crate::app::state::AppState;
 use crate::config::Config;
-use crate::limits::Policy;
-use crate::state::AppState;
+use crate::policy::limits::Policy;
 use crate::store::AnyStore;
 
 mod door;
@@ -98,7 +98,7 @@ fn keep_restart_only_settings(mut loaded: Config, running: &Config) -> Config {
 }
 
 /// Resolves at SIGTERM or SIGINT; SIGHUP reloads the limits meanwhile. The binary's
-/// shutdown future for [`crate::server::run`].
+/// shutdown future for [`crate::app::server::run`].
 pub async fn stop_signal(reloader: Reloader) {
     let (Ok(mut term), Ok(mut int), Ok(mut hup)) = (
         signal(SignalKind::terminate()),

@@ -51,8 +51,8 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
-use crate::clock::{Clock, MonotonicClock};
-use crate::rate::count_f64;
+use crate::base::clock::{Clock, MonotonicClock};
+use crate::base::rate::count_f64;
 use crate::store::{BucketOutcome, BucketRequest, Meter};
 
 const SHARDS: usize = 32;
@@ -501,7 +501,7 @@ impl DenyCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::clock::ManualClock;
+    use crate::base::clock::ManualClock;
 
     fn bucket(key: &str, rate: f64, burst: f64, cost: u64) -> BucketRequest {
         BucketRequest {

@@ -1,0 +1,5 @@
+//! Value types every layer above uses: time, rates, the spelling of store keys.
+
+pub mod clock;
+pub mod keys;
+pub mod rate;

@@ -1,0 +1,4 @@
+//! Command-line tools beside the server: importers and the terminal view of the top list.
+
+pub mod import;
+pub mod top_view;
