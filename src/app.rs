@@ -2,4 +2,3 @@
 
 pub mod lifecycle;
 pub mod server;
-pub mod state;

@@ -1,5 +1,6 @@
 //! Value types every layer above uses: time, rates, the spelling of store keys.
 
+pub mod calendar;
 pub mod clock;
 pub mod keys;
 pub mod rate;

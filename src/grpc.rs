@@ -26,9 +26,9 @@ use tonic_health::ServingStatus;
 pub use plan::{MAX_DESCRIPTORS, MAX_ENTRIES};
 
 use crate::app::lifecycle::{Door, CLOSE_NOTICE, SHUTDOWN_GRACE};
-use crate::app::state::AppState;
 use crate::config::OnError;
 use crate::limiter::decision::Verdict;
+use crate::state::AppState;
 use crate::store::Store;
 
 /// How often the health service asks the store whether tollgate can decide.

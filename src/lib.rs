@@ -44,4 +44,5 @@ pub mod limiter;
 pub mod observe;
 pub mod policy;
 pub mod request;
+pub mod state;
 pub mod store;

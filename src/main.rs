@@ -5,10 +5,10 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use tollgate::app::server::{self, Listeners};
-use tollgate::app::state::StartError;
 use tollgate::config::{Config, ConfigError};
 use tollgate::observe::metrics::Metrics;
 use tollgate::policy::limits::Policy;
+use tollgate::state::StartError;
 
 #[derive(Parser)]
 #[command(

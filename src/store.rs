@@ -9,13 +9,13 @@
 
 pub mod breaker;
 pub mod bucket;
-pub mod calendar;
+
 pub mod memory;
 pub mod redis;
 
 use std::future::Future;
 
-pub use self::calendar::Period;
+use crate::base::calendar::Period;
 
 /// What a store key counts.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -11,9 +11,9 @@ use actix_web::dev::ServerHandle;
 use actix_web::web;
 use tokio::signal::unix::{signal, SignalKind};
 
-use crate::app::state::AppState;
 use crate::config::Config;
 use crate::policy::limits::Policy;
+use crate::state::AppState;
 use crate::store::AnyStore;
 
 mod door;

@@ -16,8 +16,8 @@ use actix_web::http::ConnectionType;
 use actix_web::{web, App, HttpServer};
 
 use crate::app::lifecycle::{self, Door, Reloader, CLOSE_NOTICE, SHUTDOWN_GRACE};
-use crate::app::state::{build_state, topology, AppState, StartError};
 use crate::config::{Backend, Config, OnError, StoreConfig};
+use crate::state::{build_state, topology, AppState, StartError};
 use crate::store::redis::resets::{self, Heard, ResetSource};
 
 /// The listening sockets, bound before the runtime starts so tests can bind port 0.

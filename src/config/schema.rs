@@ -8,7 +8,7 @@ use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
 use super::RateSpec;
-use crate::store::Period;
+use crate::base::calendar::Period;
 
 /// Allowed `client_ip.ipv6_prefix`: shorter than /32 would put whole providers in one bucket.
 pub const IPV6_PREFIXES: std::ops::RangeInclusive<u8> = 32..=128;

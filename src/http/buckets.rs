@@ -17,12 +17,13 @@ use serde::Serialize;
 use serde_json::json;
 
 use super::admin::{self, problem, shown, Caller, NamedKey};
-use crate::app::state::AppState;
+use crate::base::calendar::Period;
 use crate::base::keys;
 use crate::limiter::decision::LimitState;
 use crate::policy::limits::{Limit, Policy};
 use crate::policy::overrides::Override;
-use crate::store::{BucketOutcome, BucketRequest, Meter, Period, Store};
+use crate::state::AppState;
+use crate::store::{BucketOutcome, BucketRequest, Meter, Store};
 
 /// The bucket a request names, or the answer that refuses it.
 struct Named<'p> {

@@ -6,8 +6,8 @@ use std::time::Instant;
 use actix_web::{web, HttpRequest, HttpResponse};
 
 use super::response;
-use crate::app::state::AppState;
 use crate::request::OriginalRequest;
+use crate::state::AppState;
 
 pub async fn check(request: HttpRequest, state: web::Data<AppState>) -> HttpResponse {
     let started = Instant::now();

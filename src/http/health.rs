@@ -2,8 +2,8 @@
 
 use actix_web::{web, HttpResponse};
 
-use crate::app::state::AppState;
 use crate::config::OnError;
+use crate::state::AppState;
 use crate::store::Store;
 
 /// Liveness: never looks at the store, so a Redis outage cannot restart tollgate.

@@ -5,12 +5,13 @@
 use actix_web::{web, HttpResponse};
 use serde::Serialize;
 
-use crate::app::state::AppState;
+use crate::base::calendar::Period;
 use crate::config::{Charge, OnMissing};
 use crate::policy::exempt::ExemptRule;
 use crate::policy::limits::{Limit, Policy};
 use crate::policy::matcher::Matcher;
-use crate::store::{Meter, Period};
+use crate::state::AppState;
+use crate::store::Meter;
 
 #[derive(Serialize)]
 struct Limits<'p> {

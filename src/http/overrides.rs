@@ -13,12 +13,12 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use serde_json::{json, Map, Value};
 
 use super::admin::{self, problem, shown, Caller, NamedKey};
-use crate::app::state::AppState;
 use crate::config::{OverrideConfig, RateSpec};
 use crate::policy::limits::{Limit, Policy};
 use crate::policy::overrides::{self, Base};
 use crate::policy::runtime_overrides::sync::{self, WriteError};
 use crate::policy::runtime_overrides::{Entry, MAX_TTL_S};
+use crate::state::AppState;
 use crate::store::Meter;
 
 /// A refusal: the answer to send as is.

@@ -6,8 +6,8 @@ use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse};
 
 use super::admin::{self, problem};
-use crate::app::state::AppState;
 use crate::limiter::report::{self, ReportError};
+use crate::state::AppState;
 use crate::store::Store;
 
 pub async fn report(

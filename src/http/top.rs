@@ -8,8 +8,8 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::admin::{problem, shown, Caller};
-use crate::app::state::AppState;
 use crate::observe::top::{self, TopList};
+use crate::state::AppState;
 
 /// Keys per limit when `n` is not given, and the most a caller may ask for.
 pub const DEFAULT_N: usize = 20;

@@ -541,7 +541,7 @@ mod tests {
     fn a_quota_or_a_reported_limit_is_never_cached() {
         let (cache, _) = cache(100);
         let quota = BucketRequest {
-            meter: Meter::Quota(crate::store::Period::Month),
+            meter: Meter::Quota(crate::base::calendar::Period::Month),
             ..bucket("q", 0.0, 3.0, 1)
         };
         let reported = bucket("r", 1.0, 5.0, 0);

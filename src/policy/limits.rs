@@ -15,6 +15,7 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
+use crate::base::calendar::Period;
 use crate::base::keys::{self, KeyPart};
 use crate::base::rate::{ceil_secs, count_f64};
 use crate::config::{
@@ -28,7 +29,7 @@ use crate::policy::matcher::Matcher;
 use crate::policy::overrides::{Base, Override, Overrides};
 use crate::policy::runtime_overrides::{RuntimeOverrides, View};
 use crate::request::{ClientIpPolicy, OriginalRequest};
-use crate::store::{BucketRequest, Meter, Period};
+use crate::store::{BucketRequest, Meter};
 
 /// One configured limit, ready for the hot path.
 pub struct Limit {

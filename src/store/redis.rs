@@ -34,82 +34,24 @@ mod connection;
 mod cross_slot;
 pub mod overrides;
 pub mod resets;
+pub mod script;
 mod sentinel;
+mod wire;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redis::{Cmd, RedisError, Value};
+use redis::{Cmd, Value};
 
 use self::coalesce::Coalescer;
 use self::connection::Connection;
 pub use self::connection::Topology;
+use self::script::{LuaScript, BUCKET_SCRIPT, INSTANCES_SCRIPT, REFUND_SCRIPT, REPORT_SCRIPT};
+use self::wire::{as_float, bucket_args, classify, parse_decision, parse_report};
 use super::breaker::{Admission, Breaker};
-use super::{
-    BucketOutcome, BucketRequest, Meter, ReportCharge, Store, StoreDecision, StoreError, Window,
-};
+use super::{BucketOutcome, BucketRequest, ReportCharge, Store, StoreDecision, StoreError};
 use crate::observe::metrics::Metrics;
-
-/// `lua/token_bucket.lua` as shipped: prefixed with the calendar arithmetic it uses.
-pub const BUCKET_SCRIPT: &str = concat!(
-    include_str!("../../lua/calendar.lua"),
-    include_str!("../../lua/token_bucket.lua")
-);
-/// `lua/report.lua` as shipped, calendar included.
-pub const REPORT_SCRIPT: &str = concat!(
-    include_str!("../../lua/calendar.lua"),
-    include_str!("../../lua/report.lua")
-);
-const REFUND_SCRIPT: &str = include_str!("../../lua/refund.lua");
-const INSTANCES_SCRIPT: &str = include_str!("../../lua/instances.lua");
-
-/// A Lua script and its SHA1, as `EVALSHA` wants it.
-struct LuaScript {
-    source: &'static str,
-    sha: String,
-    /// The connection epoch (see [`RedisStore::epoch`]) in which the script last ran; in any
-    /// other it is sent whole, since a new connection may reach a node that lacks it.
-    loaded_in: AtomicU64,
-}
-
-impl LuaScript {
-    fn new(source: &'static str) -> LuaScript {
-        LuaScript {
-            source,
-            sha: redis::Script::new(source).get_hash().to_string(),
-            loaded_in: AtomicU64::new(NEVER),
-        }
-    }
-
-    /// `EVALSHA sha numkeys keys... args...`, or `EVAL source ...` when `by_source`.
-    fn command(&self, by_source: bool, keys: &[&str], args: impl FnOnce(&mut Cmd)) -> Cmd {
-        let mut cmd = script_call(self.source, &self.sha, by_source);
-        cmd.arg(keys.len());
-        for key in keys {
-            cmd.arg(*key);
-        }
-        args(&mut cmd);
-        cmd
-    }
-}
-
-/// `EVAL source` when `by_source`, else `EVALSHA sha`: a script call without its keys and
-/// arguments.
-fn script_call(source: &str, sha: &str, by_source: bool) -> Cmd {
-    if by_source {
-        let mut cmd = redis::cmd("EVAL");
-        cmd.arg(source);
-        cmd
-    } else {
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(sha);
-        cmd
-    }
-}
-
-/// No epoch: the script has not run yet.
-const NEVER: u64 = u64::MAX;
 
 /// A script call admitted by the breaker.
 struct Call {
@@ -492,212 +434,5 @@ impl Store for RedisStore {
             }
         }
         result
-    }
-}
-
-/// One bucket's four script arguments: rate (a quota: its period code), burst (or quota),
-/// cost, and one script-specific value.
-fn bucket_args(cmd: &mut Cmd, bucket: &BucketRequest, last: &str) {
-    match bucket.meter {
-        Meter::Bucket => cmd.arg(bucket.rate),
-        Meter::Quota(period) => cmd.arg(period.code()),
-    };
-    cmd.arg(bucket.burst).arg(bucket.cost).arg(last);
-}
-
-/// The quota windows appended to a reply (`t, w` per quota, in order), one per bucket.
-fn windows(items: &[Value], buckets: &[&BucketRequest]) -> Option<Vec<Option<Window>>> {
-    let quotas = buckets
-        .iter()
-        .filter(|b| matches!(b.meter, Meter::Quota(_)))
-        .count();
-    if items.len() != 2 * quotas {
-        return None;
-    }
-    let mut pairs = items.chunks_exact(2);
-    buckets
-        .iter()
-        .map(|bucket| match bucket.meter {
-            Meter::Bucket => Some(None),
-            Meter::Quota(_) => {
-                let pair = pairs.next()?;
-                Some(Some(Window {
-                    ends_in_s: u64::try_from(as_int(&pair[0])?).ok()?.max(1),
-                    length_s: u64::try_from(as_int(&pair[1])?).ok()?,
-                }))
-            }
-        })
-        .collect()
-}
-
-/// `{tokens_1, ..., tokens_n, now, windows...}` of `lua/report.lua` → outcomes.
-fn parse_report(
-    reply: Value,
-    buckets: &[&BucketRequest],
-) -> Result<Vec<BucketOutcome>, StoreError> {
-    let malformed = || StoreError::Script("malformed report reply".into());
-    let Value::Array(items) = reply else {
-        return Err(malformed());
-    };
-    let count = buckets.len();
-    if items.len() < count + 1 {
-        return Err(malformed());
-    }
-    let windows = windows(&items[count + 1..], buckets).ok_or_else(malformed)?;
-    items[..count]
-        .iter()
-        .zip(windows)
-        .map(|(item, window)| {
-            let tokens = as_float(item).ok_or_else(malformed)?;
-            Ok(BucketOutcome {
-                tokens,
-                enough: tokens > 0.0,
-                window,
-            })
-        })
-        .collect()
-}
-
-/// `"allowed now tokens_1 enough_1 ... tokens_n enough_n t_q1 w_q1 ..."` → [`StoreDecision`]
-/// and `now`; `t_q, w_q` follow for each quota, in order.
-fn parse_decision(
-    reply: Value,
-    requests: &[&BucketRequest],
-) -> Result<(StoreDecision, String), StoreError> {
-    let malformed = || StoreError::Script("malformed token bucket reply".into());
-    let text = match &reply {
-        Value::BulkString(bytes) => std::str::from_utf8(bytes).map_err(|_| malformed())?,
-        Value::SimpleString(text) => text.as_str(),
-        _ => return Err(malformed()),
-    };
-    let flag = |field: Option<&str>| match field {
-        Some("1") => Some(true),
-        Some("0") => Some(false),
-        _ => None,
-    };
-    let mut fields = text.split(' ');
-    let allowed = flag(fields.next()).ok_or_else(malformed)?;
-    let now = fields.next().ok_or_else(malformed)?.to_owned();
-    let mut buckets = requests
-        .iter()
-        .map(|_| {
-            Some(BucketOutcome {
-                tokens: fields.next()?.parse().ok()?,
-                enough: flag(fields.next())?,
-                window: None,
-            })
-        })
-        .collect::<Option<Vec<_>>>()
-        .ok_or_else(malformed)?;
-    for (outcome, request) in buckets.iter_mut().zip(requests) {
-        if let Meter::Quota(_) = request.meter {
-            let mut number = || fields.next()?.parse::<u64>().ok();
-            let (ends_in_s, length_s) = number().zip(number()).ok_or_else(malformed)?;
-            outcome.window = Some(Window {
-                ends_in_s: ends_in_s.max(1),
-                length_s,
-            });
-        }
-    }
-    if fields.next().is_some() {
-        return Err(malformed());
-    }
-    Ok((StoreDecision { allowed, buckets }, now))
-}
-
-fn as_int(value: &Value) -> Option<i64> {
-    match value {
-        Value::Int(n) => Some(*n),
-        _ => None,
-    }
-}
-
-#[expect(
-    clippy::cast_precision_loss,
-    reason = "the scripts' integers (tokens, seconds, microsecond times) are below 2^53"
-)]
-fn as_float(value: &Value) -> Option<f64> {
-    match value {
-        Value::BulkString(bytes) => std::str::from_utf8(bytes).ok()?.parse().ok(),
-        Value::SimpleString(text) => text.parse().ok(),
-        Value::Double(x) => Some(*x),
-        Value::Int(n) => Some(*n as f64),
-        _ => None,
-    }
-}
-
-/// Maps a client error onto the kinds counted in `tollgate_store_errors_total`.
-fn classify(error: &RedisError) -> StoreError {
-    if error.is_timeout() {
-        StoreError::Timeout
-    } else if error.is_io_error()
-        || error.is_connection_dropped()
-        || error.is_connection_refusal()
-        || error.is_unrecoverable_error()
-    {
-        StoreError::Connection(error.to_string())
-    } else if matches!(
-        error.kind(),
-        redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
-    ) || error.to_string().contains("script")
-    {
-        StoreError::Script(error.to_string())
-    } else {
-        StoreError::Other(error.to_string())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn one_bucket() -> BucketRequest {
-        BucketRequest {
-            key: "k".into(),
-            rate: 1.0,
-            burst: 5.0,
-            cost: 1,
-            shadow: false,
-            limit: 0,
-            meter: Meter::Bucket,
-        }
-    }
-
-    #[test]
-    fn replies_parse_into_decisions() {
-        let reply = Value::BulkString(b"1 1764669600123456 4.5 1 0.30000000000000004 0".to_vec());
-        let bucket = one_bucket();
-        let (decision, now) = parse_decision(reply, &[&bucket, &bucket]).unwrap();
-        assert!(decision.allowed);
-        assert_eq!(now, "1764669600123456");
-        assert_eq!(decision.buckets[0].tokens, 4.5);
-        assert!(decision.buckets[0].enough);
-        assert_eq!(decision.buckets[1].tokens, 0.1 + 0.2);
-        assert!(!decision.buckets[1].enough);
-    }
-
-    #[test]
-    fn malformed_replies_are_errors() {
-        let bucket = one_bucket();
-        for reply in [
-            "",
-            "1",
-            "1 5",
-            "1 5 4.5",
-            "1 5 4.5 2",
-            "2 5 4.5 1",
-            "1 5 x 1",
-            "1 5 4.5 1 7",
-        ] {
-            let value = Value::BulkString(reply.as_bytes().to_vec());
-            assert!(parse_decision(value, &[&bucket]).is_err(), "{reply:?}");
-        }
-        assert!(parse_decision(Value::Array(vec![Value::Int(1)]), &[&bucket]).is_err());
-    }
-
-    #[test]
-    fn the_script_sha_is_stable() {
-        let script = LuaScript::new(BUCKET_SCRIPT);
-        assert_eq!(script.sha.len(), 40);
     }
 }

@@ -8,8 +8,9 @@ use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::support::{redis_config, RedisServer, Response, Tollgate};
+use tollgate::base::calendar::Period;
 use tollgate::store::memory::{ManualClock, MemoryStore};
-use tollgate::store::{BucketRequest, Meter, Period};
+use tollgate::store::{BucketRequest, Meter};
 
 const TOKEN: &str = "test-admin-token-0123456789";
 
@@ -92,7 +93,7 @@ fn period_boundaries_agree_between_the_rust_twin_and_the_shipped_script() {
     let mut conn = redis::Client::open(redis.url())
         .and_then(|c| c.get_connection())
         .expect("connect to redis");
-    let shipped = tollgate::store::redis::BUCKET_SCRIPT;
+    let shipped = tollgate::store::redis::script::BUCKET_SCRIPT;
     const TIME: &str = "redis.call('TIME')";
     assert_eq!(
         shipped.matches(TIME).count(),
@@ -137,7 +138,7 @@ fn a_used_up_period_denies_until_it_ends_on_both_stores() {
     let mut conn = redis::Client::open(redis.url())
         .and_then(|c| c.get_connection())
         .expect("connect to redis");
-    let shipped = tollgate::store::redis::BUCKET_SCRIPT;
+    let shipped = tollgate::store::redis::script::BUCKET_SCRIPT;
     let clock = Arc::new(ManualClock::default());
     let memory = MemoryStore::with_clock(1_000, clock.clone());
     let end = utc(2028, 3, 1, 0, 0, 0) as u64;
@@ -856,7 +857,7 @@ fn a_reported_bucket_is_used_up_at_zero_and_admits_just_above_it_on_both_stores(
                 let twin = memory.report_now(&[report(cost)])[0];
                 let reply = pinned_eval(
                     &mut conn,
-                    tollgate::store::redis::REPORT_SCRIPT,
+                    tollgate::store::redis::script::REPORT_SCRIPT,
                     at,
                     &check.key,
                     &["1", "100", &cost.to_string(), "100"],
@@ -867,7 +868,7 @@ fn a_reported_bucket_is_used_up_at_zero_and_admits_just_above_it_on_both_stores(
                 let twin = memory.decide_sync(std::slice::from_ref(&check));
                 let reply = pinned_eval(
                     &mut conn,
-                    tollgate::store::redis::BUCKET_SCRIPT,
+                    tollgate::store::redis::script::BUCKET_SCRIPT,
                     at,
                     &check.key,
                     &["1", "100", "0", "0"],

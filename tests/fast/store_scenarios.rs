@@ -539,7 +539,7 @@ fn a_quota_peeks_alike_on_redis_and_in_memory() {
     let redis = Redis::start();
     let memory = MemoryStore::new(100);
     let quota = BucketRequest {
-        meter: tollgate::store::Meter::Quota(tollgate::store::Period::Day),
+        meter: tollgate::store::Meter::Quota(tollgate::base::calendar::Period::Day),
         ..request("peek-quota", 0.0, 3.0, 1)
     };
     for _ in 0..2 {

@@ -265,7 +265,7 @@ impl Tollgate {
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         std::thread::spawn(move || {
             actix_web::rt::System::new().block_on(async move {
-                let state = tollgate::app::state::build_state(&config).expect("state built");
+                let state = tollgate::state::build_state(&config).expect("state built");
                 tollgate::app::server::spawn_duties(&config, &state).expect("duties started");
                 let shutdown = async move {
                     let _ = stopped.await;

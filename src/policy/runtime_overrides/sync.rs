@@ -15,8 +15,8 @@ use std::time::Duration;
 use actix_web::web;
 
 use super::{Entry, LimitEntries, RuntimeOverrides, MAX_PER_LIMIT};
-use crate::app::state::AppState;
 use crate::base::keys;
+use crate::state::AppState;
 use crate::store::redis::overrides::{Put, Restore};
 use crate::store::redis::RedisStore;
 use crate::store::{AnyStore, StoreError};

@@ -8,7 +8,8 @@ use std::time::Instant;
 
 use redis::Value;
 
-use super::{as_float, RedisStore};
+use super::wire::as_float;
+use super::RedisStore;
 use crate::base::keys;
 use crate::store::{bucket, BucketOutcome, BucketRequest, Meter, StoreError, Window};
 
@@ -104,7 +105,7 @@ fn parse_peek(reply: &Value, request: &BucketRequest) -> Result<BucketOutcome, S
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::Period;
+    use crate::base::calendar::Period;
 
     fn request(meter: Meter) -> BucketRequest {
         BucketRequest {

@@ -25,7 +25,8 @@ use redis::{Cmd, Value};
 use tokio::sync::oneshot;
 
 use super::connection::Connection;
-use super::{bucket_args, classify, script_call, LuaScript};
+use super::script::{script_call, LuaScript};
+use super::wire::{bucket_args, classify};
 use crate::store::{BucketRequest, StoreError};
 
 /// Most requests one call carries: a bigger batch would hold Redis, which runs one script at a

@@ -9,7 +9,8 @@ use std::time::Instant;
 
 use redis::Value;
 
-use super::{LuaScript, RedisStore};
+use super::script::LuaScript;
+use super::RedisStore;
 use crate::store::StoreError;
 
 static PUT: LazyLock<LuaScript> =

@@ -1,0 +1,213 @@
+//! The wire format of the scripts: a bucket's arguments, and replies parsed into decisions.
+// Token and second arithmetic: every float <-> integer conversion is checked, and allowed only
+// where a bound makes it exact (see rate::count_f64 and rate::whole).
+#![warn(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_precision_loss
+)]
+
+use redis::{Cmd, RedisError, Value};
+
+use crate::store::{BucketOutcome, BucketRequest, Meter, StoreDecision, StoreError, Window};
+
+/// One bucket's four script arguments: rate (a quota: its period code), burst (or quota),
+/// cost, and one script-specific value.
+pub(super) fn bucket_args(cmd: &mut Cmd, bucket: &BucketRequest, last: &str) {
+    match bucket.meter {
+        Meter::Bucket => cmd.arg(bucket.rate),
+        Meter::Quota(period) => cmd.arg(period.code()),
+    };
+    cmd.arg(bucket.burst).arg(bucket.cost).arg(last);
+}
+
+/// The quota windows appended to a reply (`t, w` per quota, in order), one per bucket.
+pub(super) fn windows(items: &[Value], buckets: &[&BucketRequest]) -> Option<Vec<Option<Window>>> {
+    let quotas = buckets
+        .iter()
+        .filter(|b| matches!(b.meter, Meter::Quota(_)))
+        .count();
+    if items.len() != 2 * quotas {
+        return None;
+    }
+    let mut pairs = items.chunks_exact(2);
+    buckets
+        .iter()
+        .map(|bucket| match bucket.meter {
+            Meter::Bucket => Some(None),
+            Meter::Quota(_) => {
+                let pair = pairs.next()?;
+                Some(Some(Window {
+                    ends_in_s: u64::try_from(as_int(&pair[0])?).ok()?.max(1),
+                    length_s: u64::try_from(as_int(&pair[1])?).ok()?,
+                }))
+            }
+        })
+        .collect()
+}
+
+/// `{tokens_1, ..., tokens_n, now, windows...}` of `lua/report.lua` → outcomes.
+pub(super) fn parse_report(
+    reply: Value,
+    buckets: &[&BucketRequest],
+) -> Result<Vec<BucketOutcome>, StoreError> {
+    let malformed = || StoreError::Script("malformed report reply".into());
+    let Value::Array(items) = reply else {
+        return Err(malformed());
+    };
+    let count = buckets.len();
+    if items.len() < count + 1 {
+        return Err(malformed());
+    }
+    let windows = windows(&items[count + 1..], buckets).ok_or_else(malformed)?;
+    items[..count]
+        .iter()
+        .zip(windows)
+        .map(|(item, window)| {
+            let tokens = as_float(item).ok_or_else(malformed)?;
+            Ok(BucketOutcome {
+                tokens,
+                enough: tokens > 0.0,
+                window,
+            })
+        })
+        .collect()
+}
+
+/// `"allowed now tokens_1 enough_1 ... tokens_n enough_n t_q1 w_q1 ..."` → [`StoreDecision`]
+/// and `now`; `t_q, w_q` follow for each quota, in order.
+pub(super) fn parse_decision(
+    reply: Value,
+    requests: &[&BucketRequest],
+) -> Result<(StoreDecision, String), StoreError> {
+    let malformed = || StoreError::Script("malformed token bucket reply".into());
+    let text = match &reply {
+        Value::BulkString(bytes) => std::str::from_utf8(bytes).map_err(|_| malformed())?,
+        Value::SimpleString(text) => text.as_str(),
+        _ => return Err(malformed()),
+    };
+    let flag = |field: Option<&str>| match field {
+        Some("1") => Some(true),
+        Some("0") => Some(false),
+        _ => None,
+    };
+    let mut fields = text.split(' ');
+    let allowed = flag(fields.next()).ok_or_else(malformed)?;
+    let now = fields.next().ok_or_else(malformed)?.to_owned();
+    let mut buckets = requests
+        .iter()
+        .map(|_| {
+            Some(BucketOutcome {
+                tokens: fields.next()?.parse().ok()?,
+                enough: flag(fields.next())?,
+                window: None,
+            })
+        })
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(malformed)?;
+    for (outcome, request) in buckets.iter_mut().zip(requests) {
+        if let Meter::Quota(_) = request.meter {
+            let mut number = || fields.next()?.parse::<u64>().ok();
+            let (ends_in_s, length_s) = number().zip(number()).ok_or_else(malformed)?;
+            outcome.window = Some(Window {
+                ends_in_s: ends_in_s.max(1),
+                length_s,
+            });
+        }
+    }
+    if fields.next().is_some() {
+        return Err(malformed());
+    }
+    Ok((StoreDecision { allowed, buckets }, now))
+}
+
+pub(super) fn as_int(value: &Value) -> Option<i64> {
+    match value {
+        Value::Int(n) => Some(*n),
+        _ => None,
+    }
+}
+
+#[expect(
+    clippy::cast_precision_loss,
+    reason = "the scripts' integers (tokens, seconds, microsecond times) are below 2^53"
+)]
+pub(super) fn as_float(value: &Value) -> Option<f64> {
+    match value {
+        Value::BulkString(bytes) => std::str::from_utf8(bytes).ok()?.parse().ok(),
+        Value::SimpleString(text) => text.parse().ok(),
+        Value::Double(x) => Some(*x),
+        Value::Int(n) => Some(*n as f64),
+        _ => None,
+    }
+}
+
+/// Maps a client error onto the kinds counted in `tollgate_store_errors_total`.
+pub(super) fn classify(error: &RedisError) -> StoreError {
+    if error.is_timeout() {
+        StoreError::Timeout
+    } else if error.is_io_error()
+        || error.is_connection_dropped()
+        || error.is_connection_refusal()
+        || error.is_unrecoverable_error()
+    {
+        StoreError::Connection(error.to_string())
+    } else if matches!(
+        error.kind(),
+        redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
+    ) || error.to_string().contains("script")
+    {
+        StoreError::Script(error.to_string())
+    } else {
+        StoreError::Other(error.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn one_bucket() -> BucketRequest {
+        BucketRequest {
+            key: "k".into(),
+            rate: 1.0,
+            burst: 5.0,
+            cost: 1,
+            shadow: false,
+            limit: 0,
+            meter: Meter::Bucket,
+        }
+    }
+
+    #[test]
+    fn replies_parse_into_decisions() {
+        let reply = Value::BulkString(b"1 1764669600123456 4.5 1 0.30000000000000004 0".to_vec());
+        let bucket = one_bucket();
+        let (decision, now) = parse_decision(reply, &[&bucket, &bucket]).unwrap();
+        assert!(decision.allowed);
+        assert_eq!(now, "1764669600123456");
+        assert_eq!(decision.buckets[0].tokens, 4.5);
+        assert!(decision.buckets[0].enough);
+        assert_eq!(decision.buckets[1].tokens, 0.1 + 0.2);
+        assert!(!decision.buckets[1].enough);
+    }
+
+    #[test]
+    fn malformed_replies_are_errors() {
+        let bucket = one_bucket();
+        for reply in [
+            "",
+            "1",
+            "1 5",
+            "1 5 4.5",
+            "1 5 4.5 2",
+            "2 5 4.5 1",
+            "1 5 x 1",
+            "1 5 4.5 1 7",
+        ] {
+            let value = Value::BulkString(reply.as_bytes().to_vec());
+            assert!(parse_decision(value, &[&bucket]).is_err(), "{reply:?}");
+        }
+        assert!(parse_decision(Value::Array(vec![Value::Int(1)]), &[&bucket]).is_err());
+    }
+}
