@@ -3,4 +3,5 @@
 pub mod calendar;
 pub mod clock;
 pub mod keys;
+pub mod normalise;
 pub mod rate;

@@ -11,7 +11,8 @@
 //! import cycle exists):
 //!
 //! - [`base`]: value types: [`base::clock`] (time as a parameter, so tests advance it),
-//!   [`base::rate`] (`"100/min"`), [`base::keys`] (the spelling of every store key).
+//!   [`base::rate`] (`"100/min"`), [`base::keys`] (the spelling of every store key),
+//!   [`base::normalise`] (paths, hosts and IPs spelled the way the proxies route them).
 //! - [`config`]: defaults < TOML file < `TOLLGATE_*` environment: schema, loading, validation,
 //!   the summary `validate` prints.
 //! - [`request`]: what a check reads: original method, path, host, client IP (XFF walk),
@@ -27,9 +28,11 @@
 //! - [`limiter`]: the decision without HTTP: one atomic store call, `on_error` fallbacks;
 //!   [`limiter::deny_cache`], [`limiter::decision`] (the verdict as a value),
 //!   [`limiter::report`] (charges known after the response).
+//! - [`state`]: what every handler shares (config, store, limiter, metrics), swapped whole
+//!   on reload.
 //! - [`http`] and [`grpc`]: the protocols: `/check`, probes, metrics and the admin API;
 //!   Envoy's `ShouldRateLimit`.
-//! - [`app`]: the running process: [`app::state`], [`app::server`] (the listeners),
+//! - [`app`]: the running process: [`app::server`] (the listeners),
 //!   [`app::lifecycle`] (signals, reload, drain, heartbeat).
 //! - [`cli`]: [`cli::import`] (envoyproxy/ratelimit YAML to TOML), [`cli::top_view`]
 //!   (`tollgate top`).

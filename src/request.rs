@@ -2,14 +2,13 @@
 //! from the headers the ingress forwards. An already-normal request allocates nothing: every
 //! value borrows from the check request unless it had to be rewritten.
 
-pub(crate) mod normalise;
-
 use std::borrow::Cow;
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 
 use actix_web::http::header::HeaderMap;
 use ipnet::IpNet;
 
+use crate::base::normalise::{self, parse_ip};
 use crate::config::{ClientIpConfig, IpSource};
 
 /// How the client IP is found; compiled from `[client_ip]`.
@@ -85,31 +84,8 @@ impl ClientIpPolicy {
     }
 }
 
-/// Parses an address as proxies write it: `1.2.3.4`, `1.2.3.4:80`, `::1`, `[::1]:80`,
-/// `fe80::1%eth0` (the zone is dropped). IPv4-mapped IPv6 becomes IPv4.
-pub fn parse_ip(raw: &[u8]) -> Option<IpAddr> {
-    let text = std::str::from_utf8(raw).ok()?.trim();
-    if text.len() > 64 {
-        return None;
-    }
-    let ip = if let Ok(ip) = text.parse::<IpAddr>() {
-        ip
-    } else if let Ok(sock) = text.parse::<SocketAddr>() {
-        sock.ip()
-    } else {
-        let unbracketed = text
-            .strip_prefix('[')
-            .map_or(text, |t| t.split_once(']').map_or(t, |(inside, _)| inside));
-        let without_zone = unbracketed
-            .split_once('%')
-            .map_or(unbracketed, |(ip, _)| ip);
-        without_zone.parse::<IpAddr>().ok()?
-    };
-    Some(ip.to_canonical())
-}
-
 /// The original request, as described by the check request's headers, normalised the way
-/// the proxies route (see `request/normalise.rs`): what every limit matches and keys on.
+/// the proxies route (see `base/normalise.rs`): what every limit matches and keys on.
 #[derive(Debug)]
 pub struct OriginalRequest<'a> {
     /// As sent (bytes outside visible ASCII percent-encoded).

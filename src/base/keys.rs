@@ -23,7 +23,8 @@ use ipnet::Ipv6Net;
 
 use sha2::{Digest, Sha256};
 
-use crate::request::{normalise, OriginalRequest};
+use crate::base::normalise;
+use crate::request::OriginalRequest;
 
 /// Longest tail stored as is.
 pub const MAX_TAIL: usize = 128;
@@ -165,7 +166,7 @@ pub fn tail_of_given(
         let value = match part {
             KeyPart::Ip => {
                 // An IPv6 client's network may be written as such: `2001:db8:1:2::/64`.
-                let ip = crate::request::parse_ip(value.as_bytes())
+                let ip = normalise::parse_ip(value.as_bytes())
                     .or_else(|| value.parse::<ipnet::IpNet>().ok().map(|net| net.addr()))
                     .ok_or_else(|| (i, format!("{value:?} is not an IP address")))?;
                 write_ip(&mut tail, ip, ipv6_prefix);
@@ -609,7 +610,7 @@ mod tests {
             set(&mut headers, "x-forwarded-host", case[2]);
             set(&mut headers, "x-forwarded-uri", case[3]);
             set(&mut headers, "x-forwarded-method", case[4]);
-            let ip = crate::request::parse_ip(case[0].as_bytes()).unwrap();
+            let ip = normalise::parse_ip(case[0].as_bytes()).unwrap();
             let request = OriginalRequest::new(&headers, "GET", "/", ip);
             let checked = bucket_key("tg", "l", &parts, &request, false, 64).unwrap();
             let given = tail_of_given(&parts, &values, false, 64).unwrap();

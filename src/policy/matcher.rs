@@ -5,8 +5,9 @@ use std::borrow::Cow;
 
 use actix_web::http::header::HeaderName;
 
+use crate::base::normalise;
 use crate::config::{ConfigError, MatchConfig};
-use crate::request::{normalise, OriginalRequest};
+use crate::request::OriginalRequest;
 
 /// Compiled conditions; an empty one matches every request. Serialized as the admin API
 /// shows it: only the conditions given.

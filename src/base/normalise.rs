@@ -4,6 +4,30 @@
 //! and allocates only to rewrite.
 
 use std::borrow::Cow;
+use std::net::{IpAddr, SocketAddr};
+
+/// Parses an address as proxies write it: `1.2.3.4`, `1.2.3.4:80`, `::1`, `[::1]:80`,
+/// `fe80::1%eth0` (the zone is dropped). IPv4-mapped IPv6 becomes IPv4.
+pub fn parse_ip(raw: &[u8]) -> Option<IpAddr> {
+    let text = std::str::from_utf8(raw).ok()?.trim();
+    if text.len() > 64 {
+        return None;
+    }
+    let ip = if let Ok(ip) = text.parse::<IpAddr>() {
+        ip
+    } else if let Ok(sock) = text.parse::<SocketAddr>() {
+        sock.ip()
+    } else {
+        let unbracketed = text
+            .strip_prefix('[')
+            .map_or(text, |t| t.split_once(']').map_or(t, |(inside, _)| inside));
+        let without_zone = unbracketed
+            .split_once('%')
+            .map_or(unbracketed, |(ip, _)| ip);
+        without_zone.parse::<IpAddr>().ok()?
+    };
+    Some(ip.to_canonical())
+}
 
 const HEX_UPPER: &[u8; 16] = b"0123456789ABCDEF";
 
