@@ -17,8 +17,10 @@ use actix_web::{web, App, HttpServer};
 
 use crate::app::lifecycle::{self, Door, Reloader, CLOSE_NOTICE, SHUTDOWN_GRACE};
 use crate::config::{Backend, Config, OnError, StoreConfig};
+use crate::policy::runtime_overrides::sync;
 use crate::state::{build_state, topology, AppState, StartError};
 use crate::store::redis::resets::{self, Heard, ResetSource};
+use crate::store::AnyStore;
 
 /// The listening sockets, bound before the runtime starts so tests can bind port 0.
 pub struct Listeners {
@@ -71,9 +73,7 @@ pub fn spawn_duties(config: &Config, state: &web::Data<AppState>) -> Result<(), 
     if config.store.backend != Backend::Redis {
         return Ok(());
     }
-    actix_web::rt::spawn(crate::policy::runtime_overrides::sync::follow(
-        state.clone(),
-    ));
+    actix_web::rt::spawn(follow_runtime_overrides(state.clone()));
     if config.store.deny_cache {
         listen_for_resets(&config.store, state.clone())?;
     }
@@ -84,6 +84,34 @@ pub fn spawn_duties(config: &Config, state: &web::Data<AppState>) -> Result<(), 
         ));
     }
     Ok(())
+}
+
+/// Follows the store's runtime overrides for as long as the instance runs (Redis only).
+async fn follow_runtime_overrides(state: web::Data<AppState>) {
+    let AnyStore::Redis(store) = state.limiter.store() else {
+        return;
+    };
+    let mut tick = tokio::time::interval(sync::POLL_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut failing = false;
+    loop {
+        tick.tick().await;
+        let policy = state.limiter.policy();
+        match sync::sync_once(store, &policy.runtime, &policy.key_prefix).await {
+            Ok(()) if failing => {
+                log::info!("runtime overrides: the store answers again");
+                failing = false;
+            }
+            Ok(()) => {}
+            Err(error) if !failing => {
+                log::warn!(
+                    "runtime overrides: cannot read the store, keeping the last known: {error}"
+                );
+                failing = true;
+            }
+            Err(_) => {}
+        }
+    }
 }
 
 /// Makes this instance's deny cache forget every bucket reset on any instance

@@ -46,7 +46,7 @@ fn named<'p>(policy: &'p Policy, name: &str, query: &str) -> Result<Named<'p>, B
     let own = policy
         .runtime
         .view()
-        .get(limit, &tail)
+        .get(&limit.name, limit.own(), &tail)
         .or_else(|| limit.overrides.get(&tail));
     let (rate, burst) = match own {
         Some(Override::Bucket { rate, burst }) => (rate, burst),

@@ -27,7 +27,7 @@ use crate::policy::descriptors::DescriptorRule;
 use crate::policy::exempt::{ExemptRule, Exemptions};
 use crate::policy::matcher::Matcher;
 use crate::policy::overrides::{Base, Override, Overrides};
-use crate::policy::runtime_overrides::{RuntimeOverrides, View};
+use crate::policy::runtime_overrides::{Own, RuntimeOverrides, View};
 use crate::request::{ClientIpPolicy, OriginalRequest};
 use crate::store::{BucketRequest, Meter};
 
@@ -284,10 +284,21 @@ fn key_parts(parts: &[String], at: &str) -> Result<Vec<KeyPart>, ConfigError> {
 }
 
 impl Limit {
+    /// The numbers a runtime override keeps for what it leaves out.
+    pub fn own(&self) -> Own {
+        Own {
+            rate: self.rate,
+            burst: self.burst,
+            quota: matches!(self.meter, Meter::Quota(_)),
+        }
+    }
+
     /// The rate and burst of the bucket whose key ends in `tail`: a runtime override's, else
     /// the file's, else the limit's own; `None` when an override makes the key unlimited.
     pub fn numbers_for(&self, runtime: &View<'_>, tail: &[u8]) -> Option<(f64, u64)> {
-        let found = runtime.get(self, tail).or_else(|| self.overrides.get(tail));
+        let found = runtime
+            .get(&self.name, self.own(), tail)
+            .or_else(|| self.overrides.get(tail));
         match found {
             Some(Override::Unlimited) => None,
             Some(Override::Bucket { rate, burst }) => Some((rate, burst)),

@@ -24,9 +24,7 @@ use prometheus::IntGaugeVec;
 use serde::{Deserialize, Serialize};
 
 use crate::base::clock::{Clock, MonotonicClock};
-use crate::policy::limits::Limit;
 use crate::policy::overrides::Override;
-use crate::store::Meter;
 
 /// Most runtime overrides one limit may hold: each change reloads the limit's entries on every
 /// instance, so they are meant for a few customers at a time, not as a database.
@@ -56,21 +54,32 @@ pub struct Entry {
     pub unlimited: bool,
 }
 
+/// A limit's own numbers, which an entry keeps for what it leaves out. Passed by value so
+/// this table needs nothing from the limit that holds it.
+#[derive(Debug, Clone, Copy)]
+pub struct Own {
+    pub rate: f64,
+    pub burst: u64,
+    /// The limit is a quota: its entries set `quota`, never `rate` or `burst`.
+    pub quota: bool,
+}
+
 impl Entry {
-    /// The policy this entry gives a key of `limit`. None when the entry no longer fits the
-    /// limit (a reload turned a bucket into a quota or back): the file's policy applies then.
-    pub fn applied(&self, limit: &Limit) -> Option<Override> {
+    /// The policy this entry gives a key of a limit with numbers `own`. None when the entry
+    /// no longer fits the limit (a reload turned a bucket into a quota or back): the file's
+    /// policy applies then.
+    pub fn applied(&self, own: Own) -> Option<Override> {
         if self.unlimited {
             return Some(Override::Unlimited);
         }
-        match (limit.meter, self.quota) {
-            (Meter::Quota(_), Some(quota)) => Some(Override::Bucket {
-                rate: limit.rate,
+        match (own.quota, self.quota) {
+            (true, Some(quota)) => Some(Override::Bucket {
+                rate: own.rate,
                 burst: quota,
             }),
-            (Meter::Bucket, None) => Some(Override::Bucket {
-                rate: self.rate.unwrap_or(limit.rate),
-                burst: self.burst.unwrap_or(limit.burst),
+            (false, None) => Some(Override::Bucket {
+                rate: self.rate.unwrap_or(own.rate),
+                burst: self.burst.unwrap_or(own.burst),
             }),
             _ => None,
         }
@@ -295,16 +304,17 @@ pub struct View<'a> {
 }
 
 impl View<'_> {
-    /// The runtime override of `limit` for the key tail `tail`, if one is in force.
-    pub fn get(&self, limit: &Limit, tail: &[u8]) -> Option<Override> {
+    /// The runtime override of the limit `name` (numbers `own`) for the key tail `tail`, if
+    /// one is in force.
+    pub fn get(&self, name: &str, own: Own, tail: &[u8]) -> Option<Override> {
         if self.table.limits.is_empty() {
             return None;
         }
-        let entry = self.table.entries(&limit.name)?.entries.get(tail)?;
+        let entry = self.table.entries(name)?.entries.get(tail)?;
         if entry.expired(self.overrides.now_ms()) {
             return None;
         }
-        entry.applied(limit)
+        entry.applied(own)
     }
 }
 
@@ -312,21 +322,12 @@ impl View<'_> {
 mod tests {
     use super::*;
     use crate::base::clock::ManualClock;
-    use crate::config::LimitConfig;
-    use crate::policy::limits::LimitInput;
 
-    fn limit(toml: &str) -> Limit {
-        let config: LimitConfig = toml::from_str(toml).unwrap();
-        Limit::try_from(LimitInput {
-            config: &config,
-            ipv6_prefix: 64,
-        })
-        .unwrap()
-    }
-
-    fn bucket_limit() -> Limit {
-        limit("name = \"l\"\nrate = 10.0\nburst = 20\nkey = [\"header:k\"]\n")
-    }
+    const BUCKET: Own = Own {
+        rate: 10.0,
+        burst: 20,
+        quota: false,
+    };
 
     fn entry(burst: Option<u64>, expires_at_ms: Option<u64>) -> Entry {
         Entry {
@@ -348,9 +349,8 @@ mod tests {
 
     #[test]
     fn an_entry_keeps_the_limits_own_numbers_for_what_it_leaves_out() {
-        let limit = bucket_limit();
         assert_eq!(
-            entry(Some(500), None).applied(&limit),
+            entry(Some(500), None).applied(BUCKET),
             Some(Override::Bucket {
                 rate: 10.0,
                 burst: 500
@@ -361,13 +361,12 @@ mod tests {
             burst: None,
             ..entry(None, None)
         };
-        assert_eq!(quota.applied(&limit), None, "a quota entry on a bucket");
+        assert_eq!(quota.applied(BUCKET), None, "a quota entry on a bucket");
     }
 
     #[test]
     fn an_entry_stops_applying_when_the_store_clock_passes_its_expiry() {
         let (clock, overrides) = on_manual_clock();
-        let limit = bucket_limit();
         overrides
             .insert(
                 "l",
@@ -375,12 +374,12 @@ mod tests {
                 entry(Some(500), Some(1_002_000)),
             )
             .unwrap();
-        assert!(overrides.view().get(&limit, b"acme").is_some());
+        assert!(overrides.view().get("l", BUCKET, b"acme").is_some());
         assert!(!overrides.has_expired("l"));
         clock.advance_ms(1_999);
-        assert!(overrides.view().get(&limit, b"acme").is_some());
+        assert!(overrides.view().get("l", BUCKET, b"acme").is_some());
         clock.advance_ms(1);
-        assert_eq!(overrides.view().get(&limit, b"acme"), None);
+        assert_eq!(overrides.view().get("l", BUCKET, b"acme"), None);
         assert!(overrides.has_expired("l"));
         assert!(overrides.list("l").is_empty());
     }
@@ -388,7 +387,6 @@ mod tests {
     #[test]
     fn the_store_clock_is_followed_not_the_local_one() {
         let (_clock, overrides) = on_manual_clock();
-        let limit = bucket_limit();
         overrides
             .insert(
                 "l",
@@ -398,7 +396,7 @@ mod tests {
             .unwrap();
         // The store's clock is found to be 5 s ahead: the entry has expired there.
         overrides.learn_store_time(1_005_000);
-        assert_eq!(overrides.view().get(&limit, b"acme"), None);
+        assert_eq!(overrides.view().get("l", BUCKET, b"acme"), None);
     }
 
     #[test]

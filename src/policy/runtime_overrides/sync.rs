@@ -12,11 +12,8 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use actix_web::web;
-
 use super::{Entry, LimitEntries, RuntimeOverrides, MAX_PER_LIMIT};
 use crate::base::keys;
-use crate::state::AppState;
 use crate::store::redis::overrides::{Put, Restore};
 use crate::store::redis::RedisStore;
 use crate::store::{AnyStore, StoreError};
@@ -101,34 +98,6 @@ async fn reload_after_write(
 ) {
     if let Err(error) = load(store, runtime, prefix, limit).await {
         log::debug!("runtime overrides of {limit} not reloaded after a change (the next poll will): {error}");
-    }
-}
-
-/// Follows the store's runtime overrides for as long as the instance runs (Redis only).
-pub async fn follow(state: web::Data<AppState>) {
-    let AnyStore::Redis(store) = state.limiter.store() else {
-        return;
-    };
-    let mut tick = tokio::time::interval(POLL_EVERY);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut failing = false;
-    loop {
-        tick.tick().await;
-        let policy = state.limiter.policy();
-        match sync_once(store, &policy.runtime, &policy.key_prefix).await {
-            Ok(()) if failing => {
-                log::info!("runtime overrides: the store answers again");
-                failing = false;
-            }
-            Ok(()) => {}
-            Err(error) if !failing => {
-                log::warn!(
-                    "runtime overrides: cannot read the store, keeping the last known: {error}"
-                );
-                failing = true;
-            }
-            Err(_) => {}
-        }
     }
 }
 
