@@ -4,35 +4,24 @@
 //!
 //! A request's descriptors become buckets (`plan`); the [`Limiter`](crate::limiter::Limiter)
 //! decides them all in one atomic store call with the deny cache, breaker, timeouts and
-//! `on_error` of `/check`; `answer` renders the verdict. `grpc.health.v1.Health` reports
-//! readiness as `/readyz` does, and NOT_SERVING from the moment a shutdown begins.
+//! `on_error` of `/check`; `answer` renders the verdict. The server that carries it (and
+//! `grpc.health.v1.Health`) is the running process's: `app::grpc_server`.
 
 mod answer;
 mod plan;
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use actix_web::web;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
-    RateLimitService, RateLimitServiceServer,
-};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use tokio::sync::watch;
 use tonic::{Request, Response, Status};
-use tonic_health::server::HealthReporter;
-use tonic_health::ServingStatus;
 
 pub use plan::{MAX_DESCRIPTORS, MAX_ENTRIES};
 
-use crate::app::lifecycle::{Door, CLOSE_NOTICE, SHUTDOWN_GRACE};
-use crate::config::OnError;
 use crate::limiter::decision::Verdict;
 use crate::state::AppState;
-use crate::store::Store;
-
-/// How often the health service asks the store whether tollgate can decide.
-const HEALTH_EVERY: Duration = Duration::from_secs(1);
 
 /// The `ShouldRateLimit` handler.
 pub struct RateLimiter {
@@ -84,116 +73,4 @@ impl RateLimitService for RateLimiter {
         counters.duration.observe(started.elapsed().as_secs_f64());
         answer.map(Response::new)
     }
-}
-
-/// Serves the rate limit and health services on `listener`, in a runtime of its own on its
-/// own threads, until `stopping` turns true; then drains. The returned receiver fires when
-/// the server has stopped.
-pub fn spawn(
-    listener: std::net::TcpListener,
-    state: web::Data<AppState>,
-    stopping: watch::Receiver<bool>,
-) -> std::io::Result<tokio::sync::oneshot::Receiver<()>> {
-    let door = Door::of(&listener)?;
-    listener.set_nonblocking(true)?;
-    let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(workers)
-        .thread_name("tollgate-grpc")
-        .enable_all()
-        .build()?;
-    let (done, stopped) = tokio::sync::oneshot::channel();
-    std::thread::Builder::new()
-        .name("tollgate-grpc".into())
-        .spawn(move || {
-            if let Err(error) = runtime.block_on(serve(listener, state, stopping, door)) {
-                log::error!("gRPC server failed: {error}");
-            }
-            let _ = done.send(());
-        })?;
-    Ok(stopped)
-}
-
-async fn serve(
-    listener: std::net::TcpListener,
-    state: web::Data<AppState>,
-    mut stopping: watch::Receiver<bool>,
-    door: Door,
-) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    let listener = tokio::net::TcpListener::from_std(listener)?;
-    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-    let (reporter, health) = tonic_health::server::health_reporter();
-    // Every service has a status from the first call on.
-    set_status(&reporter, readiness(&state).await).await;
-    tokio::spawn(report_readiness(
-        reporter.clone(),
-        state.clone(),
-        stopping.clone(),
-    ));
-    let mut signalled = stopping.clone();
-    let shutdown = async move {
-        let _ = stopping.wait_for(|stop| *stop).await;
-        set_status(&reporter, ServingStatus::NotServing).await;
-        if let Err(error) = door.hold_new_connections() {
-            log::warn!("cannot hold new gRPC connections back: {error}");
-        }
-        // Open connections keep being answered while Envoy's health checks learn we leave.
-        tokio::time::sleep(CLOSE_NOTICE).await;
-    };
-    let server = tonic::transport::Server::builder()
-        .add_service(health)
-        .add_service(RateLimitServiceServer::new(RateLimiter::new(state)))
-        .serve_with_incoming_shutdown(incoming, shutdown);
-    // In-flight calls finish (each within the store timeout); a connection still open when
-    // the grace period ends is cut.
-    let grace_over = async move {
-        let _ = signalled.wait_for(|stop| *stop).await;
-        tokio::time::sleep(SHUTDOWN_GRACE).await;
-    };
-    tokio::select! {
-        result = server => result?,
-        () = grace_over => log::warn!("gRPC connections still open after the grace period; closing them"),
-    }
-    Ok(())
-}
-
-/// SERVING while tollgate can decide (the store answers, or `on_error` decides without it),
-/// NOT_SERVING otherwise and from the start of a shutdown on.
-async fn report_readiness(
-    reporter: HealthReporter,
-    state: web::Data<AppState>,
-    mut stopping: watch::Receiver<bool>,
-) {
-    let mut tick = tokio::time::interval(HEALTH_EVERY);
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            _ = stopping.wait_for(|stop| *stop) => return,
-        }
-        let status = readiness(&state).await;
-        if *stopping.borrow() {
-            return;
-        }
-        set_status(&reporter, status).await;
-    }
-}
-
-/// As `/readyz`: tollgate can decide when the store answers or `on_error` decides without it.
-async fn readiness(state: &AppState) -> ServingStatus {
-    if state.limiter.on_error() != OnError::Deny || state.limiter.store().ping().await.is_ok() {
-        ServingStatus::Serving
-    } else {
-        ServingStatus::NotServing
-    }
-}
-
-/// The overall status ("") and the rate limit service's own.
-async fn set_status(reporter: &HealthReporter, status: ServingStatus) {
-    reporter.set_service_status("", status).await;
-    reporter
-        .set_service_status(
-            <RateLimitServiceServer<RateLimiter> as tonic::server::NamedService>::NAME,
-            status,
-        )
-        .await;
 }

@@ -28,6 +28,7 @@
 //! - [`limiter`]: the decision without HTTP: one atomic store call, `on_error` fallbacks;
 //!   [`limiter::deny_cache`], [`limiter::decision`] (the verdict as a value),
 //!   [`limiter::report`] (charges known after the response).
+//! - [`answer`]: what an answer says whatever protocol carries it (the quota headers).
 //! - [`state`]: what every handler shares (config, store, limiter, metrics), swapped whole
 //!   on reload.
 //! - [`http`] and [`grpc`]: the protocols: `/check`, probes, metrics and the admin API;
@@ -37,6 +38,7 @@
 //! - [`cli`]: [`cli::import`] (envoyproxy/ratelimit YAML to TOML), [`cli::top_view`]
 //!   (`tollgate top`).
 
+pub mod answer;
 pub mod app;
 pub mod base;
 pub mod cli;

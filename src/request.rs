@@ -8,6 +8,7 @@ use std::net::IpAddr;
 use actix_web::http::header::HeaderMap;
 use ipnet::IpNet;
 
+use crate::base::keys::{self, KeyPart, MissingPart, PartValue};
 use crate::base::normalise::{self, parse_ip};
 use crate::config::{ClientIpConfig, IpSource};
 
@@ -134,6 +135,32 @@ impl<'a> OriginalRequest<'a> {
     /// The first value of a header, as bytes; `None` when absent.
     pub fn header(&self, name: &str) -> Option<&'a [u8]> {
         self.headers.get(name).map(|v| v.as_bytes())
+    }
+
+    /// This request's bucket tail in a limit keyed by `parts` (see [`keys::tail_of`]).
+    pub fn bucket_tail(
+        &self,
+        parts: &[KeyPart],
+        anonymous: bool,
+        ipv6_prefix: u8,
+    ) -> Result<Vec<u8>, MissingPart> {
+        keys::tail_of(parts, |part| self.part_value(part), anonymous, ipv6_prefix)
+    }
+
+    /// The request's value for one part. Method, host and path come normalised (lower-case
+    /// host, canonical path), so every spelling of one resource shares one bucket.
+    fn part_value<'s>(&'s self, part: &'s KeyPart) -> Option<PartValue<'s>> {
+        let value = match part {
+            KeyPart::Ip => return Some(PartValue::Ip(self.client_ip)),
+            KeyPart::Method => self.method.as_bytes(),
+            KeyPart::Host => self.host.as_bytes(),
+            KeyPart::Path => self.path.as_bytes(),
+            KeyPart::Header(name) => self.header(name)?,
+            KeyPart::Const(text) => text.as_bytes(),
+            // An HTTP request carries no descriptor.
+            KeyPart::Descriptor(_) => return None,
+        };
+        (!value.is_empty()).then_some(PartValue::Bytes(value))
     }
 }
 
@@ -350,5 +377,79 @@ mod tests {
         assert!(matches!(d.method, Cow::Borrowed("POST")));
         assert!(matches!(d.path, Cow::Borrowed("/api/items")));
         assert!(matches!(d.host, Cow::Borrowed("api.example.com")));
+    }
+
+    /// What an operator types for each part keys the bucket a request carrying those values
+    /// is keyed by: peeks and resets name the bucket `/check` uses.
+    #[test]
+    fn given_values_key_the_bucket_of_a_request_carrying_them() {
+        let parts = [
+            KeyPart::Ip,
+            KeyPart::Header("x-api-key".into()),
+            KeyPart::Host,
+            KeyPart::Path,
+            KeyPart::Method,
+        ];
+        let long = "k".repeat(300);
+        #[rustfmt::skip]
+        let cases: &[[&str; 5]] = &[
+            ["203.0.113.9", "plain", "example.com", "/a", "GET"],
+            ["2001:db8:1:2:aaaa::1", "a|b%7C{x}#", "Example.COM.", "/a/./b//c/../d", "POST"],
+            ["::ffff:192.0.2.1", long.as_str(), "api.example.com", "/%7euser", "DELETE"],
+            ["192.0.2.1", "caf\u{e9}", "h", "/", "GET"],
+        ];
+        for case in cases {
+            let mut headers = HeaderMap::new();
+            let values: Vec<String> = case.iter().map(|v| v.to_string()).collect();
+            let set = |headers: &mut HeaderMap, name: &'static str, value: &str| {
+                headers.insert(
+                    HeaderName::from_static(name),
+                    HeaderValue::from_bytes(value.as_bytes()).unwrap(),
+                );
+            };
+            set(&mut headers, "x-api-key", case[1]);
+            set(&mut headers, "x-forwarded-host", case[2]);
+            set(&mut headers, "x-forwarded-uri", case[3]);
+            set(&mut headers, "x-forwarded-method", case[4]);
+            let ip = parse_ip(case[0].as_bytes()).unwrap();
+            let request = OriginalRequest::new(&headers, "GET", "/", ip);
+            let checked = request.bucket_tail(&parts, false, 64).unwrap();
+            let given = keys::tail_of_given(&parts, &values, false, 64).unwrap();
+            assert_eq!(given, checked, "{case:?}");
+        }
+    }
+
+    #[test]
+    fn an_empty_given_value_is_the_anonymous_bucket_only_under_anonymous() {
+        let parts = [KeyPart::Header("x-api-key".into())];
+        let headers = HeaderMap::new();
+        let request = OriginalRequest::new(&headers, "GET", "/", "192.0.2.1".parse().unwrap());
+        let checked = request.bucket_tail(&parts, true, 64).unwrap();
+        let given = keys::tail_of_given(&parts, &[String::new()], true, 64).unwrap();
+        assert_eq!(given, checked);
+        assert!(keys::tail_of_given(&parts, &[String::new()], false, 64).is_err());
+    }
+
+    proptest::proptest! {
+        /// A header or const value an operator types (an override, a peek, a report) keys
+        /// the bucket of a request that carries it, whatever its bytes.
+        #[test]
+        fn any_header_value_given_keys_the_request_s_bucket(
+            value in "[ -~]{1,80}",
+            anonymous: bool,
+        ) {
+            let value = value.trim().to_string();
+            proptest::prop_assume!(!value.is_empty());
+            let parts = [KeyPart::Header("x-api-key".into()), KeyPart::Const("all".into())];
+            let mut headers = HeaderMap::new();
+            headers.insert(
+                HeaderName::from_static("x-api-key"),
+                HeaderValue::from_str(&value).unwrap(),
+            );
+            let request = OriginalRequest::new(&headers, "GET", "/", "192.0.2.1".parse().unwrap());
+            let checked = request.bucket_tail(&parts, anonymous, 64).unwrap();
+            let given = keys::tail_of_given(&parts, &[value, "all".into()], anonymous, 64).unwrap();
+            proptest::prop_assert_eq!(given, checked);
+        }
     }
 }

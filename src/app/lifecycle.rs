@@ -130,7 +130,7 @@ pub async fn drain(
     log::info!("shutting down: no new connections, finishing in-flight checks");
     let notice_ends = Instant::now() + CLOSE_NOTICE;
     draining.store(true, Ordering::Relaxed);
-    // The gRPC service drains on its own (see `grpc::spawn`).
+    // The gRPC service drains on its own (see `grpc_server::spawn`).
     stopping.send_replace(true);
     stop_accepting(&servers, &doors, notice_ends).await;
     tokio::time::sleep_until(notice_ends.into()).await;

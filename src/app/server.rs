@@ -156,7 +156,7 @@ pub async fn run(
                 "serving Envoy's rate limit service (gRPC) on {}",
                 listener.local_addr()?
             );
-            Some(crate::grpc::spawn(listener, state, stop_seen)?)
+            Some(crate::app::grpc_server::spawn(listener, state, stop_seen)?)
         }
         None => None,
     };

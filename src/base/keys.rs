@@ -24,7 +24,6 @@ use ipnet::Ipv6Net;
 use sha2::{Digest, Sha256};
 
 use crate::base::normalise;
-use crate::request::OriginalRequest;
 
 /// Longest tail stored as is.
 pub const MAX_TAIL: usize = 128;
@@ -96,25 +95,14 @@ impl std::fmt::Display for KeyPart {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MissingPart;
 
-/// Builds the bucket key of one limit for one request. With `anonymous`, absent parts become a
-/// shared marker instead of an error. An IPv6 client is keyed by its `/ipv6_prefix` network.
-pub fn bucket_key(
-    prefix: &str,
-    limit: &str,
-    parts: &[KeyPart],
-    request: &OriginalRequest<'_>,
-    anonymous: bool,
-    ipv6_prefix: u8,
-) -> Result<String, MissingPart> {
-    let tail = bucket_tail(parts, request, anonymous, ipv6_prefix)?;
-    Ok(assemble(prefix, limit, &tail))
-}
-
-/// The request's values of `parts`, escaped and joined with `|`: what identifies its bucket
-/// within a limit, before [`assemble`] hashes it if need be. Overrides are looked up by it.
-pub fn bucket_tail(
-    parts: &[KeyPart],
-    request: &OriginalRequest<'_>,
+/// The values of `parts` as `value_of` finds them, escaped and joined with `|`: what
+/// identifies a bucket within a limit, before [`assemble`] hashes it if need be. Overrides are
+/// looked up by it. Every source of values (a request, a descriptor) builds its tail here, so
+/// one key is spelled one way. With `anonymous`, an absent part becomes a shared marker
+/// instead of an error; an IPv6 address is keyed by its `/ipv6_prefix` network.
+pub fn tail_of<'v>(
+    parts: &'v [KeyPart],
+    mut value_of: impl FnMut(&'v KeyPart) -> Option<PartValue<'v>>,
     anonymous: bool,
     ipv6_prefix: u8,
 ) -> Result<Vec<u8>, MissingPart> {
@@ -123,7 +111,7 @@ pub fn bucket_tail(
         if i > 0 {
             tail.push(b'|');
         }
-        push_part(&mut tail, part_value(part, request), anonymous, ipv6_prefix)?;
+        push_part(&mut tail, value_of(part), anonymous, ipv6_prefix)?;
     }
     Ok(tail)
 }
@@ -186,7 +174,7 @@ pub fn tail_of_given(
 }
 
 /// The tail of one limit's bucket from values looked up part by part: the gRPC path, where
-/// a rate limit descriptor's entries carry them. Same escaping as [`bucket_tail`] (and as
+/// a rate limit descriptor's entries carry them. Same escaping as a request's tail (and as
 /// [`tail_of_values`] for an override's values), so overrides are found by it; an empty value
 /// is a missing part.
 pub fn tail_from_values<'v>(
@@ -194,20 +182,17 @@ pub fn tail_from_values<'v>(
     mut value_of: impl FnMut(&'v KeyPart) -> Option<&'v [u8]>,
     anonymous: bool,
 ) -> Result<Vec<u8>, MissingPart> {
-    let mut tail = Vec::with_capacity(64);
-    for (i, part) in parts.iter().enumerate() {
-        if i > 0 {
-            tail.push(b'|');
-        }
-        let value = value_of(part).filter(|value| !value.is_empty());
-        // No address among descriptor values: the IPv6 prefix plays no part.
-        push_part(&mut tail, value.map(PartValue::Bytes), anonymous, 128)?;
-    }
-    Ok(tail)
+    let value_of = |part| {
+        value_of(part)
+            .filter(|value| !value.is_empty())
+            .map(PartValue::Bytes)
+    };
+    // No address among descriptor values: the IPv6 prefix plays no part.
+    tail_of(parts, value_of, anonymous, 128)
 }
 
 /// The key of `limit` for part values given explicitly (a `POST /report`), one per part in
-/// order, built as [`bucket_key`] builds it from a request: an `ip` value is keyed as that
+/// order, built as a request's key is: an `ip` value is keyed as that
 /// client would be, a `host` and a `path` normalised as `/check` normalises them, an empty
 /// value as an absent part under `on_missing = "anonymous"`; a `const` part's value must be
 /// its text. Fails with the index of a value that cannot be what its part holds.
@@ -304,7 +289,8 @@ pub fn assemble(prefix: &str, limit: &str, tail: &[u8]) -> String {
 
 const HEX: &[u8; 16] = b"0123456789abcdef";
 
-enum PartValue<'a> {
+/// One part's value: bytes to escape, or a client address.
+pub enum PartValue<'a> {
     Bytes(&'a [u8]),
     Ip(IpAddr),
 }
@@ -323,22 +309,6 @@ fn push_part(
         None => return Err(MissingPart),
     }
     Ok(())
-}
-
-/// The request's value for one part. Method, host and path come normalised (lower-case host,
-/// canonical path), so every spelling of one resource shares one bucket.
-fn part_value<'a>(part: &'a KeyPart, request: &'a OriginalRequest<'_>) -> Option<PartValue<'a>> {
-    let value = match part {
-        KeyPart::Ip => return Some(PartValue::Ip(request.client_ip)),
-        KeyPart::Method => request.method.as_bytes(),
-        KeyPart::Host => request.host.as_bytes(),
-        KeyPart::Path => request.path.as_bytes(),
-        KeyPart::Header(name) => request.header(name)?,
-        KeyPart::Const(text) => text.as_bytes(),
-        // An HTTP request carries no descriptor.
-        KeyPart::Descriptor(_) => return None,
-    };
-    (!value.is_empty()).then_some(PartValue::Bytes(value))
 }
 
 fn escape_into(out: &mut Vec<u8>, value: &[u8]) {
@@ -476,7 +446,7 @@ mod tests {
         assert!(out.starts_with(b"%23"));
     }
 
-    /// A tuple of parts as `bucket_key` would write it (`None`: absent, anonymous).
+    /// A tuple of parts as a request's key would be written (`None`: absent, anonymous).
     fn key_of(parts: &[Option<Vec<u8>>]) -> String {
         let mut tail = Vec::new();
         for (i, part) in parts.iter().enumerate() {
@@ -575,58 +545,6 @@ mod tests {
             assert_eq!(resets_channel_of(&key), Some(resets_channel(prefix)));
         }
         assert_eq!(resets_channel_of("plain"), None);
-    }
-
-    /// What an operator types for each part keys the bucket a request carrying those values
-    /// is keyed by: peeks and resets name the bucket `/check` uses.
-    #[test]
-    fn given_values_key_the_bucket_of_a_request_carrying_them() {
-        use actix_web::http::header::{HeaderMap, HeaderName, HeaderValue};
-        let parts = [
-            KeyPart::Ip,
-            KeyPart::Header("x-api-key".into()),
-            KeyPart::Host,
-            KeyPart::Path,
-            KeyPart::Method,
-        ];
-        let long = "k".repeat(300);
-        #[rustfmt::skip]
-        let cases: &[[&str; 5]] = &[
-            ["203.0.113.9", "plain", "example.com", "/a", "GET"],
-            ["2001:db8:1:2:aaaa::1", "a|b%7C{x}#", "Example.COM.", "/a/./b//c/../d", "POST"],
-            ["::ffff:192.0.2.1", long.as_str(), "api.example.com", "/%7euser", "DELETE"],
-            ["192.0.2.1", "caf\u{e9}", "h", "/", "GET"],
-        ];
-        for case in cases {
-            let mut headers = HeaderMap::new();
-            let values: Vec<String> = case.iter().map(|v| v.to_string()).collect();
-            let set = |headers: &mut HeaderMap, name: &'static str, value: &str| {
-                headers.insert(
-                    HeaderName::from_static(name),
-                    HeaderValue::from_bytes(value.as_bytes()).unwrap(),
-                );
-            };
-            set(&mut headers, "x-api-key", case[1]);
-            set(&mut headers, "x-forwarded-host", case[2]);
-            set(&mut headers, "x-forwarded-uri", case[3]);
-            set(&mut headers, "x-forwarded-method", case[4]);
-            let ip = normalise::parse_ip(case[0].as_bytes()).unwrap();
-            let request = OriginalRequest::new(&headers, "GET", "/", ip);
-            let checked = bucket_key("tg", "l", &parts, &request, false, 64).unwrap();
-            let given = tail_of_given(&parts, &values, false, 64).unwrap();
-            assert_eq!(assemble("tg", "l", &given), checked, "{case:?}");
-        }
-    }
-
-    #[test]
-    fn an_empty_given_value_is_the_anonymous_bucket_only_under_anonymous() {
-        let parts = [KeyPart::Header("x-api-key".into())];
-        let headers = actix_web::http::header::HeaderMap::new();
-        let request = OriginalRequest::new(&headers, "GET", "/", "192.0.2.1".parse().unwrap());
-        let checked = bucket_key("tg", "l", &parts, &request, true, 64).unwrap();
-        let given = tail_of_given(&parts, &[String::new()], true, 64).unwrap();
-        assert_eq!(assemble("tg", "l", &given), checked);
-        assert!(tail_of_given(&parts, &[String::new()], false, 64).is_err());
     }
 
     #[test]

@@ -18,8 +18,8 @@ use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use envoy_types::pb::google::protobuf::Duration;
 
 use super::plan::Plan;
+use crate::answer::each_quota_header;
 use crate::base::calendar::Period;
-use crate::http::response::each_quota_header;
 use crate::limiter::decision::{Decision, LimitState, Verdict};
 use crate::policy::limits::{Limit, Policy};
 use crate::store::Meter;

@@ -3,25 +3,17 @@
 //! asks with `X-Tollgate-Deny-Status: 403`, a body-less 403 naming the status in
 //! `X-Tollgate-Status`).
 
-use std::borrow::Cow;
-
 use actix_web::http::header::{HeaderMap, HeaderName};
 use actix_web::http::StatusCode;
 use actix_web::{HttpResponse, HttpResponseBuilder};
 use serde::Serialize;
 
-use crate::config::HeaderFamily;
-use crate::limiter::decision::{Decision, LimitState, Verdict};
+use crate::answer::{each_quota_header, QuotaValue};
+use crate::limiter::decision::{Decision, Verdict};
 use crate::policy::limits::Policy;
-use crate::store::Meter;
 
 // Names as constants: a `&str` name is parsed and validated on every insert (4% of a
 // memory-store check's instructions in `bench/profile.sh`).
-const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
-const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
-const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
-const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
-const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 const X_TOLLGATE_STATUS: HeaderName = HeaderName::from_static("x-tollgate-status");
 const X_TOLLGATE_DENY_STATUS: HeaderName = HeaderName::from_static("x-tollgate-deny-status");
 
@@ -200,12 +192,7 @@ fn quota_headers(response: &mut HttpResponseBuilder, decision: &Decision, policy
     });
 }
 
-/// A header value: a number, or text built for this answer.
-pub enum QuotaValue {
-    Number(u64),
-    Text(String),
-}
-
+// The quota value as actix writes it: the answer layer knows no HTTP framework.
 impl actix_web::http::header::TryIntoHeaderValue for QuotaValue {
     type Error = actix_web::http::header::InvalidHeaderValue;
 
@@ -215,72 +202,6 @@ impl actix_web::http::header::TryIntoHeaderValue for QuotaValue {
             QuotaValue::Text(text) => text.try_into_value(),
         }
     }
-}
-
-impl std::fmt::Display for QuotaValue {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            QuotaValue::Number(number) => write!(f, "{number}"),
-            QuotaValue::Text(text) => f.write_str(text),
-        }
-    }
-}
-
-/// Hands each quota header of the configured families to `put`: the one rendering shared by
-/// `/check` and the gRPC service's `response_headers_to_add`.
-pub fn each_quota_header(
-    decision: &Decision,
-    policy: &Policy,
-    mut put: impl FnMut(HeaderName, QuotaValue),
-) {
-    let Some((state, limit)) = decision.most_restrictive(policy) else {
-        return;
-    };
-    let (remaining, reset) = (state.remaining(), state.reset_secs());
-    for family in &policy.response.headers {
-        match family {
-            HeaderFamily::Ietf => {
-                let items = match decision.limits.as_slice() {
-                    // One limit, the common case: its item as is, without a Vec and a join.
-                    [only] => policy_item(only, policy).into_owned(),
-                    all => all
-                        .iter()
-                        .map(|s| policy_item(s, policy))
-                        .collect::<Vec<_>>()
-                        .join(", "),
-                };
-                put(RATELIMIT_POLICY, QuotaValue::Text(items));
-                put(
-                    RATELIMIT,
-                    QuotaValue::Text(format!("\"{}\";r={remaining};t={reset}", limit.name)),
-                );
-            }
-            HeaderFamily::XRatelimit => {
-                put(X_RATELIMIT_LIMIT, QuotaValue::Number(state.capacity()));
-                put(X_RATELIMIT_REMAINING, QuotaValue::Number(remaining));
-                put(X_RATELIMIT_RESET, QuotaValue::Number(reset));
-            }
-        }
-    }
-}
-
-/// A limit's `RateLimit-Policy` item: precomputed, unless the key has its own numbers (an
-/// override, or this instance's share of the limit under the local fallback), or it is a
-/// month whose length the store reported (a denial from the deny cache did not look at the
-/// quota: it shows the nominal 30 days).
-fn policy_item<'p>(state: &LimitState, policy: &'p Policy) -> Cow<'p, str> {
-    let limit = &policy.limits[state.limit];
-    let month = matches!(limit.meter, Meter::Quota(period) if period.fixed_secs().is_none());
-    let reported_month = month && state.window.is_some();
-    if !(state.has_own_numbers(limit) || reported_month) {
-        return Cow::Borrowed(&limit.policy_item);
-    }
-    Cow::Owned(format!(
-        "\"{}\";q={};w={}",
-        limit.name,
-        state.capacity(),
-        state.window_secs()
-    ))
 }
 
 #[cfg(test)]

@@ -393,15 +393,12 @@ impl Policy {
                 continue;
             }
             let anonymous = limit.on_missing == OnMissing::Anonymous;
-            let tail =
-                match keys::bucket_tail(&limit.key, request, anonymous, self.client_ip.ipv6_prefix)
-                {
-                    Ok(tail) => tail,
-                    Err(keys::MissingPart) if limit.on_missing == OnMissing::Deny => {
-                        return Err(index)
-                    }
-                    Err(keys::MissingPart) => continue,
-                };
+            let tail = match request.bucket_tail(&limit.key, anonymous, self.client_ip.ipv6_prefix)
+            {
+                Ok(tail) => tail,
+                Err(keys::MissingPart) if limit.on_missing == OnMissing::Deny => return Err(index),
+                Err(keys::MissingPart) => continue,
+            };
             let Some((rate, burst)) = limit.numbers_for(&runtime, &tail) else {
                 continue;
             };

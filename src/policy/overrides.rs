@@ -3,7 +3,7 @@
 //! from the limit. The key keeps its bucket (the same store key): only the numbers change.
 //!
 //! Lookups are one hash probe by the escaped key tail the bucket key is built from
-//! ([`crate::base::keys::bucket_tail`]), so 100,000 overrides cost a check what one does.
+//! ([`crate::base::keys::tail_of`]), so 100,000 overrides cost a check what one does.
 
 use std::collections::HashMap;
 use std::path::Path;
