@@ -10,6 +10,7 @@ use std::net::TcpListener;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use actix_web::dev::Service as _;
 use actix_web::http::ConnectionType;
@@ -73,7 +74,8 @@ pub fn spawn_duties(config: &Config, state: &web::Data<AppState>) -> Result<(), 
     if config.store.backend != Backend::Redis {
         return Ok(());
     }
-    actix_web::rt::spawn(follow_runtime_overrides(state.clone()));
+    let poll_every = Duration::from_millis(config.store.override_poll_ms);
+    actix_web::rt::spawn(follow_runtime_overrides(state.clone(), poll_every));
     if config.store.deny_cache {
         listen_for_resets(&config.store, state.clone())?;
     }
@@ -87,11 +89,11 @@ pub fn spawn_duties(config: &Config, state: &web::Data<AppState>) -> Result<(), 
 }
 
 /// Follows the store's runtime overrides for as long as the instance runs (Redis only).
-async fn follow_runtime_overrides(state: web::Data<AppState>) {
+async fn follow_runtime_overrides(state: web::Data<AppState>, every: Duration) {
     let AnyStore::Redis(store) = state.limiter.store() else {
         return;
     };
-    let mut tick = tokio::time::interval(sync::POLL_EVERY);
+    let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut failing = false;
     loop {

@@ -75,6 +75,9 @@ pub struct StoreConfig {
     /// when something else edits buckets in Redis (e.g. support staff resetting a quota) and
     /// that must take effect at once rather than when the cached window ends.
     pub deny_cache: bool,
+    /// How often each instance asks Redis whether a runtime override changed: how soon a
+    /// change is in force everywhere, against one small script call per instance and period.
+    pub override_poll_ms: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -346,6 +349,7 @@ impl Default for StoreConfig {
             on_error: OnError::Allow,
             max_buckets: 100_000,
             deny_cache: true,
+            override_poll_ms: 250,
         }
     }
 }

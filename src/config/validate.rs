@@ -148,6 +148,12 @@ impl StoreConfig {
                 "must be between 1 and 60000",
             ));
         }
+        if !(10..=60_000).contains(&self.override_poll_ms) {
+            return Err(ConfigError::new(
+                "store.override_poll_ms",
+                "must be between 10 and 60000",
+            ));
+        }
         // Braces would become the Redis Cluster hash tag of every key: one slot for all.
         if self.key_prefix.is_empty()
             || self.key_prefix.len() > 64

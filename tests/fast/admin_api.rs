@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use crate::support::{
-    commandstats, redis_config, tollgate_command, HttpClient, RedisServer, Tollgate,
+    commandstats, redis_config, tollgate_command, HttpClient, RedisServer, Tollgate, QUIET_POLL,
 };
 
 const TOKEN: &str = "s3cr3t-admin-token-for-tests";
@@ -163,7 +163,7 @@ fn a_reset_is_obeyed_by_every_instance_s_deny_cache_at_the_next_check() {
     let redis = RedisServer::start();
     let config = format!(
         "admin_token = \"{TOKEN}\"\n{}",
-        redis_config(&redis, "", LIMITS)
+        redis_config(&redis, QUIET_POLL, LIMITS)
     );
     let fleet: Vec<Tollgate> = (0..3).map(|_| Tollgate::start(&config)).collect();
     wait_for_listeners(&redis, 3);
@@ -561,7 +561,7 @@ fn the_reset_channel_survives_its_keep_alive_pings() {
 #[test]
 fn an_instance_that_lost_the_reset_channel_forgets_its_cached_denials_when_back() {
     let redis = RedisServer::start();
-    let tollgate = Tollgate::start(&redis_config(&redis, "", LIMITS));
+    let tollgate = Tollgate::start(&redis_config(&redis, QUIET_POLL, LIMITS));
     wait_for_listeners(&redis, 1);
     for attempt in 0..5 {
         let key = format!("flooder-{attempt}");

@@ -140,6 +140,7 @@ fn every_invalid_value_is_refused_naming_its_key() {
         ("[store]\ntimeout = 5\n", "store.timeout"),
         ("[store]\nbackend = \"mongo\"\n", "store.backend"),
         ("[store]\ntimeout_ms = 0\n", "store.timeout_ms"),
+        ("[store]\noverride_poll_ms = 5\n", "store.override_poll_ms"),
         ("[store]\non_error = \"maybe\"\n", "store.on_error"),
         ("[store]\nbackend = \"redis\"\nurl = \"http://x\"\n", "store.url"),
         ("[store]\nkey_prefix = \"\"\n", "store.key_prefix"),

@@ -18,7 +18,7 @@ use tollgate::store::redis::{RedisStore, Topology};
 use tollgate::store::{BucketOutcome, BucketRequest, Store, StoreDecision, StoreError};
 
 use crate::support::limit;
-use crate::support::{commandstats, redis_config, RedisServer, TempDir, Tollgate};
+use crate::support::{commandstats, redis_config, RedisServer, TempDir, Tollgate, QUIET_POLL};
 
 /// Three limits on one API key: two that deny (one with a per-request cost) and a shadow one,
 /// which never does and so must never make the cache deny.
@@ -130,8 +130,12 @@ async fn flood(
         let map = headers(&key, cost);
         let original = OriginalRequest::new(&map, "GET", "/", ip);
         let policy = limiter.policy();
+        // The decision is made at some instant after this one. Between writes a bucket only
+        // fills, so if Redis would allow at `asked_at`, it would at the decision too: the
+        // replay at `asked_at` can only fail on a wrong denial (an instant read after the
+        // call could land after a refill and fail a right one).
+        let asked_at = wall_us();
         let (verdict, by) = limiter.check_traced(&policy, &original).await;
-        let decided_at = wall_us();
         match by {
             DecidedBy::Store => tally.store += 1,
             DecidedBy::DenyCache => {
@@ -141,7 +145,7 @@ async fn flood(
                 };
                 assert!(!decision.allowed);
                 let buckets = policy.applicable(&original).expect("keys present");
-                if let Some(levels) = levels_at(&mut replay, &buckets, decided_at).await {
+                if let Some(levels) = levels_at(&mut replay, &buckets, asked_at).await {
                     tally.replayed += 1;
                     let redis_denies = buckets
                         .iter()
@@ -227,7 +231,7 @@ rate = 0.1
 burst = 2
 key = ["header:x-api-key"]
 "#;
-    let tollgate = Tollgate::start(&redis_config(&redis, "", limits));
+    let tollgate = Tollgate::start(&redis_config(&redis, QUIET_POLL, limits));
     let mut client = tollgate.client();
     let key = [("x-api-key", "flooder")];
     for _ in 0..2 {
@@ -267,7 +271,11 @@ key = ["header:x-api-key"]
 fn with_the_deny_cache_off_every_check_asks_redis_and_a_reset_takes_effect_at_once() {
     let redis = RedisServer::start();
     let limits = &limit("per-key", 0.1, 2, &["header:x-api-key"]);
-    let tollgate = Tollgate::start(&redis_config(&redis, "deny_cache = false", limits));
+    let tollgate = Tollgate::start(&redis_config(
+        &redis,
+        &format!("deny_cache = false\n{QUIET_POLL}"),
+        limits,
+    ));
     let mut client = tollgate.client();
     let key = [("x-api-key", "flooder")];
     // The first call also loads the script (EVAL): count after it.

@@ -2,7 +2,7 @@
 //! with several limits, and a flushed script cache is reloaded transparently.
 
 use crate::support::commandstats::script_calls;
-use crate::support::{redis_config, RedisServer, Tollgate};
+use crate::support::{redis_config, RedisServer, Tollgate, QUIET_POLL};
 
 const LIMITS: &str = "[[limits]]\nname = \"per-ip\"\nrate = 100\nburst = 100\nkey = [\"ip\"]\n\n\
                       [[limits]]\nname = \"per-user\"\nrate = 100\nburst = 100\nkey = [\"header:x-user\"]\n";
@@ -10,7 +10,7 @@ const LIMITS: &str = "[[limits]]\nname = \"per-ip\"\nrate = 100\nburst = 100\nke
 #[test]
 fn one_check_with_two_limits_is_one_script_call() {
     let redis = RedisServer::start();
-    let tollgate = Tollgate::start(&redis_config(&redis, "", LIMITS));
+    let tollgate = Tollgate::start(&redis_config(&redis, QUIET_POLL, LIMITS));
     let mut client = tollgate.client();
     // The first check loads the script (NOSCRIPT, then EVAL): count from the second on.
     client.get("/check", &[("x-user", "alice")]).unwrap();

@@ -1,6 +1,6 @@
 //! Keeps every instance's runtime overrides in step with the store, and writes changes to it.
 //!
-//! Redis: each instance asks for every limit's version every [`POLL_EVERY`] (one small script
+//! Redis: each instance asks for every limit's version every `store.override_poll_ms` (one small script
 //! call) and reloads the limits whose version moved, or that hold an entry past its expiry
 //! (the load drops it from the store). A change made here is reloaded at once. While Redis is
 //! unreachable the last known overrides stay in force. A version hash that vanished while this
@@ -10,7 +10,6 @@
 //! Memory store: the table is the store; a change is written to it directly.
 
 use std::collections::{HashMap, HashSet};
-use std::time::Duration;
 
 use super::{Entry, LimitEntries, RuntimeOverrides, MAX_PER_LIMIT};
 use crate::base::keys;
@@ -20,7 +19,6 @@ use crate::store::{AnyStore, StoreError};
 
 /// How often an instance asks Redis whether an override changed: a change is in force
 /// everywhere within this plus one round trip.
-pub const POLL_EVERY: Duration = Duration::from_millis(250);
 
 /// Why a change was not made.
 #[derive(Debug, thiserror::Error)]
