@@ -1015,11 +1015,11 @@ fn behind_sentinel_quotas_and_reports_work() {
 }
 
 #[test]
-fn the_readme_quota_and_report_examples_validate() {
-    let readme = include_str!("../../README.md");
+fn the_guide_s_quota_and_report_examples_validate() {
+    let guide = include_str!("../../docs/GUIDE.md");
     let dir = crate::support::TempDir::new("readme");
     let token = dir.write("token", TOKEN);
-    let blocks: Vec<&str> = readme
+    let blocks: Vec<&str> = guide
         .split("```toml\n")
         .skip(1)
         .filter_map(|rest| rest.split("```").next())
