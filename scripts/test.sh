@@ -46,6 +46,12 @@ if ! python3 -c 'import grpc, grpc_tools' 2>/dev/null; then
 fi
 
 cargo fmt --all -- --check
+scripts/unused-deps.sh
+# Licences, duplicate versions and sources of every dependency (deny.toml), when cargo-deny is
+# installed (`cargo install --locked cargo-deny`); advisories need the RustSec database.
+if command -v cargo-deny >/dev/null; then
+  cargo deny --offline check bans licenses sources
+fi
 cargo clippy --all-targets --all-features --quiet -- -D warnings
 cargo clippy --all-targets --quiet -- -D warnings   # the fast tier alone: nothing unused without e2e
 # Broken intra-doc links and other rustdoc warnings fail the run.
