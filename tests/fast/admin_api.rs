@@ -436,7 +436,8 @@ fn on_the_memory_store_a_peek_and_a_reset_work_alike() {
     assert_eq!(next.header("x-ratelimit-remaining"), Some("4"));
 }
 
-#[test]
+/// A multi-process Redis: second tier (see `e2e` below).
+#[cfg(feature = "e2e")]
 fn on_a_cluster_a_peek_and_a_reset_reach_the_bucket_s_node_and_every_instance() {
     let cluster = crate::support::cluster::RedisCluster::start();
     let seeds = cluster.seeds();
@@ -507,7 +508,8 @@ fn on_a_cluster_a_peek_and_a_reset_reach_the_bucket_s_node_and_every_instance() 
     panic!("the machine never ran the scenario within a second");
 }
 
-#[test]
+/// A multi-process Redis: second tier (see `e2e` below).
+#[cfg(feature = "e2e")]
 fn behind_sentinel_a_peek_and_a_reset_reach_the_master_and_every_instance() {
     use crate::support::cluster::{SentinelSetup, MASTER_NAME};
     let setup = SentinelSetup::start();
@@ -587,4 +589,19 @@ fn an_instance_that_lost_the_reset_channel_forgets_its_cached_denials_when_back(
         }
     }
     panic!("the machine never ran the scenario within a second");
+}
+
+/// Second tier (`cargo test --features e2e`): tests that start more than one Redis process.
+/// One module, so scripts/test.sh runs exactly these by `e2e::`.
+#[cfg(feature = "e2e")]
+mod e2e {
+    #[test]
+    fn on_a_cluster_a_peek_and_a_reset_reach_the_bucket_s_node_and_every_instance() {
+        super::on_a_cluster_a_peek_and_a_reset_reach_the_bucket_s_node_and_every_instance();
+    }
+
+    #[test]
+    fn behind_sentinel_a_peek_and_a_reset_reach_the_master_and_every_instance() {
+        super::behind_sentinel_a_peek_and_a_reset_reach_the_master_and_every_instance();
+    }
 }

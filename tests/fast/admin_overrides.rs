@@ -695,7 +695,8 @@ fn the_memory_store_offers_the_same_api() {
     assert_eq!(refused.status, 400);
 }
 
-#[test]
+/// A multi-process Redis: second tier (see `e2e` below).
+#[cfg(feature = "e2e")]
 fn on_a_redis_cluster_an_override_and_its_version_share_a_slot() {
     let cluster = crate::support::cluster::RedisCluster::start();
     let seeds: Vec<String> = cluster.seeds().iter().map(|s| format!("\"{s}\"")).collect();
@@ -727,4 +728,14 @@ fn on_a_redis_cluster_an_override_and_its_version_share_a_slot() {
     ) == serde_json::json!(
         []
     )));
+}
+
+/// Second tier (`cargo test --features e2e`): tests that start more than one Redis process.
+/// One module, so scripts/test.sh runs exactly these by `e2e::`.
+#[cfg(feature = "e2e")]
+mod e2e {
+    #[test]
+    fn on_a_redis_cluster_an_override_and_its_version_share_a_slot() {
+        super::on_a_redis_cluster_an_override_and_its_version_share_a_slot();
+    }
 }

@@ -17,9 +17,6 @@ use crate::store::redis::overrides::{Put, Restore};
 use crate::store::redis::RedisStore;
 use crate::store::{AnyStore, StoreError};
 
-/// How often an instance asks Redis whether an override changed: a change is in force
-/// everywhere within this plus one round trip.
-
 /// Why a change was not made.
 #[derive(Debug, thiserror::Error)]
 pub enum WriteError {
