@@ -5,6 +5,13 @@
 //! link was then slower than asked).
 //!
 //! Usage: `cargo run --release --example latency_proxy -- <upstream port> <one-way µs>`
+// Tests and load tools compute ratios and figures; the library's cast lints (Cargo.toml)
+// guard its token arithmetic, not these.
+#![allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_precision_loss
+)]
 
 #[allow(dead_code)] // the tests use the rest of it
 #[path = "../tests/support/latency.rs"]

@@ -2,14 +2,6 @@
 //! and `lua/report.lua`. Redis's Lua has no `os.date`, so both sides count whole days since
 //! 1970-01-01 with integer arithmetic only (civil-from-days, after Howard Hinnant), and the
 //! two must agree to the second: a table of instants in the tests runs through both.
-// Token and second arithmetic: every float <-> integer conversion is checked, and allowed only
-// where a bound makes it exact (see rate::count_f64 and rate::whole).
-#![warn(
-    clippy::cast_possible_truncation,
-    clippy::cast_sign_loss,
-    clippy::cast_precision_loss
-)]
-
 use serde::{Deserialize, Serialize};
 
 const DAY: i64 = 86_400;

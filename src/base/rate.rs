@@ -1,13 +1,6 @@
 //! Rates as operators write them: a number of tokens per second (`20`, `0.5`) or
 //! `"<number>/<unit>"` (`"100/min"`, `"5000/day"`), and the time arithmetic shared by limits
 //! and decisions.
-// Token and second arithmetic: every float <-> integer conversion is checked, and allowed only
-// where a bound makes it exact (see rate::count_f64 and rate::whole).
-#![warn(
-    clippy::cast_possible_truncation,
-    clippy::cast_sign_loss,
-    clippy::cast_precision_loss
-)]
 
 use std::fmt;
 
@@ -120,6 +113,16 @@ pub fn ceil_secs(seconds: f64) -> u64 {
 )]
 pub fn count_f64(count: u64) -> f64 {
     count as f64
+}
+
+/// `part / whole` for a figure a person reads (a share, a rate per minute): approximate
+/// beyond 2^53, which no count shown this way reaches. A `whole` of 0 counts as 1.
+#[expect(
+    clippy::cast_precision_loss,
+    reason = "a displayed ratio; counts are far below 2^53"
+)]
+pub fn ratio(part: u64, whole: u64) -> f64 {
+    part as f64 / whole.max(1) as f64
 }
 
 /// A float floored to a whole number within `0..=MAX_SF_INTEGER` (NaN and negatives give 0):

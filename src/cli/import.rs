@@ -274,7 +274,7 @@ fn window(rate_limit: &RateLimit) -> Option<(f64, u64, String)> {
         ""
     };
     Some((
-        count as f64 / seconds,
+        crate::base::rate::count_f64(count) / seconds,
         count,
         format!("{count} per {unit}{approximate}"),
     ))

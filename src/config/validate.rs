@@ -1,13 +1,5 @@
 //! What serde cannot check in the settings around the limits (ranges, URLs), and the
 //! warnings `tollgate validate` prints about valid but probably unmeant configurations.
-// Token and second arithmetic: every float <-> integer conversion is checked, and allowed only
-// where a bound makes it exact (see rate::count_f64 and rate::whole).
-#![warn(
-    clippy::cast_possible_truncation,
-    clippy::cast_sign_loss,
-    clippy::cast_precision_loss
-)]
-
 use super::{
     Backend, Config, ConfigError, MatchConfig, StoreConfig, IPV6_PREFIXES, MAX_BURST,
     MAX_REFILL_SECS,

@@ -1,14 +1,6 @@
 //! A `RateLimitRequest` turned into the buckets to decide: every applicable limit of every
 //! descriptor, keyed through [`crate::base::keys`], with a descriptor's buckets remembered so the
 //! answer can report each descriptor. Malformed requests are refused here with a gRPC status.
-// Token and second arithmetic: every float <-> integer conversion is checked, and allowed only
-// where a bound makes it exact (see rate::count_f64 and rate::whole).
-#![warn(
-    clippy::cast_possible_truncation,
-    clippy::cast_sign_loss,
-    clippy::cast_precision_loss
-)]
-
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use tonic::Status;

@@ -55,7 +55,7 @@ fn named<'p>(policy: &'p Policy, name: &str, query: &str) -> Result<Named<'p>, B
     let bucket = BucketRequest {
         key: keys::assemble(&policy.key_prefix, &limit.name, &tail),
         rate,
-        burst: burst as f64,
+        burst: crate::base::rate::count_f64(burst),
         cost: match limit.charge {
             crate::config::Charge::Report => 0,
             crate::config::Charge::Request => limit.cost,

@@ -8,6 +8,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::admin::{problem, shown, Caller};
+use crate::base::rate::ratio;
 use crate::observe::top::{self, TopList};
 use crate::state::AppState;
 
@@ -92,8 +93,8 @@ fn rows(list: &TopList, caller: Caller) -> Vec<Value> {
             json!({
                 "key": key,
                 "denied": denied,
-                "denied_per_min": round2(*denied as f64 * 60.0 / list.covered_s as f64),
-                "share": round2(*denied as f64 / list.total.max(1) as f64),
+                "denied_per_min": round2(ratio(*denied * 60, list.covered_s)),
+                "share": round2(ratio(*denied, list.total)),
             })
         })
         .collect()

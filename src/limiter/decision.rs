@@ -1,14 +1,6 @@
 //! The outcome of one check, as a value: allowed or not, and for every applicable limit what
 //! is left. Everything the response headers need is derived here; only `http::response` turns
 //! it into bytes.
-// Token and second arithmetic: every float <-> integer conversion is checked, and allowed only
-// where a bound makes it exact (see rate::count_f64 and rate::whole).
-#![warn(
-    clippy::cast_possible_truncation,
-    clippy::cast_sign_loss,
-    clippy::cast_precision_loss
-)]
-
 use crate::policy::limits::{Limit, Policy};
 use crate::store::Window;
 

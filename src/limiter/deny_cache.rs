@@ -35,14 +35,6 @@
 //!
 //! Memory is bounded: sharded maps with a cap each; an entry is dropped once it can no longer
 //! deny anything, and a full shard that has no such entry simply stops caching.
-// Token and second arithmetic: every float <-> integer conversion is checked, and allowed only
-// where a bound makes it exact (see rate::count_f64 and rate::whole).
-#![warn(
-    clippy::cast_possible_truncation,
-    clippy::cast_sign_loss,
-    clippy::cast_precision_loss
-)]
-
 use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -1,14 +1,6 @@
 //! Costs known after the response (`POST /report`), without HTTP: the body is read into
 //! charges against `charge = "report"` limits, every refusal naming the field at fault, and the
 //! store's answer is turned into what the caller learns (what is left, when to retry).
-// Token and second arithmetic: every float <-> integer conversion is checked, and allowed only
-// where a bound makes it exact (see rate::count_f64 and rate::whole).
-#![warn(
-    clippy::cast_possible_truncation,
-    clippy::cast_sign_loss,
-    clippy::cast_precision_loss
-)]
-
 use serde::Serialize;
 use serde_json::{Map, Value};
 

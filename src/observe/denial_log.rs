@@ -90,10 +90,12 @@ impl DenialLog {
     fn turn(&self, limit: &str, tail: &str) -> bool {
         let now = self.clock.now_us();
         let hash = BuildHasherDefault::<DefaultHasher>::default().hash_one((limit, tail));
-        let Ok(mut recent) = self.recent[(hash % SHARDS as u64) as usize].try_lock() else {
+        let Ok(mut recent) =
+            self.recent[usize::try_from(hash % SHARDS as u64).unwrap_or_default()].try_lock()
+        else {
             return false;
         };
-        let per_key = PER_KEY.as_micros() as u64;
+        let per_key = u64::try_from(PER_KEY.as_micros()).unwrap_or(u64::MAX);
         if let Some(&last) = recent.get(&hash) {
             if now.saturating_sub(last) < per_key {
                 return false;

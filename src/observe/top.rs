@@ -142,7 +142,7 @@ impl Default for Ring {
 impl Ring {
     /// The summary of `minute`, emptied first if it still holds an older one.
     fn at(&mut self, minute: u64) -> &mut Summary {
-        let slot = &mut self.slots[(minute % MINUTES as u64) as usize];
+        let slot = &mut self.slots[usize::try_from(minute % MINUTES as u64).unwrap_or_default()];
         if slot.minute != minute {
             slot.minute = minute;
             slot.summary.reset();

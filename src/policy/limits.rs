@@ -4,14 +4,6 @@
 //!
 //! Building a [`Limit`] from its [`LimitConfig`] is the one place a limit is checked: what
 //! exists is valid, and nothing parses the config twice.
-// Token and second arithmetic: every float <-> integer conversion is checked, and allowed only
-// where a bound makes it exact (see rate::count_f64 and rate::whole).
-#![warn(
-    clippy::cast_possible_truncation,
-    clippy::cast_sign_loss,
-    clippy::cast_precision_loss
-)]
-
 use std::collections::HashSet;
 use std::sync::Arc;
 

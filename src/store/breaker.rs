@@ -15,7 +15,8 @@ use crate::base::clock::{Clock, MonotonicClock};
 /// Consecutive failures that open the breaker.
 pub const FAILURE_THRESHOLD: u32 = 3;
 /// How long an open breaker rejects calls before probing. Short, so recovery is quick.
-pub const OPEN_FOR: Duration = Duration::from_millis(250);
+pub const OPEN_FOR: Duration = Duration::from_micros(OPEN_FOR_US);
+const OPEN_FOR_US: u64 = 250_000;
 
 const CLOSED: u8 = 0;
 const OPEN: u8 = 1;
@@ -99,10 +100,8 @@ impl Breaker {
         if !should_open {
             return false;
         }
-        self.reopen_at_us.store(
-            self.now_us() + OPEN_FOR.as_micros() as u64,
-            Ordering::Release,
-        );
+        self.reopen_at_us
+            .store(self.now_us() + OPEN_FOR_US, Ordering::Release);
         if self.state.swap(OPEN, Ordering::AcqRel) == CLOSED {
             self.up.set(0);
             log::warn!(
@@ -126,7 +125,7 @@ mod tests {
     }
 
     fn after_open_for(clock: &ManualClock) {
-        clock.advance_us(OPEN_FOR.as_micros() as u64);
+        clock.advance_us(OPEN_FOR_US);
     }
 
     #[test]
@@ -142,7 +141,7 @@ mod tests {
         }
         assert_eq!(b.admit(), Admission::Reject);
         assert_eq!(b.up.get(), 0);
-        clock.advance_us(OPEN_FOR.as_micros() as u64 - 1);
+        clock.advance_us(OPEN_FOR_US - 1);
         assert_eq!(
             b.admit(),
             Admission::Reject,

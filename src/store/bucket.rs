@@ -1,14 +1,6 @@
 //! The token-bucket and quota arithmetic, the Rust twin of `lua/token_bucket.lua` and
 //! `lua/report.lua`. Pure functions of state and time, so they are tested with an injected
 //! clock. Time is microseconds on the store's clock; quotas read it as Unix time (UTC).
-// Token and second arithmetic: every float <-> integer conversion is checked, and allowed only
-// where a bound makes it exact (see rate::count_f64 and rate::whole).
-#![warn(
-    clippy::cast_possible_truncation,
-    clippy::cast_sign_loss,
-    clippy::cast_precision_loss
-)]
-
 use super::{BucketOutcome, BucketRequest, Meter, Period, ReportCharge, Window};
 use crate::base::rate::count_f64;
 

@@ -97,7 +97,7 @@ impl<C: Clock> MemoryStore<C> {
     }
 
     fn shard_of(&self, key: &str) -> usize {
-        (self.hasher.hash_one(key) as usize) % SHARDS
+        usize::try_from(self.hasher.hash_one(key) % SHARDS as u64).unwrap_or_default()
     }
 
     fn lock(&self, shard: usize) -> MutexGuard<'_, Shard> {

@@ -20,14 +20,6 @@
 //! On a Cluster, a script may only touch keys of one slot. A request whose buckets span slots
 //! is decided by `redis/cross_slot.rs`: per slot, all at once, refunding what was charged when
 //! another slot denies.
-// Token and second arithmetic: every float <-> integer conversion is checked, and allowed only
-// where a bound makes it exact (see rate::count_f64 and rate::whole).
-#![warn(
-    clippy::cast_possible_truncation,
-    clippy::cast_sign_loss,
-    clippy::cast_precision_loss
-)]
-
 mod admin;
 mod coalesce;
 mod connection;

@@ -1,6 +1,13 @@
 //! The end-to-end tier (`cargo test --features e2e --test e2e`): the real nginx and Traefik
 //! in front of tollgate, the deployment files, Redis Cluster and Sentinel, faults under load.
 //! One module per concern; `cargo test --features e2e --test e2e <module>::` runs one.
+// Tests and load tools compute ratios and figures; the library's cast lints (Cargo.toml)
+// guard its token arithmetic, not these.
+#![allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_precision_loss
+)]
 
 #[path = "../support/mod.rs"]
 mod support;

@@ -1,6 +1,13 @@
 //! The fast tier: unit-sized and in-process behaviour, the real binary against a real
 //! `redis-server` the harness starts. `cargo test` runs it in well under a minute after a build.
 //! One module per concern; `cargo test --test fast <module>::` runs one.
+// Tests and load tools compute ratios and figures; the library's cast lints (Cargo.toml)
+// guard its token arithmetic, not these.
+#![allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_precision_loss
+)]
 
 #[path = "../support/mod.rs"]
 mod support;

@@ -68,7 +68,7 @@ fn set_defer_accept(listener: std::os::fd::RawFd, seconds: libc::c_int) -> io::R
             libc::IPPROTO_TCP,
             libc::TCP_DEFER_ACCEPT,
             std::ptr::from_ref(&seconds).cast(),
-            size_of::<libc::c_int>() as libc::socklen_t,
+            libc::socklen_t::try_from(size_of::<libc::c_int>()).unwrap_or(4),
         )
     };
     if failed == 0 {
@@ -110,7 +110,7 @@ mod tests {
 
     fn defer_seconds(listener: &TcpListener) -> libc::c_int {
         let mut seconds: libc::c_int = 0;
-        let mut len = size_of::<libc::c_int>() as libc::socklen_t;
+        let mut len = libc::socklen_t::try_from(size_of::<libc::c_int>()).unwrap_or(4);
         // SAFETY: a valid socket descriptor, an int buffer and its length.
         let failed = unsafe {
             libc::getsockopt(

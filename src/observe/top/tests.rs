@@ -1,3 +1,10 @@
+// A Zipf sample and its expected shares: statistics, where the cast lints guard nothing.
+#![allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_precision_loss
+)]
+
 use std::collections::HashMap;
 use std::sync::Arc;
 

@@ -16,14 +16,6 @@
 //! tokens. Both are bounded under-admission. When a group fails (timeout, node down), the
 //! request is answered per `on_error` and the charges of the other groups stay: nothing is
 //! refunded for a request that `on_error = "allow"` admits anyway.
-// Token and second arithmetic: every float <-> integer conversion is checked, and allowed only
-// where a bound makes it exact (see rate::count_f64 and rate::whole).
-#![warn(
-    clippy::cast_possible_truncation,
-    clippy::cast_sign_loss,
-    clippy::cast_precision_loss
-)]
-
 use std::time::Instant;
 
 use futures_util::future::join_all;

@@ -1,12 +1,4 @@
 //! The wire format of the scripts: a bucket's arguments, and replies parsed into decisions.
-// Token and second arithmetic: every float <-> integer conversion is checked, and allowed only
-// where a bound makes it exact (see rate::count_f64 and rate::whole).
-#![warn(
-    clippy::cast_possible_truncation,
-    clippy::cast_sign_loss,
-    clippy::cast_precision_loss
-)]
-
 use redis::{Cmd, RedisError, Value};
 
 use crate::store::{BucketOutcome, BucketRequest, Meter, StoreDecision, StoreError, Window};
