@@ -14,7 +14,6 @@ use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use tonic::Status;
 
 use crate::base::keys::{self, KeyPart};
-use crate::base::rate::count_f64;
 use crate::config::{Charge, OnMissing};
 use crate::policy::descriptors::value_of;
 use crate::policy::limits::Policy;
@@ -135,10 +134,10 @@ fn add_descriptor<'a>(
             Err(keys::MissingPart) => continue,
         };
         // A key's override, runtime before file, as on `/check`.
-        let Some((rate, burst)) = limit.numbers_for(&runtime, &tail) else {
+        let Some(numbers) = limit.numbers_for(&runtime, &tail) else {
             continue;
         };
-        let key = keys::assemble(&policy.key_prefix, &limit.name, &tail);
+        let key = limit.store_key(&policy.key_prefix, &tail);
         // A reported limit is charged by `POST /report`: 0 admits while it is not used up.
         let cost = match limit.charge {
             Charge::Report => 0,
@@ -151,15 +150,8 @@ fn add_descriptor<'a>(
                 same
             }
             None => {
-                plan.buckets.push(BucketRequest {
-                    key,
-                    rate,
-                    burst: count_f64(burst),
-                    cost,
-                    shadow: limit.shadow,
-                    limit: limit_index,
-                    meter: limit.meter,
-                });
+                plan.buckets
+                    .push(limit.bucket(key, limit_index, numbers, cost));
                 plan.buckets.len() - 1
             }
         };

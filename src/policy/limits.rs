@@ -293,16 +293,92 @@ impl Limit {
         }
     }
 
-    /// The rate and burst of the bucket whose key ends in `tail`: a runtime override's, else
-    /// the file's, else the limit's own; `None` when an override makes the key unlimited.
-    pub fn numbers_for(&self, runtime: &View<'_>, tail: &[u8]) -> Option<(f64, u64)> {
+    /// The numbers of the bucket whose key ends in `tail`: a runtime override's, else the
+    /// file's, else the limit's own; `None` when an override makes the key unlimited.
+    ///
+    /// The one place a key's numbers come from: `/check`, gRPC, `POST /report`, peek, reset
+    /// and refund all ask here, so an override binds wherever the key is charged or read.
+    pub fn numbers_for(&self, runtime: &View<'_>, tail: &[u8]) -> Option<Numbers> {
         let found = runtime
             .get(&self.name, self.own(), tail)
             .or_else(|| self.overrides.get(tail));
         match found {
             Some(Override::Unlimited) => None,
-            Some(Override::Bucket { rate, burst }) => Some((rate, burst)),
-            None => Some((self.rate, self.burst)),
+            Some(Override::Bucket { rate, burst }) => Some(Numbers {
+                rate,
+                burst,
+                overridden: true,
+            }),
+            None => Some(Numbers {
+                rate: self.rate,
+                burst: self.burst,
+                overridden: false,
+            }),
+        }
+    }
+
+    /// The store key of this limit's bucket whose key ends in `tail`.
+    pub fn store_key(&self, prefix: &str, tail: &[u8]) -> String {
+        keys::assemble(prefix, &self.name, tail)
+    }
+
+    /// The request for this limit's (at `index` in its policy) bucket at `key`, with the key's
+    /// `numbers` ([`Limit::numbers_for`]) and a `cost`: built alike for every path.
+    pub fn bucket(&self, key: String, index: usize, numbers: Numbers, cost: u64) -> BucketRequest {
+        BucketRequest {
+            key,
+            rate: numbers.rate,
+            burst: count_f64(numbers.burst),
+            cost,
+            shadow: self.shadow,
+            limit: index,
+            meter: self.meter,
+        }
+    }
+
+    /// The key tail of part values given explicitly (an admin query, a `POST /report` body),
+    /// one per part in order: the tail `/check` builds for a request carrying them
+    /// ([`keys::tail_of_given`]), an empty value standing for an absent part only under
+    /// `on_missing = "anonymous"`, a `const` part's value its text. Fails with the index of the
+    /// value at fault and why.
+    pub fn tail_of_given(
+        &self,
+        values: &[String],
+        ipv6_prefix: u8,
+    ) -> Result<Vec<u8>, (usize, String)> {
+        if values.len() != self.key.len() {
+            let parts: Vec<String> = self.key.iter().map(ToString::to_string).collect();
+            return Err((
+                values.len().min(self.key.len()),
+                format!(
+                    "limit {:?} is keyed on {} part(s) [{}]: give one value per part, in that order (got {})",
+                    self.name,
+                    self.key.len(),
+                    parts.join(", "),
+                    values.len()
+                ),
+            ));
+        }
+        for (i, (part, value)) in self.key.iter().zip(values).enumerate() {
+            if let KeyPart::Const(text) = part {
+                if text != value {
+                    return Err((i, format!("is the constant part {part}: give {text:?}")));
+                }
+            }
+        }
+        let anonymous = self.on_missing == OnMissing::Anonymous;
+        keys::tail_of_given(&self.key, values, anonymous, ipv6_prefix)
+            .map_err(|(i, why)| (i, format!("({}) {why}", self.key[i])))
+    }
+
+    /// What an override of this limit keeps for what it leaves out, and what it must fit.
+    pub fn base(&self, ipv6_prefix: u8) -> Base {
+        Base {
+            rate: self.rate,
+            burst: self.burst,
+            cost: self.cost,
+            ipv6_prefix,
+            quota: matches!(self.meter, Meter::Quota(_)),
         }
     }
 
@@ -326,6 +402,17 @@ impl Limit {
             .and_then(|text| text.trim().parse::<u64>().ok())
             .map_or(self.cost, |cost| cost.max(self.cost))
     }
+}
+
+/// A key's numbers, wherever they come from ([`Limit::numbers_for`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Numbers {
+    /// Tokens per second; 0 for a quota.
+    pub rate: f64,
+    /// The bucket's capacity, or the quota.
+    pub burst: u64,
+    /// An override (runtime or file) gave them, not the limit itself.
+    pub overridden: bool,
 }
 
 /// Everything a check needs that a reload may change.
@@ -402,18 +489,15 @@ impl Policy {
                     }
                     Err(keys::MissingPart) => continue,
                 };
-            let Some((rate, burst)) = limit.numbers_for(&runtime, &tail) else {
+            let Some(numbers) = limit.numbers_for(&runtime, &tail) else {
                 continue;
             };
-            buckets.push(BucketRequest {
-                key: keys::assemble(&self.key_prefix, &limit.name, &tail),
-                rate,
-                burst: count_f64(burst),
-                cost: limit.check_cost(request),
-                shadow: limit.shadow,
-                limit: index,
-                meter: limit.meter,
-            });
+            buckets.push(limit.bucket(
+                limit.store_key(&self.key_prefix, &tail),
+                index,
+                numbers,
+                limit.check_cost(request),
+            ));
         }
         Ok(buckets)
     }

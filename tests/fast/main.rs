@@ -21,6 +21,7 @@ mod policies;
 mod quotas;
 mod reference;
 mod refund;
+mod report_numbers;
 mod routes;
 mod security;
 mod single_node;
