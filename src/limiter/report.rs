@@ -13,7 +13,7 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 use crate::base::rate::{count_f64, whole};
-use crate::config::Charge;
+use crate::config::{Charge, MAX_COST};
 use crate::limiter::decision::ceil_secs;
 use crate::policy::limits::{Limit, Policy};
 use crate::store::{BucketOutcome, ReportCharge};
@@ -130,10 +130,10 @@ fn charge(item: &Map<String, Value>, at: &str, policy: &Policy) -> Result<Item, 
         Some(_) => return Err(malformed(format!("{at}cost"), "must be an integer >= 0")),
         None => return Err(malformed(format!("{at}cost"), "is required")),
     };
-    if cost > crate::config::MAX_BURST {
+    if cost > MAX_COST {
         return Err(malformed(
             format!("{at}cost"),
-            format!("must be at most {}", crate::config::MAX_BURST),
+            format!("must be at most {MAX_COST}"),
         ));
     }
     let values = match item.get("key") {

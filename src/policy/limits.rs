@@ -20,7 +20,7 @@ use crate::base::keys::{self, KeyPart};
 use crate::base::rate::{ceil_secs, count_f64};
 use crate::config::{
     check_refill, valid_name, Charge, Config, ConfigError, LimitConfig, OnMissing, RateSpec,
-    ResponseConfig, MAX_BURST,
+    ResponseConfig, MAX_BURST, MAX_COST, OVER_COST,
 };
 use crate::observe::metrics::{LimitCounters, Metrics};
 use crate::policy::descriptors::DescriptorRule;
@@ -393,15 +393,32 @@ impl Limit {
 
     /// The cost of this request: the `cost_header` value when it is an integer above the
     /// configured `cost`, else `cost`. The configured cost is the minimum: neither a smaller
-    /// nor a malformed header makes a request cheaper.
+    /// nor a malformed header makes a request cheaper. An integer above [`MAX_COST`] (however
+    /// many digits) is [`OVER_COST`]: above every burst, so denied, never charged.
     fn cost_of(&self, request: &OriginalRequest<'_>) -> u64 {
         self.cost_header
             .as_deref()
             .and_then(|name| request.header(name))
-            .and_then(|raw| std::str::from_utf8(raw).ok())
-            .and_then(|text| text.trim().parse::<u64>().ok())
+            .and_then(header_cost)
             .map_or(self.cost, |cost| cost.max(self.cost))
     }
+}
+
+/// A cost header's value: ASCII digits (surrounding spaces allowed), at most [`MAX_COST`], or
+/// [`OVER_COST`] for more digits than that; `None` for anything else. Allocates nothing.
+fn header_cost(raw: &[u8]) -> Option<u64> {
+    let digits = raw.trim_ascii();
+    if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let mut cost: u64 = 0;
+    for digit in digits {
+        cost = cost * 10 + u64::from(digit - b'0');
+        if cost > MAX_COST {
+            return Some(OVER_COST);
+        }
+    }
+    Some(cost)
 }
 
 /// A key's numbers, wherever they come from ([`Limit::numbers_for`]).
@@ -500,5 +517,24 @@ impl Policy {
             ));
         }
         Ok(buckets)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cost_header_past_the_largest_cost_is_over_it_not_malformed() {
+        assert_eq!(header_cost(b"4"), Some(4));
+        assert_eq!(header_cost(b" 17 "), Some(17));
+        assert_eq!(header_cost(b"1000000000"), Some(MAX_COST));
+        assert_eq!(header_cost(b"1000000001"), Some(OVER_COST));
+        assert_eq!(header_cost(b"18446744073709551615"), Some(OVER_COST));
+        assert_eq!(header_cost(b"18446744073709551616"), Some(OVER_COST));
+        assert_eq!(header_cost(&[b'9'; 4096]), Some(OVER_COST));
+        for malformed in [&b""[..], b"-3", b"1.5", b"abc", b"1e9", b" ", b"+5"] {
+            assert_eq!(header_cost(malformed), None, "{malformed:?}");
+        }
     }
 }
