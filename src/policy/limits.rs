@@ -110,6 +110,10 @@ impl TryFrom<LimitInput<'_>> for Limit {
             rate,
             burst: config.capacity(),
             cost: config.cost,
+            debt: match config.charge {
+                Charge::Report => config.max_debt(),
+                Charge::Request => 0,
+            },
             ipv6_prefix: input.ipv6_prefix,
             quota: matches!(meter, Meter::Quota(_)),
         };
@@ -196,7 +200,7 @@ fn checked_bucket(config: &LimitConfig, at: &str) -> Result<f64, ConfigError> {
         Charge::Report => config.max_debt(),
         Charge::Request => 0,
     };
-    check_refill(rate, config.burst + debt, &format!("{at}.rate"))?;
+    check_refill(rate, config.burst, debt, &format!("{at}.rate"))?;
     Ok(rate)
 }
 
@@ -284,11 +288,22 @@ fn key_parts(parts: &[String], at: &str) -> Result<Vec<KeyPart>, ConfigError> {
 }
 
 impl Limit {
+    /// How far below 0 a key of this limit may go: `max_debt` for a `charge = "report"`
+    /// limit, else 0. Whatever numbers a key gets, its bucket must refill this debt too within
+    /// what the store can express.
+    pub fn debt(&self) -> u64 {
+        match self.charge {
+            Charge::Report => self.max_debt,
+            Charge::Request => 0,
+        }
+    }
+
     /// The numbers a runtime override keeps for what it leaves out.
     pub fn own(&self) -> Own {
         Own {
             rate: self.rate,
             burst: self.burst,
+            debt: self.debt(),
             quota: matches!(self.meter, Meter::Quota(_)),
         }
     }
@@ -377,6 +392,7 @@ impl Limit {
             rate: self.rate,
             burst: self.burst,
             cost: self.cost,
+            debt: self.debt(),
             ipv6_prefix,
             quota: matches!(self.meter, Meter::Quota(_)),
         }

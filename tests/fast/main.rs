@@ -27,6 +27,7 @@ mod security;
 mod single_node;
 mod slow_redis;
 mod smoke;
+mod store_bounds;
 mod store_scenarios;
 mod top;
 mod top_tui;
