@@ -1,4 +1,4 @@
--- tollgate refund: gives back what lua/token_bucket.lua charged for a request that was then
+-- tollgate refund (prefixed with lua/bounds.lua: expire_at): gives back what lua/token_bucket.lua charged for a request that was then
 -- denied by another slot (Redis Cluster: a request whose buckets live in several slots is
 -- decided one slot at a time, and all-or-nothing is restored by refunding).
 --
@@ -56,9 +56,8 @@ for i = 1, #KEYS do
     if give > 0 then level = math.min(burst, level + give) end
     local text = string.format('%.17g', level)
     redis.call('HSET', KEYS[i], 'tokens', text, 'ts', string.format('%d', now))
-    -- Expires when full again, as lua/token_bucket.lua does.
-    local full_ms = (now + (burst - level) / rate * 1000000) / 1000
-    redis.call('PEXPIREAT', KEYS[i], string.format('%d', full_ms - full_ms % 1 + 1))
+    -- Expires when full again, as lua/token_bucket.lua does (bounded: lua/bounds.lua).
+    redis.call('PEXPIREAT', KEYS[i], expire_at(now, (burst - level) / rate * 1000000))
     reply[i] = text
   end
 end

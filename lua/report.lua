@@ -1,5 +1,7 @@
 -- tollgate report: charges costs known after the response (POST /report). Every charge is
--- applied; nothing is refused. Prefixed with lua/calendar.lua (period_bounds) when loaded.
+-- applied; nothing is refused, except numbers a bucket cannot carry (lua/bounds.lua): then the
+-- whole call is refused, before its first write. Prefixed with lua/calendar.lua
+-- (period_bounds) and lua/bounds.lua when loaded.
 --
 -- KEYS[i]     key i, as lua/token_bucket.lua keeps it
 -- ARGV[4i-3]  a bucket's rate, tokens per second; or a quota's period code ('h','d','w','m')
@@ -20,6 +22,20 @@ local t = redis.call('TIME')
 local now_s = tonumber(t[1])
 local now = now_s * 1000000 + tonumber(t[2])
 
+for i = 1, #KEYS do
+  local rate = tonumber(ARGV[4 * i - 3])
+  local burst, cost = tonumber(ARGV[4 * i - 2]), tonumber(ARGV[4 * i - 1])
+  if rate == nil then
+    check_quota(i, burst, cost)
+  else
+    check_bucket(i, rate, burst, cost, tonumber(ARGV[4 * i]))
+  end
+end
+
+-- A count this large is used up whatever the quota (at most MAX_COUNT): capped where doubles
+-- still hold every integer, so '%d' always prints it exactly.
+local MAX_USED = 4503599627370496
+
 local reply, windows = {}, {}
 for i = 1, #KEYS do
   local rate = tonumber(ARGV[4 * i - 3])
@@ -31,10 +47,10 @@ for i = 1, #KEYS do
     local stored = redis.call('HMGET', KEYS[i], 'used', 'start')
     local used = 0
     if tonumber(stored[2]) == start then used = tonumber(stored[1]) or 0 end
-    used = used + cost
+    used = math.min(used + cost, MAX_USED)
     redis.call('HSET', KEYS[i], 'used', string.format('%d', used),
       'start', string.format('%d', start))
-    redis.call('PEXPIRE', KEYS[i], math.ceil((stop * 1000000 - now) / 1000))
+    redis.call('PEXPIRE', KEYS[i], string.format('%d', math.ceil((stop * 1000000 - now) / 1000)))
     level = burst - used
     windows[#windows + 1] = stop - now_s
     windows[#windows + 1] = stop - start
@@ -43,7 +59,7 @@ for i = 1, #KEYS do
     local stored = redis.call('HMGET', KEYS[i], 'tokens', 'ts')
     local ts
     level, ts = tonumber(stored[1]), tonumber(stored[2])
-    if level == nil or ts == nil then
+    if level == nil or ts == nil or level ~= level then
       level = burst
     else
       local elapsed = now - ts
@@ -53,8 +69,12 @@ for i = 1, #KEYS do
     level = math.max(level - cost, math.min(level, -max_debt))
     redis.call('HSET', KEYS[i], 'tokens', string.format('%.17g', level),
       'ts', string.format('%d', now))
+    -- An integer of milliseconds, bounded (a Lua number may print as 1e+14, which PEXPIRE
+    -- refuses after the write above).
     local missing = math.max(2 * burst, burst - level)
-    redis.call('PEXPIRE', KEYS[i], math.ceil(missing / rate) * 1000)
+    local ttl_ms = math.ceil(missing / rate) * 1000
+    if not (ttl_ms <= MAX_TTL_MS) then ttl_ms = MAX_TTL_MS end
+    redis.call('PEXPIRE', KEYS[i], string.format('%d', ttl_ms))
   end
   reply[i] = string.format('%.17g', level)
 end

@@ -1,6 +1,6 @@
 -- tollgate token bucket and calendar quota: decides N keys all-or-nothing in one atomic call,
--- or several such requests in turn (a batch). Loaded with lua/calendar.lua (period_bounds) in
--- front of it.
+-- or several such requests in turn (a batch). Loaded with lua/calendar.lua (period_bounds) and
+-- lua/bounds.lua (check_bucket, check_quota, expire_at) in front of it.
 --
 -- One request:
 -- KEYS[i]     key i: a bucket, hash {tokens, ts} (ts in microseconds of this server's TIME),
@@ -32,6 +32,9 @@
 -- one bucket in one batch are decided exactly as two calls would be. Returns the requests'
 -- replies, as above, joined by " , ". One call for many requests costs Redis one TIME, one
 -- script invocation and one reply instead of one of each per request.
+--
+-- Numbers outside what a bucket can carry (lua/bounds.lua) are refused with an error naming
+-- the key, before this request writes anything.
 --
 -- The clock is Redis's own (TIME), never the caller's, so instances with skewed clocks agree.
 -- A bucket persists {tokens, now} in both branches and expires when it would be full again
@@ -70,6 +73,7 @@ local function decide(k, a, n)
     local burst = ARGV[j - 2] + 0
     local level
     if PERIOD[ARGV[j - 3]] then
+      check_quota(i, burst, ARGV[j - 1] + 0)
       if not starts then starts, stops, current = {}, {}, {} end
       local start, stop = period_bounds(ARGV[j - 3], now_s)
       local stored = redis.call('HMGET', KEYS[k + i], 'used', 'start')
@@ -80,11 +84,12 @@ local function decide(k, a, n)
       end
       starts[i], stops[i] = start, stop
     else
+      check_bucket(i, ARGV[j - 3] + 0, burst, ARGV[j - 1] + 0, 0)
       local stored = redis.call('HMGET', KEYS[k + i], 'tokens', 'ts')
       -- tonumber, not arithmetic: a field someone else mangled reads as absent, i.e. full.
       local at
       level, at = tonumber(stored[1]), tonumber(stored[2])
-      if level == nil or at == nil then
+      if level == nil or at == nil or level ~= level then
         level = burst
       elseif now > at then
         level = level + (now - at) * ARGV[j - 3] / 1000000
@@ -120,9 +125,8 @@ local function decide(k, a, n)
       local text = string.format('%.17g', level)
       redis.call('HSET', key, 'tokens', text, 'ts', ts)
       -- Redis deletes a key once its millisecond clock passes the deadline: the millisecond
-      -- after the one in which the bucket is full again.
-      local full_ms = (now + (ARGV[j - 2] - level) / ARGV[j - 3] * 1000000) / 1000
-      redis.call('PEXPIREAT', key, string.format('%d', full_ms - full_ms % 1 + 1))
+      -- after the one in which the bucket is full again (bounded: see lua/bounds.lua).
+      redis.call('PEXPIREAT', key, expire_at(now, (ARGV[j - 2] - level) / ARGV[j - 3] * 1000000))
       out[p + 2 * i + 1] = text
     end
   end

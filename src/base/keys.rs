@@ -191,47 +191,6 @@ pub fn tail_from_values<'v>(
     tail_of(parts, value_of, anonymous, 128)
 }
 
-/// The key of `limit` for part values given explicitly (a `POST /report`), one per part in
-/// order, built as a request's key is: an `ip` value is keyed as that
-/// client would be, a `host` and a `path` normalised as `/check` normalises them, an empty
-/// value as an absent part under `on_missing = "anonymous"`; a `const` part's value must be
-/// its text. Fails with the index of a value that cannot be what its part holds.
-pub fn key_of_values(
-    prefix: &str,
-    limit: &str,
-    parts: &[KeyPart],
-    values: &[String],
-    ipv6_prefix: u8,
-) -> Result<String, usize> {
-    if values.len() != parts.len() {
-        return Err(values.len().min(parts.len()));
-    }
-    let mut tail = Vec::with_capacity(64);
-    for (i, (part, value)) in parts.iter().zip(values).enumerate() {
-        if i > 0 {
-            tail.push(b'|');
-        }
-        match part {
-            KeyPart::Const(text) if text != value => return Err(i),
-            _ if value.is_empty() => tail.extend_from_slice(ANONYMOUS),
-            KeyPart::Ip => {
-                let ip: IpAddr = value.trim().parse().map_err(|_| i)?;
-                write_ip(&mut tail, ip, ipv6_prefix);
-            }
-            KeyPart::Host => {
-                let host = normalise::host(Cow::Borrowed(value.as_str()));
-                escape_into(&mut tail, host.as_bytes());
-            }
-            KeyPart::Path => {
-                let path = normalise::path(Cow::Borrowed(value.as_str()));
-                escape_into(&mut tail, path.as_bytes());
-            }
-            _ => escape_into(&mut tail, value.as_bytes()),
-        }
-    }
-    Ok(assemble(prefix, limit, &tail))
-}
-
 /// The Redis pub/sub channel on which a reset bucket's key is announced, so every instance's
 /// deny cache forgets it.
 pub fn resets_channel(prefix: &str) -> String {
@@ -523,19 +482,6 @@ mod tests {
             let same = base[i].as_deref().unwrap_or_default() == changed[i].as_deref().unwrap_or_default();
             proptest::prop_assert_eq!(same, key_of(&base) == key_of(&changed));
         }
-    }
-
-    #[test]
-    fn a_report_names_the_key_a_check_uses() {
-        let parts = [KeyPart::Ip, KeyPart::Header("x-api-key".into())];
-        let values = ["2001:db8:1:2::9".to_string(), "a|b".to_string()];
-        assert_eq!(
-            key_of_values("tg", "l", &parts, &values, 64),
-            Ok("tg:l:{2001:db8:1:2::/64|a%7Cb}".to_string())
-        );
-        assert_eq!(key_of_values("tg", "l", &parts, &values[..1], 64), Err(1));
-        let bad_ip = ["not-an-ip".to_string(), "k".to_string()];
-        assert_eq!(key_of_values("tg", "l", &parts, &bad_ip, 64), Err(0));
     }
 
     #[test]

@@ -21,6 +21,14 @@ pub const MAX_REFILL_SECS: f64 = 10.0 * 365.0 * 86_400.0;
 /// Largest `burst` (and so `cost`): far inside the range where floats hold integers exactly.
 pub const MAX_BURST: u64 = 1_000_000_000;
 
+/// Largest cost a request or a report may carry: what the largest bucket holds. A bigger one
+/// (a `cost_header` value past it, even past 2^64 - 1) is read as [`OVER_COST`].
+pub const MAX_COST: u64 = MAX_BURST;
+
+/// The cost a request asking for more than [`MAX_COST`] is charged with: above every burst
+/// and quota, so it is denied (and never charged), as any cost above the burst is.
+pub const OVER_COST: u64 = MAX_COST + 1;
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {

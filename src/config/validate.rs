@@ -34,20 +34,27 @@ pub fn check_burst(burst: u64, cost: u64, key: &str) -> Result<(), ConfigError> 
 }
 
 /// The store keeps a bucket for up to twice its refill time, in milliseconds, which must stay
-/// an exact integer for `PEXPIRE` and Lua: at most [`MAX_REFILL_SECS`] (ten years). Also
-/// catches a rate so small that `burst / rate` overflows to infinity.
+/// an exact integer for `PEXPIRE` and Lua: at most [`MAX_REFILL_SECS`] (ten years). A bucket
+/// in debt (`charge = "report"`, `debt` its `max_debt`, else 0) refills its debt too before
+/// it may expire, so the bound is on `(burst + debt) / rate`. Also catches a rate so small
+/// that the quotient overflows to infinity.
 #[expect(
     clippy::cast_precision_loss,
     reason = "compared with ten years only: a burst rounded beyond 2^53 is refused all the same"
 )]
-pub fn check_refill(rate: f64, burst: u64, key: &str) -> Result<(), ConfigError> {
-    let refill = burst as f64 / rate;
-    if refill > MAX_REFILL_SECS {
+pub fn check_refill(rate: f64, burst: u64, debt: u64, key: &str) -> Result<(), ConfigError> {
+    let refill = burst.saturating_add(debt) as f64 / rate;
+    if refill > MAX_REFILL_SECS || refill.is_nan() {
+        let what = if debt > 0 {
+            format!("the burst of {burst} and a max_debt of {debt}")
+        } else {
+            format!("the burst of {burst}")
+        };
         return Err(ConfigError::new(
             key,
             format!(
-                "refills the burst of {burst} in {refill:e} s; at most ten years \
-                 ({MAX_REFILL_SECS} s) is supported"
+                "refills {what} in {refill:e} s; at most ten years ({MAX_REFILL_SECS} s) is \
+                 supported"
             ),
         ));
     }

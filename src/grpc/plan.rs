@@ -6,8 +6,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use tonic::Status;
 
 use crate::base::keys::{self, KeyPart};
-use crate::base::rate::count_f64;
-use crate::config::{Charge, OnMissing};
+use crate::config::{Charge, OnMissing, OVER_COST};
 use crate::policy::descriptors::value_of;
 use crate::policy::limits::Policy;
 use crate::store::BucketRequest;
@@ -16,9 +15,6 @@ use crate::store::BucketRequest;
 pub const MAX_DESCRIPTORS: usize = 64;
 /// Most entries one descriptor may carry.
 pub const MAX_ENTRIES: usize = 16;
-/// A cost above every possible burst: such a request is denied without `Retry-After`, and
-/// the store never sees a number it cannot hold exactly.
-const MAX_COST: u64 = 1 << 32;
 
 /// What one request must draw.
 #[derive(Debug, Default)]
@@ -127,31 +123,24 @@ fn add_descriptor<'a>(
             Err(keys::MissingPart) => continue,
         };
         // A key's override, runtime before file, as on `/check`.
-        let Some((rate, burst)) = limit.numbers_for(&runtime, &tail) else {
+        let Some(numbers) = limit.numbers_for(&runtime, &tail) else {
             continue;
         };
-        let key = keys::assemble(&policy.key_prefix, &limit.name, &tail);
+        let key = limit.store_key(&policy.key_prefix, &tail);
         // A reported limit is charged by `POST /report`: 0 admits while it is not used up.
         let cost = match limit.charge {
             Charge::Report => 0,
-            Charge::Request => hits.max(limit.cost).min(MAX_COST),
+            Charge::Request => hits.max(limit.cost).min(OVER_COST),
         };
         let bucket = match plan.buckets.iter().position(|b| b.key == key) {
             Some(same) => {
                 let merged = &mut plan.buckets[same];
-                merged.cost = merged.cost.saturating_add(cost).min(MAX_COST);
+                merged.cost = merged.cost.saturating_add(cost).min(OVER_COST);
                 same
             }
             None => {
-                plan.buckets.push(BucketRequest {
-                    key,
-                    rate,
-                    burst: count_f64(burst),
-                    cost,
-                    shadow: limit.shadow,
-                    limit: limit_index,
-                    meter: limit.meter,
-                });
+                plan.buckets
+                    .push(limit.bucket(key, limit_index, numbers, cost));
                 plan.buckets.len() - 1
             }
         };

@@ -11,8 +11,6 @@ use actix_web::{HttpRequest, HttpResponse};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
-use crate::base::keys::{self, KeyPart};
-use crate::config::OnMissing;
 use crate::policy::limits::{Limit, Policy};
 
 /// Longest query accepted: a key part longer than the store keeps raw is hashed anyway, and
@@ -144,37 +142,23 @@ impl<'p> NamedKey<'p> {
             Box::new(problem(StatusCode::BAD_REQUEST, detail, Some(field)))
         };
         let values = key_values(query).map_err(|why| bad(why, "key".into()))?;
-        if values.len() != limit.key.len() {
-            let expected: Vec<String> = limit.key.iter().map(ToString::to_string).collect();
-            return Err(bad(
-                format!(
-                    "limit {name:?} is keyed on {} part(s) [{}]: give one key= per part, in that order (got {})",
-                    limit.key.len(),
-                    expected.join(", "),
-                    values.len()
-                ),
-                "key".into(),
-            ));
-        }
-        for (i, (part, value)) in limit.key.iter().zip(&values).enumerate() {
-            if let KeyPart::Const(text) = part {
-                if text != value {
-                    return Err(bad(
-                        format!("key[{i}] is the constant part {part}: give {text:?}"),
-                        format!("key[{i}]"),
-                    ));
-                }
+        let field = |i: usize| {
+            if values.len() == limit.key.len() {
+                format!("key[{i}]")
+            } else {
+                "key".into()
             }
-        }
-        let anonymous = limit.on_missing == OnMissing::Anonymous;
-        let tail =
-            keys::tail_of_given(&limit.key, &values, anonymous, policy.client_ip.ipv6_prefix)
-                .map_err(|(i, why)| {
-                    bad(
-                        format!("key[{i}] ({}) {why}", limit.key[i]),
-                        format!("key[{i}]"),
-                    )
-                })?;
+        };
+        let tail = limit
+            .tail_of_given(&values, policy.client_ip.ipv6_prefix)
+            .map_err(|(i, why)| {
+                let detail = if values.len() == limit.key.len() {
+                    format!("key[{i}] {why}")
+                } else {
+                    format!("{why}: one key= per part")
+                };
+                bad(detail, field(i))
+            })?;
         Ok(NamedKey {
             index,
             limit,

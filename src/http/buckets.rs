@@ -18,9 +18,8 @@ use serde_json::json;
 
 use super::admin::{self, problem, shown, Caller, NamedKey};
 use crate::base::calendar::Period;
-use crate::base::keys;
 use crate::limiter::decision::LimitState;
-use crate::policy::limits::{Limit, Policy};
+use crate::policy::limits::{Limit, Numbers, Policy};
 use crate::policy::overrides::Override;
 use crate::state::AppState;
 use crate::store::{BucketOutcome, BucketRequest, Meter, Store};
@@ -42,28 +41,31 @@ fn named<'p>(policy: &'p Policy, name: &str, query: &str) -> Result<Named<'p>, B
         values,
         tail,
     } = NamedKey::parse(policy, name, query)?;
-    // As a check looks them up: a runtime override before the file's.
-    let own = policy
-        .runtime
-        .view()
-        .get(&limit.name, limit.own(), &tail)
-        .or_else(|| limit.overrides.get(&tail));
-    let (rate, burst) = match own {
-        Some(Override::Bucket { rate, burst }) => (rate, burst),
-        _ => (limit.rate, limit.burst),
+    // As a check finds them: a runtime override before the file's, else the limit's own.
+    let numbers = limit.numbers_for(&policy.runtime.view(), &tail);
+    let cost = match limit.charge {
+        crate::config::Charge::Report => 0,
+        crate::config::Charge::Request => limit.cost,
     };
-    let bucket = BucketRequest {
-        key: keys::assemble(&policy.key_prefix, &limit.name, &tail),
-        rate,
-        burst: crate::base::rate::count_f64(burst),
-        cost: match limit.charge {
-            crate::config::Charge::Report => 0,
-            crate::config::Charge::Request => limit.cost,
-        },
-        shadow: limit.shadow,
-        limit: index,
-        meter: limit.meter,
+    let own = match numbers {
+        None => Some(Override::Unlimited),
+        Some(numbers) if numbers.overridden => Some(Override::Bucket {
+            rate: numbers.rate,
+            burst: numbers.burst,
+        }),
+        Some(_) => None,
     };
+    let numbers = numbers.unwrap_or(Numbers {
+        rate: limit.rate,
+        burst: limit.burst,
+        overridden: false,
+    });
+    let bucket = limit.bucket(
+        limit.store_key(&policy.key_prefix, &tail),
+        index,
+        numbers,
+        cost,
+    );
     Ok(Named {
         limit,
         values,

@@ -15,11 +15,10 @@ use serde_json::{json, Map, Value};
 use super::admin::{self, problem, shown, Caller, NamedKey};
 use crate::config::{OverrideConfig, RateSpec};
 use crate::policy::limits::{Limit, Policy};
-use crate::policy::overrides::{self, Base};
+use crate::policy::overrides;
 use crate::policy::runtime_overrides::sync::{self, WriteError};
 use crate::policy::runtime_overrides::{Entry, MAX_TTL_S};
 use crate::state::AppState;
-use crate::store::Meter;
 
 /// A refusal: the answer to send as is.
 type Refused = Box<HttpResponse>;
@@ -225,13 +224,7 @@ fn parse_body(
             }
         }
     }
-    let base = Base {
-        rate: limit.rate,
-        burst: limit.burst,
-        cost: limit.cost,
-        ipv6_prefix: policy.client_ip.ipv6_prefix,
-        quota: matches!(limit.meter, Meter::Quota(_)),
-    };
+    let base = limit.base(policy.client_ip.ipv6_prefix);
     overrides::parse(&config, base).map_err(|error| {
         let field = if error.key.is_empty() {
             "body".to_string()

@@ -36,9 +36,14 @@ pub async fn report(
             return problem(status, error.to_string(), Some(field));
         }
     };
-    match state.limiter.store().report(&reports.charges).await {
+    let charged = if reports.charges.is_empty() {
+        Ok(Vec::new())
+    } else {
+        state.limiter.store().report(&reports.charges).await
+    };
+    match charged {
         Ok(outcomes) => {
-            let charged = report::answer(&policy, &reports.charges, &outcomes);
+            let charged = report::answer(&policy, &reports, &outcomes);
             let body = match (reports.listed, charged.as_slice()) {
                 (false, [one]) => serde_json::to_string(one),
                 _ => serde_json::to_string(&charged),

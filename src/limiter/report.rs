@@ -4,12 +4,11 @@
 use serde::Serialize;
 use serde_json::{Map, Value};
 
-use crate::base::keys;
 use crate::base::rate::{count_f64, whole};
-use crate::config::Charge;
+use crate::config::{Charge, MAX_COST};
 use crate::limiter::decision::ceil_secs;
 use crate::policy::limits::{Limit, Policy};
-use crate::store::{BucketOutcome, BucketRequest, ReportCharge};
+use crate::store::{BucketOutcome, ReportCharge};
 
 /// Most charges one request may carry: a body is answered in one store round trip per slot.
 pub const MAX_CHARGES: usize = 1_000;
@@ -38,8 +37,39 @@ fn malformed(field: String, reason: impl Into<String>) -> ReportError {
 /// A parsed body: the charges, and whether it was a list (the answer takes the same shape).
 #[derive(Debug)]
 pub struct Reports {
+    /// What the store must charge, in body order (keys an override makes unlimited left out).
     pub charges: Vec<ReportCharge>,
+    /// Every item of the body, in order: charged, or unlimited (charged nothing).
+    pub items: Vec<Item>,
     pub listed: bool,
+}
+
+/// One item of a report body.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Item {
+    Charge(ReportCharge),
+    /// An override makes the key unlimited by this limit (at this index): as `/check` never
+    /// draws from its bucket, a report charges nothing.
+    Unlimited {
+        limit: usize,
+    },
+}
+
+impl Reports {
+    fn of(items: Vec<Item>, listed: bool) -> Reports {
+        let charges = items
+            .iter()
+            .filter_map(|item| match item {
+                Item::Charge(charge) => Some(charge.clone()),
+                Item::Unlimited { .. } => None,
+            })
+            .collect();
+        Reports {
+            charges,
+            items,
+            listed,
+        }
+    }
 }
 
 /// Reads a `/report` body against `policy`: one object `{"limit", "key", "cost"}` or a list.
@@ -47,10 +77,7 @@ pub fn parse(body: &[u8], policy: &Policy) -> Result<Reports, ReportError> {
     let value: Value = serde_json::from_slice(body)
         .map_err(|e| malformed("body".into(), format!("not JSON ({e})")))?;
     match value {
-        Value::Object(item) => Ok(Reports {
-            charges: vec![charge(&item, "", policy)?],
-            listed: false,
-        }),
+        Value::Object(item) => Ok(Reports::of(vec![charge(&item, "", policy)?], false)),
         Value::Array(items) if items.is_empty() => {
             Err(malformed("body".into(), "an empty list charges nothing"))
         }
@@ -59,7 +86,7 @@ pub fn parse(body: &[u8], policy: &Policy) -> Result<Reports, ReportError> {
             format!("at most {MAX_CHARGES} charges per request"),
         )),
         Value::Array(items) => {
-            let charges = items
+            let items = items
                 .iter()
                 .enumerate()
                 .map(|(i, item)| match item {
@@ -67,10 +94,7 @@ pub fn parse(body: &[u8], policy: &Policy) -> Result<Reports, ReportError> {
                     _ => Err(malformed(format!("[{i}]"), "must be an object")),
                 })
                 .collect::<Result<_, _>>()?;
-            Ok(Reports {
-                charges,
-                listed: true,
-            })
+            Ok(Reports::of(items, true))
         }
         _ => Err(malformed(
             "body".into(),
@@ -79,11 +103,7 @@ pub fn parse(body: &[u8], policy: &Policy) -> Result<Reports, ReportError> {
     }
 }
 
-fn charge(
-    item: &Map<String, Value>,
-    at: &str,
-    policy: &Policy,
-) -> Result<ReportCharge, ReportError> {
+fn charge(item: &Map<String, Value>, at: &str, policy: &Policy) -> Result<Item, ReportError> {
     if let Some(unknown) = item
         .keys()
         .find(|k| !matches!(k.as_str(), "limit" | "key" | "cost"))
@@ -102,10 +122,10 @@ fn charge(
         Some(_) => return Err(malformed(format!("{at}cost"), "must be an integer >= 0")),
         None => return Err(malformed(format!("{at}cost"), "is required")),
     };
-    if cost > crate::config::MAX_BURST {
+    if cost > MAX_COST {
         return Err(malformed(
             format!("{at}cost"),
-            format!("must be at most {}", crate::config::MAX_BURST),
+            format!("must be at most {MAX_COST}"),
         ));
     }
     let values = match item.get("key") {
@@ -140,80 +160,85 @@ fn charge(
             name: name.clone(),
         });
     }
-    let key = keys::key_of_values(
-        &policy.key_prefix,
-        &limit.name,
-        &limit.key,
-        &values,
-        policy.client_ip.ipv6_prefix,
-    )
-    .map_err(|i| key_error(limit, &values, i, at))?;
-    Ok(ReportCharge {
-        bucket: BucketRequest {
-            key,
-            rate: limit.rate,
-            burst: count_f64(limit.burst),
+    let tail = limit
+        .tail_of_given(&values, policy.client_ip.ipv6_prefix)
+        .map_err(|(i, why)| key_error(limit, &values, i, why, at))?;
+    // The key's own numbers, as `/check` finds them: an override binds its reports too.
+    let Some(numbers) = limit.numbers_for(&policy.runtime.view(), &tail) else {
+        return Ok(Item::Unlimited { limit: index });
+    };
+    Ok(Item::Charge(ReportCharge {
+        bucket: limit.bucket(
+            limit.store_key(&policy.key_prefix, &tail),
+            index,
+            numbers,
             cost,
-            shadow: false,
-            limit: index,
-            meter: limit.meter,
-        },
+        ),
         max_debt: count_f64(limit.max_debt),
-    })
+    }))
 }
 
-fn key_error(limit: &Limit, values: &[String], index: usize, at: &str) -> ReportError {
-    let parts: Vec<String> = limit.key.iter().map(|p| p.to_string()).collect();
-    if values.len() != parts.len() {
-        return malformed(
-            format!("{at}key"),
-            format!(
-                "limit {:?} is keyed on [{}]: one value per part",
-                limit.name,
-                parts.join(", ")
-            ),
-        );
+fn key_error(limit: &Limit, values: &[String], index: usize, why: String, at: &str) -> ReportError {
+    if values.len() != limit.key.len() {
+        return malformed(format!("{at}key"), why);
     }
-    malformed(
-        format!("{at}key[{index}]"),
-        format!("is not a value of the part {}", parts[index]),
-    )
+    malformed(format!("{at}key[{index}]"), why)
 }
 
 /// What the caller learns about one charged limit.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Charged {
     pub limit: String,
-    /// Whole tokens (or quota) left; 0 when used up or in debt.
-    pub remaining: u64,
+    /// Whole tokens (or quota) left; 0 when used up or in debt. Absent for an unlimited key.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub remaining: Option<u64>,
     /// When used up: seconds until `/check` admits again.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub retry_after: Option<u64>,
+    /// An override makes the key unlimited by this limit: nothing was charged.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub unlimited: bool,
 }
 
-/// The state of each charged limit after its report, in order.
-pub fn answer(
-    policy: &Policy,
-    charges: &[ReportCharge],
-    outcomes: &[BucketOutcome],
-) -> Vec<Charged> {
-    charges
+/// The state of each reported limit after its report, in body order; `outcomes` are the
+/// store's answers to `reports.charges`.
+pub fn answer(policy: &Policy, reports: &Reports, outcomes: &[BucketOutcome]) -> Vec<Charged> {
+    let mut outcomes = outcomes.iter();
+    reports
+        .items
         .iter()
-        .zip(outcomes)
-        .map(|(charge, outcome)| {
-            let bucket = &charge.bucket;
-            let retry_after = (!outcome.enough).then(|| {
-                let wait = match outcome.window {
-                    Some(window) => window.ends_in_s,
-                    // Strictly above 0, as `/check` asks of a reported limit.
-                    None => ceil_secs((-outcome.tokens / bucket.rate).floor() + 1.0),
+        .map(|item| match item {
+            Item::Unlimited { limit } => Charged {
+                limit: policy.limits[*limit].name.clone(),
+                remaining: None,
+                retry_after: None,
+                unlimited: true,
+            },
+            Item::Charge(charge) => {
+                let bucket = &charge.bucket;
+                let Some(outcome) = outcomes.next() else {
+                    // The store answers every charge; a short answer is read as used up.
+                    return Charged {
+                        limit: policy.limits[bucket.limit].name.clone(),
+                        remaining: Some(0),
+                        retry_after: Some(1),
+                        unlimited: false,
+                    };
                 };
-                wait.max(1)
-            });
-            Charged {
-                limit: policy.limits[bucket.limit].name.clone(),
-                remaining: whole(outcome.tokens),
-                retry_after,
+                let retry_after = (!outcome.enough).then(|| {
+                    let wait = match outcome.window {
+                        Some(window) => window.ends_in_s,
+                        // Strictly above 0, as `/check` asks of a reported limit.
+                        None => ceil_secs((-outcome.tokens / bucket.rate).floor() + 1.0),
+                    };
+                    wait.max(1)
+                });
+                Charged {
+                    limit: policy.limits[bucket.limit].name.clone(),
+                    remaining: Some(whole(outcome.tokens)),
+                    retry_after,
+                    unlimited: false,
+                }
             }
         })
         .collect()

@@ -12,7 +12,7 @@ use crate::base::keys::{self, KeyPart};
 use crate::base::rate::{ceil_secs, count_f64};
 use crate::config::{
     check_refill, valid_name, Charge, Config, ConfigError, LimitConfig, OnMissing, RateSpec,
-    ResponseConfig, MAX_BURST,
+    ResponseConfig, MAX_BURST, MAX_COST, OVER_COST,
 };
 use crate::observe::metrics::{LimitCounters, Metrics};
 use crate::policy::descriptors::DescriptorRule;
@@ -102,6 +102,10 @@ impl TryFrom<LimitInput<'_>> for Limit {
             rate,
             burst: config.capacity(),
             cost: config.cost,
+            debt: match config.charge {
+                Charge::Report => config.max_debt(),
+                Charge::Request => 0,
+            },
             ipv6_prefix: input.ipv6_prefix,
             quota: matches!(meter, Meter::Quota(_)),
         };
@@ -188,7 +192,7 @@ fn checked_bucket(config: &LimitConfig, at: &str) -> Result<f64, ConfigError> {
         Charge::Report => config.max_debt(),
         Charge::Request => 0,
     };
-    check_refill(rate, config.burst + debt, &format!("{at}.rate"))?;
+    check_refill(rate, config.burst, debt, &format!("{at}.rate"))?;
     Ok(rate)
 }
 
@@ -276,25 +280,113 @@ fn key_parts(parts: &[String], at: &str) -> Result<Vec<KeyPart>, ConfigError> {
 }
 
 impl Limit {
+    /// How far below 0 a key of this limit may go: `max_debt` for a `charge = "report"`
+    /// limit, else 0. Whatever numbers a key gets, its bucket must refill this debt too within
+    /// what the store can express.
+    pub fn debt(&self) -> u64 {
+        match self.charge {
+            Charge::Report => self.max_debt,
+            Charge::Request => 0,
+        }
+    }
+
     /// The numbers a runtime override keeps for what it leaves out.
     pub fn own(&self) -> Own {
         Own {
             rate: self.rate,
             burst: self.burst,
+            debt: self.debt(),
             quota: matches!(self.meter, Meter::Quota(_)),
         }
     }
 
-    /// The rate and burst of the bucket whose key ends in `tail`: a runtime override's, else
-    /// the file's, else the limit's own; `None` when an override makes the key unlimited.
-    pub fn numbers_for(&self, runtime: &View<'_>, tail: &[u8]) -> Option<(f64, u64)> {
+    /// The numbers of the bucket whose key ends in `tail`: a runtime override's, else the
+    /// file's, else the limit's own; `None` when an override makes the key unlimited.
+    ///
+    /// The one place a key's numbers come from: `/check`, gRPC, `POST /report`, peek, reset
+    /// and refund all ask here, so an override binds wherever the key is charged or read.
+    pub fn numbers_for(&self, runtime: &View<'_>, tail: &[u8]) -> Option<Numbers> {
         let found = runtime
             .get(&self.name, self.own(), tail)
             .or_else(|| self.overrides.get(tail));
         match found {
             Some(Override::Unlimited) => None,
-            Some(Override::Bucket { rate, burst }) => Some((rate, burst)),
-            None => Some((self.rate, self.burst)),
+            Some(Override::Bucket { rate, burst }) => Some(Numbers {
+                rate,
+                burst,
+                overridden: true,
+            }),
+            None => Some(Numbers {
+                rate: self.rate,
+                burst: self.burst,
+                overridden: false,
+            }),
+        }
+    }
+
+    /// The store key of this limit's bucket whose key ends in `tail`.
+    pub fn store_key(&self, prefix: &str, tail: &[u8]) -> String {
+        keys::assemble(prefix, &self.name, tail)
+    }
+
+    /// The request for this limit's (at `index` in its policy) bucket at `key`, with the key's
+    /// `numbers` ([`Limit::numbers_for`]) and a `cost`: built alike for every path.
+    pub fn bucket(&self, key: String, index: usize, numbers: Numbers, cost: u64) -> BucketRequest {
+        BucketRequest {
+            key,
+            rate: numbers.rate,
+            burst: count_f64(numbers.burst),
+            cost,
+            shadow: self.shadow,
+            limit: index,
+            meter: self.meter,
+        }
+    }
+
+    /// The key tail of part values given explicitly (an admin query, a `POST /report` body),
+    /// one per part in order: the tail `/check` builds for a request carrying them
+    /// ([`keys::tail_of_given`]), an empty value standing for an absent part only under
+    /// `on_missing = "anonymous"`, a `const` part's value its text. Fails with the index of the
+    /// value at fault and why.
+    pub fn tail_of_given(
+        &self,
+        values: &[String],
+        ipv6_prefix: u8,
+    ) -> Result<Vec<u8>, (usize, String)> {
+        if values.len() != self.key.len() {
+            let parts: Vec<String> = self.key.iter().map(ToString::to_string).collect();
+            return Err((
+                values.len().min(self.key.len()),
+                format!(
+                    "limit {:?} is keyed on {} part(s) [{}]: give one value per part, in that order (got {})",
+                    self.name,
+                    self.key.len(),
+                    parts.join(", "),
+                    values.len()
+                ),
+            ));
+        }
+        for (i, (part, value)) in self.key.iter().zip(values).enumerate() {
+            if let KeyPart::Const(text) = part {
+                if text != value {
+                    return Err((i, format!("is the constant part {part}: give {text:?}")));
+                }
+            }
+        }
+        let anonymous = self.on_missing == OnMissing::Anonymous;
+        keys::tail_of_given(&self.key, values, anonymous, ipv6_prefix)
+            .map_err(|(i, why)| (i, format!("({}) {why}", self.key[i])))
+    }
+
+    /// What an override of this limit keeps for what it leaves out, and what it must fit.
+    pub fn base(&self, ipv6_prefix: u8) -> Base {
+        Base {
+            rate: self.rate,
+            burst: self.burst,
+            cost: self.cost,
+            debt: self.debt(),
+            ipv6_prefix,
+            quota: matches!(self.meter, Meter::Quota(_)),
         }
     }
 
@@ -309,15 +401,43 @@ impl Limit {
 
     /// The cost of this request: the `cost_header` value when it is an integer above the
     /// configured `cost`, else `cost`. The configured cost is the minimum: neither a smaller
-    /// nor a malformed header makes a request cheaper.
+    /// nor a malformed header makes a request cheaper. An integer above [`MAX_COST`] (however
+    /// many digits) is [`OVER_COST`]: above every burst, so denied, never charged.
     fn cost_of(&self, request: &OriginalRequest<'_>) -> u64 {
         self.cost_header
             .as_deref()
             .and_then(|name| request.header(name))
-            .and_then(|raw| std::str::from_utf8(raw).ok())
-            .and_then(|text| text.trim().parse::<u64>().ok())
+            .and_then(header_cost)
             .map_or(self.cost, |cost| cost.max(self.cost))
     }
+}
+
+/// A cost header's value: ASCII digits (surrounding spaces allowed), at most [`MAX_COST`], or
+/// [`OVER_COST`] for more digits than that; `None` for anything else. Allocates nothing.
+fn header_cost(raw: &[u8]) -> Option<u64> {
+    let digits = raw.trim_ascii();
+    if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let mut cost: u64 = 0;
+    for digit in digits {
+        cost = cost * 10 + u64::from(digit - b'0');
+        if cost > MAX_COST {
+            return Some(OVER_COST);
+        }
+    }
+    Some(cost)
+}
+
+/// A key's numbers, wherever they come from ([`Limit::numbers_for`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Numbers {
+    /// Tokens per second; 0 for a quota.
+    pub rate: f64,
+    /// The bucket's capacity, or the quota.
+    pub burst: u64,
+    /// An override (runtime or file) gave them, not the limit itself.
+    pub overridden: bool,
 }
 
 /// Everything a check needs that a reload may change.
@@ -391,19 +511,35 @@ impl Policy {
                 Err(keys::MissingPart) if limit.on_missing == OnMissing::Deny => return Err(index),
                 Err(keys::MissingPart) => continue,
             };
-            let Some((rate, burst)) = limit.numbers_for(&runtime, &tail) else {
+            let Some(numbers) = limit.numbers_for(&runtime, &tail) else {
                 continue;
             };
-            buckets.push(BucketRequest {
-                key: keys::assemble(&self.key_prefix, &limit.name, &tail),
-                rate,
-                burst: count_f64(burst),
-                cost: limit.check_cost(request),
-                shadow: limit.shadow,
-                limit: index,
-                meter: limit.meter,
-            });
+            buckets.push(limit.bucket(
+                limit.store_key(&self.key_prefix, &tail),
+                index,
+                numbers,
+                limit.check_cost(request),
+            ));
         }
         Ok(buckets)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cost_header_past_the_largest_cost_is_over_it_not_malformed() {
+        assert_eq!(header_cost(b"4"), Some(4));
+        assert_eq!(header_cost(b" 17 "), Some(17));
+        assert_eq!(header_cost(b"1000000000"), Some(MAX_COST));
+        assert_eq!(header_cost(b"1000000001"), Some(OVER_COST));
+        assert_eq!(header_cost(b"18446744073709551615"), Some(OVER_COST));
+        assert_eq!(header_cost(b"18446744073709551616"), Some(OVER_COST));
+        assert_eq!(header_cost(&[b'9'; 4096]), Some(OVER_COST));
+        for malformed in [&b""[..], b"-3", b"1.5", b"abc", b"1e9", b" ", b"+5"] {
+            assert_eq!(header_cost(malformed), None, "{malformed:?}");
+        }
     }
 }

@@ -29,6 +29,9 @@ pub struct Base {
     pub rate: f64,
     pub burst: u64,
     pub cost: u64,
+    /// How far below 0 a report may drive a key (`max_debt` of a `charge = "report"` limit,
+    /// else 0): an override's bucket must refill it too within what the store can express.
+    pub debt: u64,
     pub ipv6_prefix: u8,
     /// The limit is a quota: `burst` is its quota and an override may only set `quota`.
     pub quota: bool,
@@ -163,6 +166,7 @@ pub(crate) fn parse(entry: &OverrideConfig, base: Base) -> Result<Override, Conf
     check_refill(
         rate,
         burst,
+        base.debt,
         if entry.rate.is_some() {
             "rate"
         } else {
@@ -267,6 +271,7 @@ mod tests {
         rate: 10.0,
         burst: 20,
         cost: 1,
+        debt: 0,
         ipv6_prefix: 64,
         quota: false,
     };
@@ -346,6 +351,26 @@ mod tests {
         );
         let error = compile(&[bigger], &header).unwrap_err();
         assert_eq!(error.key, "limits.l.overrides[0].quota");
+    }
+
+    #[test]
+    fn an_override_of_a_reported_limit_must_refill_its_debt_within_ten_years() {
+        let reported = Base {
+            debt: 1_000_000_000,
+            ..BASE
+        };
+        let header = [KeyPart::Header("k".into())];
+        let mut slow = entry(&["a"]);
+        slow.rate = Some(RateSpec::PerSecond(1e-7));
+        slow.burst = Some(1);
+        let error =
+            Overrides::compile(&[slow.clone()], None, &header, reported, "limits.l").unwrap_err();
+        assert_eq!(error.key, "limits.l.overrides[0].rate");
+        assert!(error.reason.contains("max_debt of 1000000000"), "{error}");
+        assert!(
+            compile(&[slow], &header).is_ok(),
+            "no debt: 1e7 s to refill"
+        );
     }
 
     #[test]

@@ -24,6 +24,8 @@ use prometheus::IntGaugeVec;
 use serde::{Deserialize, Serialize};
 
 use crate::base::clock::{Clock, MonotonicClock};
+use crate::base::rate::count_f64;
+use crate::config::{MAX_BURST, MAX_REFILL_SECS};
 use crate::policy::overrides::Override;
 
 /// Most runtime overrides one limit may hold: each change reloads the limit's entries on every
@@ -60,35 +62,51 @@ pub struct Entry {
 pub struct Own {
     pub rate: f64,
     pub burst: u64,
+    /// How far below 0 reports may drive a key (`max_debt`, or 0): an entry's bucket must
+    /// refill it within what the store can express.
+    pub debt: u64,
     /// The limit is a quota: its entries set `quota`, never `rate` or `burst`.
     pub quota: bool,
 }
 
 impl Entry {
     /// The policy this entry gives a key of a limit with numbers `own`. None when the entry
-    /// no longer fits the limit (a reload turned a bucket into a quota or back): the file's
-    /// policy applies then.
+    /// no longer fits the limit (a reload turned a bucket into a quota or back, or gave it a
+    /// `max_debt` the entry's rate cannot refill in time), or holds numbers the store cannot
+    /// carry (written by an older release that checked less): the file's policy applies then.
     pub fn applied(&self, own: Own) -> Option<Override> {
         if self.unlimited {
             return Some(Override::Unlimited);
         }
-        match (own.quota, self.quota) {
-            (true, Some(quota)) => Some(Override::Bucket {
-                rate: own.rate,
-                burst: quota,
-            }),
-            (false, None) => Some(Override::Bucket {
-                rate: self.rate.unwrap_or(own.rate),
-                burst: self.burst.unwrap_or(own.burst),
-            }),
-            _ => None,
-        }
+        let (rate, burst) = match (own.quota, self.quota) {
+            (true, Some(quota)) => (own.rate, quota),
+            (false, None) => (
+                self.rate.unwrap_or(own.rate),
+                self.burst.unwrap_or(own.burst),
+            ),
+            _ => return None,
+        };
+        storable(rate, burst, own).then_some(Override::Bucket { rate, burst })
     }
 
     fn expired(&self, now_ms: i64) -> bool {
         self.expires_at_ms
             .is_some_and(|at| i64::try_from(at).unwrap_or(i64::MAX) <= now_ms)
     }
+}
+
+/// Whether the store can carry a key of these numbers: a burst (or quota) of 1 to
+/// [`MAX_BURST`], and a bucket that refills its burst and its limit's debt within
+/// [`MAX_REFILL_SECS`]. What a `PUT` checks; checked again on every use of a stored entry.
+fn storable(rate: f64, burst: u64, own: Own) -> bool {
+    if !(1..=MAX_BURST).contains(&burst) {
+        return false;
+    }
+    own.quota
+        || (rate.is_finite()
+            && rate > 0.0
+            && count_f64(burst.saturating_add(own.debt).min(2 * MAX_BURST)) / rate
+                <= MAX_REFILL_SECS)
 }
 
 /// A limit's name and its unexpired entries (key tail, entry), to write back into a store.
@@ -326,6 +344,7 @@ mod tests {
     const BUCKET: Own = Own {
         rate: 10.0,
         burst: 20,
+        debt: 0,
         quota: false,
     };
 
@@ -338,6 +357,20 @@ mod tests {
             quota: None,
             unlimited: false,
         }
+    }
+
+    #[test]
+    fn a_stored_entry_the_store_cannot_carry_applies_nothing() {
+        let mut slow = entry(Some(1), None);
+        slow.rate = Some(1e-7);
+        assert!(slow.applied(BUCKET).is_some(), "1e7 s to refill its burst");
+        let reported = Own {
+            debt: 1_000_000_000,
+            ..BUCKET
+        };
+        assert_eq!(slow.applied(reported), None, "1e16 s to refill its debt");
+        assert_eq!(entry(Some(0), None).applied(BUCKET), None);
+        assert_eq!(entry(Some(2_000_000_000), None).applied(BUCKET), None);
     }
 
     fn on_manual_clock() -> (Arc<ManualClock>, RuntimeOverrides) {

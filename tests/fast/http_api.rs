@@ -389,13 +389,37 @@ fn cost_comes_from_the_cost_header_when_it_is_a_positive_integer() {
     let mut client = tollgate.client();
     let r = client.get("/check", &[("x-cost", "4")]).unwrap();
     assert_eq!(r.header("x-ratelimit-remaining"), Some("6"));
-    for bad in ["0", "-3", "abc", "1.5", "99999999999999999999999"] {
+    for bad in ["0", "-3", "abc", "1.5", "1e3"] {
         let r = client.get("/check", &[("x-cost", bad)]).unwrap();
         assert_eq!(r.status, 200, "cost {bad:?}");
     }
     // Five malformed costs fell back to the configured cost of 1: 6 - 5 = 1 left.
     let r = client.get("/check", &[]).unwrap();
     assert_eq!(r.header("x-ratelimit-remaining"), Some("0"));
+}
+
+/// A cost too large for any integer type is a cost above every burst: denied, never read as
+/// malformed and charged the minimum.
+#[test]
+fn a_cost_header_past_every_integer_is_denied_not_charged_one() {
+    let tollgate =
+        Tollgate::in_process(&limit("c", 1, 10, &["ip"]).set_str("cost_header", "x-cost"));
+    for huge in [
+        "18446744073709551616",
+        "99999999999999999999999",
+        "1000000001",
+        "18446744073709551615",
+    ] {
+        let r = tollgate.check(&[("x-cost", huge)]);
+        assert_eq!(r.status, 429, "cost {huge}");
+        assert_eq!(r.header("retry-after"), None, "cost {huge}");
+        assert!(r.body.contains("can never pass"), "{}", r.body);
+    }
+    assert_eq!(
+        tollgate.check(&[]).header("x-ratelimit-remaining"),
+        Some("9"),
+        "nothing was charged"
+    );
 }
 
 #[test]

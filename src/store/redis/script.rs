@@ -5,17 +5,24 @@ use std::sync::atomic::AtomicU64;
 
 use redis::Cmd;
 
-/// `lua/token_bucket.lua` as shipped: prefixed with the calendar arithmetic it uses.
+/// `lua/token_bucket.lua` as shipped: prefixed with the calendar arithmetic and the bounds
+/// (`lua/bounds.lua`) it uses.
 pub const BUCKET_SCRIPT: &str = concat!(
     include_str!("../../../lua/calendar.lua"),
+    include_str!("../../../lua/bounds.lua"),
     include_str!("../../../lua/token_bucket.lua")
 );
-/// `lua/report.lua` as shipped, calendar included.
+/// `lua/report.lua` as shipped, calendar and bounds included.
 pub const REPORT_SCRIPT: &str = concat!(
     include_str!("../../../lua/calendar.lua"),
+    include_str!("../../../lua/bounds.lua"),
     include_str!("../../../lua/report.lua")
 );
-pub(super) const REFUND_SCRIPT: &str = include_str!("../../../lua/refund.lua");
+/// `lua/refund.lua` as shipped, bounds included.
+pub const REFUND_SCRIPT: &str = concat!(
+    include_str!("../../../lua/bounds.lua"),
+    include_str!("../../../lua/refund.lua")
+);
 pub(super) const INSTANCES_SCRIPT: &str = include_str!("../../../lua/instances.lua");
 
 /// A Lua script and its SHA1, as `EVALSHA` wants it.
