@@ -50,7 +50,7 @@ scripts/unused-deps.sh
 # Licences, duplicate versions and sources of every dependency (deny.toml), when cargo-deny is
 # installed (`cargo install --locked cargo-deny`); advisories need the RustSec database.
 if command -v cargo-deny >/dev/null; then
-  cargo deny --offline check bans licenses sources
+  cargo deny check bans licenses sources
 fi
 cargo clippy --all-targets --all-features --quiet -- -D warnings
 cargo clippy --all-targets --quiet -- -D warnings   # the fast tier alone: nothing unused without e2e
