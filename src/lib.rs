@@ -34,7 +34,7 @@
 //! - [`http`] and [`grpc`]: the protocols: `/check`, probes, metrics and the admin API;
 //!   Envoy's `ShouldRateLimit`.
 //! - [`app`]: the running process: [`app::server`] (the listeners),
-//!   [`app::lifecycle`] (signals, reload, drain, heartbeat).
+//!   [`app::lifecycle`] (signals), [`app::reload`], [`app::drain`], [`app::heartbeat`].
 //! - [`cli`]: [`cli::import`] (envoyproxy/ratelimit YAML to TOML), [`cli::top_view`]
 //!   (`tollgate top`).
 

@@ -10,7 +10,7 @@ use tokio::sync::watch;
 use tonic_health::server::HealthReporter;
 use tonic_health::ServingStatus;
 
-use crate::app::lifecycle::{Door, CLOSE_NOTICE, SHUTDOWN_GRACE};
+use crate::app::drain::{Door, CLOSE_NOTICE, SHUTDOWN_GRACE};
 use crate::config::OnError;
 use crate::grpc::RateLimiter;
 use crate::state::AppState;

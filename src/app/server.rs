@@ -16,7 +16,10 @@ use actix_web::dev::Service as _;
 use actix_web::http::ConnectionType;
 use actix_web::{web, App, HttpServer};
 
-use crate::app::lifecycle::{self, Door, Reloader, CLOSE_NOTICE, SHUTDOWN_GRACE};
+use crate::app::drain::{self, Door, CLOSE_NOTICE, SHUTDOWN_GRACE};
+use crate::app::heartbeat;
+use crate::app::lifecycle;
+use crate::app::reload::Reloader;
 use crate::config::{Backend, Config, OnError, StoreConfig};
 use crate::policy::runtime_overrides::sync;
 use crate::state::{build_state, topology, AppState, StartError};
@@ -80,7 +83,7 @@ pub fn spawn_duties(config: &Config, state: &web::Data<AppState>) -> Result<(), 
         listen_for_resets(&config.store, state.clone())?;
     }
     if config.store.on_error == OnError::Local {
-        actix_web::rt::spawn(lifecycle::count_instances(
+        actix_web::rt::spawn(heartbeat::count_instances(
             state.clone(),
             crate::base::keys::instances_key(&config.store.key_prefix),
         ));
@@ -165,7 +168,7 @@ pub async fn run(
     let handles = vec![public.handle(), admin.handle()];
     actix_web::rt::spawn(async move {
         shutdown.await;
-        lifecycle::drain(handles, doors, draining, stopping).await;
+        drain::drain(handles, doors, draining, stopping).await;
     });
 
     let (public_result, admin_result) = tokio::join!(public, admin);

@@ -109,7 +109,7 @@ fn is_address(value: &str) -> bool {
 }
 
 /// A limit and one of its keys, as `/v1/…/{limit}?key=<part>&key=<part>` names them, resolved
-/// to the key tail a check builds for the same values ([`keys::tail_of_given`]): so a peek, a
+/// to the key tail a check builds for the same values ([`crate::base::keys::tail_of_given`]): so a peek, a
 /// reset and an override reach the very bucket the next check draws from.
 ///
 /// Query values are decoded as HTML forms and `curl --data-urlencode` encode them (`+` is a

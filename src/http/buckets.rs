@@ -3,7 +3,7 @@
 //!
 //! The `key` values are the limit's key parts in order, raw, as `/check` reads them (an `ip`
 //! part as the client's address, a `host` or `path` as sent). The store key is built exactly as
-//! for a check ([`keys::tail_of_given`], the override lookup, [`keys::assemble`]), so a peek
+//! for a check ([`crate::base::keys::tail_of_given`], the override lookup, [`crate::base::keys::assemble`]), so a peek
 //! reads and a reset deletes the very bucket the next check draws from. A peek charges nothing;
 //! a reset needs the admin token and makes every instance's deny cache forget the bucket.
 //!

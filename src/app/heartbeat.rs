@@ -1,0 +1,49 @@
+//! With `on_error = "local"`, each instance announces itself in Redis and learns how many share
+//! it, so the local fallback can enforce its share of each limit.
+
+use std::time::Duration;
+
+use actix_web::web;
+
+use crate::state::AppState;
+use crate::store::AnyStore;
+
+/// How often an instance announces itself; an instance silent for [`INSTANCE_TTL`] is gone.
+const HEARTBEAT_EVERY: Duration = Duration::from_secs(2);
+const INSTANCE_TTL: Duration = Duration::from_secs(6);
+
+/// Keeps this instance's heartbeat in Redis and learns how many instances share it.
+pub async fn count_instances(state: web::Data<AppState>, registry_key: String) {
+    let AnyStore::Redis(store) = state.limiter.store() else {
+        return;
+    };
+    let instance = instance_id();
+    let mut tick = tokio::time::interval(HEARTBEAT_EVERY);
+    loop {
+        tick.tick().await;
+        match store
+            .heartbeat(&registry_key, &instance, INSTANCE_TTL)
+            .await
+        {
+            Ok(count) if count != state.limiter.instances() => {
+                log::info!("{count} tollgate instance(s) share this store");
+                state.limiter.set_instances(count);
+            }
+            Ok(_) => {}
+            // Keep the last count: it is what the local fallback needs during an outage.
+            Err(error) => log::debug!("instance heartbeat failed: {error}"),
+        }
+    }
+}
+
+fn instance_id() -> String {
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|| "unknown".into());
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    format!("{host}-{}-{nanos}", std::process::id())
+}

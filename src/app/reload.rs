@@ -1,0 +1,69 @@
+//! SIGHUP: the config file read again into a new policy, swapped in whole.
+
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+use actix_web::web;
+
+use crate::config::Config;
+use crate::policy::limits::Policy;
+use crate::state::AppState;
+
+/// Reloads the config file into a new policy. Only what a policy holds changes live (limits,
+/// `[client_ip]`, `[response]`); listeners and the store need a restart, and say so.
+pub struct Reloader {
+    path: Option<PathBuf>,
+    running: Mutex<Config>,
+    state: web::Data<AppState>,
+}
+
+impl Reloader {
+    pub fn new(path: Option<PathBuf>, running: Config, state: web::Data<AppState>) -> Reloader {
+        Reloader {
+            path,
+            running: Mutex::new(running),
+            state,
+        }
+    }
+
+    /// Loads, validates and installs the file; on any error keeps the old limits. Listen
+    /// addresses and `[store]` (`key_prefix` included) keep their running values: a new
+    /// prefix would give every client a fresh bucket.
+    pub fn reload(&self) {
+        let metrics = &self.state.metrics;
+        let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+        let loaded = Config::load(self.path.as_deref())
+            .map(|config| keep_restart_only_settings(config, &running))
+            .and_then(|config| Policy::compile(&config, metrics).map(|policy| (config, policy)));
+        match loaded {
+            Ok((config, policy)) => {
+                self.state.limiter.replace_policy(policy);
+                metrics.reload_success.inc();
+                log::info!("reload: {} limit(s) active", config.limits.len());
+                *running = config;
+            }
+            Err(error) => {
+                metrics.reload_failure.inc();
+                log::error!("reload refused, keeping the running limits: {error}");
+            }
+        }
+    }
+}
+
+/// `loaded` with the running listen addresses and `[store]`, logging each one the file changed.
+fn keep_restart_only_settings(mut loaded: Config, running: &Config) -> Config {
+    let changed = [
+        ("listen", loaded.listen != running.listen),
+        ("admin_listen", loaded.admin_listen != running.admin_listen),
+        ("grpc_listen", loaded.grpc_listen != running.grpc_listen),
+        ("[store]", loaded.store != running.store),
+    ];
+    for (name, _) in changed.iter().filter(|(_, changed)| *changed) {
+        log::warn!("reload: {name} changed in the file; it applies only after a restart, the running value stays");
+    }
+    loaded.listen = running.listen;
+    loaded.admin_listen = running.admin_listen;
+    loaded.grpc_listen = running.grpc_listen;
+    loaded.store = running.store.clone();
+    loaded
+}
