@@ -156,9 +156,7 @@ impl RedisStore {
 
     /// Admits a call through the breaker and notes how to send `script` on this epoch.
     fn begin(&self, script: &LuaScript) -> Result<Call, StoreError> {
-        if self.breaker.admit() == Admission::Reject {
-            return Err(StoreError::Unavailable);
-        }
+        self.admit()?;
         let epoch = self.epoch();
         Ok(Call {
             started: Instant::now(),
@@ -185,13 +183,27 @@ impl RedisStore {
             }
             Err(e) => {
                 self.count_error(e);
-                if self.breaker.on_failure(e) {
-                    self.connection.renew();
-                }
-                self.note_failure(e);
+                self.on_failure(e);
             }
         }
         result
+    }
+
+    /// The breaker's word on whether a call may go out now.
+    fn admit(&self) -> Result<(), StoreError> {
+        match self.breaker.admit() {
+            Admission::Reject => Err(StoreError::Unavailable),
+            _ => Ok(()),
+        }
+    }
+
+    /// A failed call: the breaker counts it (and the connection is replaced when it opens),
+    /// and the next script goes whole if the connection may be new.
+    fn on_failure(&self, error: &StoreError) {
+        if self.breaker.on_failure(error) {
+            self.connection.renew();
+        }
+        self.note_failure(error);
     }
 
     /// A call that timed out or lost its connection may leave the next call on a new one:
@@ -407,23 +419,17 @@ impl Store for RedisStore {
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
-        if self.breaker.admit() == Admission::Reject {
-            return Err(StoreError::Unavailable);
-        }
-        let result = tokio::time::timeout(self.timeout, self.connection.ping()).await;
-        let result = match result {
+        self.admit()?;
+        let result = match tokio::time::timeout(self.timeout, self.connection.ping()).await {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(e)) => Err(classify(&e)),
             Err(_) => Err(StoreError::Timeout),
         };
+        // The breaker and the connection learn from a probe as from a check; the error
+        // counters count checks only, so probes every second do not swell them.
         match &result {
             Ok(()) => self.breaker.on_success(),
-            Err(e) => {
-                if self.breaker.on_failure(e) {
-                    self.connection.renew();
-                }
-                self.note_failure(e);
-            }
+            Err(e) => self.on_failure(e),
         }
         result
     }
