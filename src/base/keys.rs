@@ -206,6 +206,24 @@ pub fn tail_from_values<'v>(
     Ok(tail)
 }
 
+/// The tail of a bucket keyed on descriptor values given in order (an envoyproxy/ratelimit
+/// rule: one value per entry of its path); an empty value is keyed as an absent part under
+/// `on_missing = "anonymous"`, so an override written with `""` finds it.
+pub fn tail_of_entry_values<'v>(values: impl Iterator<Item = &'v [u8]>) -> Vec<u8> {
+    let mut tail = Vec::with_capacity(64);
+    for (i, value) in values.enumerate() {
+        if i > 0 {
+            tail.push(b'|');
+        }
+        if value.is_empty() {
+            tail.extend_from_slice(ANONYMOUS);
+        } else {
+            escape_into(&mut tail, value);
+        }
+    }
+    tail
+}
+
 /// The key of `limit` for part values given explicitly (a `POST /report`), one per part in
 /// order, built as [`bucket_key`] builds it from a request: an `ip` value is keyed as that
 /// client would be, a `host` and a `path` normalised as `/check` normalises them, an empty
