@@ -10,12 +10,14 @@
 //! Limits and exemptions are checked once, where they are built from their tables
 //! (`crate::policy::limits`, `crate::policy::exempt`).
 
+pub mod envoy;
 mod load;
 mod schema;
 mod summary;
 mod validate;
 
 pub use crate::base::rate::RateSpec;
+pub use envoy::EnvoyConfig;
 pub use load::ConfigError;
 pub use schema::*;
 pub use summary::redact_url;

@@ -162,11 +162,37 @@ impl<S: Store> Limiter<S> {
         policy: &Policy,
         buckets: &[BucketRequest],
     ) -> (Verdict, DecidedBy) {
+        self.decide_with(policy, buckets, true).await
+    }
+
+    /// [`Limiter::decide_traced`] for a caller that shows every bucket's level (the gRPC
+    /// answer reports each descriptor's `limit_remaining`): the deny cache, which knows only
+    /// the denying bucket, answers only a request of one bucket; any other goes to the store,
+    /// so a denied request reports what the other buckets really hold.
+    pub async fn decide_showing_all(
+        &self,
+        policy: &Policy,
+        buckets: &[BucketRequest],
+    ) -> (Verdict, DecidedBy) {
+        self.decide_with(policy, buckets, buckets.len() <= 1).await
+    }
+
+    async fn decide_with(
+        &self,
+        policy: &Policy,
+        buckets: &[BucketRequest],
+        cache_answers: bool,
+    ) -> (Verdict, DecidedBy) {
         if buckets.is_empty() {
             self.metrics.checks.allowed.inc();
             return (Verdict::Unlimited, DecidedBy::Policy);
         }
-        let (probe, waited) = match self.consult_cache(policy, buckets).await {
+        let asked = if cache_answers {
+            self.consult_cache(policy, buckets).await
+        } else {
+            Ok((None, None))
+        };
+        let (probe, waited) = match asked {
             Ok(asked) => asked,
             Err(denial) => {
                 let decision = self.record_cached_denial(policy, buckets, denial);

@@ -191,6 +191,24 @@ pub fn tail_from_values<'v>(
     tail_of(parts, value_of, anonymous, 128)
 }
 
+/// The tail of a bucket keyed on descriptor values given in order (an envoyproxy/ratelimit
+/// rule: one value per entry of its path); an empty value is keyed as an absent part under
+/// `on_missing = "anonymous"`, so an override written with `""` finds it.
+pub fn tail_of_entry_values<'v>(values: impl Iterator<Item = &'v [u8]>) -> Vec<u8> {
+    let mut tail = Vec::with_capacity(64);
+    for (i, value) in values.enumerate() {
+        if i > 0 {
+            tail.push(b'|');
+        }
+        if value.is_empty() {
+            tail.extend_from_slice(ANONYMOUS);
+        } else {
+            escape_into(&mut tail, value);
+        }
+    }
+    tail
+}
+
 /// The Redis pub/sub channel on which a reset bucket's key is announced, so every instance's
 /// deny cache forgets it.
 pub fn resets_channel(prefix: &str) -> String {

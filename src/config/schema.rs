@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
-use super::RateSpec;
+use super::{EnvoyConfig, RateSpec};
 use crate::base::calendar::Period;
 
 /// Allowed `client_ip.ipv6_prefix`: shorter than /32 would put whole providers in one bucket.
@@ -45,6 +45,9 @@ pub struct Config {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub exempt: Vec<ExemptConfig>,
     pub limits: Vec<LimitConfig>,
+    /// envoyproxy/ratelimit's descriptor rules, served over gRPC as it serves them.
+    #[serde(skip_serializing_if = "EnvoyConfig::is_empty")]
+    pub envoy: EnvoyConfig,
     /// Bearer token for the admin listener's mutating requests (`POST /report`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub admin_token: Option<Secret>,
@@ -339,6 +342,7 @@ impl Default for Config {
                 overrides: Vec::new(),
                 overrides_file: None,
             }],
+            envoy: EnvoyConfig::default(),
             admin_token: None,
             admin_token_file: None,
         }

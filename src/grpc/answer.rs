@@ -9,6 +9,8 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use envoy_types::pb::google::protobuf::Duration;
 
+mod envoy;
+
 use super::plan::Plan;
 use crate::answer::each_quota_header;
 use crate::base::calendar::Period;
@@ -18,6 +20,11 @@ use crate::store::Meter;
 
 pub fn respond(verdict: &Verdict, plan: &Plan, policy: &Policy) -> RateLimitResponse {
     let descriptors = plan.per_descriptor.len();
+    if !plan.envoy.is_empty() {
+        if let Verdict::Unlimited | Verdict::Decided(_) = verdict {
+            return envoy::respond(verdict, plan, policy);
+        }
+    }
     match verdict {
         // No exemption applies to descriptors (exemptions describe HTTP requests).
         Verdict::Unlimited | Verdict::Exempt | Verdict::StoreFailed { allow: true } => {

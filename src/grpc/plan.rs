@@ -1,6 +1,10 @@
 //! A `RateLimitRequest` turned into the buckets to decide: every applicable limit of every
 //! descriptor, keyed through [`crate::base::keys`], with a descriptor's buckets remembered so the
 //! answer can report each descriptor. Malformed requests are refused here with a gRPC status.
+mod envoy;
+
+pub use envoy::EnvoyDescriptor;
+
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use tonic::Status;
@@ -27,6 +31,9 @@ pub struct Plan {
     /// A descriptor lacking a key value of a limit with `on_missing = "deny"`: (descriptor,
     /// limit).
     pub missing: Option<(usize, usize)>,
+    /// In a domain of envoyproxy/ratelimit rules, what decides each descriptor (empty
+    /// otherwise).
+    pub envoy: Vec<EnvoyDescriptor>,
 }
 
 /// Builds the plan, or refuses a malformed request with `INVALID_ARGUMENT`.
@@ -36,7 +43,14 @@ pub fn plan(policy: &Policy, request: &RateLimitRequest) -> Result<Plan, Status>
         buckets: Vec::new(),
         per_descriptor: Vec::with_capacity(request.descriptors.len()),
         missing: None,
+        envoy: Vec::new(),
     };
+    if policy.envoy.has_domain(&request.domain) {
+        plan.per_descriptor = vec![Vec::new(); request.descriptors.len()];
+        plan.envoy.reserve(request.descriptors.len());
+        envoy::plan(policy, &policy.envoy, request, &mut plan)?;
+        return Ok(plan);
+    }
     for (index, descriptor) in request.descriptors.iter().enumerate() {
         let mut drawn = Vec::new();
         // Envoy asks with negative hits to give hits back; tollgate never refunds on request,

@@ -15,6 +15,7 @@ use crate::config::{
     ResponseConfig, MAX_BURST, MAX_COST, OVER_COST,
 };
 use crate::observe::metrics::{LimitCounters, Metrics};
+use crate::policy::descriptors::envoy::EnvoyRules;
 use crate::policy::descriptors::DescriptorRule;
 use crate::policy::exempt::{ExemptRule, Exemptions};
 use crate::policy::matcher::Matcher;
@@ -452,6 +453,8 @@ pub struct Policy {
     /// Overrides set through the admin API: they beat the file's, and every policy a reload
     /// installs shares the running one's ([`crate::limiter::Limiter::replace_policy`]).
     pub runtime: Arc<RuntimeOverrides>,
+    /// envoyproxy/ratelimit's rules: they alone decide the descriptors of their domains.
+    pub envoy: EnvoyRules,
 }
 
 impl Policy {
@@ -466,12 +469,23 @@ impl Policy {
                 config: limit_config,
                 ipv6_prefix: config.client_ip.ipv6_prefix,
             })?;
-            if !names.insert(limit_config.name.as_str()) {
+            if !names.insert(limit_config.name.clone()) {
                 return Err(ConfigError::new(
                     format!("limits.{}.name", limit.name),
                     format!("duplicate limit name {:?}", limit.name),
                 ));
             }
+            limit.counters = metrics.limit_counters(&limit.name);
+            limits.push(limit);
+        }
+        let rules = crate::config::envoy::all_rules(&config.envoy)?;
+        let (envoy, envoy_limits) = EnvoyRules::compile(&rules, limits.len(), &mut names)?;
+        for limit_config in &envoy_limits {
+            let mut limit = Limit::try_from(LimitInput {
+                config: limit_config,
+                ipv6_prefix: config.client_ip.ipv6_prefix,
+            })
+            .map_err(|e| e.within("envoy"))?;
             limit.counters = metrics.limit_counters(&limit.name);
             limits.push(limit);
         }
@@ -485,6 +499,7 @@ impl Policy {
             runtime: Arc::new(RuntimeOverrides::new(Some(
                 metrics.runtime_overrides.clone(),
             ))),
+            envoy,
         })
     }
 

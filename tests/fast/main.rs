@@ -19,6 +19,7 @@ mod config_cli;
 mod deny_cache;
 mod exactness;
 mod grpc;
+mod grpc_envoy;
 mod hostile_input;
 mod http_api;
 mod import;

@@ -1,0 +1,513 @@
+//! `[envoy]`: envoyproxy/ratelimit's descriptor rules, one `[[envoy.rules]]` table per node of
+//! its YAML tree, and the YAML itself read into the same rules. Both are checked here against
+//! what envoyproxy/ratelimit refuses when it loads a configuration, so a file it would not
+//! load is not served here either.
+//!
+//! A rule is one node: the domain, the path of entries from the root to the node (each a key
+//! and, unless the node matches every value, a value that may hold `*` wildcards), and the
+//! node's own settings. The order of the rules is the order of the YAML: a level's wildcards
+//! are tried in that order.
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use super::ConfigError;
+
+/// `[envoy]`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EnvoyConfig {
+    /// envoyproxy/ratelimit YAML files, every `*.yaml`/`*.yml` of this directory (one domain
+    /// each), read at start and on reload, served after `rules`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub config_dir: Option<PathBuf>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub rules: Vec<RuleConfig>,
+}
+
+impl EnvoyConfig {
+    pub fn is_empty(&self) -> bool {
+        self.config_dir.is_none() && self.rules.is_empty()
+    }
+}
+
+/// One node of a domain's descriptor tree.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuleConfig {
+    pub domain: String,
+    /// The entries from the root to this node; the last one is the node itself.
+    pub path: Vec<Step>,
+    /// No `rate_limit`: a descriptor ending here is not limited (its nested rules still apply
+    /// to longer descriptors).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limit: Option<RateLimitConfig>,
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub shadow_mode: bool,
+    /// Over its limit, the descriptor is OVER_LIMIT but the request is denied only when every
+    /// quota-mode descriptor of it is.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub quota_mode: bool,
+    /// One bucket for every value this node's wildcard matches.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub share_threshold: bool,
+    /// Accepted for compatibility; tollgate never labels metrics with descriptor values.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub detailed_metric: bool,
+    /// Accepted for compatibility, as `detailed_metric`.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub value_to_metric: bool,
+    /// The tollgate limit (metrics, overrides, store keys) of a rule with a rate: by default
+    /// made from the rule's name, else its domain and path.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<String>,
+}
+
+/// One entry of a path: a key, and the value unless the node matches every value.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Step {
+    pub key: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+}
+
+/// A node's `rate_limit`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RateLimitConfig {
+    #[serde(default)]
+    pub requests_per_unit: u32,
+    /// second, minute, hour, day, week, month (30 days) or year (365 days), any case.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub unit: String,
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub unlimited: bool,
+    /// Reported in `current_limit`; what other rules' `replaces` name.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub name: String,
+    /// Rules (by name) switched off in a request that this rule applies to.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub replaces: Vec<String>,
+}
+
+fn is_false(value: &bool) -> bool {
+    !*value
+}
+
+/// Units as Envoy's `RateLimitResponse.RateLimit.Unit` numbers them, with their length in
+/// seconds (envoyproxy/ratelimit counts a month as 30 days and a year as 365).
+pub const UNITS: [(&str, i32, u64); 7] = [
+    ("second", 1, 1),
+    ("minute", 2, 60),
+    ("hour", 3, 3_600),
+    ("day", 4, 86_400),
+    ("month", 5, 30 * 86_400),
+    ("year", 6, 365 * 86_400),
+    ("week", 7, 7 * 86_400),
+];
+
+/// The unit's Envoy number and length in seconds; `None` for what is not a unit.
+pub fn unit(name: &str) -> Option<(i32, u64)> {
+    UNITS
+        .iter()
+        .find(|(unit, _, _)| unit.eq_ignore_ascii_case(name))
+        .map(|&(_, number, seconds)| (number, seconds))
+}
+
+impl RuleConfig {
+    /// `domain (k1, v1) (k2, *)`: how refusals name a rule.
+    pub fn describe(&self) -> String {
+        let mut text = self.domain.clone();
+        for step in &self.path {
+            match &step.value {
+                Some(value) => text.push_str(&format!(" ({}, {value})", step.key)),
+                None => text.push_str(&format!(" ({}, *)", step.key)),
+            }
+        }
+        text
+    }
+
+    /// The node's map key as envoyproxy/ratelimit spells it: `key_value`, or `key`.
+    pub fn composite(step: &Step) -> String {
+        match &step.value {
+            Some(value) if !value.is_empty() => format!("{}_{value}", step.key),
+            _ => step.key.clone(),
+        }
+    }
+}
+
+/// What envoyproxy/ratelimit refuses in a set of rules (the nodes of one or more domains): an
+/// empty domain or key, one node twice at a level, a unit it does not know (or one with
+/// `unlimited`), an empty `replaces` or one naming its own rule, `share_threshold` without a
+/// wildcard. `at(i)` names rule `i` in the error.
+pub fn check(rules: &[RuleConfig], at: impl Fn(usize) -> String) -> Result<(), ConfigError> {
+    let mut seen = HashSet::new();
+    for (i, rule) in rules.iter().enumerate() {
+        let refuse = |what: String| Err(ConfigError::new(at(i), what));
+        if rule.domain.is_empty() {
+            return refuse("the domain must not be empty".into());
+        }
+        let Some(last) = rule.path.last() else {
+            return refuse(format!("{}: a rule needs a path", rule.describe()));
+        };
+        if rule.path.iter().any(|step| step.key.is_empty()) {
+            return refuse(format!("{}: descriptor has an empty key", rule.describe()));
+        }
+        let composites: Vec<String> = rule.path.iter().map(RuleConfig::composite).collect();
+        if !seen.insert((rule.domain.clone(), composites.clone())) {
+            return refuse(format!(
+                "{}: duplicate descriptor composite key {:?}",
+                rule.describe(),
+                format!("{}.{}", rule.domain, composites.join("."))
+            ));
+        }
+        if let Some(limit) = &rule.rate_limit {
+            let known = unit(&limit.unit).is_some();
+            if limit.unlimited && known {
+                return refuse(format!(
+                    "{}: should not specify rate limit unit when unlimited",
+                    rule.describe()
+                ));
+            }
+            if !limit.unlimited && !known {
+                return refuse(format!(
+                    "{}: invalid rate limit unit {:?}",
+                    rule.describe(),
+                    limit.unit
+                ));
+            }
+            for replaced in &limit.replaces {
+                if replaced.is_empty() {
+                    return refuse(format!(
+                        "{}: should not have an empty replaces entry",
+                        rule.describe()
+                    ));
+                }
+                if *replaced == limit.name {
+                    return refuse(format!(
+                        "{}: replaces should not contain name of same descriptor",
+                        rule.describe()
+                    ));
+                }
+            }
+        }
+        if rule.share_threshold && !RuleConfig::composite(last).contains('*') {
+            return refuse(format!(
+                "{}: share_threshold can only be used with wildcard values",
+                rule.describe()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The fields envoyproxy/ratelimit accepts anywhere in its YAML.
+const YAML_FIELDS: [&str; 16] = [
+    "domain",
+    "key",
+    "value",
+    "descriptors",
+    "rate_limit",
+    "unit",
+    "requests_per_unit",
+    "unlimited",
+    "shadow_mode",
+    "quota_mode",
+    "name",
+    "replaces",
+    "detailed_metric",
+    "value_to_metric",
+    "share_threshold",
+    "metadata",
+];
+
+#[derive(Deserialize)]
+struct YamlRoot {
+    #[serde(default)]
+    domain: Option<String>,
+    #[serde(default)]
+    descriptors: Option<Vec<YamlNode>>,
+}
+
+#[derive(Deserialize)]
+struct YamlNode {
+    #[serde(default)]
+    key: Option<String>,
+    #[serde(default)]
+    value: Option<String>,
+    #[serde(default)]
+    rate_limit: Option<YamlRateLimit>,
+    #[serde(default)]
+    descriptors: Option<Vec<YamlNode>>,
+    #[serde(default)]
+    shadow_mode: Option<bool>,
+    #[serde(default)]
+    quota_mode: Option<bool>,
+    #[serde(default)]
+    detailed_metric: Option<bool>,
+    #[serde(default)]
+    value_to_metric: Option<bool>,
+    #[serde(default)]
+    share_threshold: Option<bool>,
+    #[serde(default)]
+    metadata: Option<serde_yaml::Value>,
+}
+
+#[derive(Deserialize)]
+struct YamlRateLimit {
+    #[serde(default)]
+    requests_per_unit: Option<u32>,
+    #[serde(default)]
+    unit: Option<String>,
+    #[serde(default)]
+    unlimited: Option<bool>,
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    replaces: Option<Vec<YamlReplaces>>,
+}
+
+#[derive(Deserialize)]
+struct YamlReplaces {
+    #[serde(default)]
+    name: Option<String>,
+}
+
+/// One YAML file as envoyproxy/ratelimit reads it: the domain, and its tree as rules in the
+/// file's order. Refuses (naming `file`) what it refuses: YAML it cannot parse, a field it
+/// does not know at any depth (metadata aside), a list of something else than maps, a value
+/// of another type than string, integer or bool, and everything [`check`] refuses.
+pub fn from_yaml(file: &str, text: &str) -> Result<(String, Vec<RuleConfig>), ConfigError> {
+    let refuse = |why: String| ConfigError::new(file, why);
+    let generic: serde_yaml::Value = serde_yaml::from_str(text)
+        .map_err(|e| refuse(format!("error loading config file: {e}")))?;
+    match &generic {
+        serde_yaml::Value::Mapping(map) => check_yaml_keys(map).map_err(refuse)?,
+        serde_yaml::Value::Null => {}
+        _ => return Err(refuse("config error, the file is not a map".into())),
+    }
+    let root: YamlRoot = serde_yaml::from_value(generic)
+        .map_err(|e| refuse(format!("error loading config file: {e}")))?;
+    let domain = root.domain.unwrap_or_default();
+    if domain.is_empty() {
+        return Err(refuse("config file cannot have empty domain".into()));
+    }
+    let mut rules = Vec::new();
+    flatten(
+        &domain,
+        &[],
+        root.descriptors.unwrap_or_default(),
+        &mut rules,
+    );
+    check(&rules, |_| file.to_string())?;
+    Ok((domain, rules))
+}
+
+fn check_yaml_keys(map: &serde_yaml::Mapping) -> Result<(), String> {
+    for (key, value) in map {
+        let Some(key) = key.as_str() else {
+            return Err(format!(
+                "config error, key is not of type string: {}",
+                yaml_text(key)
+            ));
+        };
+        if !YAML_FIELDS.contains(&key) {
+            return Err(format!("config error, unknown key {key:?}"));
+        }
+        if key == "metadata" {
+            continue;
+        }
+        check_yaml_value(value)?;
+    }
+    Ok(())
+}
+
+fn check_yaml_value(value: &serde_yaml::Value) -> Result<(), String> {
+    use serde_yaml::Value;
+    match value {
+        Value::Sequence(items) => {
+            for item in items {
+                let Value::Mapping(map) = item else {
+                    return Err(format!(
+                        "config error, yaml file contains list of type other than map: {}",
+                        yaml_text(item)
+                    ));
+                };
+                check_yaml_keys(map)?;
+            }
+            Ok(())
+        }
+        Value::Mapping(map) => check_yaml_keys(map),
+        Value::String(_) | Value::Bool(_) | Value::Null => Ok(()),
+        Value::Number(n) if n.is_i64() || n.is_u64() => Ok(()),
+        _ => Err("error checking config".into()),
+    }
+}
+
+fn yaml_text(value: &serde_yaml::Value) -> String {
+    serde_yaml::to_string(value)
+        .map(|text| text.trim_end().to_string())
+        .unwrap_or_default()
+}
+
+fn flatten(domain: &str, path: &[Step], nodes: Vec<YamlNode>, rules: &mut Vec<RuleConfig>) {
+    for node in nodes {
+        let mut here = path.to_vec();
+        here.push(Step {
+            key: node.key.unwrap_or_default(),
+            value: node.value.filter(|value| !value.is_empty()),
+        });
+        rules.push(RuleConfig {
+            domain: domain.to_string(),
+            path: here.clone(),
+            rate_limit: node.rate_limit.map(|limit| RateLimitConfig {
+                requests_per_unit: limit.requests_per_unit.unwrap_or(0),
+                unit: limit.unit.unwrap_or_default(),
+                unlimited: limit.unlimited.unwrap_or(false),
+                name: limit.name.unwrap_or_default(),
+                replaces: limit
+                    .replaces
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|r| r.name.unwrap_or_default())
+                    .collect(),
+            }),
+            shadow_mode: node.shadow_mode.unwrap_or(false),
+            quota_mode: node.quota_mode.unwrap_or(false),
+            share_threshold: node.share_threshold.unwrap_or(false),
+            detailed_metric: node.detailed_metric.unwrap_or(false),
+            value_to_metric: node.value_to_metric.unwrap_or(false),
+            limit: None,
+        });
+        // Metadata feeds envoyproxy/ratelimit's dynamic metadata, which tollgate does not
+        // send; it is accepted and not kept.
+        let _ = node.metadata;
+        flatten(domain, &here, node.descriptors.unwrap_or_default(), rules);
+    }
+}
+
+/// The `[[envoy.rules]]` and then those of `config_dir`, checked.
+pub fn all_rules(config: &EnvoyConfig) -> Result<Vec<RuleConfig>, ConfigError> {
+    check(&config.rules, |i| format!("envoy.rules[{i}]"))?;
+    let mut rules = config.rules.clone();
+    if let Some(dir) = &config.config_dir {
+        rules.extend(read_dir(dir)?);
+        let written = config.rules.len();
+        check(&rules, |i| {
+            if i < written {
+                format!("envoy.rules[{i}]")
+            } else {
+                "envoy.config_dir".to_string()
+            }
+        })?;
+    }
+    Ok(rules)
+}
+
+/// Reads every `*.yaml` and `*.yml` file of `dir` (sorted by name; hidden files skipped, as a
+/// ConfigMap's `..data` links are) into rules; one domain per file, a domain in two files is
+/// refused.
+pub fn read_dir(dir: &std::path::Path) -> Result<Vec<RuleConfig>, ConfigError> {
+    let at = format!("envoy.config_dir {}", dir.display());
+    let entries = std::fs::read_dir(dir).map_err(|e| ConfigError::new(&at, e.to_string()))?;
+    let mut files: Vec<PathBuf> = entries
+        .filter_map(Result::ok)
+        .map(|entry| entry.path())
+        .filter(|path| {
+            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            !name.starts_with('.')
+                && path
+                    .extension()
+                    .and_then(|e| e.to_str())
+                    .is_some_and(|e| e == "yaml" || e == "yml")
+                && path.is_file()
+        })
+        .collect();
+    files.sort();
+    let mut domains = BTreeMap::new();
+    let mut rules = Vec::new();
+    for path in files {
+        let name = path.display().to_string();
+        let text =
+            std::fs::read_to_string(&path).map_err(|e| ConfigError::new(&name, e.to_string()))?;
+        let (domain, file_rules) = from_yaml(&name, &text)?;
+        if let Some(first) = domains.insert(domain.clone(), name.clone()) {
+            return Err(ConfigError::new(
+                name,
+                format!("duplicate domain {domain:?} in config file (also in {first})"),
+            ));
+        }
+        rules.extend(file_rules);
+    }
+    Ok(rules)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refusal(yaml: &str) -> String {
+        from_yaml("f.yaml", yaml).unwrap_err().reason
+    }
+
+    /// envoyproxy/ratelimit test/config: bad_limit_unit, duplicate_key, empty_key,
+    /// misspelled_key(2), non_map_list, non_string_key, replaces_empty, replaces_self,
+    /// unlimited_with_unit, empty_domain, and a share_threshold without a wildcard.
+    #[test]
+    fn what_envoyproxy_ratelimit_refuses_is_refused() {
+        let node = |body: &str| format!("domain: d\ndescriptors:\n  - key: k\n{body}");
+        assert!(refusal(&node(
+            "    rate_limit: {unit: fortnight, requests_per_unit: 5}\n"
+        ))
+        .contains("invalid rate limit unit"));
+        assert!(refusal(&node("    value: v\n  - key: k\n    value: v\n"))
+            .contains("duplicate descriptor composite key"));
+        assert!(refusal("domain: d\ndescriptors:\n  - value: v\n").contains("empty key"));
+        assert!(
+            refusal(&node("    ratelimit: {unit: day, requests_per_unit: 5}\n"))
+                .contains("unknown key \"ratelimit\"")
+        );
+        assert!(
+            refusal(&node("    rate_limit: {unit: day, requestsperunit: 5}\n"))
+                .contains("unknown key \"requestsperunit\"")
+        );
+        assert!(refusal("domain: d\ndescriptors:\n  - a\n  - b\n").contains("other than map"));
+        assert!(refusal("0.25: d\n").contains("not of type string"));
+        assert!(refusal(&node(
+            "    rate_limit: {name: me, unit: second, requests_per_unit: 1, replaces: [{name: }]}\n"
+        ))
+        .contains("empty replaces"));
+        assert!(refusal(&node(
+            "    rate_limit: {name: me, unit: second, requests_per_unit: 1, replaces: [{name: me}]}\n"
+        ))
+        .contains("name of same descriptor"));
+        assert!(refusal(&node(
+            "    rate_limit: {unlimited: true, unit: day, requests_per_unit: 25}\n"
+        ))
+        .contains("when unlimited"));
+        assert!(refusal("domain: \"\"\n").contains("empty domain"));
+        assert!(
+            refusal(&node("    value: v\n    share_threshold: true\n")).contains("share_threshold")
+        );
+        assert!(refusal(&node(
+            "    rate_limit: {unit: day, requests_per_unit: 1.5}\n"
+        ))
+        .contains("error checking config"));
+    }
+
+    #[test]
+    fn a_tree_becomes_its_nodes_in_file_order() {
+        let yaml = "domain: d\ndescriptors:\n  - key: a\n    value: x\n    descriptors:\n      - key: b\n        rate_limit: {unit: MINUTE, requests_per_unit: 60, name: n}\n  - key: c\n    value: \"p*\"\n    share_threshold: true\n    rate_limit: {unlimited: true}\n    metadata: {anything: [1, 2.5]}\n";
+        let (domain, rules) = from_yaml("f.yaml", yaml).unwrap();
+        assert_eq!(domain, "d");
+        let described: Vec<String> = rules.iter().map(RuleConfig::describe).collect();
+        assert_eq!(described, ["d (a, x)", "d (a, x) (b, *)", "d (c, p*)"]);
+        assert_eq!(rules[1].rate_limit.as_ref().unwrap().name, "n");
+        assert!(rules[2].share_threshold);
+        assert_eq!(unit("MINUTE"), Some((2, 60)));
+        assert_eq!(unit("unknown"), None);
+    }
+}

@@ -1,0 +1,210 @@
+//! The plan of a request whose domain has envoyproxy/ratelimit rules: one rule (or none) per
+//! descriptor, found as envoyproxy/ratelimit finds it; `replaces` applied across the request;
+//! one bucket per descriptor with a rate, all decided in the one store call.
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use tonic::Status;
+
+use super::Plan;
+use crate::base::keys;
+use crate::base::rate::count_f64;
+use crate::config::envoy::UNITS;
+use crate::config::OVER_COST;
+use crate::policy::descriptors::envoy::{EnvoyRules, Kind, Rule};
+use crate::policy::limits::{Numbers, Policy};
+use crate::store::{BucketRequest, Meter};
+
+/// What one descriptor is decided by.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EnvoyDescriptor {
+    pub kind: Kind,
+    /// The configured rule; `None` for the descriptor's own `limit` (or no rule).
+    pub rule: Option<usize>,
+    pub requests_per_unit: u32,
+    pub unit: i32,
+    pub unit_secs: u64,
+    pub shadow: bool,
+    pub quota: bool,
+    /// What the descriptor charges (0: looks only).
+    pub hits: u64,
+    /// Its bucket in [`Plan::buckets`], for [`Kind::Bucket`].
+    pub bucket: usize,
+}
+
+impl EnvoyDescriptor {
+    fn none() -> EnvoyDescriptor {
+        EnvoyDescriptor {
+            kind: Kind::NoLimit,
+            rule: None,
+            requests_per_unit: 0,
+            unit: 0,
+            unit_secs: 1,
+            shadow: false,
+            quota: false,
+            hits: 0,
+            bucket: 0,
+        }
+    }
+
+    /// Whether a `requests_per_unit: 0` rule turns this descriptor over the limit.
+    pub fn zero_over(&self) -> bool {
+        self.kind == Kind::Zero && self.hits > 0
+    }
+}
+
+/// The hits a descriptor charges: its own `hits_addend` (0 included: look, do not charge),
+/// else the request's, 0 counting as 1.
+fn hits_of(request: &RateLimitRequest, descriptor: &RateLimitDescriptor) -> u64 {
+    descriptor
+        .hits_addend
+        .as_ref()
+        .map_or(u64::from(request.hits_addend).max(1), |addend| addend.value)
+}
+
+/// Fills `plan` for a domain of `rules`.
+pub fn plan(
+    policy: &Policy,
+    rules: &EnvoyRules,
+    request: &RateLimitRequest,
+    plan: &mut Plan,
+) -> Result<(), Status> {
+    let mut found = Vec::with_capacity(request.descriptors.len());
+    for (i, descriptor) in request.descriptors.iter().enumerate() {
+        let hits = hits_of(request, descriptor);
+        let mut chosen = EnvoyDescriptor {
+            hits,
+            ..EnvoyDescriptor::none()
+        };
+        if let Some(own) = &descriptor.limit {
+            // Envoy's own limit for this descriptor wins over the configuration, never in
+            // shadow or quota mode, unnamed.
+            let Some(&(_, _, unit_secs)) = UNITS.iter().find(|(_, n, _)| *n == own.unit) else {
+                return Err(Status::invalid_argument(format!(
+                    "descriptor {i}: its limit has no unit"
+                )));
+            };
+            chosen.kind = if own.requests_per_unit == 0 {
+                Kind::Zero
+            } else {
+                Kind::Bucket
+            };
+            chosen.requests_per_unit = own.requests_per_unit;
+            chosen.unit = own.unit;
+            chosen.unit_secs = unit_secs;
+            found.push((chosen, None));
+            continue;
+        }
+        let matched = rules.lookup(&request.domain, &descriptor.entries);
+        if let Some(rule_index) = matched.as_ref().and_then(|m| m.rule) {
+            let rule: &Rule = &rules.rules[rule_index];
+            chosen.kind = rule.kind;
+            chosen.rule = Some(rule_index);
+            chosen.requests_per_unit = rule.requests_per_unit;
+            chosen.unit = rule.unit;
+            chosen.unit_secs = rule.unit_secs;
+            chosen.shadow = rule.shadow;
+            chosen.quota = rule.quota;
+        }
+        found.push((chosen, matched));
+    }
+    replace(rules, &mut found);
+    let blocked = found
+        .iter()
+        .any(|(d, _)| d.zero_over() && !d.shadow && !d.quota);
+    let runtime = policy.runtime.view();
+    for (index, (mut chosen, matched)) in found.into_iter().enumerate() {
+        if chosen.kind == Kind::Bucket {
+            let descriptor = &request.descriptors[index];
+            let entries = &descriptor.entries;
+            let (limit, tail) = match (&matched, chosen.rule) {
+                (Some(matched), Some(rule)) => (
+                    rules.rules[rule].limit,
+                    keys::tail_of_entry_values(
+                        entries
+                            .iter()
+                            .enumerate()
+                            .map(|(i, e)| rules.keyed_value(matched, i, e)),
+                    ),
+                ),
+                _ => {
+                    let mut tail = keys::tail_of_entry_values(
+                        entries.iter().map(|entry| entry.value.as_bytes()),
+                    );
+                    tail.extend_from_slice(
+                        format!("|{}/{}", chosen.requests_per_unit, chosen.unit_secs).as_bytes(),
+                    );
+                    (rules.request_limit.unwrap_or(0), tail)
+                }
+            };
+            let limit_ref = &policy.limits[limit];
+            let numbers = if chosen.rule.is_some() {
+                limit_ref.numbers_for(&runtime, &tail)
+            } else {
+                let count = u64::from(chosen.requests_per_unit);
+                Some(Numbers {
+                    rate: count_f64(count) / count_f64(chosen.unit_secs),
+                    burst: count,
+                    overridden: false,
+                })
+            };
+            match numbers {
+                // An override made this key unlimited.
+                None => chosen.kind = Kind::Unlimited,
+                Some(numbers) => {
+                    let key = limit_ref.store_key(&policy.key_prefix, &tail);
+                    // A request a `requests_per_unit: 0` rule denies only looks at the others.
+                    let (cost, shadow) = if blocked {
+                        (0, true)
+                    } else {
+                        (chosen.hits.min(OVER_COST), chosen.shadow || chosen.quota)
+                    };
+                    chosen.bucket = match plan.buckets.iter().position(|b| b.key == key) {
+                        Some(same) => {
+                            let merged = &mut plan.buckets[same];
+                            merged.cost = merged.cost.saturating_add(cost).min(OVER_COST);
+                            same
+                        }
+                        None => {
+                            plan.buckets.push(BucketRequest {
+                                shadow,
+                                meter: Meter::Bucket,
+                                ..limit_ref.bucket(key, limit, numbers, cost)
+                            });
+                            plan.buckets.len() - 1
+                        }
+                    };
+                    plan.per_descriptor[index].push(chosen.bucket);
+                }
+            }
+        }
+        plan.envoy.push(chosen);
+    }
+    Ok(())
+}
+
+/// A named rule that another rule of the request `replaces` applies to nothing.
+fn replace<T>(rules: &EnvoyRules, found: &mut [(EnvoyDescriptor, T)]) {
+    let replacing = |name: &str| {
+        found.iter().any(|(d, _)| {
+            d.rule
+                .is_some_and(|r| rules.rules[r].replaces.iter().any(|n| n == name))
+        })
+    };
+    let mut off = Vec::new();
+    for (i, (descriptor, _)) in found.iter().enumerate() {
+        let Some(rule) = descriptor.rule else {
+            continue;
+        };
+        let rule = &rules.rules[rule];
+        if matches!(descriptor.kind, Kind::Bucket | Kind::Zero)
+            && !rule.name.is_empty()
+            && replacing(&rule.name)
+        {
+            off.push(i);
+        }
+    }
+    for i in off {
+        found[i].0 = EnvoyDescriptor::none();
+    }
+}
