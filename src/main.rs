@@ -44,6 +44,14 @@ enum Import {
         #[arg(required = true)]
         files: Vec<PathBuf>,
     },
+    /// Kubernetes Ingress YAML with ingress-nginx rate-limit annotations
+    IngressNginx {
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        /// Print what to put in front of tollgate for this proxy instead of the TOML
+        #[arg(long, value_enum)]
+        proxy: Option<tollgate::cli::ingress_nginx::Proxy>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -68,6 +76,9 @@ fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         };
+    }
+    if let Some(Command::Import(Import::IngressNginx { files, proxy })) = &cli.command {
+        return tollgate::cli::ingress_nginx::run(files, *proxy);
     }
     if let Some(Command::Top(args)) = &cli.command {
         return match tollgate::cli::top_view::run(args) {

@@ -15,6 +15,7 @@ mod grpc;
 mod hostile_input;
 mod http_api;
 mod import;
+mod import_ingress;
 mod lifecycle;
 mod limiter;
 mod policies;
