@@ -846,7 +846,14 @@ impl Translation {
             self.limits.push_str(&block);
         }
         if emitted {
+            let headers = global
+                .iter()
+                .flat_map(|g| g.key.parts.iter())
+                .filter_map(|p| p.strip_prefix("header:"))
+                .map(str::to_string)
+                .collect();
             self.fronted.push(Fronted {
+                headers,
                 object,
                 namespace: ingress.namespace.clone(),
                 name: ingress.name.clone(),
@@ -973,6 +980,8 @@ impl Translation {
 }
 
 struct Fronted {
+    /// Headers the limits key on, which Envoy must be told to send.
+    headers: Vec<String>,
     object: String,
     namespace: String,
     name: String,
@@ -1121,8 +1130,14 @@ fn snippet(proxy: Proxy, out: &Translation) -> String {
             for ingress in limited {
                 let _ = write!(
                     text,
-                    "---\napiVersion: gateway.envoyproxy.io/v1alpha1\nkind: SecurityPolicy\nmetadata:\n  name: {}-tollgate\n  namespace: {}\nspec:\n  targetRefs:\n  - group: gateway.networking.k8s.io\n    kind: HTTPRoute\n    name: {}\n  extAuth:\n    failOpen: true\n    http:\n      backendRefs:\n      - name: tollgate          # CHANGE: tollgate's Service\n        namespace: tollgate\n        port: 8080\n      path: /check\n",
-                    ingress.name, ingress.namespace, ingress.name
+                    "---\napiVersion: gateway.envoyproxy.io/v1alpha1\nkind: SecurityPolicy\nmetadata:\n  name: {}-tollgate\n  namespace: {}\nspec:\n  targetRefs:\n  - group: gateway.networking.k8s.io\n    kind: HTTPRoute\n    name: {}\n  extAuth:\n    failOpen: true\n    headersToExtAuth: [{}]\n    http:\n      backendRefs:\n      - name: tollgate          # CHANGE: tollgate's Service\n        namespace: tollgate\n        port: 8080\n      path: /check\n",
+                    ingress.name,
+                    ingress.namespace,
+                    ingress.name,
+                    std::iter::once("x-forwarded-for")
+                        .chain(ingress.headers.iter().map(String::as_str))
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 );
             }
         }
