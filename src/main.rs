@@ -33,6 +33,8 @@ enum Command {
     /// Convert another rate limiter's configuration to tollgate TOML on stdout
     #[command(subcommand)]
     Import(Import),
+    /// Run an access log against the config offline: what each limit would have denied
+    Replay(tollgate::cli::replay::ReplayArgs),
     /// The most denied keys over instances, refreshed every second (q quits)
     Top(tollgate::cli::top_view::TopArgs),
 }
@@ -43,6 +45,14 @@ enum Import {
     EnvoyRatelimit {
         #[arg(required = true)]
         files: Vec<PathBuf>,
+    },
+    /// Kubernetes Ingress YAML with ingress-nginx rate-limit annotations
+    IngressNginx {
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        /// Print what to put in front of tollgate for this proxy instead of the TOML
+        #[arg(long, value_enum)]
+        proxy: Option<tollgate::cli::ingress_nginx::Proxy>,
     },
 }
 
@@ -69,6 +79,12 @@ fn main() -> ExitCode {
             }
         };
     }
+    if let Some(Command::Import(Import::IngressNginx { files, proxy })) = &cli.command {
+        return tollgate::cli::ingress_nginx::run(files, *proxy);
+    }
+    if let Some(Command::Replay(args)) = &cli.command {
+        return tollgate::cli::replay::run(cli.config.as_deref(), args);
+    }
     if let Some(Command::Top(args)) = &cli.command {
         return match tollgate::cli::top_view::run(args) {
             Ok(()) => ExitCode::SUCCESS,
@@ -86,7 +102,7 @@ fn main() -> ExitCode {
         Command::Validate => validate(&config),
         Command::Serve => serve(config, cli.config),
         // Answered above, before any configuration is loaded.
-        Command::Import(_) | Command::Top(_) => ExitCode::SUCCESS,
+        Command::Import(_) | Command::Top(_) | Command::Replay(_) => ExitCode::SUCCESS,
     }
 }
 

@@ -132,6 +132,25 @@ impl<'a> OriginalRequest<'a> {
         }
     }
 
+    /// A request described by its parts directly (an access log line: `tollgate replay`),
+    /// normalised exactly as [`OriginalRequest::new`] normalises the forwarded ones; `headers`
+    /// holds only what the limits read besides (an API key, a tier).
+    pub fn described(
+        headers: &'a HeaderMap,
+        method: &'a str,
+        path: &'a str,
+        host: &'a str,
+        client_ip: IpAddr,
+    ) -> OriginalRequest<'a> {
+        OriginalRequest {
+            method: normalise::visible(method.as_bytes()),
+            path: normalise::path(normalise::visible(path.as_bytes())),
+            host: normalise::host(normalise::visible(host.as_bytes())),
+            client_ip,
+            headers,
+        }
+    }
+
     /// The first value of a header, as bytes; `None` when absent.
     pub fn header(&self, name: &str) -> Option<&'a [u8]> {
         self.headers.get(name).map(|v| v.as_bytes())

@@ -23,6 +23,7 @@ mod grpc_envoy;
 mod hostile_input;
 mod http_api;
 mod import;
+mod import_ingress;
 mod lifecycle;
 mod limiter;
 mod policies;
