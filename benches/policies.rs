@@ -11,7 +11,7 @@ use figment::providers::{Format, Serialized, Toml};
 use tollgate::config::Config;
 use tollgate::limiter::decision::{Decision, LimitState, Verdict};
 use tollgate::observe::metrics::Metrics;
-use tollgate::policy::limits::Policy;
+use tollgate::policy::Policy;
 use tollgate::request::OriginalRequest;
 
 const LIMIT: &str =

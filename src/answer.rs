@@ -8,7 +8,7 @@ use actix_web::http::header::HeaderName;
 
 use crate::config::HeaderFamily;
 use crate::limiter::decision::{Decision, LimitState};
-use crate::policy::limits::Policy;
+use crate::policy::Policy;
 use crate::store::Meter;
 
 const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");

@@ -22,7 +22,7 @@
 //! - [`store`]: the [`store::Store`] trait; [`store::memory`] (sharded, bounded) and
 //!   [`store::redis`] (Lua via `EVALSHA`, deadlines, circuit breaker, coalescing; one node,
 //!   Cluster or Sentinel); [`store::bucket`] is the arithmetic twin of the Lua scripts.
-//! - [`policy`]: what the operator asked for: [`policy::limits`], [`policy::matcher`],
+//! - [`policy`]: what the operator asked for, compiled into one [`policy::Policy`]: [`policy::limits`], [`policy::matcher`],
 //!   [`policy::exempt`], [`policy::overrides`] (files), [`policy::runtime_overrides`] (admin
 //!   API, kept in the store), [`policy::descriptors`] (the gRPC service's rules).
 //! - [`limiter`]: the decision without HTTP: one atomic store call, `on_error` fallbacks;

@@ -18,7 +18,7 @@ use crate::limiter::deny_cache::{CachedDenial, Consult, DenyCache, Probe};
 use crate::observe::denial_log::DenialLog;
 use crate::observe::metrics::Metrics;
 use crate::observe::top;
-use crate::policy::limits::Policy;
+use crate::policy::Policy;
 use crate::request::OriginalRequest;
 use crate::store::memory::MemoryStore;
 use crate::store::{BucketRequest, Store, StoreDecision, StoreError};

@@ -7,7 +7,7 @@ use clap::{Parser, Subcommand};
 use tollgate::app::server::{self, Listeners};
 use tollgate::config::{Config, ConfigError};
 use tollgate::observe::metrics::Metrics;
-use tollgate::policy::limits::Policy;
+use tollgate::policy::Policy;
 use tollgate::state::StartError;
 
 #[derive(Parser)]

@@ -1,5 +1,6 @@
 //! What the operator asked for: limits and their matchers, exemptions, per-key overrides (from
-//! files and, at run time, from the store), and the descriptor rules of the gRPC service.
+//! files and, at run time, from the store), and the descriptor rules of the gRPC service,
+//! compiled into one [`Policy`] that a reload swaps whole.
 
 pub mod descriptors;
 pub mod exempt;
@@ -7,3 +8,115 @@ pub mod limits;
 pub mod matcher;
 pub mod overrides;
 pub mod runtime_overrides;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use crate::base::keys;
+use crate::config::{Config, ConfigError, OnMissing, ResponseConfig};
+use crate::observe::metrics::Metrics;
+use crate::request::{ClientIpPolicy, OriginalRequest};
+use crate::store::BucketRequest;
+use descriptors::envoy::EnvoyRules;
+use exempt::{ExemptRule, Exemptions};
+use limits::{Limit, LimitInput};
+use runtime_overrides::RuntimeOverrides;
+
+/// Everything a check needs that a reload may change.
+pub struct Policy {
+    pub exemptions: Exemptions,
+    pub limits: Vec<Limit>,
+    pub client_ip: ClientIpPolicy,
+    pub response: ResponseConfig,
+    pub key_prefix: String,
+    /// The bearer token mutating admin requests need; `None` refuses them.
+    pub admin_token: Option<String>,
+    /// Overrides set through the admin API: they beat the file's, and every policy a reload
+    /// installs shares the running one's ([`crate::limiter::Limiter::replace_policy`]).
+    pub runtime: Arc<RuntimeOverrides>,
+    /// envoyproxy/ratelimit's rules: they alone decide the descriptors of their domains.
+    pub envoy: EnvoyRules,
+}
+
+impl Policy {
+    /// Builds every exemption and limit of a loaded config (which checked the rest) and
+    /// resolves their counters; the first refused one is the error.
+    pub fn compile(config: &Config, metrics: &Metrics) -> Result<Policy, ConfigError> {
+        let exemptions = Exemptions::compile(&config.exempt, metrics)?;
+        let mut names = HashSet::new();
+        let mut limits = Vec::with_capacity(config.limits.len());
+        for limit_config in &config.limits {
+            let mut limit = Limit::try_from(LimitInput {
+                config: limit_config,
+                ipv6_prefix: config.client_ip.ipv6_prefix,
+            })?;
+            if !names.insert(limit_config.name.clone()) {
+                return Err(ConfigError::new(
+                    format!("limits.{}.name", limit.name),
+                    format!("duplicate limit name {:?}", limit.name),
+                ));
+            }
+            limit.counters = metrics.limit_counters(&limit.name);
+            limits.push(limit);
+        }
+        let rules = crate::config::envoy::all_rules(&config.envoy)?;
+        let (envoy, envoy_limits) = EnvoyRules::compile(&rules, limits.len(), &mut names)?;
+        for limit_config in &envoy_limits {
+            let mut limit = Limit::try_from(LimitInput {
+                config: limit_config,
+                ipv6_prefix: config.client_ip.ipv6_prefix,
+            })
+            .map_err(|e| e.within("envoy"))?;
+            limit.counters = metrics.limit_counters(&limit.name);
+            limits.push(limit);
+        }
+        Ok(Policy {
+            exemptions,
+            limits,
+            client_ip: ClientIpPolicy::from(&config.client_ip),
+            response: config.response.clone(),
+            key_prefix: config.store.key_prefix.clone(),
+            admin_token: config.admin_token()?,
+            runtime: Arc::new(RuntimeOverrides::new(Some(
+                metrics.runtime_overrides.clone(),
+            ))),
+            envoy,
+        })
+    }
+
+    /// The `[[exempt]]` rule that admits this request, if any.
+    pub fn exempt(&self, request: &OriginalRequest<'_>) -> Option<&ExemptRule> {
+        self.exemptions.first_match(request)
+    }
+
+    /// The buckets this request must draw from, in limit order, each tagged with the index of
+    /// its limit and carrying its key's policy (an override's numbers, if any: a runtime one
+    /// before the file's). Fails with the
+    /// index of a limit whose key is missing under `on_missing = "deny"`.
+    pub fn applicable(&self, request: &OriginalRequest<'_>) -> Result<Vec<BucketRequest>, usize> {
+        let mut buckets = Vec::with_capacity(self.limits.len());
+        let runtime = self.runtime.view();
+        for (index, limit) in self.limits.iter().enumerate() {
+            if limit.descriptor.is_some() || !limit.matcher.matches(request) {
+                continue;
+            }
+            let anonymous = limit.on_missing == OnMissing::Anonymous;
+            let tail = match request.bucket_tail(&limit.key, anonymous, self.client_ip.ipv6_prefix)
+            {
+                Ok(tail) => tail,
+                Err(keys::MissingPart) if limit.on_missing == OnMissing::Deny => return Err(index),
+                Err(keys::MissingPart) => continue,
+            };
+            let Some(numbers) = limit.numbers_for(&runtime, &tail) else {
+                continue;
+            };
+            buckets.push(limit.bucket(
+                limit.store_key(&self.key_prefix, &tail),
+                index,
+                numbers,
+                limit.check_cost(request),
+            ));
+        }
+        Ok(buckets)
+    }
+}

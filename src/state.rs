@@ -9,7 +9,7 @@ use crate::config::{Backend, Config, DenialLogging, StoreConfig};
 use crate::limiter::Limiter;
 use crate::observe::denial_log::DenialLog;
 use crate::observe::metrics::Metrics;
-use crate::policy::limits::Policy;
+use crate::policy::Policy;
 use crate::store::memory::MemoryStore;
 use crate::store::redis::{RedisStore, Topology};
 use crate::store::AnyStore;

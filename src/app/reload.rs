@@ -6,7 +6,7 @@ use std::sync::Mutex;
 use actix_web::web;
 
 use crate::config::Config;
-use crate::policy::limits::Policy;
+use crate::policy::Policy;
 use crate::state::AppState;
 
 /// Reloads the config file into a new policy. Only what a policy holds changes live (limits,

@@ -27,7 +27,7 @@ use crate::base::normalise::parse_ip;
 use crate::config::{Config, ConfigError};
 use crate::observe::metrics::Metrics;
 use crate::observe::top;
-use crate::policy::limits::Policy;
+use crate::policy::Policy;
 use crate::request::OriginalRequest;
 use crate::store::memory::MemoryStore;
 

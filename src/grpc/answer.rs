@@ -15,7 +15,8 @@ use super::plan::Plan;
 use crate::answer::each_quota_header;
 use crate::base::calendar::Period;
 use crate::limiter::decision::{Decision, LimitState, Verdict};
-use crate::policy::limits::{Limit, Policy};
+use crate::policy::limits::Limit;
+use crate::policy::Policy;
 use crate::store::Meter;
 
 pub fn respond(verdict: &Verdict, plan: &Plan, policy: &Policy) -> RateLimitResponse {

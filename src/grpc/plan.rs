@@ -12,7 +12,7 @@ use tonic::Status;
 use crate::base::keys::{self, KeyPart};
 use crate::config::{Charge, OnMissing, OVER_COST};
 use crate::policy::descriptors::value_of;
-use crate::policy::limits::Policy;
+use crate::policy::Policy;
 use crate::store::BucketRequest;
 
 /// Most descriptors one request may carry; Envoy sends one per rate limit action set.

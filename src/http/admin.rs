@@ -11,7 +11,8 @@ use actix_web::{HttpRequest, HttpResponse};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
-use crate::policy::limits::{Limit, Policy};
+use crate::policy::limits::Limit;
+use crate::policy::Policy;
 
 /// Longest query accepted: a key part longer than the store keeps raw is hashed anyway, and
 /// anything near this is a mistake or an attack.

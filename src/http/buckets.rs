@@ -19,8 +19,9 @@ use serde_json::json;
 use super::admin::{self, problem, shown, Caller, NamedKey};
 use crate::base::calendar::Period;
 use crate::limiter::decision::LimitState;
-use crate::policy::limits::{Limit, Numbers, Policy};
+use crate::policy::limits::{Limit, Numbers};
 use crate::policy::overrides::Override;
+use crate::policy::Policy;
 use crate::state::AppState;
 use crate::store::{BucketOutcome, BucketRequest, Meter, Store};
 

@@ -8,8 +8,9 @@ use serde::Serialize;
 use crate::base::calendar::Period;
 use crate::config::{Charge, OnMissing};
 use crate::policy::exempt::ExemptRule;
-use crate::policy::limits::{Limit, Policy};
+use crate::policy::limits::Limit;
 use crate::policy::matcher::Matcher;
+use crate::policy::Policy;
 use crate::state::AppState;
 use crate::store::Meter;
 

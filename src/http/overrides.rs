@@ -14,10 +14,11 @@ use serde_json::{json, Map, Value};
 
 use super::admin::{self, problem, shown, Caller, NamedKey};
 use crate::config::{OverrideConfig, RateSpec};
-use crate::policy::limits::{Limit, Policy};
+use crate::policy::limits::Limit;
 use crate::policy::overrides;
 use crate::policy::runtime_overrides::sync::{self, WriteError};
 use crate::policy::runtime_overrides::{Entry, MAX_TTL_S};
+use crate::policy::Policy;
 use crate::state::AppState;
 
 /// A refusal: the answer to send as is.

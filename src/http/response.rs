@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use crate::answer::{each_quota_header, QuotaValue};
 use crate::limiter::decision::{Decision, Verdict};
-use crate::policy::limits::Policy;
+use crate::policy::Policy;
 
 // Names as constants: a `&str` name is parsed and validated on every insert (4% of a
 // memory-store check's instructions in `bench/profile.sh`).

@@ -1,7 +1,8 @@
 //! The outcome of one check, as a value: allowed or not, and for every applicable limit what
 //! is left. Everything the response headers need is derived here; only `http::response` turns
 //! it into bytes.
-use crate::policy::limits::{Limit, Policy};
+use crate::policy::limits::Limit;
+use crate::policy::Policy;
 use crate::store::Window;
 
 /// One applicable limit after the decision.

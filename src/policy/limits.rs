@@ -1,27 +1,23 @@
-//! Limits built from the config, and which of them apply to a request: match rules, the
-//! bucket key, per-key overrides, the cost, `on_missing`. The compiled set is a [`Policy`],
-//! swapped whole on reload.
+//! One limit built from the config, and what it decides for one key: match rules, the bucket
+//! key, per-key numbers (overrides), the cost, `on_missing`. The compiled set of limits is a
+//! [`Policy`](crate::policy::Policy).
 //!
 //! Building a [`Limit`] from its [`LimitConfig`] is the one place a limit is checked: what
 //! exists is valid, and nothing parses the config twice.
-use std::collections::HashSet;
-use std::sync::Arc;
 
 use crate::base::calendar::Period;
 use crate::base::keys::{self, KeyPart};
 use crate::base::rate::{ceil_secs, count_f64};
 use crate::config::{
-    check_refill, valid_name, Charge, Config, ConfigError, LimitConfig, OnMissing, RateSpec,
-    ResponseConfig, MAX_BURST, MAX_COST, OVER_COST,
+    check_refill, valid_name, Charge, ConfigError, LimitConfig, OnMissing, RateSpec, MAX_BURST,
+    MAX_COST, OVER_COST,
 };
-use crate::observe::metrics::{LimitCounters, Metrics};
-use crate::policy::descriptors::envoy::EnvoyRules;
+use crate::observe::metrics::LimitCounters;
 use crate::policy::descriptors::DescriptorRule;
-use crate::policy::exempt::{ExemptRule, Exemptions};
 use crate::policy::matcher::Matcher;
 use crate::policy::overrides::{Base, Override, Overrides};
-use crate::policy::runtime_overrides::{Own, RuntimeOverrides, View};
-use crate::request::{ClientIpPolicy, OriginalRequest};
+use crate::policy::runtime_overrides::{Own, View};
+use crate::request::OriginalRequest;
 use crate::store::{BucketRequest, Meter};
 
 /// One configured limit, ready for the hot path.
@@ -48,7 +44,7 @@ pub struct Limit {
     /// This limit's `RateLimit-Policy` item, `"<name>";q=<burst>;w=<window>` (a quota's
     /// window is its period; a month's length is filled in per decision).
     pub policy_item: String,
-    /// Detached until [`Policy::compile`] gives it the exported counters.
+    /// Detached until [`Policy::compile`](crate::policy::Policy::compile) gives it the exported counters.
     pub counters: LimitCounters,
 }
 
@@ -392,8 +388,8 @@ impl Limit {
     }
 
     /// What this limit charges at `/check`: nothing for a `charge = "report"` limit (0 admits
-    /// while it is not used up), else [`Limit::cost_of`].
-    fn check_cost(&self, request: &OriginalRequest<'_>) -> u64 {
+    /// while it is not used up), else its configured cost or the cost header's.
+    pub fn check_cost(&self, request: &OriginalRequest<'_>) -> u64 {
         match self.charge {
             Charge::Report => 0,
             Charge::Request => self.cost_of(request),
@@ -439,105 +435,6 @@ pub struct Numbers {
     pub burst: u64,
     /// An override (runtime or file) gave them, not the limit itself.
     pub overridden: bool,
-}
-
-/// Everything a check needs that a reload may change.
-pub struct Policy {
-    pub exemptions: Exemptions,
-    pub limits: Vec<Limit>,
-    pub client_ip: ClientIpPolicy,
-    pub response: ResponseConfig,
-    pub key_prefix: String,
-    /// The bearer token mutating admin requests need; `None` refuses them.
-    pub admin_token: Option<String>,
-    /// Overrides set through the admin API: they beat the file's, and every policy a reload
-    /// installs shares the running one's ([`crate::limiter::Limiter::replace_policy`]).
-    pub runtime: Arc<RuntimeOverrides>,
-    /// envoyproxy/ratelimit's rules: they alone decide the descriptors of their domains.
-    pub envoy: EnvoyRules,
-}
-
-impl Policy {
-    /// Builds every exemption and limit of a loaded config (which checked the rest) and
-    /// resolves their counters; the first refused one is the error.
-    pub fn compile(config: &Config, metrics: &Metrics) -> Result<Policy, ConfigError> {
-        let exemptions = Exemptions::compile(&config.exempt, metrics)?;
-        let mut names = HashSet::new();
-        let mut limits = Vec::with_capacity(config.limits.len());
-        for limit_config in &config.limits {
-            let mut limit = Limit::try_from(LimitInput {
-                config: limit_config,
-                ipv6_prefix: config.client_ip.ipv6_prefix,
-            })?;
-            if !names.insert(limit_config.name.clone()) {
-                return Err(ConfigError::new(
-                    format!("limits.{}.name", limit.name),
-                    format!("duplicate limit name {:?}", limit.name),
-                ));
-            }
-            limit.counters = metrics.limit_counters(&limit.name);
-            limits.push(limit);
-        }
-        let rules = crate::config::envoy::all_rules(&config.envoy)?;
-        let (envoy, envoy_limits) = EnvoyRules::compile(&rules, limits.len(), &mut names)?;
-        for limit_config in &envoy_limits {
-            let mut limit = Limit::try_from(LimitInput {
-                config: limit_config,
-                ipv6_prefix: config.client_ip.ipv6_prefix,
-            })
-            .map_err(|e| e.within("envoy"))?;
-            limit.counters = metrics.limit_counters(&limit.name);
-            limits.push(limit);
-        }
-        Ok(Policy {
-            exemptions,
-            limits,
-            client_ip: ClientIpPolicy::from(&config.client_ip),
-            response: config.response.clone(),
-            key_prefix: config.store.key_prefix.clone(),
-            admin_token: config.admin_token()?,
-            runtime: Arc::new(RuntimeOverrides::new(Some(
-                metrics.runtime_overrides.clone(),
-            ))),
-            envoy,
-        })
-    }
-
-    /// The `[[exempt]]` rule that admits this request, if any.
-    pub fn exempt(&self, request: &OriginalRequest<'_>) -> Option<&ExemptRule> {
-        self.exemptions.first_match(request)
-    }
-
-    /// The buckets this request must draw from, in limit order, each tagged with the index of
-    /// its limit and carrying its key's policy (an override's numbers, if any: a runtime one
-    /// before the file's). Fails with the
-    /// index of a limit whose key is missing under `on_missing = "deny"`.
-    pub fn applicable(&self, request: &OriginalRequest<'_>) -> Result<Vec<BucketRequest>, usize> {
-        let mut buckets = Vec::with_capacity(self.limits.len());
-        let runtime = self.runtime.view();
-        for (index, limit) in self.limits.iter().enumerate() {
-            if limit.descriptor.is_some() || !limit.matcher.matches(request) {
-                continue;
-            }
-            let anonymous = limit.on_missing == OnMissing::Anonymous;
-            let tail = match request.bucket_tail(&limit.key, anonymous, self.client_ip.ipv6_prefix)
-            {
-                Ok(tail) => tail,
-                Err(keys::MissingPart) if limit.on_missing == OnMissing::Deny => return Err(index),
-                Err(keys::MissingPart) => continue,
-            };
-            let Some(numbers) = limit.numbers_for(&runtime, &tail) else {
-                continue;
-            };
-            buckets.push(limit.bucket(
-                limit.store_key(&self.key_prefix, &tail),
-                index,
-                numbers,
-                limit.check_cost(request),
-            ));
-        }
-        Ok(buckets)
-    }
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@ use tollgate::limiter::decision::Verdict;
 use tollgate::limiter::deny_cache::MAX_PROBE_WAIT;
 use tollgate::limiter::{DecidedBy, Limiter};
 use tollgate::observe::metrics::Metrics;
-use tollgate::policy::limits::Policy;
+use tollgate::policy::Policy;
 use tollgate::request::OriginalRequest;
 use tollgate::store::redis::{RedisStore, Topology};
 use tollgate::store::{BucketOutcome, BucketRequest, Store, StoreDecision, StoreError};

@@ -20,7 +20,7 @@ use tollgate::base::keys::MAX_TAIL;
 use tollgate::config::{Config, OnError};
 use tollgate::limiter::Limiter;
 use tollgate::observe::metrics::Metrics;
-use tollgate::policy::limits::Policy;
+use tollgate::policy::Policy;
 use tollgate::request::OriginalRequest;
 use tollgate::store::memory::MemoryStore;
 use tollgate::store::AnyStore;

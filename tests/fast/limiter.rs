@@ -14,7 +14,7 @@ use tollgate::config::{Config, OnError};
 use tollgate::limiter::decision::Verdict;
 use tollgate::limiter::Limiter;
 use tollgate::observe::metrics::Metrics;
-use tollgate::policy::limits::Policy;
+use tollgate::policy::Policy;
 use tollgate::request::OriginalRequest;
 use tollgate::store::memory::{ManualClock, MemoryStore};
 use tollgate::store::{BucketRequest, Store, StoreDecision, StoreError};

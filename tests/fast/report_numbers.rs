@@ -10,7 +10,7 @@ use crate::support::{redis_config, RedisServer, Response, Tollgate};
 use tollgate::config::Config;
 use tollgate::limiter::report;
 use tollgate::observe::metrics::Metrics;
-use tollgate::policy::limits::Policy;
+use tollgate::policy::Policy;
 use tollgate::request::OriginalRequest;
 
 const TOKEN: &str = "report-numbers-token-0123";

@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use super::*;
 use crate::config::Config;
 use crate::observe::metrics::Metrics;
-use crate::policy::limits::Policy;
+use crate::policy::Policy;
 
 static FILES: AtomicUsize = AtomicUsize::new(0);
 

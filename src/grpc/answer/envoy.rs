@@ -15,7 +15,7 @@ use crate::answer::each_quota_header;
 use crate::grpc::plan::{EnvoyDescriptor, Plan};
 use crate::limiter::decision::{Decision, Verdict};
 use crate::policy::descriptors::envoy::{Kind, UNLIMITED_REMAINING};
-use crate::policy::limits::Policy;
+use crate::policy::Policy;
 
 pub fn respond(verdict: &Verdict, plan: &Plan, policy: &Policy) -> RateLimitResponse {
     let decision = match verdict {

@@ -12,7 +12,8 @@ use crate::base::rate::count_f64;
 use crate::config::envoy::UNITS;
 use crate::config::OVER_COST;
 use crate::policy::descriptors::envoy::{EnvoyRules, Kind, Rule};
-use crate::policy::limits::{Numbers, Policy};
+use crate::policy::limits::Numbers;
+use crate::policy::Policy;
 use crate::store::{BucketRequest, Meter};
 
 /// What one descriptor is decided by.
