@@ -22,9 +22,10 @@
 //! - [`store`]: the [`store::Store`] trait; [`store::memory`] (sharded, bounded) and
 //!   [`store::redis`] (Lua via `EVALSHA`, deadlines, circuit breaker, coalescing; one node,
 //!   Cluster or Sentinel); [`store::bucket`] is the arithmetic twin of the Lua scripts.
-//! - [`policy`]: what the operator asked for, compiled into one [`policy::Policy`]: [`policy::limits`], [`policy::matcher`],
-//!   [`policy::exempt`], [`policy::overrides`] (files), [`policy::runtime_overrides`] (admin
-//!   API, kept in the store), [`policy::descriptors`] (the gRPC service's rules).
+//! - [`policy`]: what the operator asked for, compiled into one [`policy::Policy`]:
+//!   [`policy::limits`], [`policy::matcher`], [`policy::exempt`], [`policy::overrides`]
+//!   (files), [`policy::runtime_overrides`] (admin API, kept in the store),
+//!   [`policy::descriptors`] (the gRPC service's rules, envoyproxy/ratelimit's among them).
 //! - [`limiter`]: the decision without HTTP: one atomic store call, `on_error` fallbacks;
 //!   [`limiter::deny_cache`], [`limiter::decision`] (the verdict as a value),
 //!   [`limiter::report`] (charges known after the response).
@@ -35,8 +36,9 @@
 //!   Envoy's `ShouldRateLimit`.
 //! - [`app`]: the running process: [`app::server`] (the listeners),
 //!   [`app::lifecycle`] (signals), [`app::reload`], [`app::drain`], [`app::heartbeat`].
-//! - [`cli`]: [`cli::import`] (envoyproxy/ratelimit YAML to TOML), [`cli::top_view`]
-//!   (`tollgate top`).
+//! - [`cli`]: [`cli::import`] (envoyproxy/ratelimit YAML to TOML), [`cli::ingress_nginx`]
+//!   (its annotations to TOML), [`cli::replay`] (an access log against a config),
+//!   [`cli::top_view`] (`tollgate top`).
 
 pub mod answer;
 pub mod app;
