@@ -51,6 +51,13 @@ pub struct Config {
     /// A file holding that token (a mounted Kubernetes secret); trailing whitespace is ignored.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub admin_token_file: Option<PathBuf>,
+    /// The secret key values' fingerprints are salted with; absent: derived from the admin
+    /// token, else drawn at random per process.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fingerprint_salt: Option<Secret>,
+    /// A file holding that salt; trailing whitespace is ignored.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fingerprint_salt_file: Option<PathBuf>,
 }
 
 /// A value that must never reach a log line or `validate` output.
@@ -338,6 +345,8 @@ impl Default for Config {
             }],
             admin_token: None,
             admin_token_file: None,
+            fingerprint_salt: None,
+            fingerprint_salt_file: None,
         }
     }
 }

@@ -52,6 +52,23 @@ impl Config {
         );
         let _ = writeln!(
             out,
+            "fingerprints  {}",
+            match (
+                &self.fingerprint_salt,
+                &self.fingerprint_salt_file,
+                &self.admin_token,
+                &self.admin_token_file,
+            ) {
+                (Some(_), ..) => "salted with fingerprint_salt".to_string(),
+                (None, Some(path), ..) => format!("salted from {}", path.display()),
+                (None, None, None, None) =>
+                    "salted at random per process (set fingerprint_salt for stable ones)"
+                        .to_string(),
+                _ => "salted with a secret derived from the admin token".to_string(),
+            }
+        );
+        let _ = writeln!(
+            out,
             "log denials   {}",
             match self.log.denials {
                 DenialLogging::Off => "off",

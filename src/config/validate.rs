@@ -93,6 +93,7 @@ impl Config {
             ));
         }
         self.admin_token()?;
+        self.fingerprint_salt()?;
         Ok(())
     }
 

@@ -1,9 +1,6 @@
 //! What every admin endpoint shares: who is calling (holder of the admin token or not), the
-//! refusal of mutating calls without the token, key values shown as fingerprints to callers
-//! without it, and `application/problem+json` answers.
-
-use std::borrow::Cow;
-use std::net::IpAddr;
+//! refusal of mutating calls without the token, and `application/problem+json` answers. How a
+//! key value is shown to a caller without the token is [`crate::base::redact`]'s.
 
 use actix_web::http::header::{self, HeaderValue};
 use actix_web::http::StatusCode;
@@ -11,20 +8,12 @@ use actix_web::{HttpRequest, HttpResponse};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
+pub use crate::base::redact::Caller;
 use crate::policy::limits::{Limit, Policy};
 
 /// Longest query accepted: a key part longer than the store keeps raw is hashed anyway, and
 /// anything near this is a mistake or an attack.
 pub const MAX_QUERY: usize = 16 * 1024;
-
-/// Who sent an admin request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Caller {
-    /// Sent `Authorization: Bearer <admin_token>` matching the configured token.
-    Operator,
-    /// Anyone else: may read, sees key values as fingerprints, may not change anything.
-    Anonymous,
-}
 
 impl Caller {
     /// Reads the bearer token. The comparison takes the same time wherever the tokens differ
@@ -83,33 +72,8 @@ pub fn refuse_unless_operator(
     Some(refusal)
 }
 
-/// A key value as `caller` may see it: IP addresses (and networks, `2001:db8::/64`) as they
-/// are, anything else (API keys, user ids) as the first 12 hex digits of its SHA-256 for
-/// callers without the token, so a read-only view never leaks a credential.
-pub fn shown(value: &str, caller: Caller) -> Cow<'_, str> {
-    if caller == Caller::Operator || is_address(value) {
-        return Cow::Borrowed(value);
-    }
-    Cow::Owned(fingerprint(value))
-}
-
-/// First 12 hex digits of the value's SHA-256.
-pub fn fingerprint(value: &str) -> String {
-    let digest = Sha256::digest(value.as_bytes());
-    let mut out = String::with_capacity(12);
-    for byte in &digest[..6] {
-        out.push_str(&format!("{byte:02x}"));
-    }
-    out
-}
-
-fn is_address(value: &str) -> bool {
-    let address = value.split_once('/').map_or(value, |(address, _)| address);
-    address.parse::<IpAddr>().is_ok()
-}
-
 /// A limit and one of its keys, as `/v1/…/{limit}?key=<part>&key=<part>` names them, resolved
-/// to the key tail a check builds for the same values ([`keys::tail_of_given`]): so a peek, a
+/// to the key tail a check builds for the same values ([`Limit::tail_of_given`]): so a peek, a
 /// reset and an override reach the very bucket the next check draws from.
 ///
 /// Query values are decoded as HTML forms and `curl --data-urlencode` encode them (`+` is a
@@ -233,23 +197,6 @@ pub fn problem(status: StatusCode, detail: String, field: Option<String>) -> Htt
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn addresses_are_shown_other_values_fingerprinted() {
-        assert_eq!(shown("203.0.113.9", Caller::Anonymous), "203.0.113.9");
-        assert_eq!(shown("2001:db8::/64", Caller::Anonymous), "2001:db8::/64");
-        let hidden = shown("sk_live_secret", Caller::Anonymous);
-        assert_eq!(hidden.len(), 12);
-        assert_ne!(hidden, "sk_live_secret");
-        assert_eq!(hidden, fingerprint("sk_live_secret"));
-        assert_eq!(shown("sk_live_secret", Caller::Operator), "sk_live_secret");
-    }
-
-    #[test]
-    fn fingerprint_is_the_sha256_prefix() {
-        // sha256("abc") = ba7816bf8f01cfea414140de5dae2223...
-        assert_eq!(fingerprint("abc"), "ba7816bf8f01");
-    }
 
     #[test]
     fn key_values_are_decoded_strictly_as_curl_encodes_them() {

@@ -18,6 +18,7 @@ use std::sync::Arc;
 use crate::base::calendar::Period;
 use crate::base::keys::{self, KeyPart};
 use crate::base::rate::{ceil_secs, count_f64};
+use crate::base::redact::Salt;
 use crate::config::{
     check_refill, valid_name, Charge, Config, ConfigError, LimitConfig, OnMissing, RateSpec,
     ResponseConfig, MAX_BURST, MAX_COST, OVER_COST,
@@ -457,6 +458,8 @@ pub struct Policy {
     pub key_prefix: String,
     /// The bearer token mutating admin requests need; `None` refuses them.
     pub admin_token: Option<String>,
+    /// What key values are fingerprinted with for readers without the token.
+    pub salt: Salt,
     /// Overrides set through the admin API: they beat the file's, and every policy a reload
     /// installs shares the running one's ([`crate::limiter::Limiter::replace_policy`]).
     pub runtime: Arc<RuntimeOverrides>,
@@ -489,6 +492,11 @@ impl Policy {
             client_ip: ClientIpPolicy::from(&config.client_ip),
             response: config.response.clone(),
             key_prefix: config.store.key_prefix.clone(),
+            salt: match (config.fingerprint_salt()?, config.admin_token()?) {
+                (Some(salt), _) => Salt::configured(&salt),
+                (None, Some(token)) => Salt::from_admin_token(&token),
+                (None, None) => Salt::per_process(),
+            },
             admin_token: config.admin_token()?,
             runtime: Arc::new(RuntimeOverrides::new(Some(
                 metrics.runtime_overrides.clone(),
