@@ -34,6 +34,10 @@ pub const OVER_COST: u64 = MAX_COST + 1;
 pub struct Config {
     pub listen: SocketAddr,
     pub admin_listen: SocketAddr,
+    /// Names the admin API may be reached by (its `Host` header), besides IP literals and
+    /// `localhost`: a page that rebinds its own name to this address cannot read the API.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub admin_hosts: Vec<String>,
     /// Envoy's rate limit service (gRPC); absent = off.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub grpc_listen: Option<SocketAddr>,
@@ -320,6 +324,7 @@ impl Default for Config {
         Config {
             listen: SocketAddr::from(([0, 0, 0, 0], 8080)),
             admin_listen: SocketAddr::from(([0, 0, 0, 0], 9090)),
+            admin_hosts: Vec::new(),
             grpc_listen: None,
             store: StoreConfig::default(),
             client_ip: ClientIpConfig::default(),

@@ -13,6 +13,14 @@ impl Config {
         let _ = writeln!(out, "configuration ok");
         let _ = writeln!(out, "listen        {}", self.listen);
         let _ = writeln!(out, "admin_listen  {}", self.admin_listen);
+        let _ = writeln!(
+            out,
+            "admin_hosts   IP literals, localhost{}",
+            self.admin_hosts
+                .iter()
+                .map(|host| format!(", {host}"))
+                .collect::<String>()
+        );
         if let Some(grpc) = self.grpc_listen {
             let _ = writeln!(out, "grpc_listen   {grpc}");
         }

@@ -195,6 +195,10 @@ pub async fn peek(
             "override": "unlimited",
         })));
     }
+    let _slot = match admin::ReadSlot::take(&state.admin_reads) {
+        Ok(slot) => slot,
+        Err(busy) => return *busy,
+    };
     let outcome = match state.limiter.store().peek(&named.bucket).await {
         Ok(outcome) => outcome,
         Err(error) => return store_failed(&error),

@@ -460,6 +460,9 @@ pub struct Policy {
     pub admin_token: Option<String>,
     /// What key values are fingerprinted with for readers without the token.
     pub salt: Salt,
+    /// Names the admin API answers to besides IP literals and `localhost`: lower-case,
+    /// without a trailing dot.
+    pub admin_hosts: Vec<String>,
     /// Overrides set through the admin API: they beat the file's, and every policy a reload
     /// installs shares the running one's ([`crate::limiter::Limiter::replace_policy`]).
     pub runtime: Arc<RuntimeOverrides>,
@@ -498,6 +501,11 @@ impl Policy {
                 (None, None) => Salt::per_process(),
             },
             admin_token: config.admin_token()?,
+            admin_hosts: config
+                .admin_hosts
+                .iter()
+                .map(|host| host.trim_end_matches('.').to_ascii_lowercase())
+                .collect(),
             runtime: Arc::new(RuntimeOverrides::new(Some(
                 metrics.runtime_overrides.clone(),
             ))),
