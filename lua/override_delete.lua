@@ -21,6 +21,6 @@ for i = 1, #all, 2 do
   end
 end
 if changed > 0 then
-  redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
+  bump(KEYS[1], ARGV[1])
 end
 return {removed, now}

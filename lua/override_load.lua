@@ -25,7 +25,7 @@ for i = 1, #all, 2 do
 end
 local version
 if dropped > 0 then
-  version = redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
+  version = bump(KEYS[1], ARGV[1])
 else
   version = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0')
 end

@@ -1,6 +1,6 @@
 -- Runtime overrides: what every instance asks a few times a second.
 --
--- KEYS[1]  the version hash: field = limit name, value = its change counter
+-- KEYS[1]  the version hash: field = limit name, value = its version (override_version.lua)
 --
 -- Returns {now_ms, exists (0/1), {limit, version, limit, version, ...}}. A version hash that
 -- does not exist while an instance knew one means the store lost its data (a restart without

@@ -1,7 +1,8 @@
 -- Runtime overrides: sets one key's override of one limit, in force on every instance once
 -- they see the limit's version move.
 --
--- KEYS[1]  the version hash: field = limit name, value = a counter bumped by every change
+-- KEYS[1]  the version hash: field = limit name, value = its version, changed by every change
+--          (lua/override_version.lua: never the same twice)
 -- KEYS[2]  the limit's override hash: field = escaped key tail, value = compact JSON
 -- ARGV[1]  the limit name
 -- ARGV[2]  the key tail
@@ -29,7 +30,7 @@ if redis.call('HEXISTS', KEYS[2], ARGV[2]) == 0 then
   local count = redis.call('HLEN', KEYS[2])
   if count >= tonumber(ARGV[5]) then
     if dropped > 0 then
-      redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
+      bump(KEYS[1], ARGV[1])
     end
     return {0, now, count}
   end
@@ -41,4 +42,4 @@ if ttl > 0 then
   value = '{"x":' .. string.format('%d', now + ttl) .. ',' .. string.sub(value, 2)
 end
 redis.call('HSET', KEYS[2], ARGV[2], value)
-return {1, now, redis.call('HINCRBY', KEYS[1], ARGV[1], 1)}
+return {1, now, bump(KEYS[1], ARGV[1])}

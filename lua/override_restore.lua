@@ -25,6 +25,6 @@ for k = 2, #KEYS do
     end
     at = at + 2
   end
-  redis.call('HINCRBY', KEYS[1], limit, 1)
+  bump(KEYS[1], limit)
 end
 return 1

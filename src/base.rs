@@ -1,7 +1,8 @@
-//! Value types every layer above uses: time, rates, the spelling of store keys.
+//! Value types every layer above uses: time, rates, the spelling of store keys, redaction.
 
 pub mod calendar;
 pub mod clock;
 pub mod keys;
 pub mod normalise;
 pub mod rate;
+pub mod redact;

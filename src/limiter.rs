@@ -398,7 +398,7 @@ impl<S: Store> Limiter<S> {
         let tail = top::tail_of(&bucket.key, &policy.key_prefix, &limit.name);
         limit.counters.denied_keys.record(tail);
         if let Some(log) = &self.denial_log {
-            log.note(&limit.name, tail, state.wait_secs());
+            log.note(&limit.name, tail, state.wait_secs(), &policy.salt);
         }
     }
 }

@@ -13,6 +13,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use crate::base::keys;
+use crate::base::redact::Salt;
 use crate::config::{Config, ConfigError, OnMissing, ResponseConfig};
 use crate::observe::metrics::Metrics;
 use crate::request::{ClientIpPolicy, OriginalRequest};
@@ -31,6 +32,11 @@ pub struct Policy {
     pub key_prefix: String,
     /// The bearer token mutating admin requests need; `None` refuses them.
     pub admin_token: Option<String>,
+    /// What key values are fingerprinted with for readers without the token.
+    pub salt: Salt,
+    /// Names the admin API answers to besides IP literals and `localhost`: lower-case,
+    /// without a trailing dot.
+    pub admin_hosts: Vec<String>,
     /// Overrides set through the admin API: they beat the file's, and every policy a reload
     /// installs shares the running one's ([`crate::limiter::Limiter::replace_policy`]).
     pub runtime: Arc<RuntimeOverrides>,
@@ -76,7 +82,17 @@ impl Policy {
             client_ip: ClientIpPolicy::from(&config.client_ip),
             response: config.response.clone(),
             key_prefix: config.store.key_prefix.clone(),
+            salt: match (config.fingerprint_salt()?, config.admin_token()?) {
+                (Some(salt), _) => Salt::configured(&salt),
+                (None, Some(token)) => Salt::from_admin_token(&token),
+                (None, None) => Salt::per_process(),
+            },
             admin_token: config.admin_token()?,
+            admin_hosts: config
+                .admin_hosts
+                .iter()
+                .map(|host| host.trim_end_matches('.').to_ascii_lowercase())
+                .collect(),
             runtime: Arc::new(RuntimeOverrides::new(Some(
                 metrics.runtime_overrides.clone(),
             ))),

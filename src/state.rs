@@ -1,6 +1,7 @@
 //! What every worker of every listener shares: the limiter (policy, store, deny cache) and
 //! the metrics. Built once at start; tests build it themselves to serve in process.
 
+use std::sync::atomic::AtomicUsize;
 use std::time::Duration;
 
 use actix_web::web;
@@ -18,6 +19,9 @@ use crate::store::AnyStore;
 pub struct AppState {
     pub limiter: Limiter<AnyStore>,
     pub metrics: Metrics,
+    /// Admin reads that call the store (peeks) in flight: bounded, so the readiness probe's
+    /// own store call never queues behind a flood of them.
+    pub admin_reads: AtomicUsize,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -61,7 +65,11 @@ pub fn build_state(config: &Config) -> Result<web::Data<AppState>, StartError> {
     if config.log.denials == DenialLogging::Sampled {
         limiter = limiter.with_denial_log(DenialLog::default());
     }
-    Ok(web::Data::new(AppState { limiter, metrics }))
+    Ok(web::Data::new(AppState {
+        limiter,
+        metrics,
+        admin_reads: AtomicUsize::new(0),
+    }))
 }
 
 /// Where the Redis store lives: a Cluster, a Sentinel-managed master, or one node.

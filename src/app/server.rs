@@ -146,6 +146,9 @@ pub async fn run(
     let admin = HttpServer::new(move || {
         App::new()
             .app_data(admin_state.clone())
+            .wrap(actix_web::middleware::from_fn(
+                crate::http::admin::host_guard,
+            ))
             .configure(crate::http::admin_routes)
     })
     .workers(1)

@@ -11,14 +11,15 @@ use super::{Config, Secret};
 /// Environment variables that carry the config file path, or that Kubernetes injects for a
 /// Service named `tollgate` (`TOLLGATE_SERVICE_HOST`, `TOLLGATE_PORT_8080_TCP`, ...). They are
 /// not config keys, and refusing them would crash-loop a pod for a name clash.
-/// `admin_token` is read from its variable verbatim instead (a token of digits would otherwise
-/// parse as a number).
+/// `admin_token` and `fingerprint_salt` are read from their variables verbatim instead (a
+/// secret of digits would otherwise parse as a number).
 const NON_CONFIG_ENV: &[&str] = &[
     "config",
     "service_host",
     "service_port",
     "port",
     "admin_token",
+    "fingerprint_salt",
 ];
 
 /// A refused configuration: the dotted key and why, printed as one line.
@@ -104,6 +105,15 @@ impl Config {
             })?;
             config.admin_token = Some(Secret(token));
         }
+        if let Some(salt) = std::env::var_os("TOLLGATE_FINGERPRINT_SALT") {
+            let salt = salt.into_string().map_err(|_| {
+                ConfigError::new(
+                    "fingerprint_salt",
+                    "TOLLGATE_FINGERPRINT_SALT is not valid UTF-8",
+                )
+            })?;
+            config.fingerprint_salt = Some(Secret(salt));
+        }
         config.resolve_paths(file);
         config.validate()?;
         Ok(config)
@@ -127,35 +137,59 @@ impl Config {
     /// environment variable `TOLLGATE_ADMIN_TOKEN` sets the former). `None`: mutating admin
     /// requests are refused.
     pub fn admin_token(&self) -> Result<Option<String>, ConfigError> {
-        let token = match (&self.admin_token, &self.admin_token_file) {
-            (Some(_), Some(_)) => {
-                return Err(ConfigError::new(
-                    "admin_token_file",
-                    "set either admin_token or admin_token_file, not both",
-                ))
-            }
-            (Some(Secret(token)), None) => ("admin_token", token.trim().to_string()),
-            (None, Some(path)) => {
-                let text = std::fs::read_to_string(path).map_err(|e| {
-                    ConfigError::new(
-                        "admin_token_file",
-                        format!("cannot read {}: {}", path.display(), e.kind()),
-                    )
-                })?;
-                ("admin_token_file", text.trim().to_string())
-            }
-            (None, None) => return Ok(None),
-        };
-        match token {
-            (key, token) if token.len() < 16 || !token.bytes().all(|b| b.is_ascii_graphic()) => {
-                Err(ConfigError::new(
-                    key,
-                    "must be at least 16 printable characters without spaces",
-                ))
-            }
-            (_, token) => Ok(Some(token)),
-        }
+        secret(
+            self.admin_token.as_ref(),
+            self.admin_token_file.as_deref(),
+            "admin_token",
+        )
     }
+
+    /// The salt of key fingerprints, from `fingerprint_salt` or the file
+    /// `fingerprint_salt_file` names (the environment variable `TOLLGATE_FINGERPRINT_SALT`
+    /// sets the former). `None`: derived from the admin token, else random per process.
+    pub fn fingerprint_salt(&self) -> Result<Option<String>, ConfigError> {
+        secret(
+            self.fingerprint_salt.as_ref(),
+            self.fingerprint_salt_file.as_deref(),
+            "fingerprint_salt",
+        )
+    }
+}
+
+/// A secret given as the setting `key` or read from the file `<key>_file` names (trimmed):
+/// at least 16 printable characters without spaces.
+fn secret(
+    given: Option<&Secret>,
+    file: Option<&Path>,
+    key: &str,
+) -> Result<Option<String>, ConfigError> {
+    let file_key = format!("{key}_file");
+    let (from, value) = match (given, file) {
+        (Some(_), Some(_)) => {
+            return Err(ConfigError::new(
+                file_key,
+                format!("set either {key} or {key}_file, not both"),
+            ))
+        }
+        (Some(Secret(value)), None) => (key.to_string(), value.trim().to_string()),
+        (None, Some(path)) => {
+            let text = std::fs::read_to_string(path).map_err(|e| {
+                ConfigError::new(
+                    file_key.clone(),
+                    format!("cannot read {}: {}", path.display(), e.kind()),
+                )
+            })?;
+            (file_key, text.trim().to_string())
+        }
+        (None, None) => return Ok(None),
+    };
+    if value.len() < 16 || !value.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(ConfigError::new(
+            from,
+            "must be at least 16 printable characters without spaces",
+        ));
+    }
+    Ok(Some(value))
 }
 
 fn is_kubernetes_or_cli_env(key: &str) -> bool {

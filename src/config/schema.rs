@@ -34,6 +34,10 @@ pub const OVER_COST: u64 = MAX_COST + 1;
 pub struct Config {
     pub listen: SocketAddr,
     pub admin_listen: SocketAddr,
+    /// Names the admin API may be reached by (its `Host` header), besides IP literals and
+    /// `localhost`: a page that rebinds its own name to this address cannot read the API.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub admin_hosts: Vec<String>,
     /// Envoy's rate limit service (gRPC); absent = off.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub grpc_listen: Option<SocketAddr>,
@@ -54,6 +58,13 @@ pub struct Config {
     /// A file holding that token (a mounted Kubernetes secret); trailing whitespace is ignored.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub admin_token_file: Option<PathBuf>,
+    /// The secret key values' fingerprints are salted with; absent: derived from the admin
+    /// token, else drawn at random per process.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fingerprint_salt: Option<Secret>,
+    /// A file holding that salt; trailing whitespace is ignored.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fingerprint_salt_file: Option<PathBuf>,
 }
 
 /// A value that must never reach a log line or `validate` output.
@@ -319,6 +330,7 @@ impl Default for Config {
         Config {
             listen: SocketAddr::from(([0, 0, 0, 0], 8080)),
             admin_listen: SocketAddr::from(([0, 0, 0, 0], 9090)),
+            admin_hosts: Vec::new(),
             grpc_listen: None,
             store: StoreConfig::default(),
             client_ip: ClientIpConfig::default(),
@@ -345,6 +357,8 @@ impl Default for Config {
             envoy: EnvoyConfig::default(),
             admin_token: None,
             admin_token_file: None,
+            fingerprint_salt: None,
+            fingerprint_salt_file: None,
         }
     }
 }

@@ -13,6 +13,14 @@ impl Config {
         let _ = writeln!(out, "configuration ok");
         let _ = writeln!(out, "listen        {}", self.listen);
         let _ = writeln!(out, "admin_listen  {}", self.admin_listen);
+        let _ = writeln!(
+            out,
+            "admin_hosts   IP literals, localhost{}",
+            self.admin_hosts
+                .iter()
+                .map(|host| format!(", {host}"))
+                .collect::<String>()
+        );
         if let Some(grpc) = self.grpc_listen {
             let _ = writeln!(out, "grpc_listen   {grpc}");
         }
@@ -48,6 +56,23 @@ impl Config {
                 (Some(_), _) => "set".to_string(),
                 (None, Some(path)) => format!("from {}", path.display()),
                 (None, None) => "not set (POST /report is refused)".to_string(),
+            }
+        );
+        let _ = writeln!(
+            out,
+            "fingerprints  {}",
+            match (
+                &self.fingerprint_salt,
+                &self.fingerprint_salt_file,
+                &self.admin_token,
+                &self.admin_token_file,
+            ) {
+                (Some(_), ..) => "salted with fingerprint_salt".to_string(),
+                (None, Some(path), ..) => format!("salted from {}", path.display()),
+                (None, None, None, None) =>
+                    "salted at random per process (set fingerprint_salt for stable ones)"
+                        .to_string(),
+                _ => "salted with a secret derived from the admin token".to_string(),
             }
         );
         let _ = writeln!(

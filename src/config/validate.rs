@@ -16,6 +16,21 @@ pub fn valid_name(name: &str) -> bool {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
 }
 
+/// A DNS name as a `Host` header carries it (without the port): labels of letters, digits and
+/// `-`, joined by dots, at most 253 characters; one trailing dot allowed.
+pub fn valid_host_name(name: &str) -> bool {
+    let name = name.strip_suffix('.').unwrap_or(name);
+    !name.is_empty()
+        && name.len() <= 253
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        })
+}
+
 /// A burst must hold at least one token and the configured cost.
 pub fn check_burst(burst: u64, cost: u64, key: &str) -> Result<(), ConfigError> {
     if burst == 0 || burst > MAX_BURST {
@@ -85,6 +100,18 @@ impl Config {
             ));
         }
         self.admin_token()?;
+        self.fingerprint_salt()?;
+        for (i, host) in self.admin_hosts.iter().enumerate() {
+            if !valid_host_name(host) {
+                return Err(ConfigError::new(
+                    format!("admin_hosts[{i}]"),
+                    format!(
+                        "{host:?} is not a host name (letters, digits, '-' and '.', at most 253 \
+                         characters, no port; IP literals and localhost are always accepted)"
+                    ),
+                ));
+            }
+        }
         Ok(())
     }
 

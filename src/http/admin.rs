@@ -1,31 +1,129 @@
 //! What every admin endpoint shares: who is calling (holder of the admin token or not), the
-//! refusal of mutating calls without the token, key values shown as fingerprints to callers
-//! without it, and `application/problem+json` answers.
-
-use std::borrow::Cow;
-use std::net::IpAddr;
+//! refusal of mutating calls without the token, and `application/problem+json` answers. How a
+//! key value is shown to a caller without the token is [`crate::base::redact`]'s.
 
 use actix_web::http::header::{self, HeaderValue};
 use actix_web::http::StatusCode;
-use actix_web::{HttpRequest, HttpResponse};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use actix_web::body::{EitherBody, MessageBody};
+use actix_web::dev::{ServiceRequest, ServiceResponse};
+use actix_web::middleware::Next;
+use actix_web::{web, HttpRequest, HttpResponse};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
+pub use crate::base::redact::Caller;
 use crate::policy::limits::Limit;
 use crate::policy::Policy;
+use crate::state::AppState;
+
+/// Most admin reads calling the store (peeks) in flight at once; more are answered `503` with
+/// `Retry-After: 1` without a store call, so the readiness probe (which pings the store on the
+/// same connection) never waits behind them.
+pub const MAX_ADMIN_READS: usize = 8;
+
+/// A slot among [`MAX_ADMIN_READS`], given back on drop.
+pub struct ReadSlot<'s>(&'s AtomicUsize);
+
+impl<'s> ReadSlot<'s> {
+    /// A slot, or the `503` to answer when every one is taken.
+    pub fn take(in_flight: &'s AtomicUsize) -> Result<ReadSlot<'s>, Box<HttpResponse>> {
+        let taken = in_flight.fetch_add(1, Ordering::AcqRel);
+        let slot = ReadSlot(in_flight);
+        if taken >= MAX_ADMIN_READS {
+            drop(slot);
+            let mut busy = problem(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("{MAX_ADMIN_READS} admin reads are in flight already: retry"),
+                None,
+            );
+            busy.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            return Err(Box::new(busy));
+        }
+        Ok(slot)
+    }
+}
+
+impl Drop for ReadSlot<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Refuses the admin API (`/v1/...`, `/report`) to a request whose `Host` is not an IP
+/// literal, `localhost` or a name in `admin_hosts`: a web page that rebinds its own DNS name
+/// to this address then cannot read it from a browser. Probes and `/metrics` are not checked.
+pub async fn host_guard(
+    request: ServiceRequest,
+    next: Next<impl MessageBody + 'static>,
+) -> Result<ServiceResponse<EitherBody<impl MessageBody>>, actix_web::Error> {
+    let path = request.path();
+    if path.starts_with("/v1/") || path == "/report" {
+        let allowed = match request.app_data::<web::Data<AppState>>() {
+            Some(state) => {
+                let policy = state.limiter.policy();
+                let host = request
+                    .headers()
+                    .get(header::HOST)
+                    .and_then(|host| host.to_str().ok())
+                    .or_else(|| request.uri().authority().map(|a| a.as_str()));
+                host.is_some_and(|host| host_allowed(host, &policy.admin_hosts))
+            }
+            None => true,
+        };
+        if !allowed {
+            let refusal = problem(
+                StatusCode::MISDIRECTED_REQUEST,
+                "the Host header is not an IP address, localhost or a name in admin_hosts".into(),
+                Some("host".into()),
+            );
+            return Ok(request.into_response(refusal).map_into_right_body());
+        }
+    }
+    next.call(request)
+        .await
+        .map(ServiceResponse::map_into_left_body)
+}
+
+/// Whether a `Host` value (`name`, `name:port`, `192.0.2.1:9090`, `[::1]:9090`) names this
+/// admin API: an IP literal, `localhost` or one of `names` (lower-case, no trailing dot).
+pub fn host_allowed(host: &str, names: &[String]) -> bool {
+    let name = if let Some(bracketed) = host.strip_prefix('[') {
+        let Some((inside, rest)) = bracketed.split_once(']') else {
+            return false;
+        };
+        if !(rest.is_empty() || port(rest.strip_prefix(':'))) {
+            return false;
+        }
+        return inside.parse::<std::net::Ipv6Addr>().is_ok();
+    } else {
+        match host.rsplit_once(':') {
+            Some((name, tail)) if !name.contains(':') => {
+                if !port(Some(tail)) {
+                    return false;
+                }
+                name
+            }
+            _ => host,
+        }
+    };
+    if name.parse::<std::net::IpAddr>().is_ok() {
+        return true;
+    }
+    let name = name.strip_suffix('.').unwrap_or(name);
+    name.eq_ignore_ascii_case("localhost")
+        || names.iter().any(|known| name.eq_ignore_ascii_case(known))
+}
+
+fn port(digits: Option<&str>) -> bool {
+    digits.is_some_and(|d| !d.is_empty() && d.len() <= 5 && d.bytes().all(|b| b.is_ascii_digit()))
+}
 
 /// Longest query accepted: a key part longer than the store keeps raw is hashed anyway, and
 /// anything near this is a mistake or an attack.
 pub const MAX_QUERY: usize = 16 * 1024;
-
-/// Who sent an admin request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Caller {
-    /// Sent `Authorization: Bearer <admin_token>` matching the configured token.
-    Operator,
-    /// Anyone else: may read, sees key values as fingerprints, may not change anything.
-    Anonymous,
-}
 
 impl Caller {
     /// Reads the bearer token. The comparison takes the same time wherever the tokens differ
@@ -84,33 +182,8 @@ pub fn refuse_unless_operator(
     Some(refusal)
 }
 
-/// A key value as `caller` may see it: IP addresses (and networks, `2001:db8::/64`) as they
-/// are, anything else (API keys, user ids) as the first 12 hex digits of its SHA-256 for
-/// callers without the token, so a read-only view never leaks a credential.
-pub fn shown(value: &str, caller: Caller) -> Cow<'_, str> {
-    if caller == Caller::Operator || is_address(value) {
-        return Cow::Borrowed(value);
-    }
-    Cow::Owned(fingerprint(value))
-}
-
-/// First 12 hex digits of the value's SHA-256.
-pub fn fingerprint(value: &str) -> String {
-    let digest = Sha256::digest(value.as_bytes());
-    let mut out = String::with_capacity(12);
-    for byte in &digest[..6] {
-        out.push_str(&format!("{byte:02x}"));
-    }
-    out
-}
-
-fn is_address(value: &str) -> bool {
-    let address = value.split_once('/').map_or(value, |(address, _)| address);
-    address.parse::<IpAddr>().is_ok()
-}
-
 /// A limit and one of its keys, as `/v1/…/{limit}?key=<part>&key=<part>` names them, resolved
-/// to the key tail a check builds for the same values ([`crate::base::keys::tail_of_given`]): so a peek, a
+/// to the key tail a check builds for the same values ([`Limit::tail_of_given`]): so a peek, a
 /// reset and an override reach the very bucket the next check draws from.
 ///
 /// Query values are decoded as HTML forms and `curl --data-urlencode` encode them (`+` is a
@@ -236,20 +309,38 @@ mod tests {
     use super::*;
 
     #[test]
-    fn addresses_are_shown_other_values_fingerprinted() {
-        assert_eq!(shown("203.0.113.9", Caller::Anonymous), "203.0.113.9");
-        assert_eq!(shown("2001:db8::/64", Caller::Anonymous), "2001:db8::/64");
-        let hidden = shown("sk_live_secret", Caller::Anonymous);
-        assert_eq!(hidden.len(), 12);
-        assert_ne!(hidden, "sk_live_secret");
-        assert_eq!(hidden, fingerprint("sk_live_secret"));
-        assert_eq!(shown("sk_live_secret", Caller::Operator), "sk_live_secret");
-    }
-
-    #[test]
-    fn fingerprint_is_the_sha256_prefix() {
-        // sha256("abc") = ba7816bf8f01cfea414140de5dae2223...
-        assert_eq!(fingerprint("abc"), "ba7816bf8f01");
+    fn only_ip_literals_localhost_and_configured_names_reach_the_admin_api() {
+        let names = [
+            "tollgate-admin".to_string(),
+            "admin.example.com".to_string(),
+        ];
+        for allowed in [
+            "127.0.0.1",
+            "10.1.2.3:9090",
+            "[::1]:9090",
+            "[2001:db8::1]",
+            "localhost",
+            "LOCALHOST:9090",
+            "localhost.",
+            "tollgate-admin:9090",
+            "Admin.Example.COM.",
+        ] {
+            assert!(host_allowed(allowed, &names), "{allowed:?}");
+        }
+        for refused in [
+            "evil.example",
+            "evil.example:9090",
+            "tollgate-admin.evil.example",
+            "127.0.0.1.nip.io",
+            "[::1",
+            "[::1]x",
+            "10.1.2.3:90x",
+            "10.1.2.3:",
+            "",
+            "localhost:99999999",
+        ] {
+            assert!(!host_allowed(refused, &names), "{refused:?}");
+        }
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //!
 //! The `key` values are the limit's key parts in order, raw, as `/check` reads them (an `ip`
 //! part as the client's address, a `host` or `path` as sent). The store key is built exactly as
-//! for a check ([`crate::base::keys::tail_of_given`], the override lookup, [`crate::base::keys::assemble`]), so a peek
+//! for a check ([`Limit::tail_of_given`], [`Limit::numbers_for`], [`Limit::store_key`]), so a peek
 //! reads and a reset deletes the very bucket the next check draws from. A peek charges nothing;
 //! a reset needs the admin token and makes every instance's deny cache forget the bucket.
 //!
@@ -16,8 +16,9 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use serde::Serialize;
 use serde_json::json;
 
-use super::admin::{self, problem, shown, Caller, NamedKey};
+use super::admin::{self, problem, Caller, NamedKey};
 use crate::base::calendar::Period;
+use crate::base::redact::Salt;
 use crate::limiter::decision::LimitState;
 use crate::policy::limits::{Limit, Numbers};
 use crate::policy::overrides::Override;
@@ -147,8 +148,11 @@ fn override_view(own: Option<Override>) -> Option<serde_json::Value> {
     })
 }
 
-fn shown_key<'a>(values: &'a [String], caller: Caller) -> Vec<Cow<'a, str>> {
-    values.iter().map(|value| shown(value, caller)).collect()
+fn shown_key<'a>(values: &'a [String], salt: &Salt, caller: Caller) -> Vec<Cow<'a, str>> {
+    values
+        .iter()
+        .map(|value| salt.shown(value, caller))
+        .collect()
 }
 
 fn store_failed(error: &crate::store::StoreError) -> HttpResponse {
@@ -182,7 +186,7 @@ pub async fn peek(
         Ok(named) => named,
         Err(refused) => return *refused,
     };
-    let key = shown_key(&named.values, caller);
+    let key = shown_key(&named.values, &policy.salt, caller);
     if named.own == Some(Override::Unlimited) {
         // No check ever draws from this bucket.
         return json(serde_json::to_string_pretty(&json!({
@@ -192,6 +196,10 @@ pub async fn peek(
             "override": "unlimited",
         })));
     }
+    let _slot = match admin::ReadSlot::take(&state.admin_reads) {
+        Ok(slot) => slot,
+        Err(busy) => return *busy,
+    };
     let outcome = match state.limiter.store().peek(&named.bucket).await {
         Ok(outcome) => outcome,
         Err(error) => return store_failed(&error),
@@ -233,7 +241,7 @@ pub async fn reset(
     log::info!(
         "bucket of limit {:?} for key [{}] reset by the operator",
         named.limit.name,
-        shown_key(&named.values, Caller::Anonymous).join(", ")
+        shown_key(&named.values, &policy.salt, Caller::Anonymous).join(", ")
     );
     json(serde_json::to_string_pretty(&json!({
         "limit": named.limit.name,

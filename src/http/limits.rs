@@ -1,11 +1,15 @@
 //! `GET /v1/limits` on the admin listener: the effective limits and exemptions, as the running
 //! policy holds them (after environment overrides and the last reload). Overrides appear only
-//! as counts, since their keys are client credentials; the admin token never appears.
+//! as counts, since their keys are client credentials; exempt rules' header values (a shared
+//! secret that bypasses every limit) only to the admin token's holder, as fingerprints to
+//! anyone else; the admin token never appears.
 
-use actix_web::{web, HttpResponse};
+use actix_web::{web, HttpRequest, HttpResponse};
 use serde::Serialize;
 
+use super::admin::Caller;
 use crate::base::calendar::Period;
+use crate::base::redact::Salt;
 use crate::config::{Charge, OnMissing};
 use crate::policy::exempt::ExemptRule;
 use crate::policy::limits::Limit;
@@ -17,7 +21,7 @@ use crate::store::Meter;
 #[derive(Serialize)]
 struct Limits<'p> {
     limits: Vec<LimitView<'p>>,
-    exempt: &'p [ExemptRule],
+    exempt: Vec<serde_json::Value>,
 }
 
 #[derive(Serialize)]
@@ -88,8 +92,15 @@ impl<'p> From<&'p Limit> for LimitView<'p> {
     }
 }
 
-/// The policy as the admin API shows it.
-pub fn render(policy: &Policy) -> serde_json::Result<String> {
+/// The policy as the admin API shows it to `caller`: an exempt rule's header values grant a
+/// bypass, so only the token holder sees them; anyone else sees their fingerprints.
+pub fn render(policy: &Policy, caller: Caller) -> serde_json::Result<String> {
+    let exempt = policy
+        .exemptions
+        .rules()
+        .iter()
+        .map(|rule| exempt_view(rule, &policy.salt, caller))
+        .collect::<serde_json::Result<_>>()?;
     serde_json::to_string_pretty(&Limits {
         limits: policy
             .limits
@@ -100,13 +111,38 @@ pub fn render(policy: &Policy) -> serde_json::Result<String> {
                 view
             })
             .collect(),
-        exempt: policy.exemptions.rules(),
+        exempt,
     })
 }
 
-pub async fn limits(state: web::Data<AppState>) -> HttpResponse {
+/// One exempt rule, its `match.headers` values redacted for `caller`.
+fn exempt_view(
+    rule: &ExemptRule,
+    salt: &Salt,
+    caller: Caller,
+) -> serde_json::Result<serde_json::Value> {
+    let mut view = serde_json::to_value(rule)?;
+    let headers = view
+        .get_mut("match")
+        .and_then(|matcher| matcher.get_mut("headers"))
+        .and_then(serde_json::Value::as_array_mut);
+    for header in headers.into_iter().flatten() {
+        let values = header
+            .get_mut("values")
+            .and_then(serde_json::Value::as_array_mut);
+        for value in values.into_iter().flatten() {
+            if let Some(text) = value.as_str() {
+                *value = serde_json::Value::String(salt.secret(text, caller).into_owned());
+            }
+        }
+    }
+    Ok(view)
+}
+
+pub async fn limits(request: HttpRequest, state: web::Data<AppState>) -> HttpResponse {
     let policy = state.limiter.policy();
-    match render(&policy) {
+    let caller = Caller::of(&request, policy.admin_token.as_deref());
+    match render(&policy, caller) {
         Ok(body) => HttpResponse::Ok()
             .content_type("application/json")
             .body(body),

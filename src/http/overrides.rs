@@ -12,7 +12,8 @@ use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde_json::{json, Map, Value};
 
-use super::admin::{self, problem, shown, Caller, NamedKey};
+use super::admin::{self, problem, Caller, NamedKey};
+use crate::base::redact::Salt;
 use crate::config::{OverrideConfig, RateSpec};
 use crate::policy::limits::Limit;
 use crate::policy::overrides;
@@ -40,7 +41,7 @@ pub async fn list(
         .runtime
         .list(&limit.name)
         .iter()
-        .map(|entry| render(entry, caller, now))
+        .map(|entry| render(entry, &policy.salt, caller, now))
         .collect();
     json_answer(
         StatusCode::OK,
@@ -86,7 +87,7 @@ pub async fn put(
     .await;
     match written {
         Ok(()) => {
-            let mut shown = render(&entry, Caller::Operator, 0);
+            let mut shown = render(&entry, &policy.salt, Caller::Operator, 0);
             if ttl_s > 0 {
                 shown["ttl_s"] = json!(ttl_s);
             }
@@ -251,11 +252,11 @@ fn count(value: &Value) -> Option<u64> {
 }
 
 /// An entry as `caller` may see it; `now_ms` on the store's clock dates its expiry.
-fn render(entry: &Entry, caller: Caller, now_ms: i64) -> Value {
+fn render(entry: &Entry, salt: &Salt, caller: Caller, now_ms: i64) -> Value {
     let key: Vec<String> = entry
         .key
         .iter()
-        .map(|value| shown(value, caller).into_owned())
+        .map(|value| salt.shown(value, caller).into_owned())
         .collect();
     let mut shown = json!({ "key": key });
     if entry.unlimited {

@@ -68,6 +68,7 @@ pub fn render_as(verdict: &Verdict, policy: &Policy, form: DenyForm) -> HttpResp
             problem(
                 &mut response,
                 status,
+                "about:blank",
                 format!("the request lacks the key of limit {name:?}"),
                 vec![name.as_str()],
                 None,
@@ -83,6 +84,7 @@ pub fn render_as(verdict: &Verdict, policy: &Policy, form: DenyForm) -> HttpResp
             problem(
                 &mut response,
                 status,
+                "about:blank",
                 "the rate-limit store is unavailable".into(),
                 Vec::new(),
                 Some(1),
@@ -148,8 +150,19 @@ fn denied(decision: &Decision, policy: &Policy, form: DenyForm) -> HttpResponse 
             None => format!("rate limit exceeded ({})", violated.join(", ")),
         },
     };
-    problem(&mut response, status, detail, violated, retry_after)
+    problem(
+        &mut response,
+        status,
+        QUOTA_EXCEEDED,
+        detail,
+        violated,
+        retry_after,
+    )
 }
+
+/// The problem type of a request over a limit (draft-ietf-httpapi-ratelimit-headers, its
+/// IANA HTTP problem type).
+pub const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
 
 /// RFC 9457 problem details.
 #[derive(Serialize)]
@@ -159,25 +172,33 @@ struct Problem<'a> {
     title: &'a str,
     status: u16,
     detail: String,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    limits: Vec<&'a str>,
+    /// The names of the limits that refused the request.
+    #[serde(rename = "violated-policies", skip_serializing_if = "<[_]>::is_empty")]
+    violated_policies: &'a [&'a str],
+    /// Deprecated: `violated-policies` under its earlier name, kept for one release.
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    limits: &'a [&'a str],
     #[serde(skip_serializing_if = "Option::is_none")]
     retry_after: Option<u64>,
 }
 
+/// A problem answer of type `kind` (`about:blank` or [`QUOTA_EXCEEDED`]) naming the `violated`
+/// limits.
 fn problem(
     response: &mut HttpResponseBuilder,
     status: StatusCode,
+    kind: &'static str,
     detail: String,
-    limits: Vec<&str>,
+    violated: Vec<&str>,
     retry_after: Option<u64>,
 ) -> HttpResponse {
     let body = Problem {
-        kind: "about:blank",
+        kind,
         title: status.canonical_reason().unwrap_or("Denied"),
         status: status.as_u16(),
         detail,
-        limits,
+        violated_policies: &violated,
+        limits: &violated,
         retry_after,
     };
     response

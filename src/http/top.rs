@@ -7,8 +7,9 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::admin::{problem, shown, Caller};
+use super::admin::{problem, Caller};
 use crate::base::rate::ratio;
+use crate::base::redact::Salt;
 use crate::observe::top::{self, TopList};
 use crate::state::AppState;
 
@@ -41,7 +42,7 @@ pub async fn top(request: HttpRequest, state: web::Data<AppState>) -> HttpRespon
             json!({
                 "limit": limit.name,
                 "denied": list.total,
-                "keys": rows(&list, caller),
+                "keys": rows(&list, &policy.salt, caller),
             })
         })
         .collect();
@@ -82,13 +83,13 @@ fn parse(query: &str) -> Result<(u64, usize), (&'static str, String)> {
     Ok((minutes, n))
 }
 
-fn rows(list: &TopList, caller: Caller) -> Vec<Value> {
+fn rows(list: &TopList, salt: &Salt, caller: Caller) -> Vec<Value> {
     list.keys
         .iter()
         .map(|(tail, denied)| {
             let key: Vec<String> = top::parts(tail)
                 .iter()
-                .map(|part| shown(part, caller).into_owned())
+                .map(|part| salt.shown(part, caller).into_owned())
                 .collect();
             json!({
                 "key": key,

@@ -16,7 +16,7 @@ use std::time::Duration;
 use serde_json::json;
 
 use crate::base::clock::{Clock, MonotonicClock};
-use crate::http::admin::{shown, Caller};
+use crate::base::redact::{Caller, Salt};
 use crate::observe::top::parts;
 
 /// The shortest time between two lines about one (limit, key).
@@ -60,20 +60,27 @@ impl DenialLog {
         }
     }
 
-    /// Logs a denial by `limit` of the key whose store tail is `tail`, if it is its turn.
-    pub fn note(&self, limit: &str, tail: &str, retry_after_s: Option<u64>) {
-        if let Some(Line(line)) = self.line(limit, tail, retry_after_s) {
+    /// Logs a denial by `limit` of the key whose store tail is `tail`, if it is its turn; key
+    /// values that are not addresses are fingerprinted with `salt`.
+    pub fn note(&self, limit: &str, tail: &str, retry_after_s: Option<u64>, salt: &Salt) {
+        if let Some(Line(line)) = self.line(limit, tail, retry_after_s, salt) {
             log::info!(target: TARGET, "{line}");
         }
     }
 
     /// The line to log for this denial, if any; otherwise the denial is counted as suppressed.
-    pub fn line(&self, limit: &str, tail: &str, retry_after_s: Option<u64>) -> Option<Line> {
+    pub fn line(
+        &self,
+        limit: &str,
+        tail: &str,
+        retry_after_s: Option<u64>,
+        salt: &Salt,
+    ) -> Option<Line> {
         if self.turn(limit, tail) {
             let suppressed = self.suppressed.swap(0, Ordering::Relaxed);
             let key: Vec<String> = parts(tail)
                 .iter()
-                .map(|part| shown(part, Caller::Anonymous).into_owned())
+                .map(|part| salt.shown(part, Caller::Anonymous).into_owned())
                 .collect();
             return Some(Line(json!({
                 "limit": limit,
@@ -140,6 +147,10 @@ impl DenialLog {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn salt() -> Salt {
+        Salt::configured("denial-log-test-salt")
+    }
     use crate::base::clock::ManualClock;
 
     fn log_on(clock: &Arc<ManualClock>) -> DenialLog {
@@ -151,17 +162,27 @@ mod tests {
     fn one_line_per_key_every_ten_seconds() {
         let clock = Arc::new(ManualClock::default());
         let log = log_on(&clock);
-        assert!(log.line("per-ip", "203.0.113.9", Some(3)).is_some());
-        assert!(log.line("per-ip", "203.0.113.9", Some(3)).is_none());
+        assert!(log
+            .line("per-ip", "203.0.113.9", Some(3), &salt())
+            .is_some());
+        assert!(log
+            .line("per-ip", "203.0.113.9", Some(3), &salt())
+            .is_none());
         // The same key under another limit is another pair; it reports the denial held back.
-        let Line(other) = log.line("per-key", "203.0.113.9", Some(3)).expect("first");
+        let Line(other) = log
+            .line("per-key", "203.0.113.9", Some(3), &salt())
+            .expect("first");
         assert_eq!(other["suppressed"], 1);
         clock.advance_ms(9_999);
-        assert!(log.line("per-ip", "203.0.113.9", Some(3)).is_none());
-        assert!(log.line("per-key", "203.0.113.9", Some(3)).is_none());
+        assert!(log
+            .line("per-ip", "203.0.113.9", Some(3), &salt())
+            .is_none());
+        assert!(log
+            .line("per-key", "203.0.113.9", Some(3), &salt())
+            .is_none());
         clock.advance_ms(1);
         let Line(line) = log
-            .line("per-ip", "203.0.113.9", Some(2))
+            .line("per-ip", "203.0.113.9", Some(2), &salt())
             .expect("its turn");
         assert_eq!(line["suppressed"], 2);
         assert_eq!(line["retry_after_s"], 2);
@@ -175,8 +196,13 @@ mod tests {
         let logged = |from: usize| {
             (from..from + 1000)
                 .filter(|i| {
-                    log.line("per-ip", &format!("10.0.{}.{}", i / 256, i % 256), None)
-                        .is_some()
+                    log.line(
+                        "per-ip",
+                        &format!("10.0.{}.{}", i / 256, i % 256),
+                        None,
+                        &salt(),
+                    )
+                    .is_some()
                 })
                 .count()
         };
@@ -190,11 +216,11 @@ mod tests {
         let clock = Arc::new(ManualClock::default());
         let log = log_on(&clock);
         let Line(line) = log
-            .line("per-key", "sk_live_secret|GET", None)
+            .line("per-key", "sk_live_secret|GET", None, &salt())
             .expect("first");
         let key = line["key"].as_array().expect("parts");
-        assert_eq!(key[0], crate::http::admin::fingerprint("sk_live_secret"));
-        assert_eq!(key[1], crate::http::admin::fingerprint("GET"));
+        assert_eq!(key[0], salt().fingerprint("sk_live_secret"));
+        assert_eq!(key[1], salt().fingerprint("GET"));
         assert!(!line.to_string().contains("sk_live_secret"));
     }
 
@@ -203,7 +229,7 @@ mod tests {
         let clock = Arc::new(ManualClock::default());
         let log = log_on(&clock);
         for i in 0..100_000u64 {
-            let _ = log.line("per-ip", &format!("key-{i}"), None);
+            let _ = log.line("per-ip", &format!("key-{i}"), None, &salt());
             clock.advance_us(10_000);
         }
         let remembered: usize = log.recent.iter().map(|r| r.lock().unwrap().len()).sum();

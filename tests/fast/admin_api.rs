@@ -591,6 +591,81 @@ fn an_instance_that_lost_the_reset_channel_forgets_its_cached_denials_when_back(
     panic!("the machine never ran the scenario within a second");
 }
 
+/// One request with a chosen `Host` header.
+fn with_host(tollgate: &Tollgate, path: &str, host: &str) -> crate::support::Response {
+    HttpClient::connect(tollgate.admin)
+        .and_then(|mut client| {
+            client.send_raw(format!("GET {path} HTTP/1.1\r\nHost: {host}\r\n\r\n").as_bytes())
+        })
+        .unwrap_or_else(|e| panic!("GET {path}: {e}"))
+}
+
+/// A page that rebinds its own DNS name to the admin address reaches it with its own name in
+/// `Host`: the admin API answers only IP literals, `localhost` and the names configured.
+#[test]
+fn the_admin_api_refuses_a_host_that_is_not_an_address_or_a_configured_name() {
+    let plain = Tollgate::in_process(LIMITS);
+    for path in ["/v1/limits", "/v1/top", "/v1/overrides/per-key"] {
+        let refused = with_host(&plain, path, "rebind.evil.example");
+        assert_eq!(refused.status, 421, "{path}: {}", refused.body);
+        assert!(refused.body.contains("admin_hosts"), "{}", refused.body);
+    }
+    for host in ["127.0.0.1", "localhost:9090", "[::1]:9090"] {
+        assert_eq!(with_host(&plain, "/v1/limits", host).status, 200, "{host}");
+    }
+    // Probes and metrics are not the admin API: any Host reaches them.
+    for path in ["/healthz", "/readyz", "/metrics"] {
+        assert_eq!(with_host(&plain, path, "rebind.evil.example").status, 200);
+    }
+    let named = Tollgate::in_process(&format!(
+        "admin_hosts = [\"tollgate-admin.ops.svc\"]\n{LIMITS}"
+    ));
+    assert_eq!(
+        with_host(&named, "/v1/limits", "Tollgate-Admin.ops.svc:9090").status,
+        200
+    );
+    assert_eq!(with_host(&named, "/v1/limits", "ops.svc").status, 421);
+}
+
+/// Peeks call the store on the connection the readiness probe pings it on: at most a few are
+/// in flight, and the rest are answered at once, so a flood of them never queues ahead of
+/// the probe.
+#[test]
+fn admin_reads_in_flight_are_bounded_and_the_rest_answered_at_once() {
+    let redis = RedisServer::start();
+    let tollgate = Tollgate::start(&redis_config(&redis, "", LIMITS));
+    assert_eq!(
+        admin_call(&tollgate, "GET", "/v1/buckets/per-key?key=a", None).status,
+        200
+    );
+    redis.cli(&["CLIENT", "PAUSE", "3000", "ALL"]);
+    let answers: Vec<crate::support::Response> = std::thread::scope(|scope| {
+        let calls: Vec<_> = (0..16)
+            .map(|i| {
+                let tollgate = &tollgate;
+                scope.spawn(move || {
+                    admin_call(
+                        tollgate,
+                        "GET",
+                        &format!("/v1/buckets/per-key?key=k{i}"),
+                        None,
+                    )
+                })
+            })
+            .collect();
+        calls.into_iter().map(|c| c.join().expect("peek")).collect()
+    });
+    let busy = answers
+        .iter()
+        .filter(|a| a.status == 503 && a.body.contains("in flight"))
+        .count();
+    assert!(busy >= 16 - 8, "answered at once: {busy} of 16");
+    assert!(answers
+        .iter()
+        .filter(|a| a.body.contains("in flight"))
+        .all(|a| a.header("retry-after") == Some("1")));
+}
+
 /// Second tier (`cargo test --features e2e`): tests that start more than one Redis process.
 /// One module, so scripts/test.sh runs exactly these by `e2e::`.
 #[cfg(feature = "e2e")]

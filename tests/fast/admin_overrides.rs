@@ -730,6 +730,57 @@ fn on_a_redis_cluster_an_override_and_its_version_share_a_slot() {
     )));
 }
 
+/// The store loses its last write (a lossy failover, an older RDB): the version goes back to
+/// the one before, and the entry written last is gone. An instance that held the lost entry
+/// must still see the next change: a version is never handed out twice, so the next write's
+/// version differs from the one that instance holds, and it reloads.
+#[test]
+fn after_the_store_loses_a_write_the_next_change_still_reaches_every_instance() {
+    let redis = RedisServer::start();
+    let a = Tollgate::start(&config(&redis, Some(TOKEN)));
+    let b = Tollgate::start(&config(&redis, Some(TOKEN)));
+    let versions = "tollgate:{tollgate:overrides}:versions";
+    let hash = "tollgate:{tollgate:overrides}:limit:tight";
+    assert_eq!(put(&a, "tight", "first", r#"{"burst": 5}"#).status, 200);
+    let before_lost = redis.cli(&["HGET", versions, "tight"]).trim().to_string();
+    assert_eq!(
+        put(&a, "tight", "lost", r#"{"unlimited": true}"#).status,
+        200
+    );
+    let keys_on = |tollgate: &Tollgate| -> Vec<String> {
+        let mut keys: Vec<String> = listed(tollgate, "tight", Some(TOKEN))
+            .as_array()
+            .expect("a list")
+            .iter()
+            .map(|entry| entry["key"][0].as_str().unwrap_or_default().to_string())
+            .collect();
+        keys.sort();
+        keys
+    };
+    assert!(
+        wait_until(Duration::from_secs(5), || keys_on(&b) == ["first", "lost"]),
+        "b learns both: {:?}",
+        keys_on(&b)
+    );
+    // The last write is lost: its entry and its version.
+    redis.cli(&["HDEL", hash, "lost"]);
+    redis.cli(&["HSET", versions, "tight", &before_lost]);
+    // The next change, made through another instance.
+    assert_eq!(put(&a, "tight", "next", r#"{"burst": 7}"#).status, 200);
+    assert!(
+        wait_until(Duration::from_secs(5), || keys_on(&b) == ["first", "next"]),
+        "b forgets the lost entry and learns the new one: {:?}",
+        keys_on(&b)
+    );
+    assert_eq!(check(&b, "tight", "lost").status, 200);
+    assert_eq!(check(&b, "tight", "lost").status, 200);
+    assert_eq!(
+        check(&b, "tight", "lost").status,
+        429,
+        "no longer unlimited"
+    );
+}
+
 /// Second tier (`cargo test --features e2e`): tests that start more than one Redis process.
 /// One module, so scripts/test.sh runs exactly these by `e2e::`.
 #[cfg(feature = "e2e")]

@@ -63,7 +63,12 @@ fn a_denied_check_is_a_429_with_retry_after_and_a_problem_body() {
     assert_eq!(denied.header("x-ratelimit-limit"), Some("3"));
     let body: serde_json::Value = serde_json::from_str(&denied.body).expect("json body");
     assert_eq!(body["status"], 429);
-    assert_eq!(body["limits"], serde_json::json!(["per-key"]));
+    assert_eq!(
+        body["type"],
+        "https://iana.org/assignments/http-problem-types#quota-exceeded"
+    );
+    assert_eq!(body["violated-policies"], serde_json::json!(["per-key"]));
+    assert_eq!(body["limits"], body["violated-policies"], "deprecated name");
     assert_eq!(body["retry_after"], 1);
 }
 

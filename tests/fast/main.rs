@@ -28,6 +28,7 @@ mod lifecycle;
 mod limiter;
 mod policies;
 mod quotas;
+mod redaction;
 mod reference;
 mod refund;
 mod report_numbers;

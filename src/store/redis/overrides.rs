@@ -1,6 +1,7 @@
 //! Runtime overrides in Redis: one hash per limit (field: the escaped key tail, value: the
 //! entry's compact JSON with its absolute expiry) and one hash of versions (field: the limit,
-//! value: a counter bumped by every change), all in one Cluster slot
+//! value: a version changed by every change, never the same twice: `lua/override_version.lua`),
+//! all in one Cluster slot
 //! ([`crate::base::keys::overrides_key`]). Every change and the version bump go in one script, with
 //! the expiry computed there from Redis `TIME`, so every instance reads one clock.
 
@@ -13,16 +14,32 @@ use super::script::LuaScript;
 use super::RedisStore;
 use crate::store::StoreError;
 
-static PUT: LazyLock<LuaScript> =
-    LazyLock::new(|| LuaScript::new(include_str!("../../../lua/override_put.lua")));
-static DELETE: LazyLock<LuaScript> =
-    LazyLock::new(|| LuaScript::new(include_str!("../../../lua/override_delete.lua")));
+static PUT: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::new(concat!(
+        include_str!("../../../lua/override_version.lua"),
+        include_str!("../../../lua/override_put.lua")
+    ))
+});
+static DELETE: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::new(concat!(
+        include_str!("../../../lua/override_version.lua"),
+        include_str!("../../../lua/override_delete.lua")
+    ))
+});
 static POLL: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new(include_str!("../../../lua/override_poll.lua")));
-static LOAD: LazyLock<LuaScript> =
-    LazyLock::new(|| LuaScript::new(include_str!("../../../lua/override_load.lua")));
-static RESTORE: LazyLock<LuaScript> =
-    LazyLock::new(|| LuaScript::new(include_str!("../../../lua/override_restore.lua")));
+static LOAD: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::new(concat!(
+        include_str!("../../../lua/override_version.lua"),
+        include_str!("../../../lua/override_load.lua")
+    ))
+});
+static RESTORE: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::new(concat!(
+        include_str!("../../../lua/override_version.lua"),
+        include_str!("../../../lua/override_restore.lua")
+    ))
+});
 
 /// The answer to a write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
