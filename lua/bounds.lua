@@ -17,6 +17,8 @@
 -- outside 0..MAX_COUNT, or a refill of burst + debt longer than MAX_REFILL_S.
 -- check_quota(i, quota, cost) refuses a quota outside 1..MAX_COUNT or a cost outside
 -- 0..MAX_COST.
+-- token_bucket.lua, run by every check, spells these checks out inline with the same bounds.
+--
 -- expire_at(now_us, ttl_us) is the PEXPIREAT argument, an integer in '%d': the millisecond
 -- after now + ttl, ttl capped at MAX_TTL_MS (a NaN or infinite ttl counts as the cap).
 
@@ -24,6 +26,7 @@ local MAX_COUNT = 1000000000
 local MAX_COST = MAX_COUNT + 1
 local MAX_REFILL_S = 315360000
 local MAX_TTL_MS = 2 * MAX_REFILL_S * 1000
+local MAX_TTL_US = MAX_TTL_MS * 1000
 
 local function refuse(i, what)
   error({err = 'ERR tollgate: key ' .. i .. ': ' .. what .. ' is out of bounds'})
@@ -43,7 +46,7 @@ local function check_quota(i, quota, cost)
 end
 
 local function expire_at(now_us, ttl_us)
-  if not (ttl_us <= MAX_TTL_MS * 1000) then ttl_us = MAX_TTL_MS * 1000 end
+  if not (ttl_us <= MAX_TTL_US) then ttl_us = MAX_TTL_US end
   if ttl_us < 0 then ttl_us = 0 end
   local at_ms = (now_us + ttl_us) / 1000
   return string.format('%d', at_ms - at_ms % 1 + 1)

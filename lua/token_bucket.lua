@@ -1,6 +1,6 @@
 -- tollgate token bucket and calendar quota: decides N keys all-or-nothing in one atomic call,
 -- or several such requests in turn (a batch). Loaded with lua/calendar.lua (period_bounds) and
--- lua/bounds.lua (check_bucket, check_quota, expire_at) in front of it.
+-- lua/bounds.lua (its bounds and refuse) in front of it.
 --
 -- One request:
 -- KEYS[i]     key i: a bucket, hash {tokens, ts} (ts in microseconds of this server's TIME),
@@ -70,10 +70,14 @@ local function decide(k, a, n)
   local starts, stops, current
   for i = 1, n do
     local j = a + 4 * i
-    local burst = ARGV[j - 2] + 0
+    local burst, cost = ARGV[j - 2] + 0, ARGV[j - 1] + 0
+    -- Numbers a key cannot carry are refused before this request writes (lua/bounds.lua);
+    -- spelled out here rather than called, for Redis's CPU.
+    if not (burst >= 1 and burst <= MAX_COUNT and cost >= 0 and cost <= MAX_COST) then
+      refuse(i, 'burst, quota or cost')
+    end
     local level
     if PERIOD[ARGV[j - 3]] then
-      check_quota(i, burst, ARGV[j - 1] + 0)
       if not starts then starts, stops, current = {}, {}, {} end
       local start, stop = period_bounds(ARGV[j - 3], now_s)
       local stored = redis.call('HMGET', KEYS[k + i], 'used', 'start')
@@ -84,7 +88,8 @@ local function decide(k, a, n)
       end
       starts[i], stops[i] = start, stop
     else
-      check_bucket(i, ARGV[j - 3] + 0, burst, ARGV[j - 1] + 0, 0)
+      local rate = ARGV[j - 3] + 0
+      if not (rate > 0 and burst / rate <= MAX_REFILL_S) then refuse(i, 'rate') end
       local stored = redis.call('HMGET', KEYS[k + i], 'tokens', 'ts')
       -- tonumber, not arithmetic: a field someone else mangled reads as absent, i.e. full.
       local at
@@ -92,12 +97,12 @@ local function decide(k, a, n)
       if level == nil or at == nil or level ~= level then
         level = burst
       elseif now > at then
-        level = level + (now - at) * ARGV[j - 3] / 1000000
+        level = level + (now - at) * rate / 1000000
         if level > burst then level = burst end
       end
     end
     out[p + 2 * i + 1] = level
-    if level >= ARGV[j - 1] + 0 and level > 0 then
+    if level >= cost and level > 0 then
       out[p + 2 * i + 2] = '1'
     else
       out[p + 2 * i + 2] = '0'
@@ -126,7 +131,10 @@ local function decide(k, a, n)
       redis.call('HSET', key, 'tokens', text, 'ts', ts)
       -- Redis deletes a key once its millisecond clock passes the deadline: the millisecond
       -- after the one in which the bucket is full again (bounded: see lua/bounds.lua).
-      redis.call('PEXPIREAT', key, expire_at(now, (ARGV[j - 2] - level) / ARGV[j - 3] * 1000000))
+      local ttl = (ARGV[j - 2] - level) / ARGV[j - 3] * 1000000
+      if not (ttl <= MAX_TTL_US) then ttl = MAX_TTL_US end
+      local full_ms = (now + ttl) / 1000
+      redis.call('PEXPIREAT', key, string.format('%d', full_ms - full_ms % 1 + 1))
       out[p + 2 * i + 1] = text
     end
   end

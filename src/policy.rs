@@ -76,18 +76,20 @@ impl Policy {
             limit.counters = metrics.limit_counters(&limit.name);
             limits.push(limit);
         }
+        // Read once: the token may come from a file.
+        let admin_token = config.admin_token()?;
         Ok(Policy {
             exemptions,
             limits,
             client_ip: ClientIpPolicy::from(&config.client_ip),
             response: config.response.clone(),
             key_prefix: config.store.key_prefix.clone(),
-            salt: match (config.fingerprint_salt()?, config.admin_token()?) {
+            salt: match (config.fingerprint_salt()?, &admin_token) {
                 (Some(salt), _) => Salt::configured(&salt),
-                (None, Some(token)) => Salt::from_admin_token(&token),
+                (None, Some(token)) => Salt::from_admin_token(token),
                 (None, None) => Salt::per_process(),
             },
-            admin_token: config.admin_token()?,
+            admin_token,
             admin_hosts: config
                 .admin_hosts
                 .iter()
