@@ -1,0 +1,66 @@
+//! An ingress-nginx Ingress, translated by `tollgate import ingress-nginx`, deployed as printed
+//! behind the real nginx running the shipped `config/nginx/tollgate.conf`, and driven by
+//! clients from several loopback addresses: the limit the annotations promised holds per
+//! client IP, with its burst, its whitelist and tollgate's status.
+
+use std::net::Ipv4Addr;
+
+use crate::support::chaos::run_tollgate;
+use crate::support::proxies::backend::send_from;
+use crate::support::proxies::scenarios::Stack;
+use crate::support::proxies::Nginx;
+use crate::support::TempDir;
+
+const INGRESS: &str = "apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: web
+  namespace: shop
+  annotations:
+    nginx.ingress.kubernetes.io/limit-rpm: \"1\"
+    nginx.ingress.kubernetes.io/limit-burst-multiplier: \"2\"
+    nginx.ingress.kubernetes.io/limit-whitelist: \"127.0.0.4/32\"
+spec:
+  rules:
+  - http:
+      paths:
+      - path: /
+        pathType: Prefix
+        backend:
+          service:
+            name: web
+            port:
+              number: 80
+";
+
+#[test]
+fn an_imported_ingress_limits_each_client_ip_behind_nginx() {
+    let dir = TempDir::new("import-ingress-e2e");
+    let yaml = dir.write("ingress.yaml", INGRESS);
+    let (code, toml, stderr) = run_tollgate(
+        &["import", "ingress-nginx", &yaml.display().to_string()],
+        &[],
+    );
+    assert_eq!(code, Some(0), "{stderr}");
+    let stack = Stack::start("deny", &toml, Nginx::start);
+    let from = |source: Ipv4Addr| {
+        send_from(source, stack.addr(), "GET", "/", &[])
+            .expect("answered")
+            .status
+    };
+    let (a, b, whitelisted) = (
+        Ipv4Addr::new(127, 0, 0, 2),
+        Ipv4Addr::new(127, 0, 0, 3),
+        Ipv4Addr::new(127, 0, 0, 4),
+    );
+    // limit-rpm 1 x multiplier 2: a burst of 2 per client, then 1 a minute; the denial is
+    // tollgate's 429 where ingress-nginx answered 503.
+    let first: Vec<u16> = (0..4).map(|_| from(a)).collect();
+    assert_eq!(first, [200, 200, 429, 429]);
+    assert_eq!(from(b), 200, "another client address has its own bucket");
+    assert_eq!(from(b), 200);
+    assert_eq!(from(b), 429);
+    let exempt: Vec<u16> = (0..5).map(|_| from(whitelisted)).collect();
+    assert_eq!(exempt, [200; 5], "limit-whitelist exempts its addresses");
+    assert_eq!(stack.backend.count(), 2 + 2 + 5);
+}
