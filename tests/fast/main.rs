@@ -22,6 +22,7 @@ mod policies;
 mod quotas;
 mod reference;
 mod refund;
+mod replay;
 mod routes;
 mod security;
 mod single_node;
