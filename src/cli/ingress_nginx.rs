@@ -23,8 +23,8 @@ use ipnet::IpNet;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
-/// ingress-nginx's default annotation prefix.
-const PREFIX: &str = "nginx.ingress.kubernetes.io/";
+/// ingress-nginx's default annotation prefix (its `--annotations-prefix`).
+pub const DEFAULT_PREFIX: &str = "nginx.ingress.kubernetes.io";
 
 /// ingress-nginx's default `limit-burst-multiplier`.
 const DEFAULT_BURST_MULTIPLIER: u64 = 5;
@@ -63,10 +63,13 @@ pub struct Imported {
 }
 
 /// Reads every file (single objects, multi-document files, `List`s) and converts the Ingress
-/// objects in order. `proxy`: print that proxy's snippet instead of the TOML.
+/// objects in order, reading the annotations under `prefix` (ingress-nginx's
+/// `--annotations-prefix`, [`DEFAULT_PREFIX`] unless changed). `proxy`: print that proxy's
+/// snippet instead of the TOML.
 pub fn import(
     files: &[impl AsRef<Path>],
     proxy: Option<Proxy>,
+    prefix: &str,
 ) -> Result<Imported, IngressImportError> {
     let mut ingresses = Vec::new();
     let mut controller = Controller::default();
@@ -78,6 +81,10 @@ pub fn import(
             reason: e.to_string(),
         })?;
         read_documents(&text, &shown, &mut ingresses, &mut controller)?;
+    }
+    let prefix = format!("{}/", prefix.trim_end_matches('/'));
+    for ingress in &mut ingresses {
+        ingress.prefix.clone_from(&prefix);
     }
     let mut out = Translation::default();
     out.status(&ingresses, &controller)?;
@@ -96,8 +103,12 @@ pub fn import(
 
 /// The command: the output on stdout, each note on stderr, exit 0; an error: one line on
 /// stderr, exit 2.
-pub fn run(files: &[impl AsRef<Path>], proxy: Option<Proxy>) -> std::process::ExitCode {
-    match import(files, proxy) {
+pub fn run(
+    files: &[impl AsRef<Path>],
+    proxy: Option<Proxy>,
+    prefix: &str,
+) -> std::process::ExitCode {
+    match import(files, proxy, prefix) {
         Ok(imported) => {
             print!("{}", imported.output);
             for note in &imported.notes {
@@ -127,6 +138,8 @@ struct Ingress {
     namespace: String,
     name: String,
     annotations: BTreeMap<String, String>,
+    /// `<annotations prefix>/`.
+    prefix: String,
     /// The host/path pairs its rules route; `None` host: any host.
     routes: Vec<Route>,
 }
@@ -339,20 +352,23 @@ impl Ingress {
             namespace,
             name: name.to_string(),
             annotations,
+            prefix: format!("{DEFAULT_PREFIX}/"),
             routes: routes.into_iter().collect(),
         })
     }
 
     fn annotation(&self, name: &str) -> Option<&str> {
+        let prefix = &self.prefix;
         self.annotations
-            .get(&format!("{PREFIX}{name}"))
+            .get(&format!("{prefix}{name}"))
             .map(|v| v.trim())
             .filter(|v| !v.is_empty())
     }
 
     fn error(&self, annotation: &str, reason: impl Into<String>) -> IngressImportError {
+        let prefix = &self.prefix;
         IngressImportError {
-            object: format!("{} annotation {PREFIX}{annotation}", self.object),
+            object: format!("{} annotation {prefix}{annotation}", self.object),
             reason: reason.into(),
         }
     }
@@ -706,6 +722,7 @@ impl Translation {
 
     fn ingress(&mut self, ingress: &Ingress) -> Result<(), IngressImportError> {
         let object = ingress.object.clone();
+        let prefix = ingress.prefix.as_str();
         let scopes = ingress.scopes();
         let mut comments: Vec<String> = Vec::new();
         for (annotation, why) in [
@@ -723,7 +740,7 @@ impl Translation {
             if let Some(value) = ingress.annotation(annotation) {
                 let what = self.note(
                     &object,
-                    format!("{PREFIX}{annotation}: {value:?} not carried: {why}"),
+                    format!("{prefix}{annotation}: {value:?} not carried: {why}"),
                 );
                 comments.push(what);
             }
@@ -735,7 +752,7 @@ impl Translation {
                 let what = self.note(
                     &object,
                     format!(
-                        "{PREFIX}limit-burst-multiplier 0: ingress-nginx uses its default, {DEFAULT_BURST_MULTIPLIER}"
+                        "{prefix}limit-burst-multiplier 0: ingress-nginx uses its default, {DEFAULT_BURST_MULTIPLIER}"
                     ),
                 );
                 comments.push(what);
@@ -792,7 +809,7 @@ impl Translation {
                 self.note(
                     &object,
                     format!(
-                        "{PREFIX}limit-whitelist without limit-rps/limit-rpm: nothing to exempt"
+                        "{prefix}limit-whitelist without limit-rps/limit-rpm: nothing to exempt"
                     )
                 )
             );
@@ -871,6 +888,7 @@ impl Translation {
         comments: &mut Vec<String>,
     ) -> Result<Option<Global>, IngressImportError> {
         let object = ingress.object.clone();
+        let prefix = ingress.prefix.as_str();
         let limit = ingress.integer("global-rate-limit")?.unwrap_or(0);
         let window = ingress.annotation("global-rate-limit-window");
         let Some(window) = window.filter(|_| limit > 0) else {
@@ -878,7 +896,7 @@ impl Translation {
                 comments.push(self.note(
                     &object,
                     format!(
-                        "{PREFIX}global-rate-limit without global-rate-limit-window is off in \
+                        "{prefix}global-rate-limit without global-rate-limit-window is off in \
                          ingress-nginx: not carried"
                     ),
                 ));
@@ -891,7 +909,7 @@ impl Translation {
             comments.push(self.note(
                 &object,
                 format!(
-                    "{PREFIX}global-rate-limit-window {window:?} is under a second, which \
+                    "{prefix}global-rate-limit-window {window:?} is under a second, which \
                      ingress-nginx treats as off: not carried"
                 ),
             ));
@@ -909,7 +927,7 @@ impl Translation {
                 comments.push(self.note(
                     &object,
                     format!(
-                        "{PREFIX}global-rate-limit-key {text:?}: ${variable} has no tollgate \
+                        "{prefix}global-rate-limit-key {text:?}: ${variable} has no tollgate \
                          key part (ip, host, path, method, header:<name>, const:<text>): the \
                          global limit is not carried"
                     ),

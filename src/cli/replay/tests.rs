@@ -23,12 +23,12 @@ fn args(format: LogFormat) -> ReplayArgs {
     }
 }
 
+static CONFIGS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 fn config(toml: &str) -> Config {
-    let path = std::env::temp_dir().join(format!(
-        "tollgate-replay-{}-{}.toml",
-        std::process::id(),
-        toml.len()
-    ));
+    let n = CONFIGS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let path =
+        std::env::temp_dir().join(format!("tollgate-replay-{}-{n}.toml", std::process::id()));
     std::fs::write(&path, toml).expect("write config");
     let config = Config::load(Some(&path)).expect("valid config");
     let _ = std::fs::remove_file(path);
