@@ -5,7 +5,8 @@
 //! Each annotation keeps the meaning ingress-nginx gave it:
 //! - `limit-rps` / `limit-rpm`: a bucket per client IP refilling that many per second / minute,
 //!   burst = the limit × `limit-burst-multiplier` (default 5); both given: both apply.
-//! - `limit-whitelist`: those clients skip the limits: an `[[exempt]]` rule.
+//! - `limit-allowlist` (or its older alias `limit-whitelist`): those clients skip the limits:
+//!   an `[[exempt]]` rule.
 //! - `global-rate-limit` + `-window` (+ `-key`, default `$remote_addr`, and `-ignored-cidrs`):
 //!   N per window as a bucket of rate N/window and burst N, keyed on the nginx variables.
 //! - `limit-req-status-code` (annotation, or the controller's ConfigMap key): `deny_status`.
@@ -748,20 +749,27 @@ impl Translation {
         let rps = ingress.integer("limit-rps")?.unwrap_or(0);
         let rpm = ingress.integer("limit-rpm")?.unwrap_or(0);
         let multiplier = match ingress.integer("limit-burst-multiplier")? {
-            Some(0) => {
+            Some(0) if rps > 0 || rpm > 0 => {
+                // nginx's burst 0 admits one request at a time: tollgate's burst 1 does too.
                 let what = self.note(
                     &object,
                     format!(
-                        "{prefix}limit-burst-multiplier 0: ingress-nginx uses its default, {DEFAULT_BURST_MULTIPLIER}"
+                        "{prefix}limit-burst-multiplier 0: nginx's burst 0 admits one request at \
+                         a time, which is tollgate's burst 1"
                     ),
                 );
                 comments.push(what);
-                DEFAULT_BURST_MULTIPLIER
+                0
             }
             Some(m) => m,
             None => DEFAULT_BURST_MULTIPLIER,
         };
-        let whitelist = ingress.cidrs("limit-whitelist")?;
+        // `limit-allowlist` is the current name, `limit-whitelist` its older alias.
+        let whitelist = if ingress.annotation("limit-allowlist").is_some() {
+            ingress.cidrs("limit-allowlist")?
+        } else {
+            ingress.cidrs("limit-whitelist")?
+        };
         let global = self.global(ingress, &mut comments)?;
         let ignored = ingress.cidrs("global-rate-limit-ignored-cidrs")?;
         let local = rps > 0 || rpm > 0;
@@ -843,11 +851,15 @@ impl Translation {
                     continue;
                 }
                 let name = self.name(ingress, what);
-                let burst = count.saturating_mul(multiplier);
+                let burst = count.saturating_mul(multiplier).max(1);
+                let one_more = if multiplier > 0 {
+                    " (nginx's limit_req admitted one more at once)"
+                } else {
+                    ""
+                };
                 let _ = write!(
                     block,
-                    "\n[[limits]]   # limit-{what} {count} per client IP, burst {count} x {multiplier} (nginx's \
-                     limit_req admitted one more at once)\n\
+                    "\n[[limits]]   # limit-{what} {count} per client IP, burst {count} x {multiplier}{one_more}\n\
                      name = {}\nrate = \"{count}/{unit}\"\nburst = {burst}\nkey = [\"ip\"]\n",
                     quoted(&name)
                 );

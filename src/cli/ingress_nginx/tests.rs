@@ -442,3 +442,26 @@ fn a_custom_annotations_prefix_is_read() {
     assert!(load(&default.output).0.limits.is_empty());
     let _ = std::fs::remove_file(path);
 }
+
+#[test]
+fn limit_allowlist_is_the_current_name_of_limit_whitelist() {
+    let out = convert(&ingress(
+        "api",
+        &[("limit-rps", "1"), ("limit-allowlist", "192.0.2.0/24")],
+        API_RULES,
+    ));
+    let (config, _) = load(&out.output);
+    assert_eq!(config.exempt[0].cidrs[0].to_string(), "192.0.2.0/24");
+}
+
+#[test]
+fn a_burst_multiplier_of_zero_admits_one_request_at_a_time_as_nginx_burst_0_does() {
+    let out = convert(&ingress(
+        "api",
+        &[("limit-rps", "3"), ("limit-burst-multiplier", "0")],
+        API_RULES,
+    ));
+    let (config, _) = load(&out.output);
+    assert_eq!(config.limits[0].burst, 1);
+    assert!(out.notes.iter().any(|n| n.contains("burst 0")));
+}
