@@ -416,10 +416,19 @@ impl Ingress {
     /// The tollgate scopes of this Ingress: one per distinct path, with the hosts routing it
     /// (none: any host).
     fn scopes(&self) -> Vec<Scope> {
+        // With use-regex (or rewrite-target, which turns it on) ingress-nginx reads paths as
+        // regular expressions: the literal part before the first metacharacter is the prefix.
+        let regex = self.annotation("use-regex") == Some("true")
+            || self.annotation("rewrite-target").is_some();
         let mut by_path: BTreeMap<(&str, bool), Vec<Option<&str>>> = BTreeMap::new();
         for route in &self.routes {
+            let path = if regex && !route.exact {
+                literal_prefix(&route.path)
+            } else {
+                route.path.as_str()
+            };
             by_path
-                .entry((route.path.as_str(), route.exact))
+                .entry((path, route.exact))
                 .or_default()
                 .push(route.host.as_deref());
         }
@@ -452,6 +461,18 @@ impl Ingress {
                 }
             })
             .collect()
+    }
+}
+
+/// The part of a regular-expression path before its first metacharacter (at least `/`).
+fn literal_prefix(path: &str) -> &str {
+    let end = path
+        .find(['(', '[', '*', '+', '?', '{', '^', '$', '|', '\\', '.'])
+        .unwrap_or(path.len());
+    if end == 0 {
+        "/"
+    } else {
+        &path[..end]
     }
 }
 
@@ -704,7 +725,8 @@ impl Translation {
                 _ => '-',
             })
             .collect();
-        let room = 64 - what.len() - 1;
+        // Room for "-<what>" and a numeric suffix should the name be taken.
+        let room = 64 - what.len() - 1 - 3;
         let base = if base.len() > room {
             let digest = Sha256::digest(base.as_bytes());
             let tag: String = digest[..3].iter().map(|b| format!("{b:02x}")).collect();

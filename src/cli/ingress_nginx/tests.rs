@@ -465,3 +465,18 @@ fn a_burst_multiplier_of_zero_admits_one_request_at_a_time_as_nginx_burst_0_does
     assert_eq!(config.limits[0].burst, 1);
     assert!(out.notes.iter().any(|n| n.contains("burst 0")));
 }
+
+#[test]
+fn a_regex_path_is_scoped_by_its_literal_prefix() {
+    let rules = "  rules:\n  - host: api.example.com\n    http:\n      paths:\n      - path: /api/v1(/|$)(.*)\n        pathType: ImplementationSpecific\n        backend: {}\n";
+    let out = convert(&ingress(
+        "api",
+        &[("limit-rps", "1"), ("use-regex", "true")],
+        rules,
+    ));
+    let (config, _) = load(&out.output);
+    assert_eq!(
+        config.limits[0].matching.path_prefix.as_deref(),
+        Some("/api/v1")
+    );
+}
