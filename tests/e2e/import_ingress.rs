@@ -1,7 +1,8 @@
 //! An ingress-nginx Ingress, translated by `tollgate import ingress-nginx`, deployed as printed
 //! behind the real nginx running the shipped `config/nginx/tollgate.conf`, and driven by
 //! clients from several loopback addresses: the limit the annotations promised holds per
-//! client IP, with its burst, its whitelist and tollgate's status.
+//! client IP, with its burst, its whitelist and tollgate's status, and a global limit holds
+//! per API key.
 
 use std::net::Ipv4Addr;
 
@@ -24,11 +25,32 @@ spec:
   rules:
   - http:
       paths:
-      - path: /
+      - path: /web
         pathType: Prefix
         backend:
           service:
             name: web
+            port:
+              number: 80
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: api
+  namespace: shop
+  annotations:
+    nginx.ingress.kubernetes.io/global-rate-limit: \"2\"
+    nginx.ingress.kubernetes.io/global-rate-limit-window: \"1h\"
+    nginx.ingress.kubernetes.io/global-rate-limit-key: \"$http_x_api_key\"
+spec:
+  rules:
+  - http:
+      paths:
+      - path: /api
+        pathType: Prefix
+        backend:
+          service:
+            name: api
             port:
               number: 80
 ";
@@ -43,11 +65,12 @@ fn an_imported_ingress_limits_each_client_ip_behind_nginx() {
     );
     assert_eq!(code, Some(0), "{stderr}");
     let stack = Stack::start("deny", &toml, Nginx::start);
-    let from = |source: Ipv4Addr| {
-        send_from(source, stack.addr(), "GET", "/", &[])
+    let send = |source: Ipv4Addr, path: &str, headers: &[(&str, &str)]| {
+        send_from(source, stack.addr(), "GET", path, headers)
             .expect("answered")
             .status
     };
+    let from = |source: Ipv4Addr| send(source, "/web/", &[]);
     let (a, b, whitelisted) = (
         Ipv4Addr::new(127, 0, 0, 2),
         Ipv4Addr::new(127, 0, 0, 3),
@@ -63,4 +86,19 @@ fn an_imported_ingress_limits_each_client_ip_behind_nginx() {
     let exempt: Vec<u16> = (0..5).map(|_| from(whitelisted)).collect();
     assert_eq!(exempt, [200; 5], "limit-whitelist exempts its addresses");
     assert_eq!(stack.backend.count(), 2 + 2 + 5);
+
+    // global-rate-limit 2 per hour keyed on the API key, whoever sends it; a request without
+    // the key is keyed by its address, as ingress-nginx does with an empty key.
+    let key = |source: Ipv4Addr, key: &str| send(source, "/api/items", &[("X-Api-Key", key)]);
+    assert_eq!(key(a, "k-1"), 200);
+    assert_eq!(key(b, "k-1"), 200);
+    assert_eq!(key(a, "k-1"), 429, "one key, one bucket across addresses");
+    assert_eq!(key(a, "k-2"), 200, "another key, its own bucket");
+    let anonymous: Vec<u16> = (0..3).map(|_| send(b, "/api/items", &[])).collect();
+    assert_eq!(anonymous, [200, 200, 429]);
+    assert_eq!(
+        send(a, "/api/items", &[]),
+        200,
+        "by address when the key is absent"
+    );
 }
