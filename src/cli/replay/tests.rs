@@ -225,3 +225,18 @@ fn denied_keys_beyond_max_buckets_are_counted_not_listed() {
         limit.top.iter().map(|k| k.denied).sum::<u64>() + limit.keys_untracked
     );
 }
+
+#[test]
+fn a_line_past_the_maximum_is_skipped_without_growing_the_buffer() {
+    let mut replay = Replay::new(&config(PER_IP), &args(LogFormat::Combined)).unwrap();
+    let good =
+        "203.0.113.9 - - [10/Oct/2000:13:55:36 -0700] \"GET / HTTP/1.1\" 200 1 \"-\" \"-\"\n";
+    let mut log = good.to_string();
+    log.push_str(&"x".repeat(MAX_LINE * 3));
+    log.push('\n');
+    log.push_str(good);
+    log.push_str(&"y".repeat(MAX_LINE + 1));
+    replay.read(log.as_bytes()).unwrap();
+    let report = replay.report(10);
+    assert_eq!((report.requests, report.unparsed), (2, 2));
+}
