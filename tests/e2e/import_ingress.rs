@@ -1,5 +1,5 @@
 //! An ingress-nginx Ingress, translated by `tollgate import ingress-nginx`, deployed as printed
-//! behind the real nginx running the shipped `config/nginx/tollgate.conf`, and driven by
+//! behind the real nginx and the real Traefik running the shipped configs, and driven by
 //! clients from several loopback addresses: the limit the annotations promised holds per
 //! client IP, with its burst, its whitelist and tollgate's status, and a global limit holds
 //! per API key.
@@ -8,8 +8,8 @@ use std::net::Ipv4Addr;
 
 use crate::support::chaos::run_tollgate;
 use crate::support::proxies::backend::send_from;
-use crate::support::proxies::scenarios::Stack;
-use crate::support::proxies::Nginx;
+use crate::support::proxies::scenarios::{Proxy, Stack};
+use crate::support::proxies::{Nginx, Traefik};
 use crate::support::TempDir;
 
 const INGRESS: &str = "apiVersion: networking.k8s.io/v1
@@ -57,6 +57,18 @@ spec:
 
 #[test]
 fn an_imported_ingress_limits_each_client_ip_behind_nginx() {
+    let stack = Stack::start("deny", &imported(), Nginx::start);
+    assert_annotations_hold(&stack);
+}
+
+#[test]
+fn an_imported_ingress_limits_each_client_ip_behind_traefik() {
+    let stack = Stack::start("deny", &imported(), Traefik::start);
+    assert_annotations_hold(&stack);
+}
+
+/// The TOML `tollgate import ingress-nginx` prints for [`INGRESS`].
+fn imported() -> String {
     let dir = TempDir::new("import-ingress-e2e");
     let yaml = dir.write("ingress.yaml", INGRESS);
     let (code, toml, stderr) = run_tollgate(
@@ -64,7 +76,10 @@ fn an_imported_ingress_limits_each_client_ip_behind_nginx() {
         &[],
     );
     assert_eq!(code, Some(0), "{stderr}");
-    let stack = Stack::start("deny", &toml, Nginx::start);
+    toml
+}
+
+fn assert_annotations_hold<P: Proxy>(stack: &Stack<P>) {
     let send = |source: Ipv4Addr, path: &str, headers: &[(&str, &str)]| {
         send_from(source, stack.addr(), "GET", path, headers)
             .expect("answered")
