@@ -53,6 +53,9 @@ enum Import {
         /// Print what to put in front of tollgate for this proxy instead of the TOML
         #[arg(long, value_enum)]
         proxy: Option<tollgate::cli::ingress_nginx::Proxy>,
+        /// The controller's --annotations-prefix
+        #[arg(long, default_value = tollgate::cli::ingress_nginx::DEFAULT_PREFIX)]
+        annotations_prefix: String,
     },
 }
 
@@ -79,8 +82,13 @@ fn main() -> ExitCode {
             }
         };
     }
-    if let Some(Command::Import(Import::IngressNginx { files, proxy })) = &cli.command {
-        return tollgate::cli::ingress_nginx::run(files, *proxy);
+    if let Some(Command::Import(Import::IngressNginx {
+        files,
+        proxy,
+        annotations_prefix,
+    })) = &cli.command
+    {
+        return tollgate::cli::ingress_nginx::run(files, *proxy, annotations_prefix);
     }
     if let Some(Command::Replay(args)) = &cli.command {
         return tollgate::cli::replay::run(cli.config.as_deref(), args);

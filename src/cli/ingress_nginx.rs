@@ -5,7 +5,8 @@
 //! Each annotation keeps the meaning ingress-nginx gave it:
 //! - `limit-rps` / `limit-rpm`: a bucket per client IP refilling that many per second / minute,
 //!   burst = the limit × `limit-burst-multiplier` (default 5); both given: both apply.
-//! - `limit-whitelist`: those clients skip the limits: an `[[exempt]]` rule.
+//! - `limit-allowlist` (or its older alias `limit-whitelist`): those clients skip the limits:
+//!   an `[[exempt]]` rule.
 //! - `global-rate-limit` + `-window` (+ `-key`, default `$remote_addr`, and `-ignored-cidrs`):
 //!   N per window as a bucket of rate N/window and burst N, keyed on the nginx variables.
 //! - `limit-req-status-code` (annotation, or the controller's ConfigMap key): `deny_status`.
@@ -23,8 +24,8 @@ use ipnet::IpNet;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
-/// ingress-nginx's default annotation prefix.
-const PREFIX: &str = "nginx.ingress.kubernetes.io/";
+/// ingress-nginx's default annotation prefix (its `--annotations-prefix`).
+pub const DEFAULT_PREFIX: &str = "nginx.ingress.kubernetes.io";
 
 /// ingress-nginx's default `limit-burst-multiplier`.
 const DEFAULT_BURST_MULTIPLIER: u64 = 5;
@@ -63,10 +64,13 @@ pub struct Imported {
 }
 
 /// Reads every file (single objects, multi-document files, `List`s) and converts the Ingress
-/// objects in order. `proxy`: print that proxy's snippet instead of the TOML.
+/// objects in order, reading the annotations under `prefix` (ingress-nginx's
+/// `--annotations-prefix`, [`DEFAULT_PREFIX`] unless changed). `proxy`: print that proxy's
+/// snippet instead of the TOML.
 pub fn import(
     files: &[impl AsRef<Path>],
     proxy: Option<Proxy>,
+    prefix: &str,
 ) -> Result<Imported, IngressImportError> {
     let mut ingresses = Vec::new();
     let mut controller = Controller::default();
@@ -78,6 +82,10 @@ pub fn import(
             reason: e.to_string(),
         })?;
         read_documents(&text, &shown, &mut ingresses, &mut controller)?;
+    }
+    let prefix = format!("{}/", prefix.trim_end_matches('/'));
+    for ingress in &mut ingresses {
+        ingress.prefix.clone_from(&prefix);
     }
     let mut out = Translation::default();
     out.status(&ingresses, &controller)?;
@@ -96,8 +104,12 @@ pub fn import(
 
 /// The command: the output on stdout, each note on stderr, exit 0; an error: one line on
 /// stderr, exit 2.
-pub fn run(files: &[impl AsRef<Path>], proxy: Option<Proxy>) -> std::process::ExitCode {
-    match import(files, proxy) {
+pub fn run(
+    files: &[impl AsRef<Path>],
+    proxy: Option<Proxy>,
+    prefix: &str,
+) -> std::process::ExitCode {
+    match import(files, proxy, prefix) {
         Ok(imported) => {
             print!("{}", imported.output);
             for note in &imported.notes {
@@ -127,6 +139,8 @@ struct Ingress {
     namespace: String,
     name: String,
     annotations: BTreeMap<String, String>,
+    /// `<annotations prefix>/`.
+    prefix: String,
     /// The host/path pairs its rules route; `None` host: any host.
     routes: Vec<Route>,
 }
@@ -339,20 +353,23 @@ impl Ingress {
             namespace,
             name: name.to_string(),
             annotations,
+            prefix: format!("{DEFAULT_PREFIX}/"),
             routes: routes.into_iter().collect(),
         })
     }
 
     fn annotation(&self, name: &str) -> Option<&str> {
+        let prefix = &self.prefix;
         self.annotations
-            .get(&format!("{PREFIX}{name}"))
+            .get(&format!("{prefix}{name}"))
             .map(|v| v.trim())
             .filter(|v| !v.is_empty())
     }
 
     fn error(&self, annotation: &str, reason: impl Into<String>) -> IngressImportError {
+        let prefix = &self.prefix;
         IngressImportError {
-            object: format!("{} annotation {PREFIX}{annotation}", self.object),
+            object: format!("{} annotation {prefix}{annotation}", self.object),
             reason: reason.into(),
         }
     }
@@ -399,10 +416,19 @@ impl Ingress {
     /// The tollgate scopes of this Ingress: one per distinct path, with the hosts routing it
     /// (none: any host).
     fn scopes(&self) -> Vec<Scope> {
+        // With use-regex (or rewrite-target, which turns it on) ingress-nginx reads paths as
+        // regular expressions: the literal part before the first metacharacter is the prefix.
+        let regex = self.annotation("use-regex") == Some("true")
+            || self.annotation("rewrite-target").is_some();
         let mut by_path: BTreeMap<(&str, bool), Vec<Option<&str>>> = BTreeMap::new();
         for route in &self.routes {
+            let path = if regex && !route.exact {
+                literal_prefix(&route.path)
+            } else {
+                route.path.as_str()
+            };
             by_path
-                .entry((route.path.as_str(), route.exact))
+                .entry((path, route.exact))
                 .or_default()
                 .push(route.host.as_deref());
         }
@@ -435,6 +461,18 @@ impl Ingress {
                 }
             })
             .collect()
+    }
+}
+
+/// The part of a regular-expression path before its first metacharacter (at least `/`).
+fn literal_prefix(path: &str) -> &str {
+    let end = path
+        .find(['(', '[', '*', '+', '?', '{', '^', '$', '|', '\\', '.'])
+        .unwrap_or(path.len());
+    if end == 0 {
+        "/"
+    } else {
+        &path[..end]
     }
 }
 
@@ -687,7 +725,8 @@ impl Translation {
                 _ => '-',
             })
             .collect();
-        let room = 64 - what.len() - 1;
+        // Room for "-<what>" and a numeric suffix should the name be taken.
+        let room = 64 - what.len() - 1 - 3;
         let base = if base.len() > room {
             let digest = Sha256::digest(base.as_bytes());
             let tag: String = digest[..3].iter().map(|b| format!("{b:02x}")).collect();
@@ -706,6 +745,7 @@ impl Translation {
 
     fn ingress(&mut self, ingress: &Ingress) -> Result<(), IngressImportError> {
         let object = ingress.object.clone();
+        let prefix = ingress.prefix.as_str();
         let scopes = ingress.scopes();
         let mut comments: Vec<String> = Vec::new();
         for (annotation, why) in [
@@ -723,7 +763,7 @@ impl Translation {
             if let Some(value) = ingress.annotation(annotation) {
                 let what = self.note(
                     &object,
-                    format!("{PREFIX}{annotation}: {value:?} not carried: {why}"),
+                    format!("{prefix}{annotation}: {value:?} not carried: {why}"),
                 );
                 comments.push(what);
             }
@@ -731,20 +771,27 @@ impl Translation {
         let rps = ingress.integer("limit-rps")?.unwrap_or(0);
         let rpm = ingress.integer("limit-rpm")?.unwrap_or(0);
         let multiplier = match ingress.integer("limit-burst-multiplier")? {
-            Some(0) => {
+            Some(0) if rps > 0 || rpm > 0 => {
+                // nginx's burst 0 admits one request at a time: tollgate's burst 1 does too.
                 let what = self.note(
                     &object,
                     format!(
-                        "{PREFIX}limit-burst-multiplier 0: ingress-nginx uses its default, {DEFAULT_BURST_MULTIPLIER}"
+                        "{prefix}limit-burst-multiplier 0: nginx's burst 0 admits one request at \
+                         a time, which is tollgate's burst 1"
                     ),
                 );
                 comments.push(what);
-                DEFAULT_BURST_MULTIPLIER
+                0
             }
             Some(m) => m,
             None => DEFAULT_BURST_MULTIPLIER,
         };
-        let whitelist = ingress.cidrs("limit-whitelist")?;
+        // `limit-allowlist` is the current name, `limit-whitelist` its older alias.
+        let whitelist = if ingress.annotation("limit-allowlist").is_some() {
+            ingress.cidrs("limit-allowlist")?
+        } else {
+            ingress.cidrs("limit-whitelist")?
+        };
         let global = self.global(ingress, &mut comments)?;
         let ignored = ingress.cidrs("global-rate-limit-ignored-cidrs")?;
         let local = rps > 0 || rpm > 0;
@@ -792,7 +839,7 @@ impl Translation {
                 self.note(
                     &object,
                     format!(
-                        "{PREFIX}limit-whitelist without limit-rps/limit-rpm: nothing to exempt"
+                        "{prefix}limit-whitelist without limit-rps/limit-rpm: nothing to exempt"
                     )
                 )
             );
@@ -826,11 +873,15 @@ impl Translation {
                     continue;
                 }
                 let name = self.name(ingress, what);
-                let burst = count.saturating_mul(multiplier);
+                let burst = count.saturating_mul(multiplier).max(1);
+                let one_more = if multiplier > 0 {
+                    " (nginx's limit_req admitted one more at once)"
+                } else {
+                    ""
+                };
                 let _ = write!(
                     block,
-                    "\n[[limits]]   # limit-{what} {count} per client IP, burst {count} x {multiplier} (nginx's \
-                     limit_req admitted one more at once)\n\
+                    "\n[[limits]]   # limit-{what} {count} per client IP, burst {count} x {multiplier}{one_more}\n\
                      name = {}\nrate = \"{count}/{unit}\"\nburst = {burst}\nkey = [\"ip\"]\n",
                     quoted(&name)
                 );
@@ -871,6 +922,7 @@ impl Translation {
         comments: &mut Vec<String>,
     ) -> Result<Option<Global>, IngressImportError> {
         let object = ingress.object.clone();
+        let prefix = ingress.prefix.as_str();
         let limit = ingress.integer("global-rate-limit")?.unwrap_or(0);
         let window = ingress.annotation("global-rate-limit-window");
         let Some(window) = window.filter(|_| limit > 0) else {
@@ -878,7 +930,7 @@ impl Translation {
                 comments.push(self.note(
                     &object,
                     format!(
-                        "{PREFIX}global-rate-limit without global-rate-limit-window is off in \
+                        "{prefix}global-rate-limit without global-rate-limit-window is off in \
                          ingress-nginx: not carried"
                     ),
                 ));
@@ -891,7 +943,7 @@ impl Translation {
             comments.push(self.note(
                 &object,
                 format!(
-                    "{PREFIX}global-rate-limit-window {window:?} is under a second, which \
+                    "{prefix}global-rate-limit-window {window:?} is under a second, which \
                      ingress-nginx treats as off: not carried"
                 ),
             ));
@@ -909,7 +961,7 @@ impl Translation {
                 comments.push(self.note(
                     &object,
                     format!(
-                        "{PREFIX}global-rate-limit-key {text:?}: ${variable} has no tollgate \
+                        "{prefix}global-rate-limit-key {text:?}: ${variable} has no tollgate \
                          key part (ip, host, path, method, header:<name>, const:<text>): the \
                          global limit is not carried"
                     ),

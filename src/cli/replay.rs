@@ -294,14 +294,20 @@ impl Replay {
         })
     }
 
-    /// Reads a whole log, line by line into one reused buffer.
+    /// Reads a whole log, line by line into one reused buffer. A line longer than
+    /// [`MAX_LINE`] is skipped as unparsed, so a file without newlines cannot grow the buffer.
     pub fn read(&mut self, source: impl Read) -> std::io::Result<()> {
         let mut reader = BufReader::with_capacity(1 << 20, source);
         let mut line = Vec::with_capacity(4096);
         loop {
             line.clear();
-            if reader.read_until(b'\n', &mut line)? == 0 {
-                return Ok(());
+            match read_line(&mut reader, &mut line)? {
+                Line::End => return Ok(()),
+                Line::TooLong => {
+                    self.unparsed += 1;
+                    continue;
+                }
+                Line::Read => {}
             }
             let text = line.strip_suffix(b"\n").unwrap_or(&line);
             let text = text.strip_suffix(b"\r").unwrap_or(text);
@@ -438,6 +444,46 @@ impl Replay {
             exempt: self.exempt,
             denied: self.denied,
             limits,
+        }
+    }
+}
+
+/// The longest log line read; nginx's own lines are far shorter (its request line buffer is a
+/// few KiB).
+pub const MAX_LINE: usize = 64 * 1024;
+
+enum Line {
+    Read,
+    TooLong,
+    End,
+}
+
+/// One line (with its newline) into `line`, at most [`MAX_LINE`] bytes of it kept.
+fn read_line(reader: &mut impl BufRead, line: &mut Vec<u8>) -> std::io::Result<Line> {
+    let mut too_long = false;
+    loop {
+        let available = reader.fill_buf()?;
+        if available.is_empty() {
+            return Ok(match (line.is_empty() && !too_long, too_long) {
+                (true, _) => Line::End,
+                (false, true) => Line::TooLong,
+                (false, false) => Line::Read,
+            });
+        }
+        let (chunk, done) = match available.iter().position(|&b| b == b'\n') {
+            Some(at) => (&available[..=at], true),
+            None => (available, false),
+        };
+        let used = chunk.len();
+        if !too_long && line.len() + used <= MAX_LINE {
+            line.extend_from_slice(chunk);
+        } else {
+            too_long = true;
+            line.clear();
+        }
+        reader.consume(used);
+        if done {
+            return Ok(if too_long { Line::TooLong } else { Line::Read });
         }
     }
 }

@@ -16,6 +16,7 @@ mod cluster;
 mod deploy_artifacts;
 mod dodge;
 mod faults;
+mod import_ingress;
 mod ingress_examples;
 mod metrics_exposition;
 mod nginx;

@@ -32,6 +32,7 @@ mod redaction;
 mod reference;
 mod refund;
 mod report_numbers;
+mod replay;
 mod routes;
 mod security;
 mod single_node;

@@ -36,14 +36,14 @@ const API_RULES: &str = "  rules:\n  - host: api.example.com\n    http:\n      p
 
 fn convert(yaml: &str) -> Imported {
     let path = file(yaml, "yaml");
-    let imported = import(&[&path], None).expect("converts");
+    let imported = import(&[&path], None, DEFAULT_PREFIX).expect("converts");
     let _ = std::fs::remove_file(path);
     imported
 }
 
 fn refuse(yaml: &str) -> IngressImportError {
     let path = file(yaml, "yaml");
-    let error = import(&[&path], None).expect_err("refused");
+    let error = import(&[&path], None, DEFAULT_PREFIX).expect_err("refused");
     let _ = std::fs::remove_file(path);
     error
 }
@@ -385,7 +385,7 @@ fn malformed_values_name_the_object_and_the_annotation() {
 #[test]
 fn malformed_yaml_names_the_file() {
     let path = file("kind: Ingress\nmetadata: [unclosed\n", "yaml");
-    let error = import(&[&path], None).expect_err("refused");
+    let error = import(&[&path], None, DEFAULT_PREFIX).expect_err("refused");
     assert!(
         error.object.contains(&path.display().to_string()),
         "{error}"
@@ -409,15 +409,74 @@ fn long_names_are_shortened_to_valid_unique_limit_names() {
 #[test]
 fn proxy_snippets_name_each_limited_ingress() {
     let path = file(&ingress("api", &[("limit-rps", "1")], API_RULES), "yaml");
-    let nginx = import(&[&path], Some(Proxy::Nginx)).unwrap().output;
+    let nginx = import(&[&path], Some(Proxy::Nginx), DEFAULT_PREFIX)
+        .unwrap()
+        .output;
     assert!(nginx.contains("server_name api.example.com;"), "{nginx}");
     assert!(nginx.contains("location /v1 {"), "{nginx}");
     assert!(nginx.contains("auth_request /_tollgate;"));
-    let traefik = import(&[&path], Some(Proxy::Traefik)).unwrap().output;
+    let traefik = import(&[&path], Some(Proxy::Traefik), DEFAULT_PREFIX)
+        .unwrap()
+        .output;
     assert!(traefik.contains("forwardAuth:"), "{traefik}");
     assert!(traefik.contains("shop-tollgate@kubernetescrd"), "{traefik}");
-    let envoy = import(&[&path], Some(Proxy::Envoy)).unwrap().output;
+    let envoy = import(&[&path], Some(Proxy::Envoy), DEFAULT_PREFIX)
+        .unwrap()
+        .output;
     assert!(envoy.contains("kind: SecurityPolicy"), "{envoy}");
     assert!(envoy.contains("path: /check"), "{envoy}");
     let _ = std::fs::remove_file(path);
+}
+
+#[test]
+fn a_custom_annotations_prefix_is_read() {
+    let yaml = ingress("api", &[], API_RULES).replace(
+        "  annotations:\n",
+        "  annotations:\n    example.com/limit-rps: \"4\"\n",
+    );
+    let path = file(&yaml, "yaml");
+    let out = import(&[&path], None, "example.com").expect("converts");
+    let (config, _) = load(&out.output);
+    assert_eq!(config.limits[0].burst, 20);
+    let default = import(&[&path], None, DEFAULT_PREFIX).expect("converts");
+    assert!(load(&default.output).0.limits.is_empty());
+    let _ = std::fs::remove_file(path);
+}
+
+#[test]
+fn limit_allowlist_is_the_current_name_of_limit_whitelist() {
+    let out = convert(&ingress(
+        "api",
+        &[("limit-rps", "1"), ("limit-allowlist", "192.0.2.0/24")],
+        API_RULES,
+    ));
+    let (config, _) = load(&out.output);
+    assert_eq!(config.exempt[0].cidrs[0].to_string(), "192.0.2.0/24");
+}
+
+#[test]
+fn a_burst_multiplier_of_zero_admits_one_request_at_a_time_as_nginx_burst_0_does() {
+    let out = convert(&ingress(
+        "api",
+        &[("limit-rps", "3"), ("limit-burst-multiplier", "0")],
+        API_RULES,
+    ));
+    let (config, _) = load(&out.output);
+    assert_eq!(config.limits[0].burst, 1);
+    assert!(out.notes.iter().any(|n| n.contains("burst 0")));
+}
+
+#[test]
+fn a_regex_path_is_scoped_by_its_literal_prefix() {
+    let rules = "  rules:\n  - host: api.example.com\n    http:\n      paths:\n      - path: /api/v1(/|$)(.*)\n        pathType: ImplementationSpecific\n        backend: {}\n";
+    let out = convert(&ingress(
+        "api",
+        &[("limit-rps", "1"), ("use-regex", "true")],
+        rules,
+    ));
+    let (config, _) = load(&out.output);
+    assert_eq!(
+        config.limits[0].matching.path_prefix.as_deref(),
+        Some("/api/v1")
+    );
 }

@@ -23,12 +23,12 @@ fn args(format: LogFormat) -> ReplayArgs {
     }
 }
 
+static CONFIGS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 fn config(toml: &str) -> Config {
-    let path = std::env::temp_dir().join(format!(
-        "tollgate-replay-{}-{}.toml",
-        std::process::id(),
-        toml.len()
-    ));
+    let n = CONFIGS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let path =
+        std::env::temp_dir().join(format!("tollgate-replay-{}-{n}.toml", std::process::id()));
     std::fs::write(&path, toml).expect("write config");
     let config = Config::load(Some(&path)).expect("valid config");
     let _ = std::fs::remove_file(path);
@@ -224,4 +224,19 @@ fn denied_keys_beyond_max_buckets_are_counted_not_listed() {
         limit.denied,
         limit.top.iter().map(|k| k.denied).sum::<u64>() + limit.keys_untracked
     );
+}
+
+#[test]
+fn a_line_past_the_maximum_is_skipped_without_growing_the_buffer() {
+    let mut replay = Replay::new(&config(PER_IP), &args(LogFormat::Combined)).unwrap();
+    let good =
+        "203.0.113.9 - - [10/Oct/2000:13:55:36 -0700] \"GET / HTTP/1.1\" 200 1 \"-\" \"-\"\n";
+    let mut log = good.to_string();
+    log.push_str(&"x".repeat(MAX_LINE * 3));
+    log.push('\n');
+    log.push_str(good);
+    log.push_str(&"y".repeat(MAX_LINE + 1));
+    replay.read(log.as_bytes()).unwrap();
+    let report = replay.report(10);
+    assert_eq!((report.requests, report.unparsed), (2, 2));
 }
