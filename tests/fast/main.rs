@@ -24,6 +24,7 @@ mod hostile_input;
 mod http_api;
 mod import;
 mod import_ingress;
+mod layers;
 mod lifecycle;
 mod limiter;
 mod policies;
