@@ -1,8 +1,9 @@
 //! What every admin endpoint shares: who is calling (holder of the admin token or not), the
-//! refusal of mutating calls without the token, and `application/problem+json` answers. How a
+//! refusal of mutating calls without the token ([`Operator`]), errors that render themselves
+//! as `application/problem+json` ([`AdminError`]), the `Host` guard and the bound on reads. How a
 //! key value is shown to a caller without the token is [`crate::base::redact`]'s.
 
-use actix_web::http::header::{self, HeaderValue};
+use actix_web::http::header;
 use actix_web::http::StatusCode;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -13,10 +14,13 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
+mod error;
+
 pub use crate::base::redact::Caller;
 use crate::policy::limits::Limit;
 use crate::policy::Policy;
 use crate::state::AppState;
+pub use error::{AdminError, Operator};
 
 /// Most admin reads calling the store (peeks) in flight at once; more are answered `503` with
 /// `Retry-After: 1` without a store call, so the readiness probe (which pings the store on the
@@ -28,19 +32,14 @@ pub struct ReadSlot<'s>(&'s AtomicUsize);
 
 impl<'s> ReadSlot<'s> {
     /// A slot, or the `503` to answer when every one is taken.
-    pub fn take(in_flight: &'s AtomicUsize) -> Result<ReadSlot<'s>, Box<HttpResponse>> {
+    pub fn take(in_flight: &'s AtomicUsize) -> Result<ReadSlot<'s>, AdminError> {
         let taken = in_flight.fetch_add(1, Ordering::AcqRel);
         let slot = ReadSlot(in_flight);
         if taken >= MAX_ADMIN_READS {
             drop(slot);
-            let mut busy = problem(
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!("{MAX_ADMIN_READS} admin reads are in flight already: retry"),
-                None,
-            );
-            busy.headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-            return Err(Box::new(busy));
+            return Err(AdminError::Unavailable(format!(
+                "{MAX_ADMIN_READS} admin reads are in flight already: retry"
+            )));
         }
         Ok(slot)
     }
@@ -154,34 +153,6 @@ fn same_secret(given: &str, token: &str) -> bool {
         == 0
 }
 
-/// The refusal of a mutating call (`what`, e.g. "DELETE /v1/buckets"), unless the caller
-/// holds the admin token: 403 naming the setting when no token is configured, 401 otherwise.
-pub fn refuse_unless_operator(
-    request: &HttpRequest,
-    token: Option<&str>,
-    what: &str,
-) -> Option<HttpResponse> {
-    if token.is_none() {
-        return Some(problem(
-            StatusCode::FORBIDDEN,
-            format!("{what} is disabled: set admin_token (or admin_token_file, or the environment variable TOLLGATE_ADMIN_TOKEN)"),
-            None,
-        ));
-    }
-    if Caller::of(request, token) == Caller::Operator {
-        return None;
-    }
-    let mut refusal = problem(
-        StatusCode::UNAUTHORIZED,
-        "needs Authorization: Bearer <admin_token>".into(),
-        None,
-    );
-    refusal
-        .headers_mut()
-        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-    Some(refusal)
-}
-
 /// A limit and one of its keys, as `/v1/…/{limit}?key=<part>&key=<part>` names them, resolved
 /// to the key tail a check builds for the same values ([`Limit::tail_of_given`]): so a peek, a
 /// reset and an override reach the very bucket the next check draws from.
@@ -199,23 +170,9 @@ pub struct NamedKey<'p> {
 
 impl<'p> NamedKey<'p> {
     /// 404 for an unknown limit; 400 naming the field for anything wrong in the query.
-    pub fn parse(policy: &'p Policy, name: &str, query: &str) -> Result<Self, Box<HttpResponse>> {
-        let Some((index, limit)) = policy
-            .limits
-            .iter()
-            .enumerate()
-            .find(|(_, limit)| limit.name == name)
-        else {
-            return Err(Box::new(problem(
-                StatusCode::NOT_FOUND,
-                format!("no limit named {name:?}: GET /v1/limits lists them"),
-                Some("limit".into()),
-            )));
-        };
-        let bad = |detail: String, field: String| {
-            Box::new(problem(StatusCode::BAD_REQUEST, detail, Some(field)))
-        };
-        let values = key_values(query).map_err(|why| bad(why, "key".into()))?;
+    pub fn parse(policy: &'p Policy, name: &str, query: &str) -> Result<Self, AdminError> {
+        let (index, limit) = find_limit(policy, name)?;
+        let values = key_values(query).map_err(|why| AdminError::bad("key", why))?;
         let field = |i: usize| {
             if values.len() == limit.key.len() {
                 format!("key[{i}]")
@@ -231,7 +188,7 @@ impl<'p> NamedKey<'p> {
                 } else {
                     format!("{why}: one key= per part")
                 };
-                bad(detail, field(i))
+                AdminError::bad(field(i), detail)
             })?;
         Ok(NamedKey {
             index,
@@ -240,6 +197,19 @@ impl<'p> NamedKey<'p> {
             tail,
         })
     }
+}
+
+/// The limit named `name`, and its position in the policy; 404 naming the field otherwise.
+pub fn find_limit<'p>(policy: &'p Policy, name: &str) -> Result<(usize, &'p Limit), AdminError> {
+    policy
+        .limits
+        .iter()
+        .enumerate()
+        .find(|(_, limit)| limit.name == name)
+        .ok_or_else(|| AdminError::NotFound {
+            detail: format!("no limit named {name:?}: GET /v1/limits lists them"),
+            field: Some("limit".into()),
+        })
 }
 
 /// The `key` values of a query string, percent-decoded. Any other parameter, a malformed

@@ -11,12 +11,11 @@
 
 use std::borrow::Cow;
 
-use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde::Serialize;
 use serde_json::json;
 
-use super::admin::{self, problem, Caller, NamedKey};
+use super::admin::{self, AdminError, Caller, NamedKey, Operator};
 use crate::base::calendar::Period;
 use crate::base::redact::Salt;
 use crate::limiter::decision::LimitState;
@@ -26,7 +25,7 @@ use crate::policy::Policy;
 use crate::state::AppState;
 use crate::store::{BucketOutcome, BucketRequest, Meter, Store};
 
-/// The bucket a request names, or the answer that refuses it.
+/// The bucket a request names.
 struct Named<'p> {
     limit: &'p Limit,
     values: Vec<String>,
@@ -36,7 +35,7 @@ struct Named<'p> {
 }
 
 /// Parses `{limit}` and the `key` values into the bucket a check would draw from.
-fn named<'p>(policy: &'p Policy, name: &str, query: &str) -> Result<Named<'p>, Box<HttpResponse>> {
+fn named<'p>(policy: &'p Policy, name: &str, query: &str) -> Result<Named<'p>, AdminError> {
     let NamedKey {
         index,
         limit,
@@ -155,17 +154,8 @@ fn shown_key<'a>(values: &'a [String], salt: &Salt, caller: Caller) -> Vec<Cow<'
         .collect()
 }
 
-fn store_failed(error: &crate::store::StoreError) -> HttpResponse {
-    let mut response = problem(
-        StatusCode::SERVICE_UNAVAILABLE,
-        format!("the store did not answer ({error}): retry"),
-        None,
-    );
-    response.headers_mut().insert(
-        actix_web::http::header::RETRY_AFTER,
-        actix_web::http::header::HeaderValue::from_static("1"),
-    );
-    response
+fn store_failed(error: crate::store::StoreError) -> AdminError {
+    AdminError::Unavailable(format!("the store did not answer ({error}): retry"))
 }
 
 fn json(body: serde_json::Result<String>) -> HttpResponse {
@@ -179,63 +169,52 @@ pub async fn peek(
     request: HttpRequest,
     name: web::Path<String>,
     state: web::Data<AppState>,
-) -> HttpResponse {
+) -> Result<HttpResponse, AdminError> {
     let policy = state.limiter.policy();
     let caller = Caller::of(&request, policy.admin_token.as_deref());
-    let named = match named(&policy, &name, request.query_string()) {
-        Ok(named) => named,
-        Err(refused) => return *refused,
-    };
+    let named = named(&policy, &name, request.query_string())?;
     let key = shown_key(&named.values, &policy.salt, caller);
     if named.own == Some(Override::Unlimited) {
         // No check ever draws from this bucket.
-        return json(serde_json::to_string_pretty(&json!({
+        return Ok(json(serde_json::to_string_pretty(&json!({
             "limit": named.limit.name,
             "key": key,
             "next_check": "allowed",
             "override": "unlimited",
-        })));
+        }))));
     }
-    let _slot = match admin::ReadSlot::take(&state.admin_reads) {
-        Ok(slot) => slot,
-        Err(busy) => return *busy,
-    };
-    let outcome = match state.limiter.store().peek(&named.bucket).await {
-        Ok(outcome) => outcome,
-        Err(error) => return store_failed(&error),
-    };
-    json(serde_json::to_string_pretty(&Peek {
+    let _slot = admin::ReadSlot::take(&state.admin_reads)?;
+    let outcome = state
+        .limiter
+        .store()
+        .peek(&named.bucket)
+        .await
+        .map_err(store_failed)?;
+    Ok(json(serde_json::to_string_pretty(&Peek {
         limit: &named.limit.name,
         key,
         state: peek_state(&named.bucket, &outcome),
         next_check: if outcome.enough { "allowed" } else { "denied" },
         cost: named.bucket.cost,
         own: override_view(named.own),
-    }))
+    })))
 }
 
 /// `DELETE /v1/buckets/{limit}`: the bucket reads full at the next check on every instance.
 pub async fn reset(
+    _: Operator,
     request: HttpRequest,
     name: web::Path<String>,
     state: web::Data<AppState>,
-) -> HttpResponse {
+) -> Result<HttpResponse, AdminError> {
     let policy = state.limiter.policy();
-    if let Some(refusal) = admin::refuse_unless_operator(
-        &request,
-        policy.admin_token.as_deref(),
-        "DELETE /v1/buckets",
-    ) {
-        return refusal;
-    }
-    let named = match named(&policy, &name, request.query_string()) {
-        Ok(named) => named,
-        Err(refused) => return *refused,
-    };
-    let existed = match state.limiter.store().reset(&named.bucket.key).await {
-        Ok(existed) => existed,
-        Err(error) => return store_failed(&error),
-    };
+    let named = named(&policy, &name, request.query_string())?;
+    let existed = state
+        .limiter
+        .store()
+        .reset(&named.bucket.key)
+        .await
+        .map_err(store_failed)?;
     // This instance forgets at once; the others when the reset channel tells them.
     state.limiter.forget_denials(&named.bucket.key);
     log::info!(
@@ -243,10 +222,10 @@ pub async fn reset(
         named.limit.name,
         shown_key(&named.values, &policy.salt, Caller::Anonymous).join(", ")
     );
-    json(serde_json::to_string_pretty(&json!({
+    Ok(json(serde_json::to_string_pretty(&json!({
         "limit": named.limit.name,
         "key": named.values,
         "reset": true,
         "was_full": !existed,
-    })))
+    }))))
 }

@@ -7,12 +7,11 @@
 //!   Both need the admin token. Key values are checked and normalised as the file's overrides
 //!   are, so an override reaches the very bucket `/check` uses.
 
-use actix_web::http::header::{self, HeaderValue};
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde_json::{json, Map, Value};
 
-use super::admin::{self, problem, Caller, NamedKey};
+use super::admin::{find_limit, AdminError, Caller, NamedKey, Operator};
 use crate::base::redact::Salt;
 use crate::config::{OverrideConfig, RateSpec};
 use crate::policy::limits::Limit;
@@ -22,19 +21,13 @@ use crate::policy::runtime_overrides::{Entry, MAX_TTL_S};
 use crate::policy::Policy;
 use crate::state::AppState;
 
-/// A refusal: the answer to send as is.
-type Refused = Box<HttpResponse>;
-
 pub async fn list(
     request: HttpRequest,
     name: web::Path<String>,
     state: web::Data<AppState>,
-) -> HttpResponse {
+) -> Result<HttpResponse, AdminError> {
     let policy = state.limiter.policy();
-    let limit = match find(&policy, &name) {
-        Ok(limit) => limit,
-        Err(refused) => return *refused,
-    };
+    let (_, limit) = find_limit(&policy, &name)?;
     let caller = Caller::of(&request, policy.admin_token.as_deref());
     let now = policy.runtime.now_ms();
     let listed: Vec<Value> = policy
@@ -43,39 +36,24 @@ pub async fn list(
         .iter()
         .map(|entry| render(entry, &policy.salt, caller, now))
         .collect();
-    json_answer(
+    Ok(json_answer(
         StatusCode::OK,
         &json!({"limit": limit.name, "overrides": listed}),
-    )
+    ))
 }
 
 pub async fn put(
+    _: Operator,
     request: HttpRequest,
     name: web::Path<String>,
     body: web::Bytes,
     state: web::Data<AppState>,
-) -> HttpResponse {
+) -> Result<HttpResponse, AdminError> {
     let policy = state.limiter.policy();
-    if let Some(refusal) =
-        admin::refuse_unless_operator(&request, policy.admin_token.as_deref(), "PUT /v1/overrides")
-    {
-        return refusal;
-    }
-    let target = match target(&policy, &name, request.query_string()) {
-        Ok(target) => target,
-        Err(refused) => return *refused,
-    };
-    let (entry, ttl_s) = match parse_body(&body, target.limit, &target.values, &policy) {
-        Ok(parsed) => parsed,
-        Err((field, reason)) => {
-            return problem(
-                StatusCode::BAD_REQUEST,
-                format!("{field} {reason}"),
-                Some(field),
-            )
-        }
-    };
-    let written = sync::put(
+    let target = target(&policy, &name, request.query_string())?;
+    let (entry, ttl_s) = parse_body(&body, target.limit, &target.values, &policy)
+        .map_err(|(field, reason)| AdminError::bad(field.clone(), format!("{field} {reason}")))?;
+    sync::put(
         state.limiter.store(),
         &policy.runtime,
         &policy.key_prefix,
@@ -84,39 +62,26 @@ pub async fn put(
         entry.clone(),
         ttl_s * 1000,
     )
-    .await;
-    match written {
-        Ok(()) => {
-            let mut shown = render(&entry, &policy.salt, Caller::Operator, 0);
-            if ttl_s > 0 {
-                shown["ttl_s"] = json!(ttl_s);
-            }
-            json_answer(
-                StatusCode::OK,
-                &json!({"limit": target.limit.name, "override": shown}),
-            )
-        }
-        Err(error) => write_failed(&error),
+    .await
+    .map_err(write_failed)?;
+    let mut shown = render(&entry, &policy.salt, Caller::Operator, 0);
+    if ttl_s > 0 {
+        shown["ttl_s"] = json!(ttl_s);
     }
+    Ok(json_answer(
+        StatusCode::OK,
+        &json!({"limit": target.limit.name, "override": shown}),
+    ))
 }
 
 pub async fn delete(
+    _: Operator,
     request: HttpRequest,
     name: web::Path<String>,
     state: web::Data<AppState>,
-) -> HttpResponse {
+) -> Result<HttpResponse, AdminError> {
     let policy = state.limiter.policy();
-    if let Some(refusal) = admin::refuse_unless_operator(
-        &request,
-        policy.admin_token.as_deref(),
-        "DELETE /v1/overrides",
-    ) {
-        return refusal;
-    }
-    let target = match target(&policy, &name, request.query_string()) {
-        Ok(target) => target,
-        Err(refused) => return *refused,
-    };
+    let target = target(&policy, &name, request.query_string())?;
     let removed = sync::delete(
         state.limiter.store(),
         &policy.runtime,
@@ -124,46 +89,30 @@ pub async fn delete(
         &target.limit.name,
         &target.tail,
     )
-    .await;
-    match removed {
-        Ok(true) => HttpResponse::NoContent().finish(),
-        Ok(false) => problem(
-            StatusCode::NOT_FOUND,
-            "no runtime override for this key".into(),
-            Some("key".into()),
-        ),
-        Err(error) => write_failed(&error),
+    .await
+    .map_err(write_failed)?;
+    if !removed {
+        return Err(AdminError::NotFound {
+            detail: "no runtime override for this key".into(),
+            field: Some("key".into()),
+        });
     }
+    Ok(HttpResponse::NoContent().finish())
 }
 
 /// Longest key value an override accepts: far above any real API key, far below what would
 /// cost memory held by every instance.
 const MAX_VALUE_BYTES: usize = 1024;
 
-fn find<'p>(policy: &'p Policy, name: &str) -> Result<&'p Limit, Refused> {
-    policy
-        .limits
-        .iter()
-        .find(|limit| limit.name == name)
-        .ok_or_else(|| {
-            Box::new(problem(
-                StatusCode::NOT_FOUND,
-                format!("no limit named {name:?}: GET /v1/limits lists them"),
-                Some("limit".into()),
-            ))
-        })
-}
-
 /// The key an override is for. Its values are stored with it (to list them), so each is
 /// bounded far above any real API key.
-fn target<'p>(policy: &'p Policy, name: &str, query: &str) -> Result<NamedKey<'p>, Refused> {
+fn target<'p>(policy: &'p Policy, name: &str, query: &str) -> Result<NamedKey<'p>, AdminError> {
     let named = NamedKey::parse(policy, name, query)?;
     if let Some(i) = named.values.iter().position(|v| v.len() > MAX_VALUE_BYTES) {
-        return Err(Box::new(problem(
-            StatusCode::BAD_REQUEST,
+        return Err(AdminError::bad(
+            format!("key[{i}]"),
             format!("key[{i}] is longer than {MAX_VALUE_BYTES} bytes"),
-            Some(format!("key[{i}]")),
-        )));
+        ));
     }
     Ok(named)
 }
@@ -279,20 +228,14 @@ fn render(entry: &Entry, salt: &Salt, caller: Caller, now_ms: i64) -> Value {
     shown
 }
 
-fn write_failed(error: &WriteError) -> HttpResponse {
+fn write_failed(error: WriteError) -> AdminError {
     match error {
-        WriteError::Full(_) => problem(StatusCode::CONFLICT, error.to_string(), None),
+        WriteError::Full(_) => AdminError::Conflict(error.to_string()),
         WriteError::Store(cause) => {
             log::warn!("a runtime override was not changed (answered 503): {cause}");
-            let mut response = problem(
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!("the store did not take the change ({cause}); retry"),
-                None,
-            );
-            response
-                .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-            response
+            AdminError::Unavailable(format!(
+                "the store did not take the change ({cause}); retry"
+            ))
         }
     }
 }

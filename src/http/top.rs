@@ -2,12 +2,11 @@
 //! instance denied most in the window, with their share of the limit's denials. Key values
 //! that are not IP addresses are fingerprints unless the caller holds the admin token.
 
-use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::admin::{problem, Caller};
+use super::admin::{AdminError, Caller};
 use crate::base::rate::ratio;
 use crate::base::redact::Salt;
 use crate::observe::top::{self, TopList};
@@ -23,13 +22,12 @@ struct TopQuery {
     n: Option<String>,
 }
 
-pub async fn top(request: HttpRequest, state: web::Data<AppState>) -> HttpResponse {
-    let (minutes, n) = match parse(request.query_string()) {
-        Ok(asked) => asked,
-        Err((field, detail)) => {
-            return problem(StatusCode::BAD_REQUEST, detail, Some(field.into()));
-        }
-    };
+pub async fn top(
+    request: HttpRequest,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, AdminError> {
+    let (minutes, n) =
+        parse(request.query_string()).map_err(|(field, detail)| AdminError::bad(field, detail))?;
     let policy = state.limiter.policy();
     let caller = Caller::of(&request, policy.admin_token.as_deref());
     let mut covered_s = 1;
@@ -46,11 +44,11 @@ pub async fn top(request: HttpRequest, state: web::Data<AppState>) -> HttpRespon
             })
         })
         .collect();
-    HttpResponse::Ok().json(json!({
+    Ok(HttpResponse::Ok().json(json!({
         "window": format!("{minutes}m"),
         "covered_s": covered_s,
         "limits": limits,
-    }))
+    })))
 }
 
 /// `window` (default 1m) in minutes and `n` (default 20), or the field at fault and why.
