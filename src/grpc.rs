@@ -8,6 +8,7 @@
 //! readiness as `/readyz` does, and NOT_SERVING from the moment a shutdown begins.
 
 mod answer;
+pub mod json;
 mod plan;
 
 use std::time::{Duration, Instant};
@@ -179,7 +180,7 @@ async fn report_readiness(
 }
 
 /// As `/readyz`: tollgate can decide when the store answers or `on_error` decides without it.
-async fn readiness(state: &AppState) -> ServingStatus {
+pub(crate) async fn readiness(state: &AppState) -> ServingStatus {
     if state.limiter.on_error() != OnError::Deny || state.limiter.store().ping().await.is_ok() {
         ServingStatus::Serving
     } else {

@@ -44,14 +44,36 @@ pub struct Reloader {
     path: Option<PathBuf>,
     running: Mutex<Config>,
     state: web::Data<AppState>,
+    /// The envoyproxy/ratelimit config directory served, and its fingerprint when last read.
+    watched: Mutex<Option<(PathBuf, u64)>>,
 }
+
+/// How often the envoyproxy/ratelimit config directory is looked at for changes.
+pub const WATCH_EVERY: Duration = Duration::from_secs(1);
 
 impl Reloader {
     pub fn new(path: Option<PathBuf>, running: Config, state: web::Data<AppState>) -> Reloader {
+        let watched = watched_dir(&running);
         Reloader {
             path,
             running: Mutex::new(running),
             state,
+            watched: Mutex::new(watched),
+        }
+    }
+
+    /// Reloads when the envoyproxy/ratelimit config directory changed since it was last read
+    /// (a file written, added or removed, a ConfigMap's `..data` link swapped).
+    pub fn reload_if_changed(&self) {
+        let changed = {
+            let watched = self.watched.lock().unwrap_or_else(|p| p.into_inner());
+            watched
+                .as_ref()
+                .is_some_and(|(dir, seen)| crate::config::envoy::dir_fingerprint(dir) != *seen)
+        };
+        if changed {
+            log::info!("reload: the envoyproxy/ratelimit config directory changed");
+            self.reload();
         }
     }
 
@@ -66,17 +88,34 @@ impl Reloader {
             .and_then(|config| Policy::compile(&config, metrics).map(|policy| (config, policy)));
         match loaded {
             Ok((config, policy)) => {
+                *self.watched.lock().unwrap_or_else(|p| p.into_inner()) = watched_dir(&config);
                 self.state.limiter.replace_policy(policy);
                 metrics.reload_success.inc();
                 log::info!("reload: {} limit(s) active", config.limits.len());
                 *running = config;
             }
             Err(error) => {
+                // Not tried again until the directory changes once more.
+                if let Some((dir, seen)) = self
+                    .watched
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .as_mut()
+                {
+                    *seen = crate::config::envoy::dir_fingerprint(dir);
+                }
                 metrics.reload_failure.inc();
                 log::error!("reload refused, keeping the running limits: {error}");
             }
         }
     }
+}
+
+/// The envoyproxy/ratelimit config directory of `config`, with its fingerprint now.
+fn watched_dir(config: &Config) -> Option<(PathBuf, u64)> {
+    let dir = config.envoy.config_dir.clone()?;
+    let seen = crate::config::envoy::dir_fingerprint(&dir);
+    Some((dir, seen))
 }
 
 /// `loaded` with the running listen addresses and `[store]`, logging each one the file changed.
@@ -108,11 +147,14 @@ pub async fn stop_signal(reloader: Reloader) {
         log::error!("cannot install signal handlers; stop tollgate with SIGKILL");
         return std::future::pending().await;
     };
+    let mut watch = tokio::time::interval(WATCH_EVERY);
+    watch.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = term.recv() => break,
             _ = int.recv() => break,
             _ = hup.recv() => reloader.reload(),
+            _ = watch.tick() => reloader.reload_if_changed(),
         }
     }
 }

@@ -404,3 +404,135 @@ async fn at_a_window_edge_the_bucket_admits_n_not_2n() {
     assert!(admitted >= 5, "{admitted}");
     assert!(admitted <= bound, "{admitted} admitted in {elapsed} s");
 }
+
+/// A ConfigMap's layout: the files link through `..data`, a link to a timestamped directory
+/// that the kubelet swaps for a new one.
+fn configmap(root: &std::path::Path, version: &str, yaml: &str) {
+    let data = root.join(format!("..{version}"));
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(data.join("config.yaml"), yaml).unwrap();
+    let next = root.join("..data_tmp");
+    let _ = std::fs::remove_file(&next);
+    std::os::unix::fs::symlink(format!("..{version}"), &next).unwrap();
+    std::fs::rename(&next, root.join("..data")).unwrap();
+    let file = root.join("config.yaml");
+    if std::fs::symlink_metadata(&file).is_err() {
+        std::os::unix::fs::symlink("..data/config.yaml", &file).unwrap();
+    }
+}
+
+/// envoyproxy/ratelimit's runtime reload (RUNTIME_WATCH_ROOT, a Kubernetes ConfigMap): after
+/// a symlink swap the new rules are served, without a restart or a signal; a swap to a file it
+/// would refuse keeps the running rules.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_configmap_symlink_swap_is_served_without_a_restart() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let redis = RedisServer::start();
+    let dir = TempDir::new("erl-configmap");
+    let root = dir.path().join("config");
+    std::fs::create_dir_all(&root).unwrap();
+    let rule = |n: u32| {
+        format!("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{unit: minute, requests_per_unit: {n}}}\n")
+    };
+    configmap(&root, "v1", &rule(1));
+    let toml = format!("[envoy]\nconfig_dir = {:?}\n", root.display().to_string());
+    let (_tollgate, addr) = grpc::tollgate(&redis_config(&redis, "", &toml));
+    let mut client = grpc::client(addr).await;
+    let limit_of = |r: &RateLimitResponse| r.statuses[0].current_limit.clone().unwrap_or_default();
+    assert_eq!(
+        limit_of(&one(&mut client, "d", &[("k", "a")]).await).requests_per_unit,
+        1
+    );
+
+    configmap(&root, "v2", &rule(7));
+    let mut served = 0;
+    for _ in 0..100 {
+        served = limit_of(&one(&mut client, "d", &[("k", "b")]).await).requests_per_unit;
+        if served == 7 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(served, 7, "the swapped rules are served");
+
+    configmap(
+        &root,
+        "v3",
+        "domain: d\ndescriptors:\n  - key: k\n    ratelimit: {}\n",
+    );
+    tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
+    let kept = one(&mut client, "d", &[("k", "c")]).await;
+    assert_eq!(
+        limit_of(&kept).requests_per_unit,
+        7,
+        "a refused file changes nothing"
+    );
+}
+
+/// envoyproxy/ratelimit's settings (src/settings/settings.go) read from its own variables:
+/// RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/config holds the YAML, REDIS_URL (host:port) the store,
+/// GRPC_HOST/GRPC_PORT the gRPC listener; and its HTTP `POST /json` (429 when over, the
+/// response in protobuf's JSON form) and `GET /healthcheck`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoyproxy_ratelimit_variables_and_http_endpoints_work_as_its_own() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let redis = RedisServer::start();
+    let dir = TempDir::new("erl-env");
+    let config = dir.path().join("ratelimit").join("config");
+    std::fs::create_dir_all(&config).unwrap();
+    std::fs::write(
+        config.join("shop.yaml"),
+        "domain: shop\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 2, name: per-user}\n",
+    )
+    .unwrap();
+    let grpc_port = crate::support::free_port().to_string();
+    let redis_url = format!("127.0.0.1:{}", redis.port);
+    let root = dir.path().display().to_string();
+    let tollgate = Tollgate::start_with_env(
+        "",
+        &[
+            ("RUNTIME_ROOT", root.as_str()),
+            ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+            ("REDIS_URL", redis_url.as_str()),
+            ("REDIS_TYPE", "SINGLE"),
+            ("GRPC_HOST", "127.0.0.1"),
+            ("GRPC_PORT", grpc_port.as_str()),
+        ],
+    );
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{grpc_port}").parse().unwrap();
+    let mut client = grpc::client(addr).await;
+    let first = one(&mut client, "shop", &[("user", "u")]).await;
+    assert_eq!(shown(&first), [(OK, 2, MINUTE, "per-user".into(), 1)]);
+    // The bucket is in the Redis REDIS_URL names.
+    let keys = crate::support::redis_cli(redis.port, &["KEYS", "tollgate:*"]).unwrap();
+    assert!(keys.contains("per-user"), "{keys}");
+
+    let body = r#"{"domain":"shop","descriptors":[{"entries":[{"key":"user","value":"u"}]}]}"#;
+    let post = |body: &str| {
+        let mut http = crate::support::http::HttpClient::connect(tollgate.addr).unwrap();
+        let raw = format!(
+            "POST /json HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        http.send_raw(raw.as_bytes()).unwrap()
+    };
+    let ok = post(body);
+    assert_eq!(ok.status, 200, "{}", ok.body);
+    let json: serde_json::Value = serde_json::from_str(&ok.body).unwrap();
+    assert_eq!(json["overallCode"], "OK");
+    assert_eq!(json["statuses"][0]["currentLimit"]["name"], "per-user");
+    assert_eq!(json["statuses"][0]["currentLimit"]["unit"], "MINUTE");
+    assert!(
+        json["statuses"][0].get("limitRemaining").is_none(),
+        "0 is left out"
+    );
+    let over = post(body);
+    assert_eq!(over.status, 429, "{}", over.body);
+    let json: serde_json::Value = serde_json::from_str(&over.body).unwrap();
+    assert_eq!(json["overallCode"], "OVER_LIMIT");
+    assert_eq!(post("{not json").status, 400);
+
+    let mut http = crate::support::http::HttpClient::connect(tollgate.addr).unwrap();
+    let health = http.get("/healthcheck", &[]).unwrap();
+    assert_eq!((health.status, health.body.as_str()), (200, "OK"));
+}
