@@ -536,3 +536,26 @@ async fn envoyproxy_ratelimit_variables_and_http_endpoints_work_as_its_own() {
     let health = http.get("/healthcheck", &[]).unwrap();
     assert_eq!((health.status, health.body.as_str()), (200, "OK"));
 }
+
+/// As envoyproxy/ratelimit (config_impl.go GetLimit): a descriptor without entries, or with an
+/// entry without a key, matches nothing and is OK. Negative hits (a refund) draw nothing,
+/// where envoyproxy/ratelimit would charge them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn empty_descriptors_match_nothing_and_negative_hits_draw_nothing() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let redis = RedisServer::start();
+    let (_dir, _tollgate, addr) = serve_yaml(&redis, BASIC);
+    let mut client = grpc::client(addr).await;
+    let empty = ask(&mut client, request("d", vec![descriptor(&[])])).await;
+    assert_eq!(shown(&empty), [(OK, 0, 0, String::new(), 0)]);
+    let keyless = ask(&mut client, request("d", vec![descriptor(&[("", "v")])])).await;
+    assert_eq!(keyless.overall_code, OK);
+    let mut refund = descriptor(&[("key5", "r")]);
+    refund.is_negative_hits = true;
+    for _ in 0..10 {
+        let answer = ask(&mut client, request("d", vec![refund.clone()])).await;
+        assert_eq!(answer.overall_code, OK);
+    }
+    let charged = one(&mut client, "d", &[("key5", "r")]).await;
+    assert_eq!(charged.statuses[0].limit_remaining, 4);
+}

@@ -75,6 +75,12 @@ pub fn plan(
             hits,
             ..EnvoyDescriptor::none()
         };
+        // Envoy gives hits back with negative hits; tollgate never refunds on request (nor
+        // charges them, as envoyproxy/ratelimit does): such a descriptor draws nothing.
+        if descriptor.is_negative_hits {
+            found.push((chosen, None));
+            continue;
+        }
         if let Some(own) = &descriptor.limit {
             // Envoy's own limit for this descriptor wins over the configuration, never in
             // shadow or quota mode, unnamed.
