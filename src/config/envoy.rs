@@ -25,11 +25,18 @@ pub struct EnvoyConfig {
     pub config_dir: Option<PathBuf>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub rules: Vec<RuleConfig>,
+    /// envoyproxy/ratelimit's global shadow mode (`SHADOW_MODE`): the request is always OK;
+    /// descriptors still show OVER_LIMIT.
+    #[serde(skip_serializing_if = "is_false")]
+    pub shadow_mode: bool,
+    /// Its global quota mode (`QUOTA_MODE`): every descriptor in quota mode.
+    #[serde(skip_serializing_if = "is_false")]
+    pub quota_mode: bool,
 }
 
 impl EnvoyConfig {
     pub fn is_empty(&self) -> bool {
-        self.config_dir.is_none() && self.rules.is_empty()
+        self.config_dir.is_none() && self.rules.is_empty() && !self.shadow_mode && !self.quota_mode
     }
 }
 
@@ -474,9 +481,11 @@ pub fn dir_fingerprint(dir: &std::path::Path) -> u64 {
 ///   `user:password`), `REDIS_TLS`, `REDIS_SOCKET_TYPE` (`unix`: `REDIS_URL` is a socket path):
 ///   the store (Redis).
 ///
+/// - `SHADOW_MODE`, `QUOTA_MODE`: `envoy.shadow_mode`, `envoy.quota_mode`.
+///
 /// A setting tollgate cannot honour without deciding differently is refused: `BACKEND_TYPE`
-/// other than `redis`, `CONFIG_TYPE` other than `FILE`, `MERGE_DOMAIN_CONFIG` and
-/// `SHADOW_MODE` true. Every other variable of envoyproxy/ratelimit is ignored.
+/// other than `redis`, `CONFIG_TYPE` other than `FILE`, `MERGE_DOMAIN_CONFIG` true. Every
+/// other variable of envoyproxy/ratelimit is ignored.
 pub fn apply_erl_env(
     config: &mut super::Config,
     var: impl Fn(&str) -> Option<String>,
@@ -499,11 +508,14 @@ pub fn apply_erl_env(
             format!("{kind:?}: tollgate reads its rules from files (xDS is not served)"),
         ));
     }
-    for name in ["MERGE_DOMAIN_CONFIG", "SHADOW_MODE"] {
-        if truthy(name) {
-            return Err(ConfigError::new(name, "true is not supported"));
-        }
+    if truthy("MERGE_DOMAIN_CONFIG") {
+        return Err(ConfigError::new(
+            "MERGE_DOMAIN_CONFIG",
+            "true is not supported: one domain per file",
+        ));
     }
+    config.envoy.shadow_mode |= truthy("SHADOW_MODE");
+    config.envoy.quota_mode |= truthy("QUOTA_MODE");
     if config.envoy.config_dir.is_none() {
         let mut dir = PathBuf::from(
             var("RUNTIME_ROOT").unwrap_or_else(|| "/srv/runtime_data/current".into()),

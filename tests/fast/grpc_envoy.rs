@@ -20,11 +20,23 @@ static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(())
 
 /// A tollgate serving `yaml` as the one file of an envoyproxy/ratelimit config directory.
 pub fn serve_yaml(redis: &RedisServer, yaml: &str) -> (TempDir, Tollgate, std::net::SocketAddr) {
+    serve_yaml_with(redis, yaml, "")
+}
+
+/// [`serve_yaml`] with more `[envoy]` settings.
+fn serve_yaml_with(
+    redis: &RedisServer,
+    yaml: &str,
+    envoy: &str,
+) -> (TempDir, Tollgate, std::net::SocketAddr) {
     let dir = TempDir::new("erl");
     let config = dir.path().join("config");
     std::fs::create_dir_all(&config).unwrap();
     std::fs::write(config.join("config.yaml"), yaml).unwrap();
-    let toml = format!("[envoy]\nconfig_dir = {:?}\n", config.display().to_string());
+    let toml = format!(
+        "[envoy]\nconfig_dir = {:?}\n{envoy}",
+        config.display().to_string()
+    );
     let (tollgate, addr) = grpc::tollgate(&redis_config(redis, "", &toml));
     (dir, tollgate, addr)
 }
@@ -558,4 +570,35 @@ async fn empty_descriptors_match_nothing_and_negative_hits_draw_nothing() {
     }
     let charged = one(&mut client, "d", &[("key5", "r")]).await;
     assert_eq!(charged.statuses[0].limit_remaining, 4);
+}
+
+/// ratelimit_test.go TestServiceGlobalShadowMode (SHADOW_MODE): the request is OK, the
+/// descriptor still OVER_LIMIT; TestServiceGlobalQuotaMode (QUOTA_MODE): every descriptor is a
+/// quota, so one over among several under is OVER_LIMIT for itself only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn global_shadow_and_quota_modes() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let redis = RedisServer::start();
+    let (_dir, _tollgate, addr) = serve_yaml_with(&redis, BASIC, "shadow_mode = true\n");
+    let mut client = grpc::client(addr).await;
+    let zero = one(&mut client, "d", &[("key4", "x")]).await;
+    assert_eq!(zero.overall_code, OK);
+    assert_eq!(zero.statuses[0].code, OVER_LIMIT);
+
+    let redis = RedisServer::start();
+    let (_dir, _tollgate, addr) = serve_yaml_with(&redis, BASIC, "quota_mode = true\n");
+    let mut client = grpc::client(addr).await;
+    let mixed = ask(
+        &mut client,
+        request(
+            "d",
+            vec![descriptor(&[("key4", "x")]), descriptor(&[("key5", "q")])],
+        ),
+    )
+    .await;
+    assert_eq!(mixed.overall_code, OK);
+    assert_eq!(mixed.statuses[0].code, OVER_LIMIT);
+    assert_eq!(mixed.statuses[1].limit_remaining, 4, "charged");
+    let alone = one(&mut client, "d", &[("key4", "x")]).await;
+    assert_eq!(alone.overall_code, OVER_LIMIT);
 }

@@ -2,7 +2,8 @@
 //! it: per descriptor its rule's configured limit (name, requests per unit, unit) and what is
 //! left; an unlimited descriptor OK with 4294967295 left; a descriptor no rule limits OK with
 //! nothing; a shadow-mode descriptor OK even when over. The request is OVER_LIMIT when a
-//! descriptor that is not in quota mode is over, or when every quota-mode descriptor is.
+//! descriptor that is not in quota mode is over, or when every quota-mode descriptor is, and
+//! never in global shadow mode.
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     Code, DescriptorStatus, RateLimit,
@@ -30,7 +31,9 @@ pub fn respond(verdict: &Verdict, plan: &Plan, policy: &Policy) -> RateLimitResp
         .iter()
         .map(|descriptor| {
             let (status, over) = status(descriptor, decision, policy);
-            if descriptor.quota {
+            if descriptor.kind == Kind::Unlimited {
+                // Counted neither way, as envoyproxy/ratelimit counts it.
+            } else if descriptor.quota {
                 quotas += 1;
                 quota_over += usize::from(over);
             } else {
@@ -39,7 +42,8 @@ pub fn respond(verdict: &Verdict, plan: &Plan, policy: &Policy) -> RateLimitResp
             status
         })
         .collect();
-    let denied = rate_over > 0 || (quotas > 0 && quotas == quota_over);
+    let denied =
+        (rate_over > 0 || (quotas > 0 && quotas == quota_over)) && !policy.envoy.shadow_mode;
     let mut headers = Vec::new();
     if let Some(decision) = decision {
         each_quota_header(decision, policy, |name, value| {

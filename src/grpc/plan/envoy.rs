@@ -73,6 +73,7 @@ pub fn plan(
         let hits = hits_of(request, descriptor);
         let mut chosen = EnvoyDescriptor {
             hits,
+            quota: rules.quota_mode,
             ..EnvoyDescriptor::none()
         };
         // Envoy gives hits back with negative hits; tollgate never refunds on request (nor
@@ -109,7 +110,7 @@ pub fn plan(
             chosen.unit = rule.unit;
             chosen.unit_secs = rule.unit_secs;
             chosen.shadow = rule.shadow;
-            chosen.quota = rule.quota;
+            chosen.quota = rule.quota || rules.quota_mode;
         }
         found.push((chosen, matched));
     }
@@ -151,7 +152,10 @@ pub fn plan(
             };
             match numbers {
                 // An override made this key unlimited.
-                None => chosen.kind = Kind::Unlimited,
+                None => {
+                    chosen.kind = Kind::Unlimited;
+                    chosen.quota = false;
+                }
                 Some((rate, burst)) => {
                     let key = keys::assemble(&policy.key_prefix, &limit_ref.name, &tail);
                     // A request a `requests_per_unit: 0` rule denies only looks at the others.

@@ -82,6 +82,10 @@ pub struct EnvoyRules {
     pub rules: Vec<Rule>,
     /// The policy's limit for buckets of a descriptor's own `limit` (sent by Envoy).
     pub request_limit: Option<usize>,
+    /// Global shadow mode: a request is never OVER_LIMIT.
+    pub shadow_mode: bool,
+    /// Global quota mode: every descriptor (unlimited ones aside) is in quota mode.
+    pub quota_mode: bool,
 }
 
 /// A descriptor matched in a known domain: its rule, if any, and for entries matched by a
