@@ -41,9 +41,13 @@ fn every_node_becomes_a_rule_and_the_result_validates() {
     }
     let dir = TempDir::new("import");
     let path = dir.write("imported.toml", &toml);
-    let (code, _, stderr) =
+    let (code, stdout, stderr) =
         run_tollgate(&["validate", "--config", &path.display().to_string()], &[]);
     assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        stdout.contains("envoy rules   11 (9 with rate_limit) in domains [edge, sms]"),
+        "{stdout}"
+    );
 }
 
 /// envoyproxy/ratelimit test/config: every file its config tests expect it to refuse
