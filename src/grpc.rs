@@ -62,7 +62,7 @@ impl RateLimiter {
                     .0
             }
         };
-        Ok(answer::respond(&verdict, &plan, &policy))
+        Ok(answer::respond(&verdict, &plan, &policy, request))
     }
 }
 

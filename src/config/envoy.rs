@@ -32,11 +32,19 @@ pub struct EnvoyConfig {
     /// Its global quota mode (`QUOTA_MODE`): every descriptor in quota mode.
     #[serde(skip_serializing_if = "is_false")]
     pub quota_mode: bool,
+    /// Its `RESPONSE_DYNAMIC_METADATA`: answers carry `dynamic_metadata` (the domain, the
+    /// descriptors, and the `metadata` of the rules of the descriptors that passed).
+    #[serde(skip_serializing_if = "is_false")]
+    pub dynamic_metadata: bool,
 }
 
 impl EnvoyConfig {
     pub fn is_empty(&self) -> bool {
-        self.config_dir.is_none() && self.rules.is_empty() && !self.shadow_mode && !self.quota_mode
+        self.config_dir.is_none()
+            && self.rules.is_empty()
+            && !self.shadow_mode
+            && !self.quota_mode
+            && !self.dynamic_metadata
     }
 }
 
@@ -66,6 +74,9 @@ pub struct RuleConfig {
     /// Accepted for compatibility, as `detailed_metric`.
     #[serde(default, skip_serializing_if = "is_false")]
     pub value_to_metric: bool,
+    /// Sent back in `dynamic_metadata` when this rule's descriptor passes (a table).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<serde_json::Map<String, serde_json::Value>>,
     /// The tollgate limit (metrics, overrides, store keys) of a rule with a rate: by default
     /// made from the rule's name, else its domain and path.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -387,11 +398,15 @@ fn flatten(domain: &str, path: &[Step], nodes: Vec<YamlNode>, rules: &mut Vec<Ru
             share_threshold: node.share_threshold.unwrap_or(false),
             detailed_metric: node.detailed_metric.unwrap_or(false),
             value_to_metric: node.value_to_metric.unwrap_or(false),
+            metadata: node
+                .metadata
+                .and_then(|m| serde_json::to_value(m).ok())
+                .and_then(|v| match v {
+                    serde_json::Value::Object(map) => Some(map),
+                    _ => None,
+                }),
             limit: None,
         });
-        // Metadata feeds envoyproxy/ratelimit's dynamic metadata, which tollgate does not
-        // send; it is accepted and not kept.
-        let _ = node.metadata;
         flatten(domain, &here, node.descriptors.unwrap_or_default(), rules);
     }
 }
@@ -516,6 +531,7 @@ pub fn apply_erl_env(
     }
     config.envoy.shadow_mode |= truthy("SHADOW_MODE");
     config.envoy.quota_mode |= truthy("QUOTA_MODE");
+    config.envoy.dynamic_metadata |= truthy("RESPONSE_DYNAMIC_METADATA");
     if config.envoy.config_dir.is_none() {
         let mut dir = PathBuf::from(
             var("RUNTIME_ROOT").unwrap_or_else(|| "/srv/runtime_data/current".into()),

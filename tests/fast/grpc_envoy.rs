@@ -602,3 +602,85 @@ async fn global_shadow_and_quota_modes() {
     let alone = one(&mut client, "d", &[("key4", "x")]).await;
     assert_eq!(alone.overall_code, OVER_LIMIT);
 }
+
+/// The string a protobuf `Value` holds, or its number as text; `None` for anything else.
+fn text_of(value: Option<&envoy_types::pb::google::protobuf::Value>) -> Option<String> {
+    use envoy_types::pb::google::protobuf::value::Kind;
+    match value?.kind.as_ref()? {
+        Kind::StringValue(s) => Some(s.clone()),
+        Kind::NumberValue(n) => Some(n.to_string()),
+        _ => None,
+    }
+}
+
+fn field<'s>(
+    fields: &'s envoy_types::pb::google::protobuf::Struct,
+    path: &[&str],
+) -> Option<&'s envoy_types::pb::google::protobuf::Value> {
+    use envoy_types::pb::google::protobuf::value::Kind;
+    let (last, parents) = path.split_last()?;
+    let mut at = fields;
+    for name in parents {
+        match at.fields.get(*name)?.kind.as_ref()? {
+            Kind::StructValue(inner) => at = inner,
+            _ => return None,
+        }
+    }
+    at.fields.get(*last)
+}
+
+/// ratelimit_test.go TestMetadataReturnedForPassedDescriptors,
+/// TestMetadataReturnedForAllPassedDescriptors and TestOverlappingMetadataReturnsTheFirstValue
+/// (RESPONSE_DYNAMIC_METADATA): the domain, the descriptors' entries, the request's hits, and
+/// the merged `metadata` of the rules that passed (the first value of a key kept).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dynamic_metadata_carries_the_passed_rules_metadata() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let redis = RedisServer::start();
+    let yaml = "domain: d
+descriptors:
+  - key: a
+    metadata: {team: {name: alpha, tier: 1}, owner: x}
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: b
+    metadata: {team: {name: beta, region: eu}}
+    rate_limit: {unit: minute, requests_per_unit: 5}
+";
+    let (_dir, _tollgate, addr) = serve_yaml_with(&redis, yaml, "dynamic_metadata = true\n");
+    let mut client = grpc::client(addr).await;
+    let both = || {
+        let mut r = request(
+            "d",
+            vec![descriptor(&[("a", "1")]), descriptor(&[("b", "2")])],
+        );
+        r.hits_addend = 1;
+        r
+    };
+    let first = ask(&mut client, both()).await;
+    let meta = first.dynamic_metadata.expect("dynamic metadata");
+    assert_eq!(text_of(field(&meta, &["domain"])), Some("d".into()));
+    assert_eq!(text_of(field(&meta, &["hitsAddend"])), Some("1".into()));
+    assert_eq!(
+        text_of(field(&meta, &["metadata", "team", "name"])),
+        Some("alpha".into())
+    );
+    assert_eq!(
+        text_of(field(&meta, &["metadata", "team", "region"])),
+        Some("eu".into())
+    );
+    assert_eq!(
+        text_of(field(&meta, &["metadata", "owner"])),
+        Some("x".into())
+    );
+    let second = ask(&mut client, both()).await;
+    assert_eq!(second.overall_code, OVER_LIMIT);
+    let meta = second.dynamic_metadata.expect("dynamic metadata");
+    assert_eq!(
+        text_of(field(&meta, &["metadata", "team", "name"])),
+        Some("beta".into())
+    );
+    assert!(
+        field(&meta, &["metadata", "owner"]).is_none(),
+        "a did not pass"
+    );
+}
