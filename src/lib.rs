@@ -24,14 +24,15 @@
 //!   Cluster or Sentinel); [`store::bucket`] is the arithmetic twin of the Lua scripts.
 //! - [`policy`]: what the operator asked for: [`policy::limits`], [`policy::matcher`],
 //!   [`policy::exempt`], [`policy::overrides`] (files), [`policy::runtime_overrides`] (admin
-//!   API, kept in the store), [`policy::descriptors`] (the gRPC service's rules).
+//!   API, kept in the store), [`policy::descriptors`] (the gRPC service's rules;
+//!   [`policy::descriptors::envoy`]: envoyproxy/ratelimit's tree, matched as it matches).
 //! - [`limiter`]: the decision without HTTP: one atomic store call, `on_error` fallbacks;
 //!   [`limiter::deny_cache`], [`limiter::decision`] (the verdict as a value),
 //!   [`limiter::report`] (charges known after the response).
 //! - [`state`]: what every handler shares (config, store, limiter, metrics), swapped whole
 //!   on reload.
 //! - [`http`] and [`grpc`]: the protocols: `/check`, probes, metrics and the admin API;
-//!   Envoy's `ShouldRateLimit`.
+//!   Envoy's `ShouldRateLimit` (and envoyproxy/ratelimit's `/json`, `/healthcheck`).
 //! - [`app`]: the running process: [`app::server`] (the listeners),
 //!   [`app::lifecycle`] (signals, reload, drain, heartbeat).
 //! - [`cli`]: [`cli::import`] (envoyproxy/ratelimit YAML to TOML), [`cli::top_view`]
