@@ -444,7 +444,7 @@ fn config_files(dir: &std::path::Path) -> std::io::Result<Vec<PathBuf>> {
     Ok(files)
 }
 
-/// Reads every file of `dir` (see [`config_files`]) into rules; one domain per file, a domain
+/// Reads every file of `dir` (every regular file not named `.*`) into rules; one domain per file, a domain
 /// in two files is refused.
 pub fn read_dir(dir: &std::path::Path) -> Result<Vec<RuleConfig>, ConfigError> {
     let at = format!("envoy.config_dir {}", dir.display());
