@@ -444,8 +444,8 @@ fn config_files(dir: &std::path::Path) -> std::io::Result<Vec<PathBuf>> {
     Ok(files)
 }
 
-/// Reads every file of `dir` (every regular file not named `.*`) into rules; one domain per file, a domain
-/// in two files is refused.
+/// Reads every file of `dir` (every regular file not named `.*`) into rules; one domain per
+/// file, a domain in two files is refused.
 pub fn read_dir(dir: &std::path::Path) -> Result<Vec<RuleConfig>, ConfigError> {
     let at = format!("envoy.config_dir {}", dir.display());
     let files = config_files(dir).map_err(|e| ConfigError::new(&at, e.to_string()))?;
