@@ -8,6 +8,7 @@
 //! `grpc.health.v1.Health`) is the running process's: `app::grpc_server`.
 
 mod answer;
+pub mod json;
 mod plan;
 
 use std::time::Instant;
@@ -50,7 +51,7 @@ impl RateLimiter {
                     .0
             }
         };
-        Ok(answer::respond(&verdict, &plan, &policy))
+        Ok(answer::respond(&verdict, &plan, &policy, request))
     }
 }
 

@@ -27,7 +27,8 @@
 //! - [`policy`]: what the operator asked for, compiled into one [`policy::Policy`]:
 //!   [`policy::limits`], [`policy::matcher`], [`policy::exempt`], [`policy::overrides`]
 //!   (files), [`policy::runtime_overrides`] (admin API, kept in the store),
-//!   [`policy::descriptors`] (the gRPC service's rules, envoyproxy/ratelimit's among them).
+//!   [`policy::descriptors`] (the gRPC service's rules; [`policy::descriptors::envoy`]:
+//!   envoyproxy/ratelimit's tree, matched as it matches).
 //! - [`limiter`]: the decision without HTTP: one atomic store call, `on_error` fallbacks;
 //!   [`limiter::deny_cache`], [`limiter::decision`] (the verdict as a value),
 //!   [`limiter::report`] (charges known after the response).
@@ -35,7 +36,7 @@
 //! - [`state`]: what every handler shares (config, store, limiter, metrics), swapped whole
 //!   on reload.
 //! - [`http`] and [`grpc`]: the protocols: `/check`, probes, metrics and the admin API;
-//!   Envoy's `ShouldRateLimit`.
+//!   Envoy's `ShouldRateLimit` (and envoyproxy/ratelimit's `/json`, `/healthcheck`).
 //! - [`app`]: the running process: [`app::server`] (the listeners),
 //!   [`app::lifecycle`] (signals), [`app::reload`], [`app::drain`], [`app::heartbeat`].
 //! - [`cli`]: [`cli::import`] (envoyproxy/ratelimit YAML to TOML), [`cli::ingress_nginx`]

@@ -66,7 +66,10 @@ impl Policy {
             limits.push(limit);
         }
         let rules = crate::config::envoy::all_rules(&config.envoy)?;
-        let (envoy, envoy_limits) = EnvoyRules::compile(&rules, limits.len(), &mut names)?;
+        let (mut envoy, envoy_limits) = EnvoyRules::compile(&rules, limits.len(), &mut names)?;
+        envoy.shadow_mode = config.envoy.shadow_mode;
+        envoy.quota_mode = config.envoy.quota_mode;
+        envoy.dynamic_metadata = config.envoy.dynamic_metadata;
         for limit_config in &envoy_limits {
             let mut limit = Limit::try_from(LimitInput {
                 config: limit_config,

@@ -6,14 +6,14 @@ use std::time::Duration;
 
 use actix_web::web;
 
-use crate::config::{Backend, Config, DenialLogging, StoreConfig};
+use crate::config::{Backend, Config, DenialLogging, OnError, StoreConfig};
 use crate::limiter::Limiter;
 use crate::observe::denial_log::DenialLog;
 use crate::observe::metrics::Metrics;
 use crate::policy::Policy;
 use crate::store::memory::MemoryStore;
 use crate::store::redis::{RedisStore, Topology};
-use crate::store::AnyStore;
+use crate::store::{AnyStore, Store};
 
 /// Shared by every worker of both listeners.
 pub struct AppState {
@@ -22,6 +22,14 @@ pub struct AppState {
     /// Admin reads that call the store (peeks) in flight: bounded, so the readiness probe's
     /// own store call never queues behind a flood of them.
     pub admin_reads: AtomicUsize,
+}
+
+impl AppState {
+    /// Whether tollgate can decide now: the store answers, or `on_error` decides without it.
+    /// What every readiness answer reports (`/readyz`, gRPC health, `/healthcheck`).
+    pub async fn can_decide(&self) -> bool {
+        self.limiter.on_error() != OnError::Deny || self.limiter.store().ping().await.is_ok()
+    }
 }
 
 #[derive(Debug, thiserror::Error)]

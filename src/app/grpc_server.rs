@@ -11,10 +11,8 @@ use tonic_health::server::HealthReporter;
 use tonic_health::ServingStatus;
 
 use crate::app::drain::{Door, CLOSE_NOTICE, SHUTDOWN_GRACE};
-use crate::config::OnError;
 use crate::grpc::RateLimiter;
 use crate::state::AppState;
-use crate::store::Store;
 
 /// How often the health service asks the store whether tollgate can decide.
 const HEALTH_EVERY: Duration = Duration::from_secs(1);
@@ -111,9 +109,9 @@ async fn report_readiness(
     }
 }
 
-/// As `/readyz`: tollgate can decide when the store answers or `on_error` decides without it.
+/// The health status of [`AppState::can_decide`].
 async fn readiness(state: &AppState) -> ServingStatus {
-    if state.limiter.on_error() != OnError::Deny || state.limiter.store().ping().await.is_ok() {
+    if state.can_decide().await {
         ServingStatus::Serving
     } else {
         ServingStatus::NotServing

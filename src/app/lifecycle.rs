@@ -1,9 +1,10 @@
 //! Signals: SIGTERM and SIGINT stop the instance (see [`drain`](crate::app::drain)), SIGHUP
-//! reloads the limits (see [`reload`](crate::app::reload)).
+//! reloads the limits (see [`reload`](crate::app::reload)); meanwhile a served
+//! envoyproxy/ratelimit config directory is looked at every [`WATCH_EVERY`].
 
 use tokio::signal::unix::{signal, SignalKind};
 
-use crate::app::reload::Reloader;
+use crate::app::reload::{Reloader, WATCH_EVERY};
 
 /// Resolves at SIGTERM or SIGINT; SIGHUP reloads the limits meanwhile. The binary's
 /// shutdown future for [`crate::app::server::run`].
@@ -16,11 +17,14 @@ pub async fn stop_signal(reloader: Reloader) {
         log::error!("cannot install signal handlers; stop tollgate with SIGKILL");
         return std::future::pending().await;
     };
+    let mut watch = tokio::time::interval(WATCH_EVERY);
+    watch.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = term.recv() => break,
             _ = int.recv() => break,
             _ = hup.recv() => reloader.reload(),
+            _ = watch.tick() => reloader.reload_if_changed(),
         }
     }
 }

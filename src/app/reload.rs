@@ -1,7 +1,9 @@
-//! SIGHUP: the config file read again into a new policy, swapped in whole.
+//! SIGHUP (or a change in a served envoyproxy/ratelimit config directory): the config read
+//! again into a new policy, swapped in whole.
 
 use std::path::PathBuf;
 use std::sync::Mutex;
+use std::time::Duration;
 
 use actix_web::web;
 
@@ -15,14 +17,36 @@ pub struct Reloader {
     path: Option<PathBuf>,
     running: Mutex<Config>,
     state: web::Data<AppState>,
+    /// The envoyproxy/ratelimit config directory served, and its fingerprint when last read.
+    watched: Mutex<Option<(PathBuf, u64)>>,
 }
+
+/// How often the envoyproxy/ratelimit config directory is looked at for changes.
+pub const WATCH_EVERY: Duration = Duration::from_secs(1);
 
 impl Reloader {
     pub fn new(path: Option<PathBuf>, running: Config, state: web::Data<AppState>) -> Reloader {
+        let watched = watched_dir(&running);
         Reloader {
             path,
             running: Mutex::new(running),
             state,
+            watched: Mutex::new(watched),
+        }
+    }
+
+    /// Reloads when the envoyproxy/ratelimit config directory changed since it was last read
+    /// (a file written, added or removed, a ConfigMap's `..data` link swapped).
+    pub fn reload_if_changed(&self) {
+        let changed = {
+            let watched = self.watched.lock().unwrap_or_else(|p| p.into_inner());
+            watched
+                .as_ref()
+                .is_some_and(|(dir, seen)| crate::config::envoy::dir_fingerprint(dir) != *seen)
+        };
+        if changed {
+            log::info!("reload: the envoyproxy/ratelimit config directory changed");
+            self.reload();
         }
     }
 
@@ -37,17 +61,34 @@ impl Reloader {
             .and_then(|config| Policy::compile(&config, metrics).map(|policy| (config, policy)));
         match loaded {
             Ok((config, policy)) => {
+                *self.watched.lock().unwrap_or_else(|p| p.into_inner()) = watched_dir(&config);
                 self.state.limiter.replace_policy(policy);
                 metrics.reload_success.inc();
                 log::info!("reload: {} limit(s) active", config.limits.len());
                 *running = config;
             }
             Err(error) => {
+                // Not tried again until the directory changes once more.
+                if let Some((dir, seen)) = self
+                    .watched
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .as_mut()
+                {
+                    *seen = crate::config::envoy::dir_fingerprint(dir);
+                }
                 metrics.reload_failure.inc();
                 log::error!("reload refused, keeping the running limits: {error}");
             }
         }
     }
+}
+
+/// The envoyproxy/ratelimit config directory of `config`, with its fingerprint now.
+fn watched_dir(config: &Config) -> Option<(PathBuf, u64)> {
+    let dir = config.envoy.config_dir.clone()?;
+    let seen = crate::config::envoy::dir_fingerprint(&dir);
+    Some((dir, seen))
 }
 
 /// `loaded` with the running listen addresses and `[store]`, logging each one the file changed.

@@ -217,6 +217,7 @@ fn public_server(
                     Ok(response)
                 }
             })
+            .configure(crate::grpc::json::routes)
             .configure(crate::http::public_routes)
     })
     .disable_signals()

@@ -4,8 +4,8 @@
 //! the path of entries from the root to it, its settings), in the file's order, so tollgate
 //! walks the same tree envoyproxy/ratelimit walks and decides what the YAML decides. A file
 //! envoyproxy/ratelimit would refuse is refused (exit 2, one line naming the file and the
-//! rule), and so is a domain in two files. What is accepted but has no effect here (metadata,
-//! metric flags) is named in a comment.
+//! rule), and so is a domain in two files. What is accepted but has no effect here (the metric
+//! flags) is named in a comment.
 
 use std::collections::{BTreeMap, HashSet};
 use std::fmt::Write as _;
@@ -36,12 +36,7 @@ pub fn envoy_ratelimit(files: &[impl AsRef<Path>]) -> Result<String, ImportError
                 format!("duplicate domain {domain:?} in config file (also in {first})"),
             )));
         }
-        sources.push((
-            name,
-            domain,
-            text,
-            rules.len()..rules.len() + file_rules.len(),
-        ));
+        sources.push((name, domain, rules.len()..rules.len() + file_rules.len()));
         rules.extend(file_rules);
     }
     // The limit names tollgate would give the rules beside its default limits, written out
@@ -59,14 +54,8 @@ pub fn envoy_ratelimit(files: &[impl AsRef<Path>]) -> Result<String, ImportError
          # envoyproxy/ratelimit matches it; a window of N per unit became a token bucket of N per\n\
          # unit with a burst of N, which never admits 2N across a window's edge.\n",
     );
-    for (file, domain, yaml, range) in &sources {
+    for (file, domain, range) in &sources {
         let _ = writeln!(text, "\n# ---- {file}: domain {domain:?}");
-        if yaml.contains("metadata") {
-            let _ = writeln!(
-                text,
-                "# metadata: not carried over; tollgate sends no dynamic_metadata"
-            );
-        }
         for rule in &rules[range.clone()] {
             let mut rule = rule.clone();
             if rule
@@ -141,6 +130,36 @@ fn write_rule(text: &mut String, rule: &RuleConfig) {
             fields.push(format!("replaces = [{}]", names.join(", ")));
         }
         let _ = writeln!(text, "rate_limit = {{ {} }}", fields.join(", "));
+    }
+    if let Some(metadata) = &rule.metadata {
+        let _ = writeln!(
+            text,
+            "metadata = {}",
+            inline(&serde_json::Value::Object(metadata.clone()))
+        );
+    }
+}
+
+/// A JSON value as a TOML inline value; TOML has no null, so a null becomes `""` (the
+/// metadata only travels back to Envoy in `dynamic_metadata`).
+fn inline(value: &serde_json::Value) -> String {
+    use serde_json::Value as J;
+    match value {
+        J::Null => "\"\"".into(),
+        J::Bool(b) => b.to_string(),
+        J::Number(n) => n.to_string(),
+        J::String(s) => quoted(s),
+        J::Array(items) => format!(
+            "[{}]",
+            items.iter().map(inline).collect::<Vec<_>>().join(", ")
+        ),
+        J::Object(map) => format!(
+            "{{ {} }}",
+            map.iter()
+                .map(|(k, v)| format!("{} = {}", quoted(k), inline(v)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
     }
 }
 

@@ -19,17 +19,32 @@ use super::ConfigError;
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct EnvoyConfig {
-    /// envoyproxy/ratelimit YAML files, every `*.yaml`/`*.yml` of this directory (one domain
-    /// each), read at start and on reload, served after `rules`.
+    /// envoyproxy/ratelimit YAML files, every file of this directory not named `.*` (one
+    /// domain each), read at start and whenever they change, served after `rules`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub config_dir: Option<PathBuf>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub rules: Vec<RuleConfig>,
+    /// envoyproxy/ratelimit's global shadow mode (`SHADOW_MODE`): the request is always OK;
+    /// descriptors still show OVER_LIMIT.
+    #[serde(skip_serializing_if = "is_false")]
+    pub shadow_mode: bool,
+    /// Its global quota mode (`QUOTA_MODE`): every descriptor in quota mode.
+    #[serde(skip_serializing_if = "is_false")]
+    pub quota_mode: bool,
+    /// Its `RESPONSE_DYNAMIC_METADATA`: answers carry `dynamic_metadata` (the domain, the
+    /// descriptors, and the `metadata` of the rules of the descriptors that passed).
+    #[serde(skip_serializing_if = "is_false")]
+    pub dynamic_metadata: bool,
 }
 
 impl EnvoyConfig {
     pub fn is_empty(&self) -> bool {
-        self.config_dir.is_none() && self.rules.is_empty()
+        self.config_dir.is_none()
+            && self.rules.is_empty()
+            && !self.shadow_mode
+            && !self.quota_mode
+            && !self.dynamic_metadata
     }
 }
 
@@ -59,6 +74,9 @@ pub struct RuleConfig {
     /// Accepted for compatibility, as `detailed_metric`.
     #[serde(default, skip_serializing_if = "is_false")]
     pub value_to_metric: bool,
+    /// Sent back in `dynamic_metadata` when this rule's descriptor passes (a table).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<serde_json::Map<String, serde_json::Value>>,
     /// The tollgate limit (metrics, overrides, store keys) of a rule with a rate: by default
     /// made from the rule's name, else its domain and path.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -380,11 +398,15 @@ fn flatten(domain: &str, path: &[Step], nodes: Vec<YamlNode>, rules: &mut Vec<Ru
             share_threshold: node.share_threshold.unwrap_or(false),
             detailed_metric: node.detailed_metric.unwrap_or(false),
             value_to_metric: node.value_to_metric.unwrap_or(false),
+            metadata: node
+                .metadata
+                .and_then(|m| serde_json::to_value(m).ok())
+                .and_then(|v| match v {
+                    serde_json::Value::Object(map) => Some(map),
+                    _ => None,
+                }),
             limit: None,
         });
-        // Metadata feeds envoyproxy/ratelimit's dynamic metadata, which tollgate does not
-        // send; it is accepted and not kept.
-        let _ = node.metadata;
         flatten(domain, &here, node.descriptors.unwrap_or_default(), rules);
     }
 }
@@ -407,26 +429,26 @@ pub fn all_rules(config: &EnvoyConfig) -> Result<Vec<RuleConfig>, ConfigError> {
     Ok(rules)
 }
 
-/// Reads every `*.yaml` and `*.yml` file of `dir` (sorted by name; hidden files skipped, as a
-/// ConfigMap's `..data` links are) into rules; one domain per file, a domain in two files is
-/// refused.
-pub fn read_dir(dir: &std::path::Path) -> Result<Vec<RuleConfig>, ConfigError> {
-    let at = format!("envoy.config_dir {}", dir.display());
-    let entries = std::fs::read_dir(dir).map_err(|e| ConfigError::new(&at, e.to_string()))?;
-    let mut files: Vec<PathBuf> = entries
+/// The files of a config directory envoyproxy/ratelimit reads: every regular file (or link to
+/// one) whose name does not start with `.` (a ConfigMap's `..data` links are skipped), sorted.
+fn config_files(dir: &std::path::Path) -> std::io::Result<Vec<PathBuf>> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)?
         .filter_map(Result::ok)
         .map(|entry| entry.path())
         .filter(|path| {
-            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
-            !name.starts_with('.')
-                && path
-                    .extension()
-                    .and_then(|e| e.to_str())
-                    .is_some_and(|e| e == "yaml" || e == "yml")
-                && path.is_file()
+            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or(".");
+            !name.starts_with('.') && path.is_file()
         })
         .collect();
     files.sort();
+    Ok(files)
+}
+
+/// Reads every file of `dir` (every regular file not named `.*`) into rules; one domain per
+/// file, a domain in two files is refused.
+pub fn read_dir(dir: &std::path::Path) -> Result<Vec<RuleConfig>, ConfigError> {
+    let at = format!("envoy.config_dir {}", dir.display());
+    let files = config_files(dir).map_err(|e| ConfigError::new(&at, e.to_string()))?;
     let mut domains = BTreeMap::new();
     let mut rules = Vec::new();
     for path in files {
@@ -443,6 +465,141 @@ pub fn read_dir(dir: &std::path::Path) -> Result<Vec<RuleConfig>, ConfigError> {
         rules.extend(file_rules);
     }
     Ok(rules)
+}
+
+/// A digest of what `dir` serves: each file's name, where its links lead, its length and
+/// modification time. It changes when a file is written, added or removed, and when a
+/// ConfigMap's `..data` link is swapped to a new directory.
+pub fn dir_fingerprint(dir: &std::path::Path) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    for path in config_files(dir).unwrap_or_default() {
+        path.hash(&mut hasher);
+        std::fs::canonicalize(&path).ok().hash(&mut hasher);
+        if let Ok(meta) = std::fs::metadata(&path) {
+            meta.len().hash(&mut hasher);
+            meta.modified().ok().hash(&mut hasher);
+        }
+    }
+    hasher.finish()
+}
+
+/// envoyproxy/ratelimit's environment, read when `RUNTIME_ROOT` or `RUNTIME_SUBDIRECTORY` is
+/// set (so that a generic `PORT` never moves a tollgate that is not standing in for it). What
+/// it sets wins over the file:
+///
+/// - `RUNTIME_ROOT` (default `/srv/runtime_data/current`), `RUNTIME_SUBDIRECTORY`,
+///   `RUNTIME_APPDIRECTORY` (default `config`): `envoy.config_dir`, unless the file sets it;
+/// - `GRPC_HOST`/`GRPC_PORT` (default `0.0.0.0:8081`): `grpc_listen`; `HOST`/`PORT`: `listen`;
+/// - `REDIS_URL` (`host:port`; sentinel: `master,host:port,...`; cluster: `host:port,...`),
+///   `REDIS_TYPE` (`single`, `sentinel`, `cluster`), `REDIS_AUTH` (`password` or
+///   `user:password`), `REDIS_TLS`, `REDIS_SOCKET_TYPE` (`unix`: `REDIS_URL` is a socket path):
+///   the store (Redis).
+///
+/// - `SHADOW_MODE`, `QUOTA_MODE`: `envoy.shadow_mode`, `envoy.quota_mode`.
+///
+/// A setting tollgate cannot honour without deciding differently is refused: `BACKEND_TYPE`
+/// other than `redis`, `CONFIG_TYPE` other than `FILE`, `MERGE_DOMAIN_CONFIG` true. Every
+/// other variable of envoyproxy/ratelimit is ignored.
+pub fn apply_erl_env(
+    config: &mut super::Config,
+    var: impl Fn(&str) -> Option<String>,
+) -> Result<(), ConfigError> {
+    if var("RUNTIME_ROOT").is_none() && var("RUNTIME_SUBDIRECTORY").is_none() {
+        return Ok(());
+    }
+    let truthy = |name: &str| {
+        var(name).is_some_and(|v| matches!(v.to_ascii_lowercase().as_str(), "true" | "1" | "t"))
+    };
+    if let Some(backend) = var("BACKEND_TYPE").filter(|b| !b.eq_ignore_ascii_case("redis")) {
+        return Err(ConfigError::new(
+            "BACKEND_TYPE",
+            format!("{backend:?}: tollgate keeps its buckets in Redis only"),
+        ));
+    }
+    if let Some(kind) = var("CONFIG_TYPE").filter(|t| !t.eq_ignore_ascii_case("file")) {
+        return Err(ConfigError::new(
+            "CONFIG_TYPE",
+            format!("{kind:?}: tollgate reads its rules from files (xDS is not served)"),
+        ));
+    }
+    if truthy("MERGE_DOMAIN_CONFIG") {
+        return Err(ConfigError::new(
+            "MERGE_DOMAIN_CONFIG",
+            "true is not supported: one domain per file",
+        ));
+    }
+    config.envoy.shadow_mode |= truthy("SHADOW_MODE");
+    config.envoy.quota_mode |= truthy("QUOTA_MODE");
+    config.envoy.dynamic_metadata |= truthy("RESPONSE_DYNAMIC_METADATA");
+    if config.envoy.config_dir.is_none() {
+        let mut dir = PathBuf::from(
+            var("RUNTIME_ROOT").unwrap_or_else(|| "/srv/runtime_data/current".into()),
+        );
+        dir.push(var("RUNTIME_SUBDIRECTORY").unwrap_or_default());
+        dir.push(var("RUNTIME_APPDIRECTORY").unwrap_or_else(|| "config".into()));
+        config.envoy.config_dir = Some(dir);
+    }
+    let address = |host: &str, port: &str, what: &str| {
+        let host = var(host).unwrap_or_else(|| "0.0.0.0".into());
+        let port = var(port).unwrap_or_else(|| what.into());
+        let text = if host.contains(':') {
+            format!("[{host}]:{port}")
+        } else {
+            format!("{host}:{port}")
+        };
+        text.parse::<std::net::SocketAddr>()
+            .map_err(|_| ConfigError::new(what, format!("{text:?} is not a listen address")))
+    };
+    if var("GRPC_HOST").is_some() || var("GRPC_PORT").is_some() || config.grpc_listen.is_none() {
+        config.grpc_listen =
+            Some(address("GRPC_HOST", "GRPC_PORT", "8081").map_err(|e| e.within("GRPC_PORT"))?);
+    }
+    if var("HOST").is_some() || var("PORT").is_some() {
+        config.listen = address("HOST", "PORT", "8080").map_err(|e| e.within("PORT"))?;
+    }
+    if let Some(url) = var("REDIS_URL") {
+        let tls = truthy("REDIS_TLS");
+        let unix = var("REDIS_SOCKET_TYPE").is_some_and(|t| t.eq_ignore_ascii_case("unix"));
+        let auth = var("REDIS_AUTH").map(|auth| {
+            if auth.contains(':') {
+                format!("{auth}@")
+            } else {
+                format!(":{auth}@")
+            }
+        });
+        let auth = auth.unwrap_or_default();
+        let scheme = if tls { "rediss" } else { "redis" };
+        let spell = |host: &str| {
+            if unix {
+                format!("redis+unix://{host}")
+            } else {
+                format!("{scheme}://{auth}{}", host.trim())
+            }
+        };
+        let store = &mut config.store;
+        store.backend = super::Backend::Redis;
+        let kind = var("REDIS_TYPE").unwrap_or_else(|| "single".into());
+        match kind.to_ascii_lowercase().as_str() {
+            "single" => store.url = spell(&url),
+            "cluster" => store.cluster = url.split(',').map(spell).collect(),
+            "sentinel" => {
+                let mut parts = url.split(',');
+                let master = parts.next().unwrap_or_default().trim().to_string();
+                store.sentinel = Some(super::SentinelConfig {
+                    master,
+                    urls: parts.map(spell).collect(),
+                });
+            }
+            other => {
+                return Err(ConfigError::new(
+                    "REDIS_TYPE",
+                    format!("{other:?} is none of single, sentinel, cluster"),
+                ))
+            }
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -496,6 +653,58 @@ mod tests {
             "    rate_limit: {unit: day, requests_per_unit: 1.5}\n"
         ))
         .contains("error checking config"));
+    }
+
+    #[test]
+    fn envoyproxy_ratelimit_variables_set_the_store_listeners_and_directory() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |name: &str| {
+                pairs
+                    .iter()
+                    .find(|(k, _)| *k == name)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        let mut config = super::super::Config::default();
+        apply_erl_env(&mut config, env(&[("REDIS_URL", "redis:6379")])).unwrap();
+        assert_eq!(config.grpc_listen, None, "not without RUNTIME_*");
+        apply_erl_env(
+            &mut config,
+            env(&[
+                ("RUNTIME_ROOT", "/data"),
+                ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+                ("REDIS_URL", "redis:6379"),
+                ("REDIS_AUTH", "secret"),
+                ("REDIS_TLS", "true"),
+                ("PORT", "8090"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(
+            config.envoy.config_dir.as_deref(),
+            Some(std::path::Path::new("/data/ratelimit/config"))
+        );
+        assert_eq!(config.store.url, "rediss://:secret@redis:6379");
+        assert_eq!(config.grpc_listen.unwrap().port(), 8081);
+        assert_eq!(config.listen.port(), 8090);
+        let mut config = super::super::Config::default();
+        apply_erl_env(
+            &mut config,
+            env(&[
+                ("RUNTIME_ROOT", "/d"),
+                ("REDIS_TYPE", "SENTINEL"),
+                ("REDIS_URL", "mymaster,s1:26379,s2:26379"),
+            ]),
+        )
+        .unwrap();
+        let sentinel = config.store.sentinel.unwrap();
+        assert_eq!(sentinel.master, "mymaster");
+        assert_eq!(sentinel.urls, ["redis://s1:26379", "redis://s2:26379"]);
+        let refused = apply_erl_env(
+            &mut super::super::Config::default(),
+            env(&[("RUNTIME_ROOT", "/d"), ("CONFIG_TYPE", "GRPC_XDS_SOTW")]),
+        );
+        assert_eq!(refused.unwrap_err().key, "CONFIG_TYPE");
     }
 
     #[test]

@@ -114,6 +114,7 @@ impl Config {
             })?;
             config.fingerprint_salt = Some(Secret(salt));
         }
+        super::envoy::apply_erl_env(&mut config, |name| std::env::var(name).ok())?;
         config.resolve_paths(file);
         config.validate()?;
         Ok(config)
@@ -128,6 +129,9 @@ impl Config {
             if let Some(path) = limit.overrides_file.as_mut().filter(|p| p.is_relative()) {
                 *path = dir.join(&*path);
             }
+        }
+        if let Some(path) = self.envoy.config_dir.as_mut().filter(|p| p.is_relative()) {
+            *path = dir.join(&*path);
         }
     }
 }

@@ -123,6 +123,31 @@ impl Config {
             }
             out.push('\n');
         }
+        if !self.envoy.is_empty() {
+            let rules = super::envoy::all_rules(&self.envoy).unwrap_or_default();
+            let mut domains: Vec<&str> = rules.iter().map(|r| r.domain.as_str()).collect();
+            domains.sort_unstable();
+            domains.dedup();
+            let limited = rules.iter().filter(|r| r.rate_limit.is_some()).count();
+            let _ = write!(
+                out,
+                "envoy rules   {} ({limited} with rate_limit) in domains [{}]",
+                rules.len(),
+                domains.join(", ")
+            );
+            if let Some(dir) = &self.envoy.config_dir {
+                let _ = write!(out, "  config_dir {} (watched)", dir.display());
+            }
+            for (on, what) in [
+                (self.envoy.shadow_mode, "global shadow_mode"),
+                (self.envoy.quota_mode, "global quota_mode"),
+            ] {
+                if on {
+                    let _ = write!(out, "  {what}");
+                }
+            }
+            out.push('\n');
+        }
         for warning in self.warnings() {
             let _ = writeln!(out, "warning: {warning}");
         }

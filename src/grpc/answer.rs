@@ -6,7 +6,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_li
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     Code, DescriptorStatus, RateLimit,
 };
-use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Duration;
 
 mod envoy;
@@ -19,11 +19,16 @@ use crate::policy::limits::Limit;
 use crate::policy::Policy;
 use crate::store::Meter;
 
-pub fn respond(verdict: &Verdict, plan: &Plan, policy: &Policy) -> RateLimitResponse {
+pub fn respond(
+    verdict: &Verdict,
+    plan: &Plan,
+    policy: &Policy,
+    request: &RateLimitRequest,
+) -> RateLimitResponse {
     let descriptors = plan.per_descriptor.len();
     if !plan.envoy.is_empty() {
         if let Verdict::Unlimited | Verdict::Decided(_) = verdict {
-            return envoy::respond(verdict, plan, policy);
+            return envoy::respond(verdict, plan, policy, request);
         }
     }
     match verdict {

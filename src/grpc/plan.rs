@@ -38,14 +38,15 @@ pub struct Plan {
 
 /// Builds the plan, or refuses a malformed request with `INVALID_ARGUMENT`.
 pub fn plan(policy: &Policy, request: &RateLimitRequest) -> Result<Plan, Status> {
-    check_shape(request)?;
+    let envoy_domain = policy.envoy.has_domain(&request.domain);
+    check_shape(request, envoy_domain)?;
     let mut plan = Plan {
         buckets: Vec::new(),
         per_descriptor: Vec::with_capacity(request.descriptors.len()),
         missing: None,
         envoy: Vec::new(),
     };
-    if policy.envoy.has_domain(&request.domain) {
+    if envoy_domain {
         plan.per_descriptor = vec![Vec::new(); request.descriptors.len()];
         plan.envoy.reserve(request.descriptors.len());
         envoy::plan(policy, &policy.envoy, request, &mut plan)?;
@@ -63,7 +64,9 @@ pub fn plan(policy: &Policy, request: &RateLimitRequest) -> Result<Plan, Status>
     Ok(plan)
 }
 
-fn check_shape(request: &RateLimitRequest) -> Result<(), Status> {
+/// `envoy_domain`: a domain of envoyproxy/ratelimit rules, where (as there) a descriptor
+/// without entries, or with an entry without a key, is valid and limited by nothing.
+fn check_shape(request: &RateLimitRequest, envoy_domain: bool) -> Result<(), Status> {
     if request.domain.is_empty() {
         return Err(Status::invalid_argument("the domain must not be empty"));
     }
@@ -79,7 +82,7 @@ fn check_shape(request: &RateLimitRequest) -> Result<(), Status> {
         )));
     }
     for (i, descriptor) in request.descriptors.iter().enumerate() {
-        if descriptor.entries.is_empty() {
+        if descriptor.entries.is_empty() && !envoy_domain {
             return Err(Status::invalid_argument(format!(
                 "descriptor {i} has no entries"
             )));
@@ -90,7 +93,7 @@ fn check_shape(request: &RateLimitRequest) -> Result<(), Status> {
                 descriptor.entries.len()
             )));
         }
-        if descriptor.entries.iter().any(|entry| entry.key.is_empty()) {
+        if !envoy_domain && descriptor.entries.iter().any(|entry| entry.key.is_empty()) {
             return Err(Status::invalid_argument(format!(
                 "descriptor {i} has an entry without a key"
             )));

@@ -41,9 +41,13 @@ fn every_node_becomes_a_rule_and_the_result_validates() {
     }
     let dir = TempDir::new("import");
     let path = dir.write("imported.toml", &toml);
-    let (code, _, stderr) =
+    let (code, stdout, stderr) =
         run_tollgate(&["validate", "--config", &path.display().to_string()], &[]);
     assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        stdout.contains("envoy rules   11 (9 with rate_limit) in domains [edge, sms]"),
+        "{stdout}"
+    );
 }
 
 /// envoyproxy/ratelimit test/config: every file its config tests expect it to refuse
@@ -144,8 +148,11 @@ fn what_envoyproxy_ratelimit_refuses_exits_2_naming_the_rule() {
 /// One descriptor's code, limit (requests per unit, unit, name) and remaining.
 type Status = (i32, Option<(u32, i32, String)>, u32);
 
-/// What a scenario compares: overall code, and per descriptor code, limit and remaining.
-fn decision(response: &RateLimitResponse) -> (i32, Vec<Status>) {
+type Metadata = Option<envoy_types::pb::google::protobuf::Struct>;
+
+/// What a scenario compares: overall code, per descriptor code, limit and remaining, and the
+/// dynamic metadata.
+fn decision(response: &RateLimitResponse) -> (i32, Vec<Status>, Metadata) {
     let statuses = response
         .statuses
         .iter()
@@ -157,7 +164,11 @@ fn decision(response: &RateLimitResponse) -> (i32, Vec<Status>) {
             (s.code, limit, s.limit_remaining)
         })
         .collect();
-    (response.overall_code, statuses)
+    (
+        response.overall_code,
+        statuses,
+        response.dynamic_metadata.clone(),
+    )
 }
 
 fn looked(mut d: RateLimitDescriptor) -> RateLimitDescriptor {
@@ -206,6 +217,7 @@ descriptors:
     rate_limit: {unit: day, requests_per_unit: 1}
   - key: trial
     shadow_mode: true
+    metadata: {team: {name: growth, ids: [1, 2]}}
     rate_limit: {unit: minute, requests_per_unit: 1}
 ";
     let dir = TempDir::new("import-same");
@@ -238,10 +250,10 @@ descriptors:
     let mut answers = Vec::new();
     for config in [
         format!(
-            "[envoy]\nconfig_dir = {:?}\n",
+            "[envoy]\nconfig_dir = {:?}\ndynamic_metadata = true\n",
             yaml_dir.display().to_string()
         ),
-        toml,
+        format!("{toml}\n[envoy]\ndynamic_metadata = true\n"),
     ] {
         let redis = RedisServer::start();
         let (_tollgate, addr) = grpc::tollgate(&redis_config(&redis, "", &config));
@@ -256,7 +268,7 @@ descriptors:
     }
     assert_eq!(answers[0], answers[1]);
     // The scenario is not vacuous: both codes occur, and the 4th request of a user is over.
-    let codes: Vec<i32> = answers[0].iter().map(|(code, _)| *code).collect();
+    let codes: Vec<i32> = answers[0].iter().map(|(code, _, _)| *code).collect();
     assert!(codes.contains(&OK) && codes.contains(&OVER_LIMIT));
     assert_eq!(answers[0][39].0, OVER_LIMIT, "{:?}", answers[0][39]);
     let first = &answers[0];
@@ -270,5 +282,10 @@ descriptors:
     assert_eq!(first[4].1[0].2, 0, "/img/* shares one bucket of 2");
     assert_eq!(first[7].1[0], (OK, None, 0), "per-user replaced");
     assert_eq!(first[8].0, OK, "quotas not used up");
+    assert!(
+        format!("{:?}", first[9].2).contains("growth"),
+        "trial's metadata: {:?}",
+        first[9].2
+    );
     assert_eq!(first[11].0, OVER_LIMIT, "0 per day");
 }

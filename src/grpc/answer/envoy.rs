@@ -2,22 +2,32 @@
 //! it: per descriptor its rule's configured limit (name, requests per unit, unit) and what is
 //! left; an unlimited descriptor OK with 4294967295 left; a descriptor no rule limits OK with
 //! nothing; a shadow-mode descriptor OK even when over. The request is OVER_LIMIT when a
-//! descriptor that is not in quota mode is over, or when every quota-mode descriptor is.
+//! descriptor that is not in quota mode is over, or when every quota-mode descriptor is, and
+//! never in global shadow mode.
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     Code, DescriptorStatus, RateLimit,
 };
-use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
-use envoy_types::pb::google::protobuf::Duration;
+use std::collections::HashMap;
+
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::value::Kind;
+use envoy_types::pb::google::protobuf::{Duration, ListValue, Struct, Value};
 
 use super::header;
 use crate::answer::each_quota_header;
 use crate::grpc::plan::{EnvoyDescriptor, Plan};
 use crate::limiter::decision::{Decision, Verdict};
-use crate::policy::descriptors::envoy::{Kind, UNLIMITED_REMAINING};
+use crate::policy::descriptors::envoy::{Kind as RuleKind, UNLIMITED_REMAINING};
 use crate::policy::Policy;
 
-pub fn respond(verdict: &Verdict, plan: &Plan, policy: &Policy) -> RateLimitResponse {
+pub fn respond(
+    verdict: &Verdict,
+    plan: &Plan,
+    policy: &Policy,
+    request: &RateLimitRequest,
+) -> RateLimitResponse {
     let decision = match verdict {
         Verdict::Decided(decision) => Some(decision),
         _ => None,
@@ -30,7 +40,9 @@ pub fn respond(verdict: &Verdict, plan: &Plan, policy: &Policy) -> RateLimitResp
         .iter()
         .map(|descriptor| {
             let (status, over) = status(descriptor, decision, policy);
-            if descriptor.quota {
+            if descriptor.kind == RuleKind::Unlimited {
+                // Counted neither way, as envoyproxy/ratelimit counts it.
+            } else if descriptor.quota {
                 quotas += 1;
                 quota_over += usize::from(over);
             } else {
@@ -39,7 +51,8 @@ pub fn respond(verdict: &Verdict, plan: &Plan, policy: &Policy) -> RateLimitResp
             status
         })
         .collect();
-    let denied = rate_over > 0 || (quotas > 0 && quotas == quota_over);
+    let denied =
+        (rate_over > 0 || (quotas > 0 && quotas == quota_over)) && !policy.envoy.shadow_mode;
     let mut headers = Vec::new();
     if let Some(decision) = decision {
         each_quota_header(decision, policy, |name, value| {
@@ -51,11 +64,130 @@ pub fn respond(verdict: &Verdict, plan: &Plan, policy: &Policy) -> RateLimitResp
             }
         }
     }
+    let dynamic_metadata = policy
+        .envoy
+        .dynamic_metadata
+        .then(|| metadata(request, plan, &statuses, policy));
     RateLimitResponse {
         overall_code: if denied { Code::OverLimit } else { Code::Ok }.into(),
         statuses,
         response_headers_to_add: headers,
+        dynamic_metadata,
         ..RateLimitResponse::default()
+    }
+}
+
+fn string(text: String) -> Value {
+    Value {
+        kind: Some(Kind::StringValue(text)),
+    }
+}
+
+fn number(n: u64) -> Value {
+    #[expect(
+        clippy::cast_precision_loss,
+        reason = "protobuf's Struct holds numbers as doubles, as envoyproxy/ratelimit sends them"
+    )]
+    let n = n as f64;
+    Value {
+        kind: Some(Kind::NumberValue(n)),
+    }
+}
+
+fn list(values: Vec<Value>) -> Value {
+    Value {
+        kind: Some(Kind::ListValue(ListValue { values })),
+    }
+}
+
+/// envoyproxy/ratelimit's `dynamic_metadata`: the domain, each descriptor (its entries as
+/// `key=value`, its own limit and hits if any), the request's hits if any, and the `metadata`
+/// of the rules of the descriptors that passed (unlimited ones aside), merged, the first value
+/// of a key kept.
+fn metadata(
+    request: &RateLimitRequest,
+    plan: &Plan,
+    statuses: &[DescriptorStatus],
+    policy: &Policy,
+) -> Struct {
+    let mut fields = HashMap::new();
+    fields.insert("domain".to_string(), string(request.domain.clone()));
+    let descriptors = request
+        .descriptors
+        .iter()
+        .map(|descriptor| {
+            let mut one = HashMap::new();
+            let entries = descriptor
+                .entries
+                .iter()
+                .map(|e| string(format!("{}={}", e.key, e.value)))
+                .collect();
+            one.insert("entries".to_string(), list(entries));
+            if let Some(limit) = &descriptor.limit {
+                let unit = Unit::try_from(limit.unit).map_or("UNKNOWN", |u| u.as_str_name());
+                one.insert(
+                    "limit".to_string(),
+                    string(format!(
+                        "requests_per_unit:{} unit:{unit}",
+                        limit.requests_per_unit
+                    )),
+                );
+            }
+            if let Some(hits) = &descriptor.hits_addend {
+                one.insert("hitsAddend".to_string(), number(hits.value));
+            }
+            Value {
+                kind: Some(Kind::StructValue(Struct { fields: one })),
+            }
+        })
+        .collect();
+    fields.insert("descriptors".to_string(), list(descriptors));
+    if request.hits_addend != 0 {
+        fields.insert(
+            "hitsAddend".to_string(),
+            number(u64::from(request.hits_addend)),
+        );
+    }
+    let mut passed = Struct::default();
+    for (descriptor, status) in plan.envoy.iter().zip(statuses) {
+        if descriptor.kind == RuleKind::Unlimited || status.code == i32::from(Code::OverLimit) {
+            continue;
+        }
+        let own = descriptor
+            .rule
+            .and_then(|r| policy.envoy.rules[r].metadata.as_ref());
+        if let Some(own) = own {
+            merge(&mut passed, own);
+        }
+    }
+    if !passed.fields.is_empty() {
+        fields.insert(
+            "metadata".to_string(),
+            Value {
+                kind: Some(Kind::StructValue(passed)),
+            },
+        );
+    }
+    Struct { fields }
+}
+
+/// Adds `from`'s fields to `into`: a key already there keeps its value, two structs merge.
+fn merge(into: &mut Struct, from: &Struct) {
+    for (key, value) in &from.fields {
+        match (into.fields.get_mut(key), &value.kind) {
+            (
+                Some(Value {
+                    kind: Some(Kind::StructValue(mine)),
+                }),
+                Some(Kind::StructValue(theirs)),
+            ) => {
+                merge(mine, theirs);
+            }
+            (Some(_), _) => {}
+            (None, _) => {
+                into.fields.insert(key.clone(), value.clone());
+            }
+        }
     }
 }
 
@@ -74,7 +206,7 @@ fn status(
         unit: descriptor.unit,
     };
     let (over, remaining, reset) = match descriptor.kind {
-        Kind::NoLimit => {
+        RuleKind::NoLimit => {
             return (
                 DescriptorStatus {
                     code: Code::Ok.into(),
@@ -83,7 +215,7 @@ fn status(
                 false,
             )
         }
-        Kind::Unlimited => {
+        RuleKind::Unlimited => {
             return (
                 DescriptorStatus {
                     code: Code::Ok.into(),
@@ -93,8 +225,8 @@ fn status(
                 false,
             )
         }
-        Kind::Zero => (descriptor.zero_over(), 0, descriptor.unit_secs),
-        Kind::Bucket => {
+        RuleKind::Zero => (descriptor.zero_over(), 0, descriptor.unit_secs),
+        RuleKind::Bucket => {
             let state = decision.and_then(|d| d.limits.get(descriptor.bucket));
             match state {
                 Some(state) if state.enough => (

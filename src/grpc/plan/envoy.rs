@@ -75,8 +75,15 @@ pub fn plan(
         let hits = hits_of(request, descriptor);
         let mut chosen = EnvoyDescriptor {
             hits,
+            quota: rules.quota_mode,
             ..EnvoyDescriptor::none()
         };
+        // Envoy gives hits back with negative hits; tollgate never refunds on request (nor
+        // charges them, as envoyproxy/ratelimit does): such a descriptor draws nothing.
+        if descriptor.is_negative_hits {
+            found.push((chosen, None));
+            continue;
+        }
         if let Some(own) = &descriptor.limit {
             // Envoy's own limit for this descriptor wins over the configuration, never in
             // shadow or quota mode, unnamed.
@@ -105,7 +112,7 @@ pub fn plan(
             chosen.unit = rule.unit;
             chosen.unit_secs = rule.unit_secs;
             chosen.shadow = rule.shadow;
-            chosen.quota = rule.quota;
+            chosen.quota = rule.quota || rules.quota_mode;
         }
         found.push((chosen, matched));
     }
@@ -151,7 +158,10 @@ pub fn plan(
             };
             match numbers {
                 // An override made this key unlimited.
-                None => chosen.kind = Kind::Unlimited,
+                None => {
+                    chosen.kind = Kind::Unlimited;
+                    chosen.quota = false;
+                }
                 Some(numbers) => {
                     let key = limit_ref.store_key(&policy.key_prefix, &tail);
                     // A request a `requests_per_unit: 0` rule denies only looks at the others.

@@ -12,6 +12,8 @@
 use std::collections::{HashMap, HashSet};
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::google::protobuf::value::Kind as ValueKind;
+use envoy_types::pb::google::protobuf::{ListValue, Struct, Value};
 
 use crate::config::envoy::{unit, RuleConfig, Step};
 use crate::config::{
@@ -49,6 +51,8 @@ pub struct Rule {
     pub quota: bool,
     /// The policy's limit for a [`Kind::Bucket`] rule.
     pub limit: usize,
+    /// The rule's `metadata`, for `dynamic_metadata`.
+    pub metadata: Option<Struct>,
 }
 
 #[derive(Debug, Default)]
@@ -82,6 +86,12 @@ pub struct EnvoyRules {
     pub rules: Vec<Rule>,
     /// The policy's limit for buckets of a descriptor's own `limit` (sent by Envoy).
     pub request_limit: Option<usize>,
+    /// Global shadow mode: a request is never OVER_LIMIT.
+    pub shadow_mode: bool,
+    /// Global quota mode: every descriptor (unlimited ones aside) is in quota mode.
+    pub quota_mode: bool,
+    /// Whether answers carry `dynamic_metadata`.
+    pub dynamic_metadata: bool,
 }
 
 /// A descriptor matched in a known domain: its rule, if any, and for entries matched by a
@@ -164,6 +174,7 @@ impl EnvoyRules {
                 shadow: config.shadow_mode,
                 quota: config.quota_mode,
                 limit,
+                metadata: config.metadata.as_ref().map(struct_of),
             });
         }
         if !domains.is_empty() {
@@ -293,6 +304,31 @@ impl Level {
             self.wildcards.push((parts, node));
         }
     }
+}
+
+/// A JSON object as a protobuf `Struct` (numbers as doubles, as protobuf holds them).
+pub fn struct_of(map: &serde_json::Map<String, serde_json::Value>) -> Struct {
+    Struct {
+        fields: map
+            .iter()
+            .map(|(key, value)| (key.clone(), value_of(value)))
+            .collect(),
+    }
+}
+
+fn value_of(value: &serde_json::Value) -> Value {
+    use serde_json::Value as J;
+    let kind = match value {
+        J::Null => ValueKind::NullValue(0),
+        J::Bool(b) => ValueKind::BoolValue(*b),
+        J::Number(n) => ValueKind::NumberValue(n.as_f64().unwrap_or(0.0)),
+        J::String(s) => ValueKind::StringValue(s.clone()),
+        J::Array(items) => ValueKind::ListValue(ListValue {
+            values: items.iter().map(value_of).collect(),
+        }),
+        J::Object(map) => ValueKind::StructValue(struct_of(map)),
+    };
+    Value { kind: Some(kind) }
 }
 
 /// Whether `text` matches a pattern split on `*`, each `*` standing for any run of
