@@ -1,5 +1,5 @@
-//! The end-to-end tier (`cargo test --features e2e --test e2e`): the real nginx and Traefik
-//! in front of tollgate, the deployment files, Redis Cluster and Sentinel, faults under load.
+//! The end-to-end tier (`cargo test --features e2e --test e2e`): the real nginx, Traefik and
+//! Envoy in front of tollgate, the deployment files, Redis Cluster and Sentinel, faults under load.
 //! One module per concern; `cargo test --features e2e --test e2e <module>::` runs one.
 
 #[path = "../support/mod.rs"]
@@ -8,6 +8,7 @@ mod support;
 mod cluster;
 mod deploy_artifacts;
 mod dodge;
+mod envoy;
 mod faults;
 mod ingress_examples;
 mod metrics_exposition;
