@@ -19,6 +19,7 @@ use crate::support::proxies::scenarios::{
 };
 use crate::support::proxies::{read_shipped, template};
 use crate::support::{RedisServer, Response, Tollgate};
+use serde_yaml::Value;
 use std::net::{Ipv4Addr, SocketAddr};
 
 /// tollgate believes `X-Forwarded-For` only from Envoy (127.0.0.1); clients come from other
@@ -494,4 +495,58 @@ fn ratelimit_filter_fails_closed_and_envoys_draft_headers_are_not_duplicated() {
     let down = from(&envoy, CLIENT_B, "GET", "/", &[]);
     assert_eq!(down.status, 500, "{down:?}");
     assert_eq!(rls.app.count(), PER_IP as usize, "nothing else reached it");
+}
+
+/// Proves: the two patches of `config/envoy/istio-envoyfilter.yaml`, applied by hand as Istio
+/// applies them to the gateway's Envoy (the filter inserted before the router, its cluster
+/// renamed to the one here; the `rate_limits` merged into the virtual host) to ratelimit.yaml,
+/// load in a real Envoy without a deprecation warning and send descriptors that the shipped
+/// tollgate-grpc.toml limits: per client address and per API key. Istio itself (its cluster
+/// name, its listener match) is not run.
+#[test]
+fn istio_envoyfilter_patches_run_in_a_real_envoy_and_reach_the_shipped_limits() {
+    let istio: Value = serde_yaml::from_str(&read_shipped("config/envoy/istio-envoyfilter.yaml"))
+        .expect("the EnvoyFilter is YAML");
+    let patches = istio["spec"]["configPatches"]
+        .as_sequence()
+        .expect("configPatches");
+    assert_eq!(patches[0]["applyTo"], "HTTP_FILTER");
+    assert_eq!(patches[0]["patch"]["operation"], "INSERT_BEFORE");
+    assert_eq!(
+        patches[0]["match"]["listener"]["filterChain"]["filter"]["subFilter"]["name"],
+        "envoy.filters.http.router"
+    );
+    assert_eq!(patches[1]["applyTo"], "VIRTUAL_HOST");
+    assert_eq!(patches[1]["patch"]["operation"], "MERGE");
+    let mut filter = patches[0]["patch"]["value"].clone();
+    filter["typed_config"]["rate_limit_service"]["grpc_service"]["envoy_grpc"]["cluster_name"] =
+        Value::from("tollgate");
+    let rate_limits = patches[1]["patch"]["value"]["rate_limits"].clone();
+
+    let rls = Rls::start(&[], "");
+    let (addr, shipped) = Envoy::ratelimit_config(rls.grpc, rls.app.addr, &[]);
+    let mut config: Value = serde_yaml::from_str(&shipped).expect("ratelimit.yaml is YAML");
+    let manager = &mut config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+        ["typed_config"];
+    let router = manager["http_filters"][1].clone();
+    assert_eq!(router["name"], "envoy.filters.http.router");
+    manager["http_filters"] = Value::Sequence(vec![filter, router]);
+    manager["route_config"]["virtual_hosts"][0]["rate_limits"] = rate_limits;
+    // As JSON (which is YAML): serde_yaml writes the string "OFF" bare, which Envoy's YAML
+    // 1.1 parser reads as a boolean.
+    let envoy = Envoy::start(addr, &serde_json::to_string(&config).expect("JSON"));
+
+    let statuses: Vec<u16> = (0..=PER_IP)
+        .map(|_| from(&envoy, CLIENT_A, "GET", "/", &[]).status)
+        .collect();
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 200).count(),
+        PER_IP as usize
+    );
+    assert_denied_by(&from(&envoy, CLIENT_A, "GET", "/", &[]), "per-ip");
+    let key = [("X-Api-Key", "k1")];
+    assert_eq!(from(&envoy, CLIENT_B, "GET", "/", &key).status, 200);
+    assert_eq!(from(&envoy, CLIENT_B, "GET", "/", &key).status, 200);
+    assert_denied_by(&from(&envoy, CLIENT_B, "GET", "/", &key), "per-api-key");
+    assert_eq!(rls.app.count(), PER_IP as usize + 2);
 }

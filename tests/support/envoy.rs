@@ -52,42 +52,48 @@ impl Envoy {
     /// `config/envoy/ratelimit.yaml` (ratelimit filter → tollgate's gRPC service) pointed at
     /// tollgate's gRPC listener and the application, with `more` replacements.
     pub fn ratelimit(grpc: SocketAddr, app: SocketAddr, more: &[(&str, &str)]) -> Envoy {
+        let (addr, config) = Envoy::ratelimit_config(grpc, app, more);
+        Envoy::start(addr, &config)
+    }
+
+    /// The text [`Envoy::ratelimit`] runs, and its listener address, for a test that changes
+    /// more than lines.
+    pub fn ratelimit_config(
+        grpc: SocketAddr,
+        app: SocketAddr,
+        more: &[(&str, &str)],
+    ) -> (SocketAddr, String) {
         let cluster = socket_address(grpc);
         let mut replacements = vec![(
             "socket_address: { address: tollgate, port_value: 8081 }",
             cluster.as_str(),
         )];
         replacements.extend_from_slice(more);
-        Envoy::start_shipped("config/envoy/ratelimit.yaml", app, &replacements)
+        shipped_config("config/envoy/ratelimit.yaml", app, &replacements)
     }
 
     /// The shipped file `relative` with its listener and application addresses templated,
-    /// plus `more`, and an admin listener appended.
+    /// plus `more`.
     fn start_shipped(relative: &str, app: SocketAddr, more: &[(&str, &str)]) -> Envoy {
-        let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-        let listener = socket_address(addr);
-        let app = socket_address(app);
-        let mut replacements = vec![
-            (SHIPPED_LISTENER, listener.as_str()),
-            (SHIPPED_APP, app.as_str()),
-        ];
-        replacements.extend_from_slice(more);
-        let config = template(&read_shipped(relative), &replacements);
+        let (addr, config) = shipped_config(relative, app, more);
         Envoy::start(addr, &config)
     }
 
-    /// Envoy on `config` (a whole bootstrap without `admin`), whose listener is `addr`.
+    /// Envoy on `config` (a whole bootstrap, YAML or JSON, without `admin`), whose listener
+    /// is `addr`.
     pub fn start(addr: SocketAddr, config: &str) -> Envoy {
         let dir = TempDir::new("envoy");
-        let config = format!(
-            "{config}\nadmin:\n  address:\n    socket_address: {{ address: 127.0.0.1, port_value: 0 }}\n"
-        );
-        let config_path = dir.write("envoy.yaml", &config);
+        let config_path = dir.write("envoy.yaml", config);
         let admin_path = dir.path().join("admin-address");
         let log = std::fs::File::create(dir.path().join("envoy.log")).expect("create envoy.log");
         let child = Command::new(require_binary("envoy"))
             .arg("-c")
             .arg(&config_path)
+            // The admin listener on a port the kernel picks, written to a file.
+            .args([
+                "--config-yaml",
+                "admin: { address: { socket_address: { address: 127.0.0.1, port_value: 0 } } }",
+            ])
             .arg("--admin-address-path")
             .arg(&admin_path)
             // Several Envoys run at once: none shares memory or a base id with another.
@@ -105,9 +111,11 @@ impl Envoy {
             dir,
         };
         let admin = wait_until(Duration::from_secs(20), || {
-            std::fs::read_to_string(&admin_path)
-                .is_ok_and(|a| a.trim().parse::<SocketAddr>().is_ok())
-        });
+            // An Envoy that refused its config has exited: no point in waiting.
+            matches!(envoy.child.try_wait(), Ok(Some(_)))
+                || std::fs::read_to_string(&admin_path)
+                    .is_ok_and(|a| a.trim().parse::<SocketAddr>().is_ok())
+        }) && std::fs::read_to_string(&admin_path).is_ok();
         assert!(admin, "envoy wrote no admin address: {}", envoy.log());
         envoy.admin = std::fs::read_to_string(&admin_path)
             .unwrap()
@@ -184,6 +192,20 @@ impl Drop for Envoy {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// The shipped file `relative` with a free listener port and the application's address
+/// templated, plus `more`; and that listener address.
+fn shipped_config(relative: &str, app: SocketAddr, more: &[(&str, &str)]) -> (SocketAddr, String) {
+    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let listener = socket_address(addr);
+    let app = socket_address(app);
+    let mut replacements = vec![
+        (SHIPPED_LISTENER, listener.as_str()),
+        (SHIPPED_APP, app.as_str()),
+    ];
+    replacements.extend_from_slice(more);
+    (addr, template(&read_shipped(relative), &replacements))
 }
 
 /// A `socket_address` in the flow style the shipped files use.
