@@ -142,7 +142,7 @@ fn ext_authz_allowed_requests_get_the_quota_and_a_denial_is_tollgates_problem_js
         "{denied:?}"
     );
     assert_eq!(stack.backend.count(), 3, "the denial never reached the app");
-    // The check Envoy sent: the client's method, the path under /check, the peer appended.
+    // One bucket, keyed on the address Envoy appended to X-Forwarded-For.
     let keys = stack.redis_keys();
     assert_eq!(keys.len(), 1, "{keys:?}");
     assert!(keys[0].contains("127.0.0.2"), "{keys:?}");
