@@ -102,7 +102,9 @@ const PER_IP_BURST_3: &str =
 /// Proves, through envoy.yaml as shipped: an allowed request reaches the application and the
 /// client gets tollgate's quota headers, once each; the denial is tollgate's own 429 (its
 /// Retry-After, RateLimit headers, problem+json type and body) and the application is not
-/// called; with tollgate stopped, Envoy fails open (`failure_mode_allow: true`).
+/// called; with Redis killed (tollgate's `on_error = "deny"` answers 503) and with tollgate
+/// stopped, Envoy fails open (`failure_mode_allow: true`): its failure mode decides, not
+/// tollgate's `on_error`.
 #[test]
 fn ext_authz_allowed_requests_get_the_quota_and_a_denial_is_tollgates_problem_json_429() {
     let mut stack = ext_authz_stack(PER_IP_BURST_3);
@@ -147,11 +149,51 @@ fn ext_authz_allowed_requests_get_the_quota_and_a_denial_is_tollgates_problem_js
     assert_eq!(keys.len(), 1, "{keys:?}");
     assert!(keys[0].contains("127.0.0.2"), "{keys:?}");
 
+    // tollgate's `on_error = "deny"` answers 503 with Redis gone, and Envoy takes any 5xx
+    // of the authorization service for a failure: `failure_mode_allow: true` admits.
+    stack.redis.kill();
+    let no_redis = from(&stack.proxy, CLIENT_B, "GET", "/items", &[]);
+    assert_eq!(
+        no_redis.status, 200,
+        "Envoy's failure mode wins: {no_redis:?}"
+    );
+    assert_eq!(no_redis.header("ratelimit"), None, "{no_redis:?}");
+
     stack.stop_tollgate();
     let open = from(&stack.proxy, CLIENT_A, "GET", "/items", &[]);
     assert_eq!(open.status, 200, "fails open: {open:?}");
     assert_eq!(open.header("ratelimit"), None, "{open:?}");
-    assert_eq!(stack.backend.count(), 4);
+    assert_eq!(stack.backend.count(), 5);
+}
+
+/// Proves, with envoy.yaml switched to fail closed (`failure_mode_allow: false`) and tollgate
+/// denying on store errors (`on_error = "deny"`): Redis killed while tollgate runs, Envoy
+/// takes tollgate's 503 for an error of the authorization service and answers its own
+/// `status_on_error` (503, no Retry-After); tollgate stopped, the same. Neither reaches the
+/// application.
+#[test]
+fn ext_authz_failing_closed_answers_503_on_a_dead_redis_and_without_tollgate() {
+    let mut stack = Stack::start(
+        "deny",
+        &format!("{TRUST_ONLY_ENVOY}{PER_IP_BURST_3}"),
+        |tollgate, app| {
+            Envoy::ext_authz(
+                tollgate,
+                app,
+                &[("failure_mode_allow: true", "failure_mode_allow: false")],
+            )
+        },
+    );
+    assert_eq!(from(&stack.proxy, CLIENT_A, "GET", "/", &[]).status, 200);
+    stack.redis.kill();
+    let no_redis = from(&stack.proxy, CLIENT_A, "GET", "/", &[]);
+    // Envoy's own answer: tollgate's Retry-After and problem+json body are not passed on.
+    assert_eq!(no_redis.status, 503, "{no_redis:?}");
+    assert_eq!(no_redis.header("retry-after"), None, "{no_redis:?}");
+    stack.stop_tollgate();
+    let down = from(&stack.proxy, CLIENT_A, "GET", "/", &[]);
+    assert_eq!(down.status, 503, "{down:?}");
+    assert_eq!(stack.backend.count(), 1);
 }
 
 /// Proves: with `use_remote_address: true` Envoy appends the TCP peer to X-Forwarded-For and
