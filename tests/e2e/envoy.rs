@@ -18,9 +18,10 @@ use crate::support::proxies::scenarios::{
     API_WRITES_BURST_1,
 };
 use crate::support::proxies::{read_shipped, template};
-use crate::support::{RedisServer, Response, Tollgate};
+use crate::support::{wait_until, RedisServer, Response, Tollgate};
 use serde_yaml::Value;
 use std::net::{Ipv4Addr, SocketAddr};
+use std::time::Duration;
 
 /// tollgate believes `X-Forwarded-For` only from Envoy (127.0.0.1); clients come from other
 /// loopback addresses. With the default trusted range (all of 127/8) a test client would
@@ -537,6 +538,65 @@ fn ratelimit_filter_fails_closed_and_envoys_draft_headers_are_not_duplicated() {
     let down = from(&envoy, CLIENT_B, "GET", "/", &[]);
     assert_eq!(down.status, 500, "{down:?}");
     assert_eq!(rls.app.count(), PER_IP as usize, "nothing else reached it");
+}
+
+/// Proves, with tollgate denying on store errors (`on_error = "deny"`) behind the shipped
+/// fail-open filter, its health check made faster (0.2 s instead of 5 s, to keep the test
+/// short): once Redis is gone, tollgate's gRPC health turns NOT_SERVING and Envoy's health
+/// check (which runs at all thanks to `no_traffic_interval`: Envoy counts the filter's calls
+/// as no traffic) marks it unhealthy; with no healthy replica left Envoy still calls it (its
+/// panic threshold), so tollgate's `on_error` keeps deciding (429, `Retry-After: 1`) and
+/// `failure_mode_deny` is not involved. With Redis back, tollgate is healthy and decides again.
+#[test]
+fn ratelimit_filter_still_asks_an_unhealthy_tollgate_so_on_error_decides() {
+    let mut rls = Rls::start(&[("on_error   = \"allow\"", "on_error   = \"deny\"")], "");
+    let envoy = rls.envoy(&[(
+        "interval: 5s\n          no_traffic_interval: 5s",
+        "interval: 0.2s\n          no_traffic_interval: 0.2s",
+    )]);
+    assert_eq!(from(&envoy, CLIENT_A, "GET", "/", &[]).status, 200);
+    let tollgate_health = |envoy: &Envoy| {
+        envoy
+            .admin_get("/clusters")
+            .map(|(_, body)| body)
+            .unwrap_or_default()
+            .lines()
+            .find(|line| line.starts_with("tollgate::") && line.contains("::health_flags::"))
+            .map(str::to_string)
+            .unwrap_or_default()
+    };
+    assert!(tollgate_health(&envoy).ends_with("::healthy"));
+
+    rls.redis.kill();
+    let unhealthy = wait_until(Duration::from_secs(15), || {
+        tollgate_health(&envoy).contains("failed_active_hc")
+    });
+    assert!(
+        unhealthy,
+        "never marked unhealthy: {}",
+        tollgate_health(&envoy)
+    );
+    let denied = from(&envoy, CLIENT_A, "GET", "/", &[]);
+    assert_eq!(denied.status, 429, "on_error decides: {denied:?}");
+    assert_eq!(denied.header("retry-after"), Some("1"), "{denied:?}");
+    assert_eq!(envoy.stat("cluster.app.ratelimit.failure_mode_allowed"), 0);
+
+    rls.redis.restart();
+    let healthy = wait_until(Duration::from_secs(15), || {
+        tollgate_health(&envoy).ends_with("::healthy")
+    });
+    assert!(healthy, "never healthy again: {}", tollgate_health(&envoy));
+    let decided = wait_until(Duration::from_secs(10), || {
+        from(&envoy, CLIENT_B, "GET", "/", &[])
+            .header("ratelimit")
+            .is_some()
+    });
+    assert!(decided, "tollgate never decided again: {}", envoy.log());
+    assert_eq!(
+        rls.app.count(),
+        2,
+        "only the decided requests reached the app"
+    );
 }
 
 /// Proves: the two patches of `config/envoy/istio-envoyfilter.yaml`, applied by hand as Istio
