@@ -90,10 +90,14 @@ fn from(envoy: &Envoy, client: Ipv4Addr, method: &str, path: &str, h: &[(&str, &
 // ---------------------------------------------------------------------------------------
 // ext_authz (HTTP) → /check
 
+/// The check's timeout in envoy.yaml (0.5 s), raised: on a loaded test machine a check may
+/// take longer, and a test must see tollgate's answer, not Envoy's failure mode.
+const EXT_AUTHZ_TIMEOUT: (&str, &str) = (" timeout: 0.5s", " timeout: 2s");
+
 fn ext_authz_stack(limits: &str) -> Stack<Envoy> {
     let limits = format!("{TRUST_ONLY_ENVOY}{limits}");
     Stack::start("deny", &limits, |tollgate, app| {
-        Envoy::ext_authz(tollgate, app, &[])
+        Envoy::ext_authz(tollgate, app, &[EXT_AUTHZ_TIMEOUT])
     })
 }
 
@@ -181,7 +185,10 @@ fn ext_authz_failing_closed_answers_503_on_a_dead_redis_and_without_tollgate() {
             Envoy::ext_authz(
                 tollgate,
                 app,
-                &[("failure_mode_allow: true", "failure_mode_allow: false")],
+                &[
+                    EXT_AUTHZ_TIMEOUT,
+                    ("failure_mode_allow: true", "failure_mode_allow: false"),
+                ],
             )
         },
     );
@@ -278,9 +285,13 @@ impl Rls {
         }
     }
 
-    /// Envoy on the shipped ratelimit.yaml pointed at this tollgate, with `more` replacements.
+    /// Envoy on the shipped ratelimit.yaml pointed at this tollgate, its call timeout raised
+    /// from 0.1 s to 1 s (on a loaded test machine a call may take longer, and a test must see
+    /// tollgate's answer, not Envoy's failure mode), with `more` replacements.
     fn envoy(&self, more: &[(&str, &str)]) -> Envoy {
-        let envoy = Envoy::ratelimit(self.grpc, self.app.addr, more);
+        let mut replacements = vec![(" timeout: 0.1s", " timeout: 1s")];
+        replacements.extend_from_slice(more);
+        let envoy = Envoy::ratelimit(self.grpc, self.app.addr, &replacements);
         // The first health check reached tollgate before /ready; nothing was charged.
         assert_eq!(self.app.count(), 0);
         envoy
@@ -431,7 +442,8 @@ fn ratelimit_filter_admits_exactly_the_burst_of_concurrent_requests_for_one_key(
 }
 
 /// Proves, with the shipped fail-open settings (`failure_mode_deny: false`, tollgate's
-/// `on_error = "allow"`) and tollgate's store budget raised above Envoy's 0.1 s `timeout`:
+/// `on_error = "allow"`) and tollgate's store budget (2 s) raised above Envoy's `timeout`
+/// (1 s in these tests):
 /// - Redis stalled (CLIENT PAUSE): Envoy's timeout fires first and the request passes;
 /// - Redis killed while tollgate runs: tollgate itself answers OK, without quota headers;
 /// - tollgate stopped: Envoy cannot reach it and the request passes.
@@ -623,6 +635,8 @@ fn istio_envoyfilter_patches_run_in_a_real_envoy_and_reach_the_shipped_limits() 
     let mut filter = patches[0]["patch"]["value"].clone();
     filter["typed_config"]["rate_limit_service"]["grpc_service"]["envoy_grpc"]["cluster_name"] =
         Value::from("tollgate");
+    // As in `Rls::envoy`: tollgate's answer, not Envoy's timeout, on a loaded machine.
+    filter["typed_config"]["timeout"] = Value::from("1s");
     let rate_limits = patches[1]["patch"]["value"]["rate_limits"].clone();
 
     let rls = Rls::start(&[], "");
