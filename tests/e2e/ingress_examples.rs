@@ -1,10 +1,10 @@
 //! The ingress examples that cannot run here as they ship: the ingress-nginx Ingress (no
-//! cluster) and the Envoy config (no Envoy binary).
+//! cluster); and the shape of the Envoy ext_authz config, which `envoy.rs` also runs in a
+//! real Envoy.
 //!
 //! The Ingress's snippets are run for real: spliced into an nginx config shaped like the one
 //! ingress-nginx generates for `auth-url` (its auth location's headers, `auth_request` in the
-//! Ingress's location), in front of tollgate and a counting backend. The Envoy file is only
-//! checked for shape.
+//! Ingress's location), in front of tollgate and a counting backend.
 
 use crate::support::proxies::scenarios::{
     assert_denied_with_quota_headers, assert_path_and_method_limit, Stack, API_WRITES_BURST_1,
@@ -112,13 +112,14 @@ fn the_envoy_config_has_the_ext_authz_filter_tollgate_needs() {
             })
             .collect()
     };
-    let request = patterns(&service["authorization_request"]["allowed_headers"]);
+    let request = patterns(&authz["allowed_headers"]);
     assert!(
         request.contains(&"x-forwarded-for".to_string()),
         "{request:?}"
     );
     let on_deny = patterns(&service["authorization_response"]["allowed_client_headers"]);
     for header in [
+        "content-type",
         "retry-after",
         "ratelimit",
         "ratelimit-policy",

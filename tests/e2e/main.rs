@@ -1,5 +1,5 @@
-//! The end-to-end tier (`cargo test --features e2e --test e2e`): the real nginx and Traefik
-//! in front of tollgate, the deployment files, Redis Cluster and Sentinel, faults under load.
+//! The end-to-end tier (`cargo test --features e2e --test e2e`): the real nginx, Traefik and
+//! Envoy in front of tollgate, the deployment files, Redis Cluster and Sentinel, faults under load.
 //! One module per concern; `cargo test --features e2e --test e2e <module>::` runs one.
 // Tests and load tools compute ratios and figures; the library's cast lints (Cargo.toml)
 // guard its token arithmetic, not these.
@@ -15,6 +15,7 @@ mod support;
 mod cluster;
 mod deploy_artifacts;
 mod dodge;
+mod envoy;
 mod faults;
 mod import_ingress;
 mod ingress_examples;

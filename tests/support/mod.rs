@@ -9,6 +9,9 @@ pub mod chaos;
 pub mod cluster;
 pub mod commandstats;
 pub mod deploy;
+// A real Envoy: a process of its own per test, so only the second tier starts one.
+#[cfg(feature = "e2e")]
+pub mod envoy;
 pub mod grpc;
 pub mod http;
 pub mod latency;
