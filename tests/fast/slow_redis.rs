@@ -216,8 +216,9 @@ fn concurrent_checks_go_out_together_not_in_waves() {
 }
 
 /// The first checks on a fresh connection, to a Redis that does not hold the script yet, cost
-/// one round trip: not `EVALSHA`, `NOSCRIPT`, then `EVAL`.
-#[test]
+/// one round trip: not `EVALSHA`, `NOSCRIPT`, then `EVAL`. The budget sits between one round
+/// trip and two, a margin a starved machine can eat: second tier (see `e2e` below).
+#[cfg_attr(not(feature = "e2e"), allow(dead_code))]
 fn the_first_checks_after_a_fresh_connection_are_decided() {
     let redis = RedisServer::start();
     let proxy = LatencyProxy::start(redis.port, Duration::from_millis(15));
@@ -247,6 +248,11 @@ mod e2e {
     #[test]
     fn concurrent_checks_go_out_together_not_in_waves() {
         super::concurrent_checks_go_out_together_not_in_waves();
+    }
+
+    #[test]
+    fn the_first_checks_after_a_fresh_connection_are_decided() {
+        super::the_first_checks_after_a_fresh_connection_are_decided();
     }
 
     #[test]
