@@ -346,3 +346,71 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_peek_shows_the_leases_held_and_v1_limits_the_concurrency() {
+    let redis = RedisServer::start();
+    let tollgate = start(&redis, &concurrency("peeked", 4, 45));
+    for _ in 0..3 {
+        assert_eq!(tollgate.check(&[("x-api-key", "acme")]).status, 200);
+    }
+    let peek = crate::support::http::admin_json(
+        tollgate.admin,
+        "GET",
+        "/v1/buckets/peeked?key=acme",
+        Some(TOKEN),
+        "",
+    );
+    assert_eq!(peek.status, 200, "{}", peek.body);
+    let body: serde_json::Value = serde_json::from_str(&peek.body).expect("JSON");
+    let text = body.to_string();
+    assert!(
+        text.contains("\"held\":3.0") || text.contains("\"held\":3"),
+        "{text}"
+    );
+    assert!(text.contains("\"remaining\":1"), "{text}");
+    assert!(text.contains("\"lease_ttl_s\":45"), "{text}");
+    assert_eq!(held(&redis, "peeked").1, 3, "a peek takes no lease");
+
+    let limits =
+        crate::support::http::admin_json(tollgate.admin, "GET", "/v1/limits", Some(TOKEN), "");
+    assert!(
+        limits.body.contains("\"concurrency\": 4") && limits.body.contains("\"lease_ttl_s\": 45"),
+        "{}",
+        limits.body
+    );
+}
+
+/// A Redis Cluster decides a request spanning slots one slot at a time and refunds the slots
+/// that charged when another denies: a lease is refunded by removing it.
+#[test]
+fn a_cross_slot_refund_gives_the_lease_back() {
+    let redis = RedisServer::start();
+    let mut conn = redis::Client::open(redis.url())
+        .and_then(|c| c.get_connection())
+        .expect("connect to redis");
+    let lease = "L60000:000000000000000000000000000000ab";
+    let taken: String = redis::cmd("EVAL")
+        .arg(tollgate::store::redis::script::BUCKET_SCRIPT)
+        .arg(1)
+        .arg("tg:c:{k}")
+        .arg(&[lease, "2", "1", "0"])
+        .query(&mut conn)
+        .expect("take");
+    let fields: Vec<&str> = taken.split(' ').collect();
+    assert_eq!(
+        (fields[0], fields[2], fields[3]),
+        ("1", "1", "1"),
+        "{taken}"
+    );
+    assert_eq!(held(&redis, "c").1, 1);
+    let refunded: Vec<String> = redis::cmd("EVAL")
+        .arg(tollgate::store::redis::script::REFUND_SCRIPT)
+        .arg(1)
+        .arg("tg:c:{k}")
+        .arg(&[lease, "2", "1", fields[1]])
+        .query(&mut conn)
+        .expect("refund");
+    assert_eq!(refunded, vec!["2".to_string()]);
+    assert_eq!(held(&redis, "c").1, 0, "the refunded lease is gone");
+}
