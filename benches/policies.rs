@@ -56,6 +56,7 @@ fn check(policy: &Policy, map: &HeaderMap) -> usize {
             })
             .collect(),
         degraded: false,
+        leases: Vec::new(),
     };
     let response = tollgate::http::response::render(&Verdict::Decided(decision), policy);
     response.headers().len()

@@ -3,8 +3,9 @@
 -- nothing, refreshes no expiry and leaves `ts` alone, so the next check sees the same bucket.
 --
 -- KEYS[1]  a bucket, hash {tokens, ts}, or a quota, hash {used, start}
--- ARGV[1]  a bucket's rate, tokens per second; or a quota's period code ('h', 'd', 'w', 'm')
--- ARGV[2]  a bucket's burst; or the quota
+-- ARGV[1]  a bucket's rate, tokens per second; or a quota's period code ('h', 'd', 'w', 'm');
+--          or 'L' for a concurrency key (a sorted set of leases scored by expiry)
+-- ARGV[2]  a bucket's burst; or the quota; or the most leases held at once
 --
 -- Returns one string: "level" for a bucket (its tokens now, refilled exactly as token_bucket.lua
 -- refills: absent or mangled = full, capped at burst, a clock gone backwards adds nothing);
@@ -24,6 +25,12 @@ if ARGV[1] == 'h' or ARGV[1] == 'd' or ARGV[1] == 'w' or ARGV[1] == 'm' then
     level = burst - (tonumber(stored[1]) or 0)
   end
   return string.format('%.17g %d %d', level, stop - now_s, stop - start)
+end
+
+if string.byte(ARGV[1]) == 76 then
+  -- 'L': a concurrency key; its level is the slots free now (leases expiring after now).
+  local held = redis.call('ZCOUNT', KEYS[1], '(' .. string.format('%d', now), '+inf')
+  return string.format('%.17g', burst - held)
 end
 
 local stored = redis.call('HMGET', KEYS[1], 'tokens', 'ts')

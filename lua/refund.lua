@@ -3,7 +3,8 @@
 -- decided one slot at a time, and all-or-nothing is restored by refunding).
 --
 -- KEYS[i]     bucket i, charged earlier by token_bucket.lua on this same slot
--- ARGV[4i-3]  rate of bucket i, tokens per second; or a quota's period code
+-- ARGV[4i-3]  rate of bucket i, tokens per second; or a quota's period code; or the lease
+--             that call took ('L<ttl in ms>:<id>', as lua/token_bucket.lua reads it)
 -- ARGV[4i-2]  burst of bucket i; or the quota
 -- ARGV[4i-1]  the cost that was charged
 -- ARGV[4i]    `now` returned by the charging call (microseconds of TIME, as written to `ts`);
@@ -31,6 +32,13 @@ for i = 1, #KEYS do
   local burst = tonumber(ARGV[4 * i - 2])
   local cost = tonumber(ARGV[4 * i - 1])
   local charged_at = ARGV[4 * i]
+  if string.byte(ARGV[4 * i - 3]) == 76 then
+    -- 'L<ttl>:<id>': a lease taken by that call; giving it back is removing it.
+    local id = string.match(ARGV[4 * i - 3], ':(%x+)$') or ''
+    redis.call('ZREM', KEYS[i], id)
+    local held = redis.call('ZCOUNT', KEYS[i], '(' .. string.format('%d', now), '+inf')
+    reply[i] = string.format('%.17g', burst - held)
+  else
   local stored = redis.call('HMGET', KEYS[i], 'tokens', 'ts')
   local level, ts = tonumber(stored[1]), tonumber(stored[2])
   if rate == nil then
@@ -59,6 +67,7 @@ for i = 1, #KEYS do
     -- Expires when full again, as lua/token_bucket.lua does (bounded: lua/bounds.lua).
     redis.call('PEXPIREAT', KEYS[i], expire_at(now, (burst - level) / rate * 1000000))
     reply[i] = text
+  end
   end
 end
 return reply

@@ -5,9 +5,12 @@
 -- One request:
 -- KEYS[i]     key i: a bucket, hash {tokens, ts} (ts in microseconds of this server's TIME),
 --             or a quota, hash {used, start} (start: the Unix second its period began)
+--             or a concurrency key, a sorted set of lease ids scored by their expiry (µs of TIME)
 -- ARGV[4i-3]  a bucket's rate, tokens per second (> 0, may be fractional); or a quota's period:
---             'h' hour, 'd' day, 'w' ISO week (from Monday), 'm' calendar month (UTC)
--- ARGV[4i-2]  a bucket's burst: its capacity (>= 1); or the quota: at most this per period
+--             'h' hour, 'd' day, 'w' ISO week (from Monday), 'm' calendar month (UTC); or a
+--             lease to take, 'L<ttl in ms>:<lease id in hex>'
+-- ARGV[4i-2]  a bucket's burst: its capacity (>= 1); or the quota: at most this per period;
+--             or the most leases held at once
 -- ARGV[4i-1]  cost to charge key i (>= 0; 0 asks only that the key is not used up: a
 --             charge = "report" limit, charged later by lua/report.lua)
 -- ARGV[4i]    "1" if key i is a shadow limit: reported, never denies
@@ -41,7 +44,9 @@
 -- (the next millisecond after it, so never before): an absent bucket reads as full, so that
 -- changes no decision and keeps only the buckets that matter; a bucket in debt (charged by
 -- reports) lives until it has refilled its debt too. A quota is written only when charged and
--- expires when its period ends; a count from an earlier period is void.
+-- expires when its period ends; a count from an earlier period is void. A concurrency key
+-- drops its expired leases (expiry <= now) before counting them; its level is the free slots;
+-- a taken lease is added with expiry now + ttl, and the key expires with its last lease.
 --
 -- Written for Redis's CPU, which every check of a fleet shares: one string reply (an array
 -- costs Redis a deferred-length reply block), arguments coerced by arithmetic rather than by
@@ -68,6 +73,8 @@ local function decide(k, a, n)
   -- For quota keys only (made at the first one): the period's start and end, and whether
   -- the stored count is this period's.
   local starts, stops, current
+  -- For concurrency keys only: the lease each would take, {expiry in µs, id}.
+  local leases
   for i = 1, n do
     local j = a + 4 * i
     local burst, cost = ARGV[j - 2] + 0, ARGV[j - 1] + 0
@@ -87,6 +94,14 @@ local function decide(k, a, n)
         current[i] = true
       end
       starts[i], stops[i] = start, stop
+    elseif string.byte(ARGV[j - 3]) == 76 then
+      -- 'L': a concurrency key.
+      local ttl_ms, id = string.match(ARGV[j - 3], '^L(%d+):(%x+)$')
+      if not ttl_ms then refuse(i, 'lease') end
+      if not leases then leases = {} end
+      leases[i] = {string.format('%d', now + ttl_ms * 1000), id}
+      redis.call('ZREMRANGEBYSCORE', KEYS[k + i], '-inf', ts)
+      level = burst - redis.call('ZCARD', KEYS[k + i])
     else
       local rate = ARGV[j - 3] + 0
       if not (rate > 0 and burst / rate <= MAX_REFILL_S) then refuse(i, 'rate') end
@@ -117,7 +132,16 @@ local function decide(k, a, n)
     local cost = ARGV[j - 1] + 0
     local charged = allowed == '1' and out[p + 2 * i + 2] == '1'
     if charged then level = level - cost end
-    if starts and starts[i] then
+    if leases and leases[i] then
+      if charged then
+        redis.call('ZADD', key, leases[i][1], leases[i][2])
+        -- The key lives as long as its last lease (scores are whole µs, below 2^53).
+        local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+        local until_ms = tonumber(last[2]) / 1000
+        redis.call('PEXPIREAT', key, string.format('%d', until_ms - until_ms % 1 + 1))
+      end
+      out[p + 2 * i + 1] = string.format('%.17g', level)
+    elseif starts and starts[i] then
       if charged and cost > 0 and current[i] then
         -- This period's count exists, and so does its expiry.
         redis.call('HINCRBY', key, 'used', cost)

@@ -8,6 +8,7 @@ pub mod check;
 pub mod health;
 pub mod limits;
 pub mod overrides;
+pub mod release;
 pub mod report;
 pub mod response;
 pub mod top;
@@ -32,6 +33,7 @@ pub fn admin_routes(cfg: &mut web::ServiceConfig) {
         .route("/healthz", web::get().to(health::healthz))
         .route("/readyz", web::get().to(health::readyz))
         .service(web::resource("/report").route(web::post().to(report::report)))
+        .service(web::resource("/release").route(web::post().to(release::release)))
         .route("/v1/limits", web::get().to(limits::limits))
         .service(
             web::resource("/v1/buckets/{limit}")

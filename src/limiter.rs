@@ -21,7 +21,7 @@ use crate::observe::top;
 use crate::policy::Policy;
 use crate::request::OriginalRequest;
 use crate::store::memory::MemoryStore;
-use crate::store::{BucketRequest, Store, StoreDecision, StoreError};
+use crate::store::{BucketRequest, Meter, Store, StoreDecision, StoreError};
 
 pub struct Limiter<S: Store> {
     store: S,
@@ -302,6 +302,7 @@ impl<S: Store> Limiter<S> {
             allowed: false,
             limits,
             degraded: false,
+            leases: Vec::new(),
         }
     }
 
@@ -383,10 +384,29 @@ impl<S: Store> Limiter<S> {
                 state
             })
             .collect();
+        let leases = if decided.allowed {
+            buckets
+                .iter()
+                .zip(&decided.buckets)
+                .filter_map(|(bucket, outcome)| match bucket.meter {
+                    Meter::Lease(lease) if outcome.enough => {
+                        Some(policy.limits[bucket.limit].lease_id(
+                            &policy.key_prefix,
+                            &bucket.key,
+                            lease,
+                        ))
+                    }
+                    _ => None,
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
         Decision {
             allowed: decided.allowed,
             limits,
             degraded,
+            leases,
         }
     }
 

@@ -140,4 +140,42 @@ impl Policy {
         }
         Ok(buckets)
     }
+
+    /// The store key and lease member of a lease id this policy's `/check` handed out
+    /// ([`Limit::lease_id`]); why not when the id is malformed or names no concurrency limit.
+    pub fn lease_of(&self, id: &str) -> Result<(String, String), String> {
+        let mut fields = id.trim().split('.');
+        let (Some(name), Some(tail), Some(member), None) =
+            (fields.next(), fields.next(), fields.next(), fields.next())
+        else {
+            return Err(
+                "is not a lease id (<limit>.<key>.<id>, as X-Tollgate-Lease gives it)".into(),
+            );
+        };
+        let Some(limit) = self.limits.iter().find(|limit| limit.name == name) else {
+            return Err(format!("names no limit {name:?}"));
+        };
+        if !matches!(limit.meter, crate::store::Meter::Lease(_)) {
+            return Err(format!("limit {name:?} is not a concurrency limit"));
+        }
+        let tail = unhex(tail).ok_or("has a malformed key")?;
+        if member.len() != 32 || !member.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err("has a malformed lease".into());
+        }
+        Ok((
+            limit.store_key(&self.key_prefix, &tail),
+            member.to_ascii_lowercase(),
+        ))
+    }
+}
+
+/// Bytes from pairs of hex digits.
+fn unhex(text: &str) -> Option<Vec<u8>> {
+    if !text.len().is_multiple_of(2) {
+        return None;
+    }
+    text.as_bytes()
+        .chunks_exact(2)
+        .map(|pair| u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok())
+        .collect()
 }

@@ -25,6 +25,23 @@ pub enum Meter {
     Bucket,
     /// At most `burst` per calendar period (UTC on the store's clock); `rate` is unused.
     Quota(Period),
+    /// At most `burst` leases held at once (`rate` is unused, the cost is one lease): a set
+    /// of lease ids, each expiring `ttl_ms` after it was taken unless released before.
+    Lease(Lease),
+}
+
+/// One lease a check asks for: its id (unique per check), and how long it lives unreleased.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lease {
+    pub ttl_ms: u64,
+    pub id: u128,
+}
+
+impl Lease {
+    /// The id as stored (a member of the key's set): 32 lower-case hex digits.
+    pub fn member(&self) -> String {
+        format!("{:032x}", self.id)
+    }
 }
 
 /// One bucket to draw from.
@@ -139,6 +156,13 @@ pub trait Store: Send + Sync + 'static {
         async { Err(StoreError::Other("this store cannot reset".into())) }
     }
 
+    /// Gives back the lease `member` of the concurrency key `key`; whether it was held
+    /// (false when it was released already or expired: releasing is idempotent).
+    fn release(&self, key: &str, member: &str) -> impl Future<Output = Result<bool, StoreError>> {
+        let _ = (key, member);
+        async { Err(StoreError::Other("this store holds no leases".into())) }
+    }
+
     /// Whether the store may decide one request in parts and refund a part (a Redis Cluster,
     /// per slot): then a bucket can rise by more than its refill (see `deny_cache`).
     fn splits_requests(&self) -> bool {
@@ -195,6 +219,13 @@ impl Store for AnyStore {
         match self {
             AnyStore::Memory(store) => store.reset(key).await,
             AnyStore::Redis(store) => store.reset(key).await,
+        }
+    }
+
+    async fn release(&self, key: &str, member: &str) -> Result<bool, StoreError> {
+        match self {
+            AnyStore::Memory(store) => store.release(key, member).await,
+            AnyStore::Redis(store) => store.release(key, member).await,
         }
     }
 

@@ -366,7 +366,7 @@ impl Replay {
             self.exempt += 1;
             return true;
         }
-        let buckets = match self.policy.applicable(&request) {
+        let mut buckets = match self.policy.applicable(&request) {
             Ok(buckets) => buckets,
             Err(limit) => {
                 // on_missing = "deny": denied without a bucket.
@@ -377,6 +377,9 @@ impl Replay {
                 return false;
             }
         };
+        // A log line says nothing of how long its request was in flight: concurrency limits
+        // are not replayed (each lease would be held until it expired, denying what was not).
+        buckets.retain(|bucket| !matches!(bucket.meter, crate::store::Meter::Lease(_)));
         if buckets.is_empty() {
             return true;
         }

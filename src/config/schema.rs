@@ -20,6 +20,10 @@ pub const MAX_REFILL_SECS: f64 = 10.0 * 365.0 * 86_400.0;
 
 /// Largest `burst` (and so `cost`): far inside the range where floats hold integers exactly.
 pub const MAX_BURST: u64 = 1_000_000_000;
+/// How long a lease nobody released lives, unless `lease_ttl_s` says otherwise.
+pub const DEFAULT_LEASE_TTL_S: u64 = 60;
+/// The longest `lease_ttl_s`: a day.
+pub const MAX_LEASE_TTL_S: u64 = 86_400;
 
 /// Largest cost a request or a report may carry: what the largest bucket holds. A bigger one
 /// (a `cost_header` value past it, even past 2^64 - 1) is read as [`OVER_COST`].
@@ -186,6 +190,12 @@ pub struct LimitConfig {
     pub quota: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub period: Option<Period>,
+    /// At most this many requests in flight per key (leases), instead of `rate` and `burst`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<u64>,
+    /// Seconds after which a lease nobody released expires (default 60).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_ttl_s: Option<u64>,
     /// Who charges this limit: `/check` (default) or `POST /report`.
     #[serde(default)]
     pub charge: Charge,
@@ -226,7 +236,7 @@ pub enum Charge {
 impl LimitConfig {
     /// The bucket's burst or the quota: the most one period or one full bucket admits.
     pub fn capacity(&self) -> u64 {
-        self.quota.unwrap_or(self.burst)
+        self.concurrency.or(self.quota).unwrap_or(self.burst)
     }
 
     /// How far below 0 a report may drive the bucket.
@@ -343,6 +353,8 @@ impl Default for Config {
                 burst: 100,
                 quota: None,
                 period: None,
+                concurrency: None,
+                lease_ttl_s: None,
                 charge: Charge::Request,
                 max_debt: None,
                 key: vec!["ip".into()],

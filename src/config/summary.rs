@@ -87,6 +87,13 @@ impl Config {
         let _ = writeln!(out, "limits        {}", self.limits.len());
         for limit in &self.limits {
             let size = match (limit.quota, limit.period) {
+                _ if limit.concurrency.is_some() => format!(
+                    "concurrency {}  lease_ttl_s {}",
+                    limit.capacity(),
+                    limit
+                        .lease_ttl_s
+                        .unwrap_or(crate::config::DEFAULT_LEASE_TTL_S)
+                ),
                 (Some(quota), Some(period)) => format!("quota {quota} per {period}"),
                 _ => format!("rate {}  burst {}", describe_rate(&limit.rate), limit.burst),
             };

@@ -110,6 +110,13 @@ enum PeekState {
         period: Period,
         period_ends_in_s: u64,
     },
+    Concurrency {
+        concurrency: f64,
+        /// Leases held now (unexpired, unreleased).
+        held: f64,
+        remaining: u64,
+        lease_ttl_s: u64,
+    },
 }
 
 fn peek_state(bucket: &BucketRequest, outcome: &BucketOutcome) -> PeekState {
@@ -136,6 +143,12 @@ fn peek_state(bucket: &BucketRequest, outcome: &BucketOutcome) -> PeekState {
             remaining: state.remaining(),
             period,
             period_ends_in_s: state.reset_secs(),
+        },
+        Meter::Lease(lease) => PeekState::Concurrency {
+            concurrency: bucket.burst,
+            held: bucket.burst - outcome.tokens,
+            remaining: state.remaining(),
+            lease_ttl_s: lease.ttl_ms / 1000,
         },
     }
 }

@@ -50,6 +50,7 @@ struct LimitView<'p> {
 enum MeterView {
     Bucket { rate_per_s: f64, burst: u64 },
     Quota { quota: u64, period: Period },
+    Concurrency { concurrency: u64, lease_ttl_s: u64 },
 }
 
 /// How many keys have their own policy, by where it comes from.
@@ -73,6 +74,10 @@ impl<'p> From<&'p Limit> for LimitView<'p> {
                 Meter::Quota(period) => MeterView::Quota {
                     quota: limit.burst,
                     period,
+                },
+                Meter::Lease(lease) => MeterView::Concurrency {
+                    concurrency: limit.burst,
+                    lease_ttl_s: lease.ttl_ms / 1000,
                 },
             },
             key: limit.key.iter().map(ToString::to_string).collect(),

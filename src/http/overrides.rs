@@ -51,6 +51,12 @@ pub async fn put(
 ) -> Result<HttpResponse, AdminError> {
     let policy = state.limiter.policy();
     let target = target(&policy, &name, request.query_string())?;
+    if let crate::store::Meter::Lease(_) = target.limit.meter {
+        return Err(AdminError::Conflict(format!(
+            "limit {:?} is a concurrency limit: overrides are not supported on it",
+            target.limit.name
+        )));
+    }
     let (entry, ttl_s) = parse_body(&body, target.limit, &target.values, &policy)
         .map_err(|(field, reason)| AdminError::bad(field.clone(), format!("{field} {reason}")))?;
     sync::put(

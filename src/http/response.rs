@@ -15,6 +15,8 @@ use crate::policy::Policy;
 // Names as constants: a `&str` name is parsed and validated on every insert (4% of a
 // memory-store check's instructions in `bench/profile.sh`).
 const X_TOLLGATE_STATUS: HeaderName = HeaderName::from_static("x-tollgate-status");
+/// The leases an allowed check took, comma-separated: what `POST /release` gives back.
+pub const X_TOLLGATE_LEASE: HeaderName = HeaderName::from_static("x-tollgate-lease");
 const X_TOLLGATE_DENY_STATUS: HeaderName = HeaderName::from_static("x-tollgate-deny-status");
 
 /// How a refusal (a denial, or failing closed) is answered.
@@ -55,6 +57,9 @@ pub fn render_as(verdict: &Verdict, policy: &Policy, form: DenyForm) -> HttpResp
         Verdict::Decided(decision) if decision.allowed => {
             let mut response = HttpResponse::Ok();
             quota_headers(&mut response, decision, policy);
+            if !decision.leases.is_empty() {
+                response.insert_header((X_TOLLGATE_LEASE, decision.leases.join(",")));
+            }
             response.finish()
         }
         Verdict::Decided(decision) => denied(decision, policy, form),

@@ -44,6 +44,9 @@ pub struct Decision {
     pub limits: Vec<LimitState>,
     /// True when the local fallback decided because the store failed.
     pub degraded: bool,
+    /// The ids of the leases this check took (allowed by concurrency limits), as
+    /// `X-Tollgate-Lease` shows them; `POST /release` gives each back.
+    pub leases: Vec<String>,
 }
 
 pub use crate::base::rate::{ceil_secs, MAX_SF_INTEGER};

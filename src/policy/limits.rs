@@ -9,8 +9,8 @@ use crate::base::calendar::Period;
 use crate::base::keys::{self, KeyPart};
 use crate::base::rate::{ceil_secs, count_f64};
 use crate::config::{
-    check_refill, valid_name, Charge, ConfigError, LimitConfig, OnMissing, RateSpec, MAX_BURST,
-    MAX_COST, OVER_COST,
+    check_refill, valid_name, Charge, ConfigError, LimitConfig, OnMissing, RateSpec,
+    DEFAULT_LEASE_TTL_S, MAX_BURST, MAX_COST, MAX_LEASE_TTL_S, OVER_COST,
 };
 use crate::observe::metrics::LimitCounters;
 use crate::policy::descriptors::DescriptorRule;
@@ -18,7 +18,7 @@ use crate::policy::matcher::Matcher;
 use crate::policy::overrides::{Base, Override, Overrides};
 use crate::policy::runtime_overrides::{Own, View};
 use crate::request::OriginalRequest;
-use crate::store::{BucketRequest, Meter};
+use crate::store::{BucketRequest, Lease, Meter};
 
 /// One configured limit, ready for the hot path.
 pub struct Limit {
@@ -136,6 +136,12 @@ impl TryFrom<LimitInput<'_>> for Limit {
                     config.capacity(),
                     period.fixed_secs().unwrap_or(30 * 86_400)
                 ),
+                Meter::Lease(lease) => format!(
+                    "\"{}\";q={};w={}",
+                    config.name,
+                    config.capacity(),
+                    lease.ttl_ms / 1000
+                ),
             },
             counters: LimitCounters::detached(),
         })
@@ -145,6 +151,15 @@ impl TryFrom<LimitInput<'_>> for Limit {
 /// Tokens per second (0 for a quota) and the meter, after checking the numbers the store must
 /// represent: rate, burst or quota, refill time, cost.
 fn checked_meter(config: &LimitConfig, at: &str) -> Result<(f64, Meter), ConfigError> {
+    if config.lease_ttl_s.is_some() && config.concurrency.is_none() {
+        return Err(ConfigError::new(
+            format!("{at}.lease_ttl_s"),
+            "applies only to a concurrency limit (concurrency = N)",
+        ));
+    }
+    if config.concurrency.is_some() {
+        return Ok((0.0, Meter::Lease(checked_concurrency(config, at)?)));
+    }
     let (rate, meter) = if config.quota.is_some() || config.period.is_some() {
         (0.0, Meter::Quota(checked_quota(config, at)?))
     } else {
@@ -173,7 +188,8 @@ fn checked_meter(config: &LimitConfig, at: &str) -> Result<(f64, Meter), ConfigE
 
 /// A bucket's rate in tokens per second, after checking its burst and refill time.
 fn checked_bucket(config: &LimitConfig, at: &str) -> Result<f64, ConfigError> {
-    const NEEDS: &str = "(a bucket takes rate and burst; a quota, quota and period)";
+    const NEEDS: &str =
+        "(a bucket takes rate and burst; a quota, quota and period; a concurrency limit, concurrency)";
     let rate = config
         .rate
         .per_second()
@@ -191,6 +207,76 @@ fn checked_bucket(config: &LimitConfig, at: &str) -> Result<f64, ConfigError> {
     };
     check_refill(rate, config.burst, debt, &format!("{at}.rate"))?;
     Ok(rate)
+}
+
+/// A concurrency limit's lease (its id is drawn per check), after checking that it has
+/// `concurrency` and nothing of a bucket or a quota, and is charged by `/check` one lease at a
+/// time.
+fn checked_concurrency(config: &LimitConfig, at: &str) -> Result<Lease, ConfigError> {
+    const ONE_OF: &str =
+        "a concurrency limit takes concurrency (and lease_ttl_s), not rate, burst, quota or period (use two limits for both)";
+    let concurrency = config.concurrency.unwrap_or_default();
+    if concurrency == 0 || concurrency > MAX_BURST {
+        return Err(ConfigError::new(
+            format!("{at}.concurrency"),
+            format!("must be between 1 and {MAX_BURST}"),
+        ));
+    }
+    let other = [
+        ("rate", config.rate != RateSpec::default()),
+        ("burst", config.burst != 0),
+        ("quota", config.quota.is_some()),
+        ("period", config.period.is_some()),
+    ];
+    if let Some((key, _)) = other.iter().find(|(_, given)| *given) {
+        return Err(ConfigError::new(format!("{at}.{key}"), ONE_OF));
+    }
+    let refused = [
+        (
+            "charge",
+            config.charge != Charge::Request,
+            "a concurrency limit is taken by /check and given back by POST /release",
+        ),
+        (
+            "max_debt",
+            config.max_debt.is_some(),
+            "applies to buckets only",
+        ),
+        (
+            "cost",
+            config.cost != 1,
+            "a request holds one lease of a concurrency limit",
+        ),
+        (
+            "cost_header",
+            config.cost_header.is_some(),
+            "a request holds one lease of a concurrency limit",
+        ),
+        (
+            "overrides",
+            !config.overrides.is_empty() || config.overrides_file.is_some(),
+            "are not supported on a concurrency limit yet",
+        ),
+        (
+            "key",
+            DescriptorRule::is_descriptor_limit(config),
+            "a concurrency limit applies to /check only: the gRPC service has no way to release",
+        ),
+    ];
+    if let Some((key, _, why)) = refused.iter().find(|(_, given, _)| *given) {
+        return Err(ConfigError::new(format!("{at}.{key}"), *why));
+    }
+    let ttl_s = config.lease_ttl_s.unwrap_or(DEFAULT_LEASE_TTL_S);
+    if ttl_s == 0 || ttl_s > MAX_LEASE_TTL_S {
+        return Err(ConfigError::new(
+            format!("{at}.lease_ttl_s"),
+            format!("must be between 1 and {MAX_LEASE_TTL_S} seconds"),
+        ));
+    }
+    Ok(Lease {
+        ttl_ms: ttl_s * 1000,
+        id: 0,
+    })
 }
 
 /// A quota's period, after checking that it has quota and period and nothing of a bucket.
@@ -328,7 +414,16 @@ impl Limit {
 
     /// The request for this limit's (at `index` in its policy) bucket at `key`, with the key's
     /// `numbers` ([`Limit::numbers_for`]) and a `cost`: built alike for every path.
+    ///
+    /// A concurrency limit's request carries a fresh lease id: each check takes its own lease.
     pub fn bucket(&self, key: String, index: usize, numbers: Numbers, cost: u64) -> BucketRequest {
+        let meter = match self.meter {
+            Meter::Lease(lease) => Meter::Lease(Lease {
+                id: fresh_lease_id(),
+                ..lease
+            }),
+            other => other,
+        };
         BucketRequest {
             key,
             rate: numbers.rate,
@@ -336,8 +431,24 @@ impl Limit {
             cost,
             shadow: self.shadow,
             limit: index,
-            meter: self.meter,
+            meter,
         }
+    }
+
+    /// The id a client is given for the lease `lease` of this limit at store key `key`
+    /// (`X-Tollgate-Lease`): `<limit>.<key tail in hex>.<lease id>`, visible ASCII, and all
+    /// [`Policy::lease_of`](crate::policy::Policy::lease_of) needs to find the lease again.
+    pub fn lease_id(&self, prefix: &str, key: &str, lease: Lease) -> String {
+        let tail = crate::observe::top::tail_of(key, prefix, &self.name);
+        let mut id = String::with_capacity(self.name.len() + 2 * tail.len() + 34);
+        id.push_str(&self.name);
+        id.push('.');
+        for byte in tail.bytes() {
+            id.push_str(&format!("{byte:02x}"));
+        }
+        id.push('.');
+        id.push_str(&lease.member());
+        id
     }
 
     /// The key tail of part values given explicitly (an admin query, a `POST /report` body),
@@ -407,6 +518,24 @@ impl Limit {
             .and_then(header_cost)
             .map_or(self.cost, |cost| cost.max(self.cost))
     }
+}
+
+/// A lease id no other check draws: 128 random bits (from the OS; should it fail, from a
+/// per-process random hasher over a counter and the time).
+fn fresh_lease_id() -> u128 {
+    let mut bytes = [0u8; 16];
+    if getrandom::getrandom(&mut bytes).is_ok() {
+        return u128::from_le_bytes(bytes);
+    }
+    use std::hash::BuildHasher;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let state = std::hash::RandomState::new();
+    let count = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    (u128::from(state.hash_one((count, nanos))) << 64) | u128::from(state.hash_one((nanos, count)))
 }
 
 /// A cost header's value: ASCII digits (surrounding spaces allowed), at most [`MAX_COST`], or

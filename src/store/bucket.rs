@@ -1,7 +1,7 @@
 //! The token-bucket and quota arithmetic, the Rust twin of `lua/token_bucket.lua` and
 //! `lua/report.lua`. Pure functions of state and time, so they are tested with an injected
 //! clock. Time is microseconds on the store's clock; quotas read it as Unix time (UTC).
-use super::{BucketOutcome, BucketRequest, Meter, Period, ReportCharge, Window};
+use super::{BucketOutcome, BucketRequest, Lease, Meter, Period, ReportCharge, Window};
 use crate::base::rate::count_f64;
 
 /// A stored key. A bucket: `tokens` as of `ts_us`. A quota: `tokens` counts what was used in
@@ -46,6 +46,7 @@ impl Bucket {
                 let (_, end) = period.bounds((self.ts_us / MICROS) as i64);
                 u64::try_from(end).unwrap_or(0) * MICROS
             }
+            Meter::Lease(lease) => self.ts_us.saturating_add(lease.ttl_ms * 1000),
         }
     }
 
@@ -80,6 +81,22 @@ pub fn refilled(stored: Option<Bucket>, now_us: u64, rate: f64, burst: f64) -> f
     }
 }
 
+/// A concurrency key's window as the headers show it: a slot frees whenever a holder releases,
+/// which no store can foresee, so a denial asks to retry in 1 s; the policy's window is the
+/// lease's lifetime.
+pub fn lease_window(lease: Lease) -> Window {
+    Window {
+        ends_in_s: 1,
+        length_s: lease.ttl_ms.div_ceil(1000),
+    }
+}
+
+/// The free slots of a concurrency key whose state the store counted as `stored` (its
+/// `tokens` the slots free now; absent: all free).
+fn lease_level(stored: Option<Bucket>, burst: f64) -> f64 {
+    stored.map_or(burst, |state| state.tokens)
+}
+
 /// A key as a check would find it at `now_us`, before any charge: a bucket's tokens refilled,
 /// a quota's remainder and window; `enough` says whether `request.cost` could be paid. Nothing
 /// is written. Mirrors `lua/peek.lua`.
@@ -90,6 +107,10 @@ pub fn peek(request: &BucketRequest, stored: Option<Bucket>, now_us: u64) -> Buc
             let (used, _, window) = quota_now(stored, period, now_us);
             (request.burst - used, Some(window))
         }
+        Meter::Lease(lease) => (
+            lease_level(stored, request.burst),
+            Some(lease_window(lease)),
+        ),
     };
     BucketOutcome {
         tokens,
@@ -115,6 +136,10 @@ pub fn decide(
                     let (used, _, window) = quota_now(*state, period, now_us);
                     (request.burst - used, Some(window))
                 }
+                Meter::Lease(lease) => (
+                    lease_level(*state, request.burst),
+                    Some(lease_window(lease)),
+                ),
             };
             BucketOutcome {
                 tokens,
@@ -139,6 +164,11 @@ pub fn decide(
             Meter::Quota(period) => Bucket {
                 tokens: request.burst - outcome.tokens,
                 ts_us: quota_now(None, period, now_us).1,
+            },
+            // The slots left; the store adds the lease to its set when one was taken.
+            Meter::Lease(_) => Bucket {
+                tokens: outcome.tokens,
+                ts_us: now_us,
             },
         });
     }
@@ -177,6 +207,15 @@ pub fn report(charge: &ReportCharge, state: &mut Option<Bucket>, now_us: u64) ->
                 tokens,
                 enough: tokens > 0.0,
                 window: Some(window),
+            }
+        }
+        // Never reported (a concurrency limit is charged by /check only): nothing changes.
+        Meter::Lease(lease) => {
+            let tokens = lease_level(*state, request.burst);
+            BucketOutcome {
+                tokens,
+                enough: tokens > 0.0,
+                window: Some(lease_window(lease)),
             }
         }
     }

@@ -19,7 +19,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, TryLockError};
 
 use super::bucket::{self, Bucket};
-use super::{BucketOutcome, BucketRequest, ReportCharge, Store, StoreDecision, StoreError};
+use super::{BucketOutcome, BucketRequest, Meter, ReportCharge, Store, StoreDecision, StoreError};
+use crate::base::rate::count_f64;
 
 const SHARDS: usize = 64;
 
@@ -33,6 +34,31 @@ struct Entry {
 #[derive(Default)]
 struct Shard {
     buckets: HashMap<String, Entry>,
+    /// Concurrency keys: each held lease's id and when it expires (µs); a lease is held while
+    /// its expiry is after now, as the Redis script counts it.
+    leases: HashMap<String, Vec<(u128, u64)>>,
+}
+
+impl Shard {
+    /// Leases of `key` held at `now_us`.
+    fn held_leases(&self, key: &str, now_us: u64) -> usize {
+        self.leases.get(key).map_or(0, |set| {
+            set.iter().filter(|(_, until)| *until > now_us).count()
+        })
+    }
+
+    /// Drops the expired leases of `key`, and the key once none is left; whether it went.
+    fn prune_leases(&mut self, key: &str, now_us: u64) -> bool {
+        let Some(set) = self.leases.get_mut(key) else {
+            return false;
+        };
+        set.retain(|(_, until)| *until > now_us);
+        if set.is_empty() {
+            self.leases.remove(key);
+            return true;
+        }
+        false
+    }
 }
 
 /// One shard per cache line pair: adjacent shard locks would otherwise share a line, and two
@@ -113,7 +139,9 @@ impl<C: Clock> MemoryStore<C> {
     pub fn decide_sync(&self, requests: &[BucketRequest]) -> StoreDecision {
         let now = self.now_us();
         if let [request] = requests {
-            return self.decide_one(request, now);
+            if !matches!(request.meter, Meter::Lease(_)) {
+                return self.decide_one(request, now);
+            }
         }
         let shard_ids: Vec<usize> = requests.iter().map(|r| self.shard_of(&r.key)).collect();
         let mut order = shard_ids.clone();
@@ -127,14 +155,34 @@ impl<C: Clock> MemoryStore<C> {
             .zip(&shard_ids)
             .map(|(request, shard)| {
                 let guard = &guards[order.binary_search(shard).unwrap_or_default()].1;
+                if let Meter::Lease(_) = request.meter {
+                    let held = guard.held_leases(&request.key, now);
+                    return Some(Bucket {
+                        tokens: request.burst - count_f64(held as u64),
+                        ts_us: now,
+                    });
+                }
                 guard.buckets.get(request.key.as_str()).map(|e| e.bucket)
             })
             .collect();
         let (allowed, outcomes) = bucket::decide(requests, &mut states, now);
 
-        for ((request, shard), state) in requests.iter().zip(&shard_ids).zip(states) {
-            let Some(bucket) = state else { continue };
+        for (((request, shard), state), outcome) in
+            requests.iter().zip(&shard_ids).zip(states).zip(&outcomes)
+        {
             let at = order.binary_search(shard).unwrap_or_default();
+            if let Meter::Lease(lease) = request.meter {
+                self.write_lease(
+                    &mut guards,
+                    at,
+                    request,
+                    lease,
+                    allowed && outcome.enough,
+                    now,
+                );
+                continue;
+            }
+            let Some(bucket) = state else { continue };
             let entry = Entry {
                 bucket,
                 full_at_us: bucket.forget_at_us(request),
@@ -156,6 +204,56 @@ impl<C: Clock> MemoryStore<C> {
 }
 
 impl<C: Clock> MemoryStore<C> {
+    /// Drops the expired leases of a concurrency key and, when `taken`, adds the one just
+    /// taken; the key counts against `max_buckets` while it holds a lease.
+    fn write_lease(
+        &self,
+        guards: &mut Held<'_>,
+        at: usize,
+        request: &BucketRequest,
+        lease: super::Lease,
+        taken: bool,
+        now: u64,
+    ) {
+        let shard = &mut guards[at].1;
+        if shard.prune_leases(&request.key, now) {
+            self.held.fetch_sub(1, Ordering::Relaxed);
+        }
+        if !taken {
+            return;
+        }
+        let until = now.saturating_add(lease.ttl_ms.saturating_mul(1000));
+        if let Some(set) = shard.leases.get_mut(request.key.as_str()) {
+            set.push((lease.id, until));
+            return;
+        }
+        if self.reserve_one() {
+            self.make_room(guards, now);
+        }
+        guards[at]
+            .1
+            .leases
+            .insert(request.key.clone(), vec![(lease.id, until)]);
+    }
+
+    /// Gives back one lease; whether it was held (not released before, not expired).
+    pub fn release_now(&self, key: &str, member: &str) -> bool {
+        let now = self.now_us();
+        let Ok(id) = u128::from_str_radix(member, 16) else {
+            return false;
+        };
+        let mut shard = self.lock(self.shard_of(key));
+        let held = shard.leases.get_mut(key).is_some_and(|set| {
+            let before = set.len();
+            set.retain(|(lease, until)| !(*lease == id && *until > now));
+            set.len() < before
+        });
+        if shard.prune_leases(key, now) {
+            self.held.fetch_sub(1, Ordering::Relaxed);
+        }
+        held
+    }
+
     /// Applies reports one key at a time (each under its shard's lock).
     pub fn report_now(&self, charges: &[ReportCharge]) -> Vec<BucketOutcome> {
         let now = self.now_us();
@@ -191,18 +289,21 @@ impl<C: Clock> MemoryStore<C> {
     /// One key as the next decision would find it; nothing is written.
     pub fn peek_now(&self, request: &BucketRequest) -> BucketOutcome {
         let now = self.now_us();
-        let stored = self
-            .lock(self.shard_of(&request.key))
-            .buckets
-            .get(request.key.as_str())
-            .map(|e| e.bucket);
+        let shard = self.lock(self.shard_of(&request.key));
+        let stored = match request.meter {
+            Meter::Lease(_) => Some(Bucket {
+                tokens: request.burst - count_f64(shard.held_leases(&request.key, now) as u64),
+                ts_us: now,
+            }),
+            _ => shard.buckets.get(request.key.as_str()).map(|e| e.bucket),
+        };
         bucket::peek(request, stored, now)
     }
 
     /// Drops one key (absent reads as full); whether it was held.
     pub fn reset_now(&self, key: &str) -> bool {
         let mut shard = self.lock(self.shard_of(key));
-        let removed = shard.buckets.remove(key).is_some();
+        let removed = shard.buckets.remove(key).is_some() || shard.leases.remove(key).is_some();
         if removed {
             self.held.fetch_sub(1, Ordering::Relaxed);
         }
@@ -291,9 +392,14 @@ impl<C: Clock> MemoryStore<C> {
 fn drop_refilled(shards: &mut [&mut Shard], now_us: u64) -> usize {
     let mut freed = 0;
     for shard in shards {
-        let before = shard.buckets.len();
+        let before = shard.buckets.len() + shard.leases.len();
         shard.buckets.retain(|_, entry| entry.full_at_us > now_us);
-        freed += before - shard.buckets.len();
+        // A concurrency key whose leases all expired is as good as absent; a held lease is
+        // never dropped (that would admit one more than the limit).
+        shard
+            .leases
+            .retain(|_, set| set.iter().any(|(_, until)| *until > now_us));
+        freed += before - shard.buckets.len() - shard.leases.len();
     }
     freed
 }
@@ -350,6 +456,10 @@ impl<C: Clock> Store for MemoryStore<C> {
     async fn reset(&self, key: &str) -> Result<bool, StoreError> {
         Ok(self.reset_now(key))
     }
+
+    async fn release(&self, key: &str, member: &str) -> Result<bool, StoreError> {
+        Ok(self.release_now(key, member))
+    }
 }
 
 #[cfg(test)]
@@ -365,7 +475,7 @@ mod tests {
             cost: 1,
             shadow: false,
             limit: 0,
-            meter: super::super::Meter::Bucket,
+            meter: Meter::Bucket,
         }
     }
 

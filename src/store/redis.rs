@@ -68,6 +68,7 @@ pub struct RedisStore {
     instances_script: LuaScript,
     peek_script: LuaScript,
     reset_script: LuaScript,
+    release_script: LuaScript,
     timeout: Duration,
     breaker: Breaker,
     metrics: Metrics,
@@ -93,6 +94,7 @@ impl RedisStore {
             instances_script: LuaScript::new(INSTANCES_SCRIPT),
             peek_script: LuaScript::new(admin::PEEK_SCRIPT),
             reset_script: LuaScript::new(admin::RESET_SCRIPT),
+            release_script: LuaScript::new(admin::RELEASE_SCRIPT),
             timeout,
             breaker: Breaker::new(metrics.store_up.clone(), "redis"),
             metrics,
@@ -412,6 +414,10 @@ impl Store for RedisStore {
 
     async fn reset(&self, key: &str) -> Result<bool, StoreError> {
         self.reset_key(key).await
+    }
+
+    async fn release(&self, key: &str, member: &str) -> Result<bool, StoreError> {
+        self.release_lease(key, member).await
     }
 
     fn splits_requests(&self) -> bool {

@@ -312,3 +312,65 @@ fn checks_queued_together_are_batched_per_slot_and_stay_exact() {
         "99 checks queued together took {calls} script calls"
     );
 }
+
+/// A concurrency limit on a Cluster, in a request whose other limit lives in another slot: a
+/// denial there refunds the lease taken in this slot, an admission keeps it, and a release
+/// reaches the lease's slot.
+#[test]
+fn a_lease_spanning_slots_is_refunded_when_another_slot_denies() {
+    use crate::support::redis_store;
+    use tollgate::store::redis::Topology;
+    use tollgate::store::{BucketRequest, Lease, Meter, Store};
+
+    let cluster = RedisCluster::start();
+    let seeds = cluster.seeds();
+    let (store, runtime) =
+        redis_store(&Topology::Cluster { seeds: &seeds }, Duration::from_secs(5));
+    let lease_key = "tollgate:conc:{lease-user}";
+    let request = |id: u128| {
+        vec![
+            BucketRequest {
+                key: lease_key.into(),
+                rate: 0.0,
+                burst: 2.0,
+                cost: 1,
+                shadow: false,
+                limit: 0,
+                meter: Meter::Lease(Lease { ttl_ms: 60_000, id }),
+            },
+            BucketRequest {
+                key: "tollgate:budget:{other-tenant}".into(),
+                rate: 0.001,
+                burst: 1.0,
+                cost: 1,
+                shadow: false,
+                limit: 1,
+                meter: Meter::Bucket,
+            },
+        ]
+    };
+    let first = runtime
+        .block_on(store.decide(&request(1)))
+        .expect("decided");
+    assert!(first.allowed, "a slot and a token: admitted");
+    let second = runtime
+        .block_on(store.decide(&request(2)))
+        .expect("decided");
+    assert!(!second.allowed, "the budget in the other slot denies");
+    let free = |store: &tollgate::store::redis::RedisStore| {
+        // A peek counts the slots free in the lease's own slot.
+        runtime
+            .block_on(store.peek(&request(0)[0]))
+            .expect("peek")
+            .tokens
+    };
+    assert_eq!(free(&store), 1.0, "the denied request's lease was refunded");
+    let member = format!("{:032x}", 1u128);
+    assert!(runtime
+        .block_on(store.release(lease_key, &member))
+        .expect("release"));
+    assert!(!runtime
+        .block_on(store.release(lease_key, &member))
+        .expect("again"));
+    assert_eq!(free(&store), 2.0, "both slots free");
+}

@@ -261,6 +261,66 @@ fn every_invalid_policy_shape_is_refused_naming_its_key() {
 }
 
 #[test]
+fn every_malformed_concurrency_limit_is_refused_naming_its_key() {
+    const HEAD: &str = "[[limits]]\nname = \"c\"\nkey = [\"ip\"]\n";
+    let cases: &[(&str, &str)] = &[
+        (
+            "concurrency = 0\n",
+            "limits.c.concurrency: must be between 1",
+        ),
+        ("concurrency = 1000000001\n", "limits.c.concurrency"),
+        (
+            "concurrency = 2\nrate = 1\n",
+            "limits.c.rate: a concurrency limit takes",
+        ),
+        (
+            "concurrency = 2\nburst = 5\n",
+            "limits.c.burst: a concurrency limit takes",
+        ),
+        (
+            "concurrency = 2\nquota = 5\nperiod = \"day\"\n",
+            "limits.c.quota",
+        ),
+        ("concurrency = 2\ncharge = \"report\"\n", "limits.c.charge"),
+        ("concurrency = 2\ncost = 2\n", "limits.c.cost"),
+        (
+            "concurrency = 2\ncost_header = \"x-cost\"\n",
+            "limits.c.cost_header",
+        ),
+        (
+            "concurrency = 2\nlease_ttl_s = 0\n",
+            "limits.c.lease_ttl_s: must be between 1",
+        ),
+        (
+            "concurrency = 2\nlease_ttl_s = 86401\n",
+            "limits.c.lease_ttl_s",
+        ),
+        (
+            "rate = 1\nburst = 5\nlease_ttl_s = 5\n",
+            "limits.c.lease_ttl_s: applies only",
+        ),
+        ("concurrency = -1\n", "concurrency"),
+        (
+            "concurrency = 2\n[[limits.overrides]]\nkey = [\"10.0.0.1\"]\nunlimited = true\n",
+            "limits.c.overrides",
+        ),
+    ];
+    for (rest, key) in cases {
+        let config = format!("{HEAD}{rest}");
+        let output = run(&["validate"], Some(&config), &[]);
+        assert_refused(&output, key);
+    }
+    let fine = format!("{HEAD}concurrency = 3\nlease_ttl_s = 30\n");
+    let output = run(&["validate"], Some(&fine), &[]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let shown = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        shown.contains("concurrency 3  lease_ttl_s 30"),
+        "validate shows the limit: {shown}"
+    );
+}
+
+#[test]
 fn a_broken_overrides_file_is_refused_naming_the_file_and_entry() {
     let dir = TempDir::new("overrides-file");
     let file = dir.write(

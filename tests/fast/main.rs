@@ -25,6 +25,7 @@ mod http_api;
 mod import;
 mod import_ingress;
 mod layers;
+mod leases;
 mod lifecycle;
 mod limiter;
 mod policies;

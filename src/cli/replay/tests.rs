@@ -240,3 +240,15 @@ fn a_line_past_the_maximum_is_skipped_without_growing_the_buffer() {
     let report = replay.report(10);
     assert_eq!((report.requests, report.unparsed), (2, 2));
 }
+
+#[test]
+fn concurrency_limits_are_not_replayed() {
+    let toml = "[store]\nbackend = \"memory\"\n\n[[limits]]\nname = \"in-flight\"\nconcurrency = 1\nkey = [\"ip\"]\n";
+    let mut replay = Replay::new(&config(toml), &args(LogFormat::Json)).unwrap();
+    for event in events() {
+        replay.line(json_line(&event).as_bytes());
+    }
+    let report = replay.report(10);
+    assert_eq!(report.requests, 38);
+    assert_eq!(report.denied, 0, "a log line holds no lease");
+}

@@ -442,6 +442,8 @@ fn bucket_limit(
         key,
         quota: None,
         period: None,
+        concurrency: None,
+        lease_ttl_s: None,
         charge: Charge::Request,
         max_debt: None,
         cost: 1,

@@ -19,6 +19,7 @@ pub const PEEK_SCRIPT: &str = concat!(
     include_str!("../../../lua/peek.lua")
 );
 pub const RESET_SCRIPT: &str = include_str!("../../../lua/reset.lua");
+pub const RELEASE_SCRIPT: &str = include_str!("../../../lua/release.lua");
 
 impl RedisStore {
     pub(super) async fn peek_key(
@@ -28,6 +29,7 @@ impl RedisStore {
         let period = match request.meter {
             Meter::Bucket => None,
             Meter::Quota(period) => Some(period.code()),
+            Meter::Lease(_) => Some("L"),
         };
         let reply = self
             .run_script(
@@ -44,6 +46,26 @@ impl RedisStore {
             )
             .await?;
         parse_peek(&reply, request)
+    }
+
+    /// `lua/release.lua`: one lease given back; whether it was held.
+    pub(super) async fn release_lease(&self, key: &str, member: &str) -> Result<bool, StoreError> {
+        let reply = self
+            .run_script(
+                &self.release_script,
+                &[key],
+                |cmd| {
+                    cmd.arg(member);
+                },
+                Instant::now() + self.timeout,
+            )
+            .await?;
+        match reply {
+            Value::Int(held) => Ok(held > 0),
+            other => Err(StoreError::Script(format!(
+                "unexpected release reply {other:?}"
+            ))),
+        }
     }
 
     pub(super) async fn reset_key(&self, key: &str) -> Result<bool, StoreError> {
@@ -83,6 +105,7 @@ fn parse_peek(reply: &Value, request: &BucketRequest) -> Result<BucketOutcome, S
         .ok_or_else(malformed)?;
     let window = match request.meter {
         Meter::Bucket => None,
+        Meter::Lease(lease) => Some(bucket::lease_window(lease)),
         Meter::Quota(_) => {
             let mut number = || fields.next()?.parse::<u64>().ok();
             let (ends_in_s, length_s) = number().zip(number()).ok_or_else(malformed)?;

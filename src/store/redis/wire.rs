@@ -9,6 +9,7 @@ pub(super) fn bucket_args(cmd: &mut Cmd, bucket: &BucketRequest, last: &str) {
     match bucket.meter {
         Meter::Bucket => cmd.arg(bucket.rate),
         Meter::Quota(period) => cmd.arg(period.code()),
+        Meter::Lease(lease) => cmd.arg(format!("L{}:{}", lease.ttl_ms, lease.member())),
     };
     cmd.arg(bucket.burst).arg(bucket.cost).arg(last);
 }
@@ -27,6 +28,7 @@ pub(super) fn windows(items: &[Value], buckets: &[&BucketRequest]) -> Option<Vec
         .iter()
         .map(|bucket| match bucket.meter {
             Meter::Bucket => Some(None),
+            Meter::Lease(lease) => Some(Some(crate::store::bucket::lease_window(lease))),
             Meter::Quota(_) => {
                 let pair = pairs.next()?;
                 Some(Some(Window {
@@ -98,6 +100,9 @@ pub(super) fn parse_decision(
         .collect::<Option<Vec<_>>>()
         .ok_or_else(malformed)?;
     for (outcome, request) in buckets.iter_mut().zip(requests) {
+        if let Meter::Lease(lease) = request.meter {
+            outcome.window = Some(crate::store::bucket::lease_window(lease));
+        }
         if let Meter::Quota(_) = request.meter {
             let mut number = || fields.next()?.parse::<u64>().ok();
             let (ends_in_s, length_s) = number().zip(number()).ok_or_else(malformed)?;
