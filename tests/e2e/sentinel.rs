@@ -127,3 +127,94 @@ fn tollgate_starts_and_answers_while_no_sentinel_is_reachable() {
         .expect("readyz answered");
     assert_eq!(ready.status, 503);
 }
+
+const TOKEN: &str = "sentinel-admin-token";
+
+/// Two instances behind Sentinel, each caching denials and following runtime overrides.
+fn fleet_config(setup: &SentinelSetup) -> String {
+    let urls: Vec<String> = setup.urls().iter().map(|u| format!("\"{u}\"")).collect();
+    format!(
+        "admin_token = \"{TOKEN}\"\n[store]\nbackend = \"redis\"\ntimeout_ms = 100\n\
+         on_error = \"allow\"\n\
+         sentinel = {{ master = \"{MASTER_NAME}\", urls = [{}] }}\n\n\
+         [[limits]]\nname = \"per-user\"\nrate = 0.01\nburst = 2\nkey = [\"header:x-user\"]\n",
+        urls.join(", ")
+    )
+}
+
+/// Spends `user`'s burst on `tollgate` until a check is denied (the denial is then cached).
+fn drain(tollgate: &Tollgate, user: &str) {
+    assert!(
+        wait_until(Duration::from_secs(5), || tollgate
+            .check(&[("x-user", user)])
+            .status
+            == 429),
+        "{user} was never denied"
+    );
+}
+
+/// A failover moves the reset channel and the override poll to a new master: a reset and an
+/// override made on one instance afterwards still reach the other, whose deny cache would
+/// otherwise keep refusing until its cached window (100 s here) ends.
+#[test]
+fn after_a_failover_resets_and_overrides_still_reach_every_instance() {
+    let setup = SentinelSetup::start();
+    let config = fleet_config(&setup);
+    let (a, b) = (Tollgate::start(&config), Tollgate::start(&config));
+    for tollgate in [&a, &b] {
+        assert!(
+            wait_until(Duration::from_secs(10), || tollgate
+                .check(&[("x-user", "warm")])
+                .header("ratelimit")
+                .is_some()),
+            "an instance never reached the master"
+        );
+    }
+    let replica = setup.replica.port;
+    setup.sentinel_cli(&["SENTINEL", "FAILOVER", MASTER_NAME]);
+    for tollgate in [&a, &b] {
+        assert!(
+            wait_until(Duration::from_secs(30), || setup.master_port()
+                == Some(replica)
+                && tollgate
+                    .check(&[("x-user", "after")])
+                    .header("ratelimit")
+                    .is_some()),
+            "an instance did not follow the new master"
+        );
+    }
+
+    // A reset on `a` reaches `b`'s deny cache through the channel on the new master.
+    drain(&b, "alice");
+    let reset = crate::support::http::admin_json(
+        a.admin,
+        "DELETE",
+        "/v1/buckets/per-user?key=alice",
+        Some(TOKEN),
+        "",
+    );
+    assert_eq!(reset.status, 200, "{}", reset.body);
+    assert!(
+        wait_until(Duration::from_secs(5), || b
+            .check(&[("x-user", "alice")])
+            .status
+            == 200),
+        "b kept refusing alice after the reset"
+    );
+
+    // An override written through `a` is polled by `b` from the new master.
+    drain(&b, "bob");
+    let put = crate::support::http::admin_json(
+        a.admin,
+        "PUT",
+        "/v1/overrides/per-user?key=bob",
+        Some(TOKEN),
+        r#"{"unlimited": true}"#,
+    );
+    assert_eq!(put.status, 200, "{}", put.body);
+    assert!(
+        wait_until(Duration::from_secs(5), || (0..5)
+            .all(|_| b.check(&[("x-user", "bob")]).status == 200)),
+        "b never applied the override written after the failover"
+    );
+}
