@@ -619,3 +619,52 @@ fn a_quota_peeks_alike_on_redis_and_in_memory() {
         "a used-up quota peeks as denied"
     );
 }
+
+/// A rolling upgrade: a bucket an earlier release stored (a hash `{tokens, ts}` of decimal
+/// floats) is read as the level it held, and the first script that writes it converts it to
+/// `"<debt> <ts>"`, so the key continues from its level and no budget is granted twice.
+#[test]
+fn a_bucket_an_earlier_release_stored_continues_from_its_level() {
+    let redis = Redis::start();
+    let time = redis.server.cli(&["TIME"]);
+    let mut time = time.split_whitespace();
+    let (s, us) = (time.next().unwrap(), time.next().unwrap());
+    let ts = format!("{s}{us:0>6}");
+    let old = |key: &str, tokens: &str| {
+        redis
+            .server
+            .cli(&["HSET", key, "tokens", tokens, "ts", &ts]);
+        redis.server.cli(&["PEXPIRE", key, "100000000"]);
+    };
+    let kind = |key: &str| redis.server.cli(&["TYPE", key]).trim().to_string();
+    // 0.001 tokens/s: the time the test takes refills nothing that counts.
+    let bucket = request("upgrade:a", 0.001, 5.0, 1);
+    old("upgrade:a", "1.5");
+    let peeked = redis.peek(&bucket);
+    assert!((peeked.tokens - 1.5).abs() < 0.01, "peek {}", peeked.tokens);
+    assert_eq!(kind("upgrade:a"), "hash", "a peek writes nothing");
+    let first = redis.decide(std::slice::from_ref(&bucket));
+    assert!(first.allowed);
+    assert!((first.buckets[0].tokens - 0.5).abs() < 0.01, "{:?}", first);
+    assert_eq!(kind("upgrade:a"), "string");
+    let debt = redis.stored("upgrade:a").debt;
+    assert!((4_490_000..=4_500_000).contains(&debt), "debt {debt}");
+    let second = redis.decide(&[bucket]);
+    assert!(!second.allowed, "0.5 tokens left, not a fresh burst");
+
+    // A denial converts it too (its expiry is then the new form's, bounded).
+    let drained = request("upgrade:b", 0.001, 5.0, 1);
+    old("upgrade:b", "0.25");
+    assert!(!redis.decide(std::slice::from_ref(&drained)).allowed);
+    assert_eq!(kind("upgrade:b"), "string");
+    assert!(!redis.decide(&[drained]).allowed);
+
+    // A mangled hash reads as full, as a mangled value of the new form does.
+    old("upgrade:c", "nan");
+    redis.server.cli(&["SET", "upgrade:d", "12x 5"]);
+    for key in ["upgrade:c", "upgrade:d"] {
+        let decision = redis.decide(&[request(key, 0.001, 5.0, 1)]);
+        assert!(decision.allowed);
+        assert_eq!(decision.buckets[0].tokens, 4.0, "{key}");
+    }
+}
