@@ -20,9 +20,9 @@ local burst = ARGV[2] + 0
 
 if ARGV[1] == 'h' or ARGV[1] == 'd' or ARGV[1] == 'w' or ARGV[1] == 'm' then
   local start, stop = period_bounds(ARGV[1], now_s)
-  local stored = redis.call('HMGET', KEYS[1], 'used', 'start')
+  local stored = redis.pcall('HMGET', KEYS[1], 'used', 'start')
   local level = burst
-  if tonumber(stored[2]) == start then
+  if not stored.err and tonumber(stored[2]) == start then
     level = burst - (tonumber(stored[1]) or 0)
   end
   return string.format('%.17g %d %d', level, stop - now_s, stop - start)

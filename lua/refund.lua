@@ -33,9 +33,9 @@ for i = 1, #KEYS do
   local cost = tonumber(ARGV[4 * i - 1])
   local charged_at = ARGV[4 * i]
   if rate == nil then
-    local counted = redis.call('HMGET', KEYS[i], 'used', 'start')
+    local counted = redis.pcall('HMGET', KEYS[i], 'used', 'start')
     local used = 0
-    if counted[2] == charged_at then
+    if not counted.err and counted[2] == charged_at then
       used = math.max(0, (tonumber(counted[1]) or 0) - cost)
       redis.call('HSET', KEYS[i], 'used', string.format('%d', used))
     end

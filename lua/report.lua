@@ -45,9 +45,14 @@ for i = 1, #KEYS do
   local level
   if rate == nil then
     local start, stop = period_bounds(ARGV[4 * i - 3], now_s)
-    local stored = redis.call('HMGET', KEYS[i], 'used', 'start')
+    -- pcall: a string is a bucket this limit kept before it became a quota (WRONGTYPE).
+    local stored = redis.pcall('HMGET', KEYS[i], 'used', 'start')
     local used = 0
-    if tonumber(stored[2]) == start then used = tonumber(stored[1]) or 0 end
+    if stored.err then
+      redis.call('DEL', KEYS[i])
+    elseif tonumber(stored[2]) == start then
+      used = tonumber(stored[1]) or 0
+    end
     used = math.min(used + cost, MAX_USED)
     redis.call('HSET', KEYS[i], 'used', string.format('%d', used),
       'start', string.format('%d', start))

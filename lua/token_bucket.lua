@@ -88,9 +88,13 @@ local function decide(k, a, n)
     if PERIOD[ARGV[j - 3]] then
       if not starts then starts, stops, current = {}, {}, {} end
       local start, stop = period_bounds(ARGV[j - 3], now_s)
-      local stored = redis.call('HMGET', KEYS[k + i], 'used', 'start')
+      -- pcall: a key this limit wrote while it was a rate limit is a string (WRONGTYPE);
+      -- it counts as unused and is replaced when charged.
+      local stored = redis.pcall('HMGET', KEYS[k + i], 'used', 'start')
       level = burst
-      if tonumber(stored[2]) == start then
+      if stored.err then
+        current[i] = 'bucket'
+      elseif tonumber(stored[2]) == start then
         level = burst - (tonumber(stored[1]) or 0)
         current[i] = true
       end
@@ -128,10 +132,11 @@ local function decide(k, a, n)
     local charged = allowed == '1' and out[p + 2 * i + 2] == '1' and cost > 0
     if starts and starts[i] then
       if charged then level = level - cost end
-      if charged and current[i] then
+      if charged and current[i] == true then
         -- This period's count exists, and so does its expiry.
         redis.call('HINCRBY', key, 'used', cost)
       elseif charged then
+        if current[i] then redis.call('DEL', key) end
         redis.call('HSET', key, 'used', string.format('%d', cost), 'start', string.format('%d', starts[i]))
         redis.call('PEXPIRE', key, math.ceil((stops[i] * 1000000 - now) / 1000))
       end

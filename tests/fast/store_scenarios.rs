@@ -668,3 +668,27 @@ fn a_bucket_an_earlier_release_stored_continues_from_its_level() {
         assert_eq!(decision.buckets[0].tokens, 4.0, "{key}");
     }
 }
+
+/// A limit may change kind under one name (a reload from `rate`/`burst` to `quota`, or back):
+/// its key then holds the other form (a string for a bucket, a hash for a quota). Each form
+/// reads the other as unused and replaces it when charged, never a Redis error.
+#[test]
+fn a_key_that_changes_between_bucket_and_quota_is_read_as_fresh() {
+    let redis = Redis::start();
+    let bucket = request("kind:k", 0.001, 5.0, 1);
+    let quota = BucketRequest {
+        meter: tollgate::store::Meter::Quota(tollgate::base::calendar::Period::Day),
+        ..request("kind:k", 0.0, 3.0, 1)
+    };
+    assert_eq!(
+        redis.decide(std::slice::from_ref(&bucket)).buckets[0].tokens,
+        4.0
+    );
+    assert_eq!(redis.peek(&quota).tokens, 3.0);
+    for left in [2.0, 1.0] {
+        let decision = redis.decide(std::slice::from_ref(&quota));
+        assert!(decision.allowed);
+        assert_eq!(decision.buckets[0].tokens, left);
+    }
+    assert_eq!(redis.decide(&[bucket]).buckets[0].tokens, 4.0);
+}
