@@ -21,6 +21,21 @@
 --
 -- expire_at(now_us, ttl_us) is the PEXPIREAT argument, an integer in '%d': the millisecond
 -- after now + ttl, ttl capped at MAX_TTL_MS (a NaN or infinite ttl counts as the cap).
+--
+-- A bucket is stored as how far it is below full: one string key "<debt> <ts>", the debt in
+-- micro-tokens and ts in microseconds of this server's TIME, both integers; tokens = burst -
+-- debt / 10^6. A full bucket is an absent key. MAX_DEBT_UT is the deepest debt a bucket can
+-- carry (burst + max_debt, each at most MAX_COUNT); a stored value that is not two such
+-- integers is garbage and reads as full.
+--
+-- read_bucket(key, burst) returns the stored debt and ts (ts as the text stored), or nil for a
+-- full bucket (absent or garbage). A hash {tokens, ts} of decimal floats, the form of earlier
+-- releases, reads as the debt it stands for, with a third value true: the caller that writes
+-- converts it (a rolling upgrade: its level carries over, no budget is granted twice).
+-- refilled(debt, at, now, rate) is that debt at `now`: lowered by the whole micro-tokens
+-- refilled since `at` (a clock gone backwards refills nothing), never below 0.
+-- full_at(now_us, debt, rate) is the SET ... PXAT argument: the millisecond after the bucket is
+-- full again, bounded as expire_at.
 
 local MAX_COUNT = 1000000000
 local MAX_COST = MAX_COUNT + 1
@@ -50,4 +65,39 @@ local function expire_at(now_us, ttl_us)
   if ttl_us < 0 then ttl_us = 0 end
   local at_ms = (now_us + ttl_us) / 1000
   return string.format('%d', at_ms - at_ms % 1 + 1)
+end
+
+local MAX_DEBT_UT = 2 * MAX_COUNT * 1000000
+local MAX_TS_US = 9007199254740992
+
+local function read_bucket(key, burst)
+  local stored = redis.pcall('GET', key)
+  if type(stored) == 'string' then
+    local debt, at = string.match(stored, '^(%d+) (%d+)$')
+    debt = tonumber(debt)
+    if debt and debt <= MAX_DEBT_UT then return debt, at end
+    return nil
+  end
+  if type(stored) ~= 'table' then return nil end
+  -- WRONGTYPE: an earlier release's hash.
+  local old = redis.call('HMGET', key, 'tokens', 'ts')
+  local level, at = tonumber(old[1]), tonumber(old[2])
+  if not (level and at and level == level and at >= 0 and at < MAX_TS_US) then return nil end
+  local debt = math.ceil((burst - level) * 1000000)
+  if debt < 0 then debt = 0 end
+  if not (debt <= MAX_DEBT_UT) then return nil end
+  return debt, string.format('%d', at), true
+end
+
+local function refilled(debt, at, now, rate)
+  local elapsed = now - at
+  if elapsed > 0 then
+    debt = debt - math.floor(elapsed * rate)
+    if debt < 0 then debt = 0 end
+  end
+  return debt
+end
+
+local function full_at(now_us, debt, rate)
+  return expire_at(now_us, math.ceil(debt / rate))
 end

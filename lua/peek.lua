@@ -1,16 +1,18 @@
 -- tollgate peek: one key as lua/token_bucket.lua would see it now, read-only (GET /v1/buckets).
--- Loaded with lua/calendar.lua (period_bounds) in front of it. Writes nothing: a peek charges
+-- Loaded with lua/calendar.lua (period_bounds) and lua/bounds.lua (read_bucket, refilled) in
+-- front of it. Writes nothing: a peek charges
 -- nothing, refreshes no expiry and leaves `ts` alone, so the next check sees the same bucket.
 --
--- KEYS[1]  a bucket, hash {tokens, ts}, or a quota, hash {used, start}
+-- KEYS[1]  a bucket, "<debt> <ts>" (lua/bounds.lua), or a quota, hash {used, start}
 -- ARGV[1]  a bucket's rate, tokens per second; or a quota's period code ('h', 'd', 'w', 'm');
 --          or 'L' for a concurrency key (a sorted set of leases scored by expiry)
 -- ARGV[2]  a bucket's burst; or the quota; or the most leases held at once
 --
 -- Returns one string: "level" for a bucket (its tokens now, refilled exactly as token_bucket.lua
--- refills: absent or mangled = full, capped at burst, a clock gone backwards adds nothing);
+-- refills: absent or mangled = full, tokens = burst - debt, a clock gone backwards adds
+-- nothing; an earlier release's hash is read, not converted);
 -- "level t w" for a quota (what is left of it, seconds until its period ends, the period's
--- length in seconds). Numbers as token_bucket.lua writes them (%.17g).
+-- length in seconds). Numbers as token_bucket.lua replies them.
 
 local t = redis.call('TIME')
 local now = t[1] * 1000000 + t[2]
@@ -19,9 +21,9 @@ local burst = ARGV[2] + 0
 
 if ARGV[1] == 'h' or ARGV[1] == 'd' or ARGV[1] == 'w' or ARGV[1] == 'm' then
   local start, stop = period_bounds(ARGV[1], now_s)
-  local stored = redis.call('HMGET', KEYS[1], 'used', 'start')
+  local stored = redis.pcall('HMGET', KEYS[1], 'used', 'start')
   local level = burst
-  if tonumber(stored[2]) == start then
+  if not stored.err and tonumber(stored[2]) == start then
     level = burst - (tonumber(stored[1]) or 0)
   end
   return string.format('%.17g %d %d', level, stop - now_s, stop - start)
@@ -33,12 +35,7 @@ if string.byte(ARGV[1]) == 76 then
   return string.format('%.17g', burst - held)
 end
 
-local stored = redis.call('HMGET', KEYS[1], 'tokens', 'ts')
-local level, at = tonumber(stored[1]), tonumber(stored[2])
-if level == nil or at == nil then
-  level = burst
-elseif now > at then
-  level = level + (now - at) * ARGV[1] / 1000000
-  if level > burst then level = burst end
-end
-return string.format('%.17g', level)
+local debt, at = read_bucket(KEYS[1], burst)
+if debt == nil then return string.format('%.6f', burst) end
+debt = refilled(debt, at, now, ARGV[1] + 0)
+return string.format('%.6f', (burst * 1000000 - debt) / 1000000)

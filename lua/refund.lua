@@ -11,12 +11,13 @@
 --             for a quota, the start of the period the charge counted in (Unix seconds)
 --
 -- Returns {tokens_1, ..., tokens_n}: what each bucket holds after the refund, as strings.
+-- A bucket is its debt (lua/bounds.lua): a refund lowers it, and a debt of 0 is an absent key.
 --
 -- Never gives back more than the charge removed. While a charge is outstanding, the bucket may
 -- have refilled up to `burst` and been drawn down again: refill the cap would have discarded
 -- without the charge. Giving back the whole cost then would admit more than `burst` in a
 -- moment. So: if nobody wrote the bucket since the charge (`ts` is still that moment), the
--- refill since is computed here and the refund is exact (capped at burst); otherwise the
+-- refill since is computed here and the refund is exact (the debt stops at 0); otherwise the
 -- refill that may have been absorbed, rate * (now - charged_at), is kept back. That loses at
 -- most rate x (one round trip) tokens per refund: a bounded under-admission, never an
 -- over-admission. An absent bucket has expired, which means full: nothing to give back.
@@ -38,36 +39,39 @@ for i = 1, #KEYS do
     redis.call('ZREM', KEYS[i], id)
     local held = redis.call('ZCOUNT', KEYS[i], '(' .. string.format('%d', now), '+inf')
     reply[i] = string.format('%.17g', burst - held)
-  else
-  local stored = redis.call('HMGET', KEYS[i], 'tokens', 'ts')
-  local level, ts = tonumber(stored[1]), tonumber(stored[2])
-  if rate == nil then
-    local counted = redis.call('HMGET', KEYS[i], 'used', 'start')
+  elseif rate == nil then
+    local counted = redis.pcall('HMGET', KEYS[i], 'used', 'start')
     local used = 0
-    if counted[2] == charged_at then
+    if not counted.err and counted[2] == charged_at then
       used = math.max(0, (tonumber(counted[1]) or 0) - cost)
       redis.call('HSET', KEYS[i], 'used', string.format('%d', used))
     end
     reply[i] = string.format('%.17g', burst - used)
-  elseif level == nil or ts == nil then
-    reply[i] = string.format('%.17g', burst)
   else
-    local elapsed = now - ts
-    if elapsed < 0 then elapsed = 0 end
-    level = math.min(burst, level + elapsed * rate / 1000000)
-    local give = cost
-    if stored[2] ~= charged_at then
-      local since = now - tonumber(charged_at)
-      if since < 0 then since = 0 end
-      give = cost - since * rate / 1000000
+    local debt, at = read_bucket(KEYS[i], burst)
+    if debt == nil then
+      reply[i] = string.format('%.6f', burst)
+    else
+      -- Micro-tokens: the debt refilled to now, less what may be given back.
+      debt = refilled(debt, at, now, rate)
+      local give = cost * 1000000
+      if at ~= charged_at then
+        local since = now - tonumber(charged_at)
+        if since < 0 then since = 0 end
+        give = give - math.ceil(since * rate)
+      end
+      if give > 0 then
+        debt = debt - give
+        if debt < 0 then debt = 0 end
+      end
+      if debt > 0 then
+        -- Expires when full again, as lua/token_bucket.lua does (bounded: lua/bounds.lua).
+        redis.call('SET', KEYS[i], string.format('%d %d', debt, now), 'PXAT', full_at(now, debt, rate))
+      else
+        redis.call('DEL', KEYS[i])
+      end
+      reply[i] = string.format('%.6f', (burst * 1000000 - debt) / 1000000)
     end
-    if give > 0 then level = math.min(burst, level + give) end
-    local text = string.format('%.17g', level)
-    redis.call('HSET', KEYS[i], 'tokens', text, 'ts', string.format('%d', now))
-    -- Expires when full again, as lua/token_bucket.lua does (bounded: lua/bounds.lua).
-    redis.call('PEXPIREAT', KEYS[i], expire_at(now, (burst - level) / rate * 1000000))
-    reply[i] = text
-  end
   end
 end
 return reply

@@ -15,8 +15,9 @@
 -- call's TIME in microseconds; for each quota key in KEYS order, seconds until its period ends
 -- and the period's length.
 --
--- A bucket in debt expires only when it would be full again (absent means full), so a debt is
--- never forgotten early; a quota expires when its period ends.
+-- A bucket is its debt (lua/bounds.lua); one in debt expires only when it would be full again
+-- (absent means full), so a debt is never forgotten early; a quota expires when its period
+-- ends.
 
 local t = redis.call('TIME')
 local now_s = tonumber(t[1])
@@ -44,9 +45,14 @@ for i = 1, #KEYS do
   local level
   if rate == nil then
     local start, stop = period_bounds(ARGV[4 * i - 3], now_s)
-    local stored = redis.call('HMGET', KEYS[i], 'used', 'start')
+    -- pcall: a string is a bucket this limit kept before it became a quota (WRONGTYPE).
+    local stored = redis.pcall('HMGET', KEYS[i], 'used', 'start')
     local used = 0
-    if tonumber(stored[2]) == start then used = tonumber(stored[1]) or 0 end
+    if stored.err then
+      redis.call('DEL', KEYS[i])
+    elseif tonumber(stored[2]) == start then
+      used = tonumber(stored[1]) or 0
+    end
     used = math.min(used + cost, MAX_USED)
     redis.call('HSET', KEYS[i], 'used', string.format('%d', used),
       'start', string.format('%d', start))
@@ -54,29 +60,26 @@ for i = 1, #KEYS do
     level = burst - used
     windows[#windows + 1] = stop - now_s
     windows[#windows + 1] = stop - start
+    reply[i] = string.format('%.17g', level)
   else
     local max_debt = tonumber(ARGV[4 * i])
-    local stored = redis.call('HMGET', KEYS[i], 'tokens', 'ts')
-    local ts
-    level, ts = tonumber(stored[1]), tonumber(stored[2])
-    if level == nil or ts == nil or level ~= level then
-      level = burst
+    -- Micro-tokens (lua/bounds.lua): the debt refilled to now, then charged down to
+    -- -max_debt at most (a deeper debt already there stays).
+    local debt, at, old = read_bucket(KEYS[i], burst)
+    if debt == nil then
+      debt = 0
     else
-      local elapsed = now - ts
-      if elapsed < 0 then elapsed = 0 end
-      level = math.min(burst, level + elapsed * rate / 1000000)
+      debt = refilled(debt, at, now, rate)
     end
-    level = math.max(level - cost, math.min(level, -max_debt))
-    redis.call('HSET', KEYS[i], 'tokens', string.format('%.17g', level),
-      'ts', string.format('%d', now))
-    -- An integer of milliseconds, bounded (a Lua number may print as 1e+14, which PEXPIRE
-    -- refuses after the write above).
-    local missing = math.max(2 * burst, burst - level)
-    local ttl_ms = math.ceil(missing / rate) * 1000
-    if not (ttl_ms <= MAX_TTL_MS) then ttl_ms = MAX_TTL_MS end
-    redis.call('PEXPIRE', KEYS[i], string.format('%d', ttl_ms))
+    local deepest = (burst + max_debt) * 1000000
+    local charged = debt + cost * 1000000
+    if charged > deepest then charged = math.max(debt, deepest) end
+    if charged ~= debt or old then
+      redis.call('SET', KEYS[i], string.format('%d %d', charged, now), 'PXAT', full_at(now, charged, rate))
+    end
+    level = (burst * 1000000 - charged) / 1000000
+    reply[i] = string.format('%.6f', level)
   end
-  reply[i] = string.format('%.17g', level)
 end
 reply[#KEYS + 1] = string.format('%d', now)
 for _, value in ipairs(windows) do reply[#reply + 1] = value end

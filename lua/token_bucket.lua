@@ -3,8 +3,10 @@
 -- lua/bounds.lua (its bounds and refuse) in front of it.
 --
 -- One request:
--- KEYS[i]     key i: a bucket, hash {tokens, ts} (ts in microseconds of this server's TIME),
---             or a quota, hash {used, start} (start: the Unix second its period began)
+-- KEYS[i]     key i: a bucket, the string "<debt> <ts>" (lua/bounds.lua: how far it is below
+--             full, in micro-tokens, as of ts in microseconds of this server's TIME; absent
+--             when full), or a quota, hash {used, start} (start: the Unix second its period
+--             began)
 --             or a concurrency key, a sorted set of lease ids scored by their expiry (µs of TIME)
 -- ARGV[4i-3]  a bucket's rate, tokens per second (> 0, may be fractional); or a quota's period:
 --             'h' hour, 'd' day, 'w' ISO week (from Monday), 'm' calendar month (UTC); or a
@@ -22,8 +24,8 @@
 --   now       this call's TIME in microseconds: the `ts` it wrote. On a Redis Cluster, a
 --             request whose keys span slots is decided per slot, and a charge that must be
 --             undone is refunded by lua/refund.lua, which needs this moment.
---   tokens_i  what key i holds after this call, the text written to the hash (%.17g, so the
---             exact double); a quota: what is left of it
+--   tokens_i  what key i holds after this call: burst - debt, exact to the micro-token
+--             (%.6f of an integer of micro-tokens); a quota: what is left of it
 --   enough_i  1 when key i held its cost (and more than 0)
 --   t_q, w_q  for each quota key, in KEYS order: seconds until its period ends, and the
 --             period's length in seconds
@@ -40,17 +42,22 @@
 -- the key, before this request writes anything.
 --
 -- The clock is Redis's own (TIME), never the caller's, so instances with skewed clocks agree.
--- A bucket persists {tokens, now} in both branches and expires when it would be full again
--- (the next millisecond after it, so never before): an absent bucket reads as full, so that
--- changes no decision and keeps only the buckets that matter; a bucket in debt (charged by
--- reports) lives until it has refilled its debt too. A quota is written only when charged and
--- expires when its period ends; a count from an earlier period is void. A concurrency key
--- drops its expired leases (expiry <= now) before counting them; its level is the free slots;
--- a taken lease is added with expiry now + ttl, and the key expires with its last lease.
+-- A bucket's numbers apply to its debt: a raised burst grants the difference at once, a
+-- lowered one binds at the next check. A charge writes "<debt> <now>" with SET ... PXAT at the
+-- millisecond after the bucket is full again (so never before): an absent bucket reads as
+-- full, so that changes no decision and keeps only the buckets that matter; a bucket in debt
+-- (charged by reports) lives until it has refilled its debt too. A denial writes nothing: the
+-- debt and its time are unchanged by it. The refill since ts lowers the debt by whole
+-- micro-tokens, rounded down: at most one micro-token per charge is never given back. A quota is written only when charged and
+-- expires when its period ends; a count from an earlier period is void.
+-- A concurrency key drops its expired leases (expiry <= now) before counting them; its level
+-- is the free slots; a taken lease is added with expiry now + ttl, and the key expires with
+-- its last lease.
 --
 -- Written for Redis's CPU, which every check of a fleet shares: one string reply (an array
 -- costs Redis a deferred-length reply block), arguments coerced by arithmetic rather than by
--- calls to tonumber, each double formatted once, and `ts` spelled from TIME's own digits.
+-- calls to tonumber, integers only, one GET and one SET per bucket, and `ts` spelled from
+-- TIME's own digits.
 
 local t = redis.call('TIME')
 local now = t[1] * 1000000 + t[2]
@@ -75,6 +82,8 @@ local function decide(k, a, n)
   local starts, stops, current
   -- For concurrency keys only: the lease each would take, {expiry in µs, id}.
   local leases
+  -- Buckets found in an earlier release's form (read_bucket): written now whatever happens.
+  local olds
   for i = 1, n do
     local j = a + 4 * i
     local burst, cost = ARGV[j - 2] + 0, ARGV[j - 1] + 0
@@ -87,9 +96,13 @@ local function decide(k, a, n)
     if PERIOD[ARGV[j - 3]] then
       if not starts then starts, stops, current = {}, {}, {} end
       local start, stop = period_bounds(ARGV[j - 3], now_s)
-      local stored = redis.call('HMGET', KEYS[k + i], 'used', 'start')
+      -- pcall: a key this limit wrote while it was a rate limit is a string (WRONGTYPE);
+      -- it counts as unused and is replaced when charged.
+      local stored = redis.pcall('HMGET', KEYS[k + i], 'used', 'start')
       level = burst
-      if tonumber(stored[2]) == start then
+      if stored.err then
+        current[i] = 'bucket'
+      elseif tonumber(stored[2]) == start then
         level = burst - (tonumber(stored[1]) or 0)
         current[i] = true
       end
@@ -105,16 +118,18 @@ local function decide(k, a, n)
     else
       local rate = ARGV[j - 3] + 0
       if not (rate > 0 and burst / rate <= MAX_REFILL_S) then refuse(i, 'rate') end
-      local stored = redis.call('HMGET', KEYS[k + i], 'tokens', 'ts')
-      -- tonumber, not arithmetic: a field someone else mangled reads as absent, i.e. full.
-      local at
-      level, at = tonumber(stored[1]), tonumber(stored[2])
-      if level == nil or at == nil or level ~= level then
-        level = burst
-      elseif now > at then
-        level = level + (now - at) * rate / 1000000
-        if level > burst then level = burst end
+      -- Micro-tokens from here on: level = burst - debt, all integers.
+      local debt, at, old = read_bucket(KEYS[k + i], burst)
+      if debt == nil then
+        debt = 0
+      elseif debt > 0 then
+        debt = refilled(debt, at, now, rate)
       end
+      if old then
+        if not olds then olds = {} end
+        olds[i] = true
+      end
+      level, cost = burst * 1000000 - debt, cost * 1000000
     end
     out[p + 2 * i + 1] = level
     if level >= cost and level > 0 then
@@ -130,10 +145,10 @@ local function decide(k, a, n)
     local j, key = a + 4 * i, KEYS[k + i]
     local level = out[p + 2 * i + 1]
     local cost = ARGV[j - 1] + 0
-    local charged = allowed == '1' and out[p + 2 * i + 2] == '1'
-    if charged then level = level - cost end
+    local charged = allowed == '1' and out[p + 2 * i + 2] == '1' and cost > 0
     if leases and leases[i] then
       if charged then
+        level = level - cost
         redis.call('ZADD', key, leases[i][1], leases[i][2])
         -- The key lives as long as its last lease (scores are whole µs, below 2^53).
         local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
@@ -142,24 +157,29 @@ local function decide(k, a, n)
       end
       out[p + 2 * i + 1] = string.format('%.17g', level)
     elseif starts and starts[i] then
-      if charged and cost > 0 and current[i] then
+      if charged then level = level - cost end
+      if charged and current[i] == true then
         -- This period's count exists, and so does its expiry.
         redis.call('HINCRBY', key, 'used', cost)
-      elseif charged and cost > 0 then
+      elseif charged then
+        if current[i] then redis.call('DEL', key) end
         redis.call('HSET', key, 'used', string.format('%d', cost), 'start', string.format('%d', starts[i]))
         redis.call('PEXPIRE', key, math.ceil((stops[i] * 1000000 - now) / 1000))
       end
       out[p + 2 * i + 1] = string.format('%.17g', level)
     else
-      local text = string.format('%.17g', level)
-      redis.call('HSET', key, 'tokens', text, 'ts', ts)
-      -- Redis deletes a key once its millisecond clock passes the deadline: the millisecond
-      -- after the one in which the bucket is full again (bounded: see lua/bounds.lua).
-      local ttl = (ARGV[j - 2] - level) / ARGV[j - 3] * 1000000
-      if not (ttl <= MAX_TTL_US) then ttl = MAX_TTL_US end
-      local full_ms = (now + ttl) / 1000
-      redis.call('PEXPIREAT', key, string.format('%d', full_ms - full_ms % 1 + 1))
-      out[p + 2 * i + 1] = text
+      -- In micro-tokens (see above). Only a charge changes the debt: a denial, or a check of
+      -- cost 0, writes nothing, so no refill is ever rounded away by a check that took
+      -- nothing (the stored debt and its time already say everything).
+      if charged then level = level - cost * 1000000 end
+      if charged or (olds and olds[i]) then
+        local debt = ARGV[j - 2] * 1000000 - level
+        -- Redis deletes the key in the millisecond after the one in which the bucket is full
+        -- again (bounded: see lua/bounds.lua).
+        redis.call('SET', key, string.format('%d ', debt) .. ts,
+          'PXAT', full_at(now, debt, ARGV[j - 3] + 0))
+      end
+      out[p + 2 * i + 1] = string.format('%.6f', level / 1000000)
     end
   end
   if starts then

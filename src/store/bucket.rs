@@ -1,27 +1,49 @@
 //! The token-bucket and quota arithmetic, the Rust twin of `lua/token_bucket.lua` and
 //! `lua/report.lua`. Pure functions of state and time, so they are tested with an injected
 //! clock. Time is microseconds on the store's clock; quotas read it as Unix time (UTC).
+//!
+//! A bucket is kept as how far it is below full, its debt, in whole micro-tokens: `tokens =
+//! burst - debt`, so new numbers for a key (an override, a reload) apply at once to what it
+//! owes. The arithmetic is the script's, operation for operation, so both stores reach the same
+//! integers.
 use super::{BucketOutcome, BucketRequest, Lease, Meter, Period, ReportCharge, Window};
 use crate::base::rate::count_f64;
 
-/// A stored key. A bucket: `tokens` as of `ts_us`. A quota: `tokens` counts what was used in
-/// the period that starts at `ts_us`.
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// A stored key. A bucket: its `debt` in micro-tokens as of `ts_us`. A quota: `debt` counts
+/// what was used in the period that starts at `ts_us`. A concurrency key, as the store counted
+/// it at `ts_us`: `debt` is the leases held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Bucket {
-    pub tokens: f64,
+    pub debt: u64,
     pub ts_us: u64,
 }
 
 const MICROS: u64 = 1_000_000;
+/// Micro-tokens per token.
+const MICRO: f64 = 1_000_000.0;
+
+/// A whole number of tokens in micro-tokens (exact: bursts and costs are at most 10^9 + 1).
+fn micro(count: f64) -> f64 {
+    count * MICRO
+}
+
+/// Tokens from micro-tokens, as the scripts print them (`%.6f` of the same quotient).
+fn tokens_of(micro_tokens: f64) -> f64 {
+    micro_tokens / MICRO
+}
 
 /// A quota at `now_us`: what was used in the current period, the period's start (µs) and
 /// where the period stands. A count from an earlier period is void.
+#[expect(
+    clippy::cast_precision_loss,
+    reason = "a quota's count stays far below 2^53"
+)]
 fn quota_now(stored: Option<Bucket>, period: Period, now_us: u64) -> (f64, u64, Window) {
     let now_s = (now_us / MICROS) as i64;
     let (start, end) = period.bounds(now_s);
     let start_us = u64::try_from(start).unwrap_or(0) * MICROS;
     let used = match stored {
-        Some(quota) if quota.ts_us == start_us => quota.tokens,
+        Some(quota) if quota.ts_us == start_us => quota.debt as f64,
         _ => 0.0,
     };
     let window = Window {
@@ -41,7 +63,7 @@ impl Bucket {
     /// from an absent one), a quota when its period ends.
     pub fn forget_at_us(&self, request: &BucketRequest) -> u64 {
         match request.meter {
-            Meter::Bucket => self.full_at_us(request.rate, request.burst),
+            Meter::Bucket => self.full_at_us(request.rate),
             Meter::Quota(period) => {
                 let (_, end) = period.bounds((self.ts_us / MICROS) as i64);
                 u64::try_from(end).unwrap_or(0) * MICROS
@@ -50,35 +72,64 @@ impl Bucket {
         }
     }
 
-    /// When this bucket is full again; from then on it is indistinguishable from an absent
-    /// one and may be dropped. The memory store drops it then; `lua/token_bucket.lua` has
-    /// Redis delete the key in the millisecond after.
+    /// When this bucket is full again (its debt refilled at `rate`); from then on it is
+    /// indistinguishable from an absent one and may be dropped. The memory store drops it
+    /// then; `lua/token_bucket.lua` has Redis delete the key in the millisecond after.
     #[expect(
         clippy::cast_possible_truncation,
         clippy::cast_sign_loss,
-        reason = "the wait is >= 0 and `as` saturates: a bucket that never refills is kept for good"
+        clippy::cast_precision_loss,
+        reason = "a debt is below 2^53; the wait is >= 0 and `as` saturates: a bucket that \
+                  never refills is kept for good"
     )]
-    pub fn full_at_us(&self, rate: f64, burst: f64) -> u64 {
-        let missing = (burst - self.tokens).max(0.0);
-        let wait_us = (missing / rate * 1_000_000.0).ceil();
+    pub fn full_at_us(&self, rate: f64) -> u64 {
+        let wait_us = (self.debt as f64 / rate).ceil();
         self.ts_us.saturating_add(wait_us as u64)
     }
 }
 
-/// Tokens available at `now_us`: absent means full; refill at `rate`, capped at `burst`; a
-/// clock that went backwards counts as no time passing.
+/// The debt of `stored` at `now_us`, in micro-tokens: lowered by the whole micro-tokens
+/// refilled at `rate` since it was written (rounded down, as the script does), never below 0;
+/// a clock that went backwards counts as no time passing. Absent: 0 (full).
 #[expect(
     clippy::cast_precision_loss,
-    reason = "microseconds since 1970 stay below 2^53 (until the year 2255), exact in f64"
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    reason = "debts and microseconds since 1970 stay below 2^53, exact in f64; the result is \
+              an integer in 0..=debt"
 )]
-pub fn refilled(stored: Option<Bucket>, now_us: u64, rate: f64, burst: f64) -> f64 {
+pub fn debt_now(stored: Option<Bucket>, now_us: u64, rate: f64) -> u64 {
     match stored {
-        None => burst,
+        None => 0,
+        Some(bucket) if bucket.debt == 0 => 0,
         Some(bucket) => {
-            let elapsed_s = now_us.saturating_sub(bucket.ts_us) as f64 / 1_000_000.0;
-            (bucket.tokens + elapsed_s * rate).min(burst)
+            let elapsed = now_us.saturating_sub(bucket.ts_us) as f64;
+            let refill = (elapsed * rate).floor();
+            (bucket.debt as f64 - refill).max(0.0) as u64
         }
     }
+}
+
+/// Tokens available at `now_us`: `burst` less the debt refilled at `rate`; absent means full.
+/// Below 0 for a bucket in debt, or one whose burst was lowered since it was charged.
+#[expect(
+    clippy::cast_precision_loss,
+    reason = "a debt stays below 2^53, exact in f64"
+)]
+pub fn refilled(stored: Option<Bucket>, now_us: u64, rate: f64, burst: f64) -> f64 {
+    tokens_of(micro(burst) - debt_now(stored, now_us, rate) as f64)
+}
+
+/// A bucket's level in micro-tokens, and whether it can pay `cost` (compared in micro-tokens,
+/// exactly as the script compares).
+#[expect(
+    clippy::cast_precision_loss,
+    reason = "a debt stays below 2^53, exact in f64"
+)]
+fn bucket_level(request: &BucketRequest, debt: u64) -> (f64, bool) {
+    let level = micro(request.burst) - debt as f64;
+    let cost = micro(count_f64(request.cost));
+    (level, level >= cost && level > 0.0)
 }
 
 /// A concurrency key's window as the headers show it: a slot frees whenever a holder releases,
@@ -91,86 +142,104 @@ pub fn lease_window(lease: Lease) -> Window {
     }
 }
 
-/// The free slots of a concurrency key whose state the store counted as `stored` (its
-/// `tokens` the slots free now; absent: all free).
+/// The free slots of a concurrency key whose leases the store counted as `stored` (absent:
+/// all free).
+#[expect(clippy::cast_precision_loss, reason = "leases held are at most 10^9")]
 fn lease_level(stored: Option<Bucket>, burst: f64) -> f64 {
-    stored.map_or(burst, |state| state.tokens)
+    stored.map_or(burst, |state| burst - state.debt as f64)
+}
+
+/// A key as a check finds it at `now_us`, before any charge: a bucket's tokens (and its debt
+/// now), or a quota's remainder and window; `enough` says whether `request.cost` could be paid.
+fn find(request: &BucketRequest, stored: Option<Bucket>, now_us: u64) -> (BucketOutcome, u64) {
+    match request.meter {
+        Meter::Bucket => {
+            let debt = debt_now(stored, now_us, request.rate);
+            let (level, enough) = bucket_level(request, debt);
+            let outcome = BucketOutcome {
+                tokens: tokens_of(level),
+                enough,
+                window: None,
+            };
+            (outcome, debt)
+        }
+        Meter::Quota(period) => {
+            let (used, _, window) = quota_now(stored, period, now_us);
+            let tokens = request.burst - used;
+            let outcome = BucketOutcome {
+                tokens,
+                enough: can_pay(tokens, request.cost),
+                window: Some(window),
+            };
+            (outcome, 0)
+        }
+        Meter::Lease(lease) => {
+            let tokens = lease_level(stored, request.burst);
+            let outcome = BucketOutcome {
+                tokens,
+                enough: can_pay(tokens, request.cost),
+                window: Some(lease_window(lease)),
+            };
+            (outcome, 0)
+        }
+    }
 }
 
 /// A key as a check would find it at `now_us`, before any charge: a bucket's tokens refilled,
 /// a quota's remainder and window; `enough` says whether `request.cost` could be paid. Nothing
 /// is written. Mirrors `lua/peek.lua`.
 pub fn peek(request: &BucketRequest, stored: Option<Bucket>, now_us: u64) -> BucketOutcome {
-    let (tokens, window) = match request.meter {
-        Meter::Bucket => (refilled(stored, now_us, request.rate, request.burst), None),
-        Meter::Quota(period) => {
-            let (used, _, window) = quota_now(stored, period, now_us);
-            (request.burst - used, Some(window))
-        }
-        Meter::Lease(lease) => (
-            lease_level(stored, request.burst),
-            Some(lease_window(lease)),
-        ),
-    };
-    BucketOutcome {
-        tokens,
-        enough: can_pay(tokens, request.cost),
-        window,
-    }
+    find(request, stored, now_us).0
 }
 
 /// Decides `requests` against their current states, all-or-nothing, and writes the new states
-/// back into `states` (same order). Mirrors the Lua script step for step.
+/// back into `states` (same order). Mirrors the Lua script step for step: only a charge writes
+/// (a denial or a cost of 0 leaves the state as it was).
+#[expect(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    reason = "a debt plus a cost in micro-tokens stays below 2^53"
+)]
 pub fn decide(
     requests: &[BucketRequest],
     states: &mut [Option<Bucket>],
     now_us: u64,
 ) -> (bool, Vec<BucketOutcome>) {
-    let mut outcomes: Vec<BucketOutcome> = requests
+    let found: Vec<(BucketOutcome, u64)> = requests
         .iter()
         .zip(states.iter())
-        .map(|(request, state)| {
-            let (tokens, window) = match request.meter {
-                Meter::Bucket => (refilled(*state, now_us, request.rate, request.burst), None),
-                Meter::Quota(period) => {
-                    let (used, _, window) = quota_now(*state, period, now_us);
-                    (request.burst - used, Some(window))
-                }
-                Meter::Lease(lease) => (
-                    lease_level(*state, request.burst),
-                    Some(lease_window(lease)),
-                ),
-            };
-            BucketOutcome {
-                tokens,
-                enough: can_pay(tokens, request.cost),
-                window,
-            }
-        })
+        .map(|(request, state)| find(request, *state, now_us))
         .collect();
     let allowed = requests
         .iter()
-        .zip(&outcomes)
-        .all(|(request, outcome)| outcome.enough || request.shadow);
-    for ((request, outcome), state) in requests.iter().zip(&mut outcomes).zip(states.iter_mut()) {
-        if allowed && outcome.enough {
-            outcome.tokens -= count_f64(request.cost);
+        .zip(&found)
+        .all(|(request, (outcome, _))| outcome.enough || request.shadow);
+    let mut outcomes = Vec::with_capacity(found.len());
+    for ((request, (mut outcome, debt)), state) in requests.iter().zip(found).zip(states.iter_mut())
+    {
+        if allowed && outcome.enough && request.cost > 0 {
+            match request.meter {
+                Meter::Bucket => {
+                    let cost = micro(count_f64(request.cost));
+                    let (level, _) = bucket_level(request, debt);
+                    outcome.tokens = tokens_of(level - cost);
+                    *state = Some(Bucket {
+                        debt: debt.saturating_add(cost as u64),
+                        ts_us: now_us,
+                    });
+                }
+                Meter::Quota(period) => {
+                    outcome.tokens -= count_f64(request.cost);
+                    *state = Some(Bucket {
+                        debt: (request.burst - outcome.tokens) as u64,
+                        ts_us: quota_now(None, period, now_us).1,
+                    });
+                }
+                // The store adds the lease to its set itself (it knows the lease's id).
+                Meter::Lease(_) => outcome.tokens -= count_f64(request.cost),
+            }
         }
-        *state = Some(match request.meter {
-            Meter::Bucket => Bucket {
-                tokens: outcome.tokens,
-                ts_us: now_us,
-            },
-            Meter::Quota(period) => Bucket {
-                tokens: request.burst - outcome.tokens,
-                ts_us: quota_now(None, period, now_us).1,
-            },
-            // The slots left; the store adds the lease to its set when one was taken.
-            Meter::Lease(_) => Bucket {
-                tokens: outcome.tokens,
-                ts_us: now_us,
-            },
-        });
+        outcomes.push(outcome);
     }
     (allowed, outcomes)
 }
@@ -178,17 +247,30 @@ pub fn decide(
 /// Applies one report to a key's state: a bucket is charged down to `-max_debt` at most (a
 /// deeper debt that is already there stays, nothing is given back); a quota counts the whole
 /// cost. Mirrors `lua/report.lua`.
+#[expect(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_precision_loss,
+    reason = "debts in micro-tokens and quota counts stay below 2^53"
+)]
 pub fn report(charge: &ReportCharge, state: &mut Option<Bucket>, now_us: u64) -> BucketOutcome {
     let request = &charge.bucket;
-    let cost = count_f64(request.cost);
     match request.meter {
         Meter::Bucket => {
-            let level = refilled(*state, now_us, request.rate, request.burst);
-            let tokens = (level - cost).max(level.min(-charge.max_debt));
-            *state = Some(Bucket {
-                tokens,
-                ts_us: now_us,
-            });
+            let debt = debt_now(*state, now_us, request.rate);
+            let deepest = micro(request.burst + charge.max_debt);
+            let mut charged = debt as f64 + micro(count_f64(request.cost));
+            if charged > deepest {
+                charged = deepest.max(debt as f64);
+            }
+            let charged = charged as u64;
+            if charged != debt {
+                *state = Some(Bucket {
+                    debt: charged,
+                    ts_us: now_us,
+                });
+            }
+            let tokens = tokens_of(micro(request.burst) - charged as f64);
             BucketOutcome {
                 tokens,
                 enough: tokens > 0.0,
@@ -197,9 +279,9 @@ pub fn report(charge: &ReportCharge, state: &mut Option<Bucket>, now_us: u64) ->
         }
         Meter::Quota(period) => {
             let (used, start_us, window) = quota_now(*state, period, now_us);
-            let used = used + cost;
+            let used = used + count_f64(request.cost);
             *state = Some(Bucket {
-                tokens: used,
+                debt: used as u64,
                 ts_us: start_us,
             });
             let tokens = request.burst - used;
@@ -238,6 +320,15 @@ mod tests {
     }
 
     const SECOND: u64 = 1_000_000;
+
+    /// A bucket holding `tokens` of `burst`, written `age` µs before `now`.
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    fn stored_at(burst: f64, tokens: f64, now: u64, age: i64) -> Bucket {
+        Bucket {
+            debt: ((burst - tokens) * 1e6) as u64,
+            ts_us: now.saturating_add_signed(-age),
+        }
+    }
 
     /// (stored tokens, age of the stored state in µs (negative: in the future), rate, burst,
     /// cost) → (allowed, tokens after).
@@ -322,10 +413,7 @@ mod tests {
     fn bucket_arithmetic_table() {
         let now = 10_000 * SECOND;
         for &(name, stored, rate, burst, cost, allowed, after) in CASES {
-            let mut states = [stored.map(|(tokens, age)| Bucket {
-                tokens,
-                ts_us: now.saturating_add_signed(-age),
-            })];
+            let mut states = [stored.map(|(tokens, age)| stored_at(burst, tokens, now, age))];
             let (ok, outcomes) = decide(&[request(rate, burst, cost)], &mut states, now);
             assert_eq!(ok, allowed, "{name}: allowed");
             assert!(
@@ -333,11 +421,13 @@ mod tests {
                 "{name}: tokens {}",
                 outcomes[0].tokens
             );
-            assert_eq!(
-                states[0].map(|b| b.ts_us),
-                Some(now),
-                "{name}: ts persisted"
-            );
+            if allowed {
+                assert_eq!(
+                    states[0].map(|b| b.ts_us),
+                    Some(now),
+                    "{name}: ts persisted"
+                );
+            }
         }
     }
 
@@ -345,10 +435,7 @@ mod tests {
     fn a_peek_finds_what_the_next_decision_finds_and_writes_nothing() {
         let now = 10_000 * SECOND;
         for &(name, stored, rate, burst, cost, allowed, after) in CASES {
-            let stored = stored.map(|(tokens, age)| Bucket {
-                tokens,
-                ts_us: now.saturating_add_signed(-age),
-            });
+            let stored = stored.map(|(tokens, age)| stored_at(burst, tokens, now, age));
             let request = request(rate, burst, cost);
             let peeked = peek(&request, stored, now);
             assert_eq!(peeked.enough, allowed, "{name}: enough");
@@ -367,7 +454,7 @@ mod tests {
         let mut states = [
             None,
             Some(Bucket {
-                tokens: 0.0,
+                debt: 5 * MICROS,
                 ts_us: 0,
             }),
         ];
@@ -385,7 +472,7 @@ mod tests {
         let mut states = [
             None,
             Some(Bucket {
-                tokens: 0.0,
+                debt: 5 * MICROS,
                 ts_us: 0,
             }),
         ];
@@ -398,9 +485,73 @@ mod tests {
     #[test]
     fn full_at_is_when_the_bucket_refills() {
         let bucket = Bucket {
-            tokens: 1.0,
+            debt: 4 * MICROS,
             ts_us: 10 * SECOND,
         };
-        assert_eq!(bucket.full_at_us(2.0, 5.0), 12 * SECOND);
+        assert_eq!(bucket.full_at_us(2.0), 12 * SECOND);
     }
+}
+
+#[cfg(test)]
+mod debt_tests {
+    use super::*;
+
+    fn request(rate: f64, burst: f64, cost: u64) -> BucketRequest {
+        BucketRequest {
+            key: "k".into(),
+            rate,
+            burst,
+            cost,
+            shadow: false,
+            limit: 0,
+            meter: Meter::Bucket,
+        }
+    }
+
+    #[test]
+    fn a_raised_burst_grants_the_difference_at_once() {
+        let mut states = [None];
+        for _ in 0..3 {
+            assert!(decide(&[request(0.001, 3.0, 1)], &mut states, 0).0);
+        }
+        assert!(!decide(&[request(0.001, 3.0, 1)], &mut states, 0).0);
+        // Burst 3 -> 10 with the same debt of 3: 7 more now.
+        let admitted = (0..10)
+            .filter(|_| decide(&[request(0.001, 10.0, 1)], &mut states, 0).0)
+            .count();
+        assert_eq!(admitted, 7);
+    }
+
+    #[test]
+    fn a_lowered_burst_binds_at_the_next_check() {
+        let mut states = [None];
+        for _ in 0..2 {
+            assert!(decide(&[request(0.001, 10.0, 1)], &mut states, 0).0);
+        }
+        // Debt 2 of a burst lowered to 3: one more, then denied.
+        let (ok, outcomes) = decide(&[request(0.001, 3.0, 1)], &mut states, 0);
+        assert!(ok);
+        assert_eq!(outcomes[0].tokens, 0.0);
+        assert!(!decide(&[request(0.001, 3.0, 1)], &mut states, 0).0);
+    }
+
+    #[test]
+    fn a_denial_writes_nothing_so_no_refill_is_rounded_away() {
+        // 1 token per hour: 0.83 micro-tokens per 3 ms. Checked every 3 ms, a write per check
+        // would round each refill down to nothing and the bucket would never refill.
+        let rate = 1.0 / 3600.0;
+        let mut states = [None];
+        assert!(decide(&[request(rate, 1.0, 1)], &mut states, 0).0);
+        let mut now = 0;
+        let mut admitted = 0;
+        while now <= 3_600 * SECOND_US {
+            now += 3_000;
+            if decide(&[request(rate, 1.0, 1)], &mut states, now).0 {
+                admitted += 1;
+            }
+        }
+        assert_eq!(admitted, 1, "refilled once in the hour");
+    }
+
+    const SECOND_US: u64 = 1_000_000;
 }

@@ -20,7 +20,6 @@ use std::sync::{Mutex, MutexGuard, TryLockError};
 
 use super::bucket::{self, Bucket};
 use super::{BucketOutcome, BucketRequest, Meter, ReportCharge, Store, StoreDecision, StoreError};
-use crate::base::rate::count_f64;
 
 const SHARDS: usize = 64;
 
@@ -158,7 +157,7 @@ impl<C: Clock> MemoryStore<C> {
                 if let Meter::Lease(_) = request.meter {
                     let held = guard.held_leases(&request.key, now);
                     return Some(Bucket {
-                        tokens: request.burst - count_f64(held as u64),
+                        debt: held as u64,
                         ts_us: now,
                     });
                 }
@@ -292,7 +291,7 @@ impl<C: Clock> MemoryStore<C> {
         let shard = self.lock(self.shard_of(&request.key));
         let stored = match request.meter {
             Meter::Lease(_) => Some(Bucket {
-                tokens: request.burst - count_f64(shard.held_leases(&request.key, now) as u64),
+                debt: shard.held_leases(&request.key, now) as u64,
                 ts_us: now,
             }),
             _ => shard.buckets.get(request.key.as_str()).map(|e| e.bucket),

@@ -84,9 +84,9 @@ fn check_key(tollgate: &Tollgate, key: &str) -> crate::support::Response {
     tollgate.check(&[("x-api-key", key), ("x-forwarded-for", "192.0.2.50")])
 }
 
-/// A bucket's hash as Redis holds it (empty when absent).
+/// A bucket as Redis holds it, `"<debt> <ts>"` (empty when absent).
 fn stored(redis: &RedisServer, key: &str) -> String {
-    redis.cli(&["HGETALL", key]).trim().to_string()
+    redis.cli(&["GET", key]).trim().to_string()
 }
 
 /// Waits until `count` instances listen on the reset channel.

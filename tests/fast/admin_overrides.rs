@@ -261,8 +261,9 @@ fn unlimited_and_ttl_expire_everywhere_and_delete_restores_the_limit() {
     );
     assert_eq!(deleted.status, 204, "{deleted:?}");
     std::thread::sleep(Duration::from_secs(1));
-    // The bucket kept its tokens (47 left); back under burst 2 it holds at most 2.
-    assert_eq!(admitted(&[&a, &b, &c], "gone", 6), 2);
+    // The bucket kept its debt (3 taken); back under burst 2 the limit's own numbers bind at
+    // once: 2 - 3 is below empty, and nothing passes until the refill (0.001/s).
+    assert_eq!(admitted(&[&a, &b, &c], "gone", 6), 0);
     let again = admin_json(
         c.admin,
         "DELETE",
@@ -789,4 +790,62 @@ mod e2e {
     fn on_a_redis_cluster_an_override_and_its_version_share_a_slot() {
         super::on_a_redis_cluster_an_override_and_its_version_share_a_slot();
     }
+}
+
+/// Admissions of `key` on `tight` by checks on `tollgate` until its answers carry
+/// `policy` (the override reached it), and whether they ever did.
+fn admitted_until_policy(tollgate: &Tollgate, key: &str, policy: &str) -> (usize, bool) {
+    let mut admitted = 0;
+    let seen = wait_until(Duration::from_secs(3), || {
+        let answer = check(tollgate, "tight", key);
+        if answer.status == 200 {
+            admitted += 1;
+        }
+        answer
+            .header("ratelimit-policy")
+            .is_some_and(|p| p.contains(policy))
+    });
+    (admitted, seen)
+}
+
+/// A bucket is stored as its debt, so a raised burst applies to it: a drained key of burst 2
+/// raised to 10 admits 8 more at once, on every instance, not after a slow refill (0.001/s).
+#[test]
+fn a_raised_burst_on_a_drained_key_grants_the_difference_at_once_everywhere() {
+    let redis = RedisServer::start();
+    let [a, b, c] = three(&redis, Some(TOKEN));
+    assert_eq!(admitted(&[&a, &b, &c], "drained", 6), 2);
+    assert_eq!(put(&a, "tight", "drained", r#"{"burst": 10}"#).status, 200);
+    let mut after = 0;
+    for tollgate in [&a, &b, &c] {
+        let (admitted, seen) = admitted_until_policy(tollgate, "drained", "q=10");
+        assert!(seen, "an instance never applied the override");
+        after += admitted;
+    }
+    after += admitted(&[&a, &b, &c], "drained", 12);
+    assert_eq!(after, 8, "burst 10 less the 2 already taken");
+}
+
+#[test]
+fn on_the_memory_store_a_raised_burst_grants_the_difference_and_a_lowered_one_binds() {
+    // The memory store applies an override at once: counts are exact.
+    let tollgate = Tollgate::start(&memory_config());
+    assert_eq!(admitted(&[&tollgate], "raised", 4), 2);
+    assert_eq!(
+        put(&tollgate, "tight", "raised", r#"{"burst": 5}"#).status,
+        200
+    );
+    assert_eq!(admitted(&[&tollgate], "raised", 6), 3);
+
+    // Lowered: 1 of 10 taken, then burst 2 leaves 1, not 2.
+    assert_eq!(
+        put(&tollgate, "tight", "lowered", r#"{"burst": 10}"#).status,
+        200
+    );
+    assert_eq!(admitted(&[&tollgate], "lowered", 1), 1);
+    assert_eq!(
+        put(&tollgate, "tight", "lowered", r#"{"burst": 2}"#).status,
+        200
+    );
+    assert_eq!(admitted(&[&tollgate], "lowered", 4), 1);
 }

@@ -52,14 +52,16 @@ local at = tonumber(ARGV[1])
 local out = {}
 for i = 1, #KEYS do
   local rate, burst = tonumber(ARGV[2 * i]), tonumber(ARGV[2 * i + 1])
-  local stored = redis.call('HMGET', KEYS[i], 'tokens', 'ts')
-  local level, ts = tonumber(stored[1]), tonumber(stored[2])
-  if level == nil then
+  local stored = redis.call('GET', KEYS[i])
+  local debt, ts
+  if stored then debt, ts = string.match(stored, '^(%d+) (%d+)$') end
+  if debt == nil then
     out[i] = string.format('%.17g', burst)
-  elseif ts > at then
+  elseif tonumber(ts) > at then
     return nil
   else
-    out[i] = string.format('%.17g', math.min(burst, level + (at - ts) * rate / 1000000))
+    local owed = math.max(0, debt - math.floor((at - ts) * rate))
+    out[i] = string.format('%.17g', (burst * 1000000 - owed) / 1000000)
   end
 end
 return out
@@ -520,7 +522,7 @@ mod model {
         world.run(1.0, 5.0, &ops);
         // refund.lua, uncontended: the charge comes back whole.
         if let Some(bucket) = world.state[0].as_mut() {
-            bucket.tokens += 1.0;
+            bucket.debt = bucket.debt.saturating_sub(1_000_000);
         }
         let (_, wrong) = world.run(1.0, 5.0, &[Op::Check(1)]);
         assert_eq!(wrong.len(), 1, "the cache denied a bucket holding a token");

@@ -200,11 +200,8 @@ fn a_request_denied_by_another_limit_takes_no_lease_and_one_without_a_lease_pays
     let tokens = |redis: &RedisServer| -> f64 {
         let keys = redis.cli(&["KEYS", "*:budget:*"]);
         let key = keys.lines().next().unwrap_or_default().trim().to_string();
-        redis
-            .cli(&["HGET", &key, "tokens"])
-            .trim()
-            .parse()
-            .unwrap_or(f64::NAN)
+        // Absent: full.
+        redis.stored_tokens(&key, 2.0).unwrap_or(2.0)
     };
 
     // Takes the one slot and one of two tokens.

@@ -365,6 +365,10 @@ fn sighup_never_changes_the_key_prefix_so_a_drained_client_stays_denied() {
         || reloads(&tollgate, "success") == 1.0
     ));
 
+    // The bucket keeps its debt of 3: the raised burst grants the difference (1) at once, and
+    // no more.
+    let raised = client.get("/check", CHECK).unwrap();
+    assert_eq!(raised.status, 200, "the raise applies to the debt");
     let after = client.get("/check", CHECK).unwrap();
     assert_eq!(
         after.status, 429,

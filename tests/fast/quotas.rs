@@ -369,11 +369,9 @@ fn a_reported_bucket_admits_while_above_zero_and_its_debt_stops_at_max_debt() {
     // A moment later it has refilled a little: 100,000 or 100,001 s.
     let retry: u64 = denied.header("retry-after").unwrap().parse().unwrap();
     assert!((100_000..=100_001).contains(&retry), "Retry-After {retry}");
-    let level: f64 = redis
-        .cli(&["HGET", "tollgate:llm-tokens:{acme}", "tokens"])
-        .trim()
-        .parse()
-        .unwrap();
+    let level = redis
+        .stored_tokens("tollgate:llm-tokens:{acme}", 100.0)
+        .expect("stored");
     assert!((-100.0..-99.99).contains(&level), "tokens {level}");
     // The debt outlives twice the burst's refill time: the key expires only once full again.
     let ttl: i64 = redis
@@ -457,11 +455,9 @@ fn concurrent_checks_and_reports_never_admit_past_the_debt_bound() {
         checks.iter().any(|(_, admitted)| !admitted),
         "checks were denied"
     );
-    let level: f64 = redis
-        .cli(&["HGET", "tollgate:llm-tokens:{race}", "tokens"])
-        .trim()
-        .parse()
-        .unwrap();
+    let level = redis
+        .stored_tokens("tollgate:llm-tokens:{race}", 100.0)
+        .expect("stored");
     assert!(
         (-100.0..-99.9).contains(&level),
         "40 reports of 30 stop at the debt bound: tokens {level}"
@@ -667,11 +663,9 @@ fn a_quota_and_a_bucket_are_decided_all_or_nothing_on_redis_and_in_memory() {
         "5"
     );
     // The quota's denial charged client b's bucket nothing: 3 - 2 = 1 left.
-    let left: f64 = redis
-        .cli(&["HGET", "tollgate:burst:{both|b}", "tokens"])
-        .trim()
-        .parse()
-        .unwrap();
+    let left = redis
+        .stored_tokens("tollgate:burst:{both|b}", 3.0)
+        .expect("stored");
     assert!((1.0..1.01).contains(&left), "tokens {left}");
     let in_memory = Tollgate::start(BOTH);
     assert_all_or_nothing(&in_memory);

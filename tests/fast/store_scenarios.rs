@@ -51,6 +51,11 @@ const HUGE: &[Bucket] = &[("huge", 1.0, 5.0, 6, false)];
 const BACK: &[Bucket] = &[("back", 1.0, 2.0, 1, false)];
 const PAIR: &[Bucket] = &[("tight", 1.0, 1.0, 1, false), ("loose", 1.0, 5.0, 1, false)];
 const SHADOWED: &[Bucket] = &[("real", 1.0, 5.0, 1, false), ("shadow", 1.0, 1.0, 1, true)];
+/// One key whose numbers change (an override, a reload): they apply to its debt.
+const RAISE3: &[Bucket] = &[("raise", 0.001, 3.0, 1, false)];
+const RAISE10: &[Bucket] = &[("raise", 0.001, 10.0, 1, false)];
+const LOWER10: &[Bucket] = &[("lower", 0.001, 10.0, 1, false)];
+const LOWER3: &[Bucket] = &[("lower", 0.001, 3.0, 1, false)];
 
 const SCENARIOS: &[(&str, &[Step])] = &[
     (
@@ -104,6 +109,27 @@ const SCENARIOS: &[(&str, &[Step])] = &[
         &[
             step(0, PAIR, true, &[0.0, 4.0]),
             step(0, PAIR, false, &[0.0, 4.0]),
+        ],
+    ),
+    (
+        "a raised burst grants the difference at once, on a drained bucket",
+        &[
+            step(0, RAISE3, true, &[2.0]),
+            step(0, RAISE3, true, &[1.0]),
+            step(0, RAISE3, true, &[0.0]),
+            step(0, RAISE3, false, &[0.0]),
+            step(0, RAISE10, true, &[6.0]),
+            step(0, RAISE10, true, &[5.0]),
+        ],
+    ),
+    (
+        "a lowered burst binds at the next check",
+        &[
+            step(0, LOWER10, true, &[9.0]),
+            step(0, LOWER10, true, &[8.0]),
+            step(0, LOWER3, true, &[0.0]),
+            step(0, LOWER3, false, &[0.0]),
+            step(0, LOWER10, true, &[6.0]),
         ],
     ),
     (
@@ -232,15 +258,16 @@ struct Redis {
     shifter: std::cell::RefCell<redis::Connection>,
 }
 
-/// Sets each existing bucket's `ts` to ARGV[1] µs before this server's `TIME`: the next call
-/// then refills by exactly that (plus the microseconds until it runs), whatever real time a
-/// loaded machine let pass since the last one.
+/// Moves each existing bucket's `ts` ARGV[1] µs back (a bucket is `"<debt> <ts>"`, written
+/// only by a charge, so its `ts` may be several steps old): the next call then refills by that
+/// much more. A bucket written since the last shift had `ts` at `TIME`; one not written keeps
+/// the shifts it had. Real time between steps adds a little refill (see `tolerance`).
 const SHIFT: &str = r"
-local t = redis.call('TIME')
-local at = t[1] * 1000000 + t[2] - tonumber(ARGV[1])
 for _, key in ipairs(KEYS) do
-  if redis.call('HEXISTS', key, 'ts') == 1 then
-    redis.call('HSET', key, 'ts', string.format('%d', at))
+  local stored = redis.call('GET', key)
+  if stored then
+    local debt, at = string.match(stored, '^(%d+) (%d+)$')
+    redis.call('SET', key, debt .. ' ' .. string.format('%d', at - tonumber(ARGV[1])), 'KEEPTTL')
   end
 end
 return 0
@@ -325,25 +352,26 @@ fn request(key: &str, rate: f64, burst: f64, cost: u64) -> BucketRequest {
 }
 
 impl Redis {
-    /// The stored bucket: (tokens, ts) as written, parsed.
+    /// The stored bucket: (debt, ts) as written, parsed.
     fn stored(&self, key: &str) -> Stored {
         self.stored_and_expiry(key).expect("the bucket is stored").0
     }
 
     /// The stored bucket and its expiry (ms), read at one instant; `None` once it expired.
     fn stored_and_expiry(&self, key: &str) -> Option<(Stored, i64)> {
-        let (tokens, ts, expires): (Option<String>, Option<String>, i64) = redis::pipe()
+        let (stored, expires): (Option<String>, i64) = redis::pipe()
             .atomic()
-            .hget(key, "tokens")
-            .hget(key, "ts")
+            .get(key)
             .cmd("PEXPIRETIME")
             .arg(key)
             .query(&mut *self.shifter.borrow_mut())
             .expect("read the bucket");
+        let stored = stored?;
+        let (debt, ts) = stored.split_once(' ').expect("\"<debt> <ts>\"");
         Some((
             Stored {
-                tokens: tokens?.parse().expect("tokens"),
-                ts_us: ts?.parse().expect("ts"),
+                debt: debt.parse().expect("debt"),
+                ts_us: ts.parse().expect("ts"),
             },
             expires,
         ))
@@ -371,7 +399,7 @@ fn redis_buckets_expire_the_millisecond_after_they_are_full_again() {
             read.expect("the machine never read the bucket before it expired");
         // The memory store drops a bucket at `full_at_us`; Redis deletes the key once its
         // millisecond clock passes the deadline, so never before that moment.
-        let full_at_ms = (stored.full_at_us(rate, burst) / 1000) as i64;
+        let full_at_ms = (stored.full_at_us(rate) / 1000) as i64;
         assert_eq!(expires_ms, full_at_ms + 1, "{key}");
     }
 }
@@ -407,18 +435,16 @@ fn a_denial_on_a_full_bucket_still_expires() {
 }
 
 #[test]
-fn tokens_in_the_reply_are_exactly_the_stored_double() {
+fn tokens_in_the_reply_are_exactly_burst_less_the_stored_debt() {
     let redis = Redis::start();
     let bucket = request("exact:k", 0.3, 7.0, 1);
     for _ in 0..5 {
         let decision = redis.decide(std::slice::from_ref(&bucket));
-        assert_eq!(decision.buckets[0].tokens, redis.stored("exact:k").tokens);
+        let debt = redis.stored("exact:k").debt;
+        assert_eq!(decision.buckets[0].tokens, (7e6 - debt as f64) / 1e6);
     }
-    let fields = redis.server.cli(&["HKEYS", "exact:k"]);
-    assert_eq!(
-        fields.split_whitespace().collect::<Vec<_>>(),
-        ["tokens", "ts"]
-    );
+    // One string key of two integers, nothing else.
+    assert_eq!(redis.server.cli(&["TYPE", "exact:k"]).trim(), "string");
 }
 
 /// One token, refilled in 1000 s: a single allowed check drains it for the whole test.
@@ -592,4 +618,77 @@ fn a_quota_peeks_alike_on_redis_and_in_memory() {
         !redis.peek(&quota).enough,
         "a used-up quota peeks as denied"
     );
+}
+
+/// A rolling upgrade: a bucket an earlier release stored (a hash `{tokens, ts}` of decimal
+/// floats) is read as the level it held, and the first script that writes it converts it to
+/// `"<debt> <ts>"`, so the key continues from its level and no budget is granted twice.
+#[test]
+fn a_bucket_an_earlier_release_stored_continues_from_its_level() {
+    let redis = Redis::start();
+    let time = redis.server.cli(&["TIME"]);
+    let mut time = time.split_whitespace();
+    let (s, us) = (time.next().unwrap(), time.next().unwrap());
+    let ts = format!("{s}{us:0>6}");
+    let old = |key: &str, tokens: &str| {
+        redis
+            .server
+            .cli(&["HSET", key, "tokens", tokens, "ts", &ts]);
+        redis.server.cli(&["PEXPIRE", key, "100000000"]);
+    };
+    let kind = |key: &str| redis.server.cli(&["TYPE", key]).trim().to_string();
+    // 0.001 tokens/s: the time the test takes refills nothing that counts.
+    let bucket = request("upgrade:a", 0.001, 5.0, 1);
+    old("upgrade:a", "1.5");
+    let peeked = redis.peek(&bucket);
+    assert!((peeked.tokens - 1.5).abs() < 0.01, "peek {}", peeked.tokens);
+    assert_eq!(kind("upgrade:a"), "hash", "a peek writes nothing");
+    let first = redis.decide(std::slice::from_ref(&bucket));
+    assert!(first.allowed);
+    assert!((first.buckets[0].tokens - 0.5).abs() < 0.01, "{:?}", first);
+    assert_eq!(kind("upgrade:a"), "string");
+    let debt = redis.stored("upgrade:a").debt;
+    assert!((4_490_000..=4_500_000).contains(&debt), "debt {debt}");
+    let second = redis.decide(&[bucket]);
+    assert!(!second.allowed, "0.5 tokens left, not a fresh burst");
+
+    // A denial converts it too (its expiry is then the new form's, bounded).
+    let drained = request("upgrade:b", 0.001, 5.0, 1);
+    old("upgrade:b", "0.25");
+    assert!(!redis.decide(std::slice::from_ref(&drained)).allowed);
+    assert_eq!(kind("upgrade:b"), "string");
+    assert!(!redis.decide(&[drained]).allowed);
+
+    // A mangled hash reads as full, as a mangled value of the new form does.
+    old("upgrade:c", "nan");
+    redis.server.cli(&["SET", "upgrade:d", "12x 5"]);
+    for key in ["upgrade:c", "upgrade:d"] {
+        let decision = redis.decide(&[request(key, 0.001, 5.0, 1)]);
+        assert!(decision.allowed);
+        assert_eq!(decision.buckets[0].tokens, 4.0, "{key}");
+    }
+}
+
+/// A limit may change kind under one name (a reload from `rate`/`burst` to `quota`, or back):
+/// its key then holds the other form (a string for a bucket, a hash for a quota). Each form
+/// reads the other as unused and replaces it when charged, never a Redis error.
+#[test]
+fn a_key_that_changes_between_bucket_and_quota_is_read_as_fresh() {
+    let redis = Redis::start();
+    let bucket = request("kind:k", 0.001, 5.0, 1);
+    let quota = BucketRequest {
+        meter: tollgate::store::Meter::Quota(tollgate::base::calendar::Period::Day),
+        ..request("kind:k", 0.0, 3.0, 1)
+    };
+    assert_eq!(
+        redis.decide(std::slice::from_ref(&bucket)).buckets[0].tokens,
+        4.0
+    );
+    assert_eq!(redis.peek(&quota).tokens, 3.0);
+    for left in [2.0, 1.0] {
+        let decision = redis.decide(std::slice::from_ref(&quota));
+        assert!(decision.allowed);
+        assert_eq!(decision.buckets[0].tokens, left);
+    }
+    assert_eq!(redis.decide(&[bucket]).buckets[0].tokens, 4.0);
 }

@@ -146,6 +146,12 @@ impl RedisServer {
         redis_cli(self.port, args).unwrap_or_else(|e| panic!("redis-cli {args:?}: {e}"))
     }
 
+    /// The tokens a bucket of `burst` held when it was last written: `burst` less its stored
+    /// debt (`"<debt in micro-tokens> <ts>"`); `None` when the key is absent (full).
+    pub fn stored_tokens(&self, key: &str, burst: f64) -> Option<f64> {
+        stored_tokens(&self.cli(&["GET", key]), burst)
+    }
+
     /// Kills the server (SIGKILL: an abrupt failure, not a clean shutdown).
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
@@ -504,4 +510,12 @@ pub fn redis_store(
         .expect("store")
     };
     (store, runtime)
+}
+
+/// Tokens from a bucket's stored value (`"<debt in micro-tokens> <ts>"`, as `GET` printed it)
+/// for a burst of `burst`; `None` when it is not such a value.
+#[allow(dead_code)]
+pub fn stored_tokens(value: &str, burst: f64) -> Option<f64> {
+    let debt: f64 = value.split_whitespace().next()?.parse().ok()?;
+    Some(burst - debt / 1e6)
 }

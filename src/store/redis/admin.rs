@@ -13,9 +13,10 @@ use super::RedisStore;
 use crate::base::keys;
 use crate::store::{bucket, BucketOutcome, BucketRequest, Meter, StoreError, Window};
 
-/// `lua/peek.lua` as shipped, calendar included.
+/// `lua/peek.lua` as shipped, calendar and bounds included.
 pub const PEEK_SCRIPT: &str = concat!(
     include_str!("../../../lua/calendar.lua"),
+    include_str!("../../../lua/bounds.lua"),
     include_str!("../../../lua/peek.lua")
 );
 pub const RESET_SCRIPT: &str = include_str!("../../../lua/reset.lua");
