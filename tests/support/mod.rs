@@ -226,38 +226,63 @@ impl Tollgate {
     }
 
     fn spawn(config: &str, env: &[(&str, &str)], log_to_file: bool) -> (Tollgate, Option<PathBuf>) {
-        let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-        let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-        let dir = TempDir::new("tollgate");
-        let config_path = dir.write("tollgate.toml", config);
-        let log_path = log_to_file.then(|| dir.path().join("stderr.log"));
-        let stderr = match &log_path {
-            Some(path) => Stdio::from(std::fs::File::create(path).expect("create log file")),
-            None => Stdio::inherit(),
+        // A port `free_port` found free may be taken by another test's process before tollgate
+        // binds it; tollgate then exits at once, and new ports are tried.
+        for attempt in 1.. {
+            let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+            let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+            let dir = TempDir::new("tollgate");
+            let config_path = dir.write("tollgate.toml", config);
+            let log_path = log_to_file.then(|| dir.path().join("stderr.log"));
+            let stderr = match &log_path {
+                Some(path) => Stdio::from(std::fs::File::create(path).expect("create log file")),
+                None => Stdio::inherit(),
+            };
+            let child = tollgate_command()
+                .arg("--config")
+                .arg(&config_path)
+                .env("TOLLGATE_LISTEN", addr.to_string())
+                .env("TOLLGATE_ADMIN_LISTEN", admin.to_string())
+                .env(
+                    "RUST_LOG",
+                    std::env::var("RUST_LOG").unwrap_or_else(|_| "warn,redis=error".into()),
+                )
+                .envs(env.iter().copied())
+                .stdout(Stdio::null())
+                .stderr(stderr)
+                .spawn()
+                .expect("start tollgate");
+            let mut tollgate = Tollgate {
+                addr,
+                admin,
+                config_path,
+                running: Running::Process(child),
+                _dir: dir,
+            };
+            if tollgate.exited_before_serving() && attempt < 3 {
+                continue;
+            }
+            tollgate.wait_healthy();
+            return (tollgate, log_path);
+        }
+        unreachable!("the loop returns")
+    }
+
+    /// Whether the process exited before `/healthz` answered (it could not bind its ports).
+    fn exited_before_serving(&mut self) -> bool {
+        let addr = self.addr;
+        let Running::Process(child) = &mut self.running else {
+            return false;
         };
-        let child = tollgate_command()
-            .arg("--config")
-            .arg(&config_path)
-            .env("TOLLGATE_LISTEN", addr.to_string())
-            .env("TOLLGATE_ADMIN_LISTEN", admin.to_string())
-            .env(
-                "RUST_LOG",
-                std::env::var("RUST_LOG").unwrap_or_else(|_| "warn,redis=error".into()),
-            )
-            .envs(env.iter().copied())
-            .stdout(Stdio::null())
-            .stderr(stderr)
-            .spawn()
-            .expect("start tollgate");
-        let tollgate = Tollgate {
-            addr,
-            admin,
-            config_path,
-            running: Running::Process(child),
-            _dir: dir,
-        };
-        tollgate.wait_healthy();
-        (tollgate, log_path)
+        let mut exited = false;
+        wait_until(Duration::from_secs(10), || {
+            exited = child.try_wait().ok().flatten().is_some();
+            exited
+                || HttpClient::connect(addr)
+                    .and_then(|mut c| c.get("/healthz", &[]))
+                    .is_ok_and(|r| r.status == 200)
+        });
+        exited
     }
 
     /// Serves `config` in this test process, on port 0, through the same `server::run` the
