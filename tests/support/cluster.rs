@@ -1,29 +1,14 @@
 //! A real Redis Cluster (3 masters, 3 replicas) and a real Sentinel setup (1 master,
 //! 1 replica, 3 sentinels), on free loopback ports, owned by one test and stopped on drop.
 
-use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use super::{redis_cli, wait_until, RedisServer, TempDir};
 
-/// A port that is free and whose cluster bus port (port + 10000) is free and valid too.
+/// A port that is free and whose cluster bus port (port + 10000) is free too.
 pub fn free_cluster_port() -> u16 {
-    for _ in 0..200 {
-        let Ok(listener) = TcpListener::bind("127.0.0.1:0") else {
-            continue;
-        };
-        let Ok(port) = listener.local_addr().map(|a| a.port()) else {
-            continue;
-        };
-        let Some(bus) = port.checked_add(10_000) else {
-            continue;
-        };
-        if TcpListener::bind(("127.0.0.1", bus)).is_ok() {
-            return port;
-        }
-    }
-    panic!("no free port pair (port, port + 10000) on loopback");
+    super::free_port_pair(10_000)
 }
 
 fn spawn_redis(args: &[String]) -> Child {

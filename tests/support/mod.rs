@@ -27,10 +27,48 @@ pub use self::http::{HttpClient, Response};
 
 /// A port nobody listens on right now.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
+    free_port_pair(0)
+}
+
+/// A free loopback port whose `port + offset` is free too (a Redis Cluster node's bus port).
+///
+/// Picked below the kernel's ephemeral range, so no outgoing connection of a parallel test can
+/// take it between picking and the server's bind (a cluster node then died on its bus port),
+/// and never handed out twice in one run.
+pub fn free_port_pair(offset: u16) -> u16 {
+    use std::collections::BTreeSet;
+    use std::hash::{BuildHasher as _, RandomState};
+    use std::sync::Mutex;
+    static GIVEN: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+
+    const LOWEST: u16 = 10_000;
+    let highest = ephemeral_range_start().saturating_sub(offset);
+    assert!(
+        highest > LOWEST + 1_000,
+        "the ephemeral port range starts too low for test ports"
+    );
+    let is_free = |port: u16| TcpListener::bind(("127.0.0.1", port)).is_ok();
+    let mut given = GIVEN
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    for _ in 0..10_000 {
+        let spread = RandomState::new().hash_one(given.len()) % u64::from(highest - LOWEST);
+        let port = LOWEST + u16::try_from(spread).expect("below highest - LOWEST");
+        if !given.contains(&port) && is_free(port) && (offset == 0 || is_free(port + offset)) {
+            given.insert(port);
+            return port;
+        }
+    }
+    panic!("no free loopback port below the ephemeral range");
+}
+
+/// Where the kernel starts handing out ports to outgoing connections (Linux's default when
+/// unknown).
+fn ephemeral_range_start() -> u16 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32_768)
 }
 
 /// Polls `ready` every 20 ms until it holds or `within` passes.
