@@ -1,26 +1,22 @@
--- Runtime overrides: removes one key's override of one limit, and any expired ones with it.
+-- Runtime overrides: removes one key's override of one limit, and expired ones with it
+-- (keys and log: override_log.lua).
 --
--- KEYS[1]  the version hash (see override_put.lua)
--- KEYS[2]  the limit's override hash
+-- KEYS  the version hash, the entry hash, the change log, the expiry index, the floor, the
+--       history
 -- ARGV[1]  the limit name
 -- ARGV[2]  the key tail
+-- ARGV[3]  most entries the limit may hold (sizes the log)
 --
 -- Returns {removed (1 or 0, expired ones not counted), now_ms}.
 
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-
+local now = now_ms()
+local changed = sweep(KEYS[2], KEYS[4], now)
 local removed = redis.call('HDEL', KEYS[2], ARGV[2])
-local changed = removed
-local all = redis.call('HGETALL', KEYS[2])
-for i = 1, #all, 2 do
-  local ok, entry = pcall(cjson.decode, all[i + 1])
-  if not ok or (type(entry) == 'table' and entry.x and entry.x <= now) then
-    redis.call('HDEL', KEYS[2], all[i])
-    changed = changed + 1
-  end
+if removed == 1 then
+  redis.call('ZREM', KEYS[4], ARGV[2])
+  changed[#changed + 1] = ARGV[2]
 end
-if changed > 0 then
-  bump(KEYS[1], ARGV[1])
+if #changed > 0 then
+  log_changes(KEYS[3], KEYS[6], KEYS[5], bump(KEYS[1], ARGV[1]), changed, tonumber(ARGV[3]))
 end
 return {removed, now}

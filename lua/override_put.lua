@@ -1,9 +1,8 @@
 -- Runtime overrides: sets one key's override of one limit, in force on every instance once
--- they see the limit's version move.
+-- they see the limit's version move (keys and log: override_log.lua).
 --
--- KEYS[1]  the version hash: field = limit name, value = its version, changed by every change
---          (lua/override_version.lua: never the same twice)
--- KEYS[2]  the limit's override hash: field = escaped key tail, value = compact JSON
+-- KEYS  the version hash, the entry hash, the change log, the expiry index, the floor, the
+--       history
 -- ARGV[1]  the limit name
 -- ARGV[2]  the key tail
 -- ARGV[3]  the entry as a JSON object without its expiry, e.g. {"k":["acme"],"b":200}
@@ -13,24 +12,15 @@
 -- The expiry ("x", ms of Redis TIME) is written here so every instance reads one clock.
 -- Returns {1, now_ms, version}, or {0, now_ms, count} when the limit is full.
 
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-
-local dropped = 0
-local all = redis.call('HGETALL', KEYS[2])
-for i = 1, #all, 2 do
-  local ok, entry = pcall(cjson.decode, all[i + 1])
-  if not ok or (type(entry) == 'table' and entry.x and entry.x <= now) then
-    redis.call('HDEL', KEYS[2], all[i])
-    dropped = dropped + 1
-  end
-end
+local now = now_ms()
+local max = tonumber(ARGV[5])
+local changed = sweep(KEYS[2], KEYS[4], now)
 
 if redis.call('HEXISTS', KEYS[2], ARGV[2]) == 0 then
   local count = redis.call('HLEN', KEYS[2])
-  if count >= tonumber(ARGV[5]) then
-    if dropped > 0 then
-      bump(KEYS[1], ARGV[1])
+  if count >= max then
+    if #changed > 0 then
+      log_changes(KEYS[3], KEYS[6], KEYS[5], bump(KEYS[1], ARGV[1]), changed, max)
     end
     return {0, now, count}
   end
@@ -39,7 +29,14 @@ end
 local value = ARGV[3]
 local ttl = tonumber(ARGV[4])
 if ttl > 0 then
-  value = '{"x":' .. string.format('%d', now + ttl) .. ',' .. string.sub(value, 2)
+  local at = string.format('%d', now + ttl)
+  value = '{"x":' .. at .. ',' .. string.sub(value, 2)
+  redis.call('ZADD', KEYS[4], at, ARGV[2])
+else
+  redis.call('ZREM', KEYS[4], ARGV[2])
 end
 redis.call('HSET', KEYS[2], ARGV[2], value)
-return {1, now, bump(KEYS[1], ARGV[1])}
+changed[#changed + 1] = ARGV[2]
+local version = bump(KEYS[1], ARGV[1])
+log_changes(KEYS[3], KEYS[6], KEYS[5], version, changed, max)
+return {1, now, version}

@@ -238,7 +238,13 @@ pub fn override_versions_key(prefix: &str) -> String {
 
 /// The hash of one limit's runtime overrides (field: the key tail), in the versions' slot.
 pub fn overrides_key(prefix: &str, limit: &str) -> String {
-    format!("{prefix}:{{{prefix}:overrides}}:limit:{limit}")
+    override_part_key(prefix, "limit", limit)
+}
+
+/// One of the keys that index a limit's runtime overrides, in the versions' slot: `part` is
+/// `log` (the version that last changed each key tail), `expiries`, `floor` or `history`.
+pub fn override_part_key(prefix: &str, part: &str, limit: &str) -> String {
+    format!("{prefix}:{{{prefix}:overrides}}:{part}:{limit}")
 }
 
 /// `<prefix>:<limit>:{<tail>}`, hashing the tail when it is long or unprintable.

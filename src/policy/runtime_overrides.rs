@@ -247,9 +247,33 @@ impl RuntimeOverrides {
         listed
     }
 
-    /// Installs `limit`'s entries as read from the store at `version`.
-    pub fn replace(&self, limit: &str, entries: LimitEntries) {
+    /// Installs `limit`'s entries as read from the store at `version`, expired ones left out.
+    pub fn replace(&self, limit: &str, mut entries: LimitEntries) {
+        let now = self.now_ms();
+        entries.entries.retain(|_, e| !e.expired(now));
         self.change(limit, |current| *current = entries.clone());
+    }
+
+    /// Brings `limit`'s entries to the store's `version` with what changed since the version
+    /// held: an entry set, or removed (`None`). Expired entries go on the way.
+    pub fn apply(
+        &self,
+        limit: &str,
+        version: i64,
+        changes: impl IntoIterator<Item = (Box<[u8]>, Option<Entry>)>,
+    ) {
+        let now = self.now_ms();
+        let changes: Vec<_> = changes.into_iter().collect();
+        self.change(limit, |current| {
+            for (tail, entry) in &changes {
+                match entry {
+                    Some(entry) => current.entries.insert(tail.clone(), entry.clone()),
+                    None => current.entries.remove(tail),
+                };
+            }
+            current.entries.retain(|_, e| !e.expired(now));
+            current.version = version;
+        });
     }
 
     /// Sets one entry (memory store: the table is the store). Expired entries are dropped on
@@ -447,6 +471,34 @@ mod tests {
         assert!(overrides.remove("l", b"acme"));
         assert_eq!(overrides.version("l"), 4);
         assert!(overrides.snapshot().is_empty());
+    }
+
+    #[test]
+    fn changes_set_and_remove_entries_and_take_the_store_version() {
+        let (clock, overrides) = on_manual_clock();
+        let tail = |t: &str| t.as_bytes().to_vec().into_boxed_slice();
+        overrides.replace(
+            "l",
+            LimitEntries {
+                version: 7,
+                entries: [
+                    (tail("kept"), entry(Some(5), None)),
+                    (tail("gone"), entry(Some(6), None)),
+                    (tail("brief"), entry(Some(7), Some(1_000_500))),
+                ]
+                .into(),
+            },
+        );
+        clock.advance_ms(600);
+        overrides.apply(
+            "l",
+            9,
+            [(tail("gone"), None), (tail("new"), Some(entry(Some(8), None)))],
+        );
+        assert_eq!(overrides.version("l"), 9);
+        let bursts: Vec<_> = overrides.list("l").iter().map(|e| e.burst).collect();
+        assert_eq!(bursts, [Some(5), Some(8)], "kept and new; gone removed");
+        assert!(!overrides.has_expired("l"), "the expired entry went on the way");
     }
 
     #[test]

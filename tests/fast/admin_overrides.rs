@@ -763,9 +763,18 @@ fn after_the_store_loses_a_write_the_next_change_still_reaches_every_instance() 
         "b learns both: {:?}",
         keys_on(&b)
     );
-    // The last write is lost: its entry and its version.
+    // The last write is lost: its entry, its version and their traces in the change log and
+    // the history of versions (the store as it was before that write).
     redis.cli(&["HDEL", hash, "lost"]);
     redis.cli(&["HSET", versions, "tight", &before_lost]);
+    redis.cli(&["ZREM", "tollgate:{tollgate:overrides}:log:tight", "lost"]);
+    let after_lost = format!("({before_lost}");
+    redis.cli(&[
+        "ZREMRANGEBYSCORE",
+        "tollgate:{tollgate:overrides}:history:tight",
+        &after_lost,
+        "+inf",
+    ]);
     // The next change, made through another instance.
     assert_eq!(put(&a, "tight", "next", r#"{"burst": 7}"#).status, 200);
     assert!(

@@ -28,6 +28,7 @@ mod layers;
 mod leases;
 mod lifecycle;
 mod limiter;
+mod override_log;
 mod policies;
 mod quotas;
 mod redaction;

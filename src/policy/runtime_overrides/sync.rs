@@ -1,9 +1,11 @@
 //! Keeps every instance's runtime overrides in step with the store, and writes changes to it.
 //!
-//! Redis: each instance asks for every limit's version every `store.override_poll_ms` (one small script
-//! call) and reloads the limits whose version moved, or that hold an entry past its expiry
-//! (the load drops it from the store). A change made here is reloaded at once. While Redis is
-//! unreachable the last known overrides stay in force. A version hash that vanished while this
+//! Redis: each instance asks for every limit's version every `store.override_poll_ms` (one small
+//! script call) and catches up on the limits whose version moved, or that hold an entry past
+//! its expiry (the catch-up drops it from the store): it reads only the entries changed since
+//! the version it holds, so a change costs every instance O(changed), not a read of the whole
+//! limit. A change made here is applied at once. While Redis is unreachable the last known
+//! overrides stay in force. A version hash that vanished while this
 //! instance knew overrides means Redis lost its data (restarted without persistence): the
 //! first instance to notice writes back what it holds.
 //!
@@ -13,9 +15,12 @@ use std::collections::{HashMap, HashSet};
 
 use super::{Entry, LimitEntries, RuntimeOverrides, MAX_PER_LIMIT};
 use crate::base::keys;
-use crate::store::redis::overrides::{Put, Restore};
+use crate::store::redis::overrides::{Changes, LimitKeys, Put, Restore};
 use crate::store::redis::RedisStore;
 use crate::store::{AnyStore, StoreError};
+
+/// Most changed entries one catch-up carries; an instance further behind reads the whole limit.
+const MOST_CHANGES: usize = 1_000;
 
 /// Why a change was not made.
 #[derive(Debug, thiserror::Error)]
@@ -41,9 +46,9 @@ pub async fn put(
             entry.expires_at_ms = None;
             let json = serde_json::to_string(&entry)
                 .map_err(|e| StoreError::Other(format!("cannot encode an override: {e}")))?;
-            let (versions, hash) = keys_of(prefix, limit);
+            let keys = LimitKeys::new(prefix, limit);
             match store
-                .override_put(&versions, &hash, limit, &tail, &json, ttl_ms, MAX_PER_LIMIT)
+                .override_put(&keys, limit, &tail, &json, ttl_ms, MAX_PER_LIMIT)
                 .await?
             {
                 Put::Written => {}
@@ -75,8 +80,10 @@ pub async fn delete(
 ) -> Result<bool, WriteError> {
     match store {
         AnyStore::Redis(store) => {
-            let (versions, hash) = keys_of(prefix, limit);
-            let removed = store.override_delete(&versions, &hash, limit, tail).await?;
+            let keys = LimitKeys::new(prefix, limit);
+            let removed = store
+                .override_delete(&keys, limit, tail, MAX_PER_LIMIT)
+                .await?;
             reload_after_write(store, runtime, prefix, limit).await;
             Ok(removed)
         }
@@ -91,13 +98,15 @@ async fn reload_after_write(
     prefix: &str,
     limit: &str,
 ) {
-    if let Err(error) = load(store, runtime, prefix, limit).await {
-        log::debug!("runtime overrides of {limit} not reloaded after a change (the next poll will): {error}");
+    if let Err(error) = catch_up(store, runtime, prefix, limit).await {
+        log::debug!(
+            "runtime overrides of {limit} not applied after a change (the next poll will): {error}"
+        );
     }
 }
 
 /// One poll: learn the store's time and versions, write back what a store that lost its data
-/// forgot, reload what changed.
+/// forgot, catch up on what changed.
 pub async fn sync_once(
     store: &RedisStore,
     runtime: &RuntimeOverrides,
@@ -115,7 +124,7 @@ pub async fn sync_once(
     for name in names {
         let theirs = remote.get(&name).copied().unwrap_or(0);
         if theirs != runtime.version(&name) || runtime.has_expired(&name) {
-            load(store, runtime, prefix, &name).await?;
+            catch_up(store, runtime, prefix, &name).await?;
         }
     }
     Ok(())
@@ -134,7 +143,7 @@ async fn restore(
     let limits: Vec<Restore<'_>> = held
         .iter()
         .map(|(limit, entries)| Restore {
-            hash: keys::overrides_key(prefix, limit),
+            keys: LimitKeys::new(prefix, limit),
             limit,
             entries: entries
                 .iter()
@@ -148,7 +157,7 @@ async fn restore(
         .collect();
     let count: usize = limits.iter().map(|l| l.entries.len()).sum();
     if store
-        .override_restore(&keys::override_versions_key(prefix), &limits)
+        .override_restore(&keys::override_versions_key(prefix), &limits, MAX_PER_LIMIT)
         .await?
     {
         log::warn!(
@@ -158,44 +167,47 @@ async fn restore(
     Ok(())
 }
 
-/// Installs `limit`'s entries as the store holds them now.
-async fn load(
+/// Brings `limit`'s entries to the store's version: the changes since the version held, or
+/// the whole limit when the store cannot tell them.
+async fn catch_up(
     store: &RedisStore,
     runtime: &RuntimeOverrides,
     prefix: &str,
     limit: &str,
 ) -> Result<(), StoreError> {
-    let (versions, hash) = keys_of(prefix, limit);
-    let loaded = store.override_load(&versions, &hash, limit).await?;
-    runtime.learn_store_time(loaded.now_ms);
-    let entries = loaded
-        .entries
-        .into_iter()
-        .filter_map(
-            |(tail, json)| match serde_json::from_slice::<Entry>(&json) {
-                Ok(entry) => Some((tail.into_boxed_slice(), entry)),
-                Err(error) => {
-                    log::warn!(
-                        "runtime overrides of {limit}: skipping an unreadable entry: {error}"
-                    );
-                    None
-                }
-            },
+    let Changes {
+        now_ms,
+        version,
+        whole,
+        entries,
+    } = store
+        .override_changes(
+            &LimitKeys::new(prefix, limit),
+            limit,
+            runtime.version(limit),
+            MOST_CHANGES,
+            MAX_PER_LIMIT,
         )
-        .collect();
-    runtime.replace(
-        limit,
-        LimitEntries {
-            version: loaded.version,
-            entries,
-        },
-    );
+        .await?;
+    runtime.learn_store_time(now_ms);
+    let decoded = entries.into_iter().filter_map(|(tail, json)| {
+        let entry = match json.map(|json| serde_json::from_slice::<Entry>(&json)) {
+            None => None,
+            Some(Ok(entry)) => Some(entry),
+            Some(Err(error)) => {
+                log::warn!("runtime overrides of {limit}: skipping an unreadable entry: {error}");
+                return None;
+            }
+        };
+        Some((tail.into_boxed_slice(), entry))
+    });
+    if whole {
+        let entries = decoded
+            .filter_map(|(tail, entry)| Some((tail, entry?)))
+            .collect();
+        runtime.replace(limit, LimitEntries { version, entries });
+    } else {
+        runtime.apply(limit, version, decoded);
+    }
     Ok(())
-}
-
-fn keys_of(prefix: &str, limit: &str) -> (String, String) {
-    (
-        keys::override_versions_key(prefix),
-        keys::overrides_key(prefix, limit),
-    )
 }

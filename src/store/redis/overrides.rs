@@ -1,9 +1,10 @@
 //! Runtime overrides in Redis: one hash per limit (field: the escaped key tail, value: the
-//! entry's compact JSON with its absolute expiry) and one hash of versions (field: the limit,
-//! value: a version changed by every change, never the same twice: `lua/override_version.lua`),
-//! all in one Cluster slot
-//! ([`crate::base::keys::overrides_key`]). Every change and the version bump go in one script, with
-//! the expiry computed there from Redis `TIME`, so every instance reads one clock.
+//! entry's compact JSON with its absolute expiry), a hash of versions (field: the limit, value:
+//! a version changed by every change, never the same twice), and per limit a change log, an
+//! expiry index, a history of versions and a floor (`lua/override_log.lua`), all in one
+//! Cluster slot ([`crate::base::keys::override_part_key`]). Every change, its version and its
+//! log entry go in one script, with the expiry computed there from Redis `TIME`, so every
+//! instance reads one clock; an instance catches up by reading only what changed.
 
 use std::sync::LazyLock;
 use std::time::Instant;
@@ -12,34 +13,53 @@ use redis::Value;
 
 use super::script::LuaScript;
 use super::RedisStore;
+use crate::base::keys;
 use crate::store::StoreError;
 
-static PUT: LazyLock<LuaScript> = LazyLock::new(|| {
-    LuaScript::new(concat!(
-        include_str!("../../../lua/override_version.lua"),
-        include_str!("../../../lua/override_put.lua")
-    ))
-});
-static DELETE: LazyLock<LuaScript> = LazyLock::new(|| {
-    LuaScript::new(concat!(
-        include_str!("../../../lua/override_version.lua"),
-        include_str!("../../../lua/override_delete.lua")
-    ))
-});
+macro_rules! with_log {
+    ($script:literal) => {
+        LazyLock::new(|| {
+            LuaScript::new(concat!(
+                include_str!("../../../lua/override_log.lua"),
+                include_str!(concat!("../../../lua/", $script))
+            ))
+        })
+    };
+}
+
+static PUT: LazyLock<LuaScript> = with_log!("override_put.lua");
+static DELETE: LazyLock<LuaScript> = with_log!("override_delete.lua");
+static CHANGES: LazyLock<LuaScript> = with_log!("override_changes.lua");
+static RESTORE: LazyLock<LuaScript> = with_log!("override_restore.lua");
 static POLL: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new(include_str!("../../../lua/override_poll.lua")));
-static LOAD: LazyLock<LuaScript> = LazyLock::new(|| {
-    LuaScript::new(concat!(
-        include_str!("../../../lua/override_version.lua"),
-        include_str!("../../../lua/override_load.lua")
-    ))
-});
-static RESTORE: LazyLock<LuaScript> = LazyLock::new(|| {
-    LuaScript::new(concat!(
-        include_str!("../../../lua/override_version.lua"),
-        include_str!("../../../lua/override_restore.lua")
-    ))
-});
+
+/// The keys of one limit's runtime overrides, in the order the scripts take them.
+pub struct LimitKeys([String; 6]);
+
+impl LimitKeys {
+    pub fn new(prefix: &str, limit: &str) -> LimitKeys {
+        let part = |name| keys::override_part_key(prefix, name, limit);
+        LimitKeys([
+            keys::override_versions_key(prefix),
+            keys::overrides_key(prefix, limit),
+            part("log"),
+            part("expiries"),
+            part("floor"),
+            part("history"),
+        ])
+    }
+
+    fn all(&self) -> [&str; 6] {
+        self.0.each_ref().map(String::as_str)
+    }
+
+    /// Every key but the version hash, as the restore script takes them per limit.
+    fn own(&self) -> [&str; 5] {
+        let [_, own @ ..] = self.all();
+        own
+    }
+}
 
 /// The answer to a write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,17 +77,19 @@ pub struct Versions {
     pub versions: Vec<(String, i64)>,
 }
 
-/// One limit's stored entries: raw tail and JSON per entry.
+/// What changed in one limit since a version: raw tail and JSON per entry (`None`: removed),
+/// or, when `whole`, every entry the limit holds.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Loaded {
+pub struct Changes {
     pub now_ms: i64,
     pub version: i64,
-    pub entries: Vec<(Vec<u8>, Vec<u8>)>,
+    pub whole: bool,
+    pub entries: Vec<(Vec<u8>, Option<Vec<u8>>)>,
 }
 
-/// One limit's entries to write back: its hash key, its name, (tail, JSON) per entry.
+/// One limit's entries to write back: its keys, its name, (tail, JSON) per entry.
 pub struct Restore<'a> {
-    pub hash: String,
+    pub keys: LimitKeys,
     pub limit: &'a str,
     pub entries: Vec<(Vec<u8>, String)>,
 }
@@ -79,11 +101,9 @@ fn malformed(what: &str) -> StoreError {
 impl RedisStore {
     /// Sets one entry (`json` without its expiry) for `ttl_ms` (0: until deleted), dropping
     /// the limit's expired entries; refused when the limit already holds `max` others.
-    #[allow(clippy::too_many_arguments)]
     pub async fn override_put(
         &self,
-        versions: &str,
-        hash: &str,
+        keys: &LimitKeys,
         limit: &str,
         tail: &[u8],
         json: &str,
@@ -93,7 +113,7 @@ impl RedisStore {
         let reply = self
             .run_script(
                 &PUT,
-                &[versions, hash],
+                &keys.all(),
                 |cmd| {
                     cmd.arg(limit).arg(tail).arg(json).arg(ttl_ms).arg(max);
                 },
@@ -114,17 +134,17 @@ impl RedisStore {
     /// Removes one entry; whether it was there.
     pub async fn override_delete(
         &self,
-        versions: &str,
-        hash: &str,
+        keys: &LimitKeys,
         limit: &str,
         tail: &[u8],
+        max: usize,
     ) -> Result<bool, StoreError> {
         let reply = self
             .run_script(
                 &DELETE,
-                &[versions, hash],
+                &keys.all(),
                 |cmd| {
-                    cmd.arg(limit).arg(tail);
+                    cmd.arg(limit).arg(tail).arg(max);
                 },
                 Instant::now() + self.timeout,
             )
@@ -164,43 +184,47 @@ impl RedisStore {
         })
     }
 
-    /// One limit's entries and their version, expired ones dropped from the store.
-    pub async fn override_load(
+    /// What changed in one limit since `since` (0: everything), at most `most` entries
+    /// before the whole limit comes instead; expired entries are dropped from the store.
+    pub async fn override_changes(
         &self,
-        versions: &str,
-        hash: &str,
+        keys: &LimitKeys,
         limit: &str,
-    ) -> Result<Loaded, StoreError> {
+        since: i64,
+        most: usize,
+        max: usize,
+    ) -> Result<Changes, StoreError> {
         let reply = self
             .run_script(
-                &LOAD,
-                &[versions, hash],
+                &CHANGES,
+                &keys.all(),
                 |cmd| {
-                    cmd.arg(limit);
+                    cmd.arg(limit).arg(since).arg(most).arg(max);
                 },
                 Instant::now() + self.timeout,
             )
             .await?;
-        let bad = || malformed("override load");
+        let bad = || malformed("override changes");
         let Value::Array(items) = reply else {
             return Err(bad());
         };
-        let [now, version, Value::Array(pairs)] = items.as_slice() else {
+        let [now, version, whole, Value::Array(pairs)] = items.as_slice() else {
             return Err(bad());
         };
         let entries = pairs
             .chunks(2)
             .map(|pair| match pair {
                 [Value::BulkString(tail), Value::BulkString(json)] => {
-                    Some((tail.clone(), json.clone()))
+                    Some((tail.clone(), (!json.is_empty()).then(|| json.clone())))
                 }
                 _ => None,
             })
             .collect::<Option<Vec<_>>>()
             .ok_or_else(bad)?;
-        Ok(Loaded {
+        Ok(Changes {
             now_ms: as_int(now).ok_or_else(bad)?,
             version: as_int(version).ok_or_else(bad)?,
+            whole: as_int(whole).ok_or_else(bad)? == 1,
             entries,
         })
     }
@@ -211,14 +235,16 @@ impl RedisStore {
         &self,
         versions: &str,
         limits: &[Restore<'_>],
+        max: usize,
     ) -> Result<bool, StoreError> {
         let mut keys = vec![versions];
-        keys.extend(limits.iter().map(|l| l.hash.as_str()));
+        keys.extend(limits.iter().flat_map(|l| l.keys.own()));
         let reply = self
             .run_script(
                 &RESTORE,
                 &keys,
                 |cmd| {
+                    cmd.arg(max);
                     for limit in limits {
                         cmd.arg(limit.limit).arg(limit.entries.len());
                         for (tail, json) in &limit.entries {
