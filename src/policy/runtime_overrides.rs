@@ -493,12 +493,18 @@ mod tests {
         overrides.apply(
             "l",
             9,
-            [(tail("gone"), None), (tail("new"), Some(entry(Some(8), None)))],
+            [
+                (tail("gone"), None),
+                (tail("new"), Some(entry(Some(8), None))),
+            ],
         );
         assert_eq!(overrides.version("l"), 9);
         let bursts: Vec<_> = overrides.list("l").iter().map(|e| e.burst).collect();
         assert_eq!(bursts, [Some(5), Some(8)], "kept and new; gone removed");
-        assert!(!overrides.has_expired("l"), "the expired entry went on the way");
+        assert!(
+            !overrides.has_expired("l"),
+            "the expired entry went on the way"
+        );
     }
 
     #[test]

@@ -91,26 +91,37 @@ impl Breaker {
         }
     }
 
-    /// Counts a failure; returns true when this failure (re)opened the circuit, i.e. the
-    /// threshold was just reached or the probe failed.
-    pub fn on_failure(&self, why: &dyn std::fmt::Display) -> bool {
+    /// Counts a failure, and says what it did to the circuit.
+    pub fn on_failure(&self, why: &dyn std::fmt::Display) -> Failure {
         let failures = self.failures.fetch_add(1, Ordering::AcqRel) + 1;
         let state = self.state.load(Ordering::Acquire);
         let should_open = (state == CLOSED && failures >= FAILURE_THRESHOLD) || state == HALF_OPEN;
         if !should_open {
-            return false;
+            return Failure::Counted;
         }
         self.reopen_at_us
             .store(self.now_us() + OPEN_FOR_US, Ordering::Release);
-        if self.state.swap(OPEN, Ordering::AcqRel) == CLOSED {
-            self.up.set(0);
-            log::warn!(
-                "{} failed {failures} times in a row ({why}): circuit open, answering per on_error",
-                self.name
-            );
+        if self.state.swap(OPEN, Ordering::AcqRel) != CLOSED {
+            return Failure::ProbeFailed;
         }
-        true
+        self.up.set(0);
+        log::warn!(
+            "{} failed {failures} times in a row ({why}): circuit open, answering per on_error",
+            self.name
+        );
+        Failure::Opened
     }
+}
+
+/// What one failure did to the circuit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// Counted; the circuit stays as it was.
+    Counted,
+    /// It reached the threshold and opened a closed circuit.
+    Opened,
+    /// The probe failed and the circuit opened again.
+    ProbeFailed,
 }
 
 #[cfg(test)]
@@ -133,11 +144,12 @@ mod tests {
         let (b, clock) = breaker();
         for i in 1..=FAILURE_THRESHOLD {
             assert_eq!(b.admit(), Admission::Call);
-            assert_eq!(
-                b.on_failure(&"boom"),
-                i == FAILURE_THRESHOLD,
-                "opens on the last"
-            );
+            let expected = if i == FAILURE_THRESHOLD {
+                Failure::Opened
+            } else {
+                Failure::Counted
+            };
+            assert_eq!(b.on_failure(&"boom"), expected, "opens on the last");
         }
         assert_eq!(b.admit(), Admission::Reject);
         assert_eq!(b.up.get(), 0);
@@ -163,8 +175,9 @@ mod tests {
         }
         after_open_for(&clock);
         assert_eq!(b.admit(), Admission::Probe);
-        assert!(b.on_failure(&"still down"), "a failed probe reopens");
-        assert_eq!(b.admit(), Admission::Reject);
+        assert_eq!(b.on_failure(&"still down"), Failure::ProbeFailed);
+        assert_eq!(b.admit(), Admission::Reject, "a failed probe reopens");
+        assert_eq!(b.up.get(), 0);
     }
 
     #[test]

@@ -41,7 +41,7 @@ use self::connection::Connection;
 pub use self::connection::Topology;
 use self::script::{LuaScript, BUCKET_SCRIPT, INSTANCES_SCRIPT, REFUND_SCRIPT, REPORT_SCRIPT};
 use self::wire::{as_float, bucket_args, classify, parse_decision, parse_report};
-use super::breaker::{Admission, Breaker};
+use super::breaker::{Admission, Breaker, Failure};
 use super::{BucketOutcome, BucketRequest, ReportCharge, Store, StoreDecision, StoreError};
 use crate::observe::metrics::Metrics;
 
@@ -199,11 +199,18 @@ impl RedisStore {
         }
     }
 
-    /// A failed call: the breaker counts it (and the connection is replaced when it opens),
-    /// and the next script goes whole if the connection may be new.
+    /// A failed call: the breaker counts it, and the next script goes whole if the connection
+    /// may be new. The connection is replaced when the breaker opens, and again when a probe
+    /// fails on a connection that had time to connect: a younger one may still be connecting
+    /// (a handshake takes several round trips, a call one), and replacing it at every probe
+    /// would start each probe from nothing, never to recover from a far Redis.
     fn on_failure(&self, error: &StoreError) {
-        if self.breaker.on_failure(error) {
-            self.connection.renew();
+        match self.breaker.on_failure(error) {
+            Failure::Opened => self.connection.renew(),
+            Failure::ProbeFailed => self
+                .connection
+                .renew_if_older_than(connection::connect_timeout(self.timeout)),
+            Failure::Counted => {}
         }
         self.note_failure(error);
     }

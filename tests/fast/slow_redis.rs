@@ -239,6 +239,39 @@ fn the_first_checks_after_a_fresh_connection_are_decided() {
     }
 }
 
+/// A Redis whose round trip fits the call timeout but whose connection handshake (TCP, then
+/// the setup commands: several round trips) does not. After an outage opens the breaker,
+/// tollgate must recover without a restart: a probe that fails must leave the connection it
+/// started to finish, not replace it by one that starts from nothing again at the next probe.
+#[cfg_attr(not(feature = "e2e"), allow(dead_code))]
+fn recovers_from_an_outage_when_a_handshake_outlasts_a_call() {
+    let mut redis = RedisServer::start();
+    // 30 ms round trips under a 50 ms budget: a call fits, a handshake (≥ 60 ms) does not.
+    let proxy = LatencyProxy::start(redis.port, Duration::from_millis(15));
+    let tollgate = Tollgate::start(&config(&proxy, TIMEOUT_MS, false, BURST));
+    wait_ready(&tollgate);
+    assert!(by_bucket(&tollgate.check(&[("x-api-key", "before")])));
+
+    redis.kill();
+    // Failed checks open the breaker (and answer per on_error = "allow").
+    for _ in 0..5 {
+        let answer = tollgate.check(&[("x-api-key", "during")]);
+        assert_eq!(answer.status, 200);
+    }
+    redis.restart();
+    let back = Instant::now();
+    assert!(
+        wait_until(Duration::from_secs(20), || by_bucket(
+            &tollgate.check(&[("x-api-key", "after")])
+        )),
+        "tollgate never decided by the bucket again after Redis came back"
+    );
+    eprintln!(
+        "decided by the bucket {:?} after Redis came back",
+        back.elapsed()
+    );
+}
+
 /// Second tier (`cargo test --features e2e`): the sweep over round trips and deny-cache modes
 /// takes half a minute, and the waves test asserts a latency (a wall-clock threshold fails on
 /// a starved machine without a bug). One module, so scripts/test.sh runs exactly these by
@@ -253,6 +286,11 @@ mod e2e {
     #[test]
     fn the_first_checks_after_a_fresh_connection_are_decided() {
         super::the_first_checks_after_a_fresh_connection_are_decided();
+    }
+
+    #[test]
+    fn recovers_from_an_outage_when_a_handshake_outlasts_a_call() {
+        super::recovers_from_an_outage_when_a_handshake_outlasts_a_call();
     }
 
     #[test]

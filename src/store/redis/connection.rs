@@ -5,7 +5,7 @@
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::{ClusterClientBuilder, ClusterConfig};
@@ -145,6 +145,17 @@ impl Connection {
             node.renew();
         }
     }
+
+    /// As [`Connection::renew`], only when every current connection started connecting at
+    /// least `age` ago: a younger one may still be connecting (each thread connects its own at
+    /// its first call), and would be lost with its progress.
+    pub fn renew_if_older_than(&self, age: Duration) {
+        if let Connection::Single(node) = self {
+            if node.youngest().is_some_and(|made| made.elapsed() >= age) {
+                node.renew();
+            }
+        }
+    }
 }
 
 /// One Redis node. Each thread that calls it gets a connection of its own, whose driver task
@@ -162,7 +173,15 @@ pub struct SingleNode {
     generation: AtomicU64,
     /// Every thread's connection, so that readiness can ask each of them; an entry dies with
     /// its thread's slot.
-    registry: Mutex<Vec<(u64, Weak<ConnectionManager>)>>,
+    /// Each with its generation and when it was made (it connects from its first use, which
+    /// is then).
+    registry: Mutex<Vec<Registered>>,
+}
+
+struct Registered {
+    generation: u64,
+    made: Instant,
+    manager: Weak<ConnectionManager>,
 }
 
 /// A thread's connection to one node, made on one runtime at one generation.
@@ -229,8 +248,23 @@ impl SingleNode {
 
     fn register(&self, generation: u64, manager: &Arc<ConnectionManager>) {
         let mut registry = self.registry.lock().unwrap_or_else(PoisonError::into_inner);
-        registry.retain(|(_, entry)| entry.strong_count() > 0);
-        registry.push((generation, Arc::downgrade(manager)));
+        registry.retain(|entry| entry.manager.strong_count() > 0);
+        registry.push(Registered {
+            generation,
+            made: Instant::now(),
+            manager: Arc::downgrade(manager),
+        });
+    }
+
+    /// When the youngest connection of the current generation was made.
+    fn youngest(&self) -> Option<Instant> {
+        let generation = self.generation.load(Ordering::Acquire);
+        let registry = self.registry.lock().unwrap_or_else(PoisonError::into_inner);
+        registry
+            .iter()
+            .filter(|entry| entry.generation == generation && entry.manager.strong_count() > 0)
+            .map(|entry| entry.made)
+            .max()
     }
 
     /// Readiness: every thread's current connection answers `PING` (checks on any worker
@@ -243,8 +277,8 @@ impl SingleNode {
             let registry = self.registry.lock().unwrap_or_else(PoisonError::into_inner);
             registry
                 .iter()
-                .filter(|(made_at, _)| *made_at == generation)
-                .filter_map(|(_, entry)| entry.upgrade())
+                .filter(|entry| entry.generation == generation)
+                .filter_map(|entry| entry.manager.upgrade())
                 .map(|manager| ConnectionManager::clone(&manager))
                 .collect()
         };
