@@ -1,5 +1,5 @@
 //! What an answer says, whatever protocol carries it: the quota headers of the configured
-//! families, rendered once for `/check` (HTTP) and for the gRPC service's
+//! families and `Retry-After`, rendered once for `/check` (HTTP) and for the gRPC service's
 //! `response_headers_to_add`.
 
 use std::borrow::Cow;
@@ -8,7 +8,7 @@ use actix_web::http::header::HeaderName;
 
 use crate::config::HeaderFamily;
 use crate::limiter::decision::{Decision, LimitState};
-use crate::policy::Policy;
+use crate::policy::{limits, Policy};
 use crate::store::Meter;
 
 const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
@@ -16,6 +16,7 @@ const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
 const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
 const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+const RETRY_AFTER: HeaderName = actix_web::http::header::RETRY_AFTER;
 
 /// A header value: a number, or text built for this answer.
 pub enum QuotaValue {
@@ -32,9 +33,25 @@ impl std::fmt::Display for QuotaValue {
     }
 }
 
-/// Hands each quota header of the configured families to `put`: the one rendering shared by
-/// `/check` and the gRPC service's `response_headers_to_add`.
-pub fn each_quota_header(
+/// Hands each header of an answer to `put`: the quota headers of the configured families
+/// and, when the request is refused, `Retry-After` (none when a denying limit can never
+/// pass). The one rendering shared by `/check` and the gRPC service's
+/// `response_headers_to_add`; returns the `Retry-After` it gave.
+pub fn each_header(
+    decision: &Decision,
+    policy: &Policy,
+    refused: bool,
+    mut put: impl FnMut(HeaderName, QuotaValue),
+) -> Option<u64> {
+    each_quota_header(decision, policy, &mut put);
+    let retry_after = refused.then(|| decision.retry_after(policy)).flatten();
+    if let Some(seconds) = retry_after {
+        put(RETRY_AFTER, QuotaValue::Number(seconds));
+    }
+    retry_after
+}
+
+fn each_quota_header(
     decision: &Decision,
     policy: &Policy,
     mut put: impl FnMut(HeaderName, QuotaValue),
@@ -81,10 +98,9 @@ fn policy_item<'p>(state: &LimitState, policy: &'p Policy) -> Cow<'p, str> {
     if !(state.has_own_numbers(limit) || reported_month) {
         return Cow::Borrowed(&limit.policy_item);
     }
-    Cow::Owned(format!(
-        "\"{}\";q={};w={}",
-        limit.name,
+    Cow::Owned(limits::policy_item(
+        &limit.name,
         state.capacity(),
-        state.window_secs()
+        state.window_secs(),
     ))
 }

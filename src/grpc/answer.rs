@@ -12,9 +12,9 @@ use envoy_types::pb::google::protobuf::Duration;
 mod envoy;
 
 use super::plan::Plan;
-use crate::answer::each_quota_header;
+use crate::answer::each_header;
 use crate::base::calendar::Period;
-use crate::limiter::decision::{Decision, LimitState, Verdict};
+use crate::limiter::decision::{most_restrictive, Decision, LimitState, Verdict};
 use crate::policy::limits::Limit;
 use crate::policy::Policy;
 use crate::store::Meter;
@@ -75,14 +75,9 @@ fn decided(decision: &Decision, plan: &Plan, policy: &Policy) -> RateLimitRespon
         .map(|buckets| descriptor_status(decision, buckets, policy))
         .collect();
     let mut headers = Vec::with_capacity(6);
-    each_quota_header(decision, policy, |name, value| {
+    each_header(decision, policy, !decision.allowed, |name, value| {
         headers.push(header(name.as_str(), &value.to_string()));
     });
-    if !decision.allowed {
-        if let Some(seconds) = decision.retry_after(policy) {
-            headers.push(header("retry-after", &seconds.to_string()));
-        }
-    }
     let overall = if decision.allowed {
         Code::Ok
     } else {
@@ -103,20 +98,13 @@ fn descriptor_status(decision: &Decision, buckets: &[usize], policy: &Policy) ->
         .iter()
         .filter_map(|&i| decision.limits.get(i))
         .map(|state| (state, &policy.limits[state.limit]));
-    let denying = states
-        .clone()
-        .filter(|(state, limit)| state.denies(limit))
-        .max_by_key(|(state, _)| state.wait_secs().unwrap_or(u64::MAX));
-    let shown = denying.or_else(|| {
-        states.min_by_key(|(state, _)| (state.remaining(), u64::MAX - state.reset_secs()))
-    });
-    let Some((state, limit)) = shown else {
+    let Some((state, limit)) = most_restrictive(states) else {
         return DescriptorStatus {
             code: Code::Ok.into(),
             ..DescriptorStatus::default()
         };
     };
-    let code = if denying.is_some() {
+    let code = if state.denies(limit) {
         Code::OverLimit
     } else {
         Code::Ok

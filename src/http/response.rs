@@ -8,7 +8,7 @@ use actix_web::http::StatusCode;
 use actix_web::{HttpResponse, HttpResponseBuilder};
 use serde::Serialize;
 
-use crate::answer::{each_quota_header, QuotaValue};
+use crate::answer::{each_header, QuotaValue};
 use crate::limiter::decision::{Decision, Verdict};
 use crate::policy::Policy;
 
@@ -56,7 +56,7 @@ pub fn render_as(verdict: &Verdict, policy: &Policy, form: DenyForm) -> HttpResp
         }
         Verdict::Decided(decision) if decision.allowed => {
             let mut response = HttpResponse::Ok();
-            quota_headers(&mut response, decision, policy);
+            answer_headers(&mut response, decision, policy, false);
             if !decision.leases.is_empty() {
                 response.insert_header((X_TOLLGATE_LEASE, decision.leases.join(",")));
             }
@@ -117,12 +117,8 @@ fn refusal(status: StatusCode, form: DenyForm) -> HttpResponseBuilder {
 fn denied(decision: &Decision, policy: &Policy, form: DenyForm) -> HttpResponse {
     let status = deny_status(policy);
     let mut response = refusal(status, form);
-    quota_headers(&mut response, decision, policy);
-    let retry_after = decision.retry_after(policy);
+    let retry_after = answer_headers(&mut response, decision, policy, true);
     if form == DenyForm::Forbidden {
-        if let Some(seconds) = retry_after {
-            response.insert_header((actix_web::http::header::RETRY_AFTER, seconds));
-        }
         return response.finish();
     }
     let violated: Vec<&str> = decision
@@ -131,7 +127,6 @@ fn denied(decision: &Decision, policy: &Policy, form: DenyForm) -> HttpResponse 
         .collect();
     let detail = match retry_after {
         Some(seconds) => {
-            response.insert_header((actix_web::http::header::RETRY_AFTER, seconds));
             format!(
                 "rate limit exceeded ({}); retry in {seconds} s",
                 violated.join(", ")
@@ -212,10 +207,16 @@ fn problem(
 }
 
 /// The quota headers of the families configured in `response.headers`.
-fn quota_headers(response: &mut HttpResponseBuilder, decision: &Decision, policy: &Policy) {
-    each_quota_header(decision, policy, |name, value| {
+/// The answer's headers (see [`each_header`]); the `Retry-After` given.
+fn answer_headers(
+    response: &mut HttpResponseBuilder,
+    decision: &Decision,
+    policy: &Policy,
+    refused: bool,
+) -> Option<u64> {
+    each_header(decision, policy, refused, |name, value| {
         response.insert_header((name, value));
-    });
+    })
 }
 
 // The quota value as actix writes it: the answer layer knows no HTTP framework.

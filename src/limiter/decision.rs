@@ -129,20 +129,28 @@ impl Decision {
         longest
     }
 
-    /// The limit the headers describe: on a denial, the denying limit with the longest wait;
-    /// otherwise the one with the fewest tokens left (ties: the longest until full).
+    /// The limit the headers describe: see [`most_restrictive`].
     pub fn most_restrictive<'p>(
         &'p self,
         policy: &'p Policy,
     ) -> Option<(&'p LimitState, &'p Limit)> {
-        let with_limits = self.limits.iter().map(|s| (s, &policy.limits[s.limit]));
-        if !self.allowed {
-            return self.violated(policy).max_by_key(|(state, _)| {
-                (state.wait_secs().unwrap_or(u64::MAX), state.reset_secs())
-            });
-        }
-        with_limits.min_by_key(|(state, _)| (state.remaining(), u64::MAX - state.reset_secs()))
+        most_restrictive(self.limits.iter().map(|s| (s, &policy.limits[s.limit])))
     }
+}
+
+/// The limit an answer's numbers describe among `states` (all of a decision's, or one gRPC
+/// descriptor's): a denying one with the longest wait (ties: the longest until full);
+/// otherwise the one with the fewest tokens left (ties: the longest until full).
+pub fn most_restrictive<'p>(
+    states: impl Iterator<Item = (&'p LimitState, &'p Limit)> + Clone,
+) -> Option<(&'p LimitState, &'p Limit)> {
+    states
+        .clone()
+        .filter(|(state, limit)| state.denies(limit))
+        .max_by_key(|(state, _)| (state.wait_secs().unwrap_or(u64::MAX), state.reset_secs()))
+        .or_else(|| {
+            states.min_by_key(|(state, _)| (state.remaining(), u64::MAX - state.reset_secs()))
+        })
 }
 
 #[cfg(test)]

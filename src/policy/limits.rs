@@ -48,12 +48,10 @@ pub struct Limit {
     pub counters: LimitCounters,
 }
 
-/// `"<name>";q=<burst>;w=<seconds to fill>`.
-pub fn policy_item(name: &str, rate: f64, burst: u64) -> String {
-    format!(
-        "\"{name}\";q={burst};w={}",
-        ceil_secs(count_f64(burst) / rate)
-    )
+/// A `RateLimit-Policy` item, `"<name>";q=<quota>;w=<window in seconds>`: the one spelling
+/// of it, for the precomputed item of each limit and for a key with numbers of its own.
+pub fn policy_item(name: &str, quota: u64, window_secs: u64) -> String {
+    format!("\"{name}\";q={quota};w={window_secs}")
 }
 
 /// What building a limit takes: its table, and how an IPv6 client is keyed (an override's
@@ -129,19 +127,19 @@ impl TryFrom<LimitInput<'_>> for Limit {
             descriptor: DescriptorRule::compile(config),
             overrides,
             policy_item: match meter {
-                Meter::Bucket => policy_item(&config.name, rate, config.burst),
-                Meter::Quota(period) => format!(
-                    "\"{}\";q={};w={}",
-                    config.name,
-                    config.capacity(),
-                    period.fixed_secs().unwrap_or(30 * 86_400)
+                Meter::Bucket => policy_item(
+                    &config.name,
+                    config.burst,
+                    ceil_secs(count_f64(config.burst) / rate),
                 ),
-                Meter::Lease(lease) => format!(
-                    "\"{}\";q={};w={}",
-                    config.name,
+                Meter::Quota(period) => policy_item(
+                    &config.name,
                     config.capacity(),
-                    lease.ttl_ms / 1000
+                    period.fixed_secs().unwrap_or(30 * 86_400),
                 ),
+                Meter::Lease(lease) => {
+                    policy_item(&config.name, config.capacity(), lease.ttl_ms / 1000)
+                }
             },
             counters: LimitCounters::detached(),
         })

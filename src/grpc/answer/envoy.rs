@@ -16,7 +16,7 @@ use envoy_types::pb::google::protobuf::value::Kind;
 use envoy_types::pb::google::protobuf::{Duration, ListValue, Struct, Value};
 
 use super::header;
-use crate::answer::each_quota_header;
+use crate::answer::each_header;
 use crate::grpc::plan::{EnvoyDescriptor, Plan};
 use crate::limiter::decision::{Decision, Verdict};
 use crate::policy::descriptors::envoy::{Kind as RuleKind, UNLIMITED_REMAINING};
@@ -55,14 +55,9 @@ pub fn respond(
         (rate_over > 0 || (quotas > 0 && quotas == quota_over)) && !policy.envoy.shadow_mode;
     let mut headers = Vec::new();
     if let Some(decision) = decision {
-        each_quota_header(decision, policy, |name, value| {
+        each_header(decision, policy, denied, |name, value| {
             headers.push(header(name.as_str(), &value.to_string()));
         });
-        if denied {
-            if let Some(seconds) = decision.retry_after(policy) {
-                headers.push(header("retry-after", &seconds.to_string()));
-            }
-        }
     }
     let dynamic_metadata = policy
         .envoy
