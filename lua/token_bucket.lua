@@ -26,7 +26,7 @@
 --             undone is refunded by lua/refund.lua, which needs this moment.
 --   tokens_i  what key i holds after this call: burst - debt, exact to the micro-token
 --             (%.6f of an integer of micro-tokens); a quota: what is left of it
---   enough_i  1 when key i held its cost (and more than 0)
+--   enough_i  1 when key i held its cost (a cost of 0: one whole request)
 --   t_q, w_q  for each quota key, in KEYS order: seconds until its period ends, and the
 --             period's length in seconds
 --
@@ -92,14 +92,15 @@ local function decide(k, a, n)
     if not (burst >= 1 and burst <= MAX_COUNT and cost >= 0 and cost <= MAX_COST) then
       refuse(i, 'burst, quota or cost')
     end
-    local level
+    -- The key's level, and one request in its units (micro-tokens for a bucket).
+    local level, one
     if PERIOD[ARGV[j - 3]] then
       if not starts then starts, stops, current = {}, {}, {} end
       local start, stop = period_bounds(ARGV[j - 3], now_s)
       -- pcall: a key this limit wrote while it was a rate limit is a string (WRONGTYPE);
       -- it counts as unused and is replaced when charged.
       local stored = redis.pcall('HMGET', KEYS[k + i], 'used', 'start')
-      level = burst
+      level, one = burst, 1
       if stored.err then
         current[i] = 'bucket'
       elseif tonumber(stored[2]) == start then
@@ -114,7 +115,7 @@ local function decide(k, a, n)
       if not leases then leases = {} end
       leases[i] = {string.format('%d', now + ttl_ms * 1000), id}
       redis.call('ZREMRANGEBYSCORE', KEYS[k + i], '-inf', ts)
-      level = burst - redis.call('ZCARD', KEYS[k + i])
+      level, one = burst - redis.call('ZCARD', KEYS[k + i]), 1
     else
       local rate = ARGV[j - 3] + 0
       if not (rate > 0 and burst / rate <= MAX_REFILL_S) then refuse(i, 'rate') end
@@ -129,10 +130,12 @@ local function decide(k, a, n)
         if not olds then olds = {} end
         olds[i] = true
       end
-      level, cost = burst * 1000000 - debt, cost * 1000000
+      level, cost, one = burst * 1000000 - debt, cost * 1000000, 1000000
     end
     out[p + 2 * i + 1] = level
-    if level >= cost and level > 0 then
+    -- A cost of 0 (a look) passes while one whole request is left: a refilling bucket holds a
+    -- sliver above 0 almost always, which admits nothing.
+    if level >= math.max(cost, one) then
       out[p + 2 * i + 2] = '1'
     else
       out[p + 2 * i + 2] = '0'

@@ -4,8 +4,9 @@
 //! runs that script; [`memory::MemoryStore`] is its in-process twin.
 //!
 //! A key holds either a token bucket or a calendar quota ([`Meter`]); both kinds are decided
-//! in the same atomic call. A request with cost 0 (a `charge = "report"` limit) is admitted
-//! while its key is not used up and charges nothing; [`Store::report`] charges such keys later.
+//! in the same atomic call. A request with cost 0 (a `charge = "report"` limit, a gRPC look)
+//! is admitted while its key holds one whole request and charges nothing; [`Store::report`]
+//! charges such keys later.
 
 pub mod breaker;
 pub mod bucket;
@@ -86,7 +87,7 @@ pub struct BucketOutcome {
     /// Tokens left after the call (after the charge, if the request was allowed); for a
     /// quota, what is left of it. Negative for a bucket in debt.
     pub tokens: f64,
-    /// Whether the bucket held its cost (cost 0: held more than 0).
+    /// Whether the bucket held its cost (cost 0: held one whole request).
     pub enough: bool,
     /// For a quota: its period.
     pub window: Option<Window>,

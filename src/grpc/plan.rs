@@ -102,6 +102,16 @@ fn check_shape(request: &RateLimitRequest, envoy_domain: bool) -> Result<(), Sta
     Ok(())
 }
 
+/// The hits a descriptor charges: its own `hits_addend` (0 included: look, do not charge, as
+/// Envoy sends it for a check before the response whose charge comes once the stream is
+/// done), else the request's, 0 counting as 1.
+fn hits_of(request: &RateLimitRequest, descriptor: &RateLimitDescriptor) -> u64 {
+    descriptor
+        .hits_addend
+        .as_ref()
+        .map_or(u64::from(request.hits_addend).max(1), |addend| addend.value)
+}
+
 fn add_descriptor<'a>(
     policy: &'a Policy,
     request: &RateLimitRequest,
@@ -111,12 +121,7 @@ fn add_descriptor<'a>(
     drawn: &mut Vec<usize>,
 ) {
     let entries = &descriptor.entries;
-    // The descriptor's own addend wins over the request's; 0 counts as 1.
-    let hits = descriptor
-        .hits_addend
-        .as_ref()
-        .map_or(u64::from(request.hits_addend), |addend| addend.value)
-        .max(1);
+    let hits = hits_of(request, descriptor);
     let runtime = policy.runtime.view();
     for (limit_index, limit) in policy.limits.iter().enumerate() {
         let Some(rule) = &limit.descriptor else {
@@ -144,9 +149,11 @@ fn add_descriptor<'a>(
             continue;
         };
         let key = limit.store_key(&policy.key_prefix, &tail);
-        // A reported limit is charged by `POST /report`: 0 admits while it is not used up.
+        // A reported limit is charged by `POST /report`, and a look (hits 0) charges nothing:
+        // cost 0 admits while one whole request is left.
         let cost = match limit.charge {
             Charge::Report => 0,
+            Charge::Request if hits == 0 => 0,
             Charge::Request => hits.max(limit.cost).min(OVER_COST),
         };
         let bucket = match plan.buckets.iter().position(|b| b.key == key) {

@@ -71,17 +71,16 @@ impl LimitState {
         }
     }
 
-    /// Seconds until this bucket could pay the cost (a cost of 0: until it holds more than
-    /// 0); a quota: until its period ends. `None` if it never can (cost above burst or quota).
+    /// Seconds until this bucket could pay the cost (a cost of 0: until it holds one whole
+    /// request); a quota: until its period ends. `None` if it never can (cost above burst or
+    /// quota).
     pub fn wait_secs(&self) -> Option<u64> {
         if count_f64(self.cost) > self.burst {
             return None;
         }
         let wait = match self.window {
             Some(window) => window.ends_in_s.min(MAX_SF_INTEGER),
-            // Strictly above 0: one second past the moment it reaches 0.
-            None if self.cost == 0 => ceil_secs((-self.tokens / self.rate).floor() + 1.0),
-            None => ceil_secs((count_f64(self.cost) - self.tokens) / self.rate),
+            None => ceil_secs((count_f64(self.cost.max(1)) - self.tokens) / self.rate),
         };
         Some(wait.max(1))
     }

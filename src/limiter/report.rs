@@ -229,8 +229,8 @@ pub fn answer(policy: &Policy, reports: &Reports, outcomes: &[BucketOutcome]) ->
                 let retry_after = (!outcome.enough).then(|| {
                     let wait = match outcome.window {
                         Some(window) => window.ends_in_s,
-                        // Strictly above 0, as `/check` asks of a reported limit.
-                        None => ceil_secs((-outcome.tokens / bucket.rate).floor() + 1.0),
+                        // One whole request, as `/check` asks of a reported limit.
+                        None => ceil_secs((1.0 - outcome.tokens) / bucket.rate),
                     };
                     wait.max(1)
                 });

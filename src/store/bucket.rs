@@ -53,9 +53,11 @@ fn quota_now(stored: Option<Bucket>, period: Period, now_us: u64) -> (f64, u64, 
     (used, start_us, window)
 }
 
-/// Whether a key holding `level` can pay `cost`; a cost of 0 asks only that it is not used up.
+/// Whether a key holding `level` can pay `cost`. A cost of 0 (a look) asks that one whole
+/// request is left: a refilling bucket holds a sliver above 0 almost always, which admits
+/// nothing.
 pub fn can_pay(level: f64, cost: u64) -> bool {
-    level >= count_f64(cost) && level > 0.0
+    level >= count_f64(cost.max(1))
 }
 
 impl Bucket {
@@ -128,8 +130,8 @@ pub fn refilled(stored: Option<Bucket>, now_us: u64, rate: f64, burst: f64) -> f
 )]
 fn bucket_level(request: &BucketRequest, debt: u64) -> (f64, bool) {
     let level = micro(request.burst) - debt as f64;
-    let cost = micro(count_f64(request.cost));
-    (level, level >= cost && level > 0.0)
+    let cost = micro(count_f64(request.cost.max(1)));
+    (level, level >= cost)
 }
 
 /// A concurrency key's window as the headers show it: a slot frees whenever a holder releases,
@@ -273,7 +275,7 @@ pub fn report(charge: &ReportCharge, state: &mut Option<Bucket>, now_us: u64) ->
             let tokens = tokens_of(micro(request.burst) - charged as f64);
             BucketOutcome {
                 tokens,
-                enough: tokens > 0.0,
+                enough: tokens >= 1.0,
                 window: None,
             }
         }
@@ -287,7 +289,7 @@ pub fn report(charge: &ReportCharge, state: &mut Option<Bucket>, now_us: u64) ->
             let tokens = request.burst - used;
             BucketOutcome {
                 tokens,
-                enough: tokens > 0.0,
+                enough: tokens >= 1.0,
                 window: Some(window),
             }
         }
@@ -296,7 +298,7 @@ pub fn report(charge: &ReportCharge, state: &mut Option<Bucket>, now_us: u64) ->
             let tokens = lease_level(*state, request.burst);
             BucketOutcome {
                 tokens,
-                enough: tokens > 0.0,
+                enough: tokens >= 1.0,
                 window: Some(lease_window(lease)),
             }
         }

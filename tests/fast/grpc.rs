@@ -134,16 +134,19 @@ async fn hits_addend_is_the_cost_and_repeated_descriptors_add_up() {
     let mut heavy = request("edge", vec![descriptor(&[("user", "carol")])]);
     heavy.hits_addend = 3;
     assert_eq!(ask(&mut client, heavy).await.statuses[0].limit_remaining, 2);
-    // The descriptor's own addend wins over the request's; 0 counts as 1.
-    let mut own = descriptor(&[("user", "carol")]);
-    own.hits_addend = Some(UInt64Value { value: 0 });
-    let mut request_addend = request("edge", vec![own]);
-    request_addend.hits_addend = 4;
-    assert_eq!(
-        ask(&mut client, request_addend).await.statuses[0].limit_remaining,
-        1
-    );
-    // The same descriptor twice draws twice from one bucket: 2 > 1 left, so nothing is charged.
+    // The descriptor's own addend wins over the request's, 0 included: a look, as Envoy asks
+    // before a response whose charge it sends once the stream is done.
+    let look = || {
+        let mut own = descriptor(&[("user", "carol")]);
+        own.hits_addend = Some(UInt64Value { value: 0 });
+        let mut request = request("edge", vec![own]);
+        request.hits_addend = 4;
+        request
+    };
+    let looked = ask(&mut client, look()).await;
+    assert_eq!(looked.overall_code, OK);
+    assert_eq!(looked.statuses[0].limit_remaining, 2, "nothing charged");
+    // The same descriptor twice draws twice from one bucket.
     let twice = request(
         "edge",
         vec![
@@ -151,9 +154,11 @@ async fn hits_addend_is_the_cost_and_repeated_descriptors_add_up() {
             descriptor(&[("user", "carol")]),
         ],
     );
-    assert_eq!(ask(&mut client, twice).await.overall_code, OVER_LIMIT);
+    assert_eq!(ask(&mut client, twice).await.statuses[0].limit_remaining, 0);
+    // Used up: a look is over, though the bucket refills a sliver every moment.
+    assert_eq!(ask(&mut client, look()).await.overall_code, OVER_LIMIT);
     let once = request("edge", vec![descriptor(&[("user", "carol")])]);
-    assert_eq!(ask(&mut client, once).await.statuses[0].limit_remaining, 0);
+    assert_eq!(ask(&mut client, once).await.overall_code, OVER_LIMIT);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

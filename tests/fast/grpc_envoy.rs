@@ -329,6 +329,9 @@ async fn hits_addend_per_descriptor_and_per_request() {
     assert_eq!(too_many.overall_code, OVER_LIMIT);
     let last = ask(&mut client, request("d", vec![with_hits(key(), 1)])).await;
     assert_eq!(shown(&last), [(OK, 3, DAY, String::new(), 0)]);
+    // Used up: a look is over, though the bucket refills a sliver every moment.
+    let look = ask(&mut client, request("d", vec![with_hits(key(), 0)])).await;
+    assert_eq!(look.overall_code, OVER_LIMIT);
 }
 
 /// ratelimit_test.go TestServiceWithDescriptorLimit: the limit Envoy sends in the descriptor

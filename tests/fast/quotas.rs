@@ -340,7 +340,7 @@ fn the_token_may_come_from_a_file_or_the_environment_and_never_shows() {
 }
 
 #[test]
-fn a_reported_bucket_admits_while_above_zero_and_its_debt_stops_at_max_debt() {
+fn a_reported_bucket_admits_while_a_token_is_left_and_its_debt_stops_at_max_debt() {
     let redis = RedisServer::start();
     let tollgate = Tollgate::start(&with_token(&redis_config(&redis, "", REPORT_LIMITS)));
     let key = [("x-api-key", "acme")];
@@ -360,15 +360,16 @@ fn a_reported_bucket_admits_while_above_zero_and_its_debt_stops_at_max_debt() {
     assert_eq!(json(&first)["remaining"], 40);
     assert!(json(&first).get("retry_after").is_none());
     assert_eq!(tollgate.check(&key).status, 200);
-    // 40 - 500 stops at the debt bound: -100, which refills at 0.001/s in 100,001 s.
+    // 40 - 500 stops at the debt bound: -100, which refills to one token at 0.001/s in
+    // 101,000 s.
     let second = report(500);
     assert_eq!(json(&second)["remaining"], 0);
-    assert_eq!(json(&second)["retry_after"], 100_001, "{}", second.body);
+    assert_eq!(json(&second)["retry_after"], 101_000, "{}", second.body);
     let denied = tollgate.check(&key);
     assert_eq!(denied.status, 429);
-    // A moment later it has refilled a little: 100,000 or 100,001 s.
+    // A moment later it has refilled a little: 100,999 or 101,000 s.
     let retry: u64 = denied.header("retry-after").unwrap().parse().unwrap();
-    assert!((100_000..=100_001).contains(&retry), "Retry-After {retry}");
+    assert!((100_999..=101_000).contains(&retry), "Retry-After {retry}");
     let level = redis
         .stored_tokens("tollgate:llm-tokens:{acme}", 100.0)
         .expect("stored");
@@ -809,7 +810,7 @@ fn report_reply(reply: &redis::Value) -> f64 {
 }
 
 #[test]
-fn a_reported_bucket_is_used_up_at_zero_and_admits_just_above_it_on_both_stores() {
+fn a_reported_bucket_is_used_up_below_one_token_and_admits_from_one_on_both_stores() {
     use tollgate::store::ReportCharge;
     let redis = RedisServer::start();
     let mut conn = redis::Client::open(redis.url())
@@ -836,13 +837,14 @@ fn a_reported_bucket_is_used_up_at_zero_and_admits_just_above_it_on_both_stores(
     let t0 = utc(2027, 6, 1, 12, 0, 0) as u64 * 1_000_000;
     // (at, report cost or a check, tokens after, admitted)
     #[rustfmt::skip]
-    let steps: [(u64, Option<u64>, f64, bool); 6] = [
+    let steps: [(u64, Option<u64>, f64, bool); 7] = [
         (t0, Some(100), 0.0, false),
         (t0, None, 0.0, false),
         (t0, Some(500), -100.0, false),
         (t0 + 100_000_000, None, 0.0, false),
-        (t0 + 100_000_001, None, 0.000001, true),
-        (t0 + 100_000_001, Some(0), 0.000001, true),
+        (t0 + 100_999_999, None, 0.999999, false),
+        (t0 + 101_000_000, None, 1.0, true),
+        (t0 + 101_000_000, Some(0), 1.0, true),
     ];
     for (step, (at, cost, tokens, admitted)) in steps.into_iter().enumerate() {
         clock.set_us(at);

@@ -2,7 +2,6 @@
 //! descriptor, found as envoyproxy/ratelimit finds it; `replaces` applied across the request;
 //! one bucket per descriptor with a rate, all decided in the one store call.
 
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use tonic::Status;
 
@@ -54,15 +53,6 @@ impl EnvoyDescriptor {
     }
 }
 
-/// The hits a descriptor charges: its own `hits_addend` (0 included: look, do not charge),
-/// else the request's, 0 counting as 1.
-fn hits_of(request: &RateLimitRequest, descriptor: &RateLimitDescriptor) -> u64 {
-    descriptor
-        .hits_addend
-        .as_ref()
-        .map_or(u64::from(request.hits_addend).max(1), |addend| addend.value)
-}
-
 /// Fills `plan` for a domain of `rules`.
 pub fn plan(
     policy: &Policy,
@@ -72,7 +62,7 @@ pub fn plan(
 ) -> Result<(), Status> {
     let mut found = Vec::with_capacity(request.descriptors.len());
     for (i, descriptor) in request.descriptors.iter().enumerate() {
-        let hits = hits_of(request, descriptor);
+        let hits = super::hits_of(request, descriptor);
         let mut chosen = EnvoyDescriptor {
             hits,
             quota: rules.quota_mode,

@@ -61,7 +61,7 @@ pub(super) fn parse_report(
             let tokens = as_float(item).ok_or_else(malformed)?;
             Ok(BucketOutcome {
                 tokens,
-                enough: tokens > 0.0,
+                enough: tokens >= 1.0,
                 window,
             })
         })
