@@ -166,6 +166,7 @@ fn a_reset_is_obeyed_by_every_instance_s_deny_cache_at_the_next_check() {
         redis_config(&redis, QUIET_POLL, LIMITS)
     );
     let fleet: Vec<Tollgate> = (0..3).map(|_| Tollgate::start(&config)).collect();
+    commandstats::wait_for_start_up_polls(&redis, 3);
     wait_for_listeners(&redis, 3);
 
     // A cached denial lasts at most a second: the scenario proves something only when the
@@ -564,6 +565,7 @@ fn the_reset_channel_survives_its_keep_alive_pings() {
 fn an_instance_that_lost_the_reset_channel_forgets_its_cached_denials_when_back() {
     let redis = RedisServer::start();
     let tollgate = Tollgate::start(&redis_config(&redis, QUIET_POLL, LIMITS));
+    commandstats::wait_for_start_up_polls(&redis, 1);
     wait_for_listeners(&redis, 1);
     for attempt in 0..5 {
         let key = format!("flooder-{attempt}");

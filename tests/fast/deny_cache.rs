@@ -234,6 +234,7 @@ burst = 2
 key = ["header:x-api-key"]
 "#;
     let tollgate = Tollgate::start(&redis_config(&redis, QUIET_POLL, limits));
+    commandstats::wait_for_start_up_polls(&redis, 1);
     let mut client = tollgate.client();
     let key = [("x-api-key", "flooder")];
     for _ in 0..2 {
@@ -278,6 +279,7 @@ fn with_the_deny_cache_off_every_check_asks_redis_and_a_reset_takes_effect_at_on
         &format!("deny_cache = false\n{QUIET_POLL}"),
         limits,
     ));
+    commandstats::wait_for_start_up_polls(&redis, 1);
     let mut client = tollgate.client();
     let key = [("x-api-key", "flooder")];
     // The first call also loads the script (EVAL): count after it.
