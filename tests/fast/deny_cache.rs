@@ -236,38 +236,70 @@ key = ["header:x-api-key"]
     let tollgate = Tollgate::start(&redis_config(&redis, QUIET_POLL, limits));
     commandstats::wait_for_start_up_polls(&redis, 1);
     let mut client = tollgate.client();
-    let key = [("x-api-key", "flooder")];
-    for _ in 0..2 {
-        assert_eq!(client.get("/check", &key).unwrap().status, 200);
-    }
-    let from_redis = client.get("/check", &key).unwrap();
-    assert_eq!(from_redis.status, 429);
-    let calls_before = commandstats::script_calls(&redis);
-
-    for _ in 0..200 {
-        let cached = client.get("/check", &key).unwrap();
-        assert_eq!(cached.status, 429);
-        for header in ["retry-after", "ratelimit-policy", "x-ratelimit-limit"] {
-            assert_eq!(cached.header(header), from_redis.header(header), "{header}");
+    // One store answer speaks for its bucket for at most `MAX_WINDOW_US` (a second), and the
+    // bucket refills meanwhile (`Retry-After` drops to 9 a second after the first check): a
+    // cached answer is compared with Redis's only when it came within that second. A starved
+    // machine may take longer over the flood: each second after the first may then cost one
+    // call (the cache asks Redis again), and no more.
+    let within = Duration::from_millis(900);
+    for attempt in 0..10 {
+        let flooder = format!("flooder-{attempt}");
+        let key = [("x-api-key", flooder.as_str())];
+        let denied_before = tollgate.metric("tollgate_checks_total{result=\"denied\"}");
+        let started = Instant::now();
+        for _ in 0..2 {
+            assert_eq!(client.get("/check", &key).unwrap().status, 200);
         }
-        assert_eq!(cached.header("x-ratelimit-remaining"), Some("0"));
-        let ratelimit = cached.header("ratelimit").unwrap_or_default();
+        let from_redis = client.get("/check", &key).unwrap();
+        assert_eq!(from_redis.status, 429);
+        let calls_before = commandstats::script_calls(&redis);
+        let flood: Vec<_> = (0..200)
+            .map(|_| {
+                let answer = client.get("/check", &key).unwrap();
+                (answer, started.elapsed())
+            })
+            .collect();
+        let spent = commandstats::script_calls(&redis) - calls_before;
+        let elapsed = started.elapsed();
+        let in_window = flood.iter().filter(|(_, at)| *at < within).count();
+        if in_window == 0 {
+            eprintln!("attempt {attempt}: no cached answer within a second: {elapsed:?}");
+            continue;
+        }
+        for (cached, at) in &flood {
+            assert_eq!(cached.status, 429);
+            assert_eq!(cached.header("x-ratelimit-remaining"), Some("0"));
+            assert_eq!(
+                cached.header("content-type"),
+                Some("application/problem+json")
+            );
+            if *at >= within {
+                continue;
+            }
+            for header in ["retry-after", "ratelimit-policy", "x-ratelimit-limit"] {
+                assert_eq!(cached.header(header), from_redis.header(header), "{header}");
+            }
+            let ratelimit = cached.header("ratelimit").unwrap_or_default();
+            assert!(
+                ratelimit == "\"per-key\";r=0;t=20" || ratelimit == "\"per-key\";r=0;t=19",
+                "{ratelimit}"
+            );
+        }
+        // Within a cached window Redis is not asked again (a token takes 10 s to come back).
         assert!(
-            ratelimit == "\"per-key\";r=0;t=20" || ratelimit == "\"per-key\";r=0;t=19",
-            "{ratelimit}"
+            spent <= elapsed.as_secs(),
+            "{spent} script calls for 200 flooded checks in {elapsed:?}"
         );
         assert_eq!(
-            cached.header("content-type"),
-            Some("application/problem+json")
+            tollgate.metric("tollgate_checks_total{result=\"denied\"}") - denied_before,
+            201.0
         );
+        eprintln!(
+            "{in_window} of 200 cached answers within a second, {spent} calls in {elapsed:?}"
+        );
+        return;
     }
-    // One token takes 10 s to come back: Redis is not asked again before that.
-    let spent = commandstats::script_calls(&redis) - calls_before;
-    assert_eq!(spent, 0, "script calls for 200 flooded checks");
-    assert_eq!(
-        tollgate.metric("tollgate_checks_total{result=\"denied\"}"),
-        201.0
-    );
+    panic!("the machine never answered a check within a second of the first");
 }
 
 #[test]
