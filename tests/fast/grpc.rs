@@ -190,7 +190,7 @@ shadow = true
 }
 
 /// Three instances, 32 concurrent clients, one descriptor, 50/s with a burst of 20, for 5 s:
-/// admitted within `burst + rate·t + 1` and at least 98% of it.
+/// admitted within `burst + rate·t + 1` and at least 98% of it (`t` measured as below).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_instances_admit_exactly_the_bucket() {
     let _serial = ONE_AT_A_TIME.lock().await;
@@ -212,12 +212,15 @@ async fn three_instances_admit_exactly_the_bucket() {
         let (admitted, errors) = (admitted.clone(), errors.clone());
         tasks.push(tokio::spawn(async move {
             let mut client = grpc::client(addr).await;
-            let mut last = Instant::now();
+            // When the first request went and came back, when the last one did.
+            let (mut first, mut last) = (None, (Instant::now(), Instant::now()));
             while Instant::now() < until {
+                let sent = Instant::now();
                 let answer = client
                     .should_rate_limit(request("load", vec![descriptor(&[("tenant", "t1")])]))
                     .await;
-                last = Instant::now();
+                last = (sent, Instant::now());
+                first.get_or_insert(last);
                 match answer.map(|a| a.into_inner()) {
                     Ok(a) if a.overall_code == OK && !a.response_headers_to_add.is_empty() => {
                         admitted.fetch_add(1, Ordering::Relaxed);
@@ -230,27 +233,33 @@ async fn three_instances_admit_exactly_the_bucket() {
                     }
                 }
             }
-            last
+            (first.unwrap_or(last), last)
         }));
     }
-    let mut last = started;
+    // The bucket refills from its first charge to its last, which Redis made somewhere
+    // between the first request sent and the last answer received: at most that long. And
+    // at least from the first answer received to the last request sent, with requests queued
+    // all along: what a loaded machine adds to each round trip is not time the bucket could
+    // have admitted in, and only the upper bound may count it.
+    let (mut outer, mut inner) = ((until, started), (until, started));
     for task in tasks {
-        last = last.max(task.await.expect("client task"));
+        let (first, last) = task.await.expect("client task");
+        outer = (outer.0.min(first.0), outer.1.max(last.1));
+        inner = (inner.0.min(first.1), inner.1.max(last.0));
     }
-    let elapsed = last.duration_since(started).as_secs_f64();
+    let elapsed = outer.1.duration_since(outer.0).as_secs_f64();
+    let surely = inner.1.saturating_duration_since(inner.0).as_secs_f64();
     let admitted = admitted.load(Ordering::Relaxed) as f64;
     let bound = BURST + RATE * elapsed + 1.0;
-    println!("admitted {admitted} in {elapsed:.2} s; bound {bound:.1}");
+    let floor = 0.98 * (BURST + RATE * surely + 1.0);
+    println!("admitted {admitted} in {surely:.2} to {elapsed:.2} s; {floor:.1} to {bound:.1}");
     assert_eq!(
         errors.load(Ordering::Relaxed),
         0,
         "every answer came from the bucket"
     );
     assert!(admitted <= bound, "admitted {admitted} > {bound}");
-    assert!(
-        admitted >= 0.98 * bound,
-        "admitted {admitted} < 98% of {bound}"
-    );
+    assert!(admitted >= floor, "admitted {admitted} < {floor}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
