@@ -327,16 +327,39 @@ async fn a_dead_redis_answers_per_on_error_within_the_timeout() {
     let store = |mode: &str| {
         format!("timeout_ms = {TIMEOUT_MS}\non_error = \"{mode}\"\ndeny_cache = false\n")
     };
-    let (_allow, allow_addr) = grpc::tollgate(&redis_config(&redis, &store("allow"), limits));
-    let (_deny, deny_addr) = grpc::tollgate(&redis_config(&redis, &store("deny"), limits));
+    let (allow_tollgate, allow_addr) =
+        grpc::tollgate(&redis_config(&redis, &store("allow"), limits));
+    let (deny_tollgate, deny_addr) = grpc::tollgate(&redis_config(&redis, &store("deny"), limits));
     let mut allow = grpc::client(allow_addr).await;
     let mut deny = grpc::client(deny_addr).await;
     let ask_one = || request("edge", vec![descriptor(&[("user", "eve")])]);
-    assert_eq!(ask(&mut allow, ask_one()).await.overall_code, OK);
-    assert_eq!(ask(&mut deny, ask_one()).await.overall_code, OK);
+    // Both decide by the bucket while Redis lives. A starved machine may take longer than
+    // the 50 ms budget over a call (then `deny` answers OVER_LIMIT): ask until one is in time.
+    for client in [&mut allow, &mut deny] {
+        let mut decided = false;
+        for _ in 0..50 {
+            let answer = ask(client, ask_one()).await;
+            if answer.overall_code == OK && !answer.response_headers_to_add.is_empty() {
+                decided = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(decided, "never decided by the bucket while Redis lived");
+    }
 
+    // The promise is tollgate's: measured by itself (`tollgate_grpc_duration_seconds`), from
+    // the request received to the answer, not by this client, whose side of the round trip a
+    // loaded machine may stretch at will. A call cut at the deadline is answered a moment
+    // after it: in the histogram's next bucket, 100 ms.
+    let in_time = |tollgate: &crate::support::Tollgate| {
+        (
+            tollgate.metric(r#"tollgate_grpc_duration_seconds_bucket{le="0.1"}"#),
+            tollgate.metric("tollgate_grpc_duration_seconds_count"),
+        )
+    };
+    let before = [in_time(&allow_tollgate), in_time(&deny_tollgate)];
     redis.kill();
-    let bound = Duration::from_millis(TIMEOUT_MS + 20);
     let mut slowest = Duration::ZERO;
     for _ in 0..20 {
         let started = Instant::now();
@@ -350,8 +373,17 @@ async fn a_dead_redis_answers_per_on_error_within_the_timeout() {
         assert_eq!(closed.overall_code, OVER_LIMIT);
         assert_eq!(header(&closed, "retry-after"), Some("1"));
     }
-    println!("slowest answer with Redis dead: {slowest:?}");
-    assert!(slowest <= bound, "{slowest:?} > {bound:?}");
+    println!("slowest answer with Redis dead, as this client saw it: {slowest:?}");
+    let after = [in_time(&allow_tollgate), in_time(&deny_tollgate)];
+    for ((in_time_before, all_before), (in_time_after, all_after)) in before.into_iter().zip(after)
+    {
+        assert_eq!(all_after - all_before, 20.0, "answers counted");
+        assert_eq!(
+            in_time_after - in_time_before,
+            20.0,
+            "answers within 100 ms with a {TIMEOUT_MS} ms timeout"
+        );
+    }
 }
 
 type Health = tonic_health::pb::health_client::HealthClient<tonic::transport::Channel>;
