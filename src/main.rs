@@ -137,6 +137,11 @@ fn validate(config: &Config) -> ExitCode {
 }
 
 fn serve(config: Config, path: Option<PathBuf>) -> ExitCode {
+    // Refused before anything is bound: a port in use must not hide a bad limit behind an
+    // exit code 1 (the state compiles the policy again, from the same config).
+    if let Err(error) = Policy::compile(&config, &Metrics::new()) {
+        return refuse(&error);
+    }
     let result = Listeners::bind(&config)
         .map_err(StartError::from)
         .and_then(|listeners| {

@@ -408,7 +408,14 @@ fn serve_refuses_a_bad_config_with_exit_code_2() {
         &[("TOLLGATE_STORE__ON_ERROR", "sometimes")],
     );
     assert_refused(&output, "store.on_error");
-    let output = run(&["serve"], Some("[[exempt]]\nname = \"x\"\n"), &[]);
+    // Refused before binding: the listen port taken changes nothing.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind port 0");
+    let listen = taken.local_addr().expect("bound").to_string();
+    let output = run(
+        &["serve"],
+        Some("[[exempt]]\nname = \"x\"\n"),
+        &[("TOLLGATE_LISTEN", &listen)],
+    );
     assert_refused(&output, "exempt.x");
 }
 

@@ -482,8 +482,9 @@ pub fn metric_value(metrics: &str, sample: &str) -> f64 {
 /// A config for a Redis-backed tollgate: `extra_store` lines go into `[store]` (a
 /// `timeout_ms` there replaces the default of 2000), `limits` is appended verbatim.
 /// `[store]` lines for a test that counts script calls: the runtime-override poll (one script
-/// call per instance every 250 ms by default) runs once at start, then not for a minute, so
-/// it cannot land among the calls a test counts on a slow machine.
+/// call per instance every 250 ms by default) runs once at start, then not for a minute. The
+/// one at start is a background task that a starved machine may run after the first checks:
+/// wait for it with [`commandstats::wait_for_start_up_polls`] before counting.
 pub const QUIET_POLL: &str = "override_poll_ms = 60000";
 
 pub fn redis_config(redis: &RedisServer, extra_store: &str, limits: &str) -> String {
