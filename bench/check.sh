@@ -40,7 +40,6 @@ wait_http() { # url
 }
 
 start_redis
-rcli() { redis-cli -h 127.0.0.1 -p "$REDIS_PORT" "$@"; }
 SHA=$(rcli SCRIPT LOAD "$(cat lua/calendar.lua lua/bounds.lua lua/token_bucket.lua)")
 
 # Every limit allows everything in these runs (rate 1,000/s, burst 1,000,000; the key TTL is

@@ -24,7 +24,6 @@ TOLLGATE=target/release/tollgate
 LOAD=target/release/examples/grpc_load
 
 start_redis
-rcli() { redis-cli -h 127.0.0.1 -p "$REDIS_PORT" "$@"; }
 SHA=$(rcli SCRIPT LOAD "$(cat lua/calendar.lua lua/bounds.lua lua/token_bucket.lua)")
 
 PORT=$(free_port); ADMIN=$(free_port); GRPC=$(free_port)

@@ -50,6 +50,9 @@ start_redis() {
   exit 1
 }
 
+# rcli ARGS...: redis-cli against the Redis of start_redis.
+rcli() { redis-cli -h 127.0.0.1 -p "$REDIS_PORT" "$@"; }
+
 # median: the median of the numbers on stdin, one per line (the mean of the middle two when
 # their count is even).
 median() { sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }

@@ -30,15 +30,14 @@ require wrk:wrk redis-server:redis-server redis-cli:redis-tools curl:curl
 echo "building tollgate (release)" >&2
 cargo build --release --quiet --bin tollgate
 start_redis
-cli() { redis-cli -h 127.0.0.1 -p "$REDIS_PORT" "$@"; }
 
 # seed: ENTRIES overrides written straight into Redis, as any release reads them.
 seed() {
-  cli FLUSHALL >/dev/null
+  rcli FLUSHALL >/dev/null
   for i in $(seq "$ENTRIES"); do
     printf "HSET %s seed-%d '{\"k\":[\"seed-%d\"],\"b\":50}'\n" "$HASH" "$i" "$i"
-  done | cli >/dev/null
-  cli HSET "$VERSIONS" capped 1 >/dev/null
+  done | rcli >/dev/null
+  rcli HSET "$VERSIONS" capped 1 >/dev/null
 }
 
 config() { # port admin
@@ -88,19 +87,19 @@ change() {
 # instance's catch-up carry the limit's entry hash among their keys, the polls only the
 # version hash.
 cost() {
-  cli CONFIG SET slowlog-log-slower-than 0 >/dev/null
-  cli CONFIG SET slowlog-max-len 1000000 >/dev/null
+  rcli CONFIG SET slowlog-log-slower-than 0 >/dev/null
+  rcli CONFIG SET slowlog-max-len 1000000 >/dev/null
   # One change first, unmeasured: the seeded limit has no log yet, so every instance reads it
   # whole once at its first catch-up, as after an upgrade.
   change 1
   sleep 1
-  cli SLOWLOG RESET >/dev/null
+  rcli SLOWLOG RESET >/dev/null
   local started=$SECONDS i
   FAILED=0
   for i in $(seq 2 $((COST_CHANGES + 1))); do change "$i"; sleep "$EVERY"; done
   echo "$1: $FAILED of $COST_CHANGES changes refused (store errors)"
   local elapsed=$((SECONDS - started))
-  cli --json SLOWLOG GET -1 | python3 -c '
+  rcli --json SLOWLOG GET -1 | python3 -c '
 import json, sys
 label, changes, elapsed = sys.argv[1], int(sys.argv[2]), max(int(sys.argv[3]), 1)
 entry_us = poll_us = calls = worst = whole = 0
@@ -118,8 +117,8 @@ print(f"{label}: {changes} changes: {calls} override script calls (changes and c
       f"{whole} calls of 1 ms or more; "
       f"polls {poll_us / elapsed / 1000:.2f} ms of Redis per second")
 ' "$1" "$COST_CHANGES" "$elapsed"
-  cli CONFIG SET slowlog-log-slower-than 10000 >/dev/null
-  cli SLOWLOG RESET >/dev/null
+  rcli CONFIG SET slowlog-log-slower-than 10000 >/dev/null
+  rcli SLOWLOG RESET >/dev/null
 }
 
 # phase LABEL CHANGES: DURATION seconds of checks (one wrk connection per instance), with an

@@ -31,7 +31,6 @@ BASELINE=${BASELINE:-}
 require redis-server:redis-server redis-benchmark:redis-tools
 
 start_redis
-rcli() { redis-cli -h 127.0.0.1 -p "$REDIS_PORT" "$@"; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.2f", (b > 0) ? a / b : 0}'; }
 cpu_s() { rcli INFO cpu | awk -F: '/^used_cpu_(sys|user):/ {s += $2} END {printf "%.6f", s}'; }
 info_field() { rcli INFO "$1" | awk -F: -v k="$2" '$1 == k {gsub(/\r/, "", $2); print $2}'; }

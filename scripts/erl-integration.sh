@@ -25,21 +25,9 @@ for tool in envoy redis-server redis-cli curl python3; do
   command -v "$tool" >/dev/null || { echo "missing: $tool" >&2; exit 2; }
 done
 
-WORK=$(mktemp -d)
-PIDS=()
-cleanup() {
-  local i
-  for ((i = ${#PIDS[@]} - 1; i >= 0; i--)); do
-    kill "${PIDS[i]}" 2>/dev/null || true
-    wait "${PIDS[i]}" 2>/dev/null || true
-  done
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
+# A scratch folder, processes stopped by pid on exit, free loopback ports.
+. bench/lib.sh
 
-free_port() {
-  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
 wait_for() { # what url
   for _ in $(seq 200); do curl -s -o /dev/null "$2" && return 0; sleep 0.1; done
   echo "$1 did not come up ($2)" >&2

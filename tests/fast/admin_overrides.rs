@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use crate::support::http::admin_json;
 use crate::support::{redis_config, wait_until, RedisServer, Response, Tollgate};
 
-const TOKEN: &str = "s3cret-admin-token";
+pub(super) const TOKEN: &str = "s3cret-admin-token";
 
 /// `roomy` barely drains while polled (its headers show whose numbers apply); `tight` counts
 /// admissions exactly (it refills one token in 1000 s). Each applies to its own `x-plan`.
@@ -60,7 +60,7 @@ fn memory_config() -> String {
     format!("admin_token = \"{TOKEN}\"\n[store]\nbackend = \"memory\"\n{LIMITS}")
 }
 
-fn put(tollgate: &Tollgate, limit: &str, key: &str, body: &str) -> Response {
+pub(super) fn put(tollgate: &Tollgate, limit: &str, key: &str, body: &str) -> Response {
     admin_json(
         tollgate.admin,
         "PUT",
@@ -80,6 +80,18 @@ fn listed(tollgate: &Tollgate, limit: &str, token: Option<&str>) -> serde_json::
     );
     assert_eq!(answer.status, 200, "{answer:?}");
     serde_json::from_str::<serde_json::Value>(&answer.body).expect("JSON")["overrides"].clone()
+}
+
+/// The first key value of every runtime override of `limit` on `tollgate`, sorted.
+pub(super) fn keys_on(tollgate: &Tollgate, limit: &str) -> Vec<String> {
+    let mut keys: Vec<String> = listed(tollgate, limit, Some(TOKEN))
+        .as_array()
+        .expect("a list")
+        .iter()
+        .map(|entry| entry["key"][0].as_str().unwrap_or_default().to_string())
+        .collect();
+    keys.sort();
+    keys
 }
 
 fn check(tollgate: &Tollgate, plan: &str, key: &str) -> Response {
@@ -748,16 +760,7 @@ fn after_the_store_loses_a_write_the_next_change_still_reaches_every_instance() 
         put(&a, "tight", "lost", r#"{"unlimited": true}"#).status,
         200
     );
-    let keys_on = |tollgate: &Tollgate| -> Vec<String> {
-        let mut keys: Vec<String> = listed(tollgate, "tight", Some(TOKEN))
-            .as_array()
-            .expect("a list")
-            .iter()
-            .map(|entry| entry["key"][0].as_str().unwrap_or_default().to_string())
-            .collect();
-        keys.sort();
-        keys
-    };
+    let keys_on = |tollgate: &Tollgate| keys_on(tollgate, "tight");
     assert!(
         wait_until(Duration::from_secs(5), || keys_on(&b) == ["first", "lost"]),
         "b learns both: {:?}",

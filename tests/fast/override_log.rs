@@ -8,10 +8,10 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::admin_overrides::{self, TOKEN};
 use crate::support::http::admin_json;
 use crate::support::{redis_config, wait_until, RedisServer, Tollgate, QUIET_POLL};
 
-const TOKEN: &str = "s3cret-admin-token";
 const LIMITS: &str = r#"
 [[limits]]
 name = "tight"
@@ -32,13 +32,7 @@ fn start(redis: &RedisServer, store: &str) -> Tollgate {
 }
 
 fn put(tollgate: &Tollgate, key: &str, body: &str) {
-    let answer = admin_json(
-        tollgate.admin,
-        "PUT",
-        &format!("/v1/overrides/tight?key={key}"),
-        Some(TOKEN),
-        body,
-    );
+    let answer = admin_overrides::put(tollgate, "tight", key, body);
     assert_eq!(answer.status, 200, "{answer:?}");
 }
 
@@ -48,24 +42,9 @@ fn delete(tollgate: &Tollgate, key: &str) {
     assert!(matches!(answer.status, 200 | 204), "{answer:?}");
 }
 
-/// The keys `tollgate` holds overrides for, sorted.
+/// The keys `tollgate` holds overrides of `tight` for, sorted.
 fn keys_on(tollgate: &Tollgate) -> Vec<String> {
-    let answer = admin_json(
-        tollgate.admin,
-        "GET",
-        "/v1/overrides/tight",
-        Some(TOKEN),
-        "",
-    );
-    let listed: serde_json::Value = serde_json::from_str(&answer.body).expect("JSON");
-    let mut keys: Vec<String> = listed["overrides"]
-        .as_array()
-        .expect("a list")
-        .iter()
-        .map(|entry| entry["key"][0].as_str().unwrap_or_default().to_string())
-        .collect();
-    keys.sort();
-    keys
+    admin_overrides::keys_on(tollgate, "tight")
 }
 
 fn sorted(keys: &[&str]) -> Vec<String> {
