@@ -57,6 +57,7 @@ fn check(policy: &Policy, map: &HeaderMap) -> usize {
             .collect(),
         degraded: false,
         leases: Vec::new(),
+        reservations: Vec::new(),
     };
     let response = tollgate::http::response::render(&Verdict::Decided(decision), policy);
     response.headers().len()

@@ -36,6 +36,15 @@
 -- refilled since `at` (a clock gone backwards refills nothing), never below 0.
 -- full_at(now_us, debt, rate) is the SET ... PXAT argument: the millisecond after the bucket is
 -- full again, bounded as expire_at.
+--
+-- Held things (a concurrency key's leases, a bucket's reservations) are sorted sets of members
+-- scored by their expiry in µs of TIME; one is held while its expiry is after now.
+-- hold(key, until, member, grace_us) adds one, the key living as long as its last member and
+-- grace_us more (a refunding bucket's expired reservations must still be found to be given
+-- back: for as long as the bucket takes to refill its burst).
+-- sweep(key, now, refund) drops the expired members of a bucket's reservations (members
+-- '<id>:<estimate>') and returns the tokens to give back: the sum of their estimates when
+-- `refund`, else 0 (the estimate is kept: the request is taken to have cost it).
 
 local MAX_COUNT = 1000000000
 local MAX_COST = MAX_COUNT + 1
@@ -100,4 +109,22 @@ end
 
 local function full_at(now_us, debt, rate)
   return expire_at(now_us, math.ceil(debt / rate))
+end
+
+local function hold(key, until_us, member, grace_us)
+  redis.call('ZADD', key, until_us, member)
+  -- Scores are whole µs, below 2^53.
+  local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+  redis.call('PEXPIREAT', key, expire_at(tonumber(last[2]), grace_us))
+end
+
+local function sweep(key, now, refund)
+  local back = 0
+  if refund then
+    for _, member in ipairs(redis.call('ZRANGEBYSCORE', key, '-inf', now)) do
+      back = back + (tonumber(string.match(member, ':(%d+)$')) or 0)
+    end
+  end
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+  return back
 end

@@ -5,14 +5,16 @@
 --
 -- KEYS[1]  a bucket, "<debt> <ts>" (lua/bounds.lua), or a quota, hash {used, start}
 -- ARGV[1]  a bucket's rate, tokens per second; or a quota's period code ('h', 'd', 'w', 'm');
---          or 'L' for a concurrency key (a sorted set of leases scored by expiry)
+--          or 'L' for a concurrency key (a sorted set of leases scored by expiry); or
+--          'R<k|r><rate>' for a reserving bucket
 -- ARGV[2]  a bucket's burst; or the quota; or the most leases held at once
 --
 -- Returns one string: "level" for a bucket (its tokens now, refilled exactly as token_bucket.lua
 -- refills: absent or mangled = full, tokens = burst - debt, a clock gone backwards adds
 -- nothing; an earlier release's hash is read, not converted);
 -- "level t w" for a quota (what is left of it, seconds until its period ends, the period's
--- length in seconds). Numbers as token_bucket.lua replies them.
+-- length in seconds); "level reserved held" for a reserving bucket (the tokens and the count
+-- of its reservations held now). Numbers as token_bucket.lua replies them.
 
 local t = redis.call('TIME')
 local now = t[1] * 1000000 + t[2]
@@ -35,7 +37,32 @@ if string.byte(ARGV[1]) == 76 then
   return string.format('%.17g', burst - held)
 end
 
+-- 'R<k|r><rate>': a reserving bucket. Its level as the next check finds it (expired
+-- reservations given back under 'r'), then the tokens and the count of reservations held.
+local rate, back, reserved, count = ARGV[1], 0, nil, 0
+if string.byte(rate) == 82 then
+  local ts = string.format('%d', now)
+  local held = redis.call('ZRANGEBYSCORE', KEYS[1] .. ':r', '(' .. ts, '+inf')
+  reserved = 0
+  for _, member in ipairs(held) do
+    reserved = reserved + (tonumber(string.match(member, ':(%d+)$')) or 0)
+  end
+  count = #held
+  if string.sub(rate, 2, 2) == 'r' then
+    for _, member in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1] .. ':r', '-inf', ts)) do
+      back = back + (tonumber(string.match(member, ':(%d+)$')) or 0)
+    end
+  end
+  rate = string.sub(rate, 3)
+end
 local debt, at = read_bucket(KEYS[1], burst)
-if debt == nil then return string.format('%.6f', burst) end
-debt = refilled(debt, at, now, ARGV[1] + 0)
-return string.format('%.6f', (burst * 1000000 - debt) / 1000000)
+if debt == nil then
+  debt = 0
+else
+  debt = refilled(debt, at, now, rate + 0)
+end
+debt = debt - back * 1000000
+if debt < 0 then debt = 0 end
+local level = string.format('%.6f', (burst * 1000000 - debt) / 1000000)
+if reserved then return level .. string.format(' %d %d', reserved, count) end
+return level

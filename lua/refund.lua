@@ -4,7 +4,8 @@
 --
 -- KEYS[i]     bucket i, charged earlier by token_bucket.lua on this same slot
 -- ARGV[4i-3]  rate of bucket i, tokens per second; or a quota's period code; or the lease
---             that call took ('L<ttl in ms>:<id>', as lua/token_bucket.lua reads it)
+--             that call took ('L<ttl in ms>:<id>', as lua/token_bucket.lua reads it); or the
+--             reservation it held ('R<ttl>:<id>:<k|r>:<rate>'): removed, and its bucket refunded
 -- ARGV[4i-2]  burst of bucket i; or the quota
 -- ARGV[4i-1]  the cost that was charged
 -- ARGV[4i]    `now` returned by the charging call (microseconds of TIME, as written to `ts`);
@@ -33,6 +34,12 @@ for i = 1, #KEYS do
   local burst = tonumber(ARGV[4 * i - 2])
   local cost = tonumber(ARGV[4 * i - 1])
   local charged_at = ARGV[4 * i]
+  if string.byte(ARGV[4 * i - 3]) == 82 then
+    -- 'R<ttl>:<id>:<k|r>:<rate>': that call's reservation goes; the bucket is refunded below.
+    local id, r = string.match(ARGV[4 * i - 3], '^R%d+:(%x+):[kr]:(.+)$')
+    redis.call('ZREM', KEYS[i] .. ':r', (id or '') .. ':' .. ARGV[4 * i - 1])
+    rate = tonumber(r)
+  end
   if string.byte(ARGV[4 * i - 3]) == 76 then
     -- 'L<ttl>:<id>': a lease taken by that call; giving it back is removing it.
     local id = string.match(ARGV[4 * i - 3], ':(%x+)$') or ''

@@ -10,7 +10,8 @@
 --             or a concurrency key, a sorted set of lease ids scored by their expiry (µs of TIME)
 -- ARGV[4i-3]  a bucket's rate, tokens per second (> 0, may be fractional); or a quota's period:
 --             'h' hour, 'd' day, 'w' ISO week (from Monday), 'm' calendar month (UTC); or a
---             lease to take, 'L<ttl in ms>:<lease id in hex>'
+--             lease to take, 'L<ttl in ms>:<lease id in hex>'; or a bucket whose charge is held
+--             as a reservation, 'R<ttl in ms>:<id in hex>:<k|r>:<rate>' (below)
 -- ARGV[4i-2]  a bucket's burst: its capacity (>= 1); or the quota: at most this per period;
 --             or the most leases held at once
 -- ARGV[4i-1]  cost to charge key i (>= 0; 0 asks only that the key is not used up: a
@@ -53,6 +54,12 @@
 -- A concurrency key drops its expired leases (expiry <= now) before counting them; its level
 -- is the free slots; a taken lease is added with expiry now + ttl, and the key expires with
 -- its last lease.
+-- A reserving bucket keeps its reservations beside it, in KEYS[i] .. ':r' (same hash tag, so
+-- the same Cluster slot): members '<id>:<estimate>' scored by expiry (lua/bounds.lua: hold,
+-- sweep). The bucket is charged the estimate (the cost) as any bucket; when it is, the
+-- reservation is added, expiring now + ttl, for lua/settle.lua to settle. Expired ones are
+-- dropped first; under 'r' their estimates are given back to the debt before the decision (the
+-- set then outlives its last reservation by the burst's refill time, so they are found).
 --
 -- Written for Redis's CPU, which every check of a fleet shares: one string reply (an array
 -- costs Redis a deferred-length reply block), arguments coerced by arithmetic rather than by
@@ -84,6 +91,8 @@ local function decide(k, a, n)
   local leases
   -- Buckets found in an earlier release's form (read_bucket): written now whatever happens.
   local olds
+  -- For reserving buckets only: {reservations key, expiry, member, rate}.
+  local holds
   for i = 1, n do
     local j = a + 4 * i
     local burst, cost = ARGV[j - 2] + 0, ARGV[j - 1] + 0
@@ -117,7 +126,20 @@ local function decide(k, a, n)
       redis.call('ZREMRANGEBYSCORE', KEYS[k + i], '-inf', ts)
       level, one = burst - redis.call('ZCARD', KEYS[k + i]), 1
     else
-      local rate = ARGV[j - 3] + 0
+      local rate, back = ARGV[j - 3], 0
+      if string.byte(rate) == 82 then
+        -- 'R': a reservation of the cost, held beside the bucket.
+        local ttl_ms, id, mode, r = string.match(rate, '^R(%d+):(%x+):([kr]):(.+)$')
+        if not ttl_ms then refuse(i, 'reservation') end
+        if not holds then holds = {} end
+        local rkey = KEYS[k + i] .. ':r'
+        local grace = 0
+        if mode == 'r' then grace = math.ceil(burst / r * 1000000) end
+        holds[i] = {rkey, string.format('%d', now + ttl_ms * 1000), id .. ':' .. ARGV[j - 1], r, grace}
+        back = sweep(rkey, ts, mode == 'r')
+        rate = r
+      end
+      rate = rate + 0
       if not (rate > 0 and burst / rate <= MAX_REFILL_S) then refuse(i, 'rate') end
       -- Micro-tokens from here on: level = burst - debt, all integers.
       local debt, at, old = read_bucket(KEYS[k + i], burst)
@@ -125,6 +147,12 @@ local function decide(k, a, n)
         debt = 0
       elseif debt > 0 then
         debt = refilled(debt, at, now, rate)
+      end
+      if back > 0 and debt > 0 then
+        -- Expired reservations given back: written whatever this request decides.
+        debt = debt - back * 1000000
+        if debt < 0 then debt = 0 end
+        old = true
       end
       if old then
         if not olds then olds = {} end
@@ -152,11 +180,7 @@ local function decide(k, a, n)
     if leases and leases[i] then
       if charged then
         level = level - cost
-        redis.call('ZADD', key, leases[i][1], leases[i][2])
-        -- The key lives as long as its last lease (scores are whole µs, below 2^53).
-        local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-        local until_ms = tonumber(last[2]) / 1000
-        redis.call('PEXPIREAT', key, string.format('%d', until_ms - until_ms % 1 + 1))
+        hold(key, leases[i][1], leases[i][2], 0)
       end
       out[p + 2 * i + 1] = string.format('%.17g', level)
     elseif starts and starts[i] then
@@ -175,12 +199,17 @@ local function decide(k, a, n)
       -- cost 0, writes nothing, so no refill is ever rounded away by a check that took
       -- nothing (the stored debt and its time already say everything).
       if charged then level = level - cost * 1000000 end
+      local rate = ARGV[j - 3]
+      if holds and holds[i] then
+        rate = holds[i][4]
+        if charged then hold(holds[i][1], holds[i][2], holds[i][3], holds[i][5]) end
+      end
       if charged or (olds and olds[i]) then
         local debt = ARGV[j - 2] * 1000000 - level
         -- Redis deletes the key in the millisecond after the one in which the bucket is full
         -- again (bounded: see lua/bounds.lua).
         redis.call('SET', key, string.format('%d ', debt) .. ts,
-          'PXAT', full_at(now, debt, ARGV[j - 3] + 0))
+          'PXAT', full_at(now, debt, rate + 0))
       end
       out[p + 2 * i + 1] = string.format('%.6f', level / 1000000)
     end

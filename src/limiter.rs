@@ -258,6 +258,14 @@ impl<S: Store> Limiter<S> {
     /// another slot denies; a request spans slots when its limits are keyed on different
     /// parts, so then any bucket may be raised by a refund, here or on another instance.
     fn cacheable(&self, policy: &Policy) -> bool {
+        // A settle gives tokens back: a reserving bucket can rise by more than its refill.
+        let reserves = policy
+            .limits
+            .iter()
+            .any(|limit| matches!(limit.meter, Meter::Reserve(_)));
+        if reserves {
+            return false;
+        }
         !self.store.splits_requests()
             || (policy
                 .limits
@@ -303,6 +311,7 @@ impl<S: Store> Limiter<S> {
             limits,
             degraded: false,
             leases: Vec::new(),
+            reservations: Vec::new(),
         }
     }
 
@@ -384,29 +393,34 @@ impl<S: Store> Limiter<S> {
                 state
             })
             .collect();
-        let leases = if decided.allowed {
-            buckets
-                .iter()
-                .zip(&decided.buckets)
-                .filter_map(|(bucket, outcome)| match bucket.meter {
+        let (mut leases, mut reservations) = (Vec::new(), Vec::new());
+        if decided.allowed {
+            for (bucket, outcome) in buckets.iter().zip(&decided.buckets) {
+                let limit = &policy.limits[bucket.limit];
+                match bucket.meter {
                     Meter::Lease(lease) if outcome.enough => {
-                        Some(policy.limits[bucket.limit].lease_id(
+                        limit.counters.leases_taken.inc();
+                        leases.push(limit.lease_id(&policy.key_prefix, &bucket.key, lease));
+                    }
+                    Meter::Reserve(reserve) if outcome.enough && bucket.cost > 0 => {
+                        limit.counters.reservations_opened.inc();
+                        reservations.push(limit.reservation_id(
                             &policy.key_prefix,
                             &bucket.key,
-                            lease,
-                        ))
+                            reserve,
+                            bucket.cost,
+                        ));
                     }
-                    _ => None,
-                })
-                .collect()
-        } else {
-            Vec::new()
-        };
+                    _ => {}
+                }
+            }
+        }
         Decision {
             allowed: decided.allowed,
             limits,
             degraded,
             leases,
+            reservations,
         }
     }
 

@@ -169,6 +169,58 @@ impl Policy {
     }
 }
 
+/// A reservation found again from its id ([`Policy::reservation_of`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Found {
+    /// The limit's index in the policy.
+    pub limit: usize,
+    /// The key tail of its bucket.
+    pub tail: Vec<u8>,
+    pub id: u128,
+    pub estimate: u64,
+}
+
+impl Policy {
+    /// The reservation an `X-Tollgate-Reservation` id names (`<limit>.<key>.<id>:<estimate>`),
+    /// or why it names none.
+    pub fn reservation_of(&self, id: &str) -> Result<Found, String> {
+        let mut fields = id.trim().split('.');
+        let (Some(name), Some(tail), Some(member), None) =
+            (fields.next(), fields.next(), fields.next(), fields.next())
+        else {
+            return Err(
+                "is not a reservation id (<limit>.<key>.<id>:<estimate>, as X-Tollgate-Reservation gives it)"
+                    .into(),
+            );
+        };
+        let Some(limit) = self.limits.iter().position(|limit| limit.name == name) else {
+            return Err(format!("names no limit {name:?}"));
+        };
+        if !matches!(self.limits[limit].meter, crate::store::Meter::Reserve(_)) {
+            return Err(format!("limit {name:?} does not reserve"));
+        }
+        let tail = unhex(tail).ok_or("has a malformed key")?;
+        let parsed = member.split_once(':').and_then(|(id, estimate)| {
+            let hex = id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit());
+            let digits = !estimate.is_empty() && estimate.bytes().all(|b| b.is_ascii_digit());
+            (hex && digits).then_some(())?;
+            Some((u128::from_str_radix(id, 16).ok()?, estimate.parse().ok()?))
+        });
+        let Some((id, estimate)) = parsed else {
+            return Err("has a malformed reservation".into());
+        };
+        if estimate > crate::config::MAX_COST {
+            return Err("has a malformed reservation".into());
+        }
+        Ok(Found {
+            limit,
+            tail,
+            id,
+            estimate,
+        })
+    }
+}
+
 /// Bytes from pairs of hex digits.
 fn unhex(text: &str) -> Option<Vec<u8>> {
     if !text.len().is_multiple_of(2) {

@@ -29,6 +29,64 @@ pub enum Meter {
     /// At most `burst` leases held at once (`rate` is unused, the cost is one lease): a set
     /// of lease ids, each expiring `ttl_ms` after it was taken unless released before.
     Lease(Lease),
+    /// A token bucket (as [`Meter::Bucket`]) whose charge is held as a reservation: the check
+    /// charges the estimate (`cost`) and records it under `id` beside the bucket, so that
+    /// [`Store::settle`] can replace it with the actual cost, once.
+    Reserve(Reserve),
+}
+
+/// One reservation a check asks for: its id (unique per check), how long it is held
+/// unsettled, and what happens to its estimate then.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reserve {
+    pub ttl_ms: u64,
+    pub id: u128,
+    /// An unsettled reservation's estimate is given back when it expires (else it is kept:
+    /// the request is taken to have cost its estimate).
+    pub refund: bool,
+}
+
+impl Reserve {
+    /// The reservation as stored beside its bucket: `<id in 32 hex digits>:<estimate>`. The
+    /// estimate is part of the member, so a settle names exactly what was held.
+    pub fn member(&self, estimate: u64) -> String {
+        format!("{:032x}:{estimate}", self.id)
+    }
+}
+
+/// The key beside bucket `key` holding its reservations (same Cluster slot: the hash tag is
+/// the bucket key's).
+pub fn reservations_key(key: &str) -> String {
+    format!("{key}:r")
+}
+
+/// A settle (`POST /report` with a reservation id): the reservation `member` of the bucket
+/// `bucket` (its numbers as a check finds them; `cost` is the actual cost) is replaced by the
+/// actual cost: the difference refunded, or charged down to `-max_debt` at most.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settle {
+    pub bucket: BucketRequest,
+    /// The estimate the check charged.
+    pub estimate: u64,
+    pub max_debt: f64,
+}
+
+/// The reservations held beside a reserving bucket (peek).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Reserved {
+    /// Their estimates' sum.
+    pub tokens: u64,
+    pub held: u64,
+}
+
+/// What a settle did.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Settled {
+    /// The reservation was held and is now settled; false when it was settled before or
+    /// expired (then nothing was charged or refunded).
+    pub held: bool,
+    /// The bucket afterwards.
+    pub outcome: BucketOutcome,
 }
 
 /// One lease a check asks for: its id (unique per check), and how long it lives unreleased.
@@ -164,6 +222,21 @@ pub trait Store: Send + Sync + 'static {
         async { Err(StoreError::Other("this store holds no leases".into())) }
     }
 
+    /// Settles one reservation (see [`Settle`]), atomically and at most once per id.
+    fn settle(&self, settle: &Settle) -> impl Future<Output = Result<Settled, StoreError>> {
+        let _ = settle;
+        async { Err(StoreError::Other("this store holds no reservations".into())) }
+    }
+
+    /// The reservations held now beside the reserving bucket `bucket` (peek).
+    fn reserved(
+        &self,
+        bucket: &BucketRequest,
+    ) -> impl Future<Output = Result<Reserved, StoreError>> {
+        let _ = bucket;
+        async { Err(StoreError::Other("this store holds no reservations".into())) }
+    }
+
     /// Whether the store may decide one request in parts and refund a part (a Redis Cluster,
     /// per slot): then a bucket can rise by more than its refill (see `deny_cache`).
     fn splits_requests(&self) -> bool {
@@ -227,6 +300,20 @@ impl Store for AnyStore {
         match self {
             AnyStore::Memory(store) => store.release(key, member).await,
             AnyStore::Redis(store) => store.release(key, member).await,
+        }
+    }
+
+    async fn settle(&self, settle: &Settle) -> Result<Settled, StoreError> {
+        match self {
+            AnyStore::Memory(store) => store.settle(settle).await,
+            AnyStore::Redis(store) => store.settle(settle).await,
+        }
+    }
+
+    async fn reserved(&self, bucket: &BucketRequest) -> Result<Reserved, StoreError> {
+        match self {
+            AnyStore::Memory(store) => store.reserved(bucket).await,
+            AnyStore::Redis(store) => store.reserved(bucket).await,
         }
     }
 

@@ -24,6 +24,8 @@ pub const MAX_BURST: u64 = 1_000_000_000;
 pub const DEFAULT_LEASE_TTL_S: u64 = 60;
 /// The longest `lease_ttl_s`: a day.
 pub const MAX_LEASE_TTL_S: u64 = 86_400;
+/// How long a reservation is held unsettled, unless `reservation_ttl_s` says otherwise.
+pub const DEFAULT_RESERVATION_TTL_S: u64 = 300;
 
 /// Largest cost a request or a report may carry: what the largest bucket holds. A bigger one
 /// (a `cost_header` value past it, even past 2^64 - 1) is read as [`OVER_COST`].
@@ -207,6 +209,18 @@ pub struct LimitConfig {
     pub cost: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cost_header: Option<String>,
+    /// A `charge = "report"` bucket's estimate of a request's cost, reserved at `/check`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reserve: Option<u64>,
+    /// A request header carrying the estimate (the larger of it and `reserve` is reserved).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reserve_header: Option<String>,
+    /// Seconds a reservation is held unsettled (default 300).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reservation_ttl_s: Option<u64>,
+    /// What an unsettled reservation's estimate does when it expires (default: kept).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_reservation_expiry: Option<ReservationExpiry>,
     #[serde(default)]
     pub shadow: bool,
     #[serde(default)]
@@ -220,6 +234,17 @@ pub struct LimitConfig {
     /// path is relative to the config file.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub overrides_file: Option<PathBuf>,
+}
+
+/// What becomes of a reservation nobody settled in time.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ReservationExpiry {
+    /// The request is taken to have cost its estimate: the safe side.
+    #[default]
+    Keep,
+    /// The estimate is given back (at the bucket's next check or settle).
+    Refund,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -360,6 +385,10 @@ impl Default for Config {
                 key: vec!["ip".into()],
                 cost: 1,
                 cost_header: None,
+                reserve: None,
+                reserve_header: None,
+                reservation_ttl_s: None,
+                on_reservation_expiry: None,
                 shadow: false,
                 on_missing: OnMissing::Skip,
                 matching: MatchConfig::default(),

@@ -116,6 +116,24 @@ impl Config {
             if limit.charge == Charge::Report {
                 let _ = write!(out, "  charged by /report (max_debt {})", limit.max_debt());
             }
+            if limit.reserve.is_some() || limit.reserve_header.is_some() {
+                let _ = write!(
+                    out,
+                    "  reserves {}{} for {} s, then {}",
+                    limit.reserve.unwrap_or(1),
+                    limit
+                        .reserve_header
+                        .as_deref()
+                        .map_or(String::new(), |h| format!(" or {h}")),
+                    limit
+                        .reservation_ttl_s
+                        .unwrap_or(crate::config::DEFAULT_RESERVATION_TTL_S),
+                    match limit.on_reservation_expiry.unwrap_or_default() {
+                        crate::config::ReservationExpiry::Keep => "keeps the estimate",
+                        crate::config::ReservationExpiry::Refund => "refunds it",
+                    }
+                );
+            }
             let _ = write!(
                 out,
                 "  on_missing {:?}  match {}",

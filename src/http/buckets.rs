@@ -23,7 +23,7 @@ use crate::policy::limits::{Limit, Numbers};
 use crate::policy::overrides::Override;
 use crate::policy::Policy;
 use crate::state::AppState;
-use crate::store::{BucketOutcome, BucketRequest, Meter, Store};
+use crate::store::{BucketOutcome, BucketRequest, Meter, Reserved, Store};
 
 /// The bucket a request names.
 struct Named<'p> {
@@ -44,9 +44,11 @@ fn named<'p>(policy: &'p Policy, name: &str, query: &str) -> Result<Named<'p>, A
     } = NamedKey::parse(policy, name, query)?;
     // As a check finds them: a runtime override before the file's, else the limit's own.
     let numbers = limit.numbers_for(&policy.runtime.view(), &tail);
-    let cost = match limit.charge {
-        crate::config::Charge::Report => 0,
-        crate::config::Charge::Request => limit.cost,
+    let cost = match (limit.charge, limit.meter) {
+        // What the least estimate would reserve.
+        (crate::config::Charge::Report, Meter::Reserve(_)) => limit.reserve,
+        (crate::config::Charge::Report, _) => 0,
+        (crate::config::Charge::Request, _) => limit.cost,
     };
     let own = match numbers {
         None => Some(Override::Unlimited),
@@ -117,9 +119,25 @@ enum PeekState {
         remaining: u64,
         lease_ttl_s: u64,
     },
+    Reserving {
+        /// Tokens held now, the reservations' estimates already taken out.
+        tokens: f64,
+        remaining: u64,
+        burst: f64,
+        rate_per_s: f64,
+        full_in_s: u64,
+        /// Reservations held now (unexpired, unsettled), and their estimates' sum.
+        reservations: u64,
+        reserved: u64,
+        reservation_ttl_s: u64,
+    },
 }
 
-fn peek_state(bucket: &BucketRequest, outcome: &BucketOutcome) -> PeekState {
+fn peek_state(
+    bucket: &BucketRequest,
+    outcome: &BucketOutcome,
+    reserved: Option<Reserved>,
+) -> PeekState {
     let state = LimitState {
         limit: bucket.limit,
         cost: bucket.cost,
@@ -150,6 +168,19 @@ fn peek_state(bucket: &BucketRequest, outcome: &BucketOutcome) -> PeekState {
             remaining: state.remaining(),
             lease_ttl_s: lease.ttl_ms / 1000,
         },
+        Meter::Reserve(reserve) => {
+            let reserved = reserved.unwrap_or_default();
+            PeekState::Reserving {
+                tokens: outcome.tokens,
+                remaining: state.remaining(),
+                burst: bucket.burst,
+                rate_per_s: bucket.rate,
+                full_in_s: state.reset_secs(),
+                reservations: reserved.held,
+                reserved: reserved.tokens,
+                reservation_ttl_s: reserve.ttl_ms / 1000,
+            }
+        }
     }
 }
 
@@ -203,10 +234,21 @@ pub async fn peek(
         .peek(&named.bucket)
         .await
         .map_err(store_failed)?;
+    let reserved = match named.bucket.meter {
+        Meter::Reserve(_) => Some(
+            state
+                .limiter
+                .store()
+                .reserved(&named.bucket)
+                .await
+                .map_err(store_failed)?,
+        ),
+        _ => None,
+    };
     Ok(json(serde_json::to_string_pretty(&Peek {
         limit: &named.limit.name,
         key,
-        state: peek_state(&named.bucket, &outcome),
+        state: peek_state(&named.bucket, &outcome, reserved),
         next_check: if outcome.enough { "allowed" } else { "denied" },
         cost: named.bucket.cost,
         own: override_view(named.own),

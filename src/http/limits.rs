@@ -48,9 +48,27 @@ struct LimitView<'p> {
 #[derive(Serialize)]
 #[serde(untagged)]
 enum MeterView {
-    Bucket { rate_per_s: f64, burst: u64 },
-    Quota { quota: u64, period: Period },
-    Concurrency { concurrency: u64, lease_ttl_s: u64 },
+    Bucket {
+        rate_per_s: f64,
+        burst: u64,
+    },
+    Quota {
+        quota: u64,
+        period: Period,
+    },
+    Concurrency {
+        concurrency: u64,
+        lease_ttl_s: u64,
+    },
+    Reserving {
+        rate_per_s: f64,
+        burst: u64,
+        reserve: u64,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        reserve_header: Option<String>,
+        reservation_ttl_s: u64,
+        on_reservation_expiry: &'static str,
+    },
 }
 
 /// How many keys have their own policy, by where it comes from.
@@ -78,6 +96,14 @@ impl<'p> From<&'p Limit> for LimitView<'p> {
                 Meter::Lease(lease) => MeterView::Concurrency {
                     concurrency: limit.burst,
                     lease_ttl_s: lease.ttl_ms / 1000,
+                },
+                Meter::Reserve(reserve) => MeterView::Reserving {
+                    rate_per_s: limit.rate,
+                    burst: limit.burst,
+                    reserve: limit.reserve,
+                    reserve_header: limit.reserve_header.clone(),
+                    reservation_ttl_s: reserve.ttl_ms / 1000,
+                    on_reservation_expiry: if reserve.refund { "refund" } else { "keep" },
                 },
             },
             key: limit.key.iter().map(ToString::to_string).collect(),

@@ -35,10 +35,11 @@ pub async fn release(
         let found = policy
             .lease_of(id)
             .map_err(|why| AdminError::bad("lease", format!("lease {id:?} {why}")))?;
-        leases.push(found);
+        let name = id.split('.').next().unwrap_or_default();
+        leases.push((name, found));
     }
     let mut released = 0;
-    for (key, member) in &leases {
+    for (name, (key, member)) in &leases {
         let held = state
             .limiter
             .store()
@@ -50,6 +51,11 @@ pub async fn release(
                 ))
             })?;
         released += usize::from(held);
+        if held {
+            if let Some(limit) = policy.limits.iter().find(|limit| limit.name == *name) {
+                limit.counters.leases_released.inc();
+            }
+        }
     }
     let answer = serde_json::json!({ "leases": leases.len(), "released": released });
     Ok(HttpResponse::Ok()

@@ -4,7 +4,8 @@
 use actix_web::{web, HttpResponse};
 
 use super::admin::{AdminError, Operator};
-use crate::limiter::report::{self, ReportError};
+use crate::limiter::report::{self, Item, Others, ReportError, Reports};
+use crate::policy::Policy;
 use crate::state::AppState;
 use crate::store::Store;
 
@@ -38,7 +39,8 @@ pub async fn report(
                 ))
             })?
     };
-    let charged = report::answer(&policy, &reports, &outcomes);
+    let others = settle_and_release(&state, &policy, &reports).await?;
+    let charged = report::answer(&policy, &reports, &outcomes, &others);
     let body = match (reports.listed, charged.as_slice()) {
         (false, [one]) => serde_json::to_string(one),
         _ => serde_json::to_string(&charged),
@@ -46,4 +48,44 @@ pub async fn report(
     Ok(HttpResponse::Ok()
         .content_type("application/json")
         .body(body.unwrap_or_default()))
+}
+
+/// The settles and releases of a report body, each its own atomic store call (each is
+/// idempotent by id, so a retry after a 503 never charges or gives back twice).
+async fn settle_and_release(
+    state: &AppState,
+    policy: &Policy,
+    reports: &Reports,
+) -> Result<Others, AdminError> {
+    let store = state.limiter.store();
+    let unavailable = |error: crate::store::StoreError| {
+        log::warn!("a settle or release was not recorded (answered 503): {error}");
+        AdminError::Unavailable(format!(
+            "the store did not answer ({error}): retry (a settle or release is idempotent)"
+        ))
+    };
+    let mut others = Others::default();
+    for item in &reports.items {
+        match item {
+            Item::Settle(settle) => {
+                let done = store.settle(settle).await.map_err(unavailable)?;
+                let counters = &policy.limits[settle.bucket.limit].counters;
+                if done.held {
+                    counters.reservations_settled.inc();
+                } else {
+                    counters.reservations_not_held.inc();
+                }
+                others.settled.push(done);
+            }
+            Item::Release { limit, key, member } => {
+                let held = store.release(key, member).await.map_err(unavailable)?;
+                if held {
+                    policy.limits[*limit].counters.leases_released.inc();
+                }
+                others.released.push(held);
+            }
+            Item::Charge(_) | Item::Unlimited { .. } => {}
+        }
+    }
+    Ok(others)
 }

@@ -17,6 +17,8 @@ use crate::policy::Policy;
 const X_TOLLGATE_STATUS: HeaderName = HeaderName::from_static("x-tollgate-status");
 /// The leases an allowed check took, comma-separated: what `POST /release` gives back.
 pub const X_TOLLGATE_LEASE: HeaderName = HeaderName::from_static("x-tollgate-lease");
+/// The reservations an allowed check took, comma-separated: what `POST /report` settles.
+pub const X_TOLLGATE_RESERVATION: HeaderName = HeaderName::from_static("x-tollgate-reservation");
 const X_TOLLGATE_DENY_STATUS: HeaderName = HeaderName::from_static("x-tollgate-deny-status");
 
 /// How a refusal (a denial, or failing closed) is answered.
@@ -59,6 +61,9 @@ pub fn render_as(verdict: &Verdict, policy: &Policy, form: DenyForm) -> HttpResp
             answer_headers(&mut response, decision, policy, false);
             if !decision.leases.is_empty() {
                 response.insert_header((X_TOLLGATE_LEASE, decision.leases.join(",")));
+            }
+            if !decision.reservations.is_empty() {
+                response.insert_header((X_TOLLGATE_RESERVATION, decision.reservations.join(",")));
             }
             response.finish()
         }

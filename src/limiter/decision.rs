@@ -47,6 +47,9 @@ pub struct Decision {
     /// The ids of the leases this check took (allowed by concurrency limits), as
     /// `X-Tollgate-Lease` shows them; `POST /release` gives each back.
     pub leases: Vec<String>,
+    /// The ids of the reservations this check took (allowed by reserving limits), as
+    /// `X-Tollgate-Reservation` gives them.
+    pub reservations: Vec<String>,
 }
 
 pub use crate::base::rate::{ceil_secs, MAX_SF_INTEGER};

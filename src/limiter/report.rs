@@ -9,7 +9,7 @@ use crate::config::{Charge, MAX_COST};
 use crate::limiter::decision::ceil_secs;
 use crate::policy::limits::Limit;
 use crate::policy::Policy;
-use crate::store::{BucketOutcome, ReportCharge};
+use crate::store::{BucketOutcome, Meter, ReportCharge, Reserve, Settle};
 
 /// Most charges one request may carry: a body is answered in one store round trip per slot.
 pub const MAX_CHARGES: usize = 1_000;
@@ -40,7 +40,8 @@ fn malformed(field: String, reason: impl Into<String>) -> ReportError {
 pub struct Reports {
     /// What the store must charge, in body order (keys an override makes unlimited left out).
     pub charges: Vec<ReportCharge>,
-    /// Every item of the body, in order: charged, or unlimited (charged nothing).
+    /// Every item of the body, in order: charged, unlimited (charged nothing), a reservation
+    /// to settle or a lease to give back.
     pub items: Vec<Item>,
     pub listed: bool,
 }
@@ -54,6 +55,14 @@ pub enum Item {
     Unlimited {
         limit: usize,
     },
+    /// `{"reservation": id, "cost": N}`: the actual cost replaces the reservation's estimate.
+    Settle(Settle),
+    /// `{"lease": id}`: a concurrency limit's lease given back, as `POST /release` does.
+    Release {
+        limit: usize,
+        key: String,
+        member: String,
+    },
 }
 
 impl Reports {
@@ -62,7 +71,7 @@ impl Reports {
             .iter()
             .filter_map(|item| match item {
                 Item::Charge(charge) => Some(charge.clone()),
-                Item::Unlimited { .. } => None,
+                _ => None,
             })
             .collect();
         Reports {
@@ -105,6 +114,12 @@ pub fn parse(body: &[u8], policy: &Policy) -> Result<Reports, ReportError> {
 }
 
 fn charge(item: &Map<String, Value>, at: &str, policy: &Policy) -> Result<Item, ReportError> {
+    if item.contains_key("reservation") {
+        return settle(item, at, policy);
+    }
+    if item.contains_key("lease") {
+        return release(item, at, policy);
+    }
     if let Some(unknown) = item
         .keys()
         .find(|k| !matches!(k.as_str(), "limit" | "key" | "cost"))
@@ -116,19 +131,7 @@ fn charge(item: &Map<String, Value>, at: &str, policy: &Policy) -> Result<Item, 
         Some(_) => return Err(malformed(format!("{at}limit"), "must be a string")),
         None => return Err(malformed(format!("{at}limit"), "is required")),
     };
-    let cost = match item.get("cost") {
-        Some(Value::Number(n)) => n
-            .as_u64()
-            .ok_or_else(|| malformed(format!("{at}cost"), "must be an integer >= 0"))?,
-        Some(_) => return Err(malformed(format!("{at}cost"), "must be an integer >= 0")),
-        None => return Err(malformed(format!("{at}cost"), "is required")),
-    };
-    if cost > MAX_COST {
-        return Err(malformed(
-            format!("{at}cost"),
-            format!("must be at most {MAX_COST}"),
-        ));
-    }
+    let cost = cost_of(item, at)?;
     let values = match item.get("key") {
         Some(Value::Array(values)) => values
             .iter()
@@ -161,6 +164,14 @@ fn charge(item: &Map<String, Value>, at: &str, policy: &Policy) -> Result<Item, 
             name: name.clone(),
         });
     }
+    if let Meter::Reserve(_) = limit.meter {
+        return Err(malformed(
+            format!("{at}limit"),
+            format!(
+                "limit {name:?} reserves at /check: settle with {{\"reservation\": <X-Tollgate-Reservation>, \"cost\": N}}, which replaces the estimate instead of adding to it"
+            ),
+        ));
+    }
     let tail = limit
         .tail_of_given(&values, policy.client_ip.ipv6_prefix)
         .map_err(|(i, why)| key_error(limit, &values, i, why, at))?;
@@ -177,6 +188,98 @@ fn charge(item: &Map<String, Value>, at: &str, policy: &Policy) -> Result<Item, 
         ),
         max_debt: count_f64(limit.max_debt),
     }))
+}
+
+/// The `cost` field: an integer in 0..=MAX_COST.
+fn cost_of(item: &Map<String, Value>, at: &str) -> Result<u64, ReportError> {
+    let cost = match item.get("cost") {
+        Some(Value::Number(n)) => n
+            .as_u64()
+            .ok_or_else(|| malformed(format!("{at}cost"), "must be an integer >= 0"))?,
+        Some(_) => return Err(malformed(format!("{at}cost"), "must be an integer >= 0")),
+        None => return Err(malformed(format!("{at}cost"), "is required")),
+    };
+    if cost > MAX_COST {
+        return Err(malformed(
+            format!("{at}cost"),
+            format!("must be at most {MAX_COST}"),
+        ));
+    }
+    Ok(cost)
+}
+
+/// The id field `name` of an item that holds only it and `others`.
+fn id_field<'i>(
+    item: &'i Map<String, Value>,
+    name: &str,
+    others: &[&str],
+    at: &str,
+) -> Result<&'i str, ReportError> {
+    if let Some(unknown) = item
+        .keys()
+        .find(|k| k.as_str() != name && !others.contains(&k.as_str()))
+    {
+        return Err(malformed(format!("{at}{unknown}"), "unknown field"));
+    }
+    match item.get(name) {
+        Some(Value::String(id)) => Ok(id),
+        _ => Err(malformed(format!("{at}{name}"), "must be a string")),
+    }
+}
+
+/// `{"reservation": id, "cost": N}`.
+fn settle(item: &Map<String, Value>, at: &str, policy: &Policy) -> Result<Item, ReportError> {
+    let id = id_field(item, "reservation", &["cost"], at)?;
+    let cost = cost_of(item, at)?;
+    let found = policy
+        .reservation_of(id)
+        .map_err(|why| malformed(format!("{at}reservation"), format!("{id:?} {why}")))?;
+    let limit = &policy.limits[found.limit];
+    let Meter::Reserve(reserve) = limit.meter else {
+        return Err(malformed(
+            format!("{at}reservation"),
+            "names no reserving limit",
+        ));
+    };
+    // Settled with the numbers a check finds for the key now (an override binds it too); a
+    // key made unlimited since keeps the limit's own, so the reservation is still settled.
+    let numbers = limit
+        .numbers_for(&policy.runtime.view(), &found.tail)
+        .unwrap_or(crate::policy::limits::Numbers {
+            rate: limit.rate,
+            burst: limit.burst,
+            overridden: false,
+        });
+    let mut bucket = limit.bucket(
+        limit.store_key(&policy.key_prefix, &found.tail),
+        found.limit,
+        numbers,
+        cost,
+    );
+    bucket.meter = Meter::Reserve(Reserve {
+        id: found.id,
+        ..reserve
+    });
+    Ok(Item::Settle(Settle {
+        bucket,
+        estimate: found.estimate,
+        max_debt: count_f64(limit.max_debt),
+    }))
+}
+
+/// `{"lease": id}`.
+fn release(item: &Map<String, Value>, at: &str, policy: &Policy) -> Result<Item, ReportError> {
+    let id = id_field(item, "lease", &[], at)?;
+    let (key, member) = policy
+        .lease_of(id)
+        .map_err(|why| malformed(format!("{at}lease"), format!("{id:?} {why}")))?;
+    let name = id.trim().split('.').next().unwrap_or_default();
+    let limit = policy
+        .limits
+        .iter()
+        .position(|limit| limit.name == name)
+        .unwrap_or_default();
+    Ok(Item::Release { limit, key, member })
 }
 
 fn key_error(limit: &Limit, values: &[String], index: usize, why: String, at: &str) -> ReportError {
@@ -199,12 +302,42 @@ pub struct Charged {
     /// An override makes the key unlimited by this limit: nothing was charged.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub unlimited: bool,
+    /// A reservation: whether this settle settled it (false: settled before or expired, and
+    /// nothing changed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub settled: Option<bool>,
+    /// A lease: whether it was still held (and is now given back).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub released: Option<bool>,
+}
+
+/// What the store said to the items that are not charges, in body order: each settle's and
+/// each release's answer.
+#[derive(Debug, Clone, Default)]
+pub struct Others {
+    pub settled: Vec<crate::store::Settled>,
+    pub released: Vec<bool>,
 }
 
 /// The state of each reported limit after its report, in body order; `outcomes` are the
-/// store's answers to `reports.charges`.
-pub fn answer(policy: &Policy, reports: &Reports, outcomes: &[BucketOutcome]) -> Vec<Charged> {
+/// store's answers to `reports.charges`, `others` to the settles and releases.
+pub fn answer(
+    policy: &Policy,
+    reports: &Reports,
+    outcomes: &[BucketOutcome],
+    others: &Others,
+) -> Vec<Charged> {
     let mut outcomes = outcomes.iter();
+    let mut settled = others.settled.iter();
+    let mut released = others.released.iter();
+    let used_up = |limit: usize| Charged {
+        limit: policy.limits[limit].name.clone(),
+        remaining: Some(0),
+        retry_after: Some(1),
+        unlimited: false,
+        settled: None,
+        released: None,
+    };
     reports
         .items
         .iter()
@@ -214,33 +347,59 @@ pub fn answer(policy: &Policy, reports: &Reports, outcomes: &[BucketOutcome]) ->
                 remaining: None,
                 retry_after: None,
                 unlimited: true,
+                settled: None,
+                released: None,
+            },
+            Item::Settle(settle) => {
+                let bucket = &settle.bucket;
+                let Some(done) = settled.next() else {
+                    return used_up(bucket.limit);
+                };
+                Charged {
+                    settled: Some(done.held),
+                    ..charged(policy, bucket, &done.outcome)
+                }
+            }
+            Item::Release { limit, .. } => Charged {
+                limit: policy.limits[*limit].name.clone(),
+                remaining: None,
+                retry_after: None,
+                unlimited: false,
+                settled: None,
+                released: Some(released.next().copied().unwrap_or(false)),
             },
             Item::Charge(charge) => {
                 let bucket = &charge.bucket;
-                let Some(outcome) = outcomes.next() else {
-                    // The store answers every charge; a short answer is read as used up.
-                    return Charged {
-                        limit: policy.limits[bucket.limit].name.clone(),
-                        remaining: Some(0),
-                        retry_after: Some(1),
-                        unlimited: false,
-                    };
-                };
-                let retry_after = (!outcome.enough).then(|| {
-                    let wait = match outcome.window {
-                        Some(window) => window.ends_in_s,
-                        // One whole request, as `/check` asks of a reported limit.
-                        None => ceil_secs((1.0 - outcome.tokens) / bucket.rate),
-                    };
-                    wait.max(1)
-                });
-                Charged {
-                    limit: policy.limits[bucket.limit].name.clone(),
-                    remaining: Some(whole(outcome.tokens)),
-                    retry_after,
-                    unlimited: false,
+                // The store answers every charge; a short answer is read as used up.
+                match outcomes.next() {
+                    Some(outcome) => charged(policy, bucket, outcome),
+                    None => used_up(bucket.limit),
                 }
             }
         })
         .collect()
+}
+
+/// What is left of `bucket` after a charge or a settle, and when to retry if nothing is.
+fn charged(
+    policy: &Policy,
+    bucket: &crate::store::BucketRequest,
+    outcome: &BucketOutcome,
+) -> Charged {
+    let retry_after = (!outcome.enough).then(|| {
+        let wait = match outcome.window {
+            Some(window) => window.ends_in_s,
+            // One whole request, as `/check` asks of a reported limit.
+            None => ceil_secs((1.0 - outcome.tokens) / bucket.rate),
+        };
+        wait.max(1)
+    });
+    Charged {
+        limit: policy.limits[bucket.limit].name.clone(),
+        remaining: Some(whole(outcome.tokens)),
+        retry_after,
+        unlimited: false,
+        settled: None,
+        released: None,
+    }
 }

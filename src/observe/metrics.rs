@@ -14,6 +14,8 @@ use crate::observe::top::KeyTop;
 pub const CHECKS_TOTAL: &str = "tollgate_checks_total";
 pub const EXEMPT_TOTAL: &str = "tollgate_exempt_total";
 pub const LIMIT_DECISIONS_TOTAL: &str = "tollgate_limit_decisions_total";
+pub const RESERVATIONS_TOTAL: &str = "tollgate_reservations_total";
+pub const LEASES_TOTAL: &str = "tollgate_leases_total";
 pub const CHECK_DURATION_SECONDS: &str = "tollgate_check_duration_seconds";
 pub const STORE_DURATION_SECONDS: &str = "tollgate_store_duration_seconds";
 pub const STORE_ERRORS_TOTAL: &str = "tollgate_store_errors_total";
@@ -67,6 +69,14 @@ pub struct LimitCounters {
     pub shadow_denied: IntCounter,
     /// The keys this limit denied most (`GET /v1/top`): in memory, never a label.
     pub denied_keys: Arc<KeyTop>,
+    /// `tollgate_reservations_total`: reservations this instance opened, settled, and settles
+    /// that found theirs no longer held (settled before, or expired).
+    pub reservations_opened: IntCounter,
+    pub reservations_settled: IntCounter,
+    pub reservations_not_held: IntCounter,
+    /// `tollgate_leases_total`: leases this instance took and gave back.
+    pub leases_taken: IntCounter,
+    pub leases_released: IntCounter,
 }
 
 impl LimitCounters {
@@ -78,6 +88,11 @@ impl LimitCounters {
             denied: detached_counter(),
             shadow_denied: detached_counter(),
             denied_keys: Arc::default(),
+            reservations_opened: detached_counter(),
+            reservations_settled: detached_counter(),
+            reservations_not_held: detached_counter(),
+            leases_taken: detached_counter(),
+            leases_released: detached_counter(),
         }
     }
 }
@@ -92,6 +107,8 @@ pub struct Metrics {
     registry: Registry,
     pub checks: CheckCounters,
     limit_decisions: IntCounterVec,
+    reservations: IntCounterVec,
+    leases: IntCounterVec,
     exempt: IntCounterVec,
     pub check_duration: Histogram,
     pub store_duration: Histogram,
@@ -119,6 +136,24 @@ impl Metrics {
                 "Per-limit outcomes of evaluated checks.",
             ),
             &["limit", "decision"],
+        )
+        .expect("valid metric");
+        let reservations = IntCounterVec::new(
+            Opts::new(
+                RESERVATIONS_TOTAL,
+                "Reservations of reserving limits: opened by checks, settled by reports, and \
+                 settles that found theirs no longer held (settled before or expired).",
+            ),
+            &["limit", "event"],
+        )
+        .expect("valid metric");
+        let leases = IntCounterVec::new(
+            Opts::new(
+                LEASES_TOTAL,
+                "Leases of concurrency limits this instance took and gave back (POST /release); \
+                 taken minus released, summed over instances, bounds those held or expired.",
+            ),
+            &["limit", "event"],
         )
         .expect("valid metric");
         let exempt = IntCounterVec::new(
@@ -191,6 +226,8 @@ impl Metrics {
         for collector in [
             Box::new(checks.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(limit_decisions.clone()),
+            Box::new(reservations.clone()),
+            Box::new(leases.clone()),
             Box::new(exempt.clone()),
             Box::new(check_duration.clone()),
             Box::new(store_duration.clone()),
@@ -216,6 +253,8 @@ impl Metrics {
                 error_denied: checks.with_label_values(&["error_denied"]),
             },
             limit_decisions,
+            reservations,
+            leases,
             exempt,
             check_duration,
             store_duration,
@@ -252,6 +291,11 @@ impl Metrics {
                 .limit_decisions
                 .with_label_values(&[limit, "shadow_denied"]),
             denied_keys: self.denied_keys(limit),
+            reservations_opened: self.reservations.with_label_values(&[limit, "opened"]),
+            reservations_settled: self.reservations.with_label_values(&[limit, "settled"]),
+            reservations_not_held: self.reservations.with_label_values(&[limit, "not_held"]),
+            leases_taken: self.leases.with_label_values(&[limit, "taken"]),
+            leases_released: self.leases.with_label_values(&[limit, "released"]),
         }
     }
 

@@ -10,7 +10,8 @@ use crate::base::keys::{self, KeyPart};
 use crate::base::rate::{ceil_secs, count_f64};
 use crate::config::{
     check_refill, valid_name, Charge, ConfigError, LimitConfig, OnMissing, RateSpec,
-    DEFAULT_LEASE_TTL_S, MAX_BURST, MAX_COST, MAX_LEASE_TTL_S, OVER_COST,
+    ReservationExpiry, DEFAULT_LEASE_TTL_S, DEFAULT_RESERVATION_TTL_S, MAX_BURST, MAX_COST,
+    MAX_LEASE_TTL_S, OVER_COST,
 };
 use crate::observe::metrics::LimitCounters;
 use crate::policy::descriptors::DescriptorRule;
@@ -18,7 +19,7 @@ use crate::policy::matcher::Matcher;
 use crate::policy::overrides::{Base, Override, Overrides};
 use crate::policy::runtime_overrides::{Own, View};
 use crate::request::OriginalRequest;
-use crate::store::{BucketRequest, Lease, Meter};
+use crate::store::{BucketRequest, Lease, Meter, Reserve};
 
 /// One configured limit, ready for the hot path.
 pub struct Limit {
@@ -33,6 +34,9 @@ pub struct Limit {
     pub max_debt: u64,
     pub cost: u64,
     pub cost_header: Option<String>,
+    /// A reserving limit's least estimate (`reserve`, else 1), and the header that may raise it.
+    pub reserve: u64,
+    pub reserve_header: Option<String>,
     pub shadow: bool,
     pub on_missing: OnMissing,
     pub key: Vec<KeyPart>,
@@ -79,17 +83,12 @@ impl TryFrom<LimitInput<'_>> for Limit {
         let at = format!("limits.{}", config.name);
         let (rate, meter) = checked_meter(config, &at)?;
         check_charge(config, &at)?;
-        let cost_header = config
-            .cost_header
-            .as_deref()
-            .map(|header| {
-                actix_web::http::header::HeaderName::try_from(header)
-                    .map(|name| name.as_str().to_string())
-                    .map_err(|_| {
-                        ConfigError::new(format!("{at}.cost_header"), "is not a valid header name")
-                    })
-            })
-            .transpose()?;
+        let meter = match checked_reservation(config, &at)? {
+            Some(reserve) => Meter::Reserve(reserve),
+            None => meter,
+        };
+        let cost_header = header_name(config.cost_header.as_deref(), &at, "cost_header")?;
+        let reserve_header = header_name(config.reserve_header.as_deref(), &at, "reserve_header")?;
         let key = key_parts(&config.key, &at)?;
         let matcher = Matcher::compile(&config.matching, &format!("{at}.match"))?;
         DescriptorRule::check(config, &at)?;
@@ -120,6 +119,8 @@ impl TryFrom<LimitInput<'_>> for Limit {
             max_debt: config.max_debt(),
             cost: config.cost,
             cost_header,
+            reserve: config.reserve.unwrap_or(1),
+            reserve_header,
             shadow: config.shadow,
             on_missing: config.on_missing,
             key,
@@ -127,7 +128,7 @@ impl TryFrom<LimitInput<'_>> for Limit {
             descriptor: DescriptorRule::compile(config),
             overrides,
             policy_item: match meter {
-                Meter::Bucket => policy_item(
+                Meter::Bucket | Meter::Reserve(_) => policy_item(
                     &config.name,
                     config.burst,
                     ceil_secs(count_f64(config.burst) / rate),
@@ -144,6 +145,90 @@ impl TryFrom<LimitInput<'_>> for Limit {
             counters: LimitCounters::detached(),
         })
     }
+}
+
+/// A header name as the request reader looks it up (lower case), or a refusal naming `field`.
+fn header_name(header: Option<&str>, at: &str, field: &str) -> Result<Option<String>, ConfigError> {
+    header
+        .map(|header| {
+            actix_web::http::header::HeaderName::try_from(header)
+                .map(|name| name.as_str().to_string())
+                .map_err(|_| {
+                    ConfigError::new(format!("{at}.{field}"), "is not a valid header name")
+                })
+        })
+        .transpose()
+}
+
+/// A reserving limit's reservation (its id is drawn per check), after checking that the limit
+/// is a `charge = "report"` bucket and the estimate fits its burst; `None` when the limit
+/// reserves nothing.
+fn checked_reservation(config: &LimitConfig, at: &str) -> Result<Option<Reserve>, ConfigError> {
+    let reserves = config.reserve.is_some() || config.reserve_header.is_some();
+    if !reserves {
+        let stray = [
+            ("reservation_ttl_s", config.reservation_ttl_s.is_some()),
+            (
+                "on_reservation_expiry",
+                config.on_reservation_expiry.is_some(),
+            ),
+        ];
+        if let Some((key, _)) = stray.iter().find(|(_, given)| *given) {
+            return Err(ConfigError::new(
+                format!("{at}.{key}"),
+                "applies only to a reserving limit (reserve or reserve_header)",
+            ));
+        }
+        return Ok(None);
+    }
+    let field = if config.reserve.is_some() {
+        "reserve"
+    } else {
+        "reserve_header"
+    };
+    if config.charge != Charge::Report {
+        return Err(ConfigError::new(
+            format!("{at}.{field}"),
+            "applies only with charge = \"report\": the estimate is settled by POST /report",
+        ));
+    }
+    if config.concurrency.is_some() || config.quota.is_some() {
+        return Err(ConfigError::new(
+            format!("{at}.{field}"),
+            "applies to token buckets (rate and burst) only",
+        ));
+    }
+    if DescriptorRule::is_descriptor_limit(config) {
+        return Err(ConfigError::new(
+            format!("{at}.{field}"),
+            "applies to /check only: a gRPC answer carries no reservation id",
+        ));
+    }
+    if let Some(reserve) = config.reserve {
+        if reserve == 0 || reserve > config.burst {
+            return Err(ConfigError::new(
+                format!("{at}.reserve"),
+                format!(
+                    "must be between 1 and the burst ({}): a larger estimate could never be reserved",
+                    config.burst
+                ),
+            ));
+        }
+    }
+    let ttl_s = config
+        .reservation_ttl_s
+        .unwrap_or(DEFAULT_RESERVATION_TTL_S);
+    if ttl_s == 0 || ttl_s > MAX_LEASE_TTL_S {
+        return Err(ConfigError::new(
+            format!("{at}.reservation_ttl_s"),
+            format!("must be between 1 and {MAX_LEASE_TTL_S} seconds"),
+        ));
+    }
+    Ok(Some(Reserve {
+        ttl_ms: ttl_s * 1000,
+        id: 0,
+        refund: config.on_reservation_expiry == Some(ReservationExpiry::Refund),
+    }))
 }
 
 /// Tokens per second (0 for a quota) and the meter, after checking the numbers the store must
@@ -420,6 +505,10 @@ impl Limit {
                 id: fresh_lease_id(),
                 ..lease
             }),
+            Meter::Reserve(reserve) => Meter::Reserve(Reserve {
+                id: fresh_lease_id(),
+                ..reserve
+            }),
             other => other,
         };
         BucketRequest {
@@ -437,15 +526,32 @@ impl Limit {
     /// (`X-Tollgate-Lease`): `<limit>.<key tail in hex>.<lease id>`, visible ASCII, and all
     /// [`Policy::lease_of`](crate::policy::Policy::lease_of) needs to find the lease again.
     pub fn lease_id(&self, prefix: &str, key: &str, lease: Lease) -> String {
+        self.held_id(prefix, key, &lease.member())
+    }
+
+    /// The id a client is given for the reservation of `estimate` tokens that a check took
+    /// from this limit's bucket at `key` (`X-Tollgate-Reservation`): as a lease's,
+    /// `<limit>.<key tail in hex>.<id>:<estimate>`, the last part as the store keeps it.
+    pub fn reservation_id(
+        &self,
+        prefix: &str,
+        key: &str,
+        reserve: Reserve,
+        estimate: u64,
+    ) -> String {
+        self.held_id(prefix, key, &reserve.member(estimate))
+    }
+
+    fn held_id(&self, prefix: &str, key: &str, member: &str) -> String {
         let tail = crate::observe::top::tail_of(key, prefix, &self.name);
-        let mut id = String::with_capacity(self.name.len() + 2 * tail.len() + 34);
+        let mut id = String::with_capacity(self.name.len() + 2 * tail.len() + member.len() + 2);
         id.push_str(&self.name);
         id.push('.');
         for byte in tail.bytes() {
             id.push_str(&format!("{byte:02x}"));
         }
         id.push('.');
-        id.push_str(&lease.member());
+        id.push_str(member);
         id
     }
 
@@ -496,13 +602,25 @@ impl Limit {
         }
     }
 
-    /// What this limit charges at `/check`: nothing for a `charge = "report"` limit (0 admits
-    /// while it is not used up), else its configured cost or the cost header's.
+    /// What this limit charges at `/check`: its configured cost or the cost header's; for a
+    /// `charge = "report"` limit nothing (0 admits while it is not used up), or, when it
+    /// reserves, the estimate.
     pub fn check_cost(&self, request: &OriginalRequest<'_>) -> u64 {
-        match self.charge {
-            Charge::Report => 0,
-            Charge::Request => self.cost_of(request),
+        match (self.charge, self.meter) {
+            (Charge::Report, Meter::Reserve(_)) => self.estimate_of(request),
+            (Charge::Report, _) => 0,
+            (Charge::Request, _) => self.cost_of(request),
         }
+    }
+
+    /// A reserving limit's estimate: the `reserve_header` value when it is an integer above
+    /// `reserve`, else `reserve` (as [`Limit::check_cost`] reads a cost header).
+    fn estimate_of(&self, request: &OriginalRequest<'_>) -> u64 {
+        self.reserve_header
+            .as_deref()
+            .and_then(|name| request.header(name))
+            .and_then(header_cost)
+            .map_or(self.reserve, |estimate| estimate.max(self.reserve))
     }
 
     /// The cost of this request: the `cost_header` value when it is an integer above the

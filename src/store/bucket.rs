@@ -6,7 +6,7 @@
 //! burst - debt`, so new numbers for a key (an override, a reload) apply at once to what it
 //! owes. The arithmetic is the script's, operation for operation, so both stores reach the same
 //! integers.
-use super::{BucketOutcome, BucketRequest, Lease, Meter, Period, ReportCharge, Window};
+use super::{BucketOutcome, BucketRequest, Lease, Meter, Period, ReportCharge, Settle, Window};
 use crate::base::rate::count_f64;
 
 /// A stored key. A bucket: its `debt` in micro-tokens as of `ts_us`. A quota: `debt` counts
@@ -65,7 +65,7 @@ impl Bucket {
     /// from an absent one), a quota when its period ends.
     pub fn forget_at_us(&self, request: &BucketRequest) -> u64 {
         match request.meter {
-            Meter::Bucket => self.full_at_us(request.rate),
+            Meter::Bucket | Meter::Reserve(_) => self.full_at_us(request.rate),
             Meter::Quota(period) => {
                 let (_, end) = period.bounds((self.ts_us / MICROS) as i64);
                 u64::try_from(end).unwrap_or(0) * MICROS
@@ -155,7 +155,7 @@ fn lease_level(stored: Option<Bucket>, burst: f64) -> f64 {
 /// now), or a quota's remainder and window; `enough` says whether `request.cost` could be paid.
 fn find(request: &BucketRequest, stored: Option<Bucket>, now_us: u64) -> (BucketOutcome, u64) {
     match request.meter {
-        Meter::Bucket => {
+        Meter::Bucket | Meter::Reserve(_) => {
             let debt = debt_now(stored, now_us, request.rate);
             let (level, enough) = bucket_level(request, debt);
             let outcome = BucketOutcome {
@@ -221,7 +221,8 @@ pub fn decide(
     {
         if allowed && outcome.enough && request.cost > 0 {
             match request.meter {
-                Meter::Bucket => {
+                // A reservation's record is the store's to write (it knows the id).
+                Meter::Bucket | Meter::Reserve(_) => {
                     let cost = micro(count_f64(request.cost));
                     let (level, _) = bucket_level(request, debt);
                     outcome.tokens = tokens_of(level - cost);
@@ -252,32 +253,16 @@ pub fn decide(
 #[expect(
     clippy::cast_possible_truncation,
     clippy::cast_sign_loss,
-    clippy::cast_precision_loss,
-    reason = "debts in micro-tokens and quota counts stay below 2^53"
+    reason = "quota counts stay below 2^53"
 )]
 pub fn report(charge: &ReportCharge, state: &mut Option<Bucket>, now_us: u64) -> BucketOutcome {
     let request = &charge.bucket;
     match request.meter {
-        Meter::Bucket => {
+        Meter::Bucket | Meter::Reserve(_) => {
             let debt = debt_now(*state, now_us, request.rate);
-            let deepest = micro(request.burst + charge.max_debt);
-            let mut charged = debt as f64 + micro(count_f64(request.cost));
-            if charged > deepest {
-                charged = deepest.max(debt as f64);
-            }
-            let charged = charged as u64;
-            if charged != debt {
-                *state = Some(Bucket {
-                    debt: charged,
-                    ts_us: now_us,
-                });
-            }
-            let tokens = tokens_of(micro(request.burst) - charged as f64);
-            BucketOutcome {
-                tokens,
-                enough: tokens >= 1.0,
-                window: None,
-            }
+            let charged = charged_debt(debt, request, request.cost, charge.max_debt);
+            write_debt(state, debt, charged, now_us);
+            bucket_outcome(request, charged)
         }
         Meter::Quota(period) => {
             let (used, start_us, window) = quota_now(*state, period, now_us);
@@ -303,6 +288,79 @@ pub fn report(charge: &ReportCharge, state: &mut Option<Bucket>, now_us: u64) ->
             }
         }
     }
+}
+
+/// `debt` charged `cost` more, down to `-max_debt` at most (a deeper debt already there
+/// stays: nothing is given back).
+#[expect(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_precision_loss,
+    reason = "debts in micro-tokens stay below 2^53"
+)]
+fn charged_debt(debt: u64, request: &BucketRequest, cost: u64, max_debt: f64) -> u64 {
+    let deepest = micro(request.burst + max_debt);
+    let mut charged = debt as f64 + micro(count_f64(cost));
+    if charged > deepest {
+        charged = deepest.max(debt as f64);
+    }
+    charged as u64
+}
+
+/// Stores `new` as the debt at `now_us` when it differs from `old` (the debt refilled to now).
+fn write_debt(state: &mut Option<Bucket>, old: u64, new: u64, now_us: u64) {
+    if new != old {
+        *state = Some(Bucket {
+            debt: new,
+            ts_us: now_us,
+        });
+    }
+}
+
+#[expect(
+    clippy::cast_precision_loss,
+    reason = "a debt stays below 2^53, exact in f64"
+)]
+fn bucket_outcome(request: &BucketRequest, debt: u64) -> BucketOutcome {
+    let tokens = tokens_of(micro(request.burst) - debt as f64);
+    BucketOutcome {
+        tokens,
+        enough: tokens >= 1.0,
+        window: None,
+    }
+}
+
+/// Gives back `tokens` to a bucket at `now_us` (reservations settled below their estimate, or
+/// expired under `refund`): its debt goes down, never below 0 (a bucket never holds more than
+/// its burst). Mirrors `give_back` in `lua/bounds.lua`.
+pub fn give_back(state: &mut Option<Bucket>, tokens: u64, now_us: u64, rate: f64) {
+    if tokens == 0 {
+        return;
+    }
+    let debt = debt_now(*state, now_us, rate);
+    let lowered = debt.saturating_sub(tokens.saturating_mul(MICROS));
+    write_debt(state, debt, lowered, now_us);
+}
+
+/// Settles a reservation that was `held` (else changes nothing): the actual cost replaces the
+/// estimate, the difference given back or charged down to `-max_debt` at most. Mirrors
+/// `lua/settle.lua`.
+pub fn settle(
+    settle: &Settle,
+    held: bool,
+    state: &mut Option<Bucket>,
+    now_us: u64,
+) -> BucketOutcome {
+    let request = &settle.bucket;
+    let actual = request.cost;
+    if held && actual < settle.estimate {
+        give_back(state, settle.estimate - actual, now_us, request.rate);
+    } else if held && actual > settle.estimate {
+        let debt = debt_now(*state, now_us, request.rate);
+        let charged = charged_debt(debt, request, actual - settle.estimate, settle.max_debt);
+        write_debt(state, debt, charged, now_us);
+    }
+    bucket_outcome(request, debt_now(*state, now_us, request.rate))
 }
 
 #[cfg(test)]

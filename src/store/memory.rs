@@ -19,7 +19,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, TryLockError};
 
 use super::bucket::{self, Bucket};
-use super::{BucketOutcome, BucketRequest, Meter, ReportCharge, Store, StoreDecision, StoreError};
+use super::{
+    BucketOutcome, BucketRequest, Meter, ReportCharge, Reserved, Settle, Settled, Store,
+    StoreDecision, StoreError,
+};
 
 const SHARDS: usize = 64;
 
@@ -36,9 +39,40 @@ struct Shard {
     /// Concurrency keys: each held lease's id and when it expires (µs); a lease is held while
     /// its expiry is after now, as the Redis script counts it.
     leases: HashMap<String, Vec<(u128, u64)>>,
+    /// Reserving buckets' reservations, by bucket key: held while their expiry is after now.
+    reservations: HashMap<String, Vec<Reservation>>,
+}
+
+/// A reservation held beside its bucket (`lua/token_bucket.lua` keeps `<id>:<estimate>` scored
+/// by `until`).
+#[derive(Debug, Clone, Copy)]
+struct Reservation {
+    id: u128,
+    estimate: u64,
+    until: u64,
 }
 
 impl Shard {
+    /// Drops the expired reservations of bucket `key`; the tokens to give back (their
+    /// estimates when `refund`, else 0), as `sweep` in `lua/bounds.lua`.
+    fn sweep(&mut self, key: &str, now_us: u64, refund: bool) -> u64 {
+        let Some(held) = self.reservations.get_mut(key) else {
+            return 0;
+        };
+        let mut back = 0;
+        held.retain(|r| {
+            let live = r.until > now_us;
+            if !live && refund {
+                back += r.estimate;
+            }
+            live
+        });
+        if held.is_empty() {
+            self.reservations.remove(key);
+        }
+        back
+    }
+
     /// Leases of `key` held at `now_us`.
     fn held_leases(&self, key: &str, now_us: u64) -> usize {
         self.leases.get(key).map_or(0, |set| {
@@ -138,7 +172,7 @@ impl<C: Clock> MemoryStore<C> {
     pub fn decide_sync(&self, requests: &[BucketRequest]) -> StoreDecision {
         let now = self.now_us();
         if let [request] = requests {
-            if !matches!(request.meter, Meter::Lease(_)) {
+            if !matches!(request.meter, Meter::Lease(_) | Meter::Reserve(_)) {
                 return self.decide_one(request, now);
             }
         }
@@ -148,6 +182,18 @@ impl<C: Clock> MemoryStore<C> {
         order.dedup();
         let mut guards: Vec<(usize, MutexGuard<'_, Shard>)> =
             order.iter().map(|&i| (i, self.lock(i))).collect();
+        // Expired reservations go first, their estimates given back under `refund`, as the
+        // script does before it decides.
+        let backs: Vec<u64> = requests
+            .iter()
+            .zip(&shard_ids)
+            .map(|(request, shard)| match request.meter {
+                Meter::Reserve(reserve) => guards[order.binary_search(shard).unwrap_or_default()]
+                    .1
+                    .sweep(&request.key, now, reserve.refund),
+                _ => 0,
+            })
+            .collect();
 
         let mut states: Vec<Option<Bucket>> = requests
             .iter()
@@ -164,6 +210,9 @@ impl<C: Clock> MemoryStore<C> {
                 guard.buckets.get(request.key.as_str()).map(|e| e.bucket)
             })
             .collect();
+        for ((request, state), &back) in requests.iter().zip(states.iter_mut()).zip(&backs) {
+            bucket::give_back(state, back, now, request.rate);
+        }
         let (allowed, outcomes) = bucket::decide(requests, &mut states, now);
 
         for (((request, shard), state), outcome) in
@@ -180,6 +229,20 @@ impl<C: Clock> MemoryStore<C> {
                     now,
                 );
                 continue;
+            }
+            if let Meter::Reserve(reserve) = request.meter {
+                if allowed && outcome.enough && request.cost > 0 {
+                    guards[at]
+                        .1
+                        .reservations
+                        .entry(request.key.clone())
+                        .or_default()
+                        .push(Reservation {
+                            id: reserve.id,
+                            estimate: request.cost,
+                            until: now.saturating_add(reserve.ttl_ms.saturating_mul(1000)),
+                        });
+                }
             }
             let Some(bucket) = state else { continue };
             let entry = Entry {
@@ -253,6 +316,72 @@ impl<C: Clock> MemoryStore<C> {
         held
     }
 
+    /// Settles one reservation, at most once (`lua/settle.lua`).
+    pub fn settle_now(&self, settle: &Settle) -> Settled {
+        let now = self.now_us();
+        let request = &settle.bucket;
+        let Meter::Reserve(reserve) = request.meter else {
+            return Settled {
+                held: false,
+                outcome: self.peek_now(request),
+            };
+        };
+        let index = self.shard_of(&request.key);
+        let mut shard = self.lock(index);
+        let back = shard.sweep(&request.key, now, reserve.refund);
+        let held = shard
+            .reservations
+            .get_mut(request.key.as_str())
+            .is_some_and(|set| {
+                let before = set.len();
+                set.retain(|r| !(r.id == reserve.id && r.estimate == settle.estimate));
+                set.len() < before
+            });
+        if shard
+            .reservations
+            .get(request.key.as_str())
+            .is_some_and(Vec::is_empty)
+        {
+            shard.reservations.remove(request.key.as_str());
+        }
+        let mut state = shard.buckets.get(request.key.as_str()).map(|e| e.bucket);
+        bucket::give_back(&mut state, back, now, request.rate);
+        let outcome = bucket::settle(settle, held, &mut state, now);
+        if let Some(bucket) = state {
+            let entry = Entry {
+                bucket,
+                full_at_us: bucket.forget_at_us(request),
+            };
+            if let Some(existing) = shard.buckets.get_mut(request.key.as_str()) {
+                *existing = entry;
+            } else {
+                if self.reserve_one() {
+                    let mut held = [(index, shard)];
+                    self.make_room(&mut held, now);
+                    [(_, shard)] = held;
+                }
+                shard.buckets.insert(request.key.clone(), entry);
+            }
+        }
+        Settled { held, outcome }
+    }
+
+    /// The reservations held now beside a reserving bucket.
+    pub fn reserved_now(&self, request: &BucketRequest) -> Reserved {
+        let now = self.now_us();
+        let shard = self.lock(self.shard_of(&request.key));
+        shard
+            .reservations
+            .get(request.key.as_str())
+            .map_or_else(Reserved::default, |set| {
+                let live = set.iter().filter(|r| r.until > now);
+                Reserved {
+                    tokens: live.clone().map(|r| r.estimate).sum(),
+                    held: live.count() as u64,
+                }
+            })
+    }
+
     /// Applies reports one key at a time (each under its shard's lock).
     pub fn report_now(&self, charges: &[ReportCharge]) -> Vec<BucketOutcome> {
         let now = self.now_us();
@@ -296,6 +425,20 @@ impl<C: Clock> MemoryStore<C> {
             }),
             _ => shard.buckets.get(request.key.as_str()).map(|e| e.bucket),
         };
+        // As the next check finds it: expired reservations given back under `refund`.
+        let mut stored = stored;
+        if let (Meter::Reserve(reserve), Some(set)) =
+            (request.meter, shard.reservations.get(request.key.as_str()))
+        {
+            if reserve.refund {
+                let back = set
+                    .iter()
+                    .filter(|r| r.until <= now)
+                    .map(|r| r.estimate)
+                    .sum();
+                bucket::give_back(&mut stored, back, now, request.rate);
+            }
+        }
         bucket::peek(request, stored, now)
     }
 
@@ -399,6 +542,15 @@ fn drop_refilled(shards: &mut [&mut Shard], now_us: u64) -> usize {
             .leases
             .retain(|_, set| set.iter().any(|(_, until)| *until > now_us));
         freed += before - shard.buckets.len() - shard.leases.len();
+        // Expired reservations of a bucket gone full have nothing left to give back.
+        let Shard {
+            buckets,
+            reservations,
+            ..
+        } = &mut **shard;
+        reservations.retain(|key, set| {
+            set.iter().any(|r| r.until > now_us) || buckets.contains_key(key.as_str())
+        });
     }
     freed
 }
@@ -458,6 +610,14 @@ impl<C: Clock> Store for MemoryStore<C> {
 
     async fn release(&self, key: &str, member: &str) -> Result<bool, StoreError> {
         Ok(self.release_now(key, member))
+    }
+
+    async fn settle(&self, settle: &Settle) -> Result<Settled, StoreError> {
+        Ok(self.settle_now(settle))
+    }
+
+    async fn reserved(&self, bucket: &BucketRequest) -> Result<Reserved, StoreError> {
+        Ok(self.reserved_now(bucket))
     }
 }
 

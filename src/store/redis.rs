@@ -42,7 +42,10 @@ pub use self::connection::Topology;
 use self::script::{LuaScript, BUCKET_SCRIPT, INSTANCES_SCRIPT, REFUND_SCRIPT, REPORT_SCRIPT};
 use self::wire::{as_float, bucket_args, classify, parse_decision, parse_report};
 use super::breaker::{Admission, Breaker, Failure};
-use super::{BucketOutcome, BucketRequest, ReportCharge, Store, StoreDecision, StoreError};
+use super::{
+    BucketOutcome, BucketRequest, ReportCharge, Reserved, Settle, Settled, Store, StoreDecision,
+    StoreError,
+};
 use crate::observe::metrics::Metrics;
 
 /// A script call admitted by the breaker.
@@ -69,6 +72,7 @@ pub struct RedisStore {
     peek_script: LuaScript,
     reset_script: LuaScript,
     release_script: LuaScript,
+    settle_script: LuaScript,
     timeout: Duration,
     breaker: Breaker,
     metrics: Metrics,
@@ -95,6 +99,7 @@ impl RedisStore {
             peek_script: LuaScript::new(admin::PEEK_SCRIPT),
             reset_script: LuaScript::new(admin::RESET_SCRIPT),
             release_script: LuaScript::new(admin::RELEASE_SCRIPT),
+            settle_script: LuaScript::new(admin::SETTLE_SCRIPT),
             timeout,
             breaker: Breaker::new(metrics.store_up.clone(), "redis"),
             metrics,
@@ -425,6 +430,14 @@ impl Store for RedisStore {
 
     async fn release(&self, key: &str, member: &str) -> Result<bool, StoreError> {
         self.release_lease(key, member).await
+    }
+
+    async fn settle(&self, settle: &Settle) -> Result<Settled, StoreError> {
+        self.settle_reservation(settle).await
+    }
+
+    async fn reserved(&self, bucket: &BucketRequest) -> Result<Reserved, StoreError> {
+        self.reserved_at(bucket).await
     }
 
     fn splits_requests(&self) -> bool {

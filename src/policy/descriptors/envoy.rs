@@ -448,6 +448,10 @@ fn bucket_limit(
         max_debt: None,
         cost: 1,
         cost_header: None,
+        reserve: None,
+        reserve_header: None,
+        reservation_ttl_s: None,
+        on_reservation_expiry: None,
         shadow,
         on_missing: OnMissing::Anonymous,
         matching: MatchConfig {

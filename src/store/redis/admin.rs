@@ -11,7 +11,9 @@ use redis::Value;
 use super::wire::as_float;
 use super::RedisStore;
 use crate::base::keys;
-use crate::store::{bucket, BucketOutcome, BucketRequest, Meter, StoreError, Window};
+use crate::store::{
+    bucket, BucketOutcome, BucketRequest, Meter, Reserved, Settle, Settled, StoreError, Window,
+};
 
 /// `lua/peek.lua` as shipped, calendar and bounds included.
 pub const PEEK_SCRIPT: &str = concat!(
@@ -21,32 +23,92 @@ pub const PEEK_SCRIPT: &str = concat!(
 );
 pub const RESET_SCRIPT: &str = include_str!("../../../lua/reset.lua");
 pub const RELEASE_SCRIPT: &str = include_str!("../../../lua/release.lua");
+/// `lua/settle.lua` as shipped, bounds included.
+pub const SETTLE_SCRIPT: &str = concat!(
+    include_str!("../../../lua/bounds.lua"),
+    include_str!("../../../lua/settle.lua")
+);
 
 impl RedisStore {
     pub(super) async fn peek_key(
         &self,
         request: &BucketRequest,
     ) -> Result<BucketOutcome, StoreError> {
-        let period = match request.meter {
-            Meter::Bucket => None,
-            Meter::Quota(period) => Some(period.code()),
-            Meter::Lease(_) => Some("L"),
+        let reply = self.peek_reply(request).await?;
+        parse_peek(&reply, request).map(|(outcome, _)| outcome)
+    }
+
+    /// The reservations a peek finds beside a reserving bucket.
+    pub(super) async fn reserved_at(
+        &self,
+        request: &BucketRequest,
+    ) -> Result<Reserved, StoreError> {
+        let reply = self.peek_reply(request).await?;
+        Ok(parse_peek(&reply, request)?.1.unwrap_or_default())
+    }
+
+    async fn peek_reply(&self, request: &BucketRequest) -> Result<Value, StoreError> {
+        let first = match request.meter {
+            Meter::Bucket => request.rate.to_string(),
+            Meter::Quota(period) => period.code().to_owned(),
+            Meter::Lease(_) => "L".to_owned(),
+            Meter::Reserve(reserve) => {
+                format!(
+                    "R{}{}",
+                    if reserve.refund { 'r' } else { 'k' },
+                    request.rate
+                )
+            }
         };
+        self.run_script(
+            &self.peek_script,
+            &[request.key.as_str()],
+            |cmd| {
+                cmd.arg(first.as_str()).arg(request.burst);
+            },
+            Instant::now() + self.timeout,
+        )
+        .await
+    }
+
+    /// `lua/settle.lua`: one reservation settled, at most once.
+    pub(super) async fn settle_reservation(&self, settle: &Settle) -> Result<Settled, StoreError> {
+        let Meter::Reserve(reserve) = settle.bucket.meter else {
+            return Err(StoreError::Other("not a reservation".into()));
+        };
+        let bucket = &settle.bucket;
+        let reservations = crate::store::reservations_key(&bucket.key);
         let reply = self
             .run_script(
-                &self.peek_script,
-                &[request.key.as_str()],
+                &self.settle_script,
+                &[bucket.key.as_str(), reservations.as_str()],
                 |cmd| {
-                    match period {
-                        Some(code) => cmd.arg(code),
-                        None => cmd.arg(request.rate),
-                    };
-                    cmd.arg(request.burst);
+                    cmd.arg(bucket.rate)
+                        .arg(bucket.burst)
+                        .arg(bucket.cost)
+                        .arg(settle.max_debt)
+                        .arg(reserve.member(settle.estimate))
+                        .arg(if reserve.refund { "r" } else { "k" });
                 },
                 Instant::now() + self.timeout,
             )
             .await?;
-        parse_peek(&reply, request)
+        let malformed = || StoreError::Script(format!("unexpected settle reply {reply:?}"));
+        let text = match &reply {
+            Value::BulkString(bytes) => std::str::from_utf8(bytes).map_err(|_| malformed())?,
+            Value::SimpleString(text) => text.as_str(),
+            _ => return Err(malformed()),
+        };
+        let (held, tokens) = text.split_once(' ').ok_or_else(malformed)?;
+        let tokens: f64 = tokens.parse().map_err(|_| malformed())?;
+        Ok(Settled {
+            held: held == "1",
+            outcome: BucketOutcome {
+                tokens,
+                enough: tokens >= 1.0,
+                window: None,
+            },
+        })
     }
 
     /// `lua/release.lua`: one lease given back; whether it was held.
@@ -92,7 +154,10 @@ impl RedisStore {
 }
 
 /// `"level"` (a bucket) or `"level t w"` (a quota) → the key's state before any charge.
-fn parse_peek(reply: &Value, request: &BucketRequest) -> Result<BucketOutcome, StoreError> {
+fn parse_peek(
+    reply: &Value,
+    request: &BucketRequest,
+) -> Result<(BucketOutcome, Option<Reserved>), StoreError> {
     let malformed = || StoreError::Script("malformed peek reply".into());
     let text = match reply {
         Value::BulkString(bytes) => std::str::from_utf8(bytes).map_err(|_| malformed())?,
@@ -104,8 +169,15 @@ fn parse_peek(reply: &Value, request: &BucketRequest) -> Result<BucketOutcome, S
         .next()
         .and_then(|f| as_float(&Value::SimpleString(f.into())))
         .ok_or_else(malformed)?;
+    let mut reserved = None;
     let window = match request.meter {
         Meter::Bucket => None,
+        Meter::Reserve(_) => {
+            let mut number = || fields.next()?.parse::<u64>().ok();
+            let (tokens, held) = number().zip(number()).ok_or_else(malformed)?;
+            reserved = Some(Reserved { tokens, held });
+            None
+        }
         Meter::Lease(lease) => Some(bucket::lease_window(lease)),
         Meter::Quota(_) => {
             let mut number = || fields.next()?.parse::<u64>().ok();
@@ -119,11 +191,12 @@ fn parse_peek(reply: &Value, request: &BucketRequest) -> Result<BucketOutcome, S
     if fields.next().is_some() {
         return Err(malformed());
     }
-    Ok(BucketOutcome {
+    let outcome = BucketOutcome {
         tokens,
         enough: bucket::can_pay(tokens, request.cost),
         window,
-    })
+    };
+    Ok((outcome, reserved))
 }
 
 #[cfg(test)]
@@ -146,11 +219,11 @@ mod tests {
     #[test]
     fn peek_replies_parse_and_malformed_ones_are_errors() {
         let text = |t: &str| Value::BulkString(t.as_bytes().to_vec());
-        let peeked = parse_peek(&text("0.5"), &request(Meter::Bucket)).unwrap();
+        let (peeked, _) = parse_peek(&text("0.5"), &request(Meter::Bucket)).unwrap();
         assert_eq!(peeked.tokens, 0.5);
         assert!(!peeked.enough);
         let quota = request(Meter::Quota(Period::Day));
-        let peeked = parse_peek(&text("3 60 86400"), &quota).unwrap();
+        let (peeked, _) = parse_peek(&text("3 60 86400"), &quota).unwrap();
         assert_eq!(peeked.tokens, 3.0);
         assert_eq!(peeked.window.map(|w| w.ends_in_s), Some(60));
         for bad in ["", "x", "1 2"] {

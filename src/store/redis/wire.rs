@@ -10,6 +10,13 @@ pub(super) fn bucket_args(cmd: &mut Cmd, bucket: &BucketRequest, last: &str) {
         Meter::Bucket => cmd.arg(bucket.rate),
         Meter::Quota(period) => cmd.arg(period.code()),
         Meter::Lease(lease) => cmd.arg(format!("L{}:{}", lease.ttl_ms, lease.member())),
+        Meter::Reserve(reserve) => cmd.arg(format!(
+            "R{}:{:032x}:{}:{}",
+            reserve.ttl_ms,
+            reserve.id,
+            if reserve.refund { 'r' } else { 'k' },
+            bucket.rate
+        )),
     };
     cmd.arg(bucket.burst).arg(bucket.cost).arg(last);
 }
@@ -27,7 +34,7 @@ pub(super) fn windows(items: &[Value], buckets: &[&BucketRequest]) -> Option<Vec
     buckets
         .iter()
         .map(|bucket| match bucket.meter {
-            Meter::Bucket => Some(None),
+            Meter::Bucket | Meter::Reserve(_) => Some(None),
             Meter::Lease(lease) => Some(Some(crate::store::bucket::lease_window(lease))),
             Meter::Quota(_) => {
                 let pair = pairs.next()?;

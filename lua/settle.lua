@@ -1,0 +1,51 @@
+-- tollgate settle: replaces a reservation's estimate by the request's actual cost (POST /report
+-- with a reservation id), once. Prefixed with lua/bounds.lua when loaded.
+--
+-- KEYS[1]  the bucket, as lua/token_bucket.lua keeps it
+-- KEYS[2]  its reservations (KEYS[1] .. ':r'): members '<id>:<estimate>' scored by expiry
+-- ARGV[1]  the bucket's rate, tokens per second
+-- ARGV[2]  its burst
+-- ARGV[3]  the actual cost
+-- ARGV[4]  its max_debt: a further charge stops at -max_debt
+-- ARGV[5]  the reservation, '<id>:<estimate>'
+-- ARGV[6]  'r' when expired reservations give their estimates back, 'k' when they keep them
+--
+-- Returns "held tokens": held 1 when the reservation was held (then it is settled now: the
+-- difference given back, or charged into debt), 0 when it was settled before or expired (then
+-- nothing changes for it: a retried settle never charges twice); tokens, what the bucket holds
+-- afterwards (%.6f). Expired reservations are dropped on the way, as a check drops them.
+
+local t = redis.call('TIME')
+local now = t[1] * 1000000 + t[2]
+local rate, burst = tonumber(ARGV[1]), tonumber(ARGV[2])
+local actual, max_debt = tonumber(ARGV[3]), tonumber(ARGV[4])
+check_bucket(1, rate, burst, actual, max_debt)
+local estimate = tonumber(string.match(ARGV[5], '^%x+:(%d+)$'))
+if not (estimate and estimate <= MAX_COST) then refuse(1, 'reservation') end
+
+local back = sweep(KEYS[2], string.format('%d', now), ARGV[6] == 'r')
+local held = redis.call('ZREM', KEYS[2], ARGV[5])
+if held == 1 and actual < estimate then back = back + estimate - actual end
+
+local debt, at, old = read_bucket(KEYS[1], burst)
+if debt == nil then
+  debt = 0
+else
+  debt = refilled(debt, at, now, rate)
+end
+local before = debt
+-- Micro-tokens (lua/bounds.lua): given back down to 0, charged down to -max_debt.
+if back > 0 then
+  debt = debt - back * 1000000
+  if debt < 0 then debt = 0 end
+end
+if held == 1 and actual > estimate then
+  local deepest = (burst + max_debt) * 1000000
+  local charged = debt + (actual - estimate) * 1000000
+  if charged > deepest then charged = math.max(debt, deepest) end
+  debt = charged
+end
+if debt ~= before or old then
+  redis.call('SET', KEYS[1], string.format('%d %d', debt, now), 'PXAT', full_at(now, debt, rate))
+end
+return string.format('%d %.6f', held, (burst * 1000000 - debt) / 1000000)
