@@ -374,3 +374,84 @@ fn a_lease_spanning_slots_is_refunded_when_another_slot_denies() {
         .expect("again"));
     assert_eq!(free(&store), 2.0, "both slots free");
 }
+
+/// A reservation on a Cluster, in a request whose other limit lives in another slot: a denial
+/// there refunds the estimate and drops the reservation in this slot (a settle then finds
+/// nothing), an admission keeps it, and a settle reaches the reservation's slot.
+#[test]
+fn a_reservation_spanning_slots_is_refunded_when_another_slot_denies() {
+    use crate::support::redis_store;
+    use tollgate::store::redis::Topology;
+    use tollgate::store::{BucketRequest, Meter, Reserve, Settle, Store};
+
+    let cluster = RedisCluster::start();
+    let seeds = cluster.seeds();
+    let (store, runtime) =
+        redis_store(&Topology::Cluster { seeds: &seeds }, Duration::from_secs(5));
+    let bucket_key = "tollgate:tokens:{reserving-user}";
+    let request = |id: u128| {
+        vec![
+            BucketRequest {
+                key: bucket_key.into(),
+                rate: 0.001,
+                burst: 10.0,
+                cost: 4,
+                shadow: false,
+                limit: 0,
+                meter: Meter::Reserve(Reserve {
+                    ttl_ms: 60_000,
+                    id,
+                    refund: false,
+                }),
+            },
+            BucketRequest {
+                key: "tollgate:budget:{other-tenant}".into(),
+                rate: 0.001,
+                burst: 1.0,
+                cost: 1,
+                shadow: false,
+                limit: 1,
+                meter: Meter::Bucket,
+            },
+        ]
+    };
+    let first = runtime
+        .block_on(store.decide(&request(1)))
+        .expect("decided");
+    assert!(first.allowed, "an estimate and a token: admitted");
+    let second = runtime
+        .block_on(store.decide(&request(2)))
+        .expect("decided");
+    assert!(!second.allowed, "the budget in the other slot denies");
+    let held = runtime
+        .block_on(store.reserved(&request(0)[0]))
+        .expect("peek");
+    assert_eq!(
+        (held.held, held.tokens),
+        (1, 4),
+        "only the admitted one is held"
+    );
+    let settle = |id: u128, actual: u64| Settle {
+        bucket: BucketRequest {
+            cost: actual,
+            ..request(id)[0].clone()
+        },
+        estimate: 4,
+        max_debt: 0.0,
+    };
+    let refunded = runtime
+        .block_on(store.settle(&settle(2, 0)))
+        .expect("settle");
+    assert!(
+        !refunded.held,
+        "the denied request's reservation went with its refund"
+    );
+    let settled = runtime
+        .block_on(store.settle(&settle(1, 1)))
+        .expect("settle");
+    assert!(settled.held);
+    assert!(
+        (settled.outcome.tokens - 9.0).abs() < 0.01,
+        "the refund and the settle gave back all but the cost: {settled:?}"
+    );
+}

@@ -17,6 +17,7 @@ mod deploy_artifacts;
 mod dodge;
 mod envoy;
 mod faults;
+mod held_ids;
 mod import_ingress;
 mod ingress_examples;
 mod metrics_exposition;

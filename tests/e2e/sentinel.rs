@@ -217,3 +217,60 @@ fn after_a_failover_resets_and_overrides_still_reach_every_instance() {
         "b never applied the override written after the failover"
     );
 }
+
+/// Reservations and leases through Sentinel: taken by a check on one instance, settled and
+/// given back on another, each once.
+#[test]
+fn reservations_and_leases_work_through_sentinel() {
+    let setup = SentinelSetup::start();
+    let config = fleet_config(&setup).replace(
+        "[[limits]]",
+        "[[limits]]\nname = \"slots\"\nconcurrency = 1\nkey = [\"header:x-user\"]\n\n\
+         [[limits]]\nname = \"tokens\"\nrate = 1\nburst = 10\ncharge = \"report\"\n\
+         reserve = 8\nkey = [\"header:x-user\"]\n\n[[limits]]",
+    );
+    let (a, b) = (Tollgate::start(&config), Tollgate::start(&config));
+    for tollgate in [&a, &b] {
+        assert!(
+            wait_until(Duration::from_secs(10), || tollgate
+                .check(&[("x-user", "warm")])
+                .header("ratelimit")
+                .is_some()),
+            "an instance never reached the master"
+        );
+    }
+    let first = a.check(&[("x-user", "alice")]);
+    assert_eq!(first.status, 200, "{first:?}");
+    let lease = first
+        .header("x-tollgate-lease")
+        .expect("a lease")
+        .to_owned();
+    let reservation = first
+        .header("x-tollgate-reservation")
+        .expect("a reservation")
+        .to_owned();
+    assert_eq!(
+        b.check(&[("x-user", "alice")]).status,
+        429,
+        "the slot is held across instances"
+    );
+    let report = |body: serde_json::Value| {
+        let answer = crate::support::http::admin_json(
+            b.admin,
+            "POST",
+            "/report",
+            Some(TOKEN),
+            &body.to_string(),
+        );
+        assert_eq!(answer.status, 200, "{}", answer.body);
+        serde_json::from_str::<serde_json::Value>(&answer.body).expect("JSON")
+    };
+    let both = report(serde_json::json!([
+        { "lease": lease },
+        { "reservation": reservation, "cost": 1 },
+    ]));
+    assert_eq!(both[0]["released"], true, "{both}");
+    assert_eq!(both[1]["settled"], true, "{both}");
+    let again = report(serde_json::json!({ "reservation": reservation, "cost": 1 }));
+    assert_eq!(again["settled"], false, "{again}");
+}

@@ -321,6 +321,80 @@ fn every_malformed_concurrency_limit_is_refused_naming_its_key() {
 }
 
 #[test]
+fn every_malformed_reserving_limit_is_refused_naming_its_key() {
+    const HEAD: &str = "[[limits]]\nname = \"r\"\nkey = [\"ip\"]\nrate = 1\nburst = 50\n";
+    const REPORT: &str = "charge = \"report\"\n";
+    let cases: &[(&str, &str)] = &[
+        (
+            "reserve = 5\n",
+            "limits.r.reserve: applies only with charge = \"report\"",
+        ),
+        (
+            "reserve_header = \"x-estimate\"\n",
+            "limits.r.reserve_header: applies only with charge",
+        ),
+        (
+            "charge = \"report\"\nreserve = 0\n",
+            "limits.r.reserve: must be between 1 and the burst",
+        ),
+        (
+            "charge = \"report\"\nreserve = 51\n",
+            "limits.r.reserve: must be between 1 and the burst (50)",
+        ),
+        ("charge = \"report\"\nreserve = -1\n", "reserve"),
+        ("charge = \"report\"\nreserve = \"ten\"\n", "reserve"),
+        (
+            "charge = \"report\"\nreserve_header = \"x estimate\"\n",
+            "limits.r.reserve_header: is not a valid header name",
+        ),
+        (
+            "charge = \"report\"\nreserve = 5\nreservation_ttl_s = 0\n",
+            "limits.r.reservation_ttl_s: must be between 1",
+        ),
+        (
+            "charge = \"report\"\nreserve = 5\nreservation_ttl_s = 86401\n",
+            "limits.r.reservation_ttl_s",
+        ),
+        (
+            "charge = \"report\"\nreservation_ttl_s = 60\n",
+            "limits.r.reservation_ttl_s: applies only to a reserving limit",
+        ),
+        (
+            "charge = \"report\"\non_reservation_expiry = \"refund\"\n",
+            "limits.r.on_reservation_expiry: applies only to a reserving limit",
+        ),
+        (
+            "charge = \"report\"\nreserve = 5\non_reservation_expiry = \"forget\"\n",
+            "on_reservation_expiry",
+        ),
+    ];
+    for (rest, key) in cases {
+        let config = format!("{HEAD}{rest}");
+        let output = run(&["validate"], Some(&config), &[]);
+        assert_refused(&output, key);
+    }
+    let quota = format!(
+        "[[limits]]\nname = \"r\"\nkey = [\"ip\"]\nquota = 5\nperiod = \"day\"\n{REPORT}reserve = 1\n"
+    );
+    assert_refused(
+        &run(&["validate"], Some(&quota), &[]),
+        "limits.r.reserve: applies to token buckets",
+    );
+    let grpc = format!("{HEAD}{REPORT}reserve = 5\n").replace("\"ip\"", "\"descriptor:user\"");
+    assert_refused(&run(&["validate"], Some(&grpc), &[]), "limits.r.reserve");
+    let fine = format!(
+        "{HEAD}{REPORT}reserve = 5\nreserve_header = \"x-estimate\"\nreservation_ttl_s = 30\non_reservation_expiry = \"refund\"\n"
+    );
+    let output = run(&["validate"], Some(&fine), &[]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let shown = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        shown.contains("reserves 5 or x-estimate for 30 s, then refunds it"),
+        "validate shows the limit: {shown}"
+    );
+}
+
+#[test]
 fn a_broken_overrides_file_is_refused_naming_the_file_and_entry() {
     let dir = TempDir::new("overrides-file");
     let file = dir.write(

@@ -36,6 +36,7 @@ mod reference;
 mod refund;
 mod replay;
 mod report_numbers;
+mod reservations;
 mod routes;
 mod security;
 mod single_node;

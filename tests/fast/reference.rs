@@ -330,7 +330,9 @@ fn every_route_is_documented_and_answers_on_its_listener_only() {
 
 #[test]
 fn the_headers_table_names_every_header_check_sends() {
-    let in_flight = "[[limits]]\nname = \"in-flight\"\nconcurrency = 100\nkey = [\"ip\"]\n";
+    let in_flight = "[[limits]]\nname = \"in-flight\"\nconcurrency = 100\nkey = [\"ip\"]\n\
+                     [[limits]]\nname = \"reserving\"\nrate = 1\nburst = 100\n\
+                     charge = \"report\"\nreserve = 1\nkey = [\"ip\"]\n";
     let tollgate = Tollgate::start(&format!("{}{in_flight}", limit("per-ip", 0.01, 1, &["ip"])));
     let mut client = tollgate.client();
     let allowed = client.get("/check", &[]).unwrap();

@@ -1,0 +1,523 @@
+//! Reservations: a `charge = "report"` bucket that takes an estimate at `/check` and settles it
+//! by id at `POST /report`. The same scenarios run against the memory store (a manual clock)
+//! and a real `redis-server` (`lua/token_bucket.lua`, `lua/settle.lua`); then the real binary
+//! end to end, several instances on one Redis; then random interleavings against the memory
+//! store, checking the bound at every step.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use proptest::prelude::*;
+
+use crate::support::{redis_config, redis_store, RedisServer, Response, Tollgate};
+use tollgate::store::memory::{ManualClock, MemoryStore};
+use tollgate::store::redis::Topology;
+use tollgate::store::{BucketRequest, Meter, Reserve, Reserved, Settle, Settled, Store};
+
+const TOKEN: &str = "test-admin-token-0123456789";
+/// Slow enough that the milliseconds a Redis step takes refill nothing visible.
+const RATE: f64 = 0.001;
+const BURST: f64 = 10.0;
+
+fn reserve(key: &str, id: u128, estimate: u64, ttl_ms: u64, refund: bool) -> BucketRequest {
+    BucketRequest {
+        key: key.into(),
+        rate: RATE,
+        burst: BURST,
+        cost: estimate,
+        shadow: false,
+        limit: 0,
+        meter: Meter::Reserve(Reserve { ttl_ms, id, refund }),
+    }
+}
+
+fn settle(request: &BucketRequest, estimate: u64, actual: u64) -> Settle {
+    Settle {
+        bucket: BucketRequest {
+            cost: actual,
+            ..request.clone()
+        },
+        estimate,
+        max_debt: BURST,
+    }
+}
+
+/// A store and a way to let time pass past a reservation's expiry.
+trait Harness {
+    fn decide(&self, buckets: &[BucketRequest]) -> (bool, Vec<f64>);
+    fn settle(&self, settle: &Settle) -> Settled;
+    fn reserved(&self, bucket: &BucketRequest) -> Reserved;
+    fn peek(&self, bucket: &BucketRequest) -> f64;
+    /// Lets more than `ms` pass on the store's clock.
+    fn pass(&self, ms: u64);
+}
+
+struct Memory {
+    store: MemoryStore<Arc<ManualClock>>,
+    clock: Arc<ManualClock>,
+}
+
+impl Harness for Memory {
+    fn decide(&self, buckets: &[BucketRequest]) -> (bool, Vec<f64>) {
+        let decided = self.store.decide_sync(buckets);
+        (
+            decided.allowed,
+            decided.buckets.iter().map(|b| b.tokens).collect(),
+        )
+    }
+    fn settle(&self, settle: &Settle) -> Settled {
+        self.store.settle_now(settle)
+    }
+    fn reserved(&self, bucket: &BucketRequest) -> Reserved {
+        self.store.reserved_now(bucket)
+    }
+    fn peek(&self, bucket: &BucketRequest) -> f64 {
+        self.store.peek_now(bucket).tokens
+    }
+    fn pass(&self, ms: u64) {
+        self.clock.advance_ms(ms + 1);
+    }
+}
+
+struct Redis {
+    _server: RedisServer,
+    store: tollgate::store::redis::RedisStore,
+    runtime: tokio::runtime::Runtime,
+}
+
+impl Harness for Redis {
+    fn decide(&self, buckets: &[BucketRequest]) -> (bool, Vec<f64>) {
+        let decided = self
+            .runtime
+            .block_on(self.store.decide(buckets))
+            .expect("decided");
+        (
+            decided.allowed,
+            decided.buckets.iter().map(|b| b.tokens).collect(),
+        )
+    }
+    fn settle(&self, settle: &Settle) -> Settled {
+        self.runtime
+            .block_on(self.store.settle(settle))
+            .expect("settled")
+    }
+    fn reserved(&self, bucket: &BucketRequest) -> Reserved {
+        self.runtime
+            .block_on(self.store.reserved(bucket))
+            .expect("peeked")
+    }
+    fn peek(&self, bucket: &BucketRequest) -> f64 {
+        self.runtime
+            .block_on(self.store.peek(bucket))
+            .expect("peeked")
+            .tokens
+    }
+    fn pass(&self, ms: u64) {
+        // Redis's own clock cannot be set: a sleep is a lower bound on the time it sees pass.
+        std::thread::sleep(Duration::from_millis(ms + 5));
+    }
+}
+
+/// Whole tokens, as the rate refills at most a few micro-tokens during a Redis step.
+fn whole(tokens: f64) -> f64 {
+    (tokens * 1000.0).round() / 1000.0
+}
+
+fn run_scenarios(store: &dyn Harness, prefix: &str) {
+    let key = format!("{prefix}:settle");
+    let (a, b, c) = (
+        reserve(&key, 0xa, 4, 60_000, false),
+        reserve(&key, 0xb, 4, 60_000, false),
+        reserve(&key, 0xc, 4, 60_000, false),
+    );
+    let step = |request: &BucketRequest| {
+        let (allowed, tokens) = store.decide(std::slice::from_ref(request));
+        (allowed, whole(tokens[0]))
+    };
+    assert_eq!(step(&a), (true, 6.0), "the estimate is taken at once");
+    assert_eq!(step(&b), (true, 2.0));
+    assert_eq!(step(&c), (false, 2.0), "a third estimate does not fit");
+    assert_eq!(store.reserved(&a), Reserved { tokens: 8, held: 2 });
+
+    let first = store.settle(&settle(&a, 4, 1));
+    assert!(first.held);
+    assert_eq!(whole(first.outcome.tokens), 5.0, "3 of 4 given back");
+    let again = store.settle(&settle(&a, 4, 1));
+    assert!(!again.held, "a retried settle changes nothing");
+    assert_eq!(whole(again.outcome.tokens), 5.0);
+    let forged = store.settle(&settle(&b, 3, 0));
+    assert!(!forged.held, "an id with another estimate names nothing");
+    assert_eq!(whole(forged.outcome.tokens), 5.0);
+    let over = store.settle(&settle(&b, 4, 9));
+    assert!(over.held);
+    assert_eq!(
+        whole(over.outcome.tokens),
+        0.0,
+        "5 more than estimated, charged"
+    );
+    assert_eq!(store.reserved(&a), Reserved::default());
+    assert!(!step(&reserve(&key, 0xd, 1, 60_000, false)).0);
+
+    // Past the bound of max_debt, a settle charges down to -max_debt and no further.
+    let deep = format!("{prefix}:deep");
+    let big = reserve(&deep, 0xe, 10, 60_000, false);
+    assert_eq!(step(&big), (true, 0.0));
+    let settled = store.settle(&settle(&big, 10, 1_000));
+    assert!(settled.held);
+    assert_eq!(whole(settled.outcome.tokens), -BURST);
+
+    // All or nothing with the other limits: a denied request holds no reservation.
+    let tight = format!("{prefix}:tight");
+    let drained = BucketRequest {
+        key: tight,
+        rate: RATE,
+        burst: 1.0,
+        cost: 1,
+        shadow: false,
+        limit: 1,
+        meter: Meter::Bucket,
+    };
+    assert!(store.decide(std::slice::from_ref(&drained)).0);
+    let pair = [
+        reserve(&format!("{prefix}:pair"), 0xf, 2, 60_000, false),
+        drained,
+    ];
+    let (allowed, tokens) = store.decide(&pair);
+    assert!(!allowed);
+    assert_eq!(
+        whole(tokens[0]),
+        BURST,
+        "nothing taken from the reserving bucket"
+    );
+    assert_eq!(store.reserved(&pair[0]), Reserved::default());
+
+    // Unsettled past its ttl: kept (the default) or given back.
+    let kept = reserve(&format!("{prefix}:kept"), 0x10, 4, 40, false);
+    let refunded = reserve(&format!("{prefix}:refunded"), 0x11, 4, 40, true);
+    assert_eq!(step(&kept), (true, 6.0));
+    assert_eq!(step(&refunded), (true, 6.0));
+    store.pass(40);
+    assert_eq!(store.reserved(&kept), Reserved::default());
+    assert_eq!(store.reserved(&refunded), Reserved::default());
+    assert_eq!(whole(store.peek(&kept)), 6.0, "the estimate is kept");
+    assert_eq!(
+        whole(store.peek(&refunded)),
+        BURST,
+        "the estimate comes back"
+    );
+    let late = store.settle(&settle(&kept, 4, 0));
+    assert!(!late.held, "an expired reservation is settled already");
+    assert_eq!(whole(late.outcome.tokens), 6.0);
+    let next = reserve(&format!("{prefix}:refunded"), 0x12, 4, 40, true);
+    assert_eq!(
+        step(&next),
+        (true, 6.0),
+        "the next check finds it given back"
+    );
+}
+
+#[test]
+fn reservations_on_the_memory_store() {
+    let clock = Arc::new(ManualClock::default());
+    clock.set_us(1_000_000_000_000);
+    let harness = Memory {
+        store: MemoryStore::with_clock(10_000, clock.clone()),
+        clock,
+    };
+    run_scenarios(&harness, "mem");
+}
+
+#[test]
+fn reservations_on_redis() {
+    let server = RedisServer::start();
+    let (store, runtime) = redis_store(
+        &Topology::Single { url: &server.url() },
+        Duration::from_secs(2),
+    );
+    run_scenarios(
+        &Redis {
+            _server: server,
+            store,
+            runtime,
+        },
+        "redis",
+    );
+}
+
+fn reserving(extra: &str) -> String {
+    format!(
+        "[[limits]]\nname = \"tokens\"\nrate = \"100/m\"\nburst = 100\ncharge = \"report\"\nmax_debt = 0\nreserve = 10\nreserve_header = \"x-estimate\"\nkey = [\"header:x-api-key\"]\n{extra}"
+    )
+}
+
+fn start(redis: &RedisServer, limits: &str) -> Tollgate {
+    Tollgate::start(&format!(
+        "admin_token = \"{TOKEN}\"\n{}",
+        redis_config(redis, "", limits)
+    ))
+}
+
+fn report(tollgate: &Tollgate, body: &serde_json::Value) -> Response {
+    crate::support::http::admin_json(
+        tollgate.admin,
+        "POST",
+        "/report",
+        Some(TOKEN),
+        &body.to_string(),
+    )
+}
+
+fn json(response: &Response) -> serde_json::Value {
+    assert_eq!(response.status, 200, "{}", response.body);
+    serde_json::from_str(&response.body).expect("JSON")
+}
+
+/// The in-flight overshoot, closed: requests that each end up costing 30 tokens, all in
+/// flight before the first report, against a budget of 100. Plain reports admit every one
+/// of them; with `reserve = 30` at most the budget is ever taken, across three instances.
+#[test]
+fn in_flight_requests_never_take_more_than_the_budget() {
+    let redis = RedisServer::start();
+    let limits = reserving("").replace("reserve = 10", "reserve = 30");
+    let instances: Vec<Tollgate> = (0..3).map(|_| start(&redis, &limits)).collect();
+    let admitted = AtomicU64::new(0);
+    let ids = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|scope| {
+        for worker in 0..6 {
+            let (instances, admitted, ids) = (&instances, &admitted, &ids);
+            scope.spawn(move || {
+                for round in 0..4 {
+                    let at = &instances[(worker + round) % instances.len()];
+                    let answer = at.check(&[("x-api-key", "acme")]);
+                    if answer.status == 200 {
+                        admitted.fetch_add(1, Ordering::SeqCst);
+                        let id = answer.header("x-tollgate-reservation").expect("an id");
+                        ids.lock().expect("ids").push(id.to_owned());
+                    } else {
+                        assert_eq!(answer.status, 429, "{}", answer.body);
+                    }
+                }
+            });
+        }
+    });
+    // 100 tokens and 100/min of refill over the few seconds this took: at most 3 estimates
+    // of 30 fit, and at least 3 did (the first three found a full bucket).
+    assert_eq!(admitted.load(Ordering::SeqCst), 3);
+    // Settled at their true cost, from another instance each: the difference comes back.
+    for (i, id) in ids.into_inner().expect("ids").iter().enumerate() {
+        let answer = json(&report(
+            &instances[i % 3],
+            &serde_json::json!({ "reservation": id, "cost": 5 }),
+        ));
+        assert_eq!(answer["settled"], true, "{answer}");
+        let again = json(&report(
+            &instances[(i + 1) % 3],
+            &serde_json::json!({ "reservation": id, "cost": 5 }),
+        ));
+        assert_eq!(
+            again["settled"], false,
+            "a retry never settles twice: {again}"
+        );
+    }
+    // 3 × 25 given back: 85 or more tokens now, so two more estimates of 30 fit.
+    for _ in 0..2 {
+        assert_eq!(instances[0].check(&[("x-api-key", "acme")]).status, 200);
+    }
+}
+
+#[test]
+fn the_header_raises_the_estimate_and_peek_shows_what_is_held() {
+    let redis = RedisServer::start();
+    let tollgate = start(&redis, &reserving(""));
+    let answer = tollgate.check(&[("x-api-key", "acme"), ("x-estimate", "40")]);
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    let id = answer.header("x-tollgate-reservation").expect("an id");
+    assert!(id.starts_with("tokens.") && id.ends_with(":40"), "{id}");
+    // A smaller or malformed header reserves the configured least.
+    for estimate in ["3", "many", "-5"] {
+        let answer = tollgate.check(&[("x-api-key", "acme"), ("x-estimate", estimate)]);
+        let id = answer.header("x-tollgate-reservation").expect("an id");
+        assert!(id.ends_with(":10"), "{estimate}: {id}");
+    }
+    let peek = crate::support::http::admin_json(
+        tollgate.admin,
+        "GET",
+        "/v1/buckets/tokens?key=acme",
+        Some(TOKEN),
+        "",
+    );
+    let peek = json(&peek);
+    assert_eq!(peek["reservations"], 4, "{peek}");
+    assert_eq!(peek["reserved"], 70, "{peek}");
+    assert_eq!(peek["remaining"], 30, "{peek}");
+    // An estimate past the burst is never admitted, whatever the bucket holds.
+    let huge = tollgate.check(&[("x-api-key", "other"), ("x-estimate", "101")]);
+    assert_eq!(huge.status, 429, "{}", huge.body);
+}
+
+#[test]
+fn a_report_names_reservations_and_leases_or_is_refused_with_the_field() {
+    let redis = RedisServer::start();
+    let limits = format!(
+        "{}[[limits]]\nname = \"slots\"\nconcurrency = 1\nkey = [\"header:x-api-key\"]\n",
+        reserving("")
+    );
+    let tollgate = start(&redis, &limits);
+    let answer = tollgate.check(&[("x-api-key", "acme")]);
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    let reservation = answer.header("x-tollgate-reservation").expect("an id");
+    let lease = answer.header("x-tollgate-lease").expect("a lease");
+    let both = json(&report(
+        &tollgate,
+        &serde_json::json!([
+            { "reservation": reservation, "cost": 0 },
+            { "lease": lease },
+        ]),
+    ));
+    assert_eq!(both[0]["settled"], true, "{both}");
+    assert_eq!(both[0]["remaining"], 100, "{both}");
+    assert_eq!(both[1]["released"], true, "{both}");
+    assert_eq!(tollgate.check(&[("x-api-key", "acme")]).status, 200);
+
+    let refused = [
+        (
+            serde_json::json!({ "limit": "tokens", "key": ["acme"], "cost": 1 }),
+            "limit",
+        ),
+        (
+            serde_json::json!({ "reservation": "tokens.00.zz", "cost": 1 }),
+            "reservation",
+        ),
+        (serde_json::json!({ "reservation": reservation }), "cost"),
+        (
+            serde_json::json!({ "reservation": reservation, "cost": 1, "limit": "x" }),
+            "limit",
+        ),
+        (
+            serde_json::json!({ "reservation": lease, "cost": 1 }),
+            "reservation",
+        ),
+        (serde_json::json!({ "lease": reservation }), "lease"),
+    ];
+    for (body, field) in refused {
+        let answer = report(&tollgate, &body);
+        assert_eq!(answer.status, 400, "{body}: {}", answer.body);
+        assert!(answer.body.contains(field), "{body}: {}", answer.body);
+    }
+}
+
+/// One step of a random interleaving: a check reserving `estimate`, a settle of the n-th
+/// open reservation at `actual`, or time passing.
+#[derive(Debug, Clone)]
+enum Op {
+    Check(u64),
+    Settle(usize, u64),
+    Pass(u64),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        (1u64..=6).prop_map(Op::Check),
+        (0usize..8, 0u64..=8).prop_map(|(n, actual)| Op::Settle(n, actual)),
+        (1u64..=3_000).prop_map(Op::Pass),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    /// Whatever checks, settles (retried or not), expiries and refunds interleave: a check is
+    /// admitted exactly when the bucket holds its estimate, a settle finds its reservation
+    /// exactly when it is open and unexpired, and what is held, settled and kept never exceeds
+    /// burst + rate × t (max_debt 0: a settle above its estimate charges only down to 0).
+    #[test]
+    fn held_and_settled_never_exceed_the_bound(
+        ops in proptest::collection::vec(op(), 1..60),
+        refund in any::<bool>(),
+    ) {
+        const RATE_PER_S: f64 = 1.0;
+        const BURST: f64 = 8.0;
+        const TTL_MS: u64 = 2_000;
+        let clock = Arc::new(ManualClock::default());
+        clock.set_us(1_000_000_000_000);
+        let store = MemoryStore::with_clock(1_000, clock.clone());
+        let request = |estimate: u64, id: u128| BucketRequest {
+            key: "k".into(),
+            rate: RATE_PER_S,
+            burst: BURST,
+            cost: estimate,
+            shadow: false,
+            limit: 0,
+            meter: Meter::Reserve(Reserve { ttl_ms: TTL_MS, id, refund }),
+        };
+        // Open reservations: (request, estimate, taken at ms); and what was taken for good:
+        // settled costs as charged, estimates kept at expiry.
+        let mut open: Vec<(BucketRequest, u64, u64)> = Vec::new();
+        let mut settled: Vec<(BucketRequest, u64)> = Vec::new();
+        let mut spent = 0.0;
+        let mut now_ms = 0u64;
+        let mut next_id = 1u128;
+        for op in ops {
+            match op {
+                Op::Check(estimate) => {
+                    let asked = request(estimate, next_id);
+                    next_id += 1;
+                    let before = store.peek_now(&asked).tokens;
+                    let decided = store.decide_sync(std::slice::from_ref(&asked));
+                    prop_assert_eq!(decided.allowed, before >= estimate as f64);
+                    if decided.allowed {
+                        open.push((asked, estimate, now_ms));
+                    }
+                }
+                Op::Settle(n, actual) => {
+                    // An open one, or (one time in three) one settled before: a retry.
+                    let retry = n % 3 == 2 && !settled.is_empty();
+                    let (asked, estimate) = if retry {
+                        settled[n % settled.len()].clone()
+                    } else if let Some((asked, estimate, _)) = open.get(n % open.len().max(1)) {
+                        (asked.clone(), *estimate)
+                    } else {
+                        continue;
+                    };
+                    let before = store.peek_now(&asked).tokens;
+                    let done = store.settle_now(&Settle {
+                        bucket: BucketRequest { cost: actual, ..asked.clone() },
+                        estimate,
+                        max_debt: 0.0,
+                    });
+                    prop_assert_eq!(done.held, !retry);
+                    if done.held {
+                        let extra = (actual.saturating_sub(estimate) as f64).min(before.max(0.0));
+                        spent += actual.min(estimate) as f64 + extra;
+                        open.retain(|(r, _, _)| r != &asked);
+                        settled.push((asked, estimate));
+                    }
+                }
+                Op::Pass(ms) => {
+                    clock.advance_ms(ms);
+                    now_ms += ms;
+                    // Expired ones are gone for good: kept (they cost their estimate) or
+                    // given back.
+                    open.retain(|(asked, estimate, at)| {
+                        let live = at + TTL_MS > now_ms;
+                        if !live {
+                            if !refund {
+                                spent += *estimate as f64;
+                            }
+                            settled.push((asked.clone(), *estimate));
+                        }
+                        live
+                    });
+                }
+            }
+            let held: u64 = open.iter().map(|(_, estimate, _)| estimate).sum();
+            prop_assert_eq!(store.reserved_now(&request(1, 0)).tokens, held);
+            let bound = BURST + RATE_PER_S * now_ms as f64 / 1000.0;
+            prop_assert!(
+                held as f64 + spent <= bound + 1e-6,
+                "held {} + spent {} > {}", held, spent, bound
+            );
+        }
+    }
+}
