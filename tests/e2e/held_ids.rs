@@ -112,3 +112,66 @@ fn nginx_and_traefik_pass_the_ids_the_app_gives_back() {
     let traefik = Traefik::start(tollgate.addr, backend.addr);
     ids_reach_the_app_and_give_back(&tollgate, &backend, traefik.addr, &redis);
 }
+
+/// nginx's `post_action` (the one core directive that runs after the response, undocumented
+/// in nginx's reference) gives the lease back as docs/INGRESS.md shows: with one slot,
+/// requests one after another are all admitted; without it the second is refused.
+#[test]
+fn nginx_post_action_releases_the_lease_after_the_response() {
+    let redis = RedisServer::start();
+    let config = format!(
+        "admin_token = \"{TOKEN}\"\n{}",
+        tollgate_config(
+            &redis,
+            "deny",
+            "[[limits]]\nname = \"slots\"\nconcurrency = 1\nkey = [\"header:x-api-key\"]\n"
+        )
+    );
+    let tollgate = Tollgate::start(&config);
+    let backend = Backend::start();
+    let site = |release: bool| {
+        let (check, admin, app) = (tollgate.addr, tollgate.admin, backend.addr);
+        let post_action = if release {
+            "post_action @tollgate_release;"
+        } else {
+            ""
+        };
+        move |listen: SocketAddr| {
+            format!(
+                "server {{\n listen {listen};\n\
+                 location / {{\n  auth_request /_tollgate;\n\
+                  auth_request_set $tollgate_lease $upstream_http_x_tollgate_lease;\n\
+                  proxy_pass http://{app};\n  {post_action}\n }}\n\
+                 location = /_tollgate {{\n  internal;\n  proxy_pass http://{check}/check;\n\
+                  proxy_pass_request_body off;\n  proxy_set_header Content-Length \"\";\n\
+                  proxy_set_header X-Tollgate-Deny-Status 403;\n }}\n\
+                 location @tollgate_release {{\n  rewrite ^ /release break;\n\
+                  proxy_pass http://{admin};\n  proxy_method POST;\n\
+                  proxy_set_header Authorization \"Bearer {TOKEN}\";\n\
+                  proxy_set_header Content-Type application/json;\n\
+                  proxy_set_body '{{\"lease\":\"$tollgate_lease\"}}';\n }}\n}}\n"
+            )
+        }
+    };
+    let held = || {
+        let keys = redis.cli(&["KEYS", "*:slots:*"]);
+        keys.lines()
+            .map(|key| redis.cli(&["ZCARD", key.trim()]).trim().parse::<u64>().unwrap_or(0))
+            .sum::<u64>()
+    };
+    let releasing = Nginx::start_site(site(true));
+    redis.cli(&["FLUSHALL"]);
+    for round in 0..5 {
+        let answer = send(releasing.addr, "GET", "/", &[("x-api-key", "acme")]);
+        assert_eq!(answer.status, 200, "round {round}: {answer:?}");
+        // post_action runs once the response is sent: the release may trail the answer.
+        assert!(
+            crate::support::wait_until(std::time::Duration::from_secs(5), || held() == 0),
+            "round {round}: the lease was never given back"
+        );
+    }
+    let keeping = Nginx::start_site(site(false));
+    assert_eq!(send(keeping.addr, "GET", "/", &[("x-api-key", "b")]).status, 200);
+    let second = send(keeping.addr, "GET", "/", &[("x-api-key", "b")]);
+    assert_eq!(second.status, 403, "without post_action the slot stays held: {second:?}");
+}
