@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A rolling upgrade across the bucket layout change, under load, with its bound checked.
 #
-# Release 4c33bf2 stores a bucket as one string "<debt> <ts>" instead of a hash {tokens, ts}.
+# Commit 4c33bf2 stores a bucket as one string "<debt> <ts>" instead of a hash {tokens, ts}.
 # The new scripts convert an old hash when they first write it; an old instance that meets a
 # converted key gets WRONGTYPE and answers per its store.on_error. This script runs OLD and
 # NEW tollgate on one Redis, the way a rolling upgrade does, and counts what they admitted:
@@ -56,6 +56,16 @@ if [ "$KEYS" -lt 1 ] || [ "$KEYS" -gt 9 ]; then echo "KEYS must be 1 to 9" >&2; 
 
 . bench/lib.sh
 
+# Stops every process started here, Redis last (as lib.sh's cleanup): between modes, and on exit
+# before the old tree goes.
+stop_all() {
+  local i
+  for ((i = ${#PIDS[@]} - 1; i >= 0; i--)); do
+    kill "${PIDS[i]}" 2>/dev/null || true
+    wait "${PIDS[i]}" 2>/dev/null || true
+  done
+  PIDS=()
+}
 OLD_TREE=
 # shellcheck disable=SC2317  # run by the EXIT trap
 remove_old_tree() {
@@ -64,8 +74,8 @@ remove_old_tree() {
     git worktree prune
   fi
 }
-# lib.sh's cleanup stops the processes and removes $WORK; the old tree goes first.
-trap 'remove_old_tree; cleanup' EXIT
+# The processes first, then the old tree (git's record of it too), then lib.sh's cleanup: $WORK.
+trap 'stop_all; remove_old_tree; cleanup' EXIT
 
 require redis-server:redis-server redis-cli:redis-tools wrk:wrk curl:curl python3:python3
 
@@ -114,16 +124,6 @@ start_instance() { # name binary on_error
     sleep 0.1
   done
   echo "tollgate $1 did not get ready:" >&2; cat "$WORK/$1.log" >&2; exit 1
-}
-
-# Stops what this mode started (Redis last), so the next mode starts clean.
-stop_all() {
-  local i
-  for ((i = ${#PIDS[@]} - 1; i >= 0; i--)); do
-    kill "${PIDS[i]}" 2>/dev/null || true
-    wait "${PIDS[i]}" 2>/dev/null || true
-  done
-  PIDS=()
 }
 
 # Every request checks one of the keys, in turn.
