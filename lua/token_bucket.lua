@@ -202,7 +202,13 @@ local function decide(k, a, n)
       local rate = ARGV[j - 3]
       if holds and holds[i] then
         rate = holds[i][4]
-        if charged then hold(holds[i][1], holds[i][2], holds[i][3], holds[i][5]) end
+        if charged then
+          -- Every reservation of a key has the limit's ttl, so this one expires last: no
+          -- need to look (hold does, for leases). Should a reload shorten the ttl, an older
+          -- reservation goes early: its estimate stays charged, never given back twice.
+          redis.call('ZADD', holds[i][1], holds[i][2], holds[i][3])
+          redis.call('PEXPIREAT', holds[i][1], expire_at(holds[i][2] + 0, holds[i][5]))
+        end
       end
       if charged or (olds and olds[i]) then
         local debt = ARGV[j - 2] * 1000000 - level
