@@ -258,14 +258,6 @@ impl<S: Store> Limiter<S> {
     /// another slot denies; a request spans slots when its limits are keyed on different
     /// parts, so then any bucket may be raised by a refund, here or on another instance.
     fn cacheable(&self, policy: &Policy) -> bool {
-        // A settle gives tokens back: a reserving bucket can rise by more than its refill.
-        let reserves = policy
-            .limits
-            .iter()
-            .any(|limit| matches!(limit.meter, Meter::Reserve(_)));
-        if reserves {
-            return false;
-        }
         !self.store.splits_requests()
             || (policy
                 .limits

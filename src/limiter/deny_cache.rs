@@ -247,8 +247,9 @@ impl DenyCache {
     }
 
     /// Only a bucket charged by its checks: a quota does not refill with time (its bound is
-    /// the period's end, not `rate * elapsed`), and a `charge = "report"` limit (cost 0) is
-    /// drawn by reports the cache never sees. The store decides those every time.
+    /// the period's end, not `rate * elapsed`), a `charge = "report"` limit (cost 0) is drawn
+    /// by reports the cache never sees, and a reserving one is raised by settles it never
+    /// sees either. The store decides those every time.
     fn cacheable(bucket: &BucketRequest) -> bool {
         bucket.meter == Meter::Bucket && bucket.cost >= 1
     }
