@@ -347,23 +347,34 @@ impl<C: Clock> MemoryStore<C> {
         let mut state = shard.buckets.get(request.key.as_str()).map(|e| e.bucket);
         bucket::give_back(&mut state, back, now, request.rate);
         let outcome = bucket::settle(settle, held, &mut state, now);
-        if let Some(bucket) = state {
-            let entry = Entry {
-                bucket,
-                full_at_us: bucket.forget_at_us(request),
-            };
-            if let Some(existing) = shard.buckets.get_mut(request.key.as_str()) {
-                *existing = entry;
-            } else {
-                if self.reserve_one() {
-                    let mut held = [(index, shard)];
-                    self.make_room(&mut held, now);
-                    [(_, shard)] = held;
-                }
-                shard.buckets.insert(request.key.clone(), entry);
-            }
-        }
+        self.write_one(index, shard, request, state, now);
         Settled { held, outcome }
+    }
+
+    /// Stores `state` (if any) as the bucket of `request` in shard `index`, held locked.
+    fn write_one(
+        &self,
+        index: usize,
+        mut shard: MutexGuard<'_, Shard>,
+        request: &BucketRequest,
+        state: Option<Bucket>,
+        now: u64,
+    ) {
+        let Some(bucket) = state else { return };
+        let entry = Entry {
+            bucket,
+            full_at_us: bucket.forget_at_us(request),
+        };
+        if let Some(existing) = shard.buckets.get_mut(request.key.as_str()) {
+            *existing = entry;
+            return;
+        }
+        if self.reserve_one() {
+            let mut held = [(index, shard)];
+            self.make_room(&mut held, now);
+            [(_, shard)] = held;
+        }
+        shard.buckets.insert(request.key.clone(), entry);
     }
 
     /// The reservations held now beside a reserving bucket.
@@ -390,25 +401,10 @@ impl<C: Clock> MemoryStore<C> {
             .map(|charge| {
                 let request = &charge.bucket;
                 let index = self.shard_of(&request.key);
-                let mut shard = self.lock(index);
+                let shard = self.lock(index);
                 let mut state = shard.buckets.get(request.key.as_str()).map(|e| e.bucket);
                 let outcome = bucket::report(charge, &mut state, now);
-                if let Some(bucket) = state {
-                    let entry = Entry {
-                        bucket,
-                        full_at_us: bucket.forget_at_us(request),
-                    };
-                    if let Some(existing) = shard.buckets.get_mut(request.key.as_str()) {
-                        *existing = entry;
-                    } else {
-                        if self.reserve_one() {
-                            let mut held = [(index, shard)];
-                            self.make_room(&mut held, now);
-                            [(_, shard)] = held;
-                        }
-                        shard.buckets.insert(request.key.clone(), entry);
-                    }
-                }
+                self.write_one(index, shard, request, state, now);
                 outcome
             })
             .collect()
