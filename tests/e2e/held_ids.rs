@@ -156,7 +156,13 @@ fn nginx_post_action_releases_the_lease_after_the_response() {
     let held = || {
         let keys = redis.cli(&["KEYS", "*:slots:*"]);
         keys.lines()
-            .map(|key| redis.cli(&["ZCARD", key.trim()]).trim().parse::<u64>().unwrap_or(0))
+            .map(|key| {
+                redis
+                    .cli(&["ZCARD", key.trim()])
+                    .trim()
+                    .parse::<u64>()
+                    .unwrap_or(0)
+            })
             .sum::<u64>()
     };
     let releasing = Nginx::start_site(site(true));
@@ -171,7 +177,13 @@ fn nginx_post_action_releases_the_lease_after_the_response() {
         );
     }
     let keeping = Nginx::start_site(site(false));
-    assert_eq!(send(keeping.addr, "GET", "/", &[("x-api-key", "b")]).status, 200);
+    assert_eq!(
+        send(keeping.addr, "GET", "/", &[("x-api-key", "b")]).status,
+        200
+    );
     let second = send(keeping.addr, "GET", "/", &[("x-api-key", "b")]);
-    assert_eq!(second.status, 403, "without post_action the slot stays held: {second:?}");
+    assert_eq!(
+        second.status, 403,
+        "without post_action the slot stays held: {second:?}"
+    );
 }
