@@ -570,6 +570,7 @@ pub fn redis_store(
             topology,
             timeout,
             tollgate::observe::metrics::Metrics::new(),
+            &tollgate::base::timings::Timings::default(),
         )
         .expect("store")
     };
