@@ -73,7 +73,8 @@ pub struct Config {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fingerprint_salt_file: Option<PathBuf>,
     /// The intervals of the background duties (see [`crate::base::timings`]): not a key, no
-    /// file or `TOLLGATE_*` variable sets it.
+    /// file or `TOLLGATE_*` key sets it; the production values unless the testing-only
+    /// `TOLLGATE_TEST_TIMINGS_SCALE` divides them.
     #[serde(skip)]
     pub timings: Timings,
 }
