@@ -1,4 +1,5 @@
-//! Value types every layer above uses: time, rates, the spelling of store keys, redaction.
+//! Value types every layer above uses: time, rates, the spelling of store keys, redaction, the
+//! intervals of the background duties.
 
 pub mod calendar;
 pub mod clock;
@@ -6,3 +7,4 @@ pub mod keys;
 pub mod normalise;
 pub mod rate;
 pub mod redact;
+pub mod timings;

@@ -14,7 +14,8 @@
 //!   [`base::rate`] (`"100/min"`), [`base::keys`] (the spelling of every store key),
 //!   [`base::normalise`] (paths, hosts and IPs spelled the way the proxies route them),
 //!   [`base::redact`] (what a reader without the admin token sees of a key: salted
-//!   fingerprints).
+//!   fingerprints), [`base::timings`] (every interval of the background duties, in one value
+//!   handed down from start-up).
 //! - [`config`]: defaults < TOML file < `TOLLGATE_*` environment: schema, loading, validation,
 //!   the summary `validate` prints.
 //! - [`request`]: what a check reads: original method, path, host, client IP (XFF walk),

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use actix_web::web;
 
+use crate::base::timings::Timings;
 use crate::config::{Backend, Config, DenialLogging, OnError, StoreConfig};
 use crate::limiter::Limiter;
 use crate::observe::denial_log::DenialLog;
@@ -22,6 +23,8 @@ pub struct AppState {
     /// Admin reads that call the store (peeks) in flight: bounded, so the readiness probe's
     /// own store call never queues behind a flood of them.
     pub admin_reads: AtomicUsize,
+    /// The intervals of the background duties and of the drain ([`Config::timings`]).
+    pub timings: Timings,
 }
 
 impl AppState {
@@ -53,6 +56,7 @@ pub fn build_state(config: &Config) -> Result<web::Data<AppState>, StartError> {
             &topology(&config.store),
             Duration::from_millis(config.store.timeout_ms),
             metrics.clone(),
+            &config.timings,
         )?)),
     };
     let remote = matches!(store, AnyStore::Redis(_));
@@ -77,6 +81,7 @@ pub fn build_state(config: &Config) -> Result<web::Data<AppState>, StartError> {
         limiter,
         metrics,
         admin_reads: AtomicUsize::new(0),
+        timings: config.timings,
     }))
 }
 

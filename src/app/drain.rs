@@ -1,5 +1,6 @@
 //! Shutdown without losing a request: new connections held back then refused, open ones told
-//! to close, in-flight checks finished within a grace period.
+//! to close, in-flight checks finished within a grace period (the `close_notice` and
+//! `shutdown_grace` of [`Timings`](crate::base::timings::Timings)).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -10,15 +11,6 @@ use actix_web::dev::ServerHandle;
 mod door;
 pub use door::Door;
 
-/// In-flight checks get this long to finish after SIGTERM, [`CLOSE_NOTICE`] included.
-pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
-
-/// After SIGTERM, how long requests on open keep-alive connections are still answered (with
-/// `Connection: close`) before idle connections are closed. Closing a busy keep-alive
-/// connection without notice loses the request the client is sending at that moment. New
-/// connections are refused from the start of the notice.
-pub const CLOSE_NOTICE: Duration = Duration::from_secs(1);
-
 /// After new SYNs are held back, how long handshakes already under way get to complete and be
 /// accepted before we look whether the accept queue is empty.
 const HANDSHAKE_SETTLE: Duration = Duration::from_millis(50);
@@ -26,17 +18,18 @@ const HANDSHAKE_SETTLE: Duration = Duration::from_millis(50);
 const PAUSE_SETTLE: Duration = Duration::from_millis(10);
 
 /// Stops the HTTP servers gracefully and tells the gRPC service (`stopping`): new
-/// connections are refused (none the kernel already accepted is reset); for
-/// [`CLOSE_NOTICE`] every answer says `Connection: close` (`draining`), then idle
-/// connections close and in-flight checks finish.
+/// connections are refused (none the kernel already accepted is reset); for `close_notice`
+/// every answer says `Connection: close` (`draining`), then idle connections close and
+/// in-flight checks finish.
 pub async fn drain(
     servers: Vec<ServerHandle>,
     doors: Vec<Door>,
     draining: Arc<AtomicBool>,
     stopping: tokio::sync::watch::Sender<bool>,
+    close_notice: Duration,
 ) {
     log::info!("shutting down: no new connections, finishing in-flight checks");
-    let notice_ends = Instant::now() + CLOSE_NOTICE;
+    let notice_ends = Instant::now() + close_notice;
     draining.store(true, Ordering::Relaxed);
     // The gRPC service drains on its own (see `grpc_server::spawn`).
     stopping.send_replace(true);

@@ -2,20 +2,15 @@
 //! its own. Health reports readiness as `/readyz` does, and NOT_SERVING from the moment a
 //! shutdown begins.
 
-use std::time::Duration;
-
 use actix_web::web;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use tokio::sync::watch;
 use tonic_health::server::HealthReporter;
 use tonic_health::ServingStatus;
 
-use crate::app::drain::{Door, CLOSE_NOTICE, SHUTDOWN_GRACE};
+use crate::app::drain::Door;
 use crate::grpc::RateLimiter;
 use crate::state::AppState;
-
-/// How often the health service asks the store whether tollgate can decide.
-const HEALTH_EVERY: Duration = Duration::from_secs(1);
 
 /// Serves the rate limit and health services on `listener`, in a runtime of its own on its
 /// own threads, until `stopping` turns true; then drains. The returned receiver fires when
@@ -53,6 +48,7 @@ async fn serve(
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let listener = tokio::net::TcpListener::from_std(listener)?;
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+    let timings = state.timings;
     let (reporter, health) = tonic_health::server::health_reporter();
     // Every service has a status from the first call on.
     set_status(&reporter, readiness(&state).await).await;
@@ -69,7 +65,7 @@ async fn serve(
             log::warn!("cannot hold new gRPC connections back: {error}");
         }
         // Open connections keep being answered while Envoy's health checks learn we leave.
-        tokio::time::sleep(CLOSE_NOTICE).await;
+        tokio::time::sleep(timings.close_notice).await;
     };
     let server = tonic::transport::Server::builder()
         .add_service(health)
@@ -79,7 +75,7 @@ async fn serve(
     // the grace period ends is cut.
     let grace_over = async move {
         let _ = signalled.wait_for(|stop| *stop).await;
-        tokio::time::sleep(SHUTDOWN_GRACE).await;
+        tokio::time::sleep(timings.shutdown_grace).await;
     };
     tokio::select! {
         result = server => result?,
@@ -89,13 +85,14 @@ async fn serve(
 }
 
 /// SERVING while tollgate can decide (the store answers, or `on_error` decides without it),
-/// NOT_SERVING otherwise and from the start of a shutdown on.
+/// NOT_SERVING otherwise and from the start of a shutdown on; asked every
+/// `grpc_health_every`.
 async fn report_readiness(
     reporter: HealthReporter,
     state: web::Data<AppState>,
     mut stopping: watch::Receiver<bool>,
 ) {
-    let mut tick = tokio::time::interval(HEALTH_EVERY);
+    let mut tick = tokio::time::interval(state.timings.grpc_health_every);
     loop {
         tokio::select! {
             _ = tick.tick() => {}

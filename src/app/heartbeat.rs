@@ -1,28 +1,25 @@
 //! With `on_error = "local"`, each instance announces itself in Redis and learns how many share
 //! it, so the local fallback can enforce its share of each limit.
 
-use std::time::Duration;
-
 use actix_web::web;
 
 use crate::state::AppState;
 use crate::store::AnyStore;
 
-/// How often an instance announces itself; an instance silent for [`INSTANCE_TTL`] is gone.
-const HEARTBEAT_EVERY: Duration = Duration::from_secs(2);
-const INSTANCE_TTL: Duration = Duration::from_secs(6);
-
-/// Keeps this instance's heartbeat in Redis and learns how many instances share it.
+/// Keeps this instance's heartbeat in Redis and learns how many instances share it: an
+/// announcement every `heartbeat_every`; an instance silent for `instance_ttl` is gone (see
+/// [`Timings`](crate::base::timings::Timings)).
 pub async fn count_instances(state: web::Data<AppState>, registry_key: String) {
     let AnyStore::Redis(store) = state.limiter.store() else {
         return;
     };
     let instance = instance_id();
-    let mut tick = tokio::time::interval(HEARTBEAT_EVERY);
+    let timings = state.timings;
+    let mut tick = tokio::time::interval(timings.heartbeat_every);
     loop {
         tick.tick().await;
         match store
-            .heartbeat(&registry_key, &instance, INSTANCE_TTL)
+            .heartbeat(&registry_key, &instance, timings.instance_ttl)
             .await
         {
             Ok(count) if count != state.limiter.instances() => {

@@ -3,7 +3,6 @@
 
 use std::path::PathBuf;
 use std::sync::Mutex;
-use std::time::Duration;
 
 use actix_web::web;
 
@@ -20,9 +19,6 @@ pub struct Reloader {
     /// The envoyproxy/ratelimit config directory served, and its fingerprint when last read.
     watched: Mutex<Option<(PathBuf, u64)>>,
 }
-
-/// How often the envoyproxy/ratelimit config directory is looked at for changes.
-pub const WATCH_EVERY: Duration = Duration::from_secs(1);
 
 impl Reloader {
     pub fn new(path: Option<PathBuf>, running: Config, state: web::Data<AppState>) -> Reloader {

@@ -16,7 +16,7 @@ use actix_web::dev::Service as _;
 use actix_web::http::ConnectionType;
 use actix_web::{web, App, HttpServer};
 
-use crate::app::drain::{self, Door, CLOSE_NOTICE, SHUTDOWN_GRACE};
+use crate::app::drain::{self, Door};
 use crate::app::heartbeat;
 use crate::app::lifecycle;
 use crate::app::reload::Reloader;
@@ -45,7 +45,7 @@ impl Listeners {
 }
 
 /// The binary's service: serves `config` until SIGTERM/SIGINT (SIGHUP reloads `config_path`),
-/// then drains in-flight checks (at most [`SHUTDOWN_GRACE`]).
+/// then drains in-flight checks (at most the `shutdown_grace` of [`Config::timings`]).
 pub async fn start(
     config: Config,
     config_path: Option<PathBuf>,
@@ -64,8 +64,10 @@ pub async fn start(
         log::warn!("{warning}");
     }
     spawn_duties(&config, &state)?;
+    let watch_every = config.timings.watch_every;
     let reloader = Reloader::new(config_path, config, state.clone());
-    run(state, listeners, lifecycle::stop_signal(reloader)).await?;
+    let stop = lifecycle::stop_signal(reloader, watch_every);
+    run(state, listeners, stop).await?;
     log::info!("tollgate stopped");
     Ok(())
 }
@@ -124,15 +126,22 @@ async fn follow_runtime_overrides(state: web::Data<AppState>, every: Duration) {
 fn listen_for_resets(store: &StoreConfig, state: web::Data<AppState>) -> Result<(), StartError> {
     let source = ResetSource::of(&topology(store))?;
     let channel = crate::base::keys::resets_channel(&store.key_prefix);
-    actix_web::rt::spawn(resets::listen(source, channel, move |heard| match heard {
-        Heard::Reset(key) => state.limiter.forget_denials(&key),
-        Heard::Everything => state.limiter.forget_all_denials(),
-    }));
+    let timings = state.timings;
+    actix_web::rt::spawn(resets::listen(
+        source,
+        channel,
+        timings,
+        move |heard| match heard {
+            Heard::Reset(key) => state.limiter.forget_denials(&key),
+            Heard::Everything => state.limiter.forget_all_denials(),
+        },
+    ));
     Ok(())
 }
 
 /// Serves every listener until `shutdown` resolves, then refuses new connections, answers
-/// what is queued and in flight, and returns when every listener has stopped.
+/// what is queued and in flight (for the `shutdown_grace` of the state's timings), and
+/// returns when every listener has stopped.
 pub async fn run(
     state: web::Data<AppState>,
     listeners: Listeners,
@@ -140,6 +149,7 @@ pub async fn run(
 ) -> std::io::Result<()> {
     // Kept to shut the listening sockets ourselves: actix would reset what the kernel queued.
     let doors = vec![Door::of(&listeners.public)?, Door::of(&listeners.admin)?];
+    let timings = state.timings;
     let draining = Arc::new(AtomicBool::new(false));
     let public = public_server(state.clone(), listeners.public, draining.clone())?;
     let admin_state = state.clone();
@@ -153,7 +163,7 @@ pub async fn run(
     })
     .workers(1)
     .disable_signals()
-    .shutdown_timeout((SHUTDOWN_GRACE - CLOSE_NOTICE).as_secs())
+    .shutdown_timeout(whole_seconds(timings.after_notice()))
     .listen(listeners.admin)?
     .run();
 
@@ -171,7 +181,7 @@ pub async fn run(
     let handles = vec![public.handle(), admin.handle()];
     actix_web::rt::spawn(async move {
         shutdown.await;
-        drain::drain(handles, doors, draining, stopping).await;
+        drain::drain(handles, doors, draining, stopping, timings.close_notice).await;
     });
 
     let (public_result, admin_result) = tokio::join!(public, admin);
@@ -191,6 +201,7 @@ fn public_server(
     listener: TcpListener,
     draining: Arc<AtomicBool>,
 ) -> std::io::Result<actix_web::dev::Server> {
+    let after_notice = whole_seconds(state.timings.after_notice());
     Ok(HttpServer::new(move || {
         let draining = draining.clone();
         let warm = state.clone();
@@ -221,7 +232,13 @@ fn public_server(
             .configure(crate::http::public_routes)
     })
     .disable_signals()
-    .shutdown_timeout((SHUTDOWN_GRACE - CLOSE_NOTICE).as_secs())
+    .shutdown_timeout(after_notice)
     .listen(listener)?
     .run())
+}
+
+/// Seconds for actix's shutdown timeout, which takes whole ones: rounded up, so a shortened
+/// grace period (tests) never becomes none.
+fn whole_seconds(duration: Duration) -> u64 {
+    duration.as_secs() + u64::from(duration.subsec_nanos() > 0)
 }

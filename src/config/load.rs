@@ -7,12 +7,14 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use figment::Figment;
 
 use super::{Config, Secret};
+use crate::base::timings::{Timings, TEST_SCALE_ENV};
 
 /// Environment variables that carry the config file path, or that Kubernetes injects for a
 /// Service named `tollgate` (`TOLLGATE_SERVICE_HOST`, `TOLLGATE_PORT_8080_TCP`, ...). They are
 /// not config keys, and refusing them would crash-loop a pod for a name clash.
 /// `admin_token` and `fingerprint_salt` are read from their variables verbatim instead (a
-/// secret of digits would otherwise parse as a number).
+/// secret of digits would otherwise parse as a number), and `TOLLGATE_TEST_TIMINGS_SCALE`
+/// (testing only) into [`Config::timings`].
 const NON_CONFIG_ENV: &[&str] = &[
     "config",
     "service_host",
@@ -20,6 +22,7 @@ const NON_CONFIG_ENV: &[&str] = &[
     "port",
     "admin_token",
     "fingerprint_salt",
+    "test_timings_scale",
 ];
 
 /// A refused configuration: the dotted key and why, printed as one line.
@@ -115,6 +118,7 @@ impl Config {
             config.fingerprint_salt = Some(Secret(salt));
         }
         super::envoy::apply_erl_env(&mut config, |name| std::env::var(name).ok())?;
+        config.timings = test_timings()?;
         config.resolve_paths(file);
         config.validate()?;
         Ok(config)
@@ -134,6 +138,18 @@ impl Config {
             *path = dir.join(&*path);
         }
     }
+}
+
+/// The production intervals, or those `TOLLGATE_TEST_TIMINGS_SCALE` divides (testing only).
+fn test_timings() -> Result<Timings, ConfigError> {
+    let refuse = |reason: String| ConfigError::new(TEST_SCALE_ENV, reason);
+    let Some(value) = std::env::var_os(TEST_SCALE_ENV) else {
+        return Ok(Timings::default());
+    };
+    let value = value
+        .into_string()
+        .map_err(|_| refuse("is not valid UTF-8".into()))?;
+    Timings::for_test_scale(&value).map_err(refuse)
 }
 
 impl Config {

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{EnvoyConfig, RateSpec};
 use crate::base::calendar::Period;
+use crate::base::timings::Timings;
 
 /// Allowed `client_ip.ipv6_prefix`: shorter than /32 would put whole providers in one bucket.
 pub const IPV6_PREFIXES: std::ops::RangeInclusive<u8> = 32..=128;
@@ -71,6 +72,11 @@ pub struct Config {
     /// A file holding that salt; trailing whitespace is ignored.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fingerprint_salt_file: Option<PathBuf>,
+    /// The intervals of the background duties (see [`crate::base::timings`]): not a key, no
+    /// file or `TOLLGATE_*` key sets it; the production values unless the testing-only
+    /// `TOLLGATE_TEST_TIMINGS_SCALE` divides them.
+    #[serde(skip)]
+    pub timings: Timings,
 }
 
 /// A value that must never reach a log line or `validate` output.
@@ -400,6 +406,7 @@ impl Default for Config {
             admin_token_file: None,
             fingerprint_salt: None,
             fingerprint_salt_file: None,
+            timings: Timings::default(),
         }
     }
 }

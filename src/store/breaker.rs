@@ -1,6 +1,7 @@
 //! A circuit breaker in front of the store. After [`FAILURE_THRESHOLD`] consecutive failures it
-//! opens: calls fail at once (no waiting on a dead Redis) for [`OPEN_FOR`]; then one call is let
-//! through as a probe (half-open). A success closes it; a failure reopens it. Each transition is
+//! opens: calls fail at once (no waiting on a dead Redis) for `breaker_open_for` (see
+//! [`Timings`](crate::base::timings::Timings)); then one call is let through as a probe
+//! (half-open). A success closes it; a failure reopens it. Each transition is
 //! logged once and mirrored in `tollgate_store_up`.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
@@ -14,9 +15,6 @@ use crate::base::clock::{Clock, MonotonicClock};
 
 /// Consecutive failures that open the breaker.
 pub const FAILURE_THRESHOLD: u32 = 3;
-/// How long an open breaker rejects calls before probing. Short, so recovery is quick.
-pub const OPEN_FOR: Duration = Duration::from_micros(OPEN_FOR_US);
-const OPEN_FOR_US: u64 = 250_000;
 
 const CLOSED: u8 = 0;
 const OPEN: u8 = 1;
@@ -37,23 +35,32 @@ pub struct Breaker {
     state: AtomicU8,
     failures: AtomicU32,
     reopen_at_us: AtomicU64,
+    /// How long an open breaker rejects calls before probing. Short, so recovery is quick.
+    open_for_us: u64,
     clock: Arc<dyn Clock>,
     up: IntGauge,
     name: &'static str,
 }
 
 impl Breaker {
-    pub fn new(up: IntGauge, name: &'static str) -> Breaker {
-        Breaker::with_clock(up, name, Arc::new(MonotonicClock::default()))
+    /// A breaker that stays open for `open_for` before each probe.
+    pub fn new(up: IntGauge, name: &'static str, open_for: Duration) -> Breaker {
+        Breaker::with_clock(up, name, open_for, Arc::new(MonotonicClock::default()))
     }
 
     /// A breaker reading `clock` (tests advance a manual one).
-    pub fn with_clock(up: IntGauge, name: &'static str, clock: Arc<dyn Clock>) -> Breaker {
+    pub fn with_clock(
+        up: IntGauge,
+        name: &'static str,
+        open_for: Duration,
+        clock: Arc<dyn Clock>,
+    ) -> Breaker {
         up.set(1);
         Breaker {
             state: AtomicU8::new(CLOSED),
             failures: AtomicU32::new(0),
             reopen_at_us: AtomicU64::new(0),
+            open_for_us: u64::try_from(open_for.as_micros()).unwrap_or(u64::MAX),
             clock,
             up,
             name,
@@ -99,8 +106,10 @@ impl Breaker {
         if !should_open {
             return Failure::Counted;
         }
-        self.reopen_at_us
-            .store(self.now_us() + OPEN_FOR_US, Ordering::Release);
+        self.reopen_at_us.store(
+            self.now_us().saturating_add(self.open_for_us),
+            Ordering::Release,
+        );
         if self.state.swap(OPEN, Ordering::AcqRel) != CLOSED {
             return Failure::ProbeFailed;
         }
@@ -128,11 +137,20 @@ pub enum Failure {
 mod tests {
     use super::*;
     use crate::base::clock::ManualClock;
+    use crate::base::timings::Timings;
+
+    /// The production time open: 250 ms.
+    const OPEN_FOR_US: u64 = 250_000;
 
     fn breaker() -> (Breaker, Arc<ManualClock>) {
         let clock = Arc::new(ManualClock::default());
         let up = IntGauge::new("up", "up").unwrap();
-        (Breaker::with_clock(up, "test store", clock.clone()), clock)
+        let open_for = Timings::default().breaker_open_for;
+        assert_eq!(open_for, Duration::from_micros(OPEN_FOR_US));
+        (
+            Breaker::with_clock(up, "test store", open_for, clock.clone()),
+            clock,
+        )
     }
 
     fn after_open_for(clock: &ManualClock) {

@@ -46,6 +46,7 @@ use super::{
     BucketOutcome, BucketRequest, ReportCharge, Reserved, Settle, Settled, Store, StoreDecision,
     StoreError,
 };
+use crate::base::timings::Timings;
 use crate::observe::metrics::Metrics;
 
 /// A script call admitted by the breaker.
@@ -80,13 +81,15 @@ pub struct RedisStore {
 
 impl RedisStore {
     /// Creates the store without connecting: tollgate must start (and answer per `on_error`)
-    /// while Redis is down. Must be called inside a Tokio runtime.
+    /// while Redis is down. Must be called inside a Tokio runtime. `timings` paces the breaker
+    /// and the following of a Sentinel master.
     pub fn open(
         topology: &Topology<'_>,
         timeout: Duration,
         metrics: Metrics,
+        timings: &Timings,
     ) -> Result<RedisStore, StoreError> {
-        let connection = Arc::new(Connection::open(topology, timeout)?);
+        let connection = Arc::new(Connection::open(topology, timeout, timings)?);
         let bucket_script = Arc::new(LuaScript::new(BUCKET_SCRIPT));
         Ok(RedisStore {
             coalescer: Coalescer::new(Arc::clone(&connection), Arc::clone(&bucket_script)),
@@ -101,7 +104,7 @@ impl RedisStore {
             release_script: LuaScript::new(admin::RELEASE_SCRIPT),
             settle_script: LuaScript::new(admin::SETTLE_SCRIPT),
             timeout,
-            breaker: Breaker::new(metrics.store_up.clone(), "redis"),
+            breaker: Breaker::new(metrics.store_up.clone(), "redis", timings.breaker_open_for),
             metrics,
         })
     }

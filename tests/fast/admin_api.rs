@@ -5,7 +5,8 @@
 use std::time::{Duration, Instant};
 
 use crate::support::{
-    commandstats, redis_config, tollgate_command, HttpClient, RedisServer, Tollgate, QUIET_POLL,
+    commandstats, redis_config, short_timings, tollgate_command, HttpClient, RedisServer, Tollgate,
+    QUIET_POLL, SHORT_TIMINGS,
 };
 
 const TOKEN: &str = "s3cr3t-admin-token-for-tests";
@@ -566,20 +567,37 @@ fn behind_sentinel_a_peek_and_a_reset_reach_the_master_and_every_instance() {
 
 #[test]
 fn the_reset_channel_survives_its_keep_alive_pings() {
-    // The subscriber pings Redis every 5 s to notice a dead connection. A ping it misreads
-    // would drop the channel each time, and with it every cached denial.
+    // The subscriber pings Redis every `reset_ping_every` (5 s; here 500 ms) to notice a dead
+    // connection. A ping it misreads would drop the channel each time, and with it every
+    // cached denial.
     let redis = RedisServer::start();
-    let _tollgate = Tollgate::start(&redis_config(&redis, "", LIMITS));
+    let config = redis_config(&redis, "", LIMITS);
+    let _tollgate = Tollgate::start_with_env(&config, &[SHORT_TIMINGS]);
     wait_for_listeners(&redis, 1);
-    std::thread::sleep(Duration::from_millis(11_500));
-    let subscriber = redis.cli(&["CLIENT", "LIST", "TYPE", "pubsub"]);
-    let ages: Vec<u64> = subscriber
-        .split_whitespace()
-        .filter_map(|field| field.strip_prefix("age="))
+    let subscriber = || redis.cli(&["CLIENT", "LIST", "TYPE", "pubsub"]);
+    let fields = |list: &str, name: &str| -> Vec<String> {
+        list.split_whitespace()
+            .filter_map(|field| field.strip_prefix(name)?.strip_prefix('='))
+            .map(str::to_string)
+            .collect()
+    };
+    let first = subscriber();
+    // Two pings and a margin (production's 11.5 s over 5 s pings, scaled).
+    let ping_every = short_timings().reset_ping_every;
+    std::thread::sleep(ping_every * 23 / 10);
+    let after = subscriber();
+    let ages: Vec<u64> = fields(&after, "age")
+        .iter()
         .filter_map(|age| age.parse().ok())
         .collect();
-    assert_eq!(ages.len(), 1, "one subscriber: {subscriber}");
-    assert!(ages[0] >= 11, "resubscribed since: {subscriber}");
+    assert_eq!(ages.len(), 1, "one subscriber: {after}");
+    assert!(ages[0] >= 1, "resubscribed since: {after}");
+    assert_eq!(
+        fields(&after, "id"),
+        fields(&first, "id"),
+        "resubscribed: {after}"
+    );
+    assert_eq!(fields(&after, "cmd"), ["ping"], "it pinged: {after}");
 }
 
 #[test]

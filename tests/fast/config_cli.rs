@@ -133,6 +133,33 @@ fn kubernetes_service_variables_are_ignored() {
     assert!(output.status.success(), "{}", stderr(&output));
 }
 
+/// The testing-only divisor of the background intervals (CONTRIBUTING.md): a valid one
+/// changes nothing `validate` shows, a malformed one is refused as a bad key is; and the
+/// intervals are no key of the file or the environment.
+#[test]
+fn the_test_timings_scale_is_refused_when_malformed_and_is_no_key() {
+    const SCALE: &str = "TOLLGATE_TEST_TIMINGS_SCALE";
+    let plain = run(&["validate"], Some(LIMIT), &[]);
+    let scaled = run(&["validate"], Some(LIMIT), &[(SCALE, "10")]);
+    assert!(scaled.status.success(), "{}", stderr(&scaled));
+    assert_eq!(scaled.stdout, plain.stdout);
+    for bad in ["0", "101", "ten", "2.5", "-1", ""] {
+        for command in ["validate", "serve"] {
+            let output = run(&[command], Some(LIMIT), &[(SCALE, bad)]);
+            assert_refused(&output, SCALE);
+            assert!(
+                stderr(&output).contains("from 1 to 100"),
+                "{}",
+                stderr(&output)
+            );
+        }
+    }
+    let in_the_file = run(&["validate"], Some(&format!("timings = 1\n{LIMIT}")), &[]);
+    assert_refused(&in_the_file, "timings: unknown key");
+    let in_the_environment = run(&["validate"], Some(LIMIT), &[("TOLLGATE_TIMINGS", "1")]);
+    assert_refused(&in_the_environment, "timings: unknown key");
+}
+
 #[test]
 fn every_invalid_value_is_refused_naming_its_key() {
     let cases: &[(&str, &str)] = &[

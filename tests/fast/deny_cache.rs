@@ -202,6 +202,7 @@ async fn every_cached_denial_is_one_redis_would_have_made() {
         &Topology::Single { url: &redis.url() },
         timeout,
         metrics.clone(),
+        &config.timings,
     )
     .expect("store");
     let limiter = Arc::new(

@@ -424,20 +424,26 @@ async fn grpc_health_follows_readiness() {
     let mut redis = RedisServer::start();
     let limits = &limit("u", 10, 10, &["descriptor:user"]);
     let store = |mode: &str| format!("timeout_ms = 50\non_error = \"{mode}\"\n");
-    let (_deny, deny) = grpc::tollgate(&redis_config(&redis, &store("deny"), limits));
-    let (_allow, allow) = grpc::tollgate(&redis_config(&redis, &store("allow"), limits));
+    // Health is asked every `grpc_health_every` (1 s; here 100 ms).
+    let short = [crate::support::SHORT_TIMINGS];
+    let tollgate =
+        |mode| grpc::tollgate_with_env(&redis_config(&redis, &store(mode), limits), &short);
+    let (_deny, deny) = tollgate("deny");
+    let (_allow, allow) = tollgate("allow");
     let (mut deny, mut allow) = (health_client(deny).await, health_client(allow).await);
     assert_eq!(health(&mut deny, "").await, SERVING);
     assert_eq!(health(&mut deny, RLS).await, SERVING);
+    let poll = crate::support::short_timings().grpc_health_every / 5;
 
     redis.kill();
     let mut status = SERVING;
-    for _ in 0..50 {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
         status = health(&mut deny, RLS).await;
         if status == NOT_SERVING {
             break;
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(poll).await;
     }
     assert_eq!(
         status, NOT_SERVING,
@@ -452,12 +458,13 @@ async fn grpc_health_follows_readiness() {
 
     redis.restart();
     let mut status = NOT_SERVING;
-    for _ in 0..50 {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
         status = health(&mut deny, RLS).await;
         if status == SERVING {
             break;
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(poll).await;
     }
     assert_eq!(status, SERVING);
 }

@@ -451,7 +451,10 @@ async fn a_configmap_symlink_swap_is_served_without_a_restart() {
     };
     configmap(&root, "v1", &rule(1));
     let toml = format!("[envoy]\nconfig_dir = {:?}\n", root.display().to_string());
-    let (_tollgate, addr) = grpc::tollgate(&redis_config(&redis, "", &toml));
+    // The directory is looked at every `watch_every` (1 s; here 100 ms).
+    let short = [crate::support::SHORT_TIMINGS];
+    let (tollgate, addr) = grpc::tollgate_with_env(&redis_config(&redis, "", &toml), &short);
+    let watch_every = crate::support::short_timings().watch_every;
     let mut client = grpc::client(addr).await;
     let limit_of = |r: &RateLimitResponse| r.statuses[0].current_limit.clone().unwrap_or_default();
     assert_eq!(
@@ -461,21 +464,34 @@ async fn a_configmap_symlink_swap_is_served_without_a_restart() {
 
     configmap(&root, "v2", &rule(7));
     let mut served = 0;
-    for _ in 0..100 {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::time::Instant::now() < deadline {
         served = limit_of(&one(&mut client, "d", &[("k", "b")]).await).requests_per_unit;
         if served == 7 {
             break;
         }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        tokio::time::sleep(watch_every / 5).await;
     }
     assert_eq!(served, 7, "the swapped rules are served");
 
+    let refused = || tollgate.metric(r#"tollgate_config_reloads_total{result="failure"}"#);
+    assert_eq!(refused(), 0.0);
     configmap(
         &root,
         "v3",
         "domain: d\ndescriptors:\n  - key: k\n    ratelimit: {}\n",
     );
-    tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
+    // Read and refused, then given two and a half more looks (production's 2.5 s, scaled).
+    assert!(
+        crate::support::wait_until(std::time::Duration::from_secs(10), || refused() == 1.0),
+        "the broken file was never read"
+    );
+    tokio::time::sleep(watch_every * 5 / 2).await;
+    assert_eq!(
+        refused(),
+        1.0,
+        "a refused file is not read again until it changes"
+    );
     let kept = one(&mut client, "d", &[("k", "c")]).await;
     assert_eq!(
         limit_of(&kept).requests_per_unit,

@@ -258,17 +258,19 @@ fn local_fallback_headers_describe_this_instances_share_of_the_limit() {
 /// local answers carry the halved limit.
 #[test]
 fn local_fallback_headers_through_two_instances_whose_redis_died() {
+    use crate::support::{short_timings, Tollgate, SHORT_TIMINGS};
     let mut redis = crate::support::RedisServer::start();
     let limits = &limit("per-ip", 0.01, 20, &["ip"]);
     let config = crate::support::redis_config(&redis, "on_error = \"local\"", limits);
-    let a = crate::support::Tollgate::start(&config);
-    let _b = crate::support::Tollgate::start(&config);
+    let a = Tollgate::start_with_env(&config, &[SHORT_TIMINGS]);
+    let _b = Tollgate::start_with_env(&config, &[SHORT_TIMINGS]);
     assert!(crate::support::wait_until(
         std::time::Duration::from_secs(5),
         || redis.cli(&["ZCARD", "tollgate:instances"]).trim() == "2"
     ));
-    // The first instance learns N = 2 at its next heartbeat (every 2 s).
-    std::thread::sleep(std::time::Duration::from_millis(2300));
+    // The first instance learns N = 2 at its next heartbeat (every 2 s; here 200 ms): wait
+    // two and a half.
+    std::thread::sleep(short_timings().heartbeat_every * 5 / 2);
     redis.kill();
     let mut client = a.client();
     let client_ip = [("X-Forwarded-For", "198.51.100.21")];

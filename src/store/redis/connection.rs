@@ -15,6 +15,7 @@ use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServer
 use redis::{Cmd, IntoConnectionInfo, RedisResult, Value};
 
 use super::sentinel::SentinelMaster;
+use crate::base::timings::Timings;
 use crate::store::StoreError;
 
 /// Longest pause between reconnect attempts: short, so recovery follows Redis within ~0.5 s.
@@ -47,8 +48,13 @@ pub enum Connection {
 }
 
 impl Connection {
-    /// Builds the handle without connecting. Must be called inside a Tokio runtime.
-    pub fn open(topology: &Topology<'_>, timeout: Duration) -> Result<Connection, StoreError> {
+    /// Builds the handle without connecting. Must be called inside a Tokio runtime. `timings`
+    /// paces the questions to the sentinels.
+    pub fn open(
+        topology: &Topology<'_>,
+        timeout: Duration,
+        timings: &Timings,
+    ) -> Result<Connection, StoreError> {
         match topology {
             Topology::Single { url } => {
                 let info = url
@@ -93,6 +99,7 @@ impl Connection {
                     client,
                     master.to_string(),
                     manager_config(timeout),
+                    timings,
                 )))
             }
         }

@@ -4,7 +4,8 @@
 //!
 //! One node is enough to listen to: a single node or the Sentinel-named master hears every
 //! publish made to it, and a Redis Cluster forwards every `PUBLISH` to all its nodes, so any
-//! one of them will do. A lost connection is re-established with capped backoff; when the
+//! one of them will do. A lost connection is re-established with capped backoff
+//! (`reset_first_backoff` doubled up to `reset_max_backoff`, see [`Timings`]); when the
 //! subscription is back, resets may have been missed meanwhile, so everything cached is
 //! forgotten ([`Heard::Everything`]).
 
@@ -15,15 +16,11 @@ use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServer
 use redis::{Client, IntoConnectionInfo, RedisResult};
 
 use super::Topology;
+use crate::base::timings::Timings;
 use crate::store::StoreError;
 
-/// First pause after a failed attempt; doubled per failure up to [`MAX_BACKOFF`].
-const FIRST_BACKOFF: Duration = Duration::from_millis(100);
-const MAX_BACKOFF: Duration = Duration::from_secs(2);
 /// A connect or a ping that takes longer counts as lost (a silent network drops no socket).
 const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
-/// How often a quiet subscription is checked to be alive.
-const PING_EVERY: Duration = Duration::from_secs(5);
 
 /// What the channel tells an instance.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -88,9 +85,15 @@ impl ResetSource {
     }
 }
 
-/// Listens on `channel` for as long as the process runs, telling `heard` of every reset.
-pub async fn listen(mut source: ResetSource, channel: String, heard: impl Fn(Heard)) {
-    let mut backoff = FIRST_BACKOFF;
+/// Listens on `channel` for as long as the process runs, telling `heard` of every reset; a
+/// quiet subscription is pinged every `reset_ping_every` of `timings`.
+pub async fn listen(
+    mut source: ResetSource,
+    channel: String,
+    timings: Timings,
+    heard: impl Fn(Heard),
+) {
+    let mut backoff = timings.reset_first_backoff;
     let mut lost = false;
     for attempt in 0.. {
         match subscribe(&mut source, attempt, &channel).await {
@@ -102,8 +105,8 @@ pub async fn listen(mut source: ResetSource, channel: String, heard: impl Fn(Hea
                     log::info!("reset channel {channel:?} is back; cached denials dropped");
                     heard(Heard::Everything);
                 }
-                backoff = FIRST_BACKOFF;
-                follow(pubsub, &heard).await;
+                backoff = timings.reset_first_backoff;
+                follow(pubsub, timings.reset_ping_every, &heard).await;
                 if !lost {
                     log::warn!("lost the reset channel {channel:?}; reconnecting");
                 }
@@ -114,7 +117,7 @@ pub async fn listen(mut source: ResetSource, channel: String, heard: impl Fn(Hea
             }
         }
         tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(MAX_BACKOFF);
+        backoff = (backoff * 2).min(timings.reset_max_backoff);
     }
 }
 
@@ -135,10 +138,11 @@ async fn subscribe(
         .unwrap_or_else(|_| Err(timed_out()))
 }
 
-/// Hands every message to `heard` until the connection ends or stops answering pings.
-async fn follow(pubsub: redis::aio::PubSub, heard: &impl Fn(Heard)) {
+/// Hands every message to `heard` until the connection ends or stops answering the pings
+/// sent every `ping_every`.
+async fn follow(pubsub: redis::aio::PubSub, ping_every: Duration, heard: &impl Fn(Heard)) {
     let (mut sink, mut messages) = pubsub.split();
-    let mut ping = tokio::time::interval(PING_EVERY);
+    let mut ping = tokio::time::interval(ping_every);
     ping.tick().await;
     loop {
         tokio::select! {

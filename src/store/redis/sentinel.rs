@@ -1,8 +1,8 @@
 //! Following the master that Redis Sentinel names. A background task asks the sentinels for
-//! the master (and checks its `ROLE`) at start, every [`POLL_EVERY`], and at once when a call
-//! fails in a way a failover explains (connection lost, timeout, `READONLY` from a demoted
-//! master). When the address changes, calls move to a new connection; until a master is
-//! known, calls fail fast and tollgate answers per `on_error`.
+//! the master (and checks its `ROLE`) at start, every `sentinel_poll_every` (see [`Timings`]),
+//! and at once when a call fails in a way a failover explains (connection lost, timeout,
+//! `READONLY` from a demoted master). When the address changes, calls move to a new
+//! connection; until a master is known, calls fail fast and tollgate answers per `on_error`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -14,11 +14,8 @@ use redis::sentinel::SentinelClient;
 use redis::{Cmd, ErrorKind, RedisError, RedisResult, ServerErrorKind, Value};
 use tokio::sync::Notify;
 
-/// How often the sentinels are asked even when all is well (a failover may also come
-/// without any failed call, e.g. `SENTINEL FAILOVER` while idle).
-const POLL_EVERY: Duration = Duration::from_secs(1);
-/// At most one question every this long, however many calls fail.
-const MIN_GAP: Duration = Duration::from_millis(100);
+use crate::base::timings::Timings;
+
 /// Bound on one discovery (sentinel query + `ROLE` check of the master).
 const DISCOVERY_TIMEOUT: Duration = Duration::from_secs(1);
 
@@ -40,13 +37,20 @@ impl SentinelMaster {
         client: SentinelClient,
         name: String,
         config: ConnectionManagerConfig,
+        timings: &Timings,
     ) -> Arc<SentinelMaster> {
         let master = Arc::new(SentinelMaster {
             current: ArcSwapOption::empty(),
             wake: Notify::new(),
             generation: AtomicU64::new(0),
         });
-        tokio::spawn(discover_forever(master.clone(), client, name, config));
+        tokio::spawn(discover_forever(
+            master.clone(),
+            client,
+            name,
+            config,
+            *timings,
+        ));
         master
     }
 
@@ -85,6 +89,7 @@ async fn discover_forever(
     mut client: SentinelClient,
     name: String,
     config: ConnectionManagerConfig,
+    timings: Timings,
 ) {
     loop {
         match tokio::time::timeout(DISCOVERY_TIMEOUT, client.async_get_client()).await {
@@ -107,10 +112,13 @@ async fn discover_forever(
             Ok(Err(error)) => log::debug!("sentinel: no master for {name:?}: {error}"),
             Err(_) => log::debug!("sentinel: discovery of {name:?} timed out"),
         }
-        tokio::time::sleep(MIN_GAP).await;
+        // At most one question every `sentinel_min_gap`, however many calls fail; one every
+        // `sentinel_poll_every` even when all is well (a failover may also come without any
+        // failed call, e.g. `SENTINEL FAILOVER` while idle).
+        tokio::time::sleep(timings.sentinel_min_gap).await;
         tokio::select! {
             _ = master.wake.notified() => {}
-            _ = tokio::time::sleep(POLL_EVERY) => {}
+            _ = tokio::time::sleep(timings.sentinel_poll_every) => {}
         }
     }
 }
