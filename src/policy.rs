@@ -17,7 +17,7 @@ use crate::base::redact::Salt;
 use crate::config::{Config, ConfigError, OnMissing, ResponseConfig};
 use crate::observe::metrics::Metrics;
 use crate::request::{ClientIpPolicy, OriginalRequest};
-use crate::store::BucketRequest;
+use crate::store::{BucketRequest, Meter, Reserve};
 use descriptors::envoy::EnvoyRules;
 use exempt::{ExemptRule, Exemptions};
 use limits::{Limit, LimitInput};
@@ -141,31 +141,79 @@ impl Policy {
         Ok(buckets)
     }
 
-    /// The store key and lease member of a lease id this policy's `/check` handed out
-    /// ([`Limit::lease_id`]); why not when the id is malformed or names no concurrency limit.
-    pub fn lease_of(&self, id: &str) -> Result<(String, String), String> {
-        let mut fields = id.trim().split('.');
-        let (Some(name), Some(tail), Some(member), None) =
-            (fields.next(), fields.next(), fields.next(), fields.next())
-        else {
-            return Err(
-                "is not a lease id (<limit>.<key>.<id>, as X-Tollgate-Lease gives it)".into(),
-            );
-        };
-        let Some(limit) = self.limits.iter().find(|limit| limit.name == name) else {
-            return Err(format!("names no limit {name:?}"));
-        };
-        if !matches!(limit.meter, crate::store::Meter::Lease(_)) {
-            return Err(format!("limit {name:?} is not a concurrency limit"));
-        }
-        let tail = unhex(tail).ok_or("has a malformed key")?;
+    /// The limit (its index), store key and lease member of a lease id this policy's `/check`
+    /// handed out ([`Limit::lease_id`]); why not when the id is malformed or names no
+    /// concurrency limit.
+    pub fn lease_of(&self, id: &str) -> Result<(usize, String, String), String> {
+        let (limit, tail, member) = self.held_parts(
+            id,
+            "a lease id (<limit>.<key>.<id>, as X-Tollgate-Lease gives it)",
+            |meter| matches!(meter, Meter::Lease(_)),
+            "is not a concurrency limit",
+        )?;
         if member.len() != 32 || !member.bytes().all(|b| b.is_ascii_hexdigit()) {
             return Err("has a malformed lease".into());
         }
         Ok((
-            limit.store_key(&self.key_prefix, &tail),
+            limit,
+            self.limits[limit].store_key(&self.key_prefix, &tail),
             member.to_ascii_lowercase(),
         ))
+    }
+
+    /// The reservation an `X-Tollgate-Reservation` id names (`<limit>.<key>.<id>:<estimate>`),
+    /// or why it names none.
+    pub fn reservation_of(&self, id: &str) -> Result<Found, String> {
+        let (limit, tail, member) = self.held_parts(
+            id,
+            "a reservation id (<limit>.<key>.<id>:<estimate>, as X-Tollgate-Reservation gives it)",
+            |meter| matches!(meter, Meter::Reserve(_)),
+            "does not reserve",
+        )?;
+        let Meter::Reserve(reserve) = self.limits[limit].meter else {
+            return Err("does not reserve".into());
+        };
+        let parsed = member.split_once(':').and_then(|(id, estimate)| {
+            let hex = id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit());
+            let digits = !estimate.is_empty() && estimate.bytes().all(|b| b.is_ascii_digit());
+            (hex && digits).then_some(())?;
+            Some((u128::from_str_radix(id, 16).ok()?, estimate.parse().ok()?))
+        });
+        match parsed {
+            Some((id, estimate)) if estimate <= crate::config::MAX_COST => Ok(Found {
+                limit,
+                tail,
+                reserve: Reserve { id, ..reserve },
+                estimate,
+            }),
+            _ => Err("has a malformed reservation".into()),
+        }
+    }
+
+    /// The parts of an id of something a check holds (`<limit>.<key in hex>.<member>`): the
+    /// limit's index, its key tail and the member, or why the id is not `shape` or names no
+    /// limit whose meter is `kind` (`not_kind` says so).
+    fn held_parts<'i>(
+        &self,
+        id: &'i str,
+        shape: &str,
+        kind: impl Fn(&Meter) -> bool,
+        not_kind: &str,
+    ) -> Result<(usize, Vec<u8>, &'i str), String> {
+        let mut fields = id.trim().split('.');
+        let (Some(name), Some(tail), Some(member), None) =
+            (fields.next(), fields.next(), fields.next(), fields.next())
+        else {
+            return Err(format!("is not {shape}"));
+        };
+        let Some(limit) = self.limits.iter().position(|limit| limit.name == name) else {
+            return Err(format!("names no limit {name:?}"));
+        };
+        if !kind(&self.limits[limit].meter) {
+            return Err(format!("limit {name:?} {not_kind}"));
+        }
+        let tail = unhex(tail).ok_or("has a malformed key")?;
+        Ok((limit, tail, member))
     }
 }
 
@@ -176,49 +224,9 @@ pub struct Found {
     pub limit: usize,
     /// The key tail of its bucket.
     pub tail: Vec<u8>,
-    pub id: u128,
+    /// The limit's reservation settings, with this reservation's id.
+    pub reserve: Reserve,
     pub estimate: u64,
-}
-
-impl Policy {
-    /// The reservation an `X-Tollgate-Reservation` id names (`<limit>.<key>.<id>:<estimate>`),
-    /// or why it names none.
-    pub fn reservation_of(&self, id: &str) -> Result<Found, String> {
-        let mut fields = id.trim().split('.');
-        let (Some(name), Some(tail), Some(member), None) =
-            (fields.next(), fields.next(), fields.next(), fields.next())
-        else {
-            return Err(
-                "is not a reservation id (<limit>.<key>.<id>:<estimate>, as X-Tollgate-Reservation gives it)"
-                    .into(),
-            );
-        };
-        let Some(limit) = self.limits.iter().position(|limit| limit.name == name) else {
-            return Err(format!("names no limit {name:?}"));
-        };
-        if !matches!(self.limits[limit].meter, crate::store::Meter::Reserve(_)) {
-            return Err(format!("limit {name:?} does not reserve"));
-        }
-        let tail = unhex(tail).ok_or("has a malformed key")?;
-        let parsed = member.split_once(':').and_then(|(id, estimate)| {
-            let hex = id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit());
-            let digits = !estimate.is_empty() && estimate.bytes().all(|b| b.is_ascii_digit());
-            (hex && digits).then_some(())?;
-            Some((u128::from_str_radix(id, 16).ok()?, estimate.parse().ok()?))
-        });
-        let Some((id, estimate)) = parsed else {
-            return Err("has a malformed reservation".into());
-        };
-        if estimate > crate::config::MAX_COST {
-            return Err("has a malformed reservation".into());
-        }
-        Ok(Found {
-            limit,
-            tail,
-            id,
-            estimate,
-        })
-    }
 }
 
 /// Bytes from pairs of hex digits.

@@ -19,7 +19,7 @@ use super::admin::{self, AdminError, Caller, NamedKey, Operator};
 use crate::base::calendar::Period;
 use crate::base::redact::Salt;
 use crate::limiter::decision::LimitState;
-use crate::policy::limits::{Limit, Numbers};
+use crate::policy::limits::Limit;
 use crate::policy::overrides::Override;
 use crate::policy::Policy;
 use crate::state::AppState;
@@ -58,11 +58,7 @@ fn named<'p>(policy: &'p Policy, name: &str, query: &str) -> Result<Named<'p>, A
         }),
         Some(_) => None,
     };
-    let numbers = numbers.unwrap_or(Numbers {
-        rate: limit.rate,
-        burst: limit.burst,
-        overridden: false,
-    });
+    let numbers = numbers.unwrap_or_else(|| limit.own_numbers());
     let bucket = limit.bucket(
         limit.store_key(&policy.key_prefix, &tail),
         index,

@@ -35,11 +35,10 @@ pub async fn release(
         let found = policy
             .lease_of(id)
             .map_err(|why| AdminError::bad("lease", format!("lease {id:?} {why}")))?;
-        let name = id.split('.').next().unwrap_or_default();
-        leases.push((name, found));
+        leases.push(found);
     }
     let mut released = 0;
-    for (name, (key, member)) in &leases {
+    for (limit, key, member) in &leases {
         let held = state
             .limiter
             .store()
@@ -52,9 +51,7 @@ pub async fn release(
             })?;
         released += usize::from(held);
         if held {
-            if let Some(limit) = policy.limits.iter().find(|limit| limit.name == *name) {
-                limit.counters.leases_released.inc();
-            }
+            policy.limits[*limit].counters.leases_released.inc();
         }
     }
     let answer = serde_json::json!({ "leases": leases.len(), "released": released });

@@ -9,7 +9,7 @@ use crate::config::{Charge, MAX_COST};
 use crate::limiter::decision::ceil_secs;
 use crate::policy::limits::Limit;
 use crate::policy::Policy;
-use crate::store::{BucketOutcome, Meter, ReportCharge, Reserve, Settle};
+use crate::store::{BucketOutcome, Meter, ReportCharge, Settle};
 
 /// Most charges one request may carry: a body is answered in one store round trip per slot.
 pub const MAX_CHARGES: usize = 1_000;
@@ -235,31 +235,18 @@ fn settle(item: &Map<String, Value>, at: &str, policy: &Policy) -> Result<Item, 
         .reservation_of(id)
         .map_err(|why| malformed(format!("{at}reservation"), format!("{id:?} {why}")))?;
     let limit = &policy.limits[found.limit];
-    let Meter::Reserve(reserve) = limit.meter else {
-        return Err(malformed(
-            format!("{at}reservation"),
-            "names no reserving limit",
-        ));
-    };
     // Settled with the numbers a check finds for the key now (an override binds it too); a
     // key made unlimited since keeps the limit's own, so the reservation is still settled.
     let numbers = limit
         .numbers_for(&policy.runtime.view(), &found.tail)
-        .unwrap_or(crate::policy::limits::Numbers {
-            rate: limit.rate,
-            burst: limit.burst,
-            overridden: false,
-        });
+        .unwrap_or_else(|| limit.own_numbers());
     let mut bucket = limit.bucket(
         limit.store_key(&policy.key_prefix, &found.tail),
         found.limit,
         numbers,
         cost,
     );
-    bucket.meter = Meter::Reserve(Reserve {
-        id: found.id,
-        ..reserve
-    });
+    bucket.meter = Meter::Reserve(found.reserve);
     Ok(Item::Settle(Settle {
         bucket,
         estimate: found.estimate,
@@ -270,15 +257,9 @@ fn settle(item: &Map<String, Value>, at: &str, policy: &Policy) -> Result<Item, 
 /// `{"lease": id}`.
 fn release(item: &Map<String, Value>, at: &str, policy: &Policy) -> Result<Item, ReportError> {
     let id = id_field(item, "lease", &[], at)?;
-    let (key, member) = policy
+    let (limit, key, member) = policy
         .lease_of(id)
         .map_err(|why| malformed(format!("{at}lease"), format!("{id:?} {why}")))?;
-    let name = id.trim().split('.').next().unwrap_or_default();
-    let limit = policy
-        .limits
-        .iter()
-        .position(|limit| limit.name == name)
-        .unwrap_or_default();
     Ok(Item::Release { limit, key, member })
 }
 

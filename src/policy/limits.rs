@@ -482,11 +482,16 @@ impl Limit {
                 burst,
                 overridden: true,
             }),
-            None => Some(Numbers {
-                rate: self.rate,
-                burst: self.burst,
-                overridden: false,
-            }),
+            None => Some(self.own_numbers()),
+        }
+    }
+
+    /// The limit's own numbers, as configured, whatever the overrides say.
+    pub fn own_numbers(&self) -> Numbers {
+        Numbers {
+            rate: self.rate,
+            burst: self.burst,
+            overridden: false,
         }
     }
 

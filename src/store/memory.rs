@@ -182,37 +182,30 @@ impl<C: Clock> MemoryStore<C> {
         order.dedup();
         let mut guards: Vec<(usize, MutexGuard<'_, Shard>)> =
             order.iter().map(|&i| (i, self.lock(i))).collect();
-        // Expired reservations go first, their estimates given back under `refund`, as the
-        // script does before it decides.
-        let backs: Vec<u64> = requests
-            .iter()
-            .zip(&shard_ids)
-            .map(|(request, shard)| match request.meter {
-                Meter::Reserve(reserve) => guards[order.binary_search(shard).unwrap_or_default()]
-                    .1
-                    .sweep(&request.key, now, reserve.refund),
-                _ => 0,
-            })
-            .collect();
-
         let mut states: Vec<Option<Bucket>> = requests
             .iter()
             .zip(&shard_ids)
             .map(|(request, shard)| {
-                let guard = &guards[order.binary_search(shard).unwrap_or_default()].1;
-                if let Meter::Lease(_) = request.meter {
-                    let held = guard.held_leases(&request.key, now);
-                    return Some(Bucket {
-                        debt: held as u64,
+                let guard = &mut guards[order.binary_search(shard).unwrap_or_default()].1;
+                let stored =
+                    |guard: &Shard| guard.buckets.get(request.key.as_str()).map(|e| e.bucket);
+                match request.meter {
+                    Meter::Lease(_) => Some(Bucket {
+                        debt: guard.held_leases(&request.key, now) as u64,
                         ts_us: now,
-                    });
+                    }),
+                    // Expired reservations go first, their estimates given back under
+                    // `refund`, as the script does before it decides.
+                    Meter::Reserve(reserve) => {
+                        let back = guard.sweep(&request.key, now, reserve.refund);
+                        let mut state = stored(guard);
+                        bucket::give_back(&mut state, back, now, request.rate);
+                        state
+                    }
+                    _ => stored(guard),
                 }
-                guard.buckets.get(request.key.as_str()).map(|e| e.bucket)
             })
             .collect();
-        for ((request, state), &back) in requests.iter().zip(states.iter_mut()).zip(&backs) {
-            bucket::give_back(state, back, now, request.rate);
-        }
         let (allowed, outcomes) = bucket::decide(requests, &mut states, now);
 
         for (((request, shard), state), outcome) in
