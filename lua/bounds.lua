@@ -81,6 +81,7 @@ local MAX_TS_US = 9007199254740992
 
 local function read_bucket(key, burst)
   local stored = redis.pcall('GET', key)
+  if not stored then return nil end
   if type(stored) == 'string' then
     local debt, at = string.match(stored, '^(%d+) (%d+)$')
     debt = tonumber(debt)

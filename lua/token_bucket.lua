@@ -25,8 +25,8 @@
 --   now       this call's TIME in microseconds: the `ts` it wrote. On a Redis Cluster, a
 --             request whose keys span slots is decided per slot, and a charge that must be
 --             undone is refunded by lua/refund.lua, which needs this moment.
---   tokens_i  what key i holds after this call: burst - debt, exact to the micro-token
---             (%.6f of an integer of micro-tokens); a quota: what is left of it
+--   tokens_i  what key i holds after this call: a bucket, burst - debt in micro-tokens (an
+--             integer); a quota: what is left of it; a concurrency key: its free slots
 --   enough_i  1 when key i held its cost (a cost of 0: one whole request)
 --   t_q, w_q  for each quota key, in KEYS order: seconds until its period ends, and the
 --             period's length in seconds
@@ -62,9 +62,11 @@
 -- set then outlives its last reservation by the burst's refill time, so they are found).
 --
 -- Written for Redis's CPU, which every check of a fleet shares: one string reply (an array
--- costs Redis a deferred-length reply block), arguments coerced by arithmetic rather than by
--- calls to tonumber, integers only, one GET and one SET per bucket, and `ts` spelled from
--- TIME's own digits.
+-- costs Redis a deferred-length reply block), integers only, printed with '%d' (a float
+-- format costs several times more), one GET and one SET per bucket, `ts` spelled from TIME's
+-- own digits, and each distinct argument read as a number once per call (NUM below: the
+-- requests of a batch repeat the same few rates and bursts, and strtod was a sixth of the
+-- script's work).
 
 local t = redis.call('TIME')
 local now = t[1] * 1000000 + t[2]
@@ -74,6 +76,13 @@ if #us < 6 then us = string.rep('0', 6 - #us) .. us end
 local ts = t[1] .. us
 
 local PERIOD = {h = true, d = true, w = true, m = true}
+
+-- NUM[s]: the argument s as a number, or false when it is not one ('h', 'L...', 'R...').
+local NUM = setmetatable({}, {__index = function(memo, s)
+  local v = tonumber(s) or false
+  memo[s] = v
+  return v
+end})
 
 -- The reply, field by field: every request's fields, requests separated by a "," field.
 local out = {}
@@ -95,15 +104,32 @@ local function decide(k, a, n)
   local holds
   for i = 1, n do
     local j = a + 4 * i
-    local burst, cost = ARGV[j - 2] + 0, ARGV[j - 1] + 0
+    local burst, cost = NUM[ARGV[j - 2]], NUM[ARGV[j - 1]]
     -- Numbers a key cannot carry are refused before this request writes (lua/bounds.lua);
     -- spelled out here rather than called, for Redis's CPU.
-    if not (burst >= 1 and burst <= MAX_COUNT and cost >= 0 and cost <= MAX_COST) then
+    if not (burst and cost and burst >= 1 and burst <= MAX_COUNT and cost >= 0
+        and cost <= MAX_COST) then
       refuse(i, 'burst, quota or cost')
     end
     -- The key's level, and one request in its units (micro-tokens for a bucket).
     local level, one
-    if PERIOD[ARGV[j - 3]] then
+    local rate = NUM[ARGV[j - 3]]
+    if rate then
+      -- A plain bucket, the common case: no reservation to sweep, nothing old to convert
+      -- unless read_bucket says so.
+      if not (rate > 0 and burst / rate <= MAX_REFILL_S) then refuse(i, 'rate') end
+      local debt, at, old = read_bucket(KEYS[k + i], burst)
+      if not debt then
+        debt = 0
+      elseif debt > 0 then
+        debt = refilled(debt, at, now, rate)
+      end
+      if old then
+        if not olds then olds = {} end
+        olds[i] = true
+      end
+      level, cost, one = burst * 1000000 - debt, cost * 1000000, 1000000
+    elseif PERIOD[ARGV[j - 3]] then
       if not starts then starts, stops, current = {}, {}, {} end
       local start, stop = period_bounds(ARGV[j - 3], now_s)
       -- pcall: a key this limit wrote while it was a rate limit is a string (WRONGTYPE);
@@ -126,20 +152,16 @@ local function decide(k, a, n)
       redis.call('ZREMRANGEBYSCORE', KEYS[k + i], '-inf', ts)
       level, one = burst - redis.call('ZCARD', KEYS[k + i]), 1
     else
-      local rate, back = ARGV[j - 3], 0
-      if string.byte(rate) == 82 then
-        -- 'R': a reservation of the cost, held beside the bucket.
-        local ttl_ms, id, mode, r = string.match(rate, '^R(%d+):(%x+):([kr]):(.+)$')
-        if not ttl_ms then refuse(i, 'reservation') end
-        if not holds then holds = {} end
-        local rkey = KEYS[k + i] .. ':r'
-        local grace = 0
-        if mode == 'r' then grace = math.ceil(burst / r * 1000000) end
-        holds[i] = {rkey, string.format('%d', now + ttl_ms * 1000), id .. ':' .. ARGV[j - 1], r, grace}
-        back = sweep(rkey, ts, mode == 'r')
-        rate = r
-      end
-      rate = rate + 0
+      -- 'R': a reservation of the cost, held beside the bucket.
+      local ttl_ms, id, mode, r = string.match(ARGV[j - 3], '^R(%d+):(%x+):([kr]):(.+)$')
+      rate = tonumber(r)
+      if not (ttl_ms and rate) then refuse(i, 'reservation') end
+      if not holds then holds = {} end
+      local rkey = KEYS[k + i] .. ':r'
+      local grace = 0
+      if mode == 'r' then grace = math.ceil(burst / rate * 1000000) end
+      holds[i] = {rkey, string.format('%d', now + ttl_ms * 1000), id .. ':' .. ARGV[j - 1], rate, grace}
+      local back = sweep(rkey, ts, mode == 'r')
       if not (rate > 0 and burst / rate <= MAX_REFILL_S) then refuse(i, 'rate') end
       -- Micro-tokens from here on: level = burst - debt, all integers.
       local debt, at, old = read_bucket(KEYS[k + i], burst)
@@ -163,7 +185,7 @@ local function decide(k, a, n)
     out[p + 2 * i + 1] = level
     -- A cost of 0 (a look) passes while one whole request is left: a refilling bucket holds a
     -- sliver above 0 almost always, which admits nothing.
-    if level >= math.max(cost, one) then
+    if level >= (cost > one and cost or one) then
       out[p + 2 * i + 2] = '1'
     else
       out[p + 2 * i + 2] = '0'
@@ -175,7 +197,7 @@ local function decide(k, a, n)
   for i = 1, n do
     local j, key = a + 4 * i, KEYS[k + i]
     local level = out[p + 2 * i + 1]
-    local cost = ARGV[j - 1] + 0
+    local cost = NUM[ARGV[j - 1]]
     local charged = allowed == '1' and out[p + 2 * i + 2] == '1' and cost > 0
     if leases and leases[i] then
       if charged then
@@ -199,7 +221,7 @@ local function decide(k, a, n)
       -- cost 0, writes nothing, so no refill is ever rounded away by a check that took
       -- nothing (the stored debt and its time already say everything).
       if charged then level = level - cost * 1000000 end
-      local rate = ARGV[j - 3]
+      local rate = NUM[ARGV[j - 3]]
       if holds and holds[i] then
         rate = holds[i][4]
         if charged then
@@ -211,13 +233,12 @@ local function decide(k, a, n)
         end
       end
       if charged or (olds and olds[i]) then
-        local debt = ARGV[j - 2] * 1000000 - level
+        local debt = NUM[ARGV[j - 2]] * 1000000 - level
         -- Redis deletes the key in the millisecond after the one in which the bucket is full
         -- again (bounded: see lua/bounds.lua).
-        redis.call('SET', key, string.format('%d ', debt) .. ts,
-          'PXAT', full_at(now, debt, rate + 0))
+        redis.call('SET', key, string.format('%d ', debt) .. ts, 'PXAT', full_at(now, debt, rate))
       end
-      out[p + 2 * i + 1] = string.format('%.6f', level / 1000000)
+      out[p + 2 * i + 1] = string.format('%d', level)
     end
   end
   if starts then
@@ -234,9 +255,9 @@ if ARGV[1] ~= '*' then
   decide(0, 0, #KEYS)
   return table.concat(out, ' ')
 end
-local k, a = 0, 2
-while a <= #ARGV do
-  local n = ARGV[a] + 0
+local k, a, last = 0, 2, #ARGV
+while a <= last do
+  local n = NUM[ARGV[a]]
   if k > 0 then out[#out + 1] = ',' end
   decide(k, a, n)
   k, a = k + n, a + 1 + 4 * n

@@ -27,7 +27,7 @@ fn micro(count: f64) -> f64 {
     count * MICRO
 }
 
-/// Tokens from micro-tokens, as the scripts print them (`%.6f` of the same quotient).
+/// Tokens from micro-tokens, the quotient the Redis store computes from the scripts' levels.
 fn tokens_of(micro_tokens: f64) -> f64 {
     micro_tokens / MICRO
 }

@@ -779,9 +779,10 @@ fn text(value: &redis::Value) -> String {
     }
 }
 
-/// A one-key `token_bucket.lua` reply as (allowed, tokens, quota window), read from either
+/// A one-key `token_bucket.lua` reply as (allowed, level, quota window), read from either
 /// shape the script has had: the array `{allowed, tokens, enough, now, t, w}` or the string
-/// `"allowed now tokens enough t w"`.
+/// `"allowed now level enough t w"`. The level is what a quota has left, or a bucket's tokens
+/// in micro-tokens.
 fn bucket_reply(reply: &redis::Value) -> (bool, f64, Option<(u64, u64)>) {
     let fields: Vec<String> = match reply {
         redis::Value::Array(items) => {
@@ -870,8 +871,8 @@ fn a_reported_bucket_is_used_up_below_one_token_and_admits_from_one_on_both_stor
                     &["1", "100", "0", "0"],
                 );
                 ((twin.buckets[0].tokens, twin.allowed), {
-                    let (allowed, tokens, _) = bucket_reply(&reply);
-                    (tokens, Some(allowed))
+                    let (allowed, micro_tokens, _) = bucket_reply(&reply);
+                    (micro_tokens / 1e6, Some(allowed))
                 })
             }
         };

@@ -13,9 +13,10 @@ const KEY: &str = "tg:per-user:{alice}";
 /// Charges `cost` (burst 10); returns (tokens after, `now` of the call).
 fn charge(redis: &RedisServer, rate: &str, cost: u32) -> (f64, String) {
     let out = redis.cli(&["EVAL", BUCKET, "1", KEY, rate, "10", &cost.to_string(), "0"]);
-    // "allowed now tokens enough"
+    // "allowed now level enough", the level in micro-tokens
     let fields: Vec<&str> = out.split_whitespace().collect();
-    (fields[2].parse().expect("tokens"), fields[1].to_string())
+    let level: f64 = fields[2].parse().expect("level");
+    (level / 1e6, fields[1].to_string())
 }
 
 fn refund(redis: &RedisServer, rate: &str, cost: u32, charged_at: &str) -> f64 {

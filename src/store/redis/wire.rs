@@ -75,8 +75,8 @@ pub(super) fn parse_report(
         .collect()
 }
 
-/// `"allowed now tokens_1 enough_1 ... tokens_n enough_n t_q1 w_q1 ..."` → [`StoreDecision`]
-/// and `now`; `t_q, w_q` follow for each quota, in order.
+/// `"allowed now level_1 enough_1 ... level_n enough_n t_q1 w_q1 ..."` → [`StoreDecision`]
+/// and `now`; `t_q, w_q` follow for each quota, in order. A bucket's level is in micro-tokens.
 pub(super) fn parse_decision(
     reply: Value,
     requests: &[&BucketRequest],
@@ -97,9 +97,16 @@ pub(super) fn parse_decision(
     let now = fields.next().ok_or_else(malformed)?.to_owned();
     let mut buckets = requests
         .iter()
-        .map(|_| {
+        .map(|request| {
+            let level: f64 = fields.next()?.parse().ok()?;
+            // A bucket's level comes in micro-tokens (an integer, cheaper for the script to
+            // print); the quotient is what `%.6f` of it would read back as.
+            let tokens = match request.meter {
+                Meter::Bucket | Meter::Reserve(_) => level / 1_000_000.0,
+                Meter::Quota(_) | Meter::Lease(_) => level,
+            };
             Some(BucketOutcome {
-                tokens: fields.next()?.parse().ok()?,
+                tokens,
                 enough: flag(fields.next())?,
                 window: None,
             })
@@ -185,15 +192,23 @@ mod tests {
 
     #[test]
     fn replies_parse_into_decisions() {
-        let reply = Value::BulkString(b"1 1764669600123456 4.5 1 0.30000000000000004 0".to_vec());
+        // Buckets in micro-tokens (one in debt), a quota in whole requests.
+        let reply =
+            Value::BulkString(b"1 1764669600123456 4500000 1 -2500001 0 7 1 60 3600".to_vec());
         let bucket = one_bucket();
-        let (decision, now) = parse_decision(reply, &[&bucket, &bucket]).unwrap();
+        let quota = BucketRequest {
+            meter: Meter::Quota(crate::base::calendar::Period::Hour),
+            ..one_bucket()
+        };
+        let (decision, now) = parse_decision(reply, &[&bucket, &bucket, &quota]).unwrap();
         assert!(decision.allowed);
         assert_eq!(now, "1764669600123456");
         assert_eq!(decision.buckets[0].tokens, 4.5);
         assert!(decision.buckets[0].enough);
-        assert_eq!(decision.buckets[1].tokens, 0.1 + 0.2);
+        assert_eq!(decision.buckets[1].tokens, -2.500_001);
         assert!(!decision.buckets[1].enough);
+        assert_eq!(decision.buckets[2].tokens, 7.0);
+        assert_eq!(decision.buckets[2].window.map(|w| w.length_s), Some(3600));
     }
 
     #[test]
