@@ -39,7 +39,7 @@ pub fn respond(
         Verdict::StoreFailed { allow: false } => uniform(
             Code::OverLimit,
             descriptors,
-            vec![header("retry-after", "1")],
+            vec![header("retry-after", "1".to_owned())],
         ),
         Verdict::MissingKey { .. } => {
             let mut response = uniform(Code::Ok, descriptors, Vec::new());
@@ -76,7 +76,7 @@ fn decided(decision: &Decision, plan: &Plan, policy: &Policy) -> RateLimitRespon
         .collect();
     let mut headers = Vec::with_capacity(6);
     each_header(decision, policy, !decision.allowed, |name, value| {
-        headers.push(header(name.as_str(), &value.to_string()));
+        headers.push(header(name.as_str(), value.to_string()));
     });
     let overall = if decision.allowed {
         Code::Ok
@@ -161,10 +161,10 @@ fn current_limit(state: &LimitState, limit: &Limit) -> RateLimit {
     }
 }
 
-fn header(name: &str, value: &str) -> HeaderValue {
+fn header(name: &str, value: String) -> HeaderValue {
     HeaderValue {
-        key: name.to_string(),
-        value: value.to_string(),
+        key: name.to_owned(),
+        value,
         ..HeaderValue::default()
     }
 }

@@ -56,7 +56,7 @@ pub fn respond(
     let mut headers = Vec::new();
     if let Some(decision) = decision {
         each_header(decision, policy, denied, |name, value| {
-            headers.push(header(name.as_str(), &value.to_string()));
+            headers.push(header(name.as_str(), value.to_string()));
         });
     }
     let dynamic_metadata = policy
