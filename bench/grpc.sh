@@ -6,6 +6,7 @@
 #
 #   bench/grpc.sh                       # 3 rounds of 10 s runs
 #   ROUNDS=1 DURATION=3 bench/grpc.sh   # a quick look
+#   TOLLGATE=/path/to/tollgate bench/grpc.sh   # another build (the load tool is built here)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,7 +21,7 @@ KEYS=${KEYS:-10000}
 require wrk:wrk redis-server:redis-server redis-benchmark:redis-tools curl:curl
 echo "building tollgate and the gRPC load client (release)" >&2
 cargo build --release --quiet --bin tollgate --example grpc_load
-TOLLGATE=target/release/tollgate
+TOLLGATE=${TOLLGATE:-target/release/tollgate}
 LOAD=target/release/examples/grpc_load
 
 start_redis
