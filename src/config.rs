@@ -5,7 +5,8 @@
 //! - `schema`: the types, their defaults and bounds;
 //! - `load`: the file and the environment, and [`ConfigError`];
 //! - `validate`: what serde cannot check in the settings, and the warnings `validate` prints;
-//! - `summary`: what `tollgate validate` prints, passwords redacted.
+//! - `summary`: what `tollgate validate` prints, passwords redacted;
+//! - `envoy`: envoyproxy/ratelimit's rules and YAML, `xds`: its xDS config source.
 //!
 //! Limits and exemptions are checked once, where they are built from their tables
 //! (`crate::policy::limits`, `crate::policy::exempt`).
@@ -15,6 +16,7 @@ mod load;
 mod schema;
 mod summary;
 mod validate;
+pub mod xds;
 
 pub use crate::base::rate::RateSpec;
 pub use envoy::EnvoyConfig;
