@@ -21,7 +21,8 @@ use tonic::metadata::{AsciiMetadataKey, AsciiMetadataValue};
 use tonic::transport::Endpoint;
 
 use crate::app::reload::Reloader;
-use crate::config::xds::{rules_from_resources, XdsConfig, RESOURCE_TYPE};
+use crate::config::xds::XdsConfig;
+use crate::config::xds_rules::{rules_from_resources, RESOURCE_TYPE};
 
 /// A server gone silent (no FIN: a partition, a node lost) is found out within this plus
 /// [`KEEPALIVE_TIMEOUT`], not only when the kernel gives up on the connection.
