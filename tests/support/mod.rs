@@ -16,6 +16,7 @@ pub mod grpc;
 pub mod http;
 pub mod latency;
 pub mod proxies;
+pub mod xds;
 
 use std::io::Write as _;
 use std::net::{SocketAddr, TcpListener};
