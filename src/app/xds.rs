@@ -4,6 +4,7 @@
 //! a config directory, then acknowledged (its version and nonce) or, when refused, answered
 //! with the version still running and the reason, the running rules kept.
 //!
+//! Plain HTTP/2, or TLS (mutual with a client certificate, as Envoy Gateway's server asks).
 //! A broken stream or a server that cannot be reached is tried again after `retry_ms`; the
 //! last installed rules keep serving meanwhile, and they are asked for again by version, so
 //! a server that has nothing newer need not resend them.
@@ -18,7 +19,7 @@ use envoy_types::pb::google::protobuf::{value::Kind, Struct, Value};
 use envoy_types::pb::google::rpc::Status as RpcStatus;
 use tokio::sync::mpsc;
 use tonic::metadata::{AsciiMetadataKey, AsciiMetadataValue};
-use tonic::transport::Endpoint;
+use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 
 use crate::app::reload::Reloader;
 use crate::config::xds::XdsConfig;
@@ -34,12 +35,29 @@ const INVALID_ARGUMENT: i32 = 3;
 
 #[derive(Debug, thiserror::Error)]
 enum XdsError {
-    #[error("cannot connect: {0}")]
+    #[error("cannot connect: {}", with_causes(.0))]
     Connect(#[from] tonic::transport::Error),
+    #[error("cannot connect: cannot read {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("the stream failed: {}", .0.message())]
     Stream(#[from] tonic::Status),
     #[error("the server closed the stream")]
     Closed,
+}
+
+/// The error and its causes: a transport error alone says only "transport error".
+fn with_causes(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(inner) = cause {
+        text.push_str(": ");
+        text.push_str(&inner.to_string());
+        cause = inner.source();
+    }
+    text
 }
 
 /// Follows the management server for as long as the instance runs. Dropped with the
@@ -87,13 +105,7 @@ impl Client {
     }
 
     async fn stream(&mut self, settings: &XdsConfig) -> Result<std::convert::Infallible, XdsError> {
-        let channel = Endpoint::from_shared(format!("http://{}", settings.server))?
-            .connect_timeout(CONNECT_TIMEOUT)
-            .http2_keep_alive_interval(KEEPALIVE_EVERY)
-            .keep_alive_timeout(KEEPALIVE_TIMEOUT)
-            .keep_alive_while_idle(true)
-            .connect()
-            .await?;
+        let channel = endpoint(settings)?.connect().await?;
         let mut ads = AggregatedDiscoveryServiceClient::new(channel);
         let (send, queue) = mpsc::channel(4);
         // The queue is empty and open: the first request always fits.
@@ -171,6 +183,40 @@ impl Client {
             ..DiscoveryRequest::default()
         }
     }
+}
+
+/// Where to connect and how. The certificates are read at each connection, so renewed ones
+/// are used from the next.
+fn endpoint(settings: &XdsConfig) -> Result<Endpoint, XdsError> {
+    let scheme = if settings.tls { "https" } else { "http" };
+    let endpoint = Endpoint::from_shared(format!("{scheme}://{}", settings.server))?
+        .connect_timeout(CONNECT_TIMEOUT)
+        .http2_keep_alive_interval(KEEPALIVE_EVERY)
+        .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+        .keep_alive_while_idle(true);
+    if !settings.tls {
+        return Ok(endpoint);
+    }
+    let read = |path: &std::path::Path| {
+        std::fs::read(path).map_err(|source| XdsError::Read {
+            path: path.display().to_string(),
+            source,
+        })
+    };
+    let mut tls = match &settings.ca_file {
+        Some(ca) => ClientTlsConfig::new().ca_certificate(Certificate::from_pem(read(ca)?)),
+        None => ClientTlsConfig::new().with_native_roots(),
+    };
+    if let (Some(cert), Some(key)) = (&settings.cert_file, &settings.key_file) {
+        tls = tls.identity(Identity::from_pem(read(cert)?, read(key)?));
+    }
+    let host = settings
+        .server
+        .rsplit_once(':')
+        .map_or(settings.server.as_str(), |(host, _)| host);
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let name = settings.server_name.as_deref().unwrap_or(host);
+    Ok(endpoint.tls_config(tls.domain_name(name))?)
 }
 
 /// The node this instance is: its id and metadata (string values), named as tollgate.

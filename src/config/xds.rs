@@ -3,6 +3,7 @@
 //! the server sends becomes rules in [`super::xds_rules`].
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
@@ -18,7 +19,7 @@ const MAX_RETRY_MS: u64 = 3_600_000;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct XdsConfig {
-    /// `host:port` of the management server (plain HTTP/2; TLS is not served).
+    /// `host:port` of the management server.
     #[serde(default = "default_server")]
     pub server: String,
     /// The `Node.id` sent: the management server picks the snapshot by it.
@@ -33,6 +34,24 @@ pub struct XdsConfig {
     /// The pause before connecting again after a failed connection or a broken stream.
     #[serde(default = "default_retry_ms")]
     pub retry_ms: u64,
+    /// TLS to the server: its certificate checked against `ca_file` (else the system's
+    /// roots), and with `cert_file` and `key_file`, this client's certificate shown (mutual
+    /// TLS, as Envoy Gateway's server asks).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub tls: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cert_file: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_file: Option<PathBuf>,
+    /// The name the server's certificate must carry, when not the host of `server`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_name: Option<String>,
+}
+
+fn is_false(value: &bool) -> bool {
+    !*value
 }
 
 impl Default for XdsConfig {
@@ -43,6 +62,11 @@ impl Default for XdsConfig {
             node_metadata: BTreeMap::new(),
             headers: BTreeMap::new(),
             retry_ms: DEFAULT_RETRY_MS,
+            tls: false,
+            ca_file: None,
+            cert_file: None,
+            key_file: None,
+            server_name: None,
         }
     }
 }
@@ -100,7 +124,56 @@ impl XdsConfig {
                 ));
             }
         }
+        self.check_tls()
+    }
+
+    /// The TLS settings: only with `tls`, a certificate with its key, every file readable
+    /// now (they are read again at each connection, so a renewed certificate is used).
+    fn check_tls(&self) -> Result<(), ConfigError> {
+        let files = [
+            ("envoy.xds.ca_file", &self.ca_file),
+            ("envoy.xds.cert_file", &self.cert_file),
+            ("envoy.xds.key_file", &self.key_file),
+        ];
+        if !self.tls {
+            let set = files
+                .iter()
+                .find(|(_, file)| file.is_some())
+                .map(|(key, _)| *key);
+            let set = set.or(self.server_name.as_ref().map(|_| "envoy.xds.server_name"));
+            return match set {
+                Some(key) => Err(ConfigError::new(key, "applies only with tls = true")),
+                None => Ok(()),
+            };
+        }
+        if self.cert_file.is_some() != self.key_file.is_some() {
+            return Err(ConfigError::new(
+                "envoy.xds.cert_file",
+                "cert_file and key_file go together",
+            ));
+        }
+        for (key, file) in files {
+            if let Some(path) = file {
+                std::fs::metadata(path)
+                    .map_err(|e| ConfigError::new(key, format!("{}: {e}", path.display())))?;
+            }
+        }
+        if self.server_name.as_ref().is_some_and(String::is_empty) {
+            return Err(ConfigError::new(
+                "envoy.xds.server_name",
+                "must not be empty",
+            ));
+        }
         Ok(())
+    }
+
+    /// Makes relative certificate paths relative to `dir` (the config file's).
+    pub fn resolve_paths(&mut self, dir: &std::path::Path) {
+        for file in [&mut self.ca_file, &mut self.cert_file, &mut self.key_file] {
+            if let Some(path) = file.as_mut().filter(|p| p.is_relative()) {
+                *path = dir.join(&*path);
+            }
+        }
     }
 }
 
@@ -119,24 +192,23 @@ fn is_host_port(text: &str) -> bool {
 /// `CONFIG_GRPC_XDS_SERVER_URL`, `CONFIG_GRPC_XDS_NODE_ID`, `CONFIG_GRPC_XDS_NODE_METADATA`
 /// (`k1=v1,k2=v2`: entries without `=` are skipped, as there),
 /// `CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL` (a Go duration: `3s`, `500ms`, `1m30s`),
-/// `CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS` (`k1:v1,k2:v2`). TLS
-/// (`CONFIG_GRPC_XDS_SERVER_USE_TLS` true) is refused.
+/// `CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS` (`k1:v1,k2:v2`); with
+/// `CONFIG_GRPC_XDS_SERVER_USE_TLS` true, `CONFIG_GRPC_XDS_SERVER_TLS_CACERT`,
+/// `CONFIG_GRPC_XDS_CLIENT_TLS_CERT`, `CONFIG_GRPC_XDS_CLIENT_TLS_KEY` and
+/// `CONFIG_GRPC_XDS_SERVER_TLS_SAN` (an empty one is unset, as there).
 pub fn from_erl_env(var: impl Fn(&str) -> Option<String>) -> Result<XdsConfig, ConfigError> {
-    const TLS: &str = "CONFIG_GRPC_XDS_SERVER_USE_TLS";
-    if let Some(tls) = var(TLS) {
-        match go_bool(&tls) {
-            Some(false) => {}
-            Some(true) => {
-                return Err(ConfigError::new(
-                    TLS,
-                    "TLS to the xDS server is not supported; reach it over plain HTTP/2 \
-                     (a sidecar or a mesh can add TLS)",
-                ))
-            }
-            None => return Err(ConfigError::new(TLS, format!("{tls:?} is not a bool"))),
-        }
-    }
     let mut xds = XdsConfig::default();
+    if let Some(tls) = var(TLS) {
+        xds.tls =
+            go_bool(&tls).ok_or_else(|| ConfigError::new(TLS, format!("{tls:?} is not a bool")))?;
+    }
+    if xds.tls {
+        let set = |name: &str| var(name).filter(|value| !value.is_empty());
+        xds.ca_file = set(TLS_FILES[0].1).map(PathBuf::from);
+        xds.cert_file = set(TLS_FILES[1].1).map(PathBuf::from);
+        xds.key_file = set(TLS_FILES[2].1).map(PathBuf::from);
+        xds.server_name = set(TLS_FILES[3].1);
+    }
     if let Some(server) = var("CONFIG_GRPC_XDS_SERVER_URL") {
         xds.server = server;
     }
@@ -175,12 +247,26 @@ pub fn from_erl_env(var: impl Fn(&str) -> Option<String>) -> Result<XdsConfig, C
             "envoy.xds.server" => "CONFIG_GRPC_XDS_SERVER_URL",
             "envoy.xds.node_id" => "CONFIG_GRPC_XDS_NODE_ID",
             "envoy.xds.retry_ms" => RETRY,
-            _ => HEADERS,
+            key if key.starts_with("envoy.xds.headers") => HEADERS,
+            key => TLS_FILES
+                .iter()
+                .find(|(toml, _)| *toml == key)
+                .map_or(TLS, |(_, env)| *env),
         };
         ConfigError::new(key, e.reason)
     })?;
     Ok(xds)
 }
+
+const TLS: &str = "CONFIG_GRPC_XDS_SERVER_USE_TLS";
+
+/// The TLS keys and the variables that set them.
+const TLS_FILES: [(&str, &str); 4] = [
+    ("envoy.xds.ca_file", "CONFIG_GRPC_XDS_SERVER_TLS_CACERT"),
+    ("envoy.xds.cert_file", "CONFIG_GRPC_XDS_CLIENT_TLS_CERT"),
+    ("envoy.xds.key_file", "CONFIG_GRPC_XDS_CLIENT_TLS_KEY"),
+    ("envoy.xds.server_name", "CONFIG_GRPC_XDS_SERVER_TLS_SAN"),
+];
 
 /// Go's `strconv.ParseBool`.
 fn go_bool(text: &str) -> Option<bool> {

@@ -233,6 +233,30 @@ async fn rules_follow_the_management_server_through_updates_refusals_and_restart
     );
 }
 
+/// Envoy Gateway's server speaks only mutual TLS: envoyproxy/ratelimit's TLS variables make
+/// the client check the server's certificate against the CA and show its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutual_tls_reaches_a_server_that_asks_for_the_client_certificate() {
+    let certs = TempDir::new("xds-tls");
+    crate::support::make_certificates(certs.path());
+    let file = |name: &str| certs.path().join(name).display().to_string();
+    let (ca, cert, key) = (file("ca.pem"), file("cert.pem"), file("key.pem"));
+    let server = XdsServer::start_tls(certs.path());
+    server.set("1", &[shop(2)]);
+    let redis = RedisServer::start();
+    let mut env = xds_env(server.addr);
+    env.extend([
+        ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true".to_string()),
+        ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", ca),
+        ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", cert),
+        ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", key),
+    ]);
+    let (_root, _tollgate, addr) = erl_tollgate(&redis, &borrowed(&env), None);
+    let mut client = grpc::client(addr).await;
+    until_limit(&mut client, 2, "the snapshot over mutual TLS").await;
+    assert_allows(&mut client, "erin", 2).await;
+}
+
 /// envoyproxy/ratelimit turns each resource into its YAML form and loads that: the same tree
 /// as a YAML file of the config directory and as an xDS resource decides the same way,
 /// request by request.

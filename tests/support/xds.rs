@@ -1,9 +1,11 @@
 //! A small xDS management server (ADS, state of the world) serving `RateLimitConfig`
 //! snapshots, as Envoy Gateway's serves its rate limit deployment. It runs in a runtime of its
 //! own, so [`XdsServer::kill`] drops every connection at once, as a process dying would, and
-//! [`XdsServer::restart`] serves the same snapshots on the same port again.
+//! [`XdsServer::restart`] serves the same snapshots on the same port again. With
+//! [`XdsServer::start_tls`] it speaks only mutual TLS, as Envoy Gateway's does.
 
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -19,6 +21,7 @@ use envoy_types::pb::ratelimit::config::ratelimit::v3::RateLimitConfig;
 use futures_util::Stream;
 use prost::Message as _;
 use tonic::metadata::MetadataMap;
+use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 use tonic::{Request, Response, Status, Streaming};
 
 use super::free_port;
@@ -82,6 +85,9 @@ pub struct XdsServer {
     pub addr: SocketAddr,
     shared: Arc<Shared>,
     runtime: Option<tokio::runtime::Runtime>,
+    /// Mutual TLS: the directory of [`super::make_certificates`], whose certificate the
+    /// server shows and whose CA a client's certificate must be signed by.
+    tls: Option<PathBuf>,
 }
 
 impl XdsServer {
@@ -93,6 +99,17 @@ impl XdsServer {
 
     /// A server on `addr`, for a client told to connect there before it listens.
     pub fn start_at(addr: SocketAddr) -> XdsServer {
+        XdsServer::serve(addr, None)
+    }
+
+    /// A server on a free loopback port that speaks only mutual TLS, with the certificates
+    /// [`super::make_certificates`] made in `dir`.
+    pub fn start_tls(dir: &Path) -> XdsServer {
+        let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        XdsServer::serve(addr, Some(dir.to_path_buf()))
+    }
+
+    fn serve(addr: SocketAddr, tls: Option<PathBuf>) -> XdsServer {
         let shared = Arc::new(Shared {
             inner: Mutex::new(Inner::default()),
             changed: tokio::sync::watch::channel(0).0,
@@ -101,6 +118,7 @@ impl XdsServer {
             addr,
             shared,
             runtime: None,
+            tls,
         };
         server.restart();
         server
@@ -185,10 +203,18 @@ impl XdsServer {
         };
         listener.set_nonblocking(true).unwrap();
         let service = AggregatedDiscoveryServiceServer::new(Ads(self.shared.clone()));
+        let mut builder = tonic::transport::Server::builder();
+        if let Some(dir) = &self.tls {
+            let read = |name: &str| std::fs::read(dir.join(name)).expect("a certificate file");
+            let tls = ServerTlsConfig::new()
+                .identity(Identity::from_pem(read("cert.pem"), read("key.pem")))
+                .client_ca_root(Certificate::from_pem(read("ca.pem")));
+            builder = builder.tls_config(tls).expect("a TLS config");
+        }
         runtime.spawn(async move {
             let listener = tokio::net::TcpListener::from_std(listener).expect("a tokio listener");
             let incoming = tonic::transport::server::TcpIncoming::from(listener);
-            let _ = tonic::transport::Server::builder()
+            let _ = builder
                 .add_service(service)
                 .serve_with_incoming(incoming)
                 .await;

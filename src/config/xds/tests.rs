@@ -22,6 +22,7 @@ fn envoyproxy_ratelimit_variables_set_the_client_as_it_reads_them() {
             "X-Tenant:blue,x-b:1:2",
         ),
         ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "false"),
+        ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "/ignored/without/tls"),
     ]))
     .unwrap();
     assert_eq!(xds.server, "xds.example:18001");
@@ -35,6 +36,25 @@ fn envoyproxy_ratelimit_variables_set_the_client_as_it_reads_them() {
     assert_eq!(xds.retry_ms, 61_500);
     assert_eq!(xds.headers["x-tenant"], "blue");
     assert_eq!(xds.headers["x-b"], "1:2");
+    assert_eq!((xds.tls, xds.ca_file), (false, None));
+    let tls = from_erl_env(env(&[
+        ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
+        ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", ""),
+        ("CONFIG_GRPC_XDS_SERVER_TLS_SAN", "eg.example"),
+    ]))
+    .unwrap();
+    assert!(tls.tls);
+    assert_eq!(tls.ca_file, None, "empty is unset: the system's roots");
+    assert_eq!(tls.server_name.as_deref(), Some("eg.example"));
+}
+
+#[test]
+fn tls_files_apply_only_with_tls() {
+    let xds = XdsConfig {
+        ca_file: Some("ca.pem".into()),
+        ..XdsConfig::default()
+    };
+    assert_eq!(xds.check().unwrap_err().key, "envoy.xds.ca_file");
 }
 
 #[test]
@@ -42,8 +62,22 @@ fn bad_variables_are_refused_naming_them() {
     let key =
         |pairs: &'static [(&'static str, &'static str)]| from_erl_env(env(pairs)).unwrap_err().key;
     assert_eq!(
-        key(&[("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true")]),
+        key(&[("CONFIG_GRPC_XDS_SERVER_USE_TLS", "yes")]),
         "CONFIG_GRPC_XDS_SERVER_USE_TLS"
+    );
+    assert_eq!(
+        key(&[
+            ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
+            ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "/nonexistent/ca.pem"),
+        ]),
+        "CONFIG_GRPC_XDS_SERVER_TLS_CACERT"
+    );
+    assert_eq!(
+        key(&[
+            ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
+            ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "/nonexistent/key.pem"),
+        ]),
+        "CONFIG_GRPC_XDS_CLIENT_TLS_CERT"
     );
     assert_eq!(
         key(&[("CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL", "3")]),
