@@ -106,7 +106,8 @@ impl Client {
 
     async fn stream(&mut self, settings: &XdsConfig) -> Result<std::convert::Infallible, XdsError> {
         let channel = endpoint(settings)?.connect().await?;
-        let mut ads = AggregatedDiscoveryServiceClient::new(channel);
+        let mut ads = AggregatedDiscoveryServiceClient::new(channel)
+            .max_decoding_message_size(settings.max_message_bytes);
         let (send, queue) = mpsc::channel(4);
         // The queue is empty and open: the first request always fits.
         let _ = send.try_send(self.request(String::new(), None));

@@ -14,6 +14,7 @@ const DEFAULT_NODE_ID: &str = "default";
 const DEFAULT_RETRY_MS: u64 = 3_000;
 /// A longer pause would leave a broken stream unmended for an hour or more.
 const MAX_RETRY_MS: u64 = 3_600_000;
+const DEFAULT_MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
 
 /// `[envoy] xds`: where the management server is and who this client is.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -34,6 +35,9 @@ pub struct XdsConfig {
     /// The pause before connecting again after a failed connection or a broken stream.
     #[serde(default = "default_retry_ms")]
     pub retry_ms: u64,
+    /// The largest response accepted, in bytes (gRPC's default: 4 MiB).
+    #[serde(default = "default_max_message_bytes")]
+    pub max_message_bytes: usize,
     /// TLS to the server: its certificate checked against `ca_file` (else the system's
     /// roots), and with `cert_file` and `key_file`, this client's certificate shown (mutual
     /// TLS, as Envoy Gateway's server asks).
@@ -62,6 +66,7 @@ impl Default for XdsConfig {
             node_metadata: BTreeMap::new(),
             headers: BTreeMap::new(),
             retry_ms: DEFAULT_RETRY_MS,
+            max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
             tls: false,
             ca_file: None,
             cert_file: None,
@@ -81,6 +86,10 @@ fn default_node_id() -> String {
 
 fn default_retry_ms() -> u64 {
     DEFAULT_RETRY_MS
+}
+
+fn default_max_message_bytes() -> usize {
+    DEFAULT_MAX_MESSAGE_BYTES
 }
 
 impl XdsConfig {
@@ -103,6 +112,12 @@ impl XdsConfig {
             return Err(ConfigError::new(
                 "envoy.xds.retry_ms",
                 format!("must be between 1 and {MAX_RETRY_MS}"),
+            ));
+        }
+        if self.max_message_bytes == 0 {
+            return Err(ConfigError::new(
+                "envoy.xds.max_message_bytes",
+                "must be at least 1",
             ));
         }
         for (name, value) in &self.headers {
@@ -192,7 +207,8 @@ fn is_host_port(text: &str) -> bool {
 /// `CONFIG_GRPC_XDS_SERVER_URL`, `CONFIG_GRPC_XDS_NODE_ID`, `CONFIG_GRPC_XDS_NODE_METADATA`
 /// (`k1=v1,k2=v2`: entries without `=` are skipped, as there),
 /// `CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL` (a Go duration: `3s`, `500ms`, `1m30s`),
-/// `CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS` (`k1:v1,k2:v2`); with
+/// `CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS` (`k1:v1,k2:v2`),
+/// `XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES`; with
 /// `CONFIG_GRPC_XDS_SERVER_USE_TLS` true, `CONFIG_GRPC_XDS_SERVER_TLS_CACERT`,
 /// `CONFIG_GRPC_XDS_CLIENT_TLS_CERT`, `CONFIG_GRPC_XDS_CLIENT_TLS_KEY` and
 /// `CONFIG_GRPC_XDS_SERVER_TLS_SAN` (an empty one is unset, as there).
@@ -227,6 +243,13 @@ pub fn from_erl_env(var: impl Fn(&str) -> Option<String>) -> Result<XdsConfig, C
     if let Some(text) = var(RETRY) {
         xds.retry_ms = go_duration_ms(&text)
             .ok_or_else(|| ConfigError::new(RETRY, format!("{text:?} is not a duration")))?;
+    }
+    const MAX_SIZE: &str = "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES";
+    // Unset or 0 there leaves gRPC's default.
+    if let Some(text) = var(MAX_SIZE).filter(|t| !t.is_empty() && t != "0") {
+        xds.max_message_bytes = text
+            .parse()
+            .map_err(|_| ConfigError::new(MAX_SIZE, format!("{text:?} is not a size in bytes")))?;
     }
     const HEADERS: &str = "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS";
     for entry in var(HEADERS).unwrap_or_default().split(',') {

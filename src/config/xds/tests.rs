@@ -23,6 +23,7 @@ fn envoyproxy_ratelimit_variables_set_the_client_as_it_reads_them() {
         ),
         ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "false"),
         ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "/ignored/without/tls"),
+        ("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", "10000000"),
     ]))
     .unwrap();
     assert_eq!(xds.server, "xds.example:18001");
@@ -37,6 +38,7 @@ fn envoyproxy_ratelimit_variables_set_the_client_as_it_reads_them() {
     assert_eq!(xds.headers["x-tenant"], "blue");
     assert_eq!(xds.headers["x-b"], "1:2");
     assert_eq!((xds.tls, xds.ca_file), (false, None));
+    assert_eq!(xds.max_message_bytes, 10_000_000);
     let tls = from_erl_env(env(&[
         ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
         ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", ""),
