@@ -542,7 +542,7 @@ pub fn dir_fingerprint(dir: &std::path::Path) -> u64 {
 ///
 /// A setting tollgate cannot honour without deciding differently is refused: `BACKEND_TYPE`
 /// other than `redis`, `CONFIG_TYPE` other than `FILE` or `GRPC_XDS_SOTW`,
-/// `MERGE_DOMAIN_CONFIG` true, TLS to the xDS server. Every other variable of
+/// `MERGE_DOMAIN_CONFIG` true, `GRPC_SERVER_USE_TLS` true. Every other variable of
 /// envoyproxy/ratelimit is ignored.
 pub fn apply_erl_env(
     config: &mut super::Config,
@@ -572,6 +572,14 @@ pub fn apply_erl_env(
                 format!("{kind:?} is neither FILE nor GRPC_XDS_SOTW"),
             ))
         }
+    }
+    // Envoy would speak TLS to a listener that does not: every call would fail, and Envoy,
+    // failing open by default, would limit nothing without a word.
+    if truthy("GRPC_SERVER_USE_TLS") {
+        return Err(ConfigError::new(
+            "GRPC_SERVER_USE_TLS",
+            "true is not supported: tollgate's gRPC listener speaks plain HTTP/2",
+        ));
     }
     if truthy("MERGE_DOMAIN_CONFIG") {
         return Err(ConfigError::new(
@@ -755,6 +763,11 @@ mod tests {
             env(&[("RUNTIME_ROOT", "/d"), ("CONFIG_TYPE", "GRPC_XDS_DELTA")]),
         );
         assert_eq!(refused.unwrap_err().key, "CONFIG_TYPE");
+        let refused = apply_erl_env(
+            &mut super::super::Config::default(),
+            env(&[("RUNTIME_ROOT", "/d"), ("GRPC_SERVER_USE_TLS", "true")]),
+        );
+        assert_eq!(refused.unwrap_err().key, "GRPC_SERVER_USE_TLS");
         let mut config = super::super::Config::default();
         apply_erl_env(
             &mut config,
