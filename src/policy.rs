@@ -79,6 +79,11 @@ impl Policy {
         let rules = crate::config::envoy::with_fed(&config.envoy, fed.unwrap_or_default())?;
         let (mut envoy, envoy_limits) = EnvoyRules::compile(&rules, limits.len(), &mut names)?;
         envoy.awaiting_config = config.envoy.xds.is_some() && fed.is_none();
+        envoy.ready_while_awaiting = config
+            .envoy
+            .xds
+            .as_ref()
+            .is_some_and(|xds| xds.ready_before_config);
         envoy.shadow_mode = config.envoy.shadow_mode;
         envoy.quota_mode = config.envoy.quota_mode;
         envoy.dynamic_metadata = config.envoy.dynamic_metadata;

@@ -35,6 +35,10 @@ pub struct XdsConfig {
     /// The pause before connecting again after a failed connection or a broken stream.
     #[serde(default = "default_retry_ms")]
     pub retry_ms: u64,
+    /// Ready (`/readyz`, `/healthcheck`, gRPC health) before the first configuration
+    /// arrives; by default not, as envoyproxy/ratelimit does not serve before it.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub ready_before_config: bool,
     /// The largest response accepted, in bytes (gRPC's default: 4 MiB).
     #[serde(default = "default_max_message_bytes")]
     pub max_message_bytes: usize,
@@ -67,6 +71,7 @@ impl Default for XdsConfig {
             headers: BTreeMap::new(),
             retry_ms: DEFAULT_RETRY_MS,
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
+            ready_before_config: false,
             tls: false,
             ca_file: None,
             cert_file: None,
@@ -208,12 +213,22 @@ fn is_host_port(text: &str) -> bool {
 /// (`k1=v1,k2=v2`: entries without `=` are skipped, as there),
 /// `CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL` (a Go duration: `3s`, `500ms`, `1m30s`),
 /// `CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS` (`k1:v1,k2:v2`),
-/// `XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES`; with
+/// `XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES`, `FORCE_START_WITHOUT_INITIAL_CONFIG` and
+/// `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED` (readiness before the first configuration); with
 /// `CONFIG_GRPC_XDS_SERVER_USE_TLS` true, `CONFIG_GRPC_XDS_SERVER_TLS_CACERT`,
 /// `CONFIG_GRPC_XDS_CLIENT_TLS_CERT`, `CONFIG_GRPC_XDS_CLIENT_TLS_KEY` and
 /// `CONFIG_GRPC_XDS_SERVER_TLS_SAN` (an empty one is unset, as there).
 pub fn from_erl_env(var: impl Fn(&str) -> Option<String>) -> Result<XdsConfig, ConfigError> {
     let mut xds = XdsConfig::default();
+    let flag = |name: &str| {
+        var(name).map_or(Ok(false), |text| {
+            go_bool(&text).ok_or_else(|| ConfigError::new(name, format!("{text:?} is not a bool")))
+        })
+    };
+    // Without FORCE_START_WITHOUT_INITIAL_CONFIG it serves nothing until the first
+    // configuration; with it, it is healthy unless HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED.
+    xds.ready_before_config = flag("FORCE_START_WITHOUT_INITIAL_CONFIG")?
+        && !flag("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED")?;
     if let Some(tls) = var(TLS) {
         xds.tls =
             go_bool(&tls).ok_or_else(|| ConfigError::new(TLS, format!("{tls:?} is not a bool")))?;

@@ -149,6 +149,12 @@ async fn assert_allows(client: &mut Client, name: &str, allowed: u32) {
     );
 }
 
+/// The status of `/readyz`.
+fn readiness(tollgate: &Tollgate) -> u16 {
+    let mut http = crate::support::HttpClient::connect(tollgate.addr).expect("connect");
+    http.get("/readyz", &[]).expect("an answer").status
+}
+
 /// Blocking waits of the server's, off the test's runtime threads.
 async fn answer_to(
     server: &XdsServer,
@@ -169,10 +175,16 @@ async fn rules_follow_the_management_server_through_updates_refusals_and_restart
     let mut client = grpc::client(addr).await;
     let waiting = try_ask(&mut client, user("early")).await.unwrap_err();
     assert_eq!(waiting.code(), tonic::Code::Unavailable, "{waiting:?}");
+    assert_eq!(
+        readiness(&tollgate),
+        503,
+        "not ready before the first configuration"
+    );
 
     let mut server = XdsServer::start_at(server_addr);
     server.set("1", &[shop(3)]);
     until_limit(&mut client, 3, "the first snapshot").await;
+    assert_eq!(readiness(&tollgate), 200);
     assert_allows(&mut client, "alice", 3).await;
     let ack = answer_to(&server, "1").await;
     assert_eq!((ack.version_info.as_str(), ack.error_detail), ("1", None));
@@ -309,6 +321,8 @@ descriptors:
     server.set("1", &[proto_from_yaml("mixed-config", YAML)]);
     let mut env = xds_env(server.addr);
     env.push(("RESPONSE_DYNAMIC_METADATA", "true".into()));
+    // As Envoy Gateway starts it: ready before its first configuration.
+    env.push(("FORCE_START_WITHOUT_INITIAL_CONFIG", "true".into()));
     let (_xds_root, _xds_tollgate, xds_addr) = erl_tollgate(&xds_redis, &borrowed(&env), None);
     let mut xds_client = grpc::client(xds_addr).await;
     let deadline = Instant::now() + PATIENCE;

@@ -46,6 +46,24 @@ fn envoyproxy_ratelimit_variables_set_the_client_as_it_reads_them() {
     ]))
     .unwrap();
     assert!(tls.tls);
+    assert!(
+        !tls.ready_before_config,
+        "envoyproxy/ratelimit waits for its first configuration"
+    );
+    let forced = |healthy: &'static str| {
+        from_erl_env(env(if healthy == "true" {
+            &[
+                ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true"),
+                ("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", "true"),
+            ]
+        } else {
+            &[("FORCE_START_WITHOUT_INITIAL_CONFIG", "true")]
+        }))
+        .unwrap()
+        .ready_before_config
+    };
+    assert!(forced("false"));
+    assert!(!forced("true"));
     assert_eq!(tls.ca_file, None, "empty is unset: the system's roots");
     assert_eq!(tls.server_name.as_deref(), Some("eg.example"));
 }

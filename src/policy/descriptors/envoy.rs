@@ -95,6 +95,8 @@ pub struct EnvoyRules {
     /// Rules come from an xDS server that has sent none yet: every request is answered with
     /// an error, as envoyproxy/ratelimit answers before its first configuration.
     pub awaiting_config: bool,
+    /// While awaiting it, whether the instance says it is ready (`envoy.xds.ready_before_config`).
+    pub ready_while_awaiting: bool,
 }
 
 /// A descriptor matched in a known domain: its rule, if any, and for entries matched by a
