@@ -542,8 +542,9 @@ fn version_and_help() {
     assert!(output.status.success() && help.contains("validate") && help.contains("--config"));
 }
 
-/// envoyproxy/ratelimit's xDS source: a bad variable, TLS (not supported), a bad `[envoy] xds`
-/// key, and `config_dir` with `xds`, each refused before serving with one line naming it.
+/// envoyproxy/ratelimit's xDS source: a bad variable, a missing TLS file, TLS towards the gRPC
+/// listener (not spoken), a bad `[envoy] xds` key, and `config_dir` with `xds`, each refused
+/// before serving with one line naming it.
 #[test]
 fn bad_xds_settings_are_refused_naming_the_key() {
     let erl = |extra: &[(&'static str, &'static str)]| {
@@ -554,18 +555,19 @@ fn bad_xds_settings_are_refused_naming_the_key() {
         env.extend_from_slice(extra);
         run(&["validate"], None, &env)
     };
-    for key in [
-        "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL",
-        "CONFIG_GRPC_XDS_SERVER_USE_TLS",
-        "CONFIG_GRPC_XDS_SERVER_URL",
+    for (key, value) in [
+        ("CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL", "3 seconds"),
+        ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "yes"),
+        ("CONFIG_GRPC_XDS_SERVER_URL", "grpc://xds"),
+        ("GRPC_SERVER_USE_TLS", "true"),
     ] {
-        let value = match key {
-            "CONFIG_GRPC_XDS_SERVER_USE_TLS" => "true",
-            "CONFIG_GRPC_XDS_SERVER_URL" => "grpc://xds",
-            _ => "3 seconds",
-        };
         assert_refused(&erl(&[(key, value)]), key);
     }
+    let missing_ca = erl(&[
+        ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
+        ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "/nonexistent/ca.pem"),
+    ]);
+    assert_refused(&missing_ca, "CONFIG_GRPC_XDS_SERVER_TLS_CACERT");
     let output = run(
         &["serve"],
         None,
