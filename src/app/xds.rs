@@ -68,13 +68,15 @@ pub async fn follow(settings: XdsConfig, reloader: Arc<Reloader>) {
         node: node(&settings),
         accepted: String::new(),
         reloader,
+        connected: false,
     };
-    let mut unreachable = false;
+    let mut last_error = String::new();
     loop {
-        let error = client.session(&settings).await;
-        // A server away for long fails every retry: warned once, until it answers again.
-        let again = unreachable && matches!(error, XdsError::Connect(_));
-        unreachable = matches!(error, XdsError::Connect(_));
+        client.connected = false;
+        let error = client.session(&settings).await.to_string();
+        // A server away for long fails every retry the same way: warned once, until a
+        // stream opens again or the failure changes.
+        let again = !client.connected && error == last_error;
         if again {
             log::debug!("xDS {}: {error}", settings.server);
         } else {
@@ -83,6 +85,7 @@ pub async fn follow(settings: XdsConfig, reloader: Arc<Reloader>) {
                 settings.server
             );
         }
+        last_error = error;
         tokio::time::sleep(retry).await;
     }
 }
@@ -93,6 +96,8 @@ struct Client {
     /// is installed, and on reconnection.
     accepted: String,
     reloader: Arc<Reloader>,
+    /// Whether the current session opened its stream.
+    connected: bool,
 }
 
 impl Client {
@@ -125,6 +130,7 @@ impl Client {
             }
         }
         let mut inbound = ads.stream_aggregated_resources(call).await?.into_inner();
+        self.connected = true;
         log::info!(
             "xDS {}: connected as node {:?}",
             settings.server,
