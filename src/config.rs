@@ -5,7 +5,9 @@
 //! - `schema`: the types, their defaults and bounds;
 //! - `load`: the file and the environment, and [`ConfigError`];
 //! - `validate`: what serde cannot check in the settings, and the warnings `validate` prints;
-//! - `summary`: what `tollgate validate` prints, passwords redacted.
+//! - `summary`: what `tollgate validate` prints, passwords redacted;
+//! - `envoy`: envoyproxy/ratelimit's rules and YAML; `xds`: the settings of its xDS config
+//!   source, `xds_rules`: the resources that source sends, as rules.
 //!
 //! Limits and exemptions are checked once, where they are built from their tables
 //! (`crate::policy::limits`, `crate::policy::exempt`).
@@ -15,6 +17,8 @@ mod load;
 mod schema;
 mod summary;
 mod validate;
+pub mod xds;
+pub mod xds_rules;
 
 pub use crate::base::rate::RateSpec;
 pub use envoy::EnvoyConfig;

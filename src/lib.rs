@@ -17,7 +17,9 @@
 //!   fingerprints), [`base::timings`] (every interval of the background duties, in one value
 //!   handed down from start-up).
 //! - [`config`]: defaults < TOML file < `TOLLGATE_*` environment: schema, loading, validation,
-//!   the summary `validate` prints.
+//!   the summary `validate` prints; envoyproxy/ratelimit's YAML and environment
+//!   ([`config::envoy`]), its xDS source's settings ([`config::xds`]) and resources
+//!   ([`config::xds_rules`]).
 //! - [`request`]: what a check reads: original method, path, host, client IP (XFF walk),
 //!   normalised the way the proxies route.
 //! - [`observe`]: [`observe::metrics`] (every metric name in one place), [`observe::top`] (the
@@ -39,7 +41,8 @@
 //! - [`http`] and [`grpc`]: the protocols: `/check`, probes, metrics and the admin API;
 //!   Envoy's `ShouldRateLimit` (and envoyproxy/ratelimit's `/json`, `/healthcheck`).
 //! - [`app`]: the running process: [`app::server`] (the listeners),
-//!   [`app::lifecycle`] (signals), [`app::reload`], [`app::drain`], [`app::heartbeat`].
+//!   [`app::lifecycle`] (signals), [`app::reload`], [`app::drain`], [`app::heartbeat`],
+//!   [`app::xds`] (envoyproxy/ratelimit's xDS config source).
 //! - [`cli`]: [`cli::import`] (envoyproxy/ratelimit YAML to TOML), [`cli::ingress_nginx`]
 //!   (its annotations to TOML), [`cli::replay`] (an access log against a config),
 //!   [`cli::top_view`] (`tollgate top`).

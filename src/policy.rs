@@ -14,6 +14,7 @@ use std::sync::Arc;
 
 use crate::base::keys;
 use crate::base::redact::Salt;
+use crate::config::envoy::RuleConfig;
 use crate::config::{Config, ConfigError, OnMissing, ResponseConfig};
 use crate::observe::metrics::Metrics;
 use crate::request::{ClientIpPolicy, OriginalRequest};
@@ -48,6 +49,16 @@ impl Policy {
     /// Builds every exemption and limit of a loaded config (which checked the rest) and
     /// resolves their counters; the first refused one is the error.
     pub fn compile(config: &Config, metrics: &Metrics) -> Result<Policy, ConfigError> {
+        Policy::compile_fed(config, metrics, None)
+    }
+
+    /// [`Policy::compile`] with the envoyproxy/ratelimit rules an xDS server sent (`fed`),
+    /// served after the config's own. `None` with `envoy.xds` set: none has arrived yet.
+    pub fn compile_fed(
+        config: &Config,
+        metrics: &Metrics,
+        fed: Option<&[RuleConfig]>,
+    ) -> Result<Policy, ConfigError> {
         let exemptions = Exemptions::compile(&config.exempt, metrics)?;
         let mut names = HashSet::new();
         let mut limits = Vec::with_capacity(config.limits.len());
@@ -65,8 +76,14 @@ impl Policy {
             limit.counters = metrics.limit_counters(&limit.name);
             limits.push(limit);
         }
-        let rules = crate::config::envoy::all_rules(&config.envoy)?;
+        let rules = crate::config::envoy::with_fed(&config.envoy, fed.unwrap_or_default())?;
         let (mut envoy, envoy_limits) = EnvoyRules::compile(&rules, limits.len(), &mut names)?;
+        envoy.awaiting_config = config.envoy.xds.is_some() && fed.is_none();
+        envoy.ready_while_awaiting = config
+            .envoy
+            .xds
+            .as_ref()
+            .is_some_and(|xds| xds.ready_before_config);
         envoy.shadow_mode = config.envoy.shadow_mode;
         envoy.quota_mode = config.envoy.quota_mode;
         envoy.dynamic_metadata = config.envoy.dynamic_metadata;

@@ -28,10 +28,19 @@ pub struct AppState {
 }
 
 impl AppState {
-    /// Whether tollgate can decide now: the store answers, or `on_error` decides without it.
+    /// Whether tollgate can decide now: the store answers, or `on_error` decides without it;
+    /// and rules fed by xDS have arrived (unless `envoy.xds.ready_before_config`).
     /// What every readiness answer reports (`/readyz`, gRPC health, `/healthcheck`).
     pub async fn can_decide(&self) -> bool {
-        self.limiter.on_error() != OnError::Deny || self.limiter.store().ping().await.is_ok()
+        !self.unready_for_config()
+            && (self.limiter.on_error() != OnError::Deny
+                || self.limiter.store().ping().await.is_ok())
+    }
+
+    /// Rules fed by xDS have not arrived, and the instance is not ready until they do.
+    pub fn unready_for_config(&self) -> bool {
+        let envoy = &self.limiter.policy().envoy;
+        envoy.awaiting_config && !envoy.ready_while_awaiting
     }
 }
 

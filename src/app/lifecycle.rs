@@ -3,6 +3,7 @@
 //! envoyproxy/ratelimit config directory is looked at every `watch_every` (see
 //! [`Timings`](crate::base::timings::Timings)).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::signal::unix::{signal, SignalKind};
@@ -12,7 +13,7 @@ use crate::app::reload::Reloader;
 /// Resolves at SIGTERM or SIGINT; SIGHUP reloads the limits meanwhile, and a change in the
 /// served envoyproxy/ratelimit config directory, looked at every `watch_every`. The binary's
 /// shutdown future for [`crate::app::server::run`].
-pub async fn stop_signal(reloader: Reloader, watch_every: Duration) {
+pub async fn stop_signal(reloader: Arc<Reloader>, watch_every: Duration) {
     let (Ok(mut term), Ok(mut int), Ok(mut hup)) = (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),

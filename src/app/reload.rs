@@ -1,12 +1,13 @@
-//! SIGHUP (or a change in a served envoyproxy/ratelimit config directory): the config read
-//! again into a new policy, swapped in whole.
+//! SIGHUP (or a change in a served envoyproxy/ratelimit config directory, or new rules from
+//! its xDS server): the config read again into a new policy, swapped in whole.
 
 use std::path::PathBuf;
 use std::sync::Mutex;
 
 use actix_web::web;
 
-use crate::config::Config;
+use crate::config::envoy::RuleConfig;
+use crate::config::{Config, ConfigError};
 use crate::policy::Policy;
 use crate::state::AppState;
 
@@ -18,6 +19,9 @@ pub struct Reloader {
     state: web::Data<AppState>,
     /// The envoyproxy/ratelimit config directory served, and its fingerprint when last read.
     watched: Mutex<Option<(PathBuf, u64)>>,
+    /// The rules the xDS server last sent that were installed; `None` before the first.
+    /// A reload of the file keeps serving them.
+    fed: Mutex<Option<Vec<RuleConfig>>>,
 }
 
 impl Reloader {
@@ -28,6 +32,32 @@ impl Reloader {
             running: Mutex::new(running),
             state,
             watched: Mutex::new(watched),
+            fed: Mutex::new(None),
+        }
+    }
+
+    /// Installs the rules an xDS server sent (or its refusal of them) with the running
+    /// config, counted as a reload; on any error keeps the running rules and returns it.
+    pub fn install_fed(
+        &self,
+        fed: Result<Vec<RuleConfig>, ConfigError>,
+    ) -> Result<(), ConfigError> {
+        let metrics = &self.state.metrics;
+        let running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+        let compiled = fed.and_then(|rules| {
+            Policy::compile_fed(&running, metrics, Some(&rules)).map(|policy| (rules, policy))
+        });
+        match compiled {
+            Ok((rules, policy)) => {
+                self.state.limiter.replace_policy(policy);
+                metrics.reload_success.inc();
+                *self.fed.lock().unwrap_or_else(|p| p.into_inner()) = Some(rules);
+                Ok(())
+            }
+            Err(error) => {
+                metrics.reload_failure.inc();
+                Err(error)
+            }
         }
     }
 
@@ -54,7 +84,10 @@ impl Reloader {
         let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
         let loaded = Config::load(self.path.as_deref())
             .map(|config| keep_restart_only_settings(config, &running))
-            .and_then(|config| Policy::compile(&config, metrics).map(|policy| (config, policy)));
+            .and_then(|config| {
+                let fed = self.fed.lock().unwrap_or_else(|p| p.into_inner());
+                Policy::compile_fed(&config, metrics, fed.as_deref()).map(|policy| (config, policy))
+            });
         match loaded {
             Ok((config, policy)) => {
                 *self.watched.lock().unwrap_or_else(|p| p.into_inner()) = watched_dir(&config);
@@ -94,6 +127,7 @@ fn keep_restart_only_settings(mut loaded: Config, running: &Config) -> Config {
         ("admin_listen", loaded.admin_listen != running.admin_listen),
         ("grpc_listen", loaded.grpc_listen != running.grpc_listen),
         ("[store]", loaded.store != running.store),
+        ("envoy.xds", loaded.envoy.xds != running.envoy.xds),
     ];
     for (name, _) in changed.iter().filter(|(_, changed)| *changed) {
         log::warn!("reload: {name} changed in the file; it applies only after a restart, the running value stays");
@@ -102,5 +136,7 @@ fn keep_restart_only_settings(mut loaded: Config, running: &Config) -> Config {
     loaded.admin_listen = running.admin_listen;
     loaded.grpc_listen = running.grpc_listen;
     loaded.store = running.store.clone();
+    // The client connected with the running settings; a new server or node needs a restart.
+    loaded.envoy.xds = running.envoy.xds.clone();
     loaded
 }

@@ -65,7 +65,11 @@ pub async fn start(
     }
     spawn_duties(&config, &state)?;
     let watch_every = config.timings.watch_every;
-    let reloader = Reloader::new(config_path, config, state.clone());
+    let xds = config.envoy.xds.clone();
+    let reloader = Arc::new(Reloader::new(config_path, config, state.clone()));
+    if let Some(xds) = xds {
+        actix_web::rt::spawn(crate::app::xds::follow(xds, reloader.clone()));
+    }
     let stop = lifecycle::stop_signal(reloader, watch_every);
     run(state, listeners, stop).await?;
     log::info!("tollgate stopped");

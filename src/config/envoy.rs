@@ -13,6 +13,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+use super::xds::XdsConfig;
 use super::ConfigError;
 
 /// `[envoy]`.
@@ -23,6 +24,11 @@ pub struct EnvoyConfig {
     /// domain each), read at start and whenever they change, served after `rules`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub config_dir: Option<PathBuf>,
+    /// envoyproxy/ratelimit's xDS config source: the rules of the `RateLimitConfig`
+    /// resources a management server sends, served after `rules`. Not with `config_dir`:
+    /// one source of the same rules, as there.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub xds: Option<XdsConfig>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub rules: Vec<RuleConfig>,
     /// envoyproxy/ratelimit's global shadow mode (`SHADOW_MODE`): the request is always OK;
@@ -39,8 +45,23 @@ pub struct EnvoyConfig {
 }
 
 impl EnvoyConfig {
+    /// The xDS settings, and that only one source of YAML rules is set.
+    pub fn check(&self) -> Result<(), ConfigError> {
+        let Some(xds) = &self.xds else {
+            return Ok(());
+        };
+        if self.config_dir.is_some() {
+            return Err(ConfigError::new(
+                "envoy.xds",
+                "set config_dir or xds, not both: they are two sources of the same rules",
+            ));
+        }
+        xds.check()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.config_dir.is_none()
+            && self.xds.is_none()
             && self.rules.is_empty()
             && !self.shadow_mode
             && !self.quota_mode
@@ -429,6 +450,25 @@ pub fn all_rules(config: &EnvoyConfig) -> Result<Vec<RuleConfig>, ConfigError> {
     Ok(rules)
 }
 
+/// [`all_rules`] and then `fed` (the rules an xDS server sent, checked on their own), checked
+/// together: an xDS domain may not repeat a node of `[[envoy.rules]]`.
+pub fn with_fed(config: &EnvoyConfig, fed: &[RuleConfig]) -> Result<Vec<RuleConfig>, ConfigError> {
+    let mut rules = all_rules(config)?;
+    if fed.is_empty() {
+        return Ok(rules);
+    }
+    let written = rules.len();
+    rules.extend_from_slice(fed);
+    check(&rules, |i| {
+        if i < written {
+            format!("envoy.rules[{i}]")
+        } else {
+            "envoy.xds".to_string()
+        }
+    })?;
+    Ok(rules)
+}
+
 /// The files of a config directory envoyproxy/ratelimit reads: every regular file (or link to
 /// one) whose name does not start with `.` (a ConfigMap's `..data` links are skipped), sorted.
 fn config_files(dir: &std::path::Path) -> std::io::Result<Vec<PathBuf>> {
@@ -497,10 +537,13 @@ pub fn dir_fingerprint(dir: &std::path::Path) -> u64 {
 ///   the store (Redis).
 ///
 /// - `SHADOW_MODE`, `QUOTA_MODE`: `envoy.shadow_mode`, `envoy.quota_mode`.
+/// - `CONFIG_TYPE=GRPC_XDS_SOTW` and its `CONFIG_GRPC_XDS_*`: `envoy.xds` instead of
+///   `envoy.config_dir` (see [`super::xds::from_erl_env`]).
 ///
 /// A setting tollgate cannot honour without deciding differently is refused: `BACKEND_TYPE`
-/// other than `redis`, `CONFIG_TYPE` other than `FILE`, `MERGE_DOMAIN_CONFIG` true. Every
-/// other variable of envoyproxy/ratelimit is ignored.
+/// other than `redis`, `CONFIG_TYPE` other than `FILE` or `GRPC_XDS_SOTW`,
+/// `MERGE_DOMAIN_CONFIG` true, `GRPC_SERVER_USE_TLS` true. Every other variable of
+/// envoyproxy/ratelimit is ignored.
 pub fn apply_erl_env(
     config: &mut super::Config,
     var: impl Fn(&str) -> Option<String>,
@@ -517,10 +560,25 @@ pub fn apply_erl_env(
             format!("{backend:?}: tollgate keeps its buckets in Redis only"),
         ));
     }
-    if let Some(kind) = var("CONFIG_TYPE").filter(|t| !t.eq_ignore_ascii_case("file")) {
+    match var("CONFIG_TYPE") {
+        None => {}
+        Some(kind) if kind.eq_ignore_ascii_case("file") => {}
+        Some(kind) if kind.eq_ignore_ascii_case("grpc_xds_sotw") => {
+            config.envoy.xds = Some(super::xds::from_erl_env(&var)?);
+        }
+        Some(kind) => {
+            return Err(ConfigError::new(
+                "CONFIG_TYPE",
+                format!("{kind:?} is neither FILE nor GRPC_XDS_SOTW"),
+            ))
+        }
+    }
+    // Envoy would speak TLS to a listener that does not: every call would fail, and Envoy,
+    // failing open by default, would limit nothing without a word.
+    if truthy("GRPC_SERVER_USE_TLS") {
         return Err(ConfigError::new(
-            "CONFIG_TYPE",
-            format!("{kind:?}: tollgate reads its rules from files (xDS is not served)"),
+            "GRPC_SERVER_USE_TLS",
+            "true is not supported: tollgate's gRPC listener speaks plain HTTP/2",
         ));
     }
     if truthy("MERGE_DOMAIN_CONFIG") {
@@ -532,7 +590,7 @@ pub fn apply_erl_env(
     config.envoy.shadow_mode |= truthy("SHADOW_MODE");
     config.envoy.quota_mode |= truthy("QUOTA_MODE");
     config.envoy.dynamic_metadata |= truthy("RESPONSE_DYNAMIC_METADATA");
-    if config.envoy.config_dir.is_none() {
+    if config.envoy.config_dir.is_none() && config.envoy.xds.is_none() {
         let mut dir = PathBuf::from(
             var("RUNTIME_ROOT").unwrap_or_else(|| "/srv/runtime_data/current".into()),
         );
@@ -702,9 +760,29 @@ mod tests {
         assert_eq!(sentinel.urls, ["redis://s1:26379", "redis://s2:26379"]);
         let refused = apply_erl_env(
             &mut super::super::Config::default(),
-            env(&[("RUNTIME_ROOT", "/d"), ("CONFIG_TYPE", "GRPC_XDS_SOTW")]),
+            env(&[("RUNTIME_ROOT", "/d"), ("CONFIG_TYPE", "GRPC_XDS_DELTA")]),
         );
         assert_eq!(refused.unwrap_err().key, "CONFIG_TYPE");
+        let refused = apply_erl_env(
+            &mut super::super::Config::default(),
+            env(&[("RUNTIME_ROOT", "/d"), ("GRPC_SERVER_USE_TLS", "true")]),
+        );
+        assert_eq!(refused.unwrap_err().key, "GRPC_SERVER_USE_TLS");
+        let mut config = super::super::Config::default();
+        apply_erl_env(
+            &mut config,
+            env(&[
+                ("RUNTIME_ROOT", "/d"),
+                ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+                ("CONFIG_GRPC_XDS_NODE_ID", "n"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(
+            config.envoy.config_dir, None,
+            "xDS instead of the directory"
+        );
+        assert_eq!(config.envoy.xds.map(|x| x.node_id), Some("n".into()));
     }
 
     #[test]

@@ -137,6 +137,9 @@ impl Config {
         if let Some(path) = self.envoy.config_dir.as_mut().filter(|p| p.is_relative()) {
             *path = dir.join(&*path);
         }
+        if let Some(xds) = self.envoy.xds.as_mut() {
+            xds.resolve_paths(dir);
+        }
     }
 }
 

@@ -163,6 +163,13 @@ impl Config {
             if let Some(dir) = &self.envoy.config_dir {
                 let _ = write!(out, "  config_dir {} (watched)", dir.display());
             }
+            if let Some(xds) = &self.envoy.xds {
+                let _ = write!(
+                    out,
+                    "  + xDS server {} as node {:?}",
+                    xds.server, xds.node_id
+                );
+            }
             for (on, what) in [
                 (self.envoy.shadow_mode, "global shadow_mode"),
                 (self.envoy.quota_mode, "global quota_mode"),

@@ -81,6 +81,7 @@ impl Config {
     /// and exemptions are checked where they are built (`Policy::compile`).
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.store.validate()?;
+        self.envoy.check()?;
         // A proxy treats a 2xx/3xx auth answer as admission and a 5xx as its own failure;
         // only a 4xx is a denial every shipped config passes on to the client.
         if !(400..=499).contains(&self.response.deny_status) {

@@ -40,6 +40,11 @@ pub struct Plan {
 pub fn plan(policy: &Policy, request: &RateLimitRequest) -> Result<Plan, Status> {
     let envoy_domain = policy.envoy.has_domain(&request.domain);
     check_shape(request, envoy_domain)?;
+    if policy.envoy.awaiting_config {
+        return Err(Status::unavailable(
+            "no rate limit configuration loaded (waiting for the xDS server)",
+        ));
+    }
     let mut plan = Plan {
         buckets: Vec::new(),
         per_descriptor: Vec::with_capacity(request.descriptors.len()),

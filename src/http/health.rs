@@ -12,8 +12,14 @@ pub async fn healthz() -> HttpResponse {
 }
 
 /// Readiness: tollgate can decide, i.e. the store answers, or `on_error` lets it decide
-/// without the store (`allow`, or `local` with its in-memory fallback).
+/// without the store (`allow`, or `local` with its in-memory fallback); and the rules of an
+/// xDS server have arrived (unless `envoy.xds.ready_before_config`).
 pub async fn readyz(state: web::Data<AppState>) -> HttpResponse {
+    if state.unready_for_config() {
+        return HttpResponse::ServiceUnavailable()
+            .content_type("text/plain")
+            .body("not ready: no configuration from the xDS server yet\n");
+    }
     match state.limiter.store().ping().await {
         Ok(()) => HttpResponse::Ok()
             .content_type("text/plain")

@@ -187,7 +187,7 @@ impl Metrics {
         let reloads = IntCounterVec::new(
             Opts::new(
                 CONFIG_RELOADS_TOTAL,
-                "Configuration reloads (SIGHUP), by result.",
+                "Configuration reloads (SIGHUP, config directory, xDS), by result.",
             ),
             &["result"],
         )

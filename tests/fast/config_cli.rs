@@ -541,3 +541,52 @@ fn version_and_help() {
     let help = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success() && help.contains("validate") && help.contains("--config"));
 }
+
+/// envoyproxy/ratelimit's xDS source: a bad variable, a missing TLS file, TLS towards the gRPC
+/// listener (not spoken), a bad `[envoy] xds` key, and `config_dir` with `xds`, each refused
+/// before serving with one line naming it.
+#[test]
+fn bad_xds_settings_are_refused_naming_the_key() {
+    let erl = |extra: &[(&'static str, &'static str)]| {
+        let mut env = vec![
+            ("RUNTIME_ROOT", "/nonexistent"),
+            ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+        ];
+        env.extend_from_slice(extra);
+        run(&["validate"], None, &env)
+    };
+    for (key, value) in [
+        ("CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL", "3 seconds"),
+        ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "yes"),
+        ("CONFIG_GRPC_XDS_SERVER_URL", "grpc://xds"),
+        ("GRPC_SERVER_USE_TLS", "true"),
+    ] {
+        assert_refused(&erl(&[(key, value)]), key);
+    }
+    let missing_ca = erl(&[
+        ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
+        ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "/nonexistent/ca.pem"),
+    ]);
+    assert_refused(&missing_ca, "CONFIG_GRPC_XDS_SERVER_TLS_CACERT");
+    let output = run(
+        &["serve"],
+        None,
+        &[("RUNTIME_ROOT", "/d"), ("CONFIG_TYPE", "REST")],
+    );
+    assert_refused(&output, "CONFIG_TYPE");
+    let output = run(
+        &["validate"],
+        Some("[envoy]\nxds = { server = \"xds\" }\n"),
+        &[],
+    );
+    assert_refused(&output, "envoy.xds.server");
+    let output = run(&["validate"], Some("[envoy.xds]\nnode = \"n\"\n"), &[]);
+    assert_refused(&output, "envoy.xds.node");
+    let both = "[envoy]\nconfig_dir = \"rules\"\nxds = { server = \"xds:18000\" }\n";
+    assert_refused(&run(&["validate"], Some(both), &[]), "envoy.xds");
+    let fine = "[envoy]\nxds = { server = \"xds:18000\", node_id = \"n\", retry_ms = 500 }\n";
+    let output = run(&["validate"], Some(fine), &[]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let printed = String::from_utf8_lossy(&output.stdout);
+    assert!(printed.contains("xDS server xds:18000"), "{printed}");
+}

@@ -46,3 +46,4 @@ mod store_bounds;
 mod store_scenarios;
 mod top;
 mod top_tui;
+mod xds;

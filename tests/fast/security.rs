@@ -3,12 +3,10 @@
 //! logs, `validate` output, readiness answers or error messages, and `rediss://` works against
 //! a TLS Redis with a certificate the operator trusts (and only then).
 
-use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 use crate::support::chaos::{self, redis_cli_auth};
-use crate::support::{wait_until, RedisServer, TempDir, Tollgate};
+use crate::support::{make_certificates, wait_until, RedisServer, TempDir, Tollgate};
 
 const LIMITS: &str = "[[limits]]\nname = \"per-ip\"\nrate = 0.1\nburst = 3\nkey = [\"ip\"]\n";
 
@@ -177,60 +175,6 @@ fn the_redis_password_never_shows() {
     );
     assert_eq!(code, Some(0), "{stderr}");
     assert_no_secret("validate (environment)", &(stdout + &stderr));
-}
-
-/// A throwaway CA (`ca.pem`) and a certificate for 127.0.0.1 it signed (`cert.pem`,
-/// `key.pem`), made with `openssl`.
-fn make_certificates(dir: &Path) {
-    let ec = [
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:prime256v1",
-        "-nodes",
-    ];
-    let san = dir.join("san.ext");
-    std::fs::write(&san, "subjectAltName=IP:127.0.0.1\n").expect("write extension file");
-    let steps: [Vec<&str>; 3] = [
-        [
-            &[
-                "req",
-                "-x509",
-                "-days",
-                "1",
-                "-subj",
-                "/CN=tollgate test CA",
-            ][..],
-            &ec[..],
-        ]
-        .concat(),
-        [&["req", "-subj", "/CN=127.0.0.1"][..], &ec[..]].concat(),
-        vec!["x509", "-req", "-days", "1", "-CAcreateserial"],
-    ];
-    let files: [Vec<(&str, &str)>; 3] = [
-        vec![("-keyout", "ca.key"), ("-out", "ca.pem")],
-        vec![("-keyout", "key.pem"), ("-out", "req.csr")],
-        vec![
-            ("-in", "req.csr"),
-            ("-CA", "ca.pem"),
-            ("-CAkey", "ca.key"),
-            ("-extfile", "san.ext"),
-            ("-out", "cert.pem"),
-        ],
-    ];
-    for (args, files) in steps.iter().zip(&files) {
-        let mut command = Command::new("openssl");
-        command.args(args).current_dir(dir);
-        for (flag, file) in files {
-            command.arg(flag).arg(file);
-        }
-        let output = command.output().expect("run openssl");
-        assert!(
-            output.status.success(),
-            "openssl {args:?}: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-    }
 }
 
 #[test]

@@ -16,6 +16,7 @@ pub mod grpc;
 pub mod http;
 pub mod latency;
 pub mod proxies;
+pub mod xds;
 
 use std::io::Write as _;
 use std::net::{SocketAddr, TcpListener};
@@ -593,4 +594,59 @@ pub fn redis_store(
 pub fn stored_tokens(value: &str, burst: f64) -> Option<f64> {
     let debt: f64 = value.split_whitespace().next()?.parse().ok()?;
     Some(burst - debt / 1e6)
+}
+
+/// A throwaway CA (`ca.pem`) and a certificate for 127.0.0.1 it signed (`cert.pem`,
+/// `key.pem`), made with `openssl`. The certificate names no usage, so it serves as a client's
+/// too.
+pub fn make_certificates(dir: &Path) {
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    let san = dir.join("san.ext");
+    std::fs::write(&san, "subjectAltName=IP:127.0.0.1\n").expect("write extension file");
+    let steps: [Vec<&str>; 3] = [
+        [
+            &[
+                "req",
+                "-x509",
+                "-days",
+                "1",
+                "-subj",
+                "/CN=tollgate test CA",
+            ][..],
+            &ec[..],
+        ]
+        .concat(),
+        [&["req", "-subj", "/CN=127.0.0.1"][..], &ec[..]].concat(),
+        vec!["x509", "-req", "-days", "1", "-CAcreateserial"],
+    ];
+    let files: [Vec<(&str, &str)>; 3] = [
+        vec![("-keyout", "ca.key"), ("-out", "ca.pem")],
+        vec![("-keyout", "key.pem"), ("-out", "req.csr")],
+        vec![
+            ("-in", "req.csr"),
+            ("-CA", "ca.pem"),
+            ("-CAkey", "ca.key"),
+            ("-extfile", "san.ext"),
+            ("-out", "cert.pem"),
+        ],
+    ];
+    for (args, files) in steps.iter().zip(&files) {
+        let mut command = Command::new("openssl");
+        command.args(args).current_dir(dir);
+        for (flag, file) in files {
+            command.arg(flag).arg(file);
+        }
+        let output = command.output().expect("run openssl");
+        assert!(
+            output.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
 }

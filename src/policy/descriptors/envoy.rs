@@ -92,6 +92,11 @@ pub struct EnvoyRules {
     pub quota_mode: bool,
     /// Whether answers carry `dynamic_metadata`.
     pub dynamic_metadata: bool,
+    /// Rules come from an xDS server that has sent none yet: every request is answered with
+    /// an error, as envoyproxy/ratelimit answers before its first configuration.
+    pub awaiting_config: bool,
+    /// While awaiting it, whether the instance says it is ready (`envoy.xds.ready_before_config`).
+    pub ready_while_awaiting: bool,
 }
 
 /// A descriptor matched in a known domain: its rule, if any, and for entries matched by a

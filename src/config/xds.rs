@@ -1,0 +1,369 @@
+//! `[envoy] xds`: the settings of the client of envoyproxy/ratelimit's xDS config source (its
+//! `CONFIG_TYPE=GRPC_XDS_SOTW`), from TOML or from its `CONFIG_GRPC_XDS_*` variables. What
+//! the server sends becomes rules in [`super::xds_rules`].
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use super::ConfigError;
+
+const DEFAULT_SERVER: &str = "localhost:18000";
+const DEFAULT_NODE_ID: &str = "default";
+const DEFAULT_RETRY_MS: u64 = 3_000;
+/// A longer pause would leave a broken stream unmended for an hour or more.
+const MAX_RETRY_MS: u64 = 3_600_000;
+const DEFAULT_MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
+
+/// `[envoy] xds`: where the management server is and who this client is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct XdsConfig {
+    /// `host:port` of the management server.
+    #[serde(default = "default_server")]
+    pub server: String,
+    /// The `Node.id` sent: the management server picks the snapshot by it.
+    #[serde(default = "default_node_id")]
+    pub node_id: String,
+    /// String fields of the `Node.metadata` sent.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_metadata: BTreeMap<String, String>,
+    /// gRPC metadata sent with the stream (lower-case names).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub headers: BTreeMap<String, String>,
+    /// The pause before connecting again after a failed connection or a broken stream.
+    #[serde(default = "default_retry_ms")]
+    pub retry_ms: u64,
+    /// Ready (`/readyz`, `/healthcheck`, gRPC health) before the first configuration
+    /// arrives; by default not, as envoyproxy/ratelimit does not serve before it.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub ready_before_config: bool,
+    /// The largest response accepted, in bytes (gRPC's default: 4 MiB).
+    #[serde(default = "default_max_message_bytes")]
+    pub max_message_bytes: usize,
+    /// TLS to the server: its certificate checked against `ca_file` (else the system's
+    /// roots), and with `cert_file` and `key_file`, this client's certificate shown (mutual
+    /// TLS, as Envoy Gateway's server asks).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub tls: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cert_file: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_file: Option<PathBuf>,
+    /// The name the server's certificate must carry, when not the host of `server`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_name: Option<String>,
+}
+
+fn is_false(value: &bool) -> bool {
+    !*value
+}
+
+impl Default for XdsConfig {
+    fn default() -> Self {
+        XdsConfig {
+            server: default_server(),
+            node_id: default_node_id(),
+            node_metadata: BTreeMap::new(),
+            headers: BTreeMap::new(),
+            retry_ms: DEFAULT_RETRY_MS,
+            max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
+            ready_before_config: false,
+            tls: false,
+            ca_file: None,
+            cert_file: None,
+            key_file: None,
+            server_name: None,
+        }
+    }
+}
+
+fn default_server() -> String {
+    DEFAULT_SERVER.into()
+}
+
+fn default_node_id() -> String {
+    DEFAULT_NODE_ID.into()
+}
+
+fn default_retry_ms() -> u64 {
+    DEFAULT_RETRY_MS
+}
+
+fn default_max_message_bytes() -> usize {
+    DEFAULT_MAX_MESSAGE_BYTES
+}
+
+impl XdsConfig {
+    /// What cannot work: a server that is not `host:port`, an empty node id, a pause of zero
+    /// (a reconnect loop) or above an hour, a header that gRPC metadata cannot carry.
+    pub fn check(&self) -> Result<(), ConfigError> {
+        if !is_host_port(&self.server) {
+            return Err(ConfigError::new(
+                "envoy.xds.server",
+                format!("{:?} is not host:port", self.server),
+            ));
+        }
+        if self.node_id.is_empty() {
+            return Err(ConfigError::new(
+                "envoy.xds.node_id",
+                "must not be empty: the management server picks the snapshot by it",
+            ));
+        }
+        if !(1..=MAX_RETRY_MS).contains(&self.retry_ms) {
+            return Err(ConfigError::new(
+                "envoy.xds.retry_ms",
+                format!("must be between 1 and {MAX_RETRY_MS}"),
+            ));
+        }
+        if self.max_message_bytes == 0 {
+            return Err(ConfigError::new(
+                "envoy.xds.max_message_bytes",
+                "must be at least 1",
+            ));
+        }
+        for (name, value) in &self.headers {
+            let valid_name = !name.is_empty()
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-_.".contains(&b))
+                && !name.ends_with("-bin");
+            if !valid_name {
+                return Err(ConfigError::new(
+                    format!("envoy.xds.headers.{name}"),
+                    "a header name is lower-case letters, digits, '-', '_' and '.'",
+                ));
+            }
+            if !value.bytes().all(|b| (0x20..0x7f).contains(&b)) {
+                return Err(ConfigError::new(
+                    format!("envoy.xds.headers.{name}"),
+                    "a header value is printable ASCII",
+                ));
+            }
+        }
+        self.check_tls()
+    }
+
+    /// The TLS settings: only with `tls`, a certificate with its key, every file readable
+    /// now (they are read again at each connection, so a renewed certificate is used).
+    fn check_tls(&self) -> Result<(), ConfigError> {
+        let files = [
+            ("envoy.xds.ca_file", &self.ca_file),
+            ("envoy.xds.cert_file", &self.cert_file),
+            ("envoy.xds.key_file", &self.key_file),
+        ];
+        if !self.tls {
+            let set = files
+                .iter()
+                .find(|(_, file)| file.is_some())
+                .map(|(key, _)| *key);
+            let set = set.or(self.server_name.as_ref().map(|_| "envoy.xds.server_name"));
+            return match set {
+                Some(key) => Err(ConfigError::new(key, "applies only with tls = true")),
+                None => Ok(()),
+            };
+        }
+        if self.cert_file.is_some() != self.key_file.is_some() {
+            return Err(ConfigError::new(
+                "envoy.xds.cert_file",
+                "cert_file and key_file go together",
+            ));
+        }
+        for (key, file) in files {
+            if let Some(path) = file {
+                std::fs::metadata(path)
+                    .map_err(|e| ConfigError::new(key, format!("{}: {e}", path.display())))?;
+            }
+        }
+        if self.server_name.as_ref().is_some_and(String::is_empty) {
+            return Err(ConfigError::new(
+                "envoy.xds.server_name",
+                "must not be empty",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Makes relative certificate paths relative to `dir` (the config file's).
+    pub fn resolve_paths(&mut self, dir: &std::path::Path) {
+        for file in [&mut self.ca_file, &mut self.cert_file, &mut self.key_file] {
+            if let Some(path) = file.as_mut().filter(|p| p.is_relative()) {
+                *path = dir.join(&*path);
+            }
+        }
+    }
+}
+
+fn is_host_port(text: &str) -> bool {
+    let Some((host, port)) = text.rsplit_once(':') else {
+        return false;
+    };
+    let host_ok = match host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        Some(v6) => v6.parse::<std::net::Ipv6Addr>().is_ok(),
+        None => !host.is_empty() && !host.contains(['/', ' ', '@', ':', '[', ']']),
+    };
+    host_ok && port.parse::<u16>().is_ok_and(|p| p != 0)
+}
+
+/// envoyproxy/ratelimit's `CONFIG_GRPC_XDS_*` variables, as it reads them:
+/// `CONFIG_GRPC_XDS_SERVER_URL`, `CONFIG_GRPC_XDS_NODE_ID`, `CONFIG_GRPC_XDS_NODE_METADATA`
+/// (`k1=v1,k2=v2`: entries without `=` are skipped, as there),
+/// `CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL` (a Go duration: `3s`, `500ms`, `1m30s`),
+/// `CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS` (`k1:v1,k2:v2`),
+/// `XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES`, `FORCE_START_WITHOUT_INITIAL_CONFIG` and
+/// `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED` (readiness before the first configuration); with
+/// `CONFIG_GRPC_XDS_SERVER_USE_TLS` true, `CONFIG_GRPC_XDS_SERVER_TLS_CACERT`,
+/// `CONFIG_GRPC_XDS_CLIENT_TLS_CERT`, `CONFIG_GRPC_XDS_CLIENT_TLS_KEY` and
+/// `CONFIG_GRPC_XDS_SERVER_TLS_SAN` (an empty one is unset, as there).
+pub fn from_erl_env(var: impl Fn(&str) -> Option<String>) -> Result<XdsConfig, ConfigError> {
+    let mut xds = XdsConfig::default();
+    let flag = |name: &str| {
+        var(name).map_or(Ok(false), |text| {
+            go_bool(&text).ok_or_else(|| ConfigError::new(name, format!("{text:?} is not a bool")))
+        })
+    };
+    // Without FORCE_START_WITHOUT_INITIAL_CONFIG it serves nothing until the first
+    // configuration; with it, it is healthy unless HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED.
+    xds.ready_before_config = flag("FORCE_START_WITHOUT_INITIAL_CONFIG")?
+        && !flag("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED")?;
+    if let Some(tls) = var(TLS) {
+        xds.tls =
+            go_bool(&tls).ok_or_else(|| ConfigError::new(TLS, format!("{tls:?} is not a bool")))?;
+    }
+    if xds.tls {
+        let set = |name: &str| var(name).filter(|value| !value.is_empty());
+        xds.ca_file = set(TLS_FILES[0].1).map(PathBuf::from);
+        xds.cert_file = set(TLS_FILES[1].1).map(PathBuf::from);
+        xds.key_file = set(TLS_FILES[2].1).map(PathBuf::from);
+        xds.server_name = set(TLS_FILES[3].1);
+    }
+    if let Some(server) = var("CONFIG_GRPC_XDS_SERVER_URL") {
+        xds.server = server;
+    }
+    if let Some(node_id) = var("CONFIG_GRPC_XDS_NODE_ID") {
+        xds.node_id = node_id;
+    }
+    for entry in var("CONFIG_GRPC_XDS_NODE_METADATA")
+        .unwrap_or_default()
+        .split(',')
+    {
+        if let Some((key, value)) = entry.split_once('=') {
+            xds.node_metadata.insert(key.into(), value.into());
+        }
+    }
+    const RETRY: &str = "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL";
+    if let Some(text) = var(RETRY) {
+        xds.retry_ms = go_duration_ms(&text)
+            .ok_or_else(|| ConfigError::new(RETRY, format!("{text:?} is not a duration")))?;
+    }
+    const MAX_SIZE: &str = "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES";
+    // Unset or 0 there leaves gRPC's default.
+    if let Some(text) = var(MAX_SIZE).filter(|t| !t.is_empty() && t != "0") {
+        xds.max_message_bytes = text
+            .parse()
+            .map_err(|_| ConfigError::new(MAX_SIZE, format!("{text:?} is not a size in bytes")))?;
+    }
+    const HEADERS: &str = "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS";
+    for entry in var(HEADERS).unwrap_or_default().split(',') {
+        if entry.is_empty() {
+            continue;
+        }
+        let Some((name, value)) = entry.split_once(':') else {
+            return Err(ConfigError::new(
+                HEADERS,
+                format!("{entry:?} is not name:value"),
+            ));
+        };
+        xds.headers
+            .insert(name.trim().to_ascii_lowercase(), value.trim().into());
+    }
+    xds.check().map_err(|e| {
+        let key = match e.key.as_str() {
+            "envoy.xds.server" => "CONFIG_GRPC_XDS_SERVER_URL",
+            "envoy.xds.node_id" => "CONFIG_GRPC_XDS_NODE_ID",
+            "envoy.xds.retry_ms" => RETRY,
+            key if key.starts_with("envoy.xds.headers") => HEADERS,
+            key => TLS_FILES
+                .iter()
+                .find(|(toml, _)| *toml == key)
+                .map_or(TLS, |(_, env)| *env),
+        };
+        ConfigError::new(key, e.reason)
+    })?;
+    Ok(xds)
+}
+
+const TLS: &str = "CONFIG_GRPC_XDS_SERVER_USE_TLS";
+
+/// The TLS keys and the variables that set them.
+const TLS_FILES: [(&str, &str); 4] = [
+    ("envoy.xds.ca_file", "CONFIG_GRPC_XDS_SERVER_TLS_CACERT"),
+    ("envoy.xds.cert_file", "CONFIG_GRPC_XDS_CLIENT_TLS_CERT"),
+    ("envoy.xds.key_file", "CONFIG_GRPC_XDS_CLIENT_TLS_KEY"),
+    ("envoy.xds.server_name", "CONFIG_GRPC_XDS_SERVER_TLS_SAN"),
+];
+
+/// Go's `strconv.ParseBool`.
+fn go_bool(text: &str) -> Option<bool> {
+    match text {
+        "1" | "t" | "T" | "true" | "TRUE" | "True" => Some(true),
+        "0" | "f" | "F" | "false" | "FALSE" | "False" => Some(false),
+        _ => None,
+    }
+}
+
+/// Go's `time.ParseDuration`, in whole milliseconds (rounded up, so `1us` is not zero):
+/// numbers (fractions allowed) each followed by `h`, `m`, `s`, `ms`, `us`/`µs` or `ns`.
+/// Negative durations are refused.
+pub fn go_duration_ms(text: &str) -> Option<u64> {
+    if text == "0" {
+        return Some(0);
+    }
+    let mut rest = text.strip_prefix('+').unwrap_or(text);
+    if rest.is_empty() {
+        return None;
+    }
+    let mut nanos: u128 = 0;
+    while !rest.is_empty() {
+        let number_end = rest
+            .find(|c: char| !c.is_ascii_digit() && c != '.')
+            .unwrap_or(rest.len());
+        let (number, tail) = rest.split_at(number_end);
+        let unit_end = tail
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(tail.len());
+        let (unit, tail) = tail.split_at(unit_end);
+        let scale: u128 = match unit {
+            "h" => 3_600_000_000_000,
+            "m" => 60_000_000_000,
+            "s" => 1_000_000_000,
+            "ms" => 1_000_000,
+            "us" | "µs" | "μs" => 1_000,
+            "ns" => 1,
+            _ => return None,
+        };
+        let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
+        if whole.is_empty() && fraction.is_empty() {
+            return None;
+        }
+        let whole: u128 = if whole.is_empty() {
+            0
+        } else {
+            whole.parse().ok()?
+        };
+        let mut part = whole.checked_mul(scale)?;
+        let mut place = scale;
+        for digit in fraction.bytes() {
+            place /= 10;
+            part += u128::from(digit - b'0') * place;
+        }
+        nanos = nanos.checked_add(part)?;
+        rest = tail;
+    }
+    u64::try_from(nanos.div_ceil(1_000_000)).ok()
+}
+#[cfg(test)]
+mod tests;
