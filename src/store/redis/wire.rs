@@ -7,16 +7,7 @@ use crate::store::{BucketOutcome, BucketRequest, Meter, StoreDecision, StoreErro
 /// cost, and one script-specific value.
 pub(super) fn bucket_args(cmd: &mut Cmd, bucket: &BucketRequest, last: &str) {
     match bucket.meter {
-        // A whole rate (the common case) goes as an integer: the same number to the script,
-        // and printing a float costs the hot path more than the rest of the arguments.
-        #[expect(
-            clippy::cast_possible_truncation,
-            reason = "a whole number below 2^53 converts exactly"
-        )]
-        Meter::Bucket if bucket.rate.fract() == 0.0 && bucket.rate.abs() < 9.0e15 => {
-            cmd.arg(bucket.rate as i64)
-        }
-        Meter::Bucket => cmd.arg(bucket.rate),
+        Meter::Bucket => number_arg(cmd, bucket.rate),
         Meter::Quota(period) => cmd.arg(period.code()),
         Meter::Lease(lease) => cmd.arg(format!("L{}:{}", lease.ttl_ms, lease.member())),
         Meter::Reserve(reserve) => cmd.arg(format!(
@@ -27,7 +18,22 @@ pub(super) fn bucket_args(cmd: &mut Cmd, bucket: &BucketRequest, last: &str) {
             bucket.rate
         )),
     };
-    cmd.arg(bucket.burst).arg(bucket.cost).arg(last);
+    number_arg(cmd, bucket.burst).arg(bucket.cost).arg(last);
+}
+
+/// A number for a script: a whole one (rates and bursts almost always are) as an integer,
+/// the same number to the script, where printing a float cost the hot path more than every
+/// other argument together.
+fn number_arg(cmd: &mut Cmd, x: f64) -> &mut Cmd {
+    if x.fract() == 0.0 && x.abs() < 9.0e15 {
+        #[expect(
+            clippy::cast_possible_truncation,
+            reason = "a whole number below 2^53 converts exactly"
+        )]
+        cmd.arg(x as i64)
+    } else {
+        cmd.arg(x)
+    }
 }
 
 /// The quota windows appended to a reply (`t, w` per quota, in order), one per bucket.
