@@ -425,6 +425,60 @@ fn ratelimit_filter_sends_its_domain_and_route_level_actions_replace_the_virtual
     assert_eq!(rls.app.count(), 2 + 1 + 1);
 }
 
+/// Mirrors envoyproxy/ratelimit's `integration-test/scripts/token-quota.sh`, where tollgate
+/// keeps its one difference: Envoy looks at a bucket on the request path (`hits_addend: 0`)
+/// and charges it once the response is done (`apply_on_stream_done`). With 2 per window,
+/// envoyproxy/ratelimit admits a third request (its look passes at a count of 2; the charge
+/// after it makes 3); tollgate admits 2, the bucket's bound. Proves, through a real Envoy:
+/// the look charges nothing (the first answer shows both requests left), the charge after the
+/// response lands (the second shows one), and the third request is refused with tollgate's
+/// headers without reaching the application.
+#[test]
+fn ratelimit_filter_looks_on_the_request_and_charges_once_the_stream_is_done() {
+    let extra = "[[limits]]\nname = \"tokens\"\nrate = 0.001\nburst = 2\n\
+                 key = [\"descriptor:service\"]\n";
+    let rls = Rls::start(&[], extra);
+    let service = "generic_key: { descriptor_key: service, descriptor_value: tokens }";
+    // As envoyproxy/ratelimit's proxy.yaml spells it: the filter's own per-route config.
+    let route = format!(
+        "- match: {{ prefix: \"/tokens/\" }}\n                          \
+         route: {{ cluster: app }}\n                          \
+         typed_per_filter_config:\n                            \
+         envoy.filters.http.ratelimit:\n                              \
+         \"@type\": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimitPerRoute\n                              \
+         rate_limits:\n                                \
+         - actions: [{{ {service} }}]\n                                  \
+         hits_addend: {{ number: 0 }}\n                                \
+         - actions: [{{ {service} }}]\n                                  \
+         hits_addend: {{ number: 1 }}\n                                  \
+         apply_on_stream_done: true\n                        \
+         - match: {{ prefix: \"/\" }}"
+    );
+    let envoy = rls.envoy(&[("- match: { prefix: \"/\" }", route.as_str())]);
+    let tollgate = rls.tollgate.as_ref().expect("running");
+    let answered = || tollgate.metric("tollgate_grpc_requests_total{code=\"ok\"}");
+
+    for (request, left) in [(1.0, 2), (2.0, 1)] {
+        let allowed = from(&envoy, CLIENT_A, "GET", "/tokens/x", &[]);
+        assert_eq!(allowed.status, 200, "{allowed:?}");
+        assert!(
+            allowed
+                .header("ratelimit")
+                .unwrap_or_default()
+                .starts_with(&format!("\"tokens\";r={left};")),
+            "the look charged nothing: {allowed:?}"
+        );
+        // The charge travels after the response: wait for it (the look and the charge).
+        assert!(
+            wait_until(Duration::from_secs(10), || answered() >= 2.0 * request),
+            "Envoy sent no charge once the stream was done"
+        );
+    }
+    let denied = from(&envoy, CLIENT_B, "GET", "/tokens/y", &[]);
+    assert_denied_with_quota_headers(&denied, "tokens");
+    assert_eq!(rls.app.count(), 2);
+}
+
 /// Proves: 3 × burst concurrent requests from one client address through Envoy's ratelimit
 /// filter admit exactly the burst (the `remote_address` descriptor, `per-ip`).
 #[test]
