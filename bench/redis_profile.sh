@@ -59,14 +59,13 @@ profile() {
   wait "$pid" 2>/dev/null || true
 }
 
-# script_calls FILES...: CALLS * BATCH checks through the script made of FILES: BATCH checks
-# per call in the batch form, or (ONE=1) one per call.
-script_calls() {
-  local sha keys=() args=() i
-  sha=$(rcli SCRIPT LOAD "$(cat "$@")")
+# checks VERB TARGET: CALLS * BATCH checks through `VERB TARGET` (evalsha SHA, or fcall
+# FUNCTION): BATCH checks per call in the batch form, or (ONE=1) one per call.
+checks() {
+  local keys=() args=() i
   if [ "${ONE:-0}" = 1 ]; then
     redis-benchmark -h 127.0.0.1 -p "$REDIS_PORT" -c 8 -r "$KEYS" -n "$((CALLS * BATCH))" -q \
-      evalsha "$sha" 1 "tollgate:per-key:{k__rand_int__}" 1000 1000000 1 0 >/dev/null
+      "$1" "$2" 1 "tollgate:per-key:{k__rand_int__}" 1000 1000000 1 0 >/dev/null
     return
   fi
   for i in $(seq "$BATCH"); do
@@ -74,11 +73,13 @@ script_calls() {
     args+=(1 1000 1000000 1 0)
   done
   redis-benchmark -h 127.0.0.1 -p "$REDIS_PORT" -c 8 -r "$KEYS" -n "$CALLS" -q \
-    evalsha "$sha" "$BATCH" "${keys[@]}" '*' "${args[@]}" >/dev/null
+    "$1" "$2" "$BATCH" "${keys[@]}" '*' "${args[@]}" >/dev/null
 }
+# script_calls FILES...: the checks through EVALSHA of the script made of FILES.
+script_calls() { checks evalsha "$(rcli SCRIPT LOAD "$(cat "$@")")"; }
 batch() { script_calls lua/calendar.lua lua/bounds.lua lua/token_bucket.lua; }
 one() { ONE=1 batch; }
-# fcalls: the batch, or (ONE=1) single checks, through FCALL of the script as a function.
+# fcalls: the checks through FCALL of the same script loaded as a function library.
 fcalls() {
   {
     echo '#!lua name=tollgate_profile'
@@ -88,18 +89,7 @@ fcalls() {
     echo 'end)'
   } >"$WORK/library.lua"
   rcli -x FUNCTION LOAD REPLACE <"$WORK/library.lua" >/dev/null
-  local keys=() args=() i
-  if [ "${ONE:-0}" = 1 ]; then
-    redis-benchmark -h 127.0.0.1 -p "$REDIS_PORT" -c 8 -r "$KEYS" -n "$((CALLS * BATCH))" -q \
-      fcall tollgate_bucket 1 "tollgate:per-key:{k__rand_int__}" 1000 1000000 1 0 >/dev/null
-    return
-  fi
-  for i in $(seq "$BATCH"); do
-    keys+=("tollgate:per-key:{k__rand_int__}")
-    args+=(1 1000 1000000 1 0)
-  done
-  redis-benchmark -h 127.0.0.1 -p "$REDIS_PORT" -c 8 -r "$KEYS" -n "$CALLS" -q \
-    fcall tollgate_bucket "$BATCH" "${keys[@]}" '*' "${args[@]}" >/dev/null
+  checks fcall tollgate_bucket
 }
 function_one() { ONE=1 fcalls; }
 one_floor() { ONE=1 floor; }
@@ -150,11 +140,11 @@ fi
 # commands themselves (for a script: those it runs with redis.call); the script's own work
 # (the interpreter, converting arguments and replies), and of that the conversions between
 # numbers and text (sprintf, strtod); everything else (the event loop, replies, the timer).
-checks=$((CALLS * BATCH))
+counted=$((CALLS * BATCH))
 printf '| shape | instructions per check | parsing requests | commands | script | of which number <-> text | other |\n'
 printf '|---|---|---|---|---|---|---|\n'
 for shape in batch floor one one-floor function function-one erl; do
-  inclusive "$WORK/$shape.out.1" | awk -v shape="$shape" -v n="$checks" '
+  inclusive "$WORK/$shape.out.1" | awk -v shape="$shape" -v n="$counted" '
     {v[$1] = $2}
     END {
       total = v["main"]

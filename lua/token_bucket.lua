@@ -113,23 +113,10 @@ local function decide(k, a, n)
     end
     -- The key's level, and one request in its units (micro-tokens for a bucket).
     local level, one
+    -- A number: a bucket's rate (a plain bucket, the common case, is decided with one table
+    -- lookup here); else a quota's period, a lease or a reservation.
     local rate = NUM[ARGV[j - 3]]
-    if rate then
-      -- A plain bucket, the common case: no reservation to sweep, nothing old to convert
-      -- unless read_bucket says so.
-      if not (rate > 0 and burst / rate <= MAX_REFILL_S) then refuse(i, 'rate') end
-      local debt, at, old = read_bucket(KEYS[k + i], burst)
-      if not debt then
-        debt = 0
-      elseif debt > 0 then
-        debt = refilled(debt, at, now, rate)
-      end
-      if old then
-        if not olds then olds = {} end
-        olds[i] = true
-      end
-      level, cost, one = burst * 1000000 - debt, cost * 1000000, 1000000
-    elseif PERIOD[ARGV[j - 3]] then
+    if not rate and PERIOD[ARGV[j - 3]] then
       if not starts then starts, stops, current = {}, {}, {} end
       local start, stop = period_bounds(ARGV[j - 3], now_s)
       -- pcall: a key this limit wrote while it was a rate limit is a string (WRONGTYPE);
@@ -143,7 +130,7 @@ local function decide(k, a, n)
         current[i] = true
       end
       starts[i], stops[i] = start, stop
-    elseif string.byte(ARGV[j - 3]) == 76 then
+    elseif not rate and string.byte(ARGV[j - 3]) == 76 then
       -- 'L': a concurrency key.
       local ttl_ms, id = string.match(ARGV[j - 3], '^L(%d+):(%x+)$')
       if not ttl_ms then refuse(i, 'lease') end
@@ -152,20 +139,23 @@ local function decide(k, a, n)
       redis.call('ZREMRANGEBYSCORE', KEYS[k + i], '-inf', ts)
       level, one = burst - redis.call('ZCARD', KEYS[k + i]), 1
     else
-      -- 'R': a reservation of the cost, held beside the bucket.
-      local ttl_ms, id, mode, r = string.match(ARGV[j - 3], '^R(%d+):(%x+):([kr]):(.+)$')
-      rate = tonumber(r)
-      if not (ttl_ms and rate) then refuse(i, 'reservation') end
-      if not holds then holds = {} end
-      local rkey = KEYS[k + i] .. ':r'
-      local grace = 0
-      if mode == 'r' then grace = math.ceil(burst / rate * 1000000) end
-      holds[i] = {rkey, string.format('%d', now + ttl_ms * 1000), id .. ':' .. ARGV[j - 1], rate, grace}
-      local back = sweep(rkey, ts, mode == 'r')
+      local back = 0
+      if not rate then
+        -- 'R': a reservation of the cost, held beside the bucket.
+        local ttl_ms, id, mode, r = string.match(ARGV[j - 3], '^R(%d+):(%x+):([kr]):(.+)$')
+        rate = tonumber(r)
+        if not (ttl_ms and rate) then refuse(i, 'reservation') end
+        if not holds then holds = {} end
+        local rkey = KEYS[k + i] .. ':r'
+        local grace = 0
+        if mode == 'r' then grace = math.ceil(burst / rate * 1000000) end
+        holds[i] = {rkey, string.format('%d', now + ttl_ms * 1000), id .. ':' .. ARGV[j - 1], rate, grace}
+        back = sweep(rkey, ts, mode == 'r')
+      end
       if not (rate > 0 and burst / rate <= MAX_REFILL_S) then refuse(i, 'rate') end
       -- Micro-tokens from here on: level = burst - debt, all integers.
       local debt, at, old = read_bucket(KEYS[k + i], burst)
-      if debt == nil then
+      if not debt then
         debt = 0
       elseif debt > 0 then
         debt = refilled(debt, at, now, rate)
