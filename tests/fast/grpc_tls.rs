@@ -1,15 +1,18 @@
 //! TLS on the gRPC listener (`grpc_tls`), against the real binary: a TLS client is answered
-//! and a plain one is not; with a client CA, a client without a certificate is refused; with
+//! and a plain one is not, and the listener stops on SIGTERM as a plain one does; with a client CA, a client without a certificate is refused; with
 //! `client_san`, a certificate for another name is refused.
 
 use std::path::Path;
+use std::time::Duration;
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 
 use crate::support::grpc::{self, descriptor, request, OK, OVER_LIMIT};
-use crate::support::{make_certificates, make_client_certificate, TempDir, Tollgate};
+use crate::support::{
+    make_certificates, make_client_certificate, TempDir, Tollgate, SHORT_TIMINGS,
+};
 
 /// Two calls per user, then over the limit.
 const LIMIT: &str = r#"
@@ -38,7 +41,7 @@ fn tollgate(certs: &Path, fields: &str) -> (Tollgate, std::net::SocketAddr) {
     let config = format!(
         "grpc_tls = {{ cert_file = \"{dir}/cert.pem\", key_file = \"{dir}/key.pem\"{fields} }}\n{LIMIT}"
     );
-    grpc::tollgate(&config)
+    grpc::tollgate_with_env(&config, &[SHORT_TIMINGS])
 }
 
 /// Asks once over TLS (trusting the test CA), showing the certificate `client` names
@@ -72,7 +75,7 @@ async fn ask_tls(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tls_client_is_answered_and_a_plain_text_one_is_not() {
     let certs = certificates();
-    let (_tollgate, addr) = tollgate(certs.path(), "");
+    let (mut tollgate, addr) = tollgate(certs.path(), "");
     for expected in [OK, OK, OVER_LIMIT] {
         let answer = ask_tls(certs.path(), addr, None).await.expect("an answer");
         assert_eq!(answer.overall_code, expected);
@@ -87,6 +90,9 @@ async fn a_tls_client_is_answered_and_a_plain_text_one_is_not() {
         plain.await.is_err(),
         "a plain-text client was answered by a TLS listener"
     );
+    // A TLS listener drains and stops as a plain one does: the process exits cleanly.
+    tollgate.signal("TERM");
+    assert_eq!(tollgate.wait_exit(Duration::from_secs(60)), Some(0));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
