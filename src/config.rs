@@ -7,12 +7,14 @@
 //! - `validate`: what serde cannot check in the settings, and the warnings `validate` prints;
 //! - `summary`: what `tollgate validate` prints, passwords redacted;
 //! - `envoy`: envoyproxy/ratelimit's rules and YAML; `xds`: the settings of its xDS config
-//!   source, `xds_rules`: the resources that source sends, as rules.
+//!   source, `xds_rules`: the resources that source sends, as rules;
+//! - `grpc_tls`: TLS on the gRPC listener, its files read and checked at start.
 //!
 //! Limits and exemptions are checked once, where they are built from their tables
 //! (`crate::policy::limits`, `crate::policy::exempt`).
 
 pub mod envoy;
+pub mod grpc_tls;
 mod load;
 mod schema;
 mod summary;

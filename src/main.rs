@@ -142,11 +142,9 @@ fn serve(config: Config, path: Option<PathBuf>) -> ExitCode {
     if let Err(error) = Policy::compile(&config, &Metrics::new()) {
         return refuse(&error);
     }
-    let result = Listeners::bind(&config)
-        .map_err(StartError::from)
-        .and_then(|listeners| {
-            actix_web::rt::System::new().block_on(server::start(config, path, listeners))
-        });
+    let result = Listeners::bind(&config).and_then(|listeners| {
+        actix_web::rt::System::new().block_on(server::start(config, path, listeners))
+    });
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(StartError::Config(error)) => refuse(&error),

@@ -1,6 +1,8 @@
 //! The gRPC listener: Envoy's rate limit service and `grpc.health.v1.Health`, in a runtime of
 //! its own. Health reports readiness as `/readyz` does, and NOT_SERVING from the moment a
-//! shutdown begins.
+//! shutdown begins. Plain HTTP/2, or TLS with `grpc_tls` (see [`super::grpc_tls`]).
+
+use std::sync::Arc;
 
 use actix_web::web;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
@@ -12,11 +14,12 @@ use crate::app::drain::Door;
 use crate::grpc::RateLimiter;
 use crate::state::AppState;
 
-/// Serves the rate limit and health services on `listener`, in a runtime of its own on its
-/// own threads, until `stopping` turns true; then drains. The returned receiver fires when
-/// the server has stopped.
+/// Serves the rate limit and health services on `listener` (over TLS with `tls`), in a
+/// runtime of its own on its own threads, until `stopping` turns true; then drains. The
+/// returned receiver fires when the server has stopped.
 pub fn spawn(
     listener: std::net::TcpListener,
+    tls: Option<Arc<rustls::ServerConfig>>,
     state: web::Data<AppState>,
     stopping: watch::Receiver<bool>,
 ) -> std::io::Result<tokio::sync::oneshot::Receiver<()>> {
@@ -32,7 +35,7 @@ pub fn spawn(
     std::thread::Builder::new()
         .name("tollgate-grpc".into())
         .spawn(move || {
-            if let Err(error) = runtime.block_on(serve(listener, state, stopping, door)) {
+            if let Err(error) = runtime.block_on(serve(listener, tls, state, stopping, door)) {
                 log::error!("gRPC server failed: {error}");
             }
             let _ = done.send(());
@@ -42,12 +45,12 @@ pub fn spawn(
 
 async fn serve(
     listener: std::net::TcpListener,
+    tls: Option<Arc<rustls::ServerConfig>>,
     state: web::Data<AppState>,
     mut stopping: watch::Receiver<bool>,
     door: Door,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let listener = tokio::net::TcpListener::from_std(listener)?;
-    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     let timings = state.timings;
     let (reporter, health) = tonic_health::server::health_reporter();
     // Every service has a status from the first call on.
@@ -67,10 +70,29 @@ async fn serve(
         // Open connections keep being answered while Envoy's health checks learn we leave.
         tokio::time::sleep(timings.close_notice).await;
     };
-    let server = tonic::transport::Server::builder()
+    let router = tonic::transport::Server::builder()
         .add_service(health)
-        .add_service(RateLimitServiceServer::new(RateLimiter::new(state)))
-        .serve_with_incoming_shutdown(incoming, shutdown);
+        .add_service(RateLimitServiceServer::new(RateLimiter::new(state)));
+    let server = async move {
+        match tls {
+            Some(config) => {
+                let incoming = crate::app::grpc_tls::incoming(listener, config);
+                let incoming = futures_util::stream::unfold(incoming, |mut incoming| async move {
+                    incoming.recv().await.map(|next| (next, incoming))
+                });
+                router
+                    .serve_with_incoming_shutdown(incoming, shutdown)
+                    .await
+            }
+            None => {
+                let incoming =
+                    tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+                router
+                    .serve_with_incoming_shutdown(incoming, shutdown)
+                    .await
+            }
+        }
+    };
     // In-flight calls finish (each within the store timeout); a connection still open when
     // the grace period ends is cut.
     let grace_over = async move {

@@ -32,11 +32,20 @@ pub struct Listeners {
     pub admin: TcpListener,
     /// Envoy's rate limit service, when `grpc_listen` is set.
     pub grpc: Option<TcpListener>,
+    /// How `grpc` speaks TLS, when `grpc_tls` is set: its certificates as read at start.
+    pub grpc_tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 impl Listeners {
-    pub fn bind(config: &Config) -> std::io::Result<Listeners> {
+    /// Reads the gRPC listener's certificates, then binds: a bad file is refused before any
+    /// port is taken.
+    pub fn bind(config: &Config) -> Result<Listeners, StartError> {
+        let grpc_tls = match &config.grpc_tls {
+            Some(tls) => Some(crate::app::grpc_tls::server_config(tls.load()?)?),
+            None => None,
+        };
         Ok(Listeners {
+            grpc_tls,
             public: Door::defer_until_request(TcpListener::bind(config.listen)?)?,
             admin: TcpListener::bind(config.admin_listen)?,
             grpc: config.grpc_listen.map(TcpListener::bind).transpose()?,
@@ -175,10 +184,20 @@ pub async fn run(
     let grpc = match listeners.grpc {
         Some(listener) => {
             log::info!(
-                "serving Envoy's rate limit service (gRPC) on {}",
+                "serving Envoy's rate limit service (gRPC{}) on {}",
+                if listeners.grpc_tls.is_some() {
+                    " over TLS"
+                } else {
+                    ""
+                },
                 listener.local_addr()?
             );
-            Some(crate::app::grpc_server::spawn(listener, state, stop_seen)?)
+            Some(crate::app::grpc_server::spawn(
+                listener,
+                listeners.grpc_tls,
+                state,
+                stop_seen,
+            )?)
         }
         None => None,
     };

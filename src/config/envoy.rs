@@ -539,11 +539,12 @@ pub fn dir_fingerprint(dir: &std::path::Path) -> u64 {
 /// - `SHADOW_MODE`, `QUOTA_MODE`: `envoy.shadow_mode`, `envoy.quota_mode`.
 /// - `CONFIG_TYPE=GRPC_XDS_SOTW` and its `CONFIG_GRPC_XDS_*`: `envoy.xds` instead of
 ///   `envoy.config_dir` (see [`super::xds::from_erl_env`]).
+/// - `GRPC_SERVER_USE_TLS` true and its `GRPC_SERVER_TLS_*`, `GRPC_CLIENT_TLS_*`: `grpc_tls`
+///   (see [`super::grpc_tls::from_erl_env`]).
 ///
 /// A setting tollgate cannot honour without deciding differently is refused: `BACKEND_TYPE`
 /// other than `redis`, `CONFIG_TYPE` other than `FILE` or `GRPC_XDS_SOTW`,
-/// `MERGE_DOMAIN_CONFIG` true, `GRPC_SERVER_USE_TLS` true. Every other variable of
-/// envoyproxy/ratelimit is ignored.
+/// `MERGE_DOMAIN_CONFIG` true. Every other variable of envoyproxy/ratelimit is ignored.
 pub fn apply_erl_env(
     config: &mut super::Config,
     var: impl Fn(&str) -> Option<String>,
@@ -573,14 +574,13 @@ pub fn apply_erl_env(
             ))
         }
     }
-    // Envoy would speak TLS to a listener that does not: every call would fail, and Envoy,
-    // failing open by default, would limit nothing without a word.
-    if truthy("GRPC_SERVER_USE_TLS") {
-        return Err(ConfigError::new(
-            "GRPC_SERVER_USE_TLS",
-            "true is not supported: tollgate's gRPC listener speaks plain HTTP/2",
-        ));
-    }
+    const USE_TLS: &str = "GRPC_SERVER_USE_TLS";
+    let use_tls = match var(USE_TLS) {
+        Some(text) => super::xds::go_bool(&text)
+            .ok_or_else(|| ConfigError::new(USE_TLS, format!("{text:?} is not a bool")))?,
+        None => false,
+    };
+    config.grpc_tls = super::grpc_tls::from_erl_env(&var, use_tls)?.or(config.grpc_tls.take());
     if truthy("MERGE_DOMAIN_CONFIG") {
         return Err(ConfigError::new(
             "MERGE_DOMAIN_CONFIG",
@@ -763,9 +763,16 @@ mod tests {
             env(&[("RUNTIME_ROOT", "/d"), ("CONFIG_TYPE", "GRPC_XDS_DELTA")]),
         );
         assert_eq!(refused.unwrap_err().key, "CONFIG_TYPE");
+        // TLS towards the gRPC listener needs its certificate (the files are read in
+        // `grpc_tls`'s own tests).
         let refused = apply_erl_env(
             &mut super::super::Config::default(),
             env(&[("RUNTIME_ROOT", "/d"), ("GRPC_SERVER_USE_TLS", "true")]),
+        );
+        assert_eq!(refused.unwrap_err().key, "GRPC_SERVER_TLS_CERT");
+        let refused = apply_erl_env(
+            &mut super::super::Config::default(),
+            env(&[("RUNTIME_ROOT", "/d"), ("GRPC_SERVER_USE_TLS", "on")]),
         );
         assert_eq!(refused.unwrap_err().key, "GRPC_SERVER_USE_TLS");
         let mut config = super::super::Config::default();

@@ -140,6 +140,9 @@ impl Config {
         if let Some(xds) = self.envoy.xds.as_mut() {
             xds.resolve_paths(dir);
         }
+        if let Some(tls) = self.grpc_tls.as_mut() {
+            tls.resolve_paths(dir);
+        }
     }
 }
 

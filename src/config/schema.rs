@@ -48,6 +48,9 @@ pub struct Config {
     /// Envoy's rate limit service (gRPC); absent = off.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub grpc_listen: Option<SocketAddr>,
+    /// TLS (and mutual TLS) on `grpc_listen`; absent = plain HTTP/2.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub grpc_tls: Option<super::grpc_tls::GrpcTlsConfig>,
     pub store: StoreConfig,
     pub client_ip: ClientIpConfig,
     pub response: ResponseConfig,
@@ -373,6 +376,7 @@ impl Default for Config {
             admin_listen: SocketAddr::from(([0, 0, 0, 0], 9090)),
             admin_hosts: Vec::new(),
             grpc_listen: None,
+            grpc_tls: None,
             store: StoreConfig::default(),
             client_ip: ClientIpConfig::default(),
             response: ResponseConfig::default(),

@@ -82,6 +82,15 @@ impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.store.validate()?;
         self.envoy.check()?;
+        if let Some(tls) = &self.grpc_tls {
+            if self.grpc_listen.is_none() {
+                return Err(ConfigError::new(
+                    "grpc_tls",
+                    "applies only with grpc_listen set",
+                ));
+            }
+            tls.load()?;
+        }
         // A proxy treats a 2xx/3xx auth answer as admission and a 5xx as its own failure;
         // only a 4xx is a denial every shipped config passes on to the client.
         if !(400..=499).contains(&self.response.deny_status) {

@@ -307,7 +307,7 @@ const TLS_FILES: [(&str, &str); 4] = [
 ];
 
 /// Go's `strconv.ParseBool`.
-fn go_bool(text: &str) -> Option<bool> {
+pub(super) fn go_bool(text: &str) -> Option<bool> {
     match text {
         "1" | "t" | "T" | "true" | "TRUE" | "True" => Some(true),
         "0" | "f" | "F" | "false" | "FALSE" | "False" => Some(false),

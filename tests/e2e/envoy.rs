@@ -720,3 +720,78 @@ fn istio_envoyfilter_patches_run_in_a_real_envoy_and_reach_the_shipped_limits() 
     assert_denied_by(&from(&envoy, CLIENT_B, "GET", "/", &key), "per-api-key");
     assert_eq!(rls.app.count(), PER_IP as usize + 2);
 }
+
+/// Proves, with tollgate's gRPC listener on mutual TLS (`grpc_tls` with a client CA and the
+/// subject name Envoy's certificate must carry) and ratelimit.yaml's `tollgate` cluster given
+/// an `UpstreamTlsContext` (its client certificate, the CA, the listener's name), as Envoy
+/// Gateway runs its rate limit service: the client gets 200 up to the limit, then 429; Envoy
+/// did handshake with tollgate. An Envoy showing a certificate for another name is refused at
+/// the handshake and fails open: the limit never binds.
+#[test]
+fn ratelimit_filter_calls_tollgate_over_mutual_tls() {
+    let certs = crate::support::TempDir::new("grpc-tls");
+    crate::support::make_certificates(certs.path());
+    crate::support::make_client_certificate(certs.path(), "envoy", "DNS:envoy.example");
+    crate::support::make_client_certificate(certs.path(), "other", "DNS:other.example");
+    let dir = certs.path().display();
+    let listen = "grpc_listen  = \"0.0.0.0:8081\"";
+    let tls = format!(
+        "{listen}\ngrpc_tls = {{ cert_file = \"{dir}/cert.pem\", key_file = \"{dir}/key.pem\", \
+         client_ca_file = \"{dir}/ca.pem\", client_san = \"envoy.example\" }}"
+    );
+    let rls = Rls::start(&[(listen, &tls)], "");
+    let cluster = "    - name: tollgate\n      type: STRICT_DNS\n";
+    let with_tls = |client: &str| {
+        format!(
+            "{cluster}      transport_socket:
+        name: envoy.transport_sockets.tls
+        typed_config:
+          \"@type\": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext
+          common_tls_context:
+            tls_certificates:
+              - certificate_chain: {{ filename: \"{dir}/{client}.pem\" }}
+                private_key: {{ filename: \"{dir}/{client}.key\" }}
+            validation_context:
+              trusted_ca: {{ filename: \"{dir}/ca.pem\" }}
+              match_typed_subject_alt_names:
+                - san_type: IP_ADDRESS
+                  matcher: {{ exact: \"127.0.0.1\" }}
+"
+        )
+    };
+
+    let envoy = rls.envoy(&[(cluster, &with_tls("envoy"))]);
+    for _ in 0..PER_IP {
+        let allowed = from(&envoy, CLIENT_A, "GET", "/", &[]);
+        assert_eq!(allowed.status, 200, "{allowed:?}");
+        assert!(allowed.header("ratelimit").is_some(), "{allowed:?}");
+    }
+    let denied = from(&envoy, CLIENT_A, "GET", "/", &[]);
+    assert_denied_with_quota_headers(&denied, "per-ip");
+    assert!(envoy.stat("cluster.tollgate.ssl.handshake") >= 1);
+    assert_eq!(envoy.stat("cluster.app.ratelimit.over_limit"), 1);
+
+    // Not `rls.envoy`: the application has been called already.
+    let other = with_tls("other");
+    let refused = Envoy::ratelimit(
+        rls.grpc,
+        rls.app.addr,
+        &[(" timeout: 0.1s", " timeout: 1s"), (cluster, &other)],
+    );
+    for _ in 0..=PER_IP {
+        let passed = from(&refused, CLIENT_B, "GET", "/", &[]);
+        assert_eq!(passed.status, 200, "{passed:?}");
+        assert_eq!(
+            passed.header("ratelimit"),
+            None,
+            "tollgate answered: {passed:?}"
+        );
+    }
+    assert_eq!(
+        refused.stat("cluster.app.ratelimit.failure_mode_allowed"),
+        u64::from(PER_IP) + 1,
+        "every call failed and was let through"
+    );
+    assert_eq!(refused.stat("cluster.app.ratelimit.over_limit"), 0);
+    assert_eq!(rls.app.count(), 2 * PER_IP as usize + 1);
+}

@@ -4,7 +4,7 @@
 use std::process::Output;
 
 use crate::support::limit;
-use crate::support::{tollgate_command, TempDir};
+use crate::support::{make_certificates, make_client_certificate, tollgate_command, TempDir};
 
 fn run(args: &[&str], config: Option<&str>, env: &[(&str, &str)]) -> Output {
     let dir = TempDir::new("cli");
@@ -542,8 +542,8 @@ fn version_and_help() {
     assert!(output.status.success() && help.contains("validate") && help.contains("--config"));
 }
 
-/// envoyproxy/ratelimit's xDS source: a bad variable, a missing TLS file, TLS towards the gRPC
-/// listener (not spoken), a bad `[envoy] xds` key, and `config_dir` with `xds`, each refused
+/// envoyproxy/ratelimit's xDS source: a bad variable, a missing TLS file, a bad `[envoy] xds`
+/// key, and `config_dir` with `xds`, each refused
 /// before serving with one line naming it.
 #[test]
 fn bad_xds_settings_are_refused_naming_the_key() {
@@ -559,7 +559,6 @@ fn bad_xds_settings_are_refused_naming_the_key() {
         ("CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL", "3 seconds"),
         ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "yes"),
         ("CONFIG_GRPC_XDS_SERVER_URL", "grpc://xds"),
-        ("GRPC_SERVER_USE_TLS", "true"),
     ] {
         assert_refused(&erl(&[(key, value)]), key);
     }
@@ -589,4 +588,146 @@ fn bad_xds_settings_are_refused_naming_the_key() {
     assert!(output.status.success(), "{}", stderr(&output));
     let printed = String::from_utf8_lossy(&output.stdout);
     assert!(printed.contains("xDS server xds:18000"), "{printed}");
+}
+
+/// `grpc_tls`: a missing, malformed or mismatched file, a subject name without a client CA, TLS
+/// without a gRPC listener; each refused with one line naming the key.
+#[test]
+fn bad_grpc_tls_settings_are_refused_naming_the_key() {
+    let certs = TempDir::new("grpc-tls");
+    make_certificates(certs.path());
+    make_client_certificate(certs.path(), "other", "DNS:other.example");
+    let garbage = certs.write("garbage.pem", "not PEM at all\n");
+    let dir = certs.path().display();
+    let tls = |fields: &str| {
+        format!(
+            "grpc_listen = \"127.0.0.1:0\"\ngrpc_tls = {{ cert_file = \"{dir}/cert.pem\", key_file = \"{dir}/key.pem\"{fields} }}\n"
+        )
+    };
+    let garbage = garbage.display();
+    for (config, key) in [
+        (
+            format!("grpc_listen = \"127.0.0.1:0\"\ngrpc_tls = {{ cert_file = \"{dir}/none.pem\", key_file = \"{dir}/key.pem\" }}\n"),
+            "grpc_tls.cert_file",
+        ),
+        (
+            format!("grpc_listen = \"127.0.0.1:0\"\ngrpc_tls = {{ cert_file = \"{garbage}\", key_file = \"{dir}/key.pem\" }}\n"),
+            "grpc_tls.cert_file",
+        ),
+        (
+            format!("grpc_listen = \"127.0.0.1:0\"\ngrpc_tls = {{ cert_file = \"{dir}/cert.pem\", key_file = \"{garbage}\" }}\n"),
+            "grpc_tls.key_file",
+        ),
+        // The key of another certificate.
+        (
+            format!("grpc_listen = \"127.0.0.1:0\"\ngrpc_tls = {{ cert_file = \"{dir}/cert.pem\", key_file = \"{dir}/other.key\" }}\n"),
+            "grpc_tls.key_file",
+        ),
+        (tls(&format!(", client_ca_file = \"{garbage}\"")), "grpc_tls.client_ca_file"),
+        (tls(", client_san = \"envoy.example\""), "grpc_tls.client_san"),
+        (
+            tls(&format!(", client_ca_file = \"{dir}/ca.pem\", client_san = \"a b\"")),
+            "grpc_tls.client_san",
+        ),
+        (tls(", cert = \"x\""), "grpc_tls.cert"),
+        (
+            format!("grpc_tls = {{ cert_file = \"{dir}/cert.pem\", key_file = \"{dir}/key.pem\" }}\n"),
+            "grpc_tls",
+        ),
+    ] {
+        assert_refused(&run(&["validate"], Some(&config), &[]), key);
+    }
+    let output = run(
+        &["validate"],
+        Some(&tls(&format!(
+            ", client_ca_file = \"{dir}/ca.pem\", client_san = \"envoy.example\""
+        ))),
+        &[],
+    );
+    assert!(output.status.success(), "{}", stderr(&output));
+    let printed = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        printed.contains("clients with a certificate for envoy.example"),
+        "{printed}"
+    );
+}
+
+/// envoyproxy/ratelimit's `GRPC_SERVER_USE_TLS` and its files: refused naming the variable when
+/// a file is missing or bad, and mapped onto `grpc_tls` when they are good.
+#[test]
+fn envoyproxy_ratelimit_grpc_tls_variables_set_grpc_tls() {
+    let certs = TempDir::new("grpc-tls");
+    make_certificates(certs.path());
+    let rules = TempDir::new("rules");
+    let path = |name: &str| certs.path().join(name).display().to_string();
+    let (cert, key, ca) = (path("cert.pem"), path("key.pem"), path("ca.pem"));
+    let root = rules.path().display().to_string();
+    let erl = |extra: &[(&str, &str)]| {
+        let mut env = vec![
+            ("RUNTIME_ROOT", root.as_str()),
+            ("RUNTIME_SUBDIRECTORY", ""),
+            ("RUNTIME_APPDIRECTORY", ""),
+        ];
+        env.extend_from_slice(extra);
+        run(&["validate"], None, &env)
+    };
+    let tls = [
+        ("GRPC_SERVER_USE_TLS", "true"),
+        ("GRPC_SERVER_TLS_CERT", cert.as_str()),
+        ("GRPC_SERVER_TLS_KEY", key.as_str()),
+    ];
+    for (extra, named) in [
+        (vec![("GRPC_SERVER_USE_TLS", "yes")], "GRPC_SERVER_USE_TLS"),
+        (
+            vec![("GRPC_SERVER_USE_TLS", "true")],
+            "GRPC_SERVER_TLS_CERT",
+        ),
+        (
+            vec![
+                tls[0],
+                tls[1],
+                ("GRPC_SERVER_TLS_KEY", "/nonexistent/key.pem"),
+            ],
+            "GRPC_SERVER_TLS_KEY",
+        ),
+        (
+            vec![
+                tls[0],
+                tls[1],
+                tls[2],
+                ("GRPC_CLIENT_TLS_CACERT", "/nonexistent/ca.pem"),
+            ],
+            "GRPC_CLIENT_TLS_CACERT",
+        ),
+        (
+            vec![
+                tls[0],
+                tls[1],
+                tls[2],
+                ("GRPC_CLIENT_TLS_SAN", "envoy.example"),
+            ],
+            "GRPC_CLIENT_TLS_SAN",
+        ),
+    ] {
+        assert_refused(&erl(&extra), named);
+    }
+    // Without GRPC_SERVER_USE_TLS the files are not read, as there.
+    let output = erl(&[("GRPC_SERVER_TLS_CERT", "/nonexistent/cert.pem")]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert!(!String::from_utf8_lossy(&output.stdout).contains("grpc_tls"));
+    let output = erl(&[
+        tls[0],
+        tls[1],
+        tls[2],
+        ("GRPC_CLIENT_TLS_CACERT", ca.as_str()),
+        ("GRPC_CLIENT_TLS_SAN", "envoy.example"),
+    ]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let printed = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        printed.contains(&format!(
+            "grpc_tls      {cert}, clients with a certificate for envoy.example"
+        )),
+        "{printed}"
+    );
 }

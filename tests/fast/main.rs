@@ -20,6 +20,7 @@ mod deny_cache;
 mod exactness;
 mod grpc;
 mod grpc_envoy;
+mod grpc_tls;
 mod hostile_input;
 mod http_api;
 mod import;

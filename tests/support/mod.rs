@@ -345,6 +345,7 @@ impl Tollgate {
             public: bind(),
             admin: bind(),
             grpc: None,
+            grpc_tls: None,
         };
         let addr = listeners.public.local_addr().unwrap();
         let admin = listeners.admin.local_addr().unwrap();
@@ -643,6 +644,68 @@ pub fn make_certificates(dir: &Path) {
             command.arg(flag).arg(file);
         }
         let output = command.output().expect("run openssl");
+        assert!(
+            output.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+}
+
+/// A client certificate (`<stem>.pem`, `<stem>.key`) for the subject alternative name `san`
+/// (`DNS:name` or `IP:address`), signed by the CA [`make_certificates`] made in `dir`.
+pub fn make_client_certificate(dir: &Path, stem: &str, san: &str) {
+    let ext = format!("{stem}.ext");
+    std::fs::write(
+        dir.join(&ext),
+        format!("subjectAltName={san}\nextendedKeyUsage=clientAuth\n"),
+    )
+    .expect("write extension file");
+    let (key, csr, pem) = (
+        format!("{stem}.key"),
+        format!("{stem}.csr"),
+        format!("{stem}.pem"),
+    );
+    let subject = format!("/CN={stem}");
+    let steps: [Vec<&str>; 2] = [
+        vec![
+            "req",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-subj",
+            &subject,
+            "-keyout",
+            &key,
+            "-out",
+            &csr,
+        ],
+        vec![
+            "x509",
+            "-req",
+            "-days",
+            "1",
+            "-CAcreateserial",
+            "-in",
+            &csr,
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-extfile",
+            &ext,
+            "-out",
+            &pem,
+        ],
+    ];
+    for args in steps {
+        let output = Command::new("openssl")
+            .args(&args)
+            .current_dir(dir)
+            .output()
+            .expect("run openssl");
         assert!(
             output.status.success(),
             "openssl {args:?}: {}",

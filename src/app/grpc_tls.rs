@@ -1,0 +1,160 @@
+//! TLS on the gRPC listener: the rustls server configuration built from `grpc_tls`, a client
+//! verifier that also asks for one subject name, and the accept loop that hands tonic
+//! connections whose handshake is done.
+//!
+//! tonic's own TLS takes no custom verifier, so the handshake happens here; each runs in a
+//! task of its own, so a slow or silent client holds back no other.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rustls::client::danger::HandshakeSignatureValid;
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+use rustls::server::{ParsedCertificate, WebPkiClientVerifier};
+use rustls::sign::SingleCertAndKey;
+use rustls::{DigitallySignedStruct, DistinguishedName, ServerConfig, SignatureScheme};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio_rustls::server::TlsStream;
+use tokio_rustls::TlsAcceptor;
+
+use crate::config::grpc_tls::GrpcTlsMaterial;
+use crate::config::ConfigError;
+
+/// A client that has not finished its handshake by then is dropped.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Finished handshakes waiting for the server to take them.
+const QUEUE: usize = 64;
+
+/// The server configuration: the certificate, HTTP/2 by ALPN, and with a client CA a client
+/// certificate required and verified (and its subject name, with `client_san`). The
+/// material was checked when the config was loaded: what could still fail is named by key.
+pub fn server_config(material: GrpcTlsMaterial) -> Result<Arc<ServerConfig>, ConfigError> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| ConfigError::new("grpc_tls", e.to_string()))?;
+    let builder = match material.client_roots {
+        None => builder.with_no_client_auth(),
+        Some(roots) => {
+            let verifier = WebPkiClientVerifier::builder_with_provider(roots, provider)
+                .build()
+                .map_err(|e| ConfigError::new("grpc_tls.client_ca_file", e.to_string()))?;
+            let verifier: Arc<dyn ClientCertVerifier> = match material.client_san {
+                Some(name) => Arc::new(RequireName {
+                    inner: verifier,
+                    name,
+                }),
+                None => verifier,
+            };
+            builder.with_client_cert_verifier(verifier)
+        }
+    };
+    let mut config =
+        builder.with_cert_resolver(Arc::new(SingleCertAndKey::from(material.certified_key)));
+    // Envoy may offer no ALPN at all (it then speaks HTTP/2 anyway); a client that offers
+    // only HTTP/1.1 is refused in the handshake rather than by a confusing frame error.
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// Accepts on `listener` and completes TLS handshakes, each in a task of its own; the
+/// returned receiver yields the connections ready for HTTP/2. Stops when the receiver is
+/// dropped (the server has stopped taking connections).
+pub fn incoming(
+    listener: TcpListener,
+    config: Arc<ServerConfig>,
+) -> mpsc::Receiver<std::io::Result<TlsStream<TcpStream>>> {
+    let acceptor = TlsAcceptor::from(config);
+    let (ready, incoming) = mpsc::channel(QUEUE);
+    tokio::spawn(async move {
+        loop {
+            let (stream, peer) = tokio::select! {
+                accepted = listener.accept() => match accepted {
+                    Ok(accepted) => accepted,
+                    // Out of descriptors and the like: the next accept may succeed.
+                    Err(error) => {
+                        log::warn!("gRPC listener: cannot accept: {error}");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                },
+                () = ready.closed() => return,
+            };
+            let _ = stream.set_nodelay(true);
+            let acceptor = acceptor.clone();
+            let ready = ready.clone();
+            tokio::spawn(async move {
+                match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                    Ok(Ok(tls)) => {
+                        let _ = ready.send(Ok(tls)).await;
+                    }
+                    // A refused client is the client's problem, and any client can cause one:
+                    // debug, not warn.
+                    Ok(Err(error)) => log::debug!("gRPC TLS handshake with {peer}: {error}"),
+                    Err(_) => log::debug!("gRPC TLS handshake with {peer}: timed out"),
+                }
+            });
+        }
+    });
+    incoming
+}
+
+/// The CA's verification, then the subject name: the certificate must carry `name` as a DNS
+/// or IP subject alternative name (envoyproxy/ratelimit's `GRPC_CLIENT_TLS_SAN`).
+#[derive(Debug)]
+struct RequireName {
+    inner: Arc<dyn ClientCertVerifier>,
+    name: ServerName<'static>,
+}
+
+impl ClientCertVerifier for RequireName {
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        self.inner.root_hint_subjects()
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        let verified = self
+            .inner
+            .verify_client_cert(end_entity, intermediates, now)?;
+        let parsed = ParsedCertificate::try_from(end_entity)?;
+        rustls::client::verify_server_name(&parsed, &self.name)?;
+        Ok(verified)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
+
+    fn offer_client_auth(&self) -> bool {
+        self.inner.offer_client_auth()
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        self.inner.client_auth_mandatory()
+    }
+}
