@@ -525,8 +525,9 @@ pub fn dir_fingerprint(dir: &std::path::Path) -> u64 {
 }
 
 /// envoyproxy/ratelimit's environment, read when `RUNTIME_ROOT` or `RUNTIME_SUBDIRECTORY` is
-/// set (so that a generic `PORT` never moves a tollgate that is not standing in for it). What
-/// it sets wins over the file:
+/// set, or `CONFIG_TYPE` is `FILE` or `GRPC_XDS_SOTW` (deployments fed over xDS often set no
+/// `RUNTIME_*`); never otherwise, so that a generic `PORT` never moves a tollgate that is not
+/// standing in for it. What it sets wins over the file:
 ///
 /// - `RUNTIME_ROOT` (default `/srv/runtime_data/current`), `RUNTIME_SUBDIRECTORY`,
 ///   `RUNTIME_APPDIRECTORY` (default `config`): `envoy.config_dir`, unless the file sets it;
@@ -549,7 +550,12 @@ pub fn apply_erl_env(
     config: &mut super::Config,
     var: impl Fn(&str) -> Option<String>,
 ) -> Result<(), ConfigError> {
-    if var("RUNTIME_ROOT").is_none() && var("RUNTIME_SUBDIRECTORY").is_none() {
+    // CONFIG_TYPE counts only with one of its own values: another program's variable of that
+    // name must not turn this on.
+    let erl_config_type = var("CONFIG_TYPE").is_some_and(|kind| {
+        kind.eq_ignore_ascii_case("file") || kind.eq_ignore_ascii_case("grpc_xds_sotw")
+    });
+    if var("RUNTIME_ROOT").is_none() && var("RUNTIME_SUBDIRECTORY").is_none() && !erl_config_type {
         return Ok(());
     }
     let truthy = |name: &str| {
@@ -790,6 +796,23 @@ mod tests {
             "xDS instead of the directory"
         );
         assert_eq!(config.envoy.xds.map(|x| x.node_id), Some("n".into()));
+        // Fed over xDS, a deployment may set no RUNTIME_* at all.
+        let mut config = super::super::Config::default();
+        apply_erl_env(
+            &mut config,
+            env(&[
+                ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+                ("CONFIG_GRPC_XDS_NODE_ID", "n"),
+                ("REDIS_URL", "redis:6379"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(config.envoy.xds.map(|x| x.node_id), Some("n".into()));
+        assert_eq!(config.store.url, "redis://redis:6379");
+        assert_eq!(config.grpc_listen.unwrap().port(), 8081);
+        let mut config = super::super::Config::default();
+        apply_erl_env(&mut config, env(&[("CONFIG_TYPE", "yaml"), ("PORT", "1")])).unwrap();
+        assert_eq!(config.listen.port(), 8080, "another program's CONFIG_TYPE");
     }
 
     #[test]
