@@ -593,6 +593,27 @@ pub fn apply_erl_env(
             "true is not supported: one domain per file",
         ));
     }
+    // Ignored, these would leave every store call failing its handshake, answered by on_error
+    // (with "allow", nothing limited): refused at start instead.
+    for name in [
+        "REDIS_TLS_CACERT",
+        "REDIS_TLS_CLIENT_CERT",
+        "REDIS_TLS_CLIENT_KEY",
+    ] {
+        if var(name).is_some_and(|v| !v.is_empty()) {
+            return Err(ConfigError::new(
+                name,
+                "is not supported: tollgate's rediss:// trusts the system's roots and sends no \
+                 client certificate",
+            ));
+        }
+    }
+    if truthy("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION") {
+        return Err(ConfigError::new(
+            "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
+            "true is not supported: the Redis server's name is always verified",
+        ));
+    }
     config.envoy.shadow_mode |= truthy("SHADOW_MODE");
     config.envoy.quota_mode |= truthy("QUOTA_MODE");
     config.envoy.dynamic_metadata |= truthy("RESPONSE_DYNAMIC_METADATA");
@@ -810,6 +831,21 @@ mod tests {
         assert_eq!(config.envoy.xds.map(|x| x.node_id), Some("n".into()));
         assert_eq!(config.store.url, "redis://redis:6379");
         assert_eq!(config.grpc_listen.unwrap().port(), 8081);
+        for name in [
+            "REDIS_TLS_CACERT",
+            "REDIS_TLS_CLIENT_CERT",
+            "REDIS_TLS_CLIENT_KEY",
+        ] {
+            let refused = apply_erl_env(
+                &mut super::super::Config::default(),
+                move |n: &str| match n {
+                    "RUNTIME_ROOT" => Some("/d".to_string()),
+                    n if n == name => Some("/certs/x.pem".to_string()),
+                    _ => None,
+                },
+            );
+            assert_eq!(refused.unwrap_err().key, name);
+        }
         let mut config = super::super::Config::default();
         apply_erl_env(&mut config, env(&[("CONFIG_TYPE", "yaml"), ("PORT", "1")])).unwrap();
         assert_eq!(config.listen.port(), 8080, "another program's CONFIG_TYPE");
