@@ -43,6 +43,14 @@ struct Shard {
     reservations: HashMap<String, Vec<Reservation>>,
 }
 
+/// What the reservations of `held` expired by `now_us` had reserved.
+fn expired_estimates(held: &[Reservation], now_us: u64) -> u64 {
+    held.iter()
+        .filter(|r| r.until <= now_us)
+        .map(|r| r.estimate)
+        .sum()
+}
+
 /// A reservation held beside its bucket (`lua/token_bucket.lua` keeps `<id>:<estimate>` scored
 /// by `until`).
 #[derive(Debug, Clone, Copy)]
@@ -56,21 +64,27 @@ impl Shard {
     /// Drops the expired reservations of bucket `key`; the tokens to give back (their
     /// estimates when `refund`, else 0), as `sweep` in `lua/bounds.lua`.
     fn sweep(&mut self, key: &str, now_us: u64, refund: bool) -> u64 {
-        let Some(held) = self.reservations.get_mut(key) else {
-            return 0;
+        let back = match self.reservations.get(key) {
+            Some(held) if refund => expired_estimates(held, now_us),
+            _ => 0,
         };
-        let mut back = 0;
-        held.retain(|r| {
-            let live = r.until > now_us;
-            if !live && refund {
-                back += r.estimate;
-            }
-            live
-        });
+        self.drop_reservations(key, |r| r.until <= now_us);
+        back
+    }
+
+    /// Drops the reservations of bucket `key` that `gone` picks, and the key's set once empty;
+    /// whether any was dropped.
+    fn drop_reservations(&mut self, key: &str, gone: impl Fn(&Reservation) -> bool) -> bool {
+        let Some(held) = self.reservations.get_mut(key) else {
+            return false;
+        };
+        let before = held.len();
+        held.retain(|r| !gone(r));
+        let dropped = held.len() < before;
         if held.is_empty() {
             self.reservations.remove(key);
         }
-        back
+        dropped
     }
 
     /// Leases of `key` held at `now_us`.
@@ -322,21 +336,9 @@ impl<C: Clock> MemoryStore<C> {
         let index = self.shard_of(&request.key);
         let mut shard = self.lock(index);
         let back = shard.sweep(&request.key, now, reserve.refund);
-        let held = shard
-            .reservations
-            .get_mut(request.key.as_str())
-            .is_some_and(|set| {
-                let before = set.len();
-                set.retain(|r| !(r.id == reserve.id && r.estimate == settle.estimate));
-                set.len() < before
-            });
-        if shard
-            .reservations
-            .get(request.key.as_str())
-            .is_some_and(Vec::is_empty)
-        {
-            shard.reservations.remove(request.key.as_str());
-        }
+        let held = shard.drop_reservations(&request.key, |r| {
+            r.id == reserve.id && r.estimate == settle.estimate
+        });
         let mut state = shard.buckets.get(request.key.as_str()).map(|e| e.bucket);
         bucket::give_back(&mut state, back, now, request.rate);
         let outcome = bucket::settle(settle, held, &mut state, now);
@@ -407,7 +409,7 @@ impl<C: Clock> MemoryStore<C> {
     pub fn peek_now(&self, request: &BucketRequest) -> BucketOutcome {
         let now = self.now_us();
         let shard = self.lock(self.shard_of(&request.key));
-        let stored = match request.meter {
+        let mut stored = match request.meter {
             Meter::Lease(_) => Some(Bucket {
                 debt: shard.held_leases(&request.key, now) as u64,
                 ts_us: now,
@@ -415,16 +417,11 @@ impl<C: Clock> MemoryStore<C> {
             _ => shard.buckets.get(request.key.as_str()).map(|e| e.bucket),
         };
         // As the next check finds it: expired reservations given back under `refund`.
-        let mut stored = stored;
-        if let (Meter::Reserve(reserve), Some(set)) =
+        if let (Meter::Reserve(reserve), Some(held)) =
             (request.meter, shard.reservations.get(request.key.as_str()))
         {
             if reserve.refund {
-                let back = set
-                    .iter()
-                    .filter(|r| r.until <= now)
-                    .map(|r| r.estimate)
-                    .sum();
+                let back = expired_estimates(held, now);
                 bucket::give_back(&mut stored, back, now, request.rate);
             }
         }
