@@ -10,16 +10,14 @@
 mod answer;
 pub mod json;
 mod plan;
-
-use std::time::Instant;
+mod service;
 
 use actix_web::web;
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use tonic::{Request, Response, Status};
+use tonic::Status;
 
 pub use plan::{MAX_DESCRIPTORS, MAX_ENTRIES};
+pub use service::RateLimitService;
 
 use crate::limiter::decision::Verdict;
 use crate::state::AppState;
@@ -52,26 +50,5 @@ impl RateLimiter {
             }
         };
         Ok(answer::respond(&verdict, &plan, &policy, request))
-    }
-}
-
-#[tonic::async_trait]
-impl RateLimitService for RateLimiter {
-    async fn should_rate_limit(
-        &self,
-        request: Request<RateLimitRequest>,
-    ) -> Result<Response<RateLimitResponse>, Status> {
-        let started = Instant::now();
-        let counters = &self.state.metrics.grpc;
-        let answer = self.decide(request.get_ref()).await;
-        match &answer {
-            Ok(response) if response.overall_code == i32::from(Code::OverLimit) => {
-                counters.over_limit.inc()
-            }
-            Ok(_) => counters.ok.inc(),
-            Err(_) => counters.invalid.inc(),
-        }
-        counters.duration.observe(started.elapsed().as_secs_f64());
-        answer.map(Response::new)
     }
 }

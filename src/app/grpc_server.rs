@@ -5,13 +5,12 @@
 use std::sync::Arc;
 
 use actix_web::web;
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use tokio::sync::watch;
 use tonic_health::server::HealthReporter;
 use tonic_health::ServingStatus;
 
 use crate::app::drain::Door;
-use crate::grpc::RateLimiter;
+use crate::grpc::{RateLimitService, RateLimiter};
 use crate::state::AppState;
 
 /// Serves the rate limit and health services on `listener` (over TLS with `tls`), in a
@@ -72,7 +71,7 @@ async fn serve(
     };
     let router = tonic::transport::Server::builder()
         .add_service(health)
-        .add_service(RateLimitServiceServer::new(RateLimiter::new(state)));
+        .add_service(RateLimitService::new(RateLimiter::new(state)));
     let server = async move {
         match tls {
             Some(config) => {
@@ -142,7 +141,7 @@ async fn set_status(reporter: &HealthReporter, status: ServingStatus) {
     reporter.set_service_status("", status).await;
     reporter
         .set_service_status(
-            <RateLimitServiceServer<RateLimiter> as tonic::server::NamedService>::NAME,
+            <RateLimitService as tonic::server::NamedService>::NAME,
             status,
         )
         .await;
