@@ -1,11 +1,19 @@
-//! The gRPC listener: Envoy's rate limit service and `grpc.health.v1.Health`, in a runtime of
+//! The gRPC listener: Envoy's rate limit service and `grpc.health.v1.Health`, on threads of
 //! its own. Health reports readiness as `/readyz` does, and NOT_SERVING from the moment a
 //! shutdown begins. Plain HTTP/2, or TLS with `grpc_tls` (see [`super::grpc_tls`]).
+//!
+//! One thread accepts and hands each connection in turn to one of a lane per core: a thread
+//! with a single-threaded runtime that serves it to the end, as actix's workers do for HTTP.
+//! A call, its Redis batch (batches gather per thread) and that thread's Redis connection then
+//! stay on one core. On one multi-threaded runtime, where tasks move between workers, a gRPC
+//! call cost a third more CPU, most of it waking threads (docs/BENCHMARKS.md).
 
 use std::sync::Arc;
+use std::thread::JoinHandle;
 
 use actix_web::web;
-use tokio::sync::watch;
+use futures_util::stream::{self, Stream, StreamExt};
+use tokio::sync::{mpsc, watch};
 use tonic_health::server::HealthReporter;
 use tonic_health::ServingStatus;
 
@@ -13,9 +21,12 @@ use crate::app::drain::Door;
 use crate::grpc::{RateLimitService, RateLimiter};
 use crate::state::AppState;
 
-/// Serves the rate limit and health services on `listener` (over TLS with `tls`), in a
-/// runtime of its own on its own threads, until `stopping` turns true; then drains. The
-/// returned receiver fires when the server has stopped.
+/// Accepted connections waiting for their lane.
+const LANE_QUEUE: usize = 64;
+
+/// Serves the rate limit and health services on `listener` (over TLS with `tls`) until
+/// `stopping` turns true; then drains. The returned receiver fires when the server has
+/// stopped.
 pub fn spawn(
     listener: std::net::TcpListener,
     tls: Option<Arc<rustls::ServerConfig>>,
@@ -24,34 +35,74 @@ pub fn spawn(
 ) -> std::io::Result<tokio::sync::oneshot::Receiver<()>> {
     let door = Door::of(&listener)?;
     listener.set_nonblocking(true)?;
+    let (reporter, health) = tonic_health::server::health_reporter();
+    // True once the acceptor stops taking connections: the lanes then drain.
+    let (close_lanes, lanes_closed) = watch::channel(false);
     let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(workers)
-        .thread_name("tollgate-grpc")
-        .enable_all()
-        .build()?;
+    let mut lanes = Vec::with_capacity(workers);
+    let mut threads = Vec::with_capacity(workers);
+    for _ in 0..workers {
+        let (hand, accepted) = mpsc::channel(LANE_QUEUE);
+        let runtime = single_threaded()?;
+        let lane = Lane {
+            accepted,
+            tls: tls.clone(),
+            router: tonic::transport::Server::builder()
+                .add_service(health.clone())
+                .add_service(RateLimitService::new(RateLimiter::new(state.clone()))),
+            state: state.clone(),
+            closed: lanes_closed.clone(),
+            stopping: stopping.clone(),
+        };
+        threads.push(
+            std::thread::Builder::new()
+                .name("tollgate-grpc".into())
+                .spawn(move || runtime.block_on(lane.serve()))?,
+        );
+        lanes.push(hand);
+    }
+    let runtime = single_threaded()?;
     let (done, stopped) = tokio::sync::oneshot::channel();
     std::thread::Builder::new()
-        .name("tollgate-grpc".into())
+        .name("tollgate-grpc-accept".into())
         .spawn(move || {
-            if let Err(error) = runtime.block_on(serve(listener, tls, state, stopping, door)) {
+            let acceptor = accept(listener, lanes, reporter, state, stopping, door);
+            if let Err(error) = runtime.block_on(acceptor) {
                 log::error!("gRPC server failed: {error}");
             }
+            let _ = close_lanes.send(true);
+            join(threads);
             let _ = done.send(());
         })?;
     Ok(stopped)
 }
 
-async fn serve(
+fn single_threaded() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+}
+
+fn join(threads: Vec<JoinHandle<()>>) {
+    for thread in threads {
+        if thread.join().is_err() {
+            log::error!("a gRPC lane panicked");
+        }
+    }
+}
+
+/// Accepts until a shutdown has given open connections their notice, handing connections to
+/// the lanes in turn; reports health meanwhile.
+async fn accept(
     listener: std::net::TcpListener,
-    tls: Option<Arc<rustls::ServerConfig>>,
+    lanes: Vec<mpsc::Sender<std::net::TcpStream>>,
+    reporter: HealthReporter,
     state: web::Data<AppState>,
     mut stopping: watch::Receiver<bool>,
     door: Door,
-) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+) -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::from_std(listener)?;
     let timings = state.timings;
-    let (reporter, health) = tonic_health::server::health_reporter();
     // Every service has a status from the first call on.
     set_status(&reporter, readiness(&state).await).await;
     tokio::spawn(report_readiness(
@@ -59,7 +110,6 @@ async fn serve(
         state.clone(),
         stopping.clone(),
     ));
-    let mut signalled = stopping.clone();
     let shutdown = async move {
         let _ = stopping.wait_for(|stop| *stop).await;
         set_status(&reporter, ServingStatus::NotServing).await;
@@ -69,40 +119,99 @@ async fn serve(
         // Open connections keep being answered while Envoy's health checks learn we leave.
         tokio::time::sleep(timings.close_notice).await;
     };
-    let router = tonic::transport::Server::builder()
-        .add_service(health)
-        .add_service(RateLimitService::new(RateLimiter::new(state)));
-    let server = async move {
-        match tls {
-            Some(config) => {
-                let incoming = crate::app::grpc_tls::incoming(listener, config);
-                let incoming = futures_util::stream::unfold(incoming, |mut incoming| async move {
-                    incoming.recv().await.map(|next| (next, incoming))
-                });
-                router
-                    .serve_with_incoming_shutdown(incoming, shutdown)
-                    .await
-            }
-            None => {
-                let incoming =
-                    tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-                router
-                    .serve_with_incoming_shutdown(incoming, shutdown)
-                    .await
-            }
+    tokio::pin!(shutdown);
+    for lane in lanes.iter().cycle() {
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                // Out of descriptors and the like: the next accept may succeed.
+                Err(error) => {
+                    log::warn!("gRPC listener: cannot accept: {error}");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => return Ok(()),
+        };
+        let _ = stream.set_nodelay(true);
+        // Registered again with the lane's own runtime there.
+        let stream = stream.into_std()?;
+        if lane.send(stream).await.is_err() {
+            log::error!("a gRPC lane has stopped; closing the listener");
+            return Ok(());
         }
-    };
-    // In-flight calls finish (each within the store timeout); a connection still open when
-    // the grace period ends is cut.
-    let grace_over = async move {
-        let _ = signalled.wait_for(|stop| *stop).await;
-        tokio::time::sleep(timings.shutdown_grace).await;
-    };
-    tokio::select! {
-        result = server => result?,
-        () = grace_over => log::warn!("gRPC connections still open after the grace period; closing them"),
     }
     Ok(())
+}
+
+/// One lane: a single-threaded runtime serving the connections handed to it.
+struct Lane {
+    accepted: mpsc::Receiver<std::net::TcpStream>,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    router: tonic::transport::server::Router,
+    state: web::Data<AppState>,
+    closed: watch::Receiver<bool>,
+    stopping: watch::Receiver<bool>,
+}
+
+impl Lane {
+    async fn serve(self) {
+        let Lane {
+            accepted,
+            tls,
+            router,
+            state,
+            mut closed,
+            mut stopping,
+        } = self;
+        // This thread's Redis connection, made before its first call.
+        let warm = state.clone();
+        tokio::spawn(async move { warm.limiter.store().warm_up().await });
+        let timings = state.timings;
+        let drain = async move {
+            let _ = closed.wait_for(|closed| *closed).await;
+        };
+        let server = async move {
+            match tls {
+                Some(config) => {
+                    let incoming = crate::app::grpc_tls::handshakes(accepted, config);
+                    router
+                        .serve_with_incoming_shutdown(received(incoming), drain)
+                        .await
+                }
+                None => {
+                    let incoming = plain(accepted);
+                    router.serve_with_incoming_shutdown(incoming, drain).await
+                }
+            }
+        };
+        // In-flight calls finish (each within the store timeout); a connection still open
+        // when the grace period ends is cut.
+        let grace_over = async move {
+            let _ = stopping.wait_for(|stop| *stop).await;
+            tokio::time::sleep(timings.shutdown_grace).await;
+        };
+        tokio::select! {
+            result = server => if let Err(error) = result {
+                log::error!("gRPC server failed: {error}");
+            },
+            () = grace_over => log::warn!("gRPC connections still open after the grace period; closing them"),
+        }
+    }
+}
+
+/// The connections of `accepted`, registered with this thread's runtime.
+fn plain(
+    accepted: mpsc::Receiver<std::net::TcpStream>,
+) -> impl Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+    received(accepted).map(tokio::net::TcpStream::from_std)
+}
+
+/// A receiver as a stream.
+fn received<T>(receiver: mpsc::Receiver<T>) -> impl Stream<Item = T> {
+    stream::unfold(receiver, |mut receiver| async move {
+        receiver.recv().await.map(|next| (next, receiver))
+    })
 }
 
 /// SERVING while tollgate can decide (the store answers, or `on_error` decides without it),

@@ -1,6 +1,6 @@
 //! TLS on the gRPC listener: the rustls server configuration built from `grpc_tls`, a client
-//! verifier that also asks for one subject name, and the accept loop that hands tonic
-//! connections whose handshake is done.
+//! verifier that also asks for one subject name, and the handshakes that hand tonic
+//! connections ready for HTTP/2.
 //!
 //! tonic's own TLS takes no custom verifier, so the handshake happens here; each runs in a
 //! task of its own, so a slow or silent client holds back no other.
@@ -14,7 +14,7 @@ use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::server::{ParsedCertificate, WebPkiClientVerifier};
 use rustls::sign::SingleCertAndKey;
 use rustls::{DigitallySignedStruct, DistinguishedName, ServerConfig, SignatureScheme};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
@@ -59,30 +59,35 @@ pub fn server_config(material: GrpcTlsMaterial) -> Result<Arc<ServerConfig>, Con
     Ok(Arc::new(config))
 }
 
-/// Accepts on `listener` and completes TLS handshakes, each in a task of its own; the
-/// returned receiver yields the connections ready for HTTP/2. Stops when the receiver is
-/// dropped (the server has stopped taking connections).
-pub fn incoming(
-    listener: TcpListener,
+/// Completes the TLS handshakes of the connections `accepted` hands over, each in a task of
+/// its own on the calling thread's runtime; the returned receiver yields the connections ready
+/// for HTTP/2. Ends when `accepted` does, or when the receiver is dropped.
+pub fn handshakes(
+    mut accepted: mpsc::Receiver<std::net::TcpStream>,
     config: Arc<ServerConfig>,
 ) -> mpsc::Receiver<std::io::Result<TlsStream<TcpStream>>> {
     let acceptor = TlsAcceptor::from(config);
     let (ready, incoming) = mpsc::channel(QUEUE);
     tokio::spawn(async move {
         loop {
-            let (stream, peer) = tokio::select! {
-                accepted = listener.accept() => match accepted {
-                    Ok(accepted) => accepted,
-                    // Out of descriptors and the like: the next accept may succeed.
-                    Err(error) => {
-                        log::warn!("gRPC listener: cannot accept: {error}");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
+            let stream = tokio::select! {
+                next = accepted.recv() => match next {
+                    Some(stream) => stream,
+                    None => return,
                 },
                 () = ready.closed() => return,
             };
-            let _ = stream.set_nodelay(true);
+            let peer = stream
+                .peer_addr()
+                .map(|peer| peer.to_string())
+                .unwrap_or_default();
+            let stream = match TcpStream::from_std(stream) {
+                Ok(stream) => stream,
+                Err(error) => {
+                    log::warn!("gRPC listener: cannot take a connection: {error}");
+                    continue;
+                }
+            };
             let acceptor = acceptor.clone();
             let ready = ready.clone();
             tokio::spawn(async move {
