@@ -10,6 +10,9 @@ use tollgate::observe::metrics::Metrics;
 use tollgate::policy::Policy;
 use tollgate::state::StartError;
 
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "tollgate",
