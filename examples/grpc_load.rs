@@ -26,7 +26,7 @@ fn arg(index: usize, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
-#[tokio::main(flavor = "multi_thread", worker_threads = 1)]
+#[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let addr = std::env::args()
         .nth(1)
