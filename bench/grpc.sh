@@ -59,21 +59,25 @@ for _ in $(seq 100); do curl -sf -o /dev/null "http://127.0.0.1:$PORT/healthz" &
 
 # Checks tollgate answered so far (/check and gRPC alike).
 checks() { curl -s "http://127.0.0.1:$ADMIN/metrics" | awk '/^tollgate_checks_total/ {s += $2} END {printf "%d", s}'; }
+# kernel_ticks PID: the system part of ticks PID.
+kernel_ticks() { awk '{ print $15 }' "/proc/$1/stat"; }
 # measured TAG CMD...: runs CMD, its output passed on; appends to $WORK/cpu.TAG the CPU time
-# per answered call, in µs, of tollgate and of the load tool (from its rusage).
+# per answered call, in µs, of tollgate and of the load tool (from its rusage), and
+# tollgate's kernel part.
 measured() {
-  local tag=$1 t0 c0 t1 c1
+  local tag=$1 t0 c0 t1 c1 k0 k1
   shift
-  t0=$(ticks "$TOLLGATE_PID"); c0=$(checks)
+  t0=$(ticks "$TOLLGATE_PID"); c0=$(checks); k0=$(kernel_ticks "$TOLLGATE_PID")
   python3 -c '
 import resource, subprocess, sys
 subprocess.run(sys.argv[2:], check=True)
 r = resource.getrusage(resource.RUSAGE_CHILDREN)
 open(sys.argv[1], "w").write(str(r.ru_utime + r.ru_stime))' "$WORK/client.s" "$@"
-  t1=$(ticks "$TOLLGATE_PID"); c1=$(checks)
-  awk -v t="$(( t1 - t0 ))" -v n="$(( c1 - c0 ))" -v hz="$(getconf CLK_TCK)" \
-    -v client="$(cat "$WORK/client.s")" \
-    'BEGIN {printf "%.1f %.1f\n", t / hz * 1e6 / n, client * 1e6 / n}' >>"$WORK/cpu.$tag"
+  t1=$(ticks "$TOLLGATE_PID"); c1=$(checks); k1=$(kernel_ticks "$TOLLGATE_PID")
+  awk -v t="$(( t1 - t0 ))" -v k="$(( k1 - k0 ))" -v n="$(( c1 - c0 ))" \
+    -v hz="$(getconf CLK_TCK)" -v client="$(cat "$WORK/client.s")" \
+    'BEGIN {printf "%.1f %.1f %.1f\n", t / hz * 1e6 / n, client * 1e6 / n, k / hz * 1e6 / n}' \
+    >>"$WORK/cpu.$tag"
 }
 grpc_rps() {
   measured grpc "$LOAD" "127.0.0.1:$GRPC" "$CONNS" "$DURATION" "$KEYS" "$GRPC_CONNS" \
@@ -113,8 +117,9 @@ printf '\ngRPC latency p50 / p99 ms per round: %s / %s\n' "${P50[*]}" "${P99[*]}
 awk -v g="$grpc" -v h="$http" -v r="$rb" 'BEGIN {printf "gRPC / HTTP %.2f, gRPC / redis-benchmark %.2f\n", g / h, g / r}'
 echo "gRPC calls that failed: $(awk '{n += $10} END {print n + 0}' "$WORK/grpc.log")"
 for tag in http grpc; do
-  printf 'CPU per call, %s: tollgate %s µs, load tool %s µs (medians)\n' "$tag" \
-    "$(awk '{print $1}' "$WORK/cpu.$tag" | median)" "$(awk '{print $2}' "$WORK/cpu.$tag" | median)"
+  printf 'CPU per call, %s: tollgate %s µs (kernel %s), load tool %s µs (medians)\n' "$tag" \
+    "$(awk '{print $1}' "$WORK/cpu.$tag" | median)" "$(awk '{print $3}' "$WORK/cpu.$tag" | median)" \
+    "$(awk '{print $2}' "$WORK/cpu.$tag" | median)"
 done
 # Answers that on_error gave because a store call overran timeout_ms (a loaded machine).
 curl -s "http://127.0.0.1:$ADMIN/metrics" | awk '/^tollgate_checks_total/ {print "  " $0}'
