@@ -16,7 +16,9 @@
 pub mod envoy;
 pub mod grpc_tls;
 mod load;
+mod pem;
 mod schema;
+pub mod store_tls;
 mod summary;
 mod validate;
 pub mod xds;

@@ -7,14 +7,15 @@ use std::time::Duration;
 use actix_web::web;
 
 use crate::base::timings::Timings;
-use crate::config::{Backend, Config, DenialLogging, OnError, StoreConfig};
+use crate::config::{Backend, Config, ConfigError, DenialLogging, OnError, StoreConfig};
 use crate::limiter::Limiter;
 use crate::observe::denial_log::DenialLog;
 use crate::observe::metrics::Metrics;
 use crate::policy::Policy;
 use crate::store::memory::MemoryStore;
-use crate::store::redis::{RedisStore, Topology};
+use crate::store::redis::{certificates, RedisStore, Topology};
 use crate::store::{AnyStore, Store};
+use redis::TlsCertificates;
 
 /// Shared by every worker of both listeners.
 pub struct AppState {
@@ -49,7 +50,7 @@ pub enum StartError {
     #[error("{0}")]
     Store(#[from] crate::store::StoreError),
     #[error("{0}")]
-    Config(#[from] crate::config::ConfigError),
+    Config(#[from] ConfigError),
     #[error("cannot serve: {0}")]
     Io(#[from] std::io::Error),
 }
@@ -63,6 +64,7 @@ pub fn build_state(config: &Config) -> Result<web::Data<AppState>, StartError> {
         Backend::Memory => AnyStore::Memory(MemoryStore::new(config.store.max_buckets)),
         Backend::Redis => AnyStore::Redis(Box::new(RedisStore::open(
             &topology(&config.store),
+            redis_tls(&config.store)?.as_ref(),
             Duration::from_millis(config.store.timeout_ms),
             metrics.clone(),
             &config.timings,
@@ -92,6 +94,15 @@ pub fn build_state(config: &Config) -> Result<web::Data<AppState>, StartError> {
         admin_reads: AtomicUsize::new(0),
         timings: config.timings,
     }))
+}
+
+/// `store.tls`'s certificates, read again at start (the config's check read them too).
+pub(crate) fn redis_tls(store: &StoreConfig) -> Result<Option<TlsCertificates>, ConfigError> {
+    store
+        .tls
+        .as_ref()
+        .map(|tls| tls.load().map(certificates))
+        .transpose()
 }
 
 /// Where the Redis store lives: a Cluster, a Sentinel-managed master, or one node.

@@ -22,7 +22,7 @@ use crate::app::lifecycle;
 use crate::app::reload::Reloader;
 use crate::config::{Backend, Config, OnError, StoreConfig};
 use crate::policy::runtime_overrides::sync;
-use crate::state::{build_state, topology, AppState, StartError};
+use crate::state::{build_state, redis_tls, topology, AppState, StartError};
 use crate::store::redis::resets::{self, Heard, ResetSource};
 use crate::store::AnyStore;
 
@@ -137,7 +137,7 @@ async fn follow_runtime_overrides(state: web::Data<AppState>, every: Duration) {
 /// Makes this instance's deny cache forget every bucket reset on any instance
 /// (`DELETE /v1/buckets`), as the reset channel announces them.
 fn listen_for_resets(store: &StoreConfig, state: web::Data<AppState>) -> Result<(), StartError> {
-    let source = ResetSource::of(&topology(store))?;
+    let source = ResetSource::of(&topology(store), redis_tls(store)?.as_ref())?;
     let channel = crate::base::keys::resets_channel(&store.key_prefix);
     let timings = state.timings;
     actix_web::rt::spawn(resets::listen(

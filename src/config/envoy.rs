@@ -535,7 +535,8 @@ pub fn dir_fingerprint(dir: &std::path::Path) -> u64 {
 /// - `REDIS_URL` (`host:port`; sentinel: `master,host:port,...`; cluster: `host:port,...`),
 ///   `REDIS_TYPE` (`single`, `sentinel`, `cluster`), `REDIS_AUTH` (`password` or
 ///   `user:password`), `REDIS_TLS`, `REDIS_SOCKET_TYPE` (`unix`: `REDIS_URL` is a socket path):
-///   the store (Redis).
+///   the store (Redis); `REDIS_TLS_CACERT`, `REDIS_TLS_CLIENT_CERT`, `REDIS_TLS_CLIENT_KEY`:
+///   `store.tls` (see [`super::store_tls::from_erl_env`]).
 ///
 /// - `SHADOW_MODE`, `QUOTA_MODE`: `envoy.shadow_mode`, `envoy.quota_mode`.
 /// - `CONFIG_TYPE=GRPC_XDS_SOTW` and its `CONFIG_GRPC_XDS_*`: `envoy.xds` instead of
@@ -593,21 +594,6 @@ pub fn apply_erl_env(
             "true is not supported: one domain per file",
         ));
     }
-    // Ignored, these would leave every store call failing its handshake, answered by on_error
-    // (with "allow", nothing limited): refused at start instead.
-    for name in [
-        "REDIS_TLS_CACERT",
-        "REDIS_TLS_CLIENT_CERT",
-        "REDIS_TLS_CLIENT_KEY",
-    ] {
-        if var(name).is_some_and(|v| !v.is_empty()) {
-            return Err(ConfigError::new(
-                name,
-                "is not supported: tollgate's rediss:// trusts the system's roots and sends no \
-                 client certificate",
-            ));
-        }
-    }
     if truthy("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION") {
         return Err(ConfigError::new(
             "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
@@ -645,6 +631,7 @@ pub fn apply_erl_env(
     }
     if let Some(url) = var("REDIS_URL") {
         let tls = truthy("REDIS_TLS");
+        config.store.tls = super::store_tls::from_erl_env(&var, tls)?.or(config.store.tls.take());
         let unix = var("REDIS_SOCKET_TYPE").is_some_and(|t| t.eq_ignore_ascii_case("unix"));
         let auth = var("REDIS_AUTH").map(|auth| {
             if auth.contains(':') {
@@ -831,21 +818,25 @@ mod tests {
         assert_eq!(config.envoy.xds.map(|x| x.node_id), Some("n".into()));
         assert_eq!(config.store.url, "redis://redis:6379");
         assert_eq!(config.grpc_listen.unwrap().port(), 8081);
-        for name in [
-            "REDIS_TLS_CACERT",
-            "REDIS_TLS_CLIENT_CERT",
-            "REDIS_TLS_CLIENT_KEY",
-        ] {
-            let refused = apply_erl_env(
-                &mut super::super::Config::default(),
-                move |n: &str| match n {
-                    "RUNTIME_ROOT" => Some("/d".to_string()),
-                    n if n == name => Some("/certs/x.pem".to_string()),
-                    _ => None,
-                },
-            );
-            assert_eq!(refused.unwrap_err().key, name);
-        }
+        // The files count only with REDIS_TLS true, as there; then they are checked.
+        const CERTS: [(&str, &str); 6] = [
+            ("RUNTIME_ROOT", "/d"),
+            ("REDIS_URL", "redis:6380"),
+            ("REDIS_TLS_CACERT", "/nonexistent/ca.pem"),
+            ("REDIS_TLS_CLIENT_CERT", "/nonexistent/tls.crt"),
+            ("REDIS_TLS_CLIENT_KEY", "/nonexistent/tls.key"),
+            ("REDIS_TLS", "false"),
+        ];
+        let mut config = super::super::Config::default();
+        apply_erl_env(&mut config, env(&CERTS)).unwrap();
+        assert_eq!(config.store.tls, None);
+        const WITH_TLS: [(&str, &str); 6] = {
+            let mut certs = CERTS;
+            certs[5].1 = "true";
+            certs
+        };
+        let refused = apply_erl_env(&mut super::super::Config::default(), env(&WITH_TLS));
+        assert_eq!(refused.unwrap_err().key, "REDIS_TLS_CACERT");
         let mut config = super::super::Config::default();
         apply_erl_env(&mut config, env(&[("CONFIG_TYPE", "yaml"), ("PORT", "1")])).unwrap();
         assert_eq!(config.listen.port(), 8080, "another program's CONFIG_TYPE");

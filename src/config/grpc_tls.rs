@@ -6,13 +6,12 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::pki_types::ServerName;
 use rustls::sign::CertifiedKey;
 use rustls::RootCertStore;
 use serde::{Deserialize, Serialize};
 
-use super::ConfigError;
+use super::{pem, ConfigError};
 
 /// `grpc_tls`: the listener's certificate and, for mutual TLS, whom it accepts.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -49,28 +48,7 @@ impl GrpcTlsConfig {
     /// Reads and parses every file: a certificate chain whose key is `key_file`'s, a client CA
     /// file with at least one usable certificate, a subject name that is one.
     pub fn load(&self) -> Result<GrpcTlsMaterial, ConfigError> {
-        let chain = certificates(CERT, &self.cert_file)?;
-        let refuse_key =
-            |why: String| ConfigError::new(KEY, format!("{}: {why}", self.key_file.display()));
-        let key = PrivateKeyDer::from_pem_slice(&read(KEY, &self.key_file)?).map_err(|e| {
-            refuse_key(match e {
-                rustls::pki_types::pem::Error::NoItemsFound => "holds no PEM private key".into(),
-                e => e.to_string(),
-            })
-        })?;
-        let provider = rustls::crypto::ring::default_provider();
-        let signing_key = provider
-            .key_provider
-            .load_private_key(key)
-            .map_err(|e| refuse_key(e.to_string()))?;
-        let certified_key = CertifiedKey::new(chain, signing_key);
-        // A key of another certificate would fail every handshake, not the start. (A key
-        // whose match cannot be told is let through, as rustls itself lets it.)
-        if let Err(rustls::Error::InconsistentKeys(rustls::InconsistentKeys::KeyMismatch)) =
-            certified_key.keys_match()
-        {
-            return Err(refuse_key(format!("is not the key of {CERT}")));
-        }
+        let certified_key = pem::certified_key((CERT, &self.cert_file), (KEY, &self.key_file))?;
         let client_roots = match &self.client_ca_file {
             Some(path) => Some(Arc::new(roots(path)?)),
             None => None,
@@ -91,7 +69,7 @@ impl GrpcTlsConfig {
             })?),
         };
         Ok(GrpcTlsMaterial {
-            certified_key: Arc::new(certified_key),
+            certified_key,
             client_roots,
             client_san,
         })
@@ -108,26 +86,10 @@ impl GrpcTlsConfig {
     }
 }
 
-fn read(key: &str, path: &Path) -> Result<Vec<u8>, ConfigError> {
-    std::fs::read(path).map_err(|e| ConfigError::new(key, format!("{}: {e}", path.display())))
-}
-
-/// Every certificate of a PEM file; none is an error.
-fn certificates(key: &str, path: &Path) -> Result<Vec<CertificateDer<'static>>, ConfigError> {
-    let refuse = |why: String| ConfigError::new(key, format!("{}: {why}", path.display()));
-    let certs = CertificateDer::pem_slice_iter(&read(key, path)?)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| refuse(e.to_string()))?;
-    if certs.is_empty() {
-        return Err(refuse("holds no PEM certificate".into()));
-    }
-    Ok(certs)
-}
-
 /// The client CA file as trust anchors: every certificate must be one.
 fn roots(path: &Path) -> Result<RootCertStore, ConfigError> {
     let mut store = RootCertStore::empty();
-    for cert in certificates(CA, path)? {
+    for cert in pem::certificates(CA, path)? {
         store
             .add(cert)
             .map_err(|e| ConfigError::new(CA, format!("{}: {e}", path.display())))?;

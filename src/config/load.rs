@@ -143,6 +143,9 @@ impl Config {
         if let Some(tls) = self.grpc_tls.as_mut() {
             tls.resolve_paths(dir);
         }
+        if let Some(tls) = self.store.tls.as_mut() {
+            tls.resolve_paths(dir);
+        }
     }
 }
 

@@ -102,6 +102,9 @@ pub struct StoreConfig {
     pub cluster: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sentinel: Option<SentinelConfig>,
+    /// A CA of one's own and a client certificate for `rediss://` (see `store_tls`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls: Option<super::store_tls::StoreTlsConfig>,
     pub timeout_ms: u64,
     pub key_prefix: String,
     pub on_error: OnError,
@@ -428,6 +431,7 @@ impl Default for StoreConfig {
             max_buckets: 100_000,
             deny_cache: true,
             override_poll_ms: 250,
+            tls: None,
         }
     }
 }

@@ -226,8 +226,20 @@ impl StoreConfig {
                 } else {
                     redact_url(&self.url)
                 };
+                let tls = match &self.tls {
+                    Some(tls) => format!(
+                        ", TLS: CA {}, client certificate {}",
+                        tls.ca_file
+                            .as_ref()
+                            .map_or("the system's".into(), |f| f.display().to_string()),
+                        tls.cert_file
+                            .as_ref()
+                            .map_or("none".into(), |f| f.display().to_string())
+                    ),
+                    None => String::new(),
+                };
                 format!(
-                    "redis {target} (timeout {} ms, on_error {}, prefix {:?}, deny cache {})",
+                    "redis {target} (timeout {} ms, on_error {}, prefix {:?}, deny cache {}{tls})",
                     self.timeout_ms,
                     spelled(&self.on_error),
                     self.key_prefix,

@@ -243,6 +243,27 @@ impl StoreConfig {
                 validate_redis_url(&format!("store.sentinel.urls[{i}]"), url)?;
             }
         }
+        if let Some(tls) = &self.tls {
+            let mut urls = if self.cluster.is_empty() {
+                std::slice::from_ref(&self.url).iter()
+            } else {
+                self.cluster.iter()
+            };
+            if self.sentinel.is_some() {
+                return Err(ConfigError::new(
+                    "store.tls",
+                    "is not supported with store.sentinel (rediss:// there trusts the system's \
+                     roots and sends no client certificate)",
+                ));
+            }
+            if !urls.any(|url| url.starts_with("rediss://")) {
+                return Err(ConfigError::new(
+                    "store.tls",
+                    "applies only with a rediss:// URL",
+                ));
+            }
+            tls.load()?;
+        }
         Ok(())
     }
 }

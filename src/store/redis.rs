@@ -34,11 +34,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redis::{Cmd, Value};
+use redis::{Cmd, TlsCertificates, Value};
 
 use self::coalesce::Coalescer;
 use self::connection::Connection;
-pub use self::connection::Topology;
+pub use self::connection::{certificates, Topology};
 use self::script::{LuaScript, BUCKET_SCRIPT, INSTANCES_SCRIPT, REFUND_SCRIPT, REPORT_SCRIPT};
 use self::wire::{as_float, bucket_args, classify, parse_decision, parse_report};
 use super::breaker::{Admission, Breaker, Failure};
@@ -85,11 +85,12 @@ impl RedisStore {
     /// and the following of a Sentinel master.
     pub fn open(
         topology: &Topology<'_>,
+        tls: Option<&TlsCertificates>,
         timeout: Duration,
         metrics: Metrics,
         timings: &Timings,
     ) -> Result<RedisStore, StoreError> {
-        let connection = Arc::new(Connection::open(topology, timeout, timings)?);
+        let connection = Arc::new(Connection::open(topology, tls, timeout, timings)?);
         let bucket_script = Arc::new(LuaScript::new(BUCKET_SCRIPT));
         Ok(RedisStore {
             coalescer: Coalescer::new(Arc::clone(&connection), Arc::clone(&bucket_script)),

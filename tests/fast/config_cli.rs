@@ -652,6 +652,70 @@ fn bad_grpc_tls_settings_are_refused_naming_the_key() {
     );
 }
 
+/// `store.tls`: without a `rediss://` URL, with a missing or malformed file, half an identity,
+/// the key of another certificate, no file at all, or with Sentinel; each refused with one
+/// line naming the key. A good one validates.
+#[test]
+fn bad_store_tls_settings_are_refused_naming_the_key() {
+    let certs = TempDir::new("store-tls");
+    make_certificates(certs.path());
+    make_client_certificate(certs.path(), "other", "DNS:other.example");
+    let garbage = certs.write("garbage.pem", "not PEM at all\n");
+    let dir = certs.path().display();
+    let garbage = garbage.display();
+    let store = |url: &str, tls: &str| {
+        format!("[store]\nbackend = \"redis\"\nurl = \"{url}\"\ntls = {{ {tls} }}\n")
+    };
+    let tls = |fields: &str| store("rediss://127.0.0.1:6380/0", fields);
+    let identity = format!("cert_file = \"{dir}/cert.pem\", key_file = \"{dir}/key.pem\"");
+    for (config, key) in [
+        (store("redis://127.0.0.1:6379/0", &identity), "store.tls"),
+        (
+            tls(&format!("ca_file = \"{dir}/none.pem\"")),
+            "store.tls.ca_file",
+        ),
+        (
+            tls(&format!("ca_file = \"{garbage}\"")),
+            "store.tls.ca_file",
+        ),
+        (
+            tls(&format!("cert_file = \"{dir}/cert.pem\"")),
+            "store.tls.key_file",
+        ),
+        (
+            tls(&format!("key_file = \"{dir}/key.pem\"")),
+            "store.tls.cert_file",
+        ),
+        (
+            tls(&format!(
+                "cert_file = \"{dir}/cert.pem\", key_file = \"{dir}/other.key\""
+            )),
+            "store.tls.key_file",
+        ),
+        (tls(""), "store.tls"),
+        (tls("ca = \"x\""), "store.tls.ca"),
+        (
+            format!(
+                "{}sentinel = {{ master = \"m\", urls = [\"rediss://127.0.0.1:26379\"] }}\n",
+                tls(&identity)
+            ),
+            "store.tls",
+        ),
+    ] {
+        assert_refused(&run(&["validate"], Some(&config), &[]), key);
+    }
+    let good = tls(&format!("ca_file = \"{dir}/ca.pem\", {identity}"));
+    let output = run(&["validate"], Some(&good), &[]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let printed = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        printed.contains(&format!(
+            "TLS: CA {dir}/ca.pem, client certificate {dir}/cert.pem"
+        )),
+        "{printed}"
+    );
+}
+
 /// envoyproxy/ratelimit's `GRPC_SERVER_USE_TLS` and its files: refused naming the variable when
 /// a file is missing or bad, and mapped onto `grpc_tls` when they are good.
 #[test]

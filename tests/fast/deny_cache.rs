@@ -200,6 +200,7 @@ async fn every_cached_denial_is_one_redis_would_have_made() {
     let timeout = Duration::from_secs(5);
     let store = RedisStore::open(
         &Topology::Single { url: &redis.url() },
+        None,
         timeout,
         metrics.clone(),
         &config.timings,

@@ -6,7 +6,9 @@
 use std::time::Duration;
 
 use crate::support::chaos::{self, redis_cli_auth};
-use crate::support::{make_certificates, wait_until, RedisServer, TempDir, Tollgate};
+use crate::support::{
+    make_certificates, make_client_certificate, wait_until, RedisServer, TempDir, Tollgate,
+};
 
 const LIMITS: &str = "[[limits]]\nname = \"per-ip\"\nrate = 0.1\nburst = 3\nkey = [\"ip\"]\n";
 
@@ -226,4 +228,65 @@ fn rediss_reaches_a_tls_redis_only_with_a_trusted_certificate() {
         "an untrusted certificate must be refused"
     );
     assert_eq!(untrusted.check(&[]).status, 200, "on_error = allow");
+}
+
+/// `store.tls`: a Redis whose CA is nobody's but ours and which asks every client for a
+/// certificate (`tls-auth-clients yes`). The CA alone does not get in; with the client
+/// certificate the checks are decided there. The system's roots play no part.
+#[test]
+fn store_tls_brings_its_own_ca_and_client_certificate() {
+    let dir = TempDir::new("store-tls");
+    make_certificates(dir.path());
+    make_client_certificate(dir.path(), "client", "DNS:tollgate.example");
+    let tls_port = crate::support::free_port().to_string();
+    let path = |name: &str| dir.path().join(name).to_string_lossy().into_owned();
+    let (ca, cert, key) = (path("ca.pem"), path("cert.pem"), path("key.pem"));
+    let redis = RedisServer::start_with(&[
+        "--tls-port",
+        &tls_port,
+        "--tls-cert-file",
+        &cert,
+        "--tls-key-file",
+        &key,
+        "--tls-ca-cert-file",
+        &ca,
+        "--tls-auth-clients",
+        "yes",
+    ]);
+    let empty = dir.write("empty.pem", "");
+    let no_system_roots = [("SSL_CERT_FILE", empty.to_str().expect("a UTF-8 path"))];
+    let config = |tls: &str| {
+        format!(
+            "[store]\nbackend = \"redis\"\nurl = \"rediss://127.0.0.1:{tls_port}/0\"\ntimeout_ms = 200\ntls = {{ {tls} }}\n\n{LIMITS}"
+        )
+    };
+    let decided = |tollgate: &Tollgate| {
+        wait_until(Duration::from_secs(2), || {
+            tollgate
+                .check(&[("X-Forwarded-For", "192.0.2.7")])
+                .header("ratelimit")
+                .is_some()
+        })
+    };
+
+    let identity = format!(
+        "ca_file = \"{ca}\", cert_file = \"{}\", key_file = \"{}\"",
+        path("client.pem"),
+        path("client.key")
+    );
+    let with_identity = Tollgate::start_with_env(&config(&identity), &no_system_roots);
+    assert!(decided(&with_identity), "the CA and a client certificate");
+    assert_eq!(
+        redis.cli(&["EXISTS", "tollgate:per-ip:{192.0.2.7}"]).trim(),
+        "1"
+    );
+    drop(with_identity);
+
+    let ca_only =
+        Tollgate::start_with_env(&config(&format!("ca_file = \"{ca}\"")), &no_system_roots);
+    assert!(
+        !decided(&ca_only),
+        "Redis asks for a client certificate: without one nothing is decided"
+    );
+    assert_eq!(ca_only.check(&[]).status, 200, "on_error = allow");
 }

@@ -580,6 +580,7 @@ pub fn redis_store(
         let _inside = runtime.enter();
         tollgate::store::redis::RedisStore::open(
             topology,
+            None,
             timeout,
             tollgate::observe::metrics::Metrics::new(),
             &tollgate::base::timings::Timings::default(),

@@ -12,10 +12,11 @@ use redis::cluster::{ClusterClientBuilder, ClusterConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::io::tcp::TcpSettings;
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
-use redis::{Cmd, IntoConnectionInfo, RedisResult, Value};
+use redis::{ClientTlsConfig, Cmd, IntoConnectionInfo, RedisResult, TlsCertificates, Value};
 
 use super::sentinel::SentinelMaster;
 use crate::base::timings::Timings;
+use crate::config::store_tls::StoreTlsMaterial;
 use crate::store::StoreError;
 
 /// Longest pause between reconnect attempts: short, so recovery follows Redis within ~0.5 s.
@@ -37,6 +38,31 @@ pub enum Topology<'a> {
     },
 }
 
+/// `store.tls`'s files as the Redis client takes them.
+pub fn certificates(material: StoreTlsMaterial) -> TlsCertificates {
+    TlsCertificates {
+        client_tls: material
+            .identity
+            .map(|(client_cert, client_key)| ClientTlsConfig {
+                client_cert,
+                client_key,
+            }),
+        root_cert: material.ca,
+    }
+}
+
+/// A client of one node, with `store.tls`'s certificates when set (the URL says whether TLS
+/// is spoken at all).
+pub fn client(
+    info: impl IntoConnectionInfo,
+    tls: Option<&TlsCertificates>,
+) -> RedisResult<redis::Client> {
+    match tls {
+        Some(tls) => redis::Client::build_with_tls(info, tls.clone()),
+        None => redis::Client::open(info),
+    }
+}
+
 /// One handle shared by every worker; each kind multiplexes all calls over few sockets (one
 /// node: one per thread that calls it).
 pub enum Connection {
@@ -52,6 +78,7 @@ impl Connection {
     /// paces the questions to the sentinels.
     pub fn open(
         topology: &Topology<'_>,
+        tls: Option<&TlsCertificates>,
         timeout: Duration,
         timings: &Timings,
     ) -> Result<Connection, StoreError> {
@@ -61,15 +88,17 @@ impl Connection {
                     .into_connection_info()
                     .map_err(|e| invalid("store.url", &e))?
                     .set_tcp_settings(tcp_settings());
-                let client = redis::Client::open(info).map_err(|e| invalid("store.url", &e))?;
+                let client = client(info, tls).map_err(|e| invalid("store.url", &e))?;
                 let node = SingleNode::open(client, manager_config(timeout))?;
                 Ok(Connection::Single(Box::new(node)))
             }
             Topology::Cluster { seeds } => {
-                let client = ClusterClientBuilder::new(seeds.iter().map(String::as_str))
-                    .tcp_settings(tcp_settings())
-                    .build()
-                    .map_err(|e| invalid("store.cluster", &e))?;
+                let mut builder = ClusterClientBuilder::new(seeds.iter().map(String::as_str))
+                    .tcp_settings(tcp_settings());
+                if let Some(tls) = tls {
+                    builder = builder.certs(tls.clone());
+                }
+                let client = builder.build().map_err(|e| invalid("store.cluster", &e))?;
                 let config = ClusterConfig::new()
                     .set_connection_timeout(connect_timeout(timeout))
                     .set_response_timeout(timeout);

@@ -13,8 +13,9 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
-use redis::{Client, IntoConnectionInfo, RedisResult};
+use redis::{Client, IntoConnectionInfo, RedisResult, TlsCertificates};
 
+use super::connection::client;
 use super::Topology;
 use crate::base::timings::Timings;
 use crate::store::StoreError;
@@ -39,17 +40,20 @@ pub enum ResetSource {
 
 impl ResetSource {
     /// The nodes of the configured topology (a Cluster: its seeds).
-    pub fn of(topology: &Topology<'_>) -> Result<ResetSource, StoreError> {
+    pub fn of(
+        topology: &Topology<'_>,
+        tls: Option<&TlsCertificates>,
+    ) -> Result<ResetSource, StoreError> {
         let invalid = |key: &str, e: redis::RedisError| {
             StoreError::Other(format!("invalid {key} ({:?})", e.kind()))
         };
         match topology {
             Topology::Single { url } => Ok(ResetSource::Nodes(vec![
-                Client::open(*url).map_err(|e| invalid("store.url", e))?
+                client(*url, tls).map_err(|e| invalid("store.url", e))?
             ])),
             Topology::Cluster { seeds } => seeds
                 .iter()
-                .map(|seed| Client::open(seed.as_str()).map_err(|e| invalid("store.cluster", e)))
+                .map(|seed| client(seed.as_str(), tls).map_err(|e| invalid("store.cluster", e)))
                 .collect::<Result<_, _>>()
                 .map(ResetSource::Nodes),
             Topology::Sentinel {
