@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::support::cluster::{SentinelSetup, MASTER_NAME};
+use crate::support::cluster::{SentinelSetup, TlsSentinelSetup, MASTER_NAME};
 use crate::support::{wait_until, Tollgate};
 
 const ALLOWED: &str = "tollgate_checks_total{result=\"allowed\"}";
@@ -273,4 +273,32 @@ fn reservations_and_leases_work_through_sentinel() {
     assert_eq!(both[1]["settled"], true, "{both}");
     let again = report(serde_json::json!({ "reservation": reservation, "cost": 1 }));
     assert_eq!(again["settled"], false, "{again}");
+}
+
+/// `rediss://` in `store.url` with Sentinel: the master Sentinel names is reached over TLS.
+/// The Redis crate speaks plain TCP to that master unless told otherwise, whatever the URL's
+/// scheme: against a TLS port every call failed, and against a server taking both, checks
+/// would have gone in clear.
+#[test]
+fn rediss_reaches_a_sentinel_managed_master_over_tls() {
+    let setup = TlsSentinelSetup::start();
+    let config = format!(
+        "[store]\nbackend = \"redis\"\nurl = \"rediss://127.0.0.1:6379/0\"\ntimeout_ms = 200\n\
+         sentinel = {{ master = \"{MASTER_NAME}\", urls = [\"redis://127.0.0.1:{}\"] }}\n\n\
+         [[limits]]\nname = \"per-user\"\nrate = 10\nburst = 100000\nkey = [\"header:x-user\"]\n",
+        setup.sentinel_port
+    );
+    let ca = setup.ca();
+    let tollgate = Tollgate::start_with_env(&config, &[("SSL_CERT_FILE", &ca)]);
+    assert!(
+        wait_until(Duration::from_secs(5), || decided(&tollgate)),
+        "checks are decided by the master, over TLS"
+    );
+    assert_eq!(
+        setup
+            .master
+            .cli(&["EXISTS", "tollgate:per-user:{alice}"])
+            .trim(),
+        "1"
+    );
 }

@@ -4,7 +4,7 @@
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use super::{redis_cli, wait_until, RedisServer, TempDir};
+use super::{make_certificates, redis_cli, wait_until, RedisServer, TempDir};
 
 /// A port that is free and whose cluster bus port (port + 10000) is free too.
 pub fn free_cluster_port() -> u16 {
@@ -315,6 +315,78 @@ impl Drop for SentinelSetup {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+}
+
+/// A master that also listens for TLS (its plain port kept for the test's own look at it) and
+/// one sentinel watching it over TLS as `mymaster` (quorum 1): the sentinel names the TLS
+/// port, so a client must speak TLS to the master it is given.
+pub struct TlsSentinelSetup {
+    pub master: RedisServer,
+    pub sentinel_port: u16,
+    sentinel: Child,
+    dir: TempDir,
+}
+
+impl TlsSentinelSetup {
+    pub fn start() -> TlsSentinelSetup {
+        let dir = TempDir::new("tls-sentinel");
+        make_certificates(dir.path());
+        let path = |name: &str| dir.path().join(name).display().to_string();
+        let (ca, cert, key) = (path("ca.pem"), path("cert.pem"), path("key.pem"));
+        let tls_port = super::free_port();
+        let master = RedisServer::start_with(&[
+            "--tls-port",
+            &tls_port.to_string(),
+            "--tls-cert-file",
+            &cert,
+            "--tls-key-file",
+            &key,
+            "--tls-ca-cert-file",
+            &ca,
+            "--tls-auth-clients",
+            "no",
+        ]);
+        let sentinel_port = super::free_port();
+        let config = dir.write(
+            "sentinel.conf",
+            &format!(
+                "port {sentinel_port}\nbind 127.0.0.1\ndir {dir}\n\
+                 tls-replication yes\ntls-cert-file {cert}\ntls-key-file {key}\n\
+                 tls-ca-cert-file {ca}\n\
+                 sentinel monitor {MASTER_NAME} 127.0.0.1 {tls_port} 1\n",
+                dir = dir.path().display(),
+            ),
+        );
+        let sentinel = spawn_redis(&[config.to_string_lossy().into_owned(), "--sentinel".into()]);
+        let setup = TlsSentinelSetup {
+            master,
+            sentinel_port,
+            sentinel,
+            dir,
+        };
+        assert!(
+            wait_until(Duration::from_secs(10), || {
+                let info = redis_cli(sentinel_port, &["SENTINEL", "MASTER", MASTER_NAME])
+                    .unwrap_or_default();
+                field_after(&info, "port") == Some(&tls_port.to_string())
+                    && field_after(&info, "flags") == Some("master")
+            }),
+            "the sentinel does not see its TLS master"
+        );
+        setup
+    }
+
+    /// The CA that signed the master's certificate.
+    pub fn ca(&self) -> String {
+        self.dir.path().join("ca.pem").display().to_string()
+    }
+}
+
+impl Drop for TlsSentinelSetup {
+    fn drop(&mut self) {
+        let _ = self.sentinel.kill();
+        let _ = self.sentinel.wait();
     }
 }
 

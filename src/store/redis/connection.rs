@@ -38,6 +38,18 @@ pub enum Topology<'a> {
     },
 }
 
+/// How to reach the master Sentinel names: `url`'s database, username and password, and TLS
+/// when it is `rediss://` (the crate speaks plain TCP to the master unless told).
+pub fn master_info(url: &str, node: &redis::ConnectionInfo) -> SentinelNodeConnectionInfo {
+    let info = SentinelNodeConnectionInfo::default()
+        .set_redis_connection_info(node.redis_settings().clone());
+    if url.starts_with("rediss://") {
+        info.set_tls_mode(redis::TlsMode::Secure)
+    } else {
+        info
+    }
+}
+
 /// `store.tls`'s files as the Redis client takes them.
 pub fn certificates(material: StoreTlsMaterial) -> TlsCertificates {
     TlsCertificates {
@@ -114,9 +126,7 @@ impl Connection {
                 let node = url
                     .into_connection_info()
                     .map_err(|e| invalid("store.url", &e))?;
-                let node_info = SentinelNodeConnectionInfo::default()
-                    .set_redis_connection_info(node.redis_settings().clone())
-                    .set_tcp_settings(tcp_settings());
+                let node_info = master_info(url, &node).set_tcp_settings(tcp_settings());
                 let client = SentinelClient::build(
                     sentinels.iter().map(String::as_str).collect(),
                     *master,

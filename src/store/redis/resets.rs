@@ -12,10 +12,10 @@
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
+use redis::sentinel::{SentinelClient, SentinelServerType};
 use redis::{Client, IntoConnectionInfo, RedisResult, TlsCertificates};
 
-use super::connection::client;
+use super::connection::{client, master_info};
 use super::Topology;
 use crate::base::timings::Timings;
 use crate::store::StoreError;
@@ -64,8 +64,7 @@ impl ResetSource {
                 let node = url
                     .into_connection_info()
                     .map_err(|e| invalid("store.url", e))?;
-                let node_info = SentinelNodeConnectionInfo::default()
-                    .set_redis_connection_info(node.redis_settings().clone());
+                let node_info = master_info(url, &node);
                 let sentinel = SentinelClient::build(
                     sentinels.iter().map(String::as_str).collect(),
                     master,
