@@ -18,6 +18,7 @@ use tonic_health::server::HealthReporter;
 use tonic_health::ServingStatus;
 
 use crate::app::drain::Door;
+use crate::app::grpc_tls::LiveTls;
 use crate::grpc::{RateLimitService, RateLimiter};
 use crate::state::AppState;
 
@@ -29,7 +30,7 @@ const LANE_QUEUE: usize = 64;
 /// stopped.
 pub fn spawn(
     listener: std::net::TcpListener,
-    tls: Option<Arc<rustls::ServerConfig>>,
+    tls: Option<Arc<LiveTls>>,
     state: web::Data<AppState>,
     stopping: watch::Receiver<bool>,
 ) -> std::io::Result<tokio::sync::oneshot::Receiver<()>> {
@@ -66,7 +67,7 @@ pub fn spawn(
     std::thread::Builder::new()
         .name("tollgate-grpc-accept".into())
         .spawn(move || {
-            let acceptor = accept(listener, lanes, reporter, state, stopping, door);
+            let acceptor = accept(listener, lanes, tls, reporter, state, stopping, door);
             if let Err(error) = runtime.block_on(acceptor) {
                 log::error!("gRPC server failed: {error}");
             }
@@ -96,6 +97,7 @@ fn join(threads: Vec<JoinHandle<()>>) {
 async fn accept(
     listener: std::net::TcpListener,
     lanes: Vec<mpsc::Sender<std::net::TcpStream>>,
+    tls: Option<Arc<LiveTls>>,
     reporter: HealthReporter,
     state: web::Data<AppState>,
     mut stopping: watch::Receiver<bool>,
@@ -105,6 +107,9 @@ async fn accept(
     let timings = state.timings;
     // Every service has a status from the first call on.
     set_status(&reporter, readiness(&state).await).await;
+    if let Some(live) = tls {
+        tokio::spawn(crate::app::grpc_tls::follow(live, timings.watch_every));
+    }
     tokio::spawn(report_readiness(
         reporter.clone(),
         state.clone(),
@@ -147,7 +152,7 @@ async fn accept(
 /// One lane: a single-threaded runtime serving the connections handed to it.
 struct Lane {
     accepted: mpsc::Receiver<std::net::TcpStream>,
-    tls: Option<Arc<rustls::ServerConfig>>,
+    tls: Option<Arc<LiveTls>>,
     router: tonic::transport::server::Router,
     state: web::Data<AppState>,
     closed: watch::Receiver<bool>,

@@ -19,7 +19,9 @@ use tokio::sync::mpsc;
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 
-use crate::config::grpc_tls::GrpcTlsMaterial;
+use arc_swap::ArcSwap;
+
+use crate::config::grpc_tls::{GrpcTlsConfig, GrpcTlsMaterial};
 use crate::config::ConfigError;
 
 /// A client that has not finished its handshake by then is dropped.
@@ -59,14 +61,77 @@ pub fn server_config(material: GrpcTlsMaterial) -> Result<Arc<ServerConfig>, Con
     Ok(Arc::new(config))
 }
 
+/// The listener's TLS configuration as its files stand: [`follow`] replaces it when they
+/// change, and each handshake takes the one current then.
+pub struct LiveTls {
+    current: ArcSwap<ServerConfig>,
+    files: GrpcTlsConfig,
+}
+
+impl LiveTls {
+    /// Reads the files once; a bad one is refused with the key that names it.
+    pub fn load(files: GrpcTlsConfig) -> Result<LiveTls, ConfigError> {
+        let current = server_config(files.load()?)?;
+        Ok(LiveTls {
+            current: ArcSwap::new(current),
+            files,
+        })
+    }
+
+    fn acceptor(&self) -> TlsAcceptor {
+        TlsAcceptor::from(self.current.load_full())
+    }
+
+    /// What the files hold now (a file that cannot be read: `None`).
+    fn contents(&self) -> Vec<Option<Vec<u8>>> {
+        let files = &self.files;
+        [
+            Some(&files.cert_file),
+            Some(&files.key_file),
+            files.client_ca_file.as_ref(),
+        ]
+        .into_iter()
+        .flatten()
+        .map(|path| std::fs::read(path).ok())
+        .collect()
+    }
+}
+
+/// Looks at the files every `every` and, when what they hold changed, installs what they
+/// make: a renewed certificate (cert-manager, a Kubernetes secret swapped under its mount) is
+/// served without a restart, as envoyproxy/ratelimit does. A set that does not load (say, a
+/// certificate written before its key) is logged and the running one stays until the files
+/// change again. Open connections keep the certificate they were accepted with.
+pub async fn follow(live: Arc<LiveTls>, every: Duration) {
+    let mut seen = live.contents();
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        let now = live.contents();
+        if now == seen {
+            continue;
+        }
+        seen = now;
+        match live.files.load().and_then(server_config) {
+            Ok(config) => {
+                live.current.store(config);
+                log::info!("gRPC TLS: the changed certificate files are now served");
+            }
+            Err(error) => log::warn!("gRPC TLS: keeping the running certificates: {error}"),
+        }
+    }
+}
+
 /// Completes the TLS handshakes of the connections `accepted` hands over, each in a task of
-/// its own on the calling thread's runtime; the returned receiver yields the connections ready
-/// for HTTP/2. Ends when `accepted` does, or when the receiver is dropped.
+/// its own on the calling thread's runtime, with the configuration current at its start; the
+/// returned receiver yields the connections ready for HTTP/2. Ends when `accepted` does, or
+/// when the receiver is dropped.
 pub fn handshakes(
     mut accepted: mpsc::Receiver<std::net::TcpStream>,
-    config: Arc<ServerConfig>,
+    live: Arc<LiveTls>,
 ) -> mpsc::Receiver<std::io::Result<TlsStream<TcpStream>>> {
-    let acceptor = TlsAcceptor::from(config);
     let (ready, incoming) = mpsc::channel(QUEUE);
     tokio::spawn(async move {
         loop {
@@ -88,7 +153,7 @@ pub fn handshakes(
                     continue;
                 }
             };
-            let acceptor = acceptor.clone();
+            let acceptor = live.acceptor();
             let ready = ready.clone();
             tokio::spawn(async move {
                 match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {

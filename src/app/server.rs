@@ -17,6 +17,7 @@ use actix_web::http::ConnectionType;
 use actix_web::{web, App, HttpServer};
 
 use crate::app::drain::{self, Door};
+use crate::app::grpc_tls::LiveTls;
 use crate::app::heartbeat;
 use crate::app::lifecycle;
 use crate::app::reload::Reloader;
@@ -32,8 +33,9 @@ pub struct Listeners {
     pub admin: TcpListener,
     /// Envoy's rate limit service, when `grpc_listen` is set.
     pub grpc: Option<TcpListener>,
-    /// How `grpc` speaks TLS, when `grpc_tls` is set: its certificates as read at start.
-    pub grpc_tls: Option<Arc<rustls::ServerConfig>>,
+    /// How `grpc` speaks TLS, when `grpc_tls` is set: its certificates, followed as they
+    /// change.
+    pub grpc_tls: Option<Arc<LiveTls>>,
 }
 
 impl Listeners {
@@ -41,7 +43,7 @@ impl Listeners {
     /// port is taken.
     pub fn bind(config: &Config) -> Result<Listeners, StartError> {
         let grpc_tls = match &config.grpc_tls {
-            Some(tls) => Some(crate::app::grpc_tls::server_config(tls.load()?)?),
+            Some(tls) => Some(Arc::new(LiveTls::load(tls.clone())?)),
             None => None,
         };
         Ok(Listeners {

@@ -123,3 +123,78 @@ async fn with_a_client_san_a_certificate_for_another_name_is_refused() {
     let answer = ask_tls(certs.path(), addr, Some("envoy")).await;
     assert_eq!(answer.expect("an answer").overall_code, OK);
 }
+
+/// Whether `ask` gets an answer within 10 s, asked again every 50 ms.
+async fn answered<F, A>(ask: F) -> bool
+where
+    F: Fn() -> A,
+    A: std::future::Future<Output = Result<RateLimitResponse, String>>,
+{
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    while std::time::Instant::now() < until {
+        if ask().await.is_ok() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}
+
+/// Replaces `name` in `dir` by `content` as a Kubernetes secret update does: written aside,
+/// then renamed over, so a reader never sees half a file.
+fn replace(dir: &Path, name: &str, content: &[u8]) {
+    let aside = dir.join(format!(".{name}.new"));
+    std::fs::write(&aside, content).expect("write the new file");
+    std::fs::rename(&aside, dir.join(name)).expect("rename it over the old one");
+}
+
+/// A renewed certificate (another CA, another key, the files replaced in place) is served
+/// without a restart, as envoyproxy/ratelimit serves one; a replacement that does not load
+/// is refused in the log and the running certificate stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewed_certificate_is_served_without_a_restart() {
+    let (old, new) = (certificates(), certificates());
+    let live = TempDir::new("grpc-tls-live");
+    let read = |dir: &TempDir, name: &str| std::fs::read(dir.path().join(name)).expect("read");
+    for name in ["cert.pem", "key.pem"] {
+        replace(live.path(), name, &read(&old, name));
+    }
+    let grpc = format!("127.0.0.1:{}", crate::support::free_port());
+    let dir = live.path().display();
+    let config = format!(
+        "grpc_tls = {{ cert_file = \"{dir}/cert.pem\", key_file = \"{dir}/key.pem\" }}\n{LIMIT}"
+    );
+    let (_tollgate, log) = Tollgate::start_logged(
+        &config,
+        &[("TOLLGATE_GRPC_LISTEN", grpc.as_str()), SHORT_TIMINGS],
+    );
+    let addr: std::net::SocketAddr = grpc.parse().expect("an address");
+    assert!(
+        answered(|| ask_tls(old.path(), addr, None)).await,
+        "the first certificate"
+    );
+
+    replace(live.path(), "key.pem", &read(&new, "key.pem"));
+    replace(live.path(), "cert.pem", &read(&new, "cert.pem"));
+    assert!(
+        answered(|| ask_tls(new.path(), addr, None)).await,
+        "the renewed certificate is served"
+    );
+    assert!(
+        ask_tls(old.path(), addr, None).await.is_err(),
+        "the old CA's certificate is no longer served"
+    );
+
+    replace(live.path(), "key.pem", b"not a key\n");
+    let refused = || std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        crate::support::wait_until(Duration::from_secs(10), || refused()
+            .contains("keeping the running certificates")),
+        "a broken key is refused: {}",
+        refused()
+    );
+    assert!(
+        ask_tls(new.path(), addr, None).await.is_ok(),
+        "the running certificate stays"
+    );
+}
