@@ -123,17 +123,8 @@ pub fn from_erl_env(
         client_ca_file: set(ENV[2].1).map(PathBuf::from),
         client_san: set(ENV[3].1),
     };
-    tls.load().map_err(|e| {
-        let name = ENV
-            .iter()
-            .find(|(key, _)| *key == e.key)
-            .map_or("GRPC_SERVER_USE_TLS", |(_, name)| *name);
-        // The reason may name a TOML key too: say it in the variable's words.
-        let reason = ENV
-            .iter()
-            .fold(e.reason, |reason, (key, name)| reason.replace(key, name));
-        ConfigError::new(name, reason)
-    })?;
+    tls.load()
+        .map_err(|e| e.as_variable(&ENV, "GRPC_SERVER_USE_TLS"))?;
     Ok(Some(tls))
 }
 

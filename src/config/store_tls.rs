@@ -111,16 +111,6 @@ pub fn from_erl_env(
     if tls == StoreTlsConfig::default() {
         return Ok(None);
     }
-    tls.load().map_err(|e| {
-        let name = ENV
-            .iter()
-            .find(|(key, _)| *key == e.key)
-            .map_or("REDIS_TLS", |(_, name)| *name);
-        // The reason may name a TOML key too: say it in the variable's words.
-        let reason = ENV
-            .iter()
-            .fold(e.reason, |reason, (key, name)| reason.replace(key, name));
-        ConfigError::new(name, reason)
-    })?;
+    tls.load().map_err(|e| e.as_variable(&ENV, "REDIS_TLS"))?;
     Ok(Some(tls))
 }

@@ -183,21 +183,9 @@ fn the_redis_password_never_shows() {
 fn rediss_reaches_a_tls_redis_only_with_a_trusted_certificate() {
     let dir = TempDir::new("tls");
     make_certificates(dir.path());
-    let tls_port = crate::support::free_port().to_string();
-    let path = |name: &str| dir.path().join(name).to_string_lossy().into_owned();
-    let (ca, cert, key) = (path("ca.pem"), path("cert.pem"), path("key.pem"));
-    let redis = RedisServer::start_with(&[
-        "--tls-port",
-        &tls_port,
-        "--tls-cert-file",
-        &cert,
-        "--tls-key-file",
-        &key,
-        "--tls-ca-cert-file",
-        &ca,
-        "--tls-auth-clients",
-        "no",
-    ]);
+    let tls_port = crate::support::free_port();
+    let ca = dir.path().join("ca.pem").to_string_lossy().into_owned();
+    let redis = RedisServer::start_tls(dir.path(), tls_port, false);
     let config = format!(
         "[store]\nbackend = \"redis\"\nurl = \"rediss://127.0.0.1:{tls_port}/0\"\ntimeout_ms = 200\n\n{LIMITS}"
     );
@@ -238,21 +226,10 @@ fn store_tls_brings_its_own_ca_and_client_certificate() {
     let dir = TempDir::new("store-tls");
     make_certificates(dir.path());
     make_client_certificate(dir.path(), "client", "DNS:tollgate.example");
-    let tls_port = crate::support::free_port().to_string();
+    let tls_port = crate::support::free_port();
     let path = |name: &str| dir.path().join(name).to_string_lossy().into_owned();
-    let (ca, cert, key) = (path("ca.pem"), path("cert.pem"), path("key.pem"));
-    let redis = RedisServer::start_with(&[
-        "--tls-port",
-        &tls_port,
-        "--tls-cert-file",
-        &cert,
-        "--tls-key-file",
-        &key,
-        "--tls-ca-cert-file",
-        &ca,
-        "--tls-auth-clients",
-        "yes",
-    ]);
+    let ca = path("ca.pem");
+    let redis = RedisServer::start_tls(dir.path(), tls_port, true);
     let empty = dir.write("empty.pem", "");
     let no_system_roots = [("SSL_CERT_FILE", empty.to_str().expect("a UTF-8 path"))];
     let config = |tls: &str| {

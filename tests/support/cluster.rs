@@ -335,18 +335,7 @@ impl TlsSentinelSetup {
         let path = |name: &str| dir.path().join(name).display().to_string();
         let (ca, cert, key) = (path("ca.pem"), path("cert.pem"), path("key.pem"));
         let tls_port = super::free_port();
-        let master = RedisServer::start_with(&[
-            "--tls-port",
-            &tls_port.to_string(),
-            "--tls-cert-file",
-            &cert,
-            "--tls-key-file",
-            &key,
-            "--tls-ca-cert-file",
-            &ca,
-            "--tls-auth-clients",
-            "no",
-        ]);
+        let master = RedisServer::start_tls(dir.path(), tls_port, false);
         let sentinel_port = super::free_port();
         let config = dir.write(
             "sentinel.conf",

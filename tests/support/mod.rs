@@ -153,6 +153,28 @@ impl RedisServer {
         RedisServer::start_with(&[])
     }
 
+    /// A Redis that also listens for TLS on `tls_port`, with the certificate, key and CA of
+    /// [`make_certificates`] in `certs`; `clients_show_certificates`: `tls-auth-clients`.
+    pub fn start_tls(certs: &Path, tls_port: u16, clients_show_certificates: bool) -> RedisServer {
+        let path = |name: &str| certs.join(name).to_string_lossy().into_owned();
+        RedisServer::start_with(&[
+            "--tls-port",
+            &tls_port.to_string(),
+            "--tls-cert-file",
+            &path("cert.pem"),
+            "--tls-key-file",
+            &path("key.pem"),
+            "--tls-ca-cert-file",
+            &path("ca.pem"),
+            "--tls-auth-clients",
+            if clients_show_certificates {
+                "yes"
+            } else {
+                "no"
+            },
+        ])
+    }
+
     pub fn start_with(extra_args: &[&str]) -> RedisServer {
         let mut server = RedisServer {
             port: free_port(),
