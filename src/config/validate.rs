@@ -248,14 +248,8 @@ impl StoreConfig {
                 std::slice::from_ref(&self.url).iter()
             } else {
                 self.cluster.iter()
-            };
-            if self.sentinel.is_some() {
-                return Err(ConfigError::new(
-                    "store.tls",
-                    "is not supported with store.sentinel (rediss:// there trusts the system's \
-                     roots and sends no client certificate)",
-                ));
             }
+            .chain(self.sentinel.iter().flat_map(|sentinel| &sentinel.urls));
             if !urls.any(|url| url.starts_with("rediss://")) {
                 return Err(ConfigError::new(
                     "store.tls",

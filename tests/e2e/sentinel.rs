@@ -281,14 +281,14 @@ fn reservations_and_leases_work_through_sentinel() {
 /// would have gone in clear.
 #[test]
 fn rediss_reaches_a_sentinel_managed_master_over_tls() {
-    let setup = TlsSentinelSetup::start();
+    let setup = TlsSentinelSetup::start(false);
     let config = format!(
         "[store]\nbackend = \"redis\"\nurl = \"rediss://127.0.0.1:6379/0\"\ntimeout_ms = 200\n\
          sentinel = {{ master = \"{MASTER_NAME}\", urls = [\"redis://127.0.0.1:{}\"] }}\n\n\
          [[limits]]\nname = \"per-user\"\nrate = 10\nburst = 100000\nkey = [\"header:x-user\"]\n",
         setup.sentinel_port
     );
-    let ca = setup.ca();
+    let ca = setup.file("ca.pem");
     let tollgate = Tollgate::start_with_env(&config, &[("SSL_CERT_FILE", &ca)]);
     assert!(
         wait_until(Duration::from_secs(5), || decided(&tollgate)),
@@ -300,5 +300,51 @@ fn rediss_reaches_a_sentinel_managed_master_over_tls() {
             .cli(&["EXISTS", "tollgate:per-user:{alice}"])
             .trim(),
         "1"
+    );
+}
+
+/// `store.tls` with Sentinel: a master that asks every client for a certificate, its CA known
+/// to `store.tls` alone (the system's roots are emptied): with the client certificate, checks
+/// are decided by that master; without it, nothing is.
+#[test]
+fn store_tls_reaches_a_sentinel_managed_master_that_asks_for_certificates() {
+    let setup = TlsSentinelSetup::start(true);
+    let config = |tls: &str| {
+        format!(
+            "[store]\nbackend = \"redis\"\nurl = \"rediss://127.0.0.1:6379/0\"\ntimeout_ms = 200\n\
+             sentinel = {{ master = \"{MASTER_NAME}\", urls = [\"redis://127.0.0.1:{}\"] }}\n\
+             tls = {{ {tls} }}\n\n\
+             [[limits]]\nname = \"per-user\"\nrate = 10\nburst = 100000\nkey = [\"header:x-user\"]\n",
+            setup.sentinel_port
+        )
+    };
+    let empty = setup.file("no-roots.pem");
+    std::fs::write(&empty, "").expect("write an empty bundle");
+    let no_system_roots = [("SSL_CERT_FILE", empty.as_str())];
+    let ca = format!("ca_file = \"{}\"", setup.file("ca.pem"));
+    let identity = format!(
+        "{ca}, cert_file = \"{}\", key_file = \"{}\"",
+        setup.file("cert.pem"),
+        setup.file("key.pem")
+    );
+
+    let tollgate = Tollgate::start_with_env(&config(&identity), &no_system_roots);
+    assert!(
+        wait_until(Duration::from_secs(5), || decided(&tollgate)),
+        "decided by the master, with the CA and the certificate of store.tls"
+    );
+    assert_eq!(
+        setup
+            .master
+            .cli(&["EXISTS", "tollgate:per-user:{alice}"])
+            .trim(),
+        "1"
+    );
+    drop(tollgate);
+
+    let ca_only = Tollgate::start_with_env(&config(&ca), &no_system_roots);
+    assert!(
+        !wait_until(Duration::from_secs(2), || decided(&ca_only)),
+        "the master asks for a client certificate: without one nothing is decided"
     );
 }

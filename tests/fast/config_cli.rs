@@ -652,9 +652,9 @@ fn bad_grpc_tls_settings_are_refused_naming_the_key() {
     );
 }
 
-/// `store.tls`: without a `rediss://` URL, with a missing or malformed file, half an identity,
-/// the key of another certificate, no file at all, or with Sentinel; each refused with one
-/// line naming the key. A good one validates.
+/// `store.tls`: without a `rediss://` URL (Sentinel's included), with a missing or malformed
+/// file, half an identity, the key of another certificate, no file at all; each refused with
+/// one line naming the key. A good one validates.
 #[test]
 fn bad_store_tls_settings_are_refused_naming_the_key() {
     let certs = TempDir::new("store-tls");
@@ -696,8 +696,8 @@ fn bad_store_tls_settings_are_refused_naming_the_key() {
         (tls("ca = \"x\""), "store.tls.ca"),
         (
             format!(
-                "{}sentinel = {{ master = \"m\", urls = [\"rediss://127.0.0.1:26379\"] }}\n",
-                tls(&identity)
+                "{}sentinel = {{ master = \"m\", urls = [\"redis://127.0.0.1:26379\"] }}\n",
+                store("redis://127.0.0.1:6379/0", &identity)
             ),
             "store.tls",
         ),

@@ -329,13 +329,15 @@ pub struct TlsSentinelSetup {
 }
 
 impl TlsSentinelSetup {
-    pub fn start() -> TlsSentinelSetup {
+    /// `clients_show_certificates`: the master's `tls-auth-clients` (the sentinel shows the
+    /// master's own certificate).
+    pub fn start(clients_show_certificates: bool) -> TlsSentinelSetup {
         let dir = TempDir::new("tls-sentinel");
         make_certificates(dir.path());
         let path = |name: &str| dir.path().join(name).display().to_string();
         let (ca, cert, key) = (path("ca.pem"), path("cert.pem"), path("key.pem"));
         let tls_port = super::free_port();
-        let master = RedisServer::start_tls(dir.path(), tls_port, false);
+        let master = RedisServer::start_tls(dir.path(), tls_port, clients_show_certificates);
         let sentinel_port = super::free_port();
         let config = dir.write(
             "sentinel.conf",
@@ -366,9 +368,9 @@ impl TlsSentinelSetup {
         setup
     }
 
-    /// The CA that signed the master's certificate.
-    pub fn ca(&self) -> String {
-        self.dir.path().join("ca.pem").display().to_string()
+    /// The CA that signed the master's certificate, and that certificate's files.
+    pub fn file(&self, name: &str) -> String {
+        self.dir.path().join(name).display().to_string()
     }
 }
 

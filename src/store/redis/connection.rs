@@ -11,7 +11,9 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::{ClusterClientBuilder, ClusterConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::io::tcp::TcpSettings;
-use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
+use redis::sentinel::{
+    SentinelClient, SentinelClientBuilder, SentinelNodeConnectionInfo, SentinelServerType,
+};
 use redis::{ClientTlsConfig, Cmd, IntoConnectionInfo, RedisResult, TlsCertificates, Value};
 
 use super::sentinel::SentinelMaster;
@@ -38,16 +40,87 @@ pub enum Topology<'a> {
     },
 }
 
-/// How to reach the master Sentinel names: `url`'s database, username and password, and TLS
-/// when it is `rediss://` (the crate speaks plain TCP to the master unless told).
-pub fn master_info(url: &str, node: &redis::ConnectionInfo) -> SentinelNodeConnectionInfo {
-    let info = SentinelNodeConnectionInfo::default()
-        .set_redis_connection_info(node.redis_settings().clone());
-    if url.starts_with("rediss://") {
-        info.set_tls_mode(redis::TlsMode::Secure)
-    } else {
-        info
+/// A client of the master `master` that `sentinels` name. `url` gives the master's database,
+/// username and password, and TLS when it is `rediss://` (the crate speaks plain TCP to the
+/// master unless told); `store.tls`'s certificates go to the master and to `rediss://`
+/// sentinels. `tcp`: the sockets' settings, if not the crate's.
+pub fn sentinel_client(
+    master: &str,
+    sentinels: &[String],
+    url: &str,
+    tls: Option<&TlsCertificates>,
+    tcp: Option<TcpSettings>,
+) -> Result<SentinelClient, StoreError> {
+    let node = url
+        .into_connection_info()
+        .map_err(|e| invalid("store.url", &e))?;
+    let master_tls = url.starts_with("rediss://");
+    let refused = |e: redis::RedisError| invalid("store.sentinel", &e);
+    let Some(certificates) = tls else {
+        let info = SentinelNodeConnectionInfo::default()
+            .set_redis_connection_info(node.redis_settings().clone());
+        let info = if master_tls {
+            info.set_tls_mode(redis::TlsMode::Secure)
+        } else {
+            info
+        };
+        let info = match tcp {
+            Some(tcp) => info.set_tcp_settings(tcp),
+            None => info,
+        };
+        return SentinelClient::build(
+            sentinels.iter().map(String::as_str).collect(),
+            master,
+            Some(info),
+            SentinelServerType::Master,
+        )
+        .map_err(refused);
+    };
+    // Certificates go only through the builder, which takes one identity for all sentinels:
+    // the first URL's username and password.
+    let infos = sentinels
+        .iter()
+        .map(|url| url.as_str().into_connection_info())
+        .collect::<RedisResult<Vec<_>>>()
+        .map_err(refused)?;
+    let addrs = infos.iter().map(|info| info.addr().clone());
+    let mut builder =
+        SentinelClientBuilder::new(addrs, master, SentinelServerType::Master).map_err(refused)?;
+    if let Some(first) = infos.first().map(redis::ConnectionInfo::redis_settings) {
+        if let Some(user) = first.username() {
+            builder = builder.set_client_to_sentinel_username(user);
+        }
+        if let Some(password) = first.password() {
+            builder = builder.set_client_to_sentinel_password(password);
+        }
     }
+    if infos
+        .iter()
+        .all(|info| matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. }))
+    {
+        builder = builder.set_client_to_sentinel_certificates(certificates.clone());
+    }
+    let settings = node.redis_settings();
+    builder = builder
+        .set_client_to_redis_db(settings.db())
+        .set_client_to_redis_protocol(settings.protocol());
+    if let Some(user) = settings.username() {
+        builder = builder.set_client_to_redis_username(user);
+    }
+    if let Some(password) = settings.password() {
+        builder = builder.set_client_to_redis_password(password);
+    }
+    if master_tls {
+        builder = builder
+            .set_client_to_redis_tls_mode(redis::TlsMode::Secure)
+            .set_client_to_redis_certificates(certificates.clone());
+    }
+    if let Some(tcp) = tcp {
+        builder = builder
+            .set_client_to_redis_tcp_settings(tcp.clone())
+            .set_client_to_sentinel_tcp_settings(tcp);
+    }
+    builder.build().map_err(refused)
 }
 
 /// `store.tls`'s files as the Redis client takes them.
@@ -123,17 +196,7 @@ impl Connection {
                 sentinels,
                 url,
             } => {
-                let node = url
-                    .into_connection_info()
-                    .map_err(|e| invalid("store.url", &e))?;
-                let node_info = master_info(url, &node).set_tcp_settings(tcp_settings());
-                let client = SentinelClient::build(
-                    sentinels.iter().map(String::as_str).collect(),
-                    *master,
-                    Some(node_info),
-                    SentinelServerType::Master,
-                )
-                .map_err(|e| invalid("store.sentinel", &e))?;
+                let client = sentinel_client(master, sentinels, url, tls, Some(tcp_settings()))?;
                 Ok(Connection::Sentinel(SentinelMaster::follow(
                     client,
                     master.to_string(),

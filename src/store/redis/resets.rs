@@ -12,10 +12,10 @@
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use redis::sentinel::{SentinelClient, SentinelServerType};
-use redis::{Client, IntoConnectionInfo, RedisResult, TlsCertificates};
+use redis::sentinel::SentinelClient;
+use redis::{Client, RedisResult, TlsCertificates};
 
-use super::connection::{client, master_info};
+use super::connection::{client, sentinel_client};
 use super::Topology;
 use crate::base::timings::Timings;
 use crate::store::StoreError;
@@ -61,17 +61,7 @@ impl ResetSource {
                 sentinels,
                 url,
             } => {
-                let node = url
-                    .into_connection_info()
-                    .map_err(|e| invalid("store.url", e))?;
-                let node_info = master_info(url, &node);
-                let sentinel = SentinelClient::build(
-                    sentinels.iter().map(String::as_str).collect(),
-                    master,
-                    Some(node_info),
-                    SentinelServerType::Master,
-                )
-                .map_err(|e| invalid("store.sentinel", e))?;
+                let sentinel = sentinel_client(master, sentinels, url, tls, None)?;
                 Ok(ResetSource::Sentinel {
                     sentinel: Box::new(sentinel),
                 })
