@@ -29,17 +29,31 @@ pub fn read_shipped(relative: &str) -> String {
 }
 
 /// Replaces each `from` with `to`, insisting that `from` occurs exactly once: if the shipped
-/// file changes shape, the test must notice instead of silently testing something else.
+/// file changes shape, the test must notice instead of silently testing something else. Each
+/// `from` is looked for in the shipped text, not in what another replacement wrote: a port
+/// such as 30001 must not count as a second "127.0.0.1:3000".
 pub fn template(text: &str, replacements: &[(&str, &str)]) -> String {
-    let mut out = text.to_string();
-    for (from, to) in replacements {
-        let count = out.matches(from).count();
-        assert_eq!(
-            count, 1,
-            "expected {from:?} exactly once in the shipped config"
-        );
-        out = out.replacen(from, to, 1);
+    let mut found: Vec<(usize, &str, &str)> = replacements
+        .iter()
+        .map(|&(from, to)| {
+            let count = text.matches(from).count();
+            assert_eq!(
+                count, 1,
+                "expected {from:?} exactly once in the shipped config"
+            );
+            (text.find(from).unwrap_or_default(), from, to)
+        })
+        .collect();
+    found.sort_by_key(|&(at, _, _)| at);
+    let mut out = String::with_capacity(text.len());
+    let mut done = 0;
+    for (at, from, to) in found {
+        assert!(at >= done, "{from:?} overlaps another replaced text");
+        out.push_str(&text[done..at]);
+        out.push_str(to);
+        done = at + from.len();
     }
+    out.push_str(&text[done..]);
     out
 }
 
