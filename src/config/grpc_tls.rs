@@ -1,7 +1,7 @@
 //! `grpc_tls`: TLS on the gRPC listener, and mutual TLS with a client CA (optionally one
 //! subject name the client's certificate must carry); from TOML or from envoyproxy/ratelimit's
 //! `GRPC_SERVER_*`/`GRPC_CLIENT_TLS_*` variables. The files are read and parsed here, at
-//! start, so a bad one is refused with the key that names it.
+//! start (a bad one is refused with the key that names it) and again when they change.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

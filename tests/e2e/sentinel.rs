@@ -275,6 +275,17 @@ fn reservations_and_leases_work_through_sentinel() {
     assert_eq!(again["settled"], false, "{again}");
 }
 
+/// A `rediss://` store behind the TLS setup's sentinel, `store_extra` lines added to `[store]`.
+fn tls_config(setup: &TlsSentinelSetup, store_extra: &str) -> String {
+    format!(
+        "[store]\nbackend = \"redis\"\nurl = \"rediss://127.0.0.1:6379/0\"\ntimeout_ms = 200\n\
+         sentinel = {{ master = \"{MASTER_NAME}\", urls = [\"redis://127.0.0.1:{}\"] }}\n\
+         {store_extra}\n\
+         [[limits]]\nname = \"per-user\"\nrate = 10\nburst = 100000\nkey = [\"header:x-user\"]\n",
+        setup.sentinel_port
+    )
+}
+
 /// `rediss://` in `store.url` with Sentinel: the master Sentinel names is reached over TLS.
 /// The Redis crate speaks plain TCP to that master unless told otherwise, whatever the URL's
 /// scheme: against a TLS port every call failed, and against a server taking both, checks
@@ -282,12 +293,7 @@ fn reservations_and_leases_work_through_sentinel() {
 #[test]
 fn rediss_reaches_a_sentinel_managed_master_over_tls() {
     let setup = TlsSentinelSetup::start(false);
-    let config = format!(
-        "[store]\nbackend = \"redis\"\nurl = \"rediss://127.0.0.1:6379/0\"\ntimeout_ms = 200\n\
-         sentinel = {{ master = \"{MASTER_NAME}\", urls = [\"redis://127.0.0.1:{}\"] }}\n\n\
-         [[limits]]\nname = \"per-user\"\nrate = 10\nburst = 100000\nkey = [\"header:x-user\"]\n",
-        setup.sentinel_port
-    );
+    let config = tls_config(&setup, "");
     let ca = setup.file("ca.pem");
     let tollgate = Tollgate::start_with_env(&config, &[("SSL_CERT_FILE", &ca)]);
     assert!(
@@ -309,15 +315,7 @@ fn rediss_reaches_a_sentinel_managed_master_over_tls() {
 #[test]
 fn store_tls_reaches_a_sentinel_managed_master_that_asks_for_certificates() {
     let setup = TlsSentinelSetup::start(true);
-    let config = |tls: &str| {
-        format!(
-            "[store]\nbackend = \"redis\"\nurl = \"rediss://127.0.0.1:6379/0\"\ntimeout_ms = 200\n\
-             sentinel = {{ master = \"{MASTER_NAME}\", urls = [\"redis://127.0.0.1:{}\"] }}\n\
-             tls = {{ {tls} }}\n\n\
-             [[limits]]\nname = \"per-user\"\nrate = 10\nburst = 100000\nkey = [\"header:x-user\"]\n",
-            setup.sentinel_port
-        )
-    };
+    let config = |tls: &str| tls_config(&setup, &format!("tls = {{ {tls} }}\n"));
     let empty = setup.file("no-roots.pem");
     std::fs::write(&empty, "").expect("write an empty bundle");
     let no_system_roots = [("SSL_CERT_FILE", empty.as_str())];
