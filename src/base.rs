@@ -3,6 +3,7 @@
 
 pub mod calendar;
 pub mod clock;
+pub mod go;
 pub mod keys;
 pub mod normalise;
 pub mod rate;

@@ -1086,44 +1086,12 @@ fn match_table(block: &mut String, scope: &Scope, headers: &BTreeMap<String, Vec
     }
 }
 
-/// Go's `time.ParseDuration`, in whole seconds (ingress-nginx truncates the window so).
+/// Go's `time.ParseDuration` of an annotation (which ingress-nginx trims), in whole seconds
+/// (it truncates the window so).
 fn go_duration_secs(text: &str) -> Result<u64, String> {
-    let bad = || format!("{text:?} is not a duration like 1m, 30s or 1h30m");
-    let mut rest = text.trim();
-    if rest == "0" {
-        return Ok(0);
-    }
-    if rest.is_empty() {
-        return Err(bad());
-    }
-    let mut total = 0.0_f64;
-    while !rest.is_empty() {
-        let end = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .ok_or_else(bad)?;
-        let number: f64 = rest[..end].parse().map_err(|_| bad())?;
-        rest = &rest[end..];
-        let unit_end = rest
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(rest.len());
-        let scale = match &rest[..unit_end] {
-            "ns" => 1e-9,
-            "us" | "µs" | "μs" => 1e-6,
-            "ms" => 1e-3,
-            "s" => 1.0,
-            "m" => 60.0,
-            "h" => 3600.0,
-            _ => return Err(bad()),
-        };
-        total += number * scale;
-        rest = &rest[unit_end..];
-    }
-    if !total.is_finite() || total > 10.0 * 365.0 * 86_400.0 {
-        return Err(bad());
-    }
-    // Bounded above and non-negative: the truncation is what ingress-nginx does.
-    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-    Ok(total.floor() as u64)
+    crate::base::go::parse_duration(text.trim())
+        .map(|window| window.as_secs())
+        .ok_or_else(|| format!("{text:?} is not a duration like 1m, 30s or 1h30m"))
 }
 
 /// What to put in front of tollgate for these Ingresses.

@@ -559,8 +559,13 @@ pub fn apply_erl_env(
     if var("RUNTIME_ROOT").is_none() && var("RUNTIME_SUBDIRECTORY").is_none() && !erl_config_type {
         return Ok(());
     }
-    let truthy = |name: &str| {
-        var(name).is_some_and(|v| matches!(v.to_ascii_lowercase().as_str(), "true" | "1" | "t"))
+    // ERL reads its booleans with Go's strconv.ParseBool: anything else stops it, so it
+    // stops tollgate too, rather than meaning false.
+    let flag = |name: &str| {
+        var(name).map_or(Ok(false), |text| {
+            crate::base::go::parse_bool(&text)
+                .ok_or_else(|| ConfigError::new(name, format!("{text:?} is not a bool")))
+        })
     };
     if let Some(backend) = var("BACKEND_TYPE").filter(|b| !b.eq_ignore_ascii_case("redis")) {
         return Err(ConfigError::new(
@@ -581,28 +586,23 @@ pub fn apply_erl_env(
             ))
         }
     }
-    const USE_TLS: &str = "GRPC_SERVER_USE_TLS";
-    let use_tls = match var(USE_TLS) {
-        Some(text) => super::xds::go_bool(&text)
-            .ok_or_else(|| ConfigError::new(USE_TLS, format!("{text:?} is not a bool")))?,
-        None => false,
-    };
+    let use_tls = flag("GRPC_SERVER_USE_TLS")?;
     config.grpc_tls = super::grpc_tls::from_erl_env(&var, use_tls)?.or(config.grpc_tls.take());
-    if truthy("MERGE_DOMAIN_CONFIG") {
+    if flag("MERGE_DOMAIN_CONFIG")? {
         return Err(ConfigError::new(
             "MERGE_DOMAIN_CONFIG",
             "true is not supported: one domain per file",
         ));
     }
-    if truthy("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION") {
+    if flag("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION")? {
         return Err(ConfigError::new(
             "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
             "true is not supported: the Redis server's name is always verified",
         ));
     }
-    config.envoy.shadow_mode |= truthy("SHADOW_MODE");
-    config.envoy.quota_mode |= truthy("QUOTA_MODE");
-    config.envoy.dynamic_metadata |= truthy("RESPONSE_DYNAMIC_METADATA");
+    config.envoy.shadow_mode |= flag("SHADOW_MODE")?;
+    config.envoy.quota_mode |= flag("QUOTA_MODE")?;
+    config.envoy.dynamic_metadata |= flag("RESPONSE_DYNAMIC_METADATA")?;
     if config.envoy.config_dir.is_none() && config.envoy.xds.is_none() {
         let mut dir = PathBuf::from(
             var("RUNTIME_ROOT").unwrap_or_else(|| "/srv/runtime_data/current".into()),
@@ -630,7 +630,7 @@ pub fn apply_erl_env(
         config.listen = address("HOST", "PORT", "8080").map_err(|e| e.within("PORT"))?;
     }
     if let Some(url) = var("REDIS_URL") {
-        let tls = truthy("REDIS_TLS");
+        let tls = flag("REDIS_TLS")?;
         config.store.tls = super::store_tls::from_erl_env(&var, tls)?.or(config.store.tls.take());
         let unix = var("REDIS_SOCKET_TYPE").is_some_and(|t| t.eq_ignore_ascii_case("unix"));
         let auth = var("REDIS_AUTH").map(|auth| {

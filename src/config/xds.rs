@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use super::ConfigError;
+use crate::base::go;
 
 const DEFAULT_SERVER: &str = "localhost:18000";
 const DEFAULT_NODE_ID: &str = "default";
@@ -222,7 +223,8 @@ pub fn from_erl_env(var: impl Fn(&str) -> Option<String>) -> Result<XdsConfig, C
     let mut xds = XdsConfig::default();
     let flag = |name: &str| {
         var(name).map_or(Ok(false), |text| {
-            go_bool(&text).ok_or_else(|| ConfigError::new(name, format!("{text:?} is not a bool")))
+            go::parse_bool(&text)
+                .ok_or_else(|| ConfigError::new(name, format!("{text:?} is not a bool")))
         })
     };
     // Without FORCE_START_WITHOUT_INITIAL_CONFIG it serves nothing until the first
@@ -230,8 +232,8 @@ pub fn from_erl_env(var: impl Fn(&str) -> Option<String>) -> Result<XdsConfig, C
     xds.ready_before_config = flag("FORCE_START_WITHOUT_INITIAL_CONFIG")?
         && !flag("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED")?;
     if let Some(tls) = var(TLS) {
-        xds.tls =
-            go_bool(&tls).ok_or_else(|| ConfigError::new(TLS, format!("{tls:?} is not a bool")))?;
+        xds.tls = go::parse_bool(&tls)
+            .ok_or_else(|| ConfigError::new(TLS, format!("{tls:?} is not a bool")))?;
     }
     if xds.tls {
         let set = |name: &str| var(name).filter(|value| !value.is_empty());
@@ -306,63 +308,9 @@ const TLS_FILES: [(&str, &str); 4] = [
     ("envoy.xds.server_name", "CONFIG_GRPC_XDS_SERVER_TLS_SAN"),
 ];
 
-/// Go's `strconv.ParseBool`.
-pub(super) fn go_bool(text: &str) -> Option<bool> {
-    match text {
-        "1" | "t" | "T" | "true" | "TRUE" | "True" => Some(true),
-        "0" | "f" | "F" | "false" | "FALSE" | "False" => Some(false),
-        _ => None,
-    }
-}
-
-/// Go's `time.ParseDuration`, in whole milliseconds (rounded up, so `1us` is not zero):
-/// numbers (fractions allowed) each followed by `h`, `m`, `s`, `ms`, `us`/`µs` or `ns`.
-/// Negative durations are refused.
+/// Go's `time.ParseDuration`, in whole milliseconds rounded up (so `1us` is not zero).
 pub fn go_duration_ms(text: &str) -> Option<u64> {
-    if text == "0" {
-        return Some(0);
-    }
-    let mut rest = text.strip_prefix('+').unwrap_or(text);
-    if rest.is_empty() {
-        return None;
-    }
-    let mut nanos: u128 = 0;
-    while !rest.is_empty() {
-        let number_end = rest
-            .find(|c: char| !c.is_ascii_digit() && c != '.')
-            .unwrap_or(rest.len());
-        let (number, tail) = rest.split_at(number_end);
-        let unit_end = tail
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(tail.len());
-        let (unit, tail) = tail.split_at(unit_end);
-        let scale: u128 = match unit {
-            "h" => 3_600_000_000_000,
-            "m" => 60_000_000_000,
-            "s" => 1_000_000_000,
-            "ms" => 1_000_000,
-            "us" | "µs" | "μs" => 1_000,
-            "ns" => 1,
-            _ => return None,
-        };
-        let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
-        if whole.is_empty() && fraction.is_empty() {
-            return None;
-        }
-        let whole: u128 = if whole.is_empty() {
-            0
-        } else {
-            whole.parse().ok()?
-        };
-        let mut part = whole.checked_mul(scale)?;
-        let mut place = scale;
-        for digit in fraction.bytes() {
-            place /= 10;
-            part += u128::from(digit - b'0') * place;
-        }
-        nanos = nanos.checked_add(part)?;
-        rest = tail;
-    }
+    let nanos = go::parse_duration(text)?.as_nanos();
     u64::try_from(nanos.div_ceil(1_000_000)).ok()
 }
 #[cfg(test)]
