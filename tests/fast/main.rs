@@ -45,6 +45,7 @@ mod slow_redis;
 mod smoke;
 mod store_bounds;
 mod store_scenarios;
+mod store_scripts;
 mod top;
 mod top_tui;
 mod xds;
