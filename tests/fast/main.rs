@@ -14,6 +14,7 @@ mod support;
 
 mod admin_api;
 mod admin_overrides;
+mod admin_token;
 mod coalescing;
 mod config_cli;
 mod deny_cache;
@@ -37,6 +38,7 @@ mod reference;
 mod refund;
 mod replay;
 mod report_numbers;
+mod reports;
 mod reservations;
 mod routes;
 mod security;
