@@ -532,11 +532,8 @@ pub fn dir_fingerprint(dir: &std::path::Path) -> u64 {
 /// - `RUNTIME_ROOT` (default `/srv/runtime_data/current`), `RUNTIME_SUBDIRECTORY`,
 ///   `RUNTIME_APPDIRECTORY` (default `config`): `envoy.config_dir`, unless the file sets it;
 /// - `GRPC_HOST`/`GRPC_PORT` (default `0.0.0.0:8081`): `grpc_listen`; `HOST`/`PORT`: `listen`;
-/// - `REDIS_URL` (`host:port`; sentinel: `master,host:port,...`; cluster: `host:port,...`),
-///   `REDIS_TYPE` (`single`, `sentinel`, `cluster`), `REDIS_AUTH` (`password` or
-///   `user:password`), `REDIS_TLS`, `REDIS_SOCKET_TYPE` (`unix`: `REDIS_URL` is a socket path):
-///   the store (Redis); `REDIS_TLS_CACERT`, `REDIS_TLS_CLIENT_CERT`, `REDIS_TLS_CLIENT_KEY`:
-///   `store.tls` (see [`super::store_tls::from_erl_env`]).
+/// - `REDIS_*`: the store, as envoyproxy/ratelimit reads them (see `config::erl_redis`);
+///   an unset `REDIS_URL` is refused.
 ///
 /// - `SHADOW_MODE`, `QUOTA_MODE`: `envoy.shadow_mode`, `envoy.quota_mode`.
 /// - `CONFIG_TYPE=GRPC_XDS_SOTW` and its `CONFIG_GRPC_XDS_*`: `envoy.xds` instead of
@@ -594,12 +591,6 @@ pub fn apply_erl_env(
             "true is not supported: one domain per file",
         ));
     }
-    if flag("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION")? {
-        return Err(ConfigError::new(
-            "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
-            "true is not supported: the Redis server's name is always verified",
-        ));
-    }
     config.envoy.shadow_mode |= flag("SHADOW_MODE")?;
     config.envoy.quota_mode |= flag("QUOTA_MODE")?;
     config.envoy.dynamic_metadata |= flag("RESPONSE_DYNAMIC_METADATA")?;
@@ -629,48 +620,7 @@ pub fn apply_erl_env(
     if var("HOST").is_some() || var("PORT").is_some() {
         config.listen = address("HOST", "PORT", "8080").map_err(|e| e.within("PORT"))?;
     }
-    if let Some(url) = var("REDIS_URL") {
-        let tls = flag("REDIS_TLS")?;
-        config.store.tls = super::store_tls::from_erl_env(&var, tls)?.or(config.store.tls.take());
-        let unix = var("REDIS_SOCKET_TYPE").is_some_and(|t| t.eq_ignore_ascii_case("unix"));
-        let auth = var("REDIS_AUTH").map(|auth| {
-            if auth.contains(':') {
-                format!("{auth}@")
-            } else {
-                format!(":{auth}@")
-            }
-        });
-        let auth = auth.unwrap_or_default();
-        let scheme = if tls { "rediss" } else { "redis" };
-        let spell = |host: &str| {
-            if unix {
-                format!("redis+unix://{host}")
-            } else {
-                format!("{scheme}://{auth}{}", host.trim())
-            }
-        };
-        let store = &mut config.store;
-        store.backend = super::Backend::Redis;
-        let kind = var("REDIS_TYPE").unwrap_or_else(|| "single".into());
-        match kind.to_ascii_lowercase().as_str() {
-            "single" => store.url = spell(&url),
-            "cluster" => store.cluster = url.split(',').map(spell).collect(),
-            "sentinel" => {
-                let mut parts = url.split(',');
-                let master = parts.next().unwrap_or_default().trim().to_string();
-                store.sentinel = Some(super::SentinelConfig {
-                    master,
-                    urls: parts.map(spell).collect(),
-                });
-            }
-            other => {
-                return Err(ConfigError::new(
-                    "REDIS_TYPE",
-                    format!("{other:?} is none of single, sentinel, cluster"),
-                ))
-            }
-        }
-    }
+    super::erl_redis::apply(config, &var)?;
     Ok(())
 }
 
@@ -745,6 +695,7 @@ mod tests {
             env(&[
                 ("RUNTIME_ROOT", "/data"),
                 ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+                ("REDIS_SOCKET_TYPE", "tcp"),
                 ("REDIS_URL", "redis:6379"),
                 ("REDIS_AUTH", "secret"),
                 ("REDIS_TLS", "true"),
@@ -796,6 +747,7 @@ mod tests {
                 ("RUNTIME_ROOT", "/d"),
                 ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
                 ("CONFIG_GRPC_XDS_NODE_ID", "n"),
+                ("REDIS_URL", "/run/redis.sock"),
             ]),
         )
         .unwrap();
@@ -811,6 +763,7 @@ mod tests {
             env(&[
                 ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
                 ("CONFIG_GRPC_XDS_NODE_ID", "n"),
+                ("REDIS_SOCKET_TYPE", "tcp"),
                 ("REDIS_URL", "redis:6379"),
             ]),
         )
@@ -819,8 +772,9 @@ mod tests {
         assert_eq!(config.store.url, "redis://redis:6379");
         assert_eq!(config.grpc_listen.unwrap().port(), 8081);
         // The files count only with REDIS_TLS true, as there; then they are checked.
-        const CERTS: [(&str, &str); 6] = [
+        const CERTS: [(&str, &str); 7] = [
             ("RUNTIME_ROOT", "/d"),
+            ("REDIS_SOCKET_TYPE", "tcp"),
             ("REDIS_URL", "redis:6380"),
             ("REDIS_TLS_CACERT", "/nonexistent/ca.pem"),
             ("REDIS_TLS_CLIENT_CERT", "/nonexistent/tls.crt"),
@@ -830,9 +784,9 @@ mod tests {
         let mut config = super::super::Config::default();
         apply_erl_env(&mut config, env(&CERTS)).unwrap();
         assert_eq!(config.store.tls, None);
-        const WITH_TLS: [(&str, &str); 6] = {
+        const WITH_TLS: [(&str, &str); 7] = {
             let mut certs = CERTS;
-            certs[5].1 = "true";
+            certs[6].1 = "true";
             certs
         };
         let refused = apply_erl_env(&mut super::super::Config::default(), env(&WITH_TLS));
