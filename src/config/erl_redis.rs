@@ -8,26 +8,15 @@
 //!   single node only: a Cluster and Sentinel are reached over TCP whatever it says;
 //! - `REDIS_URL` has no usable default here: there it is the nutcracker (twemproxy) socket
 //!   `/var/run/nutcracker/ratelimit.sock`, through which tollgate's scripts are not known to
-//!   work, so an unset `REDIS_URL` is refused rather than guessed at. The per-instance memory
-//!   store would let every replica admit the whole limit.
+//!   work, so an unset `REDIS_URL` is refused rather than guessed at, whatever the file's
+//!   `[store]` says. The per-instance memory store would let every replica admit the whole
+//!   limit.
 //!
 //! Anything tollgate cannot honour exits 2 naming the variable: never a quieter store or a
 //! weaker connection than the operator asked for.
 
 use super::{Backend, Config, ConfigError, SentinelConfig, StoreConfig};
 use crate::base::go::parse_bool;
-
-/// The variables that say something of the store; none of them counts without `REDIS_URL`.
-const STORE_VARIABLES: [&str; 8] = [
-    "REDIS_TYPE",
-    "REDIS_SOCKET_TYPE",
-    "REDIS_AUTH",
-    "REDIS_SENTINEL_AUTH",
-    "REDIS_TLS",
-    "REDIS_TLS_CACERT",
-    "REDIS_TLS_CLIENT_CERT",
-    "REDIS_TLS_CLIENT_KEY",
-];
 
 /// Sets `[store]` from the `REDIS_*` variables (see the module docs).
 pub(super) fn apply(
@@ -47,18 +36,9 @@ pub(super) fn apply(
         ));
     }
     let tls = flag(var, "REDIS_TLS")?;
+    // Even over a file's `[store]`: the image's default file names a local Redis, which would
+    // stand in silently for the one the operator forgot to name.
     let Some(url) = var("REDIS_URL") else {
-        if config.store.backend == Backend::Redis {
-            // The file names the store; a variable that would have changed it must not be
-            // dropped in silence.
-            if let Some(name) = STORE_VARIABLES.into_iter().find(|name| var(name).is_some()) {
-                return Err(ConfigError::new(
-                    name,
-                    "counts only with REDIS_URL; the store is the config file's",
-                ));
-            }
-            return Ok(());
-        }
         return Err(ConfigError::new(
             "REDIS_URL",
             "is not set: envoyproxy/ratelimit would use the nutcracker socket \
@@ -425,12 +405,10 @@ mod tests {
     }
 
     #[test]
-    fn without_redis_url_the_files_store_stands_untouched() {
-        let var = |name: &str| (name == "REDIS_AUTH").then(|| "pw".to_string());
+    fn without_redis_url_even_a_files_redis_store_is_refused() {
         let mut config = Config::default();
         config.store.backend = Backend::Redis;
-        assert_eq!(apply(&mut config, &var).unwrap_err().key, "REDIS_AUTH");
-        assert!(apply(&mut config, &|_: &str| None).is_ok());
-        assert_eq!(config.store.url, StoreConfig::default().url);
+        let refused = apply(&mut config, &|_: &str| None).unwrap_err();
+        assert_eq!(refused.key, "REDIS_URL");
     }
 }

@@ -3,8 +3,13 @@
 
 use std::process::Output;
 
+use std::time::Duration;
+
 use crate::support::limit;
-use crate::support::{make_certificates, make_client_certificate, tollgate_command, TempDir};
+use crate::support::{
+    free_port, make_certificates, make_client_certificate, tollgate_command, wait_until,
+    HttpClient, TempDir,
+};
 
 fn run(args: &[&str], config: Option<&str>, env: &[(&str, &str)]) -> Output {
     let dir = TempDir::new("cli");
@@ -934,4 +939,37 @@ fn a_sentinel_config_cannot_claim_tls_while_the_master_is_in_clear() {
         String::from_utf8_lossy(&output.stdout).contains("master: plaintext, no password"),
         "said outright"
     );
+}
+
+/// Envoy Gateway runs envoyproxy/ratelimit's image as `/bin/ratelimit` with no arguments: the
+/// binary under that name (a link, as in the image) serves, as `tollgate serve` does.
+#[test]
+fn started_as_ratelimit_without_a_subcommand_it_serves() {
+    let dir = TempDir::new("ratelimit-argv0");
+    let link = dir.path().join("ratelimit");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_tollgate"), &link).expect("link");
+    let (listen, admin) = (free_port(), free_port());
+    let config = dir.write(
+        "tollgate.toml",
+        &format!("listen = \"127.0.0.1:{listen}\"\nadmin_listen = \"127.0.0.1:{admin}\"\n"),
+    );
+    let mut command = std::process::Command::new(&link);
+    for (key, _) in std::env::vars().filter(|(key, _)| key.starts_with("TOLLGATE_")) {
+        command.env_remove(key);
+    }
+    let mut child = command
+        .env("TOLLGATE_CONFIG", &config)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start ratelimit");
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{listen}").parse().unwrap();
+    let checked = wait_until(Duration::from_secs(10), || {
+        HttpClient::connect(addr)
+            .and_then(|mut http| http.get("/check", &[]))
+            .is_ok_and(|answer| answer.status == 200 && answer.header("ratelimit").is_some())
+    });
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(checked, "/check decided by the default limit");
 }
