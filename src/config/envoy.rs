@@ -550,9 +550,9 @@ pub fn apply_erl_env(
 ) -> Result<(), ConfigError> {
     // CONFIG_TYPE counts only with one of its own values: another program's variable of that
     // name must not turn this on.
-    let erl_config_type = var("CONFIG_TYPE").is_some_and(|kind| {
-        kind.eq_ignore_ascii_case("file") || kind.eq_ignore_ascii_case("grpc_xds_sotw")
-    });
+    // Spelled exactly, as ERL compares them: `file` stops it.
+    let erl_config_type =
+        var("CONFIG_TYPE").is_some_and(|kind| kind == "FILE" || kind == "GRPC_XDS_SOTW");
     if var("RUNTIME_ROOT").is_none() && var("RUNTIME_SUBDIRECTORY").is_none() && !erl_config_type {
         return Ok(());
     }
@@ -564,7 +564,8 @@ pub fn apply_erl_env(
                 .ok_or_else(|| ConfigError::new(name, format!("{text:?} is not a bool")))
         })
     };
-    if let Some(backend) = var("BACKEND_TYPE").filter(|b| !b.eq_ignore_ascii_case("redis")) {
+    // ERL takes `redis` and the empty string, nothing else, for its Redis backend.
+    if let Some(backend) = var("BACKEND_TYPE").filter(|b| !b.is_empty() && b != "redis") {
         return Err(ConfigError::new(
             "BACKEND_TYPE",
             format!("{backend:?}: tollgate keeps its buckets in Redis only"),
@@ -572,8 +573,8 @@ pub fn apply_erl_env(
     }
     match var("CONFIG_TYPE") {
         None => {}
-        Some(kind) if kind.eq_ignore_ascii_case("file") => {}
-        Some(kind) if kind.eq_ignore_ascii_case("grpc_xds_sotw") => {
+        Some(kind) if kind == "FILE" => {}
+        Some(kind) if kind == "GRPC_XDS_SOTW" => {
             config.envoy.xds = Some(super::xds::from_erl_env(&var)?);
         }
         Some(kind) => {
@@ -621,6 +622,7 @@ pub fn apply_erl_env(
         config.listen = address("HOST", "PORT", "8080").map_err(|e| e.within("PORT"))?;
     }
     super::erl_redis::apply(config, &var)?;
+    super::erl_refused::refuse_unsupported(&var)?;
     Ok(())
 }
 

@@ -4,6 +4,7 @@
 //! - `REDIS_AUTH` (`password` or `user:password`, split at the first `:`) and `REDIS_TLS` are
 //!   the data connection's: the one node, every Cluster node, or the master Sentinel names;
 //! - `REDIS_SENTINEL_AUTH` is the sentinels'; with `REDIS_TLS` the sentinels speak TLS too;
+//! - `REDIS_TIMEOUT` bounds each call, as `store.timeout_ms` (unset: tollgate's 50 ms);
 //! - `REDIS_SOCKET_TYPE` (default `unix`, Go's network name: `tcp` or `unix`) counts for a
 //!   single node only: a Cluster and Sentinel are reached over TCP whatever it says;
 //! - `REDIS_URL` has no usable default here: there it is the nutcracker (twemproxy) socket
@@ -36,6 +37,7 @@ pub(super) fn apply(
         ));
     }
     let tls = flag(var, "REDIS_TLS")?;
+    let timeout_ms = timeout_ms(var)?;
     // Even over a file's `[store]`: the image's default file names a local Redis, which would
     // stand in silently for the one the operator forgot to name.
     let Some(url) = var("REDIS_URL") else {
@@ -53,6 +55,9 @@ pub(super) fn apply(
     store.backend = Backend::Redis;
     store.tls = tls_files.or(store.tls.take());
     store.cluster.clear();
+    if let Some(ms) = timeout_ms {
+        store.timeout_ms = ms;
+    }
     store.sentinel = None;
     let scheme = if tls { "rediss" } else { "redis" };
     match kind.to_ascii_lowercase().as_str() {
@@ -103,6 +108,25 @@ fn flag(var: &impl Fn(&str) -> Option<String>, name: &str) -> Result<bool, Confi
     var(name).map_or(Ok(false), |text| {
         parse_bool(&text).ok_or_else(|| ConfigError::new(name, format!("{text:?} is not a bool")))
     })
+}
+
+/// `REDIS_TIMEOUT`, a Go duration bounding each Redis call there as `store.timeout_ms` does
+/// here; 0 (no bound there) and more than a minute are refused.
+fn timeout_ms(var: &impl Fn(&str) -> Option<String>) -> Result<Option<u64>, ConfigError> {
+    const NAME: &str = "REDIS_TIMEOUT";
+    let Some(text) = var(NAME) else {
+        return Ok(None);
+    };
+    let duration = crate::base::go::parse_duration(&text)
+        .ok_or_else(|| ConfigError::new(NAME, format!("{text:?} is not a duration")))?;
+    let ms = u64::try_from(duration.as_millis()).unwrap_or(u64::MAX);
+    if duration < std::time::Duration::from_millis(1) || ms > 60_000 {
+        return Err(ConfigError::new(
+            NAME,
+            format!("{text:?}: tollgate bounds each Redis call by 1 ms to 1 minute"),
+        ));
+    }
+    Ok(Some(ms))
 }
 
 /// `password` or `user:password`, split at the first `:` as there; empty means none.
@@ -314,6 +338,9 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(store.url, "rediss://:secret@redis:6379");
+        assert_eq!(store.timeout_ms, StoreConfig::default().timeout_ms);
+        let store = applied(&[("REDIS_URL", "/s.sock"), ("REDIS_TIMEOUT", "1m")]).unwrap();
+        assert_eq!(store.timeout_ms, 60_000);
         let store = applied(&[
             ("REDIS_URL", "/var/run/redis.sock"),
             ("REDIS_AUTH", "u:p w"),
@@ -391,6 +418,18 @@ mod tests {
             (
                 &[("REDIS_URL", "/s.sock"), ("REDIS_PERSECOND", "true")],
                 "REDIS_PERSECOND",
+            ),
+            (
+                &[("REDIS_URL", "/s.sock"), ("REDIS_TIMEOUT", "0")],
+                "REDIS_TIMEOUT",
+            ),
+            (
+                &[("REDIS_URL", "/s.sock"), ("REDIS_TIMEOUT", "10")],
+                "REDIS_TIMEOUT",
+            ),
+            (
+                &[("REDIS_URL", "/s.sock"), ("REDIS_TIMEOUT", "2m")],
+                "REDIS_TIMEOUT",
             ),
             (
                 &[

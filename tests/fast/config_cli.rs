@@ -868,6 +868,19 @@ fn erl_redis_variables_give_each_connection_what_envoyproxy_ratelimit_gives_it()
         (with(&tcp, &[("REDIS_TYPE", "replicated")]), Err("REDIS_TYPE")),
         (with(&[("REDIS_TYPE", "sentinel"), ("REDIS_URL", "mymaster")], &[]), Err("REDIS_URL")),
         (with(&[("REDIS_URL", "/s.sock")], &[("REDIS_TLS", "true")]), Err("REDIS_TLS")),
+        // The rest of its environment, each as it reads it.
+        (with(&tcp, &[("REDIS_TIMEOUT", "1.5s")]), Ok("(timeout 1500 ms,")),
+        (with(&tcp, &[("REDIS_TIMEOUT", "0")]), Err("REDIS_TIMEOUT")),
+        (with(&tcp, &[("BACKEND_TYPE", "")]), Ok("redis redis://127.0.0.1:6380 ")),
+        (with(&tcp, &[("BACKEND_TYPE", "REDIS")]), Err("BACKEND_TYPE")),
+        (with(&tcp, &[("CONFIG_TYPE", "file")]), Err("CONFIG_TYPE")),
+        (with(&tcp, &[("GRPC_UDS", "/tmp/rl.sock")]), Err("GRPC_UDS")),
+        (with(&tcp, &[("REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", "true")]),
+         Err("REDIS_HEALTH_CHECK_ACTIVE_CONNECTION")),
+        (with(&tcp, &[("SHADOW_MODE", "on")]), Err("SHADOW_MODE")),
+        (with(&tcp, &[("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+                      ("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", "yes")]),
+         Err("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED")),
     ];
     for (variables, expected) in table {
         let mut env = vec![
