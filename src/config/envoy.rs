@@ -542,8 +542,9 @@ pub fn dir_fingerprint(dir: &std::path::Path) -> u64 {
 ///   (see [`super::grpc_tls::from_erl_env`]).
 ///
 /// A setting tollgate cannot honour without deciding differently is refused: `BACKEND_TYPE`
-/// other than `redis`, `CONFIG_TYPE` other than `FILE` or `GRPC_XDS_SOTW`,
-/// `MERGE_DOMAIN_CONFIG` true. Every other variable of envoyproxy/ratelimit is ignored.
+/// other than `redis` or empty, `CONFIG_TYPE` other than `FILE` or `GRPC_XDS_SOTW`,
+/// `MERGE_DOMAIN_CONFIG` true, and those `config::erl_refused` lists. Its other variables
+/// (tuning) are ignored.
 pub fn apply_erl_env(
     config: &mut super::Config,
     var: impl Fn(&str) -> Option<String>,

@@ -88,6 +88,8 @@ pub struct Link {
     pub role: &'static str,
     /// TLS on every connection of this kind (`validate` refuses a mix).
     pub tls: bool,
+    /// A `#insecure` URL: TLS without checking the server's certificate.
+    pub unverified: bool,
     pub passwords: Passwords,
 }
 
@@ -104,6 +106,8 @@ impl StoreConfig {
                     Link {
                         role: "master",
                         tls: master.tls,
+                        // The master is always verified (`TlsMode::Secure`).
+                        unverified: false,
                         passwords: if master.password.is_some() {
                             Passwords::All
                         } else {
@@ -126,6 +130,9 @@ impl StoreConfig {
             .map(|link| {
                 let tls = match (&self.tls, link.tls) {
                     (_, false) => "plaintext".to_string(),
+                    (_, true) if link.unverified => {
+                        "TLS, the server's certificate NOT verified (#insecure)".to_string()
+                    }
                     (None, true) => "TLS, CA the system's, client certificate none".to_string(),
                     (Some(tls), true) => format!(
                         "TLS, CA {}, client certificate {}",
@@ -154,6 +161,7 @@ fn urls_link(role: &'static str, urls: &[String]) -> Link {
     Link {
         role,
         tls: !urls.is_empty() && urls.iter().all(|url| url.starts_with("rediss://")),
+        unverified: urls.iter().any(|url| url.ends_with("#insecure")),
         passwords: match with_password {
             0 => Passwords::None,
             n if n == urls.len() => Passwords::All,
@@ -221,5 +229,10 @@ mod tests {
         store.sentinel = None;
         store.url = "redis+unix:///run/r.sock?pass=x".into();
         assert_eq!(store.describe_links(), "node: plaintext, password set");
+        store.url = "rediss://h:6380#insecure".into();
+        assert_eq!(
+            store.describe_links(),
+            "node: TLS, the server's certificate NOT verified (#insecure), no password"
+        );
     }
 }
