@@ -604,23 +604,32 @@ pub fn apply_erl_env(
         dir.push(var("RUNTIME_APPDIRECTORY").unwrap_or_else(|| "config".into()));
         config.envoy.config_dir = Some(dir);
     }
-    let address = |host: &str, port: &str, what: &str| {
-        let host = var(host).unwrap_or_else(|| "0.0.0.0".into());
-        let port = var(port).unwrap_or_else(|| what.into());
+    // The variable at fault is named: the port unless it is plain decimal (a leading 0 is
+    // octal to Go, so it is refused rather than read as decimal), else the host.
+    let address = |host_var: &str, port_var: &str, default_port: &str| {
+        let host = var(host_var).unwrap_or_else(|| "0.0.0.0".into());
+        let port = var(port_var).unwrap_or_else(|| default_port.into());
+        let decimal = port.bytes().all(|b| b.is_ascii_digit())
+            && (port == "0" || !port.starts_with('0'))
+            && port.parse::<u16>().is_ok();
         let text = if host.contains(':') {
             format!("[{host}]:{port}")
         } else {
             format!("{host}:{port}")
         };
-        text.parse::<std::net::SocketAddr>()
-            .map_err(|_| ConfigError::new(what, format!("{text:?} is not a listen address")))
+        match text.parse::<std::net::SocketAddr>() {
+            Ok(address) if decimal => Ok(address),
+            _ => Err(ConfigError::new(
+                if decimal { host_var } else { port_var },
+                format!("{text:?} is not a listen address"),
+            )),
+        }
     };
     if var("GRPC_HOST").is_some() || var("GRPC_PORT").is_some() || config.grpc_listen.is_none() {
-        config.grpc_listen =
-            Some(address("GRPC_HOST", "GRPC_PORT", "8081").map_err(|e| e.within("GRPC_PORT"))?);
+        config.grpc_listen = Some(address("GRPC_HOST", "GRPC_PORT", "8081")?);
     }
     if var("HOST").is_some() || var("PORT").is_some() {
-        config.listen = address("HOST", "PORT", "8080").map_err(|e| e.within("PORT"))?;
+        config.listen = address("HOST", "PORT", "8080")?;
     }
     super::erl_redis::apply(config, &var)?;
     super::erl_refused::refuse_unsupported(&var)?;
