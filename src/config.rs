@@ -8,16 +8,22 @@
 //! - `summary`: what `tollgate validate` prints, passwords redacted;
 //! - `envoy`: envoyproxy/ratelimit's rules and YAML; `xds`: the settings of its xDS config
 //!   source, `xds_rules`: the resources that source sends, as rules;
-//! - `grpc_tls`: TLS on the gRPC listener, its files read and checked at start.
+//! - `grpc_tls`: TLS on the gRPC listener, its files read and checked at start;
+//! - `store_links`: what each connection to Redis uses (TLS, password), for the store,
+//!   `validate` and its summary alike; `erl_redis`: envoyproxy/ratelimit's `REDIS_*`;
+//!   `erl_refused`: its variables tollgate does not read, refused where they would matter.
 //!
 //! Limits and exemptions are checked once, where they are built from their tables
 //! (`crate::policy::limits`, `crate::policy::exempt`).
 
 pub mod envoy;
+mod erl_redis;
+mod erl_refused;
 pub mod grpc_tls;
 mod load;
 mod pem;
 mod schema;
+pub mod store_links;
 pub mod store_tls;
 mod summary;
 mod validate;

@@ -119,8 +119,7 @@ pub(crate) fn topology(store: &StoreConfig) -> Topology<'_> {
             seeds: &store.cluster,
         },
         Some(sentinel) => Topology::Sentinel {
-            master: &sentinel.master,
-            sentinels: &sentinel.urls,
+            sentinel,
             url: &store.url,
         },
         None => Topology::Single { url: &store.url },

@@ -532,11 +532,8 @@ pub fn dir_fingerprint(dir: &std::path::Path) -> u64 {
 /// - `RUNTIME_ROOT` (default `/srv/runtime_data/current`), `RUNTIME_SUBDIRECTORY`,
 ///   `RUNTIME_APPDIRECTORY` (default `config`): `envoy.config_dir`, unless the file sets it;
 /// - `GRPC_HOST`/`GRPC_PORT` (default `0.0.0.0:8081`): `grpc_listen`; `HOST`/`PORT`: `listen`;
-/// - `REDIS_URL` (`host:port`; sentinel: `master,host:port,...`; cluster: `host:port,...`),
-///   `REDIS_TYPE` (`single`, `sentinel`, `cluster`), `REDIS_AUTH` (`password` or
-///   `user:password`), `REDIS_TLS`, `REDIS_SOCKET_TYPE` (`unix`: `REDIS_URL` is a socket path):
-///   the store (Redis); `REDIS_TLS_CACERT`, `REDIS_TLS_CLIENT_CERT`, `REDIS_TLS_CLIENT_KEY`:
-///   `store.tls` (see [`super::store_tls::from_erl_env`]).
+/// - `REDIS_*`: the store, as envoyproxy/ratelimit reads them (see `config::erl_redis`);
+///   an unset `REDIS_URL` is refused.
 ///
 /// - `SHADOW_MODE`, `QUOTA_MODE`: `envoy.shadow_mode`, `envoy.quota_mode`.
 /// - `CONFIG_TYPE=GRPC_XDS_SOTW` and its `CONFIG_GRPC_XDS_*`: `envoy.xds` instead of
@@ -545,17 +542,18 @@ pub fn dir_fingerprint(dir: &std::path::Path) -> u64 {
 ///   (see [`super::grpc_tls::from_erl_env`]).
 ///
 /// A setting tollgate cannot honour without deciding differently is refused: `BACKEND_TYPE`
-/// other than `redis`, `CONFIG_TYPE` other than `FILE` or `GRPC_XDS_SOTW`,
-/// `MERGE_DOMAIN_CONFIG` true. Every other variable of envoyproxy/ratelimit is ignored.
+/// other than `redis` or empty, `CONFIG_TYPE` other than `FILE` or `GRPC_XDS_SOTW`,
+/// `MERGE_DOMAIN_CONFIG` true, and those `config::erl_refused` lists. Its other variables
+/// (tuning) are ignored.
 pub fn apply_erl_env(
     config: &mut super::Config,
     var: impl Fn(&str) -> Option<String>,
 ) -> Result<(), ConfigError> {
     // CONFIG_TYPE counts only with one of its own values: another program's variable of that
     // name must not turn this on.
-    let erl_config_type = var("CONFIG_TYPE").is_some_and(|kind| {
-        kind.eq_ignore_ascii_case("file") || kind.eq_ignore_ascii_case("grpc_xds_sotw")
-    });
+    // Spelled exactly, as ERL compares them: `file` stops it.
+    let erl_config_type =
+        var("CONFIG_TYPE").is_some_and(|kind| kind == "FILE" || kind == "GRPC_XDS_SOTW");
     if var("RUNTIME_ROOT").is_none() && var("RUNTIME_SUBDIRECTORY").is_none() && !erl_config_type {
         return Ok(());
     }
@@ -567,7 +565,8 @@ pub fn apply_erl_env(
                 .ok_or_else(|| ConfigError::new(name, format!("{text:?} is not a bool")))
         })
     };
-    if let Some(backend) = var("BACKEND_TYPE").filter(|b| !b.eq_ignore_ascii_case("redis")) {
+    // ERL takes `redis` and the empty string, nothing else, for its Redis backend.
+    if let Some(backend) = var("BACKEND_TYPE").filter(|b| !b.is_empty() && b != "redis") {
         return Err(ConfigError::new(
             "BACKEND_TYPE",
             format!("{backend:?}: tollgate keeps its buckets in Redis only"),
@@ -575,8 +574,8 @@ pub fn apply_erl_env(
     }
     match var("CONFIG_TYPE") {
         None => {}
-        Some(kind) if kind.eq_ignore_ascii_case("file") => {}
-        Some(kind) if kind.eq_ignore_ascii_case("grpc_xds_sotw") => {
+        Some(kind) if kind == "FILE" => {}
+        Some(kind) if kind == "GRPC_XDS_SOTW" => {
             config.envoy.xds = Some(super::xds::from_erl_env(&var)?);
         }
         Some(kind) => {
@@ -594,12 +593,6 @@ pub fn apply_erl_env(
             "true is not supported: one domain per file",
         ));
     }
-    if flag("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION")? {
-        return Err(ConfigError::new(
-            "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
-            "true is not supported: the Redis server's name is always verified",
-        ));
-    }
     config.envoy.shadow_mode |= flag("SHADOW_MODE")?;
     config.envoy.quota_mode |= flag("QUOTA_MODE")?;
     config.envoy.dynamic_metadata |= flag("RESPONSE_DYNAMIC_METADATA")?;
@@ -611,66 +604,35 @@ pub fn apply_erl_env(
         dir.push(var("RUNTIME_APPDIRECTORY").unwrap_or_else(|| "config".into()));
         config.envoy.config_dir = Some(dir);
     }
-    let address = |host: &str, port: &str, what: &str| {
-        let host = var(host).unwrap_or_else(|| "0.0.0.0".into());
-        let port = var(port).unwrap_or_else(|| what.into());
+    // The variable at fault is named: the port unless it is plain decimal (a leading 0 is
+    // octal to Go, so it is refused rather than read as decimal), else the host.
+    let address = |host_var: &str, port_var: &str, default_port: &str| {
+        let host = var(host_var).unwrap_or_else(|| "0.0.0.0".into());
+        let port = var(port_var).unwrap_or_else(|| default_port.into());
+        let decimal = port.bytes().all(|b| b.is_ascii_digit())
+            && (port == "0" || !port.starts_with('0'))
+            && port.parse::<u16>().is_ok();
         let text = if host.contains(':') {
             format!("[{host}]:{port}")
         } else {
             format!("{host}:{port}")
         };
-        text.parse::<std::net::SocketAddr>()
-            .map_err(|_| ConfigError::new(what, format!("{text:?} is not a listen address")))
+        match text.parse::<std::net::SocketAddr>() {
+            Ok(address) if decimal => Ok(address),
+            _ => Err(ConfigError::new(
+                if decimal { host_var } else { port_var },
+                format!("{text:?} is not a listen address"),
+            )),
+        }
     };
     if var("GRPC_HOST").is_some() || var("GRPC_PORT").is_some() || config.grpc_listen.is_none() {
-        config.grpc_listen =
-            Some(address("GRPC_HOST", "GRPC_PORT", "8081").map_err(|e| e.within("GRPC_PORT"))?);
+        config.grpc_listen = Some(address("GRPC_HOST", "GRPC_PORT", "8081")?);
     }
     if var("HOST").is_some() || var("PORT").is_some() {
-        config.listen = address("HOST", "PORT", "8080").map_err(|e| e.within("PORT"))?;
+        config.listen = address("HOST", "PORT", "8080")?;
     }
-    if let Some(url) = var("REDIS_URL") {
-        let tls = flag("REDIS_TLS")?;
-        config.store.tls = super::store_tls::from_erl_env(&var, tls)?.or(config.store.tls.take());
-        let unix = var("REDIS_SOCKET_TYPE").is_some_and(|t| t.eq_ignore_ascii_case("unix"));
-        let auth = var("REDIS_AUTH").map(|auth| {
-            if auth.contains(':') {
-                format!("{auth}@")
-            } else {
-                format!(":{auth}@")
-            }
-        });
-        let auth = auth.unwrap_or_default();
-        let scheme = if tls { "rediss" } else { "redis" };
-        let spell = |host: &str| {
-            if unix {
-                format!("redis+unix://{host}")
-            } else {
-                format!("{scheme}://{auth}{}", host.trim())
-            }
-        };
-        let store = &mut config.store;
-        store.backend = super::Backend::Redis;
-        let kind = var("REDIS_TYPE").unwrap_or_else(|| "single".into());
-        match kind.to_ascii_lowercase().as_str() {
-            "single" => store.url = spell(&url),
-            "cluster" => store.cluster = url.split(',').map(spell).collect(),
-            "sentinel" => {
-                let mut parts = url.split(',');
-                let master = parts.next().unwrap_or_default().trim().to_string();
-                store.sentinel = Some(super::SentinelConfig {
-                    master,
-                    urls: parts.map(spell).collect(),
-                });
-            }
-            other => {
-                return Err(ConfigError::new(
-                    "REDIS_TYPE",
-                    format!("{other:?} is none of single, sentinel, cluster"),
-                ))
-            }
-        }
-    }
+    super::erl_redis::apply(config, &var)?;
+    super::erl_refused::refuse_unsupported(&var)?;
     Ok(())
 }
 
@@ -745,6 +707,7 @@ mod tests {
             env(&[
                 ("RUNTIME_ROOT", "/data"),
                 ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+                ("REDIS_SOCKET_TYPE", "tcp"),
                 ("REDIS_URL", "redis:6379"),
                 ("REDIS_AUTH", "secret"),
                 ("REDIS_TLS", "true"),
@@ -796,6 +759,7 @@ mod tests {
                 ("RUNTIME_ROOT", "/d"),
                 ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
                 ("CONFIG_GRPC_XDS_NODE_ID", "n"),
+                ("REDIS_URL", "/run/redis.sock"),
             ]),
         )
         .unwrap();
@@ -811,6 +775,7 @@ mod tests {
             env(&[
                 ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
                 ("CONFIG_GRPC_XDS_NODE_ID", "n"),
+                ("REDIS_SOCKET_TYPE", "tcp"),
                 ("REDIS_URL", "redis:6379"),
             ]),
         )
@@ -819,8 +784,9 @@ mod tests {
         assert_eq!(config.store.url, "redis://redis:6379");
         assert_eq!(config.grpc_listen.unwrap().port(), 8081);
         // The files count only with REDIS_TLS true, as there; then they are checked.
-        const CERTS: [(&str, &str); 6] = [
+        const CERTS: [(&str, &str); 7] = [
             ("RUNTIME_ROOT", "/d"),
+            ("REDIS_SOCKET_TYPE", "tcp"),
             ("REDIS_URL", "redis:6380"),
             ("REDIS_TLS_CACERT", "/nonexistent/ca.pem"),
             ("REDIS_TLS_CLIENT_CERT", "/nonexistent/tls.crt"),
@@ -830,9 +796,9 @@ mod tests {
         let mut config = super::super::Config::default();
         apply_erl_env(&mut config, env(&CERTS)).unwrap();
         assert_eq!(config.store.tls, None);
-        const WITH_TLS: [(&str, &str); 6] = {
+        const WITH_TLS: [(&str, &str); 7] = {
             let mut certs = CERTS;
-            certs[5].1 = "true";
+            certs[6].1 = "true";
             certs
         };
         let refused = apply_erl_env(&mut super::super::Config::default(), env(&WITH_TLS));

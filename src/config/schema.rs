@@ -123,8 +123,20 @@ pub struct StoreConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SentinelConfig {
+    /// The name the sentinels monitor.
     pub master: String,
+    /// The sentinels: each URL's scheme, username and password are that sentinel's own.
     pub urls: Vec<String>,
+    /// TLS to the master: `true` or `false`, said apart from the sentinels'. Absent:
+    /// `store.url`'s scheme says (`rediss://`), as before this key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub master_tls: Option<bool>,
+    /// The master's ACL user; absent: `store.url`'s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub master_username: Option<String>,
+    /// The master's password; absent: `store.url`'s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub master_password: Option<Secret>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

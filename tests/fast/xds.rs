@@ -38,6 +38,7 @@ fn erl_tollgate(
     let mut all = vec![
         ("RUNTIME_ROOT", root_text.as_str()),
         ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+        ("REDIS_SOCKET_TYPE", "tcp"),
         ("REDIS_URL", redis_url.as_str()),
         ("GRPC_HOST", "127.0.0.1"),
         ("GRPC_PORT", grpc_port.as_str()),
