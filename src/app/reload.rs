@@ -61,9 +61,10 @@ impl Reloader {
         }
     }
 
-    /// Reloads when the envoyproxy/ratelimit config directory changed since it was last read
-    /// (a file written, added or removed, a ConfigMap's `..data` link swapped).
-    pub fn reload_if_changed(&self) {
+    /// Whether the envoyproxy/ratelimit config directory changed since it was last read (a
+    /// file written, added or removed at any depth, a ConfigMap's `..data` link swapped): then
+    /// it is time to [`Reloader::reload`].
+    pub fn dir_changed(&self) -> bool {
         let changed = {
             let watched = self.watched.lock().unwrap_or_else(|p| p.into_inner());
             watched
@@ -72,8 +73,8 @@ impl Reloader {
         };
         if changed {
             log::info!("reload: the envoyproxy/ratelimit config directory changed");
-            self.reload();
         }
+        changed
     }
 
     /// Loads, validates and installs the file; on any error keeps the old limits. Listen

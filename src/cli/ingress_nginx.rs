@@ -24,6 +24,9 @@ use ipnet::IpNet;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
+use crate::base::read::read_capped;
+use crate::config::envoy::yaml_bounds::{check_depth, MAX_IMPORT_MIB};
+
 /// ingress-nginx's default annotation prefix (its `--annotations-prefix`).
 pub const DEFAULT_PREFIX: &str = "nginx.ingress.kubernetes.io";
 
@@ -77,10 +80,12 @@ pub fn import(
     for file in files {
         let path = file.as_ref();
         let shown = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|e| IngressImportError {
+        let refuse = |reason: String| IngressImportError {
             object: shown.clone(),
-            reason: e.to_string(),
-        })?;
+            reason,
+        };
+        let text = read_capped(path, MAX_IMPORT_MIB).map_err(|e| refuse(e.to_string()))?;
+        check_depth(&text).map_err(refuse)?;
         read_documents(&text, &shown, &mut ingresses, &mut controller)?;
     }
     let prefix = format!("{}/", prefix.trim_end_matches('/'));

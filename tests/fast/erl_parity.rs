@@ -1,0 +1,402 @@
+//! envoyproxy/ratelimit as its own deployments run it, against the real binary, a real Redis
+//! and a tonic client: YAML in subdirectories of its runtime directory, merged domains
+//! (`MERGE_DOMAIN_CONFIG`), the `RateLimit-*` headers (`LIMIT_RESPONSE_HEADERS_ENABLED`), and
+//! hostile YAML refused before it is parsed.
+
+use std::path::Path;
+use std::time::Duration;
+
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
+
+use crate::support::chaos::run_tollgate;
+use crate::support::grpc::{self, ask, descriptor, header, request, OK, OVER_LIMIT};
+use crate::support::{redis_config, wait_until, RedisServer, TempDir, Tollgate};
+
+/// Runs these tests one after another: each starts a Redis and a tollgate.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+fn per_minute(domain: &str, key: &str, n: u32) -> String {
+    format!("domain: {domain}\ndescriptors:\n  - key: {key}\n    rate_limit: {{unit: minute, requests_per_unit: {n}}}\n")
+}
+
+fn write(path: &Path, text: &str) {
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(path, text).unwrap();
+}
+
+/// envoyproxy/ratelimit's environment for a runtime directory `<root>/rl/config`, its gRPC
+/// listener on `grpc_port`, its Redis `redis`.
+fn erl_env<'a>(
+    root: &'a str,
+    grpc_port: &'a str,
+    redis: &'a str,
+    more: &[(&'a str, &'a str)],
+) -> Vec<(&'a str, &'a str)> {
+    let mut env = vec![
+        ("RUNTIME_ROOT", root),
+        ("RUNTIME_SUBDIRECTORY", "rl"),
+        ("REDIS_URL", redis),
+        ("GRPC_HOST", "127.0.0.1"),
+        ("GRPC_PORT", grpc_port),
+    ];
+    env.extend_from_slice(more);
+    env
+}
+
+async fn codes(client: &mut grpc::Client, domain: &str, key: &str, times: usize) -> Vec<i32> {
+    let mut codes = Vec::new();
+    for _ in 0..times {
+        let answer = ask(client, request(domain, vec![descriptor(&[(key, "v")])])).await;
+        codes.push(answer.overall_code);
+    }
+    codes
+}
+
+fn requests_per_unit(response: &RateLimitResponse) -> u32 {
+    response.statuses[0]
+        .current_limit
+        .as_ref()
+        .map_or(0, |l| l.requests_per_unit)
+}
+
+/// goruntime walks the whole runtime directory: a domain whose file sits in a subdirectory of
+/// `config/` limits like one at the top, a `..`-named directory (a ConfigMap's) is not read,
+/// and an edit of the nested file is served without a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_domain_in_a_subdirectory_limits_and_its_edits_are_served() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let redis = RedisServer::start();
+    let dir = TempDir::new("erl-nested");
+    let config = dir.path().join("rl/config");
+    write(&config.join("a.yaml"), &per_minute("d", "k", 2));
+    write(&config.join("team-b/b.yaml"), &per_minute("d2", "k", 2));
+    write(
+        &config.join("..2026_12_06/c.yaml"),
+        &per_minute("d3", "k", 1),
+    );
+    let (root, port) = (
+        dir.path().display().to_string(),
+        crate::support::free_port().to_string(),
+    );
+    let redis_url = format!("127.0.0.1:{}", redis.port);
+    let short = crate::support::SHORT_TIMINGS;
+    let _tollgate = Tollgate::start_with_env("", &erl_env(&root, &port, &redis_url, &[short]));
+    let mut client = grpc::client(format!("127.0.0.1:{port}").parse().unwrap()).await;
+
+    assert_eq!(codes(&mut client, "d", "k", 3).await, [OK, OK, OVER_LIMIT]);
+    assert_eq!(
+        codes(&mut client, "d2", "k", 3).await,
+        [OK, OK, OVER_LIMIT],
+        "the nested file's domain limits"
+    );
+    assert_eq!(
+        codes(&mut client, "d3", "k", 2).await,
+        [OK, OK],
+        "dot entries skipped"
+    );
+
+    write(&config.join("team-b/b.yaml"), &per_minute("d2", "k", 7));
+    let mut served = 0;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while served != 7 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(crate::support::short_timings().watch_every / 5).await;
+        let answer = ask(&mut client, request("d2", vec![descriptor(&[("k", "w")])])).await;
+        served = requests_per_unit(&answer);
+    }
+    assert_eq!(served, 7, "the edited nested file is served");
+}
+
+/// `MERGE_DOMAIN_CONFIG=true`: two files of one domain serve both files' descriptors; false
+/// (the default) refuses them at start as envoyproxy/ratelimit does, and a descriptor both
+/// files declare is refused even when merging.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn merge_domain_config_joins_the_files_of_one_domain() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let redis = RedisServer::start();
+    let dir = TempDir::new("erl-merge");
+    let config = dir.path().join("rl/config");
+    write(&config.join("one.yaml"), &per_minute("d", "k1", 1));
+    write(&config.join("two/two.yaml"), &per_minute("d", "k2", 2));
+    let (root, port) = (
+        dir.path().display().to_string(),
+        crate::support::free_port().to_string(),
+    );
+    let redis_url = format!("127.0.0.1:{}", redis.port);
+
+    let (code, _, stderr) = run_tollgate(&["validate"], &erl_env(&root, &port, &redis_url, &[]));
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("duplicate domain \"d\""), "{stderr}");
+    assert!(stderr.contains("two.yaml"), "names the file: {stderr}");
+
+    let merge = [("MERGE_DOMAIN_CONFIG", "true")];
+    let (code, stdout, stderr) =
+        run_tollgate(&["validate"], &erl_env(&root, &port, &redis_url, &merge));
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stdout.contains("merged domains"), "{stdout}");
+    let _tollgate = Tollgate::start_with_env("", &erl_env(&root, &port, &redis_url, &merge));
+    let mut client = grpc::client(format!("127.0.0.1:{port}").parse().unwrap()).await;
+    assert_eq!(codes(&mut client, "d", "k1", 2).await, [OK, OVER_LIMIT]);
+    assert_eq!(codes(&mut client, "d", "k2", 3).await, [OK, OK, OVER_LIMIT]);
+
+    write(&config.join("two/two.yaml"), &per_minute("d", "k1", 5));
+    let (code, _, stderr) = run_tollgate(&["validate"], &erl_env(&root, &port, &redis_url, &merge));
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains("duplicate descriptor composite key"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("two.yaml"), "names the file: {stderr}");
+}
+
+/// service/ratelimit.go with `LIMIT_RESPONSE_HEADERS_ENABLED`: the answer carries
+/// `RateLimit-Limit`, `-Remaining` and `-Reset` of the descriptor nearest its limit, under the
+/// names `LIMIT_*_HEADER` give; without the variable, none of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limit_response_headers_show_the_descriptor_nearest_its_limit() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let redis = RedisServer::start();
+    let dir = TempDir::new("erl-headers");
+    let yaml = "domain: d\ndescriptors:\n  - key: wide\n    rate_limit: {unit: minute, requests_per_unit: 10}\n  - key: narrow\n    rate_limit: {unit: minute, requests_per_unit: 2}\n";
+    write(&dir.path().join("rl/config/d.yaml"), yaml);
+    let (root, port) = (
+        dir.path().display().to_string(),
+        crate::support::free_port().to_string(),
+    );
+    let redis_url = format!("127.0.0.1:{}", redis.port);
+    let env = erl_env(
+        &root,
+        &port,
+        &redis_url,
+        &[
+            ("LIMIT_RESPONSE_HEADERS_ENABLED", "true"),
+            ("LIMIT_REMAINING_HEADER", "X-Left"),
+        ],
+    );
+    let tollgate = Tollgate::start_with_env("", &env);
+    let mut client = grpc::client(format!("127.0.0.1:{port}").parse().unwrap()).await;
+    let both = || {
+        request(
+            "d",
+            vec![descriptor(&[("wide", "u")]), descriptor(&[("narrow", "u")])],
+        )
+    };
+    let first = ask(&mut client, both()).await;
+    assert_eq!(first.overall_code, OK);
+    assert_eq!(header(&first, "RateLimit-Limit"), Some("2"));
+    assert_eq!(header(&first, "X-Left"), Some("1"));
+    assert_eq!(header(&first, "RateLimit-Remaining"), None, "renamed");
+    // Seconds until the narrow bucket is full again: one token at 2 per minute.
+    let reset: u64 = header(&first, "RateLimit-Reset").unwrap().parse().unwrap();
+    assert!((29..=31).contains(&reset), "{reset}");
+    ask(&mut client, both()).await;
+    let over = ask(&mut client, both()).await;
+    assert_eq!(over.overall_code, OVER_LIMIT);
+    assert_eq!(header(&over, "RateLimit-Limit"), Some("2"));
+    assert_eq!(header(&over, "X-Left"), Some("0"));
+    drop(tollgate);
+
+    let port = crate::support::free_port().to_string();
+    let _plain = Tollgate::start_with_env("", &erl_env(&root, &port, &redis_url, &[]));
+    let mut client = grpc::client(format!("127.0.0.1:{port}").parse().unwrap()).await;
+    let answer = ask(
+        &mut client,
+        request("d", vec![descriptor(&[("wide", "fresh")])]),
+    )
+    .await;
+    assert_eq!(header(&answer, "RateLimit-Limit"), None, "off by default");
+}
+
+/// The same family on `/check` through `[response] headers`, renamed by
+/// `[response.ratelimit_names]`, and not there by default.
+#[test]
+fn the_ratelimit_family_renders_on_check_when_configured() {
+    let redis = RedisServer::start();
+    let limits = "[[limits]]\nname = \"per-ip\"\nrate = 1\nburst = 4\nkey = [\"ip\"]\n";
+    let configured = format!(
+        "[response]\nheaders = [\"ratelimit\"]\n[response.ratelimit_names]\nreset = \"X-Reset\"\n\n{limits}"
+    );
+    let tollgate = Tollgate::start(&redis_config(&redis, "", &configured));
+    let answer = tollgate.check(&[("X-Forwarded-For", "203.0.113.7")]);
+    assert_eq!(answer.status, 200);
+    assert_eq!(answer.header("ratelimit-limit"), Some("4"));
+    assert_eq!(answer.header("ratelimit-remaining"), Some("3"));
+    assert_eq!(answer.header("x-reset"), Some("1"));
+    assert_eq!(
+        answer.header("x-ratelimit-limit"),
+        None,
+        "only the families listed"
+    );
+    drop(tollgate);
+    let tollgate = Tollgate::start(&redis_config(&redis, "", limits));
+    let answer = tollgate.check(&[("X-Forwarded-For", "203.0.113.8")]);
+    assert_eq!(answer.header("ratelimit-limit"), None, "off by default");
+    assert_eq!(answer.header("x-ratelimit-limit"), Some("4"));
+}
+
+/// A bad header name in `[response.ratelimit_names]` stops the start (exit 2, naming the key).
+#[test]
+fn a_ratelimit_name_that_is_no_header_name_is_refused() {
+    let dir = TempDir::new("names");
+    let path = dir.write(
+        "tollgate.toml",
+        "[response.ratelimit_names]\nlimit = \"Rate Limit\"\n",
+    );
+    let (code, _, stderr) =
+        run_tollgate(&["validate", "--config", &path.display().to_string()], &[]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains("response.ratelimit_names.limit"),
+        "{stderr}"
+    );
+}
+
+/// A file of deeply nested brackets (quadratic for the YAML parser) is refused before parsing
+/// when the directory is reloaded; the running rules stay in force, and `validate` names the
+/// file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_too_deep_file_is_refused_on_reload_and_the_running_rules_stay() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let redis = RedisServer::start();
+    let dir = TempDir::new("erl-deep");
+    let config = dir.path().join("rl/config");
+    write(&config.join("a.yaml"), &per_minute("d", "k", 1));
+    let (root, port) = (
+        dir.path().display().to_string(),
+        crate::support::free_port().to_string(),
+    );
+    let redis_url = format!("127.0.0.1:{}", redis.port);
+    let env = erl_env(&root, &port, &redis_url, &[crate::support::SHORT_TIMINGS]);
+    let tollgate = Tollgate::start_with_env("", &env);
+    let mut client = grpc::client(format!("127.0.0.1:{port}").parse().unwrap()).await;
+
+    let n = 100_000;
+    let deep = format!("domain: e\nmetadata: {}{}\n", "[".repeat(n), "]".repeat(n));
+    write(&config.join("deep.yaml"), &deep);
+    let refused = || tollgate.metric(r#"tollgate_config_reloads_total{result="failure"}"#);
+    assert!(
+        wait_until(Duration::from_secs(10), || refused() == 1.0),
+        "the reload was not refused"
+    );
+    assert_eq!(
+        codes(&mut client, "d", "k", 2).await,
+        [OK, OVER_LIMIT],
+        "rules kept"
+    );
+
+    let (code, _, stderr) = run_tollgate(&["validate"], &env);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("deep.yaml"), "{stderr}");
+    assert!(stderr.contains("nested deeper than 128 levels"), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+}
+
+/// SIGTERM while a reload is stuck (here reading an `admin_token_file` that is a pipe nobody
+/// writes to after start): the instance still stops, because a reload never runs on the
+/// thread that hears signals. Before, it never would.
+#[test]
+fn sigterm_stops_the_instance_while_a_reload_is_stuck() {
+    use std::os::unix::fs::OpenOptionsExt;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    let dir = TempDir::new("stuck-reload");
+    let pipe = dir.path().join("token");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&pipe)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    // Feeds the token to every read at start; stops before the reload.
+    let feeding = Arc::new(AtomicBool::new(true));
+    let feeder = {
+        let (pipe, feeding) = (pipe.clone(), feeding.clone());
+        std::thread::spawn(move || {
+            while feeding.load(Ordering::SeqCst) {
+                // Non-blocking: fails at once while no reader has the pipe open.
+                match std::fs::OpenOptions::new()
+                    .write(true)
+                    .custom_flags(libc::O_NONBLOCK)
+                    .open(&pipe)
+                {
+                    Ok(mut reader_waiting) => {
+                        use std::io::Write;
+                        let _ = reader_waiting.write_all(b"s3cret-admin-token-0123");
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(5)),
+                }
+            }
+        })
+    };
+    let config = format!("admin_token_file = {:?}\n", pipe.display().to_string());
+    let mut tollgate = Tollgate::start(&config);
+    feeding.store(false, Ordering::SeqCst);
+    feeder.join().unwrap();
+
+    tollgate.signal("HUP");
+    // The reload now waits for a writer that never comes; let the signal be heard first.
+    std::thread::sleep(Duration::from_millis(200));
+    tollgate.signal("TERM");
+    assert_eq!(
+        tollgate.wait_exit(Duration::from_secs(30)),
+        Some(0),
+        "SIGTERM was not heard during the reload"
+    );
+}
+
+/// `import envoy-ratelimit --merge-domains`: two files of one domain become one domain's
+/// rules, which `validate` accepts; without the flag they are refused. An input past its cap
+/// is refused naming it, before it is read whole or parsed.
+#[test]
+fn import_merges_one_domain_and_refuses_oversized_inputs() {
+    let dir = TempDir::new("import-merge");
+    let one = dir.write("one.yaml", &per_minute("d", "k1", 1));
+    let two = dir.write("two.yaml", &per_minute("d", "k2", 2));
+    let (one, two) = (one.display().to_string(), two.display().to_string());
+    let (code, _, stderr) = run_tollgate(&["import", "envoy-ratelimit", &one, &two], &[]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("duplicate domain \"d\""), "{stderr}");
+    let (code, toml, stderr) = run_tollgate(
+        &["import", "envoy-ratelimit", "--merge-domains", &one, &two],
+        &[],
+    );
+    assert_eq!(code, Some(0), "{stderr}");
+    let path = dir.write("merged.toml", &toml).display().to_string();
+    let (code, stdout, stderr) = run_tollgate(&["validate", "--config", &path], &[]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        stdout.contains("envoy rules   2 (2 with rate_limit) in domains [d]"),
+        "{stdout}"
+    );
+
+    // Sparse files: no disk, and far more than the caps.
+    let big = dir.path().join("big.yaml");
+    std::fs::File::create(&big)
+        .unwrap()
+        .set_len(3 << 30)
+        .unwrap();
+    let big = big.display().to_string();
+    for (kind, cap) in [("envoy-ratelimit", "1 MiB"), ("ingress-nginx", "64 MiB")] {
+        let (code, _, stderr) = run_tollgate(&["import", kind, &big], &[]);
+        assert_eq!(code, Some(2), "{kind}: {stderr}");
+        assert!(stderr.contains(&big), "{kind} names the file: {stderr}");
+        assert!(
+            stderr.contains(&format!("larger than {cap}")),
+            "{kind}: {stderr}"
+        );
+        assert_eq!(stderr.lines().count(), 1, "{kind}: {stderr}");
+    }
+    let n = 100_000;
+    let deep = dir.write(
+        "deep.yaml",
+        &format!("domain: e\nmetadata: {}{}\n", "[".repeat(n), "]".repeat(n)),
+    );
+    let deep = deep.display().to_string();
+    for kind in ["envoy-ratelimit", "ingress-nginx"] {
+        let (code, _, stderr) = run_tollgate(&["import", kind, &deep], &[]);
+        assert_eq!(code, Some(2), "{kind}: {stderr}");
+        assert!(
+            stderr.contains("nested deeper than 128 levels"),
+            "{kind}: {stderr}"
+        );
+    }
+}
