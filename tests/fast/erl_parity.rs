@@ -400,3 +400,98 @@ fn import_merges_one_domain_and_refuses_oversized_inputs() {
         );
     }
 }
+
+/// service/ratelimit.go `ratelimitToMetadata` with `RESPONSE_DYNAMIC_METADATA`: per
+/// descriptor its `entries` (`key=value`) and its own `hitsAddend`; `metadata` merges the rules
+/// of the descriptors that passed: a shadow-mode rule over its limit passed (its status is OK),
+/// an unlimited one is left out, one over its limit is left out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dynamic_metadata_lists_each_descriptor_and_the_rules_that_passed() {
+    use envoy_types::pb::google::protobuf::value::Kind;
+    use envoy_types::pb::google::protobuf::{Struct, UInt64Value, Value};
+
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let redis = RedisServer::start();
+    let dir = TempDir::new("erl-metadata");
+    let yaml = "domain: d
+descriptors:
+  - key: shadow
+    shadow_mode: true
+    metadata: {from: shadow}
+    rate_limit: {unit: minute, requests_per_unit: 0}
+  - key: free
+    metadata: {from_free: yes}
+    rate_limit: {unlimited: true}
+  - key: tight
+    metadata: {from_tight: 1}
+    rate_limit: {unit: minute, requests_per_unit: 1}
+";
+    write(&dir.path().join("rl/config/d.yaml"), yaml);
+    let (root, port) = (
+        dir.path().display().to_string(),
+        crate::support::free_port().to_string(),
+    );
+    let redis_url = format!("127.0.0.1:{}", redis.port);
+    let env = erl_env(
+        &root,
+        &port,
+        &redis_url,
+        &[("RESPONSE_DYNAMIC_METADATA", "true")],
+    );
+    let _tollgate = Tollgate::start_with_env("", &env);
+    let mut client = grpc::client(format!("127.0.0.1:{port}").parse().unwrap()).await;
+    let mut tight = descriptor(&[("tight", "t")]);
+    tight.hits_addend = Some(UInt64Value { value: 2 });
+    let answer = ask(
+        &mut client,
+        request(
+            "d",
+            vec![
+                descriptor(&[("shadow", "s")]),
+                descriptor(&[("free", "f")]),
+                tight,
+            ],
+        ),
+    )
+    .await;
+    assert_eq!(
+        answer.statuses[2].code, OVER_LIMIT,
+        "2 hits on a limit of 1"
+    );
+    let meta = answer.dynamic_metadata.expect("dynamic metadata");
+    let get = |s: &Struct, name: &str| s.fields.get(name).and_then(|v| v.kind.clone());
+    let Some(Kind::ListValue(descriptors)) = get(&meta, "descriptors") else {
+        panic!("no descriptors: {meta:?}");
+    };
+    let one = |i: usize| match &descriptors.values[i].kind {
+        Some(Kind::StructValue(s)) => s.clone(),
+        other => panic!("descriptor {i}: {other:?}"),
+    };
+    let text = |v: &Value| match &v.kind {
+        Some(Kind::StringValue(s)) => s.clone(),
+        other => panic!("{other:?}"),
+    };
+    let Some(Kind::ListValue(entries)) = get(&one(0), "entries") else {
+        panic!("no entries");
+    };
+    assert_eq!(
+        entries.values.iter().map(text).collect::<Vec<_>>(),
+        ["shadow=s"]
+    );
+    assert_eq!(get(&one(2), "hitsAddend"), Some(Kind::NumberValue(2.0)));
+    assert_eq!(
+        get(&one(0), "hitsAddend"),
+        None,
+        "only when the descriptor has its own"
+    );
+    let Some(Kind::StructValue(passed)) = get(&meta, "metadata") else {
+        panic!("no metadata: {meta:?}");
+    };
+    let mut keys: Vec<&str> = passed.fields.keys().map(String::as_str).collect();
+    keys.sort_unstable();
+    assert_eq!(
+        keys,
+        ["from"],
+        "the shadow rule passed; unlimited and over left out"
+    );
+}
