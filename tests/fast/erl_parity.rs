@@ -80,7 +80,11 @@ async fn a_domain_in_a_subdirectory_limits_and_its_edits_are_served() {
     );
     let redis_url = format!("127.0.0.1:{}", redis.port);
     let short = crate::support::SHORT_TIMINGS;
-    let _tollgate = Tollgate::start_with_env("", &erl_env(&root, &port, &redis_url, &[short]));
+    let env = erl_env(&root, &port, &redis_url, &[short]);
+    let (code, stdout, stderr) = run_tollgate(&["validate"], &env);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stdout.contains("in domains [d, d2]"), "{stdout}");
+    let _tollgate = Tollgate::start_with_env("", &env);
     let mut client = grpc::client(format!("127.0.0.1:{port}").parse().unwrap()).await;
 
     assert_eq!(codes(&mut client, "d", "k", 3).await, [OK, OK, OVER_LIMIT]);
