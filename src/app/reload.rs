@@ -83,6 +83,9 @@ impl Reloader {
     pub fn reload(&self) {
         let metrics = &self.state.metrics;
         let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+        // Taken before the files are read: one changed while they are read (a reload of large
+        // files takes a while) differs from it, and is read at the next look.
+        let before = watched_dir(&running);
         let loaded = Config::load(self.path.as_deref())
             .map(|config| keep_restart_only_settings(config, &running))
             .and_then(|config| {
@@ -91,7 +94,13 @@ impl Reloader {
             });
         match loaded {
             Ok((config, policy)) => {
-                *self.watched.lock().unwrap_or_else(|p| p.into_inner()) = watched_dir(&config);
+                let watched = match before {
+                    Some((dir, seen)) if Some(&dir) == config.envoy.config_dir.as_ref() => {
+                        Some((dir, seen))
+                    }
+                    _ => watched_dir(&config),
+                };
+                *self.watched.lock().unwrap_or_else(|p| p.into_inner()) = watched;
                 self.state.limiter.replace_policy(policy);
                 metrics.reload_success.inc();
                 log::info!("reload: {} limit(s) active", config.limits.len());
@@ -99,13 +108,16 @@ impl Reloader {
             }
             Err(error) => {
                 // Not tried again until the directory changes once more.
-                if let Some((dir, seen)) = self
-                    .watched
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .as_mut()
-                {
-                    *seen = crate::config::envoy::dir_fingerprint(dir);
+                if let (Some((dir, seen)), Some((read, fingerprint))) = (
+                    self.watched
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .as_mut(),
+                    before,
+                ) {
+                    if *dir == read {
+                        *seen = fingerprint;
+                    }
                 }
                 metrics.reload_failure.inc();
                 log::error!("reload refused, keeping the running limits: {error}");
