@@ -168,6 +168,13 @@ pub enum StoreError {
     Connection(String),
     #[error("store script failed: {0}")]
     Script(String),
+    /// The store will not run scripts at all (an ACL without `@scripting`, `EVAL` renamed
+    /// away, a server without Lua): no retry helps until an operator acts.
+    #[error(
+        "the store refuses scripts ({0}); tollgate decides with Lua scripts: grant its user \
+         +@scripting, restore EVAL/EVALSHA, or load the Lua module (Valkey 9.1 and later)"
+    )]
+    ScriptsRefused(String),
     #[error("store error: {0}")]
     Other(String),
     /// The circuit breaker is open: the store was not called.

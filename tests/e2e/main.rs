@@ -18,6 +18,7 @@ mod dodge;
 mod envoy;
 mod faults;
 mod held_ids;
+mod helm_chart;
 mod import_ingress;
 mod ingress_examples;
 mod metrics_exposition;

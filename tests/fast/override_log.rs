@@ -61,7 +61,7 @@ struct Monitor {
 
 impl Monitor {
     fn start(redis: &RedisServer) -> Monitor {
-        let mut child = Command::new("redis-cli")
+        let mut child = Command::new(crate::support::store_binary("cli"))
             .args(["-p", &redis.port.to_string(), "MONITOR"])
             .stdout(Stdio::piped())
             .stderr(Stdio::null())

@@ -12,7 +12,7 @@ pub fn free_cluster_port() -> u16 {
 }
 
 fn spawn_redis(args: &[String]) -> Child {
-    Command::new("redis-server")
+    Command::new(super::store_binary("server"))
         .args(args)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -114,7 +114,7 @@ impl RedisCluster {
     pub fn start_on(ports: &[u16]) -> RedisCluster {
         let nodes: Vec<ClusterNode> = ports.iter().map(|&p| ClusterNode::start(p)).collect();
         let addrs: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
-        let output = Command::new("redis-cli")
+        let output = Command::new(super::store_binary("cli"))
             .args(["--cluster", "create"])
             .args(&addrs)
             .args(["--cluster-replicas", "1", "--cluster-yes"])
