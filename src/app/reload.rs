@@ -61,9 +61,10 @@ impl Reloader {
         }
     }
 
-    /// Reloads when the envoyproxy/ratelimit config directory changed since it was last read
-    /// (a file written, added or removed, a ConfigMap's `..data` link swapped).
-    pub fn reload_if_changed(&self) {
+    /// Whether the envoyproxy/ratelimit config directory changed since it was last read (a
+    /// file written, added or removed at any depth, a ConfigMap's `..data` link swapped): then
+    /// it is time to [`Reloader::reload`].
+    pub fn dir_changed(&self) -> bool {
         let changed = {
             let watched = self.watched.lock().unwrap_or_else(|p| p.into_inner());
             watched
@@ -72,8 +73,8 @@ impl Reloader {
         };
         if changed {
             log::info!("reload: the envoyproxy/ratelimit config directory changed");
-            self.reload();
         }
+        changed
     }
 
     /// Loads, validates and installs the file; on any error keeps the old limits. Listen
@@ -82,6 +83,9 @@ impl Reloader {
     pub fn reload(&self) {
         let metrics = &self.state.metrics;
         let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+        // Taken before the files are read: one changed while they are read (a reload of large
+        // files takes a while) differs from it, and is read at the next look.
+        let before = watched_dir(&running);
         let loaded = Config::load(self.path.as_deref())
             .map(|config| keep_restart_only_settings(config, &running))
             .and_then(|config| {
@@ -90,7 +94,13 @@ impl Reloader {
             });
         match loaded {
             Ok((config, policy)) => {
-                *self.watched.lock().unwrap_or_else(|p| p.into_inner()) = watched_dir(&config);
+                let watched = match before {
+                    Some((dir, seen)) if Some(&dir) == config.envoy.config_dir.as_ref() => {
+                        Some((dir, seen))
+                    }
+                    _ => watched_dir(&config),
+                };
+                *self.watched.lock().unwrap_or_else(|p| p.into_inner()) = watched;
                 self.state.limiter.replace_policy(policy);
                 metrics.reload_success.inc();
                 log::info!("reload: {} limit(s) active", config.limits.len());
@@ -98,13 +108,16 @@ impl Reloader {
             }
             Err(error) => {
                 // Not tried again until the directory changes once more.
-                if let Some((dir, seen)) = self
-                    .watched
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .as_mut()
-                {
-                    *seen = crate::config::envoy::dir_fingerprint(dir);
+                if let (Some((dir, seen)), Some((read, fingerprint))) = (
+                    self.watched
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .as_mut(),
+                    before,
+                ) {
+                    if *dir == read {
+                        *seen = fingerprint;
+                    }
                 }
                 metrics.reload_failure.inc();
                 log::error!("reload refused, keeping the running limits: {error}");

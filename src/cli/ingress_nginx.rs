@@ -27,6 +27,8 @@ pub use self::objects::{IngressImportError, DEFAULT_PREFIX};
 use self::snippet::snippet;
 pub use self::snippet::Proxy;
 use self::translate::Translation;
+use crate::base::read::read_capped;
+use crate::config::envoy::yaml_bounds::{check_depth, MAX_IMPORT_MIB};
 
 /// The conversion: what goes on stdout, and one line per thing not carried (for stderr).
 #[derive(Debug)]
@@ -49,10 +51,12 @@ pub fn import(
     for file in files {
         let path = file.as_ref();
         let shown = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|e| IngressImportError {
+        let refuse = |reason: String| IngressImportError {
             object: shown.clone(),
-            reason: e.to_string(),
-        })?;
+            reason,
+        };
+        let text = read_capped(path, MAX_IMPORT_MIB).map_err(|e| refuse(e.to_string()))?;
+        check_depth(&text).map_err(refuse)?;
         read_documents(&text, &shown, &mut ingresses, &mut controller)?;
     }
     let prefix = format!("{}/", prefix.trim_end_matches('/'));

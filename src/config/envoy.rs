@@ -8,7 +8,7 @@
 //! node's own settings. The order of the rules is the order of the YAML: a level's wildcards
 //! are tried in that order.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
@@ -16,14 +16,26 @@ use serde::{Deserialize, Serialize};
 use super::xds::XdsConfig;
 use super::ConfigError;
 
+mod dir;
+mod merge_and_headers_env;
+pub mod yaml_bounds;
+
+pub use dir::{fingerprint as dir_fingerprint, read_dir, read_file};
+
 /// `[envoy]`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct EnvoyConfig {
-    /// envoyproxy/ratelimit YAML files, every file of this directory not named `.*` (one
-    /// domain each), read at start and whenever they change, served after `rules`.
+    /// envoyproxy/ratelimit YAML files, every file of this directory and its subdirectories
+    /// not named `.*` (one domain each), read at start and whenever they change, served after
+    /// `rules`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub config_dir: Option<PathBuf>,
+    /// Its `MERGE_DOMAIN_CONFIG`: files of `config_dir` that name one domain add their
+    /// descriptors to it (a descriptor declared twice is refused); else a domain in two files
+    /// is refused.
+    #[serde(skip_serializing_if = "is_false")]
+    pub merge_domains: bool,
     /// envoyproxy/ratelimit's xDS config source: the rules of the `RateLimitConfig`
     /// resources a management server sends, served after `rules`. Not with `config_dir`:
     /// one source of the same rules, as there.
@@ -42,6 +54,10 @@ pub struct EnvoyConfig {
     /// descriptors, and the `metadata` of the rules of the descriptors that passed).
     #[serde(skip_serializing_if = "is_false")]
     pub dynamic_metadata: bool,
+    /// Its `LIMIT_RESPONSE_HEADERS_ENABLED`: gRPC answers carry the `ratelimit` header family
+    /// (named by `[response.ratelimit_names]`) besides `[response] headers`.
+    #[serde(skip_serializing_if = "is_false")]
+    pub response_headers: bool,
 }
 
 impl EnvoyConfig {
@@ -66,6 +82,8 @@ impl EnvoyConfig {
             && !self.shadow_mode
             && !self.quota_mode
             && !self.dynamic_metadata
+            && !self.merge_domains
+            && !self.response_headers
     }
 }
 
@@ -318,9 +336,11 @@ struct YamlReplaces {
 /// One YAML file as envoyproxy/ratelimit reads it: the domain, and its tree as rules in the
 /// file's order. Refuses (naming `file`) what it refuses: YAML it cannot parse, a field it
 /// does not know at any depth (metadata aside), a list of something else than maps, a value
-/// of another type than string, integer or bool, and everything [`check`] refuses.
+/// of another type than string, integer or bool, and everything [`check`] refuses; and,
+/// before parsing, a text past the [`yaml_bounds`].
 pub fn from_yaml(file: &str, text: &str) -> Result<(String, Vec<RuleConfig>), ConfigError> {
     let refuse = |why: String| ConfigError::new(file, why);
+    yaml_bounds::check(text).map_err(refuse)?;
     let generic: serde_yaml::Value = serde_yaml::from_str(text)
         .map_err(|e| refuse(format!("error loading config file: {e}")))?;
     match &generic {
@@ -437,7 +457,7 @@ pub fn all_rules(config: &EnvoyConfig) -> Result<Vec<RuleConfig>, ConfigError> {
     check(&config.rules, |i| format!("envoy.rules[{i}]"))?;
     let mut rules = config.rules.clone();
     if let Some(dir) = &config.config_dir {
-        rules.extend(read_dir(dir)?);
+        rules.extend(read_dir(dir, config.merge_domains)?);
         let written = config.rules.len();
         check(&rules, |i| {
             if i < written {
@@ -469,61 +489,6 @@ pub fn with_fed(config: &EnvoyConfig, fed: &[RuleConfig]) -> Result<Vec<RuleConf
     Ok(rules)
 }
 
-/// The files of a config directory envoyproxy/ratelimit reads: every regular file (or link to
-/// one) whose name does not start with `.` (a ConfigMap's `..data` links are skipped), sorted.
-fn config_files(dir: &std::path::Path) -> std::io::Result<Vec<PathBuf>> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)?
-        .filter_map(Result::ok)
-        .map(|entry| entry.path())
-        .filter(|path| {
-            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or(".");
-            !name.starts_with('.') && path.is_file()
-        })
-        .collect();
-    files.sort();
-    Ok(files)
-}
-
-/// Reads every file of `dir` (every regular file not named `.*`) into rules; one domain per
-/// file, a domain in two files is refused.
-pub fn read_dir(dir: &std::path::Path) -> Result<Vec<RuleConfig>, ConfigError> {
-    let at = format!("envoy.config_dir {}", dir.display());
-    let files = config_files(dir).map_err(|e| ConfigError::new(&at, e.to_string()))?;
-    let mut domains = BTreeMap::new();
-    let mut rules = Vec::new();
-    for path in files {
-        let name = path.display().to_string();
-        let text =
-            std::fs::read_to_string(&path).map_err(|e| ConfigError::new(&name, e.to_string()))?;
-        let (domain, file_rules) = from_yaml(&name, &text)?;
-        if let Some(first) = domains.insert(domain.clone(), name.clone()) {
-            return Err(ConfigError::new(
-                name,
-                format!("duplicate domain {domain:?} in config file (also in {first})"),
-            ));
-        }
-        rules.extend(file_rules);
-    }
-    Ok(rules)
-}
-
-/// A digest of what `dir` serves: each file's name, where its links lead, its length and
-/// modification time. It changes when a file is written, added or removed, and when a
-/// ConfigMap's `..data` link is swapped to a new directory.
-pub fn dir_fingerprint(dir: &std::path::Path) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    for path in config_files(dir).unwrap_or_default() {
-        path.hash(&mut hasher);
-        std::fs::canonicalize(&path).ok().hash(&mut hasher);
-        if let Ok(meta) = std::fs::metadata(&path) {
-            meta.len().hash(&mut hasher);
-            meta.modified().ok().hash(&mut hasher);
-        }
-    }
-    hasher.finish()
-}
-
 /// envoyproxy/ratelimit's environment, read when `RUNTIME_ROOT` or `RUNTIME_SUBDIRECTORY` is
 /// set, or `CONFIG_TYPE` is `FILE` or `GRPC_XDS_SOTW` (deployments fed over xDS often set no
 /// `RUNTIME_*`); never otherwise, so that a generic `PORT` never moves a tollgate that is not
@@ -541,10 +506,12 @@ pub fn dir_fingerprint(dir: &std::path::Path) -> u64 {
 /// - `GRPC_SERVER_USE_TLS` true and its `GRPC_SERVER_TLS_*`, `GRPC_CLIENT_TLS_*`: `grpc_tls`
 ///   (see [`super::grpc_tls::from_erl_env`]).
 ///
+/// - `MERGE_DOMAIN_CONFIG`, `LIMIT_RESPONSE_HEADERS_ENABLED` and its `LIMIT_*_HEADER` names
+///   (see `merge_and_headers_env`).
+///
 /// A setting tollgate cannot honour without deciding differently is refused: `BACKEND_TYPE`
-/// other than `redis` or empty, `CONFIG_TYPE` other than `FILE` or `GRPC_XDS_SOTW`,
-/// `MERGE_DOMAIN_CONFIG` true, and those `config::erl_refused` lists. Its other variables
-/// (tuning) are ignored.
+/// other than `redis` or empty, `CONFIG_TYPE` other than `FILE` or `GRPC_XDS_SOTW`, and those
+/// `config::erl_refused` lists. Its other variables (tuning) are ignored.
 pub fn apply_erl_env(
     config: &mut super::Config,
     var: impl Fn(&str) -> Option<String>,
@@ -587,12 +554,7 @@ pub fn apply_erl_env(
     }
     let use_tls = flag("GRPC_SERVER_USE_TLS")?;
     config.grpc_tls = super::grpc_tls::from_erl_env(&var, use_tls)?.or(config.grpc_tls.take());
-    if flag("MERGE_DOMAIN_CONFIG")? {
-        return Err(ConfigError::new(
-            "MERGE_DOMAIN_CONFIG",
-            "true is not supported: one domain per file",
-        ));
-    }
+    merge_and_headers_env::apply(config, &var)?;
     config.envoy.shadow_mode |= flag("SHADOW_MODE")?;
     config.envoy.quota_mode |= flag("QUOTA_MODE")?;
     config.envoy.dynamic_metadata |= flag("RESPONSE_DYNAMIC_METADATA")?;

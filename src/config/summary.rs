@@ -181,6 +181,8 @@ impl Config {
             for (on, what) in [
                 (self.envoy.shadow_mode, "global shadow_mode"),
                 (self.envoy.quota_mode, "global quota_mode"),
+                (self.envoy.merge_domains, "merged domains"),
+                (self.envoy.response_headers, "ratelimit headers"),
             ] {
                 if on {
                     let _ = write!(out, "  {what}");

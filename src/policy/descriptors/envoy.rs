@@ -92,6 +92,8 @@ pub struct EnvoyRules {
     pub quota_mode: bool,
     /// Whether answers carry `dynamic_metadata`.
     pub dynamic_metadata: bool,
+    /// Whether gRPC answers carry the `ratelimit` header family.
+    pub response_headers: bool,
     /// Rules come from an xDS server that has sent none yet: every request is answered with
     /// an error, as envoyproxy/ratelimit answers before its first configuration.
     pub awaiting_config: bool,
