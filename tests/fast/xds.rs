@@ -290,8 +290,6 @@ async fn an_oversized_resource_set_is_refused_with_the_reason_and_the_rules_stay
     let (_root, tollgate, addr) = erl_tollgate(&redis, &borrowed(&env), None);
     let mut client = grpc::client(addr).await;
     until_limit(&mut client, 3, "the first snapshot").await;
-    let rss = || crate::support::chaos::rss_kib(tollgate.pid());
-    let before = rss();
 
     let refusals = [
         ("2", deep_and_wide(95, 20_000), "nest more than 16 deep"),
@@ -310,16 +308,30 @@ async fn an_oversized_resource_set_is_refused_with_the_reason_and_the_rules_stay
             Some(3)
         );
     }
-    let refused = crate::support::chaos::peak_rss_kib(tollgate.pid());
     // Within the bounds: installed.
-    server.set("4", &[shop(5), deep_and_wide(15, 9_000)]);
+    server.set("4", &[shop(5), deep_and_wide(15, 500)]);
     until_limit(&mut client, 5, "a large set within the bounds").await;
     assert_eq!(answer_to(&server, "4").await.error_detail, None);
-    // What a set costs (print with --nocapture): resident memory per rule installed.
-    let after = rss();
-    eprintln!(
-        "RSS {before} KiB with 1 rule; peak {refused} KiB after the refusals; {after} KiB with 9,015 rules ({} KiB per rule)",
-        after.saturating_sub(before) / 9_015
+    // The next set drops them, series included: per-user, the request limit and the
+    // config's own per-ip are left.
+    server.set("5", &[shop(7)]);
+    until_limit(&mut client, 7, "the set after the large one").await;
+    let series = || {
+        tollgate
+            .metrics()
+            .lines()
+            .filter(|line| line.starts_with("tollgate_limit_decisions_total{"))
+            .count()
+    };
+    // Dropped right after the swap, which a check may see first.
+    assert!(
+        crate::support::wait_until(PATIENCE, || series() == 3 * 3),
+        "three limits, three decisions each: {:?}",
+        tollgate
+            .metrics()
+            .lines()
+            .filter(|line| line.starts_with("tollgate_limit_decisions_total{"))
+            .collect::<Vec<_>>()
     );
     drop(tollgate);
 }
@@ -534,4 +546,35 @@ fn yaml_struct(map: &serde_yaml::Value) -> envoy_types::pb::google::protobuf::St
         })
         .collect();
     envoy_types::pb::google::protobuf::Struct { fields }
+}
+
+/// Second tier (`cargo test --features e2e`): runs for more than a few seconds.
+#[cfg(feature = "e2e")]
+mod e2e {
+    use super::*;
+
+    /// The largest set the bounds let through installs, and what it costs: resident memory
+    /// per rule (print with `-- --nocapture`; docs/REFERENCE.md quotes it).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_set_at_the_bounds_installs_and_its_memory_per_rule_is_printed() {
+        let redis = RedisServer::start();
+        let server = XdsServer::start();
+        server.set("1", &[shop(3)]);
+        let env = xds_env(server.addr);
+        let (_root, tollgate, addr) = erl_tollgate(&redis, &borrowed(&env), None);
+        let mut client = grpc::client(addr).await;
+        until_limit(&mut client, 3, "the first snapshot").await;
+        let rss = || crate::support::chaos::rss_kib(tollgate.pid());
+        let before = rss();
+        // 9,015 descriptors 16 deep: the deepest and nearly the largest set allowed.
+        server.set("2", &[shop(5), deep_and_wide(15, 9_000)]);
+        until_limit(&mut client, 5, "a set at the bounds").await;
+        assert_eq!(answer_to(&server, "2").await.error_detail, None);
+        let after = rss();
+        eprintln!(
+            "RSS {before} KiB with 1 rule, {after} KiB with 9,015 rules 16 deep ({} KiB per rule)",
+            after.saturating_sub(before) / 9_015
+        );
+        assert!(after > before, "{after} KiB after, {before} KiB before");
+    }
 }
