@@ -849,6 +849,33 @@ fn after_redis_loses_its_data_a_deletion_wins_over_a_stale_instance() {
     assert_eq!(admitted(&[&a, &b], "x", 5), 2, "x is limited again");
 }
 
+/// A change made after Redis lost its data stands: the instances that held the limit before
+/// the loss find it changed since and write nothing back over it.
+#[test]
+fn after_redis_loses_its_data_a_change_made_since_stands_against_a_write_back() {
+    let mut redis = RedisServer::start();
+    let a = Tollgate::start(&config(&redis, Some(TOKEN)));
+    assert_eq!(
+        put(&a, "tight", "old", r#"{"unlimited": true}"#).status,
+        200
+    );
+    a.signal("STOP");
+    redis.restart();
+    let fresh = Tollgate::start(&config(&redis, Some(TOKEN)));
+    assert_eq!(put(&fresh, "tight", "new", r#"{"burst": 5}"#).status, 200);
+    a.signal("CONT");
+    for (name, tollgate) in [("a", &a), ("fresh", &fresh)] {
+        assert!(
+            wait_until(Duration::from_secs(5), || keys_on(tollgate, "tight")
+                == ["new"]),
+            "{name} holds {:?}",
+            keys_on(tollgate, "tight")
+        );
+    }
+    let hash = "tollgate:{tollgate:overrides}:limit:tight";
+    assert_eq!(redis.cli(&["HKEYS", hash]).lines().count(), 1);
+}
+
 /// Second tier (`cargo test --features e2e`): tests that start more than one Redis process.
 /// One module, so scripts/test.sh runs exactly these by `e2e::`.
 #[cfg(feature = "e2e")]
