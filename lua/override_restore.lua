@@ -5,8 +5,9 @@
 --
 -- KEYS[1]  the version hash; KEYS[2] the restored hash (field = limit, value = '<held> <at>':
 --          the version the writer held before the loss, and the version its write-back gave
---          the limit); then per limit named in ARGV, in order: its entry hash, change log,
---          expiry index, floor and history (override_log.lua)
+--          the limit); KEYS[3] the store's epoch (marked); then per limit named in ARGV, in
+--          order: its entry hash, change log, expiry index, floor and history
+--          (override_log.lua)
 -- ARGV[1]  most entries a limit may hold (sizes the log)
 -- ARGV[2..] per limit: name, the version this instance holds (from before the loss), number
 --          of entries, then tail and JSON per entry
@@ -21,10 +22,11 @@
 -- Returns how many limits were written.
 
 local now = now_ms()
+mark_epoch(KEYS[3])
 local max = tonumber(ARGV[1])
 local at = 2
 local wrote = 0
-for k = 3, #KEYS, 5 do
+for k = 4, #KEYS, 5 do
   local hash, log, expiries, floor, history = KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4]
   local limit, held = ARGV[at], tonumber(ARGV[at + 1])
   local count = tonumber(ARGV[at + 2])

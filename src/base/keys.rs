@@ -236,8 +236,9 @@ pub fn override_versions_key(prefix: &str) -> String {
     format!("{prefix}:{{{prefix}:overrides}}:versions")
 }
 
-/// The runtime overrides' store epoch, in the versions' slot: set once by the first poll of a
-/// store that has none, so a store that lost its data (restarted empty) shows a new one.
+/// The runtime overrides' store epoch, in the versions' slot: set by the first change (or
+/// write-back) to a store that has none, so a store that lost its data (restarted empty)
+/// shows another one, or none.
 pub fn override_epoch_key(prefix: &str) -> String {
     format!("{prefix}:{{{prefix}:overrides}}:epoch")
 }

@@ -118,8 +118,9 @@ pub async fn sync_once(
         .override_versions(&versions_key, &keys::override_epoch_key(prefix))
         .await?;
     runtime.learn_store_time(polled.now_ms);
-    // A new epoch, or versions gone: the store lost its data. Written back before catching
-    // up, so what this instance offers is what it held before the loss.
+    // Another epoch (or none) than the one known, or versions gone: the store lost its data.
+    // Written back before catching up, so what this instance offers is what it held before
+    // the loss.
     let known = runtime.epoch();
     if (known != 0 && known != polled.epoch) || !polled.exists {
         restore(store, runtime, prefix).await?;
@@ -169,6 +170,7 @@ async fn restore(
         .override_restore(
             &keys::override_versions_key(prefix),
             &keys::override_restored_key(prefix),
+            &keys::override_epoch_key(prefix),
             &limits,
             MAX_PER_LIMIT,
         )

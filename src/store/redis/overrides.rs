@@ -34,24 +34,35 @@ static RESTORE: LazyLock<LuaScript> = with_log!("override_restore.lua");
 static POLL: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new(include_str!("../../../lua/override_poll.lua")));
 
-/// The keys of one limit's runtime overrides, in the order the scripts take them.
-pub struct LimitKeys([String; 6]);
+/// The keys of one limit's runtime overrides, in the order the scripts take them, and the
+/// store's epoch, which a change marks (`lua/override_put.lua`).
+pub struct LimitKeys([String; 6], String);
 
 impl LimitKeys {
     pub fn new(prefix: &str, limit: &str) -> LimitKeys {
         let part = |name| keys::override_part_key(prefix, name, limit);
-        LimitKeys([
-            keys::override_versions_key(prefix),
-            keys::overrides_key(prefix, limit),
-            part("log"),
-            part("expiries"),
-            part("floor"),
-            part("history"),
-        ])
+        LimitKeys(
+            [
+                keys::override_versions_key(prefix),
+                keys::overrides_key(prefix, limit),
+                part("log"),
+                part("expiries"),
+                part("floor"),
+                part("history"),
+            ],
+            keys::override_epoch_key(prefix),
+        )
     }
 
     fn all(&self) -> [&str; 6] {
         self.0.each_ref().map(String::as_str)
+    }
+
+    /// [`LimitKeys::all`] and then the epoch: what a change takes.
+    fn changing(&self) -> Vec<&str> {
+        let mut keys = self.all().to_vec();
+        keys.push(&self.1);
+        keys
     }
 
     /// Every key but the version hash, as the restore script takes them per limit.
@@ -117,7 +128,7 @@ impl RedisStore {
         let reply = self
             .run_script(
                 &PUT,
-                &keys.all(),
+                &keys.changing(),
                 |cmd| {
                     cmd.arg(limit).arg(tail).arg(json).arg(ttl_ms).arg(max);
                 },
@@ -146,7 +157,7 @@ impl RedisStore {
         let reply = self
             .run_script(
                 &DELETE,
-                &keys.all(),
+                &keys.changing(),
                 |cmd| {
                     cmd.arg(limit).arg(tail).arg(max);
                 },
@@ -161,7 +172,7 @@ impl RedisStore {
         }
     }
 
-    /// Every limit's version, the store's time and its epoch.
+    /// Every limit's version, the store's time and its epoch (0: none yet).
     pub async fn override_versions(
         &self,
         versions: &str,
@@ -249,10 +260,11 @@ impl RedisStore {
         &self,
         versions: &str,
         restored: &str,
+        epoch: &str,
         limits: &[Restore<'_>],
         max: usize,
     ) -> Result<usize, StoreError> {
-        let mut keys = vec![versions, restored];
+        let mut keys = vec![versions, restored, epoch];
         keys.extend(limits.iter().flat_map(|l| l.keys.own()));
         let reply = self
             .run_script(
