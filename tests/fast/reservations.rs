@@ -13,7 +13,9 @@ use proptest::prelude::*;
 use crate::support::{redis_config, redis_store, RedisServer, Response, Tollgate};
 use tollgate::store::memory::{ManualClock, MemoryStore};
 use tollgate::store::redis::Topology;
-use tollgate::store::{BucketRequest, Meter, Reserve, Reserved, Settle, Settled, Store};
+use tollgate::store::{
+    BucketRequest, Meter, Reserve, Reserved, Settle, Settled, Store, MAX_LATE_SETTLES,
+};
 
 const TOKEN: &str = "test-admin-token-0123456789";
 /// Slow enough that the milliseconds a Redis step takes refill nothing visible.
@@ -46,6 +48,8 @@ fn settle(request: &BucketRequest, estimate: u64, actual: u64) -> Settle {
 /// A store and a way to let time pass past a reservation's expiry.
 trait Harness {
     fn decide(&self, buckets: &[BucketRequest]) -> (bool, Vec<f64>);
+    /// Each request decided alone, all at once; how many were admitted.
+    fn decide_each(&self, requests: &[BucketRequest]) -> usize;
     fn settle(&self, settle: &Settle) -> Settled;
     fn reserved(&self, bucket: &BucketRequest) -> Reserved;
     fn peek(&self, bucket: &BucketRequest) -> f64;
@@ -65,6 +69,16 @@ impl Harness for Memory {
             decided.allowed,
             decided.buckets.iter().map(|b| b.tokens).collect(),
         )
+    }
+    fn decide_each(&self, requests: &[BucketRequest]) -> usize {
+        requests
+            .iter()
+            .filter(|request| {
+                self.store
+                    .decide_sync(std::slice::from_ref(request))
+                    .allowed
+            })
+            .count()
     }
     fn settle(&self, settle: &Settle) -> Settled {
         self.store.settle_now(settle)
@@ -96,6 +110,18 @@ impl Harness for Redis {
             decided.allowed,
             decided.buckets.iter().map(|b| b.tokens).collect(),
         )
+    }
+    fn decide_each(&self, requests: &[BucketRequest]) -> usize {
+        // Concurrent: the store sends them in a few calls, as it would a burst of checks.
+        let decided = self.runtime.block_on(futures_util::future::join_all(
+            requests
+                .iter()
+                .map(|request| self.store.decide(std::slice::from_ref(request))),
+        ));
+        decided
+            .into_iter()
+            .filter(|decided| decided.as_ref().expect("decided").allowed)
+            .count()
     }
     fn settle(&self, settle: &Settle) -> Settled {
         self.runtime
@@ -250,6 +276,36 @@ fn run_scenarios(store: &dyn Harness, prefix: &str) {
     assert_eq!(whole(store.peek(&cheap)), 9.0);
 }
 
+/// A bucket keeps at most MAX_LATE_SETTLES expired reservations for a late settle, the
+/// oldest dropped first: settling one of those changes nothing (its expiry's outcome stands).
+fn late_settles_are_bounded_per_bucket(store: &dyn Harness, prefix: &str) {
+    let key = format!("{prefix}:many");
+    let burst = (MAX_LATE_SETTLES + 1) as f64;
+    let one = |id: u128| BucketRequest {
+        burst,
+        ..reserve(&key, id, 1, 40, false)
+    };
+    // The oldest first, then the rest together.
+    assert!(store.decide(std::slice::from_ref(&one(0))).0);
+    store.pass(1);
+    let rest: Vec<BucketRequest> = (1..=MAX_LATE_SETTLES as u128).map(one).collect();
+    assert_eq!(store.decide_each(&rest), MAX_LATE_SETTLES);
+    store.pass(40);
+    let settle = |id: u128| Settle {
+        max_debt: 0.0,
+        ..settle(&one(id), 1, 0)
+    };
+    let newest = store.settle(&settle(MAX_LATE_SETTLES as u128));
+    assert!(newest.held, "the newest expired reservation settles late");
+    let oldest = store.settle(&settle(0));
+    assert!(!oldest.held, "past the cap, the oldest is gone");
+    assert_eq!(
+        whole(oldest.outcome.tokens),
+        whole(newest.outcome.tokens),
+        "and changes nothing"
+    );
+}
+
 #[test]
 fn reservations_on_the_memory_store() {
     let clock = Arc::new(ManualClock::default());
@@ -259,6 +315,7 @@ fn reservations_on_the_memory_store() {
         clock,
     };
     run_scenarios(&harness, "mem");
+    late_settles_are_bounded_per_bucket(&harness, "mem");
 }
 
 #[test]
@@ -268,14 +325,13 @@ fn reservations_on_redis() {
         &Topology::Single { url: &server.url() },
         Duration::from_secs(2),
     );
-    run_scenarios(
-        &Redis {
-            _server: server,
-            store,
-            runtime,
-        },
-        "redis",
-    );
+    let harness = Redis {
+        _server: server,
+        store,
+        runtime,
+    };
+    run_scenarios(&harness, "redis");
+    late_settles_are_bounded_per_bucket(&harness, "redis");
 }
 
 fn reserving(extra: &str) -> String {
