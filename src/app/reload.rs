@@ -47,7 +47,7 @@ impl Reloader {
         let compiled = fed.and_then(|rules| {
             Policy::compile_fed(&running, metrics, Some(&rules)).map(|policy| (rules, policy))
         });
-        match compiled {
+        let installed = match compiled {
             Ok((rules, policy)) => {
                 self.state.limiter.replace_policy(policy);
                 metrics.reload_success.inc();
@@ -58,7 +58,18 @@ impl Reloader {
                 metrics.reload_failure.inc();
                 Err(error)
             }
-        }
+        };
+        self.forget_removed_limits();
+        installed
+    }
+
+    /// Drops the metric series of the limits the running policy does not have: those a swap
+    /// removed, and those a refused compile made on its way.
+    fn forget_removed_limits(&self) {
+        let policy = self.state.limiter.policy();
+        self.state
+            .metrics
+            .retain_limits(policy.limits.iter().map(|limit| limit.name.as_str()));
     }
 
     /// Whether the envoyproxy/ratelimit config directory changed since it was last read (a
@@ -123,6 +134,7 @@ impl Reloader {
                 log::error!("reload refused, keeping the running limits: {error}");
             }
         }
+        self.forget_removed_limits();
     }
 }
 
