@@ -24,6 +24,7 @@ mod admin;
 mod coalesce;
 mod connection;
 mod cross_slot;
+mod deadline;
 pub mod overrides;
 pub mod resets;
 pub mod script;
@@ -138,7 +139,7 @@ impl RedisStore {
         deadline: Instant,
     ) -> Result<Value, StoreError> {
         let call = self.begin(script)?;
-        let result = tokio::time::timeout_at(deadline.into(), async {
+        let result = deadline::until(deadline, async {
             // On a Cluster both commands are routed by their first key: the script is loaded
             // on the node that owns the slot, which is where it runs next time.
             match self
@@ -298,7 +299,7 @@ impl RedisStore {
                 "no async runtime to call Redis from".into(),
             ));
         };
-        let result = match tokio::time::timeout_at(deadline.into(), answer).await {
+        let result = match deadline::until(deadline, answer).await {
             Ok(Ok(result)) => result,
             // The call's task ended without answering: its runtime is shutting down.
             Ok(Err(_dropped)) => Err(StoreError::Other("the Redis call was dropped".into())),
@@ -450,11 +451,12 @@ impl Store for RedisStore {
 
     async fn ping(&self) -> Result<(), StoreError> {
         self.admit()?;
-        let result = match tokio::time::timeout(self.timeout, self.connection.ping()).await {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => Err(classify(&e)),
-            Err(_) => Err(StoreError::Timeout),
-        };
+        let result =
+            match deadline::until(Instant::now() + self.timeout, self.connection.ping()).await {
+                Ok(Ok(_)) => Ok(()),
+                Ok(Err(e)) => Err(classify(&e)),
+                Err(_) => Err(StoreError::Timeout),
+            };
         // The breaker and the connection learn from a probe as from a check; the error
         // counters count checks only, so probes every second do not swell them.
         match &result {
