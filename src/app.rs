@@ -3,7 +3,9 @@
 //! reload, drain, the instance heartbeat, and the client of envoyproxy/ratelimit's xDS
 //! config source (`xds`).
 
+pub mod descriptors;
 pub mod drain;
+pub mod grpc_connections;
 pub mod grpc_server;
 pub mod grpc_tls;
 pub mod heartbeat;

@@ -19,6 +19,7 @@ mod config_cli;
 mod deny_cache;
 mod exactness;
 mod grpc;
+mod grpc_connections;
 mod grpc_envoy;
 mod grpc_tls;
 mod hostile_input;
