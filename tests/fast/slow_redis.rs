@@ -208,30 +208,36 @@ fn concurrent_checks_go_out_together_not_in_waves() {
     let tollgate = Tollgate::start(&config(&proxy, 2_000, false, 1_000.0));
     wait_ready(&tollgate);
     tollgate.check(&[("x-api-key", "warm")]);
-    let mut latencies: Vec<Duration> = burst_of_checks(&tollgate, "waves", 32)
-        .into_iter()
-        .map(|(response, latency)| {
-            assert!(by_bucket(&response));
-            latency
-        })
-        .collect();
-    latencies.sort();
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
-    eprintln!(
-        "32 concurrent checks at {:.0} ms RTT: min {:.1} ms, median {:.1} ms, max {:.1} ms; \
-         proxy late by {:?}",
-        ms(rtt),
-        ms(latencies[0]),
-        ms(latencies[16]),
-        ms(latencies[31]),
-        proxy.take_lateness()
-    );
-    // One round trip each, plus a stall of the machine's; a second wave would take two.
-    assert!(
-        latencies[16] < rtt + STALL,
-        "median {:?}: checks went out in waves",
-        latencies[16]
-    );
+    let mut medians = Vec::new();
+    // A burst whose median is late is sent again: a machine stalled by other work (the other
+    // tests of this tier run beside it) makes one burst late, waves make every one late.
+    for attempt in 0..3 {
+        let mut latencies: Vec<Duration> =
+            burst_of_checks(&tollgate, &format!("waves{attempt}"), 32)
+                .into_iter()
+                .map(|(response, latency)| {
+                    assert!(by_bucket(&response));
+                    latency
+                })
+                .collect();
+        latencies.sort();
+        eprintln!(
+            "32 concurrent checks at {:.0} ms RTT: min {:.1} ms, median {:.1} ms, max {:.1} ms; \
+             proxy late by {:?}",
+            ms(rtt),
+            ms(latencies[0]),
+            ms(latencies[16]),
+            ms(latencies[31]),
+            proxy.take_lateness()
+        );
+        // One round trip each, plus a stall of the machine's; a second wave would take two.
+        if latencies[16] < rtt + STALL {
+            return;
+        }
+        medians.push(latencies[16]);
+    }
+    panic!("medians {medians:?} in every burst: checks went out in waves");
 }
 
 /// The first checks on a fresh connection, to a Redis that does not hold the script yet, cost
@@ -247,20 +253,35 @@ fn the_first_checks_after_a_fresh_connection_are_decided() {
     let timeout = RTT * 2 + STALL;
     let timeout_ms = u64::try_from(timeout.as_millis()).expect("a few hundred ms");
     let tollgate = Tollgate::start(&config(&proxy, timeout_ms, true, BURST));
-    for round in 0..2 {
-        wait_ready(&tollgate);
-        // As after a restart or a failover: the node holds no script.
-        redis.cli(&["SCRIPT", "FLUSH"]);
-        let answers = burst_of_checks(&tollgate, &format!("fresh{round}"), 5);
-        let on_error = answers.iter().filter(|(r, _)| !by_bucket(r)).count();
-        assert_eq!(
-            on_error, 0,
-            "round {round}: first checks answered via on_error"
-        );
-        // Reconnect: every connection through the proxy is reset.
-        proxy.cut();
-        let _ = tollgate.check(&[("x-api-key", "after-cut")]);
+    // (attempt, round, on_error answers): a round with on_error answers is tried again, as in
+    // the sweep above: a stalled machine makes one late, a third round trip makes every one.
+    let mut failed = Vec::new();
+    for attempt in 0..3 {
+        let mut clean = true;
+        for round in 0..2 {
+            wait_ready(&tollgate);
+            // As after a restart or a failover: the node holds no script.
+            redis.cli(&["SCRIPT", "FLUSH"]);
+            let answers = burst_of_checks(&tollgate, &format!("fresh{attempt}-{round}"), 5);
+            let on_error = answers.iter().filter(|(r, _)| !by_bucket(r)).count();
+            if on_error > 0 {
+                eprintln!(
+                    "attempt {attempt}, round {round}: {on_error} of 5 first checks via \
+                     on_error; proxy late by {:?}",
+                    proxy.take_lateness()
+                );
+                failed.push((attempt, round, on_error));
+                clean = false;
+            }
+            // Reconnect: every connection through the proxy is reset.
+            proxy.cut();
+            let _ = tollgate.check(&[("x-api-key", "after-cut")]);
+        }
+        if clean {
+            return;
+        }
     }
+    panic!("(attempt, round, on_error answers) in every attempt: {failed:?}");
 }
 
 /// A Redis whose round trip fits the call timeout but whose connection handshake (TCP, then
