@@ -1,5 +1,6 @@
 //! The running process: the listeners (HTTP in `server`, gRPC in `grpc_server`, its TLS in
-//! `grpc_tls`), signals,
+//! `grpc_tls`, the bounds on its connections in `grpc_connections`, the descriptor limit in
+//! `descriptors`), signals,
 //! reload, drain, the instance heartbeat, and the client of envoyproxy/ratelimit's xDS
 //! config source (`xds`).
 
