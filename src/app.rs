@@ -1,9 +1,12 @@
 //! The running process: the listeners (HTTP in `server`, gRPC in `grpc_server`, its TLS in
-//! `grpc_tls`), signals,
+//! `grpc_tls`, the bounds on its connections in `grpc_connections`, the descriptor limit in
+//! `descriptors`), signals,
 //! reload, drain, the instance heartbeat, and the client of envoyproxy/ratelimit's xDS
 //! config source (`xds`).
 
+pub mod descriptors;
 pub mod drain;
+pub mod grpc_connections;
 pub mod grpc_server;
 pub mod grpc_tls;
 pub mod heartbeat;

@@ -1,6 +1,8 @@
 //! The gRPC listener: Envoy's rate limit service and `grpc.health.v1.Health`, on threads of
 //! its own. Health reports readiness as `/readyz` does, and NOT_SERVING from the moment a
-//! shutdown begins. Plain HTTP/2, or TLS with `grpc_tls` (see [`super::grpc_tls`]).
+//! shutdown begins. Plain HTTP/2, or TLS with `grpc_tls` (see [`super::grpc_tls`]). Its
+//! connections are bounded (see [`super::grpc_connections`]), and each is sent an HTTP/2
+//! PING every `grpc_keepalive_every`: one unanswered for `grpc_keepalive_timeout` is closed.
 //!
 //! One thread accepts and hands each connection in turn to one of a lane per core: a thread
 //! with a single-threaded runtime that serves it to the end, as actix's workers do for HTTP.
@@ -12,12 +14,13 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use actix_web::web;
-use futures_util::stream::{self, Stream, StreamExt};
+use futures_util::stream::{self, Stream};
 use tokio::sync::{mpsc, watch};
 use tonic_health::server::HealthReporter;
 use tonic_health::ServingStatus;
 
 use crate::app::drain::Door;
+use crate::app::grpc_connections::{prefaced, Admitted, Cap};
 use crate::app::grpc_tls::LiveTls;
 use crate::grpc::{RateLimitService, RateLimiter};
 use crate::state::AppState;
@@ -25,12 +28,13 @@ use crate::state::AppState;
 /// Accepted connections waiting for their lane.
 const LANE_QUEUE: usize = 64;
 
-/// Serves the rate limit and health services on `listener` (over TLS with `tls`) until
-/// `stopping` turns true; then drains. The returned receiver fires when the server has
-/// stopped.
+/// Serves the rate limit and health services on `listener` (over TLS with `tls`), holding at
+/// most `max_connections` connections, until `stopping` turns true; then drains. The returned
+/// receiver fires when the server has stopped.
 pub fn spawn(
     listener: std::net::TcpListener,
     tls: Option<Arc<LiveTls>>,
+    max_connections: u32,
     state: web::Data<AppState>,
     stopping: watch::Receiver<bool>,
 ) -> std::io::Result<tokio::sync::oneshot::Receiver<()>> {
@@ -42,6 +46,7 @@ pub fn spawn(
     let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
     let mut lanes = Vec::with_capacity(workers);
     let mut threads = Vec::with_capacity(workers);
+    let timings = state.timings;
     for _ in 0..workers {
         let (hand, accepted) = mpsc::channel(LANE_QUEUE);
         let runtime = single_threaded()?;
@@ -49,6 +54,8 @@ pub fn spawn(
             accepted,
             tls: tls.clone(),
             router: tonic::transport::Server::builder()
+                .http2_keepalive_interval(Some(timings.grpc_keepalive_every))
+                .http2_keepalive_timeout(Some(timings.grpc_keepalive_timeout))
                 .add_service(health.clone())
                 .add_service(RateLimitService::new(RateLimiter::new(state.clone()))),
             state: state.clone(),
@@ -67,7 +74,8 @@ pub fn spawn(
     std::thread::Builder::new()
         .name("tollgate-grpc-accept".into())
         .spawn(move || {
-            let acceptor = accept(listener, lanes, tls, reporter, state, stopping, door);
+            let cap = Cap::new(max_connections);
+            let acceptor = accept(listener, lanes, cap, tls, reporter, state, stopping, door);
             if let Err(error) = runtime.block_on(acceptor) {
                 log::error!("gRPC server failed: {error}");
             }
@@ -93,10 +101,12 @@ fn join(threads: Vec<JoinHandle<()>>) {
 }
 
 /// Accepts until a shutdown has given open connections their notice, handing connections to
-/// the lanes in turn; reports health meanwhile.
+/// the lanes in turn (and closing those past the cap); reports health meanwhile.
+#[allow(clippy::too_many_arguments)]
 async fn accept(
     listener: std::net::TcpListener,
-    lanes: Vec<mpsc::Sender<std::net::TcpStream>>,
+    lanes: Vec<mpsc::Sender<Admitted>>,
+    mut cap: Cap,
     tls: Option<Arc<LiveTls>>,
     reporter: HealthReporter,
     state: web::Data<AppState>,
@@ -125,7 +135,8 @@ async fn accept(
         tokio::time::sleep(timings.close_notice).await;
     };
     tokio::pin!(shutdown);
-    for lane in lanes.iter().cycle() {
+    let mut lanes = lanes.iter().cycle();
+    loop {
         let stream = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => stream,
@@ -140,18 +151,22 @@ async fn accept(
         };
         let _ = stream.set_nodelay(true);
         // Registered again with the lane's own runtime there.
-        let stream = stream.into_std()?;
-        if lane.send(stream).await.is_err() {
+        let Some(admitted) = cap.admit(stream.into_std()?) else {
+            continue;
+        };
+        let Some(lane) = lanes.next() else {
+            return Ok(());
+        };
+        if lane.send(admitted).await.is_err() {
             log::error!("a gRPC lane has stopped; closing the listener");
             return Ok(());
         }
     }
-    Ok(())
 }
 
 /// One lane: a single-threaded runtime serving the connections handed to it.
 struct Lane {
-    accepted: mpsc::Receiver<std::net::TcpStream>,
+    accepted: mpsc::Receiver<Admitted>,
     tls: Option<Arc<LiveTls>>,
     router: tonic::transport::server::Router,
     state: web::Data<AppState>,
@@ -179,14 +194,20 @@ impl Lane {
         let server = async move {
             match tls {
                 Some(config) => {
-                    let incoming = crate::app::grpc_tls::handshakes(accepted, config);
+                    let incoming = crate::app::grpc_tls::handshakes(
+                        accepted,
+                        config,
+                        timings.grpc_first_bytes_within,
+                    );
                     router
                         .serve_with_incoming_shutdown(received(incoming), drain)
                         .await
                 }
                 None => {
-                    let incoming = plain(accepted);
-                    router.serve_with_incoming_shutdown(incoming, drain).await
+                    let incoming = prefaced(accepted, timings.grpc_first_bytes_within);
+                    router
+                        .serve_with_incoming_shutdown(received(incoming), drain)
+                        .await
                 }
             }
         };
@@ -203,13 +224,6 @@ impl Lane {
             () = grace_over => log::warn!("gRPC connections still open after the grace period; closing them"),
         }
     }
-}
-
-/// The connections of `accepted`, registered with this thread's runtime.
-fn plain(
-    accepted: mpsc::Receiver<std::net::TcpStream>,
-) -> impl Stream<Item = std::io::Result<tokio::net::TcpStream>> {
-    received(accepted).map(tokio::net::TcpStream::from_std)
 }
 
 /// A receiver as a stream.

@@ -21,11 +21,10 @@ use tokio_rustls::TlsAcceptor;
 
 use arc_swap::ArcSwap;
 
+use super::grpc_connections::{Admitted, Held};
 use crate::config::grpc_tls::{GrpcTlsConfig, GrpcTlsMaterial};
 use crate::config::ConfigError;
 
-/// A client that has not finished its handshake by then is dropped.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Finished handshakes waiting for the server to take them.
 const QUEUE: usize = 64;
 
@@ -126,18 +125,20 @@ pub async fn follow(live: Arc<LiveTls>, every: Duration) {
 
 /// Completes the TLS handshakes of the connections `accepted` hands over, each in a task of
 /// its own on the calling thread's runtime, with the configuration current at its start; the
-/// returned receiver yields the connections ready for HTTP/2. Ends when `accepted` does, or
-/// when the receiver is dropped.
+/// returned receiver yields the connections ready for HTTP/2, each keeping its place under the
+/// listener's cap. A client that has not finished its handshake `within` is dropped. Ends when
+/// `accepted` does, or when the receiver is dropped.
 pub fn handshakes(
-    mut accepted: mpsc::Receiver<std::net::TcpStream>,
+    mut accepted: mpsc::Receiver<Admitted>,
     live: Arc<LiveTls>,
-) -> mpsc::Receiver<std::io::Result<TlsStream<TcpStream>>> {
+    within: Duration,
+) -> mpsc::Receiver<std::io::Result<Held<TlsStream<TcpStream>>>> {
     let (ready, incoming) = mpsc::channel(QUEUE);
     tokio::spawn(async move {
         loop {
-            let stream = tokio::select! {
+            let Admitted { stream, place } = tokio::select! {
                 next = accepted.recv() => match next {
-                    Some(stream) => stream,
+                    Some(admitted) => admitted,
                     None => return,
                 },
                 () = ready.closed() => return,
@@ -156,9 +157,9 @@ pub fn handshakes(
             let acceptor = live.acceptor();
             let ready = ready.clone();
             tokio::spawn(async move {
-                match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                match tokio::time::timeout(within, acceptor.accept(stream)).await {
                     Ok(Ok(tls)) => {
-                        let _ = ready.send(Ok(tls)).await;
+                        let _ = ready.send(Ok(Held::new(tls, place))).await;
                     }
                     // A refused client is the client's problem, and any client can cause one:
                     // debug, not warn.

@@ -36,6 +36,8 @@ pub struct Listeners {
     /// How `grpc` speaks TLS, when `grpc_tls` is set: its certificates, followed as they
     /// change.
     pub grpc_tls: Option<Arc<LiveTls>>,
+    /// Most connections `grpc` holds at once (`grpc_max_connections`, or its default).
+    pub grpc_max_connections: u32,
 }
 
 impl Listeners {
@@ -46,8 +48,12 @@ impl Listeners {
             Some(tls) => Some(Arc::new(LiveTls::load(tls.clone())?)),
             None => None,
         };
+        let descriptors = crate::app::descriptors::raise_soft_limit();
         Ok(Listeners {
             grpc_tls,
+            grpc_max_connections: config.grpc_max_connections.unwrap_or_else(|| {
+                crate::app::descriptors::default_grpc_max_connections(descriptors)
+            }),
             public: Door::defer_until_request(TcpListener::bind(config.listen)?)?,
             admin: TcpListener::bind(config.admin_listen)?,
             grpc: config.grpc_listen.map(TcpListener::bind).transpose()?,
@@ -197,6 +203,7 @@ pub async fn run(
             Some(crate::app::grpc_server::spawn(
                 listener,
                 listeners.grpc_tls,
+                listeners.grpc_max_connections,
                 state,
                 stop_seen,
             )?)

@@ -1,6 +1,6 @@
 //! How long tollgate's background duties wait: every fixed interval in one value, built once
 //! at start and handed to each duty (the heartbeat, the reset channel, Sentinel, the config
-//! directory watch, gRPC health, the circuit breaker, the drain).
+//! directory watch, gRPC health and connections, the circuit breaker, the drain).
 //!
 //! [`Timings::default`] holds the production values. Tests of the real binary shorten them
 //! all at once with the testing-only environment variable [`TEST_SCALE_ENV`], a divisor:
@@ -40,6 +40,13 @@ pub struct Timings {
     pub watch_every: Duration,
     /// How often the gRPC health service asks whether tollgate can decide.
     pub grpc_health_every: Duration,
+    /// A gRPC connection that has not sent the HTTP/2 preface (plain) or finished its TLS
+    /// handshake by then is closed: a silent connection would hold a descriptor forever.
+    pub grpc_first_bytes_within: Duration,
+    /// How often an HTTP/2 PING goes to a gRPC client; one that does not answer within
+    /// [`Timings::grpc_keepalive_timeout`] is closed (a peer gone without a reset).
+    pub grpc_keepalive_every: Duration,
+    pub grpc_keepalive_timeout: Duration,
     /// How long an open circuit breaker rejects calls before it lets a probe through. Short,
     /// so recovery is quick.
     pub breaker_open_for: Duration,
@@ -65,6 +72,9 @@ impl Default for Timings {
             sentinel_min_gap: Duration::from_millis(100),
             watch_every: Duration::from_secs(1),
             grpc_health_every: Duration::from_secs(1),
+            grpc_first_bytes_within: Duration::from_secs(10),
+            grpc_keepalive_every: Duration::from_secs(60),
+            grpc_keepalive_timeout: Duration::from_secs(20),
             breaker_open_for: Duration::from_millis(250),
             shutdown_grace: Duration::from_secs(10),
             close_notice: Duration::from_secs(1),
@@ -86,6 +96,9 @@ impl Timings {
             sentinel_min_gap: self.sentinel_min_gap / divisor,
             watch_every: self.watch_every / divisor,
             grpc_health_every: self.grpc_health_every / divisor,
+            grpc_first_bytes_within: self.grpc_first_bytes_within / divisor,
+            grpc_keepalive_every: self.grpc_keepalive_every / divisor,
+            grpc_keepalive_timeout: self.grpc_keepalive_timeout / divisor,
             breaker_open_for: self.breaker_open_for / divisor,
             shutdown_grace: self.shutdown_grace / divisor,
             close_notice: self.close_notice / divisor,
@@ -149,6 +162,9 @@ mod tests {
             shortest.sentinel_min_gap,
             shortest.watch_every,
             shortest.grpc_health_every,
+            shortest.grpc_first_bytes_within,
+            shortest.grpc_keepalive_every,
+            shortest.grpc_keepalive_timeout,
             shortest.breaker_open_for,
             shortest.shutdown_grace,
             shortest.close_notice,

@@ -51,6 +51,10 @@ pub struct Config {
     /// TLS (and mutual TLS) on `grpc_listen`; absent = plain HTTP/2.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub grpc_tls: Option<super::grpc_tls::GrpcTlsConfig>,
+    /// Most connections `grpc_listen` holds at once; absent = half the process's descriptor
+    /// limit (at most [`DEFAULT_GRPC_MAX_CONNECTIONS`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub grpc_max_connections: Option<u32>,
     pub store: StoreConfig,
     pub client_ip: ClientIpConfig,
     pub response: ResponseConfig,
@@ -409,6 +413,9 @@ fn one() -> u64 {
     1
 }
 
+/// The most `grpc_max_connections` defaults to, however high the descriptor limit.
+pub const DEFAULT_GRPC_MAX_CONNECTIONS: u32 = 65_536;
+
 impl Default for Config {
     fn default() -> Self {
         Config {
@@ -417,6 +424,7 @@ impl Default for Config {
             admin_hosts: Vec::new(),
             grpc_listen: None,
             grpc_tls: None,
+            grpc_max_connections: None,
             store: StoreConfig::default(),
             client_ip: ClientIpConfig::default(),
             response: ResponseConfig::default(),

@@ -91,6 +91,12 @@ impl Config {
             }
             tls.load()?;
         }
+        if self.grpc_max_connections == Some(0) {
+            return Err(ConfigError::new(
+                "grpc_max_connections",
+                "must be at least 1 (leave it out for half the descriptor limit)",
+            ));
+        }
         // A proxy treats a 2xx/3xx auth answer as admission and a 5xx as its own failure;
         // only a 4xx is a denial every shipped config passes on to the client.
         if !(400..=499).contains(&self.response.deny_status) {

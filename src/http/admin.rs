@@ -51,7 +51,7 @@ impl Drop for ReadSlot<'_> {
     }
 }
 
-/// Refuses the admin API (`/v1/...`, `/report`) to a request whose `Host` is not an IP
+/// Refuses the admin API (`/v1/...`, `/report`, `/release`) to a request whose `Host` is not an IP
 /// literal, `localhost` or a name in `admin_hosts`: a web page that rebinds its own DNS name
 /// to this address then cannot read it from a browser. Probes and `/metrics` are not checked.
 pub async fn host_guard(
@@ -59,7 +59,7 @@ pub async fn host_guard(
     next: Next<impl MessageBody + 'static>,
 ) -> Result<ServiceResponse<EitherBody<impl MessageBody>>, actix_web::Error> {
     let path = request.path();
-    if path.starts_with("/v1/") || path == "/report" {
+    if path.starts_with("/v1/") || path == "/report" || path == "/release" {
         let allowed = match request.app_data::<web::Data<AppState>>() {
             Some(state) => {
                 let policy = state.limiter.policy();

@@ -24,6 +24,7 @@ mod admin;
 mod coalesce;
 mod connection;
 mod cross_slot;
+mod deadline;
 pub mod overrides;
 pub mod resets;
 pub mod script;
@@ -149,7 +150,7 @@ impl RedisStore {
         deadline: Instant,
     ) -> Result<Value, StoreError> {
         let call = self.begin(script)?;
-        let result = tokio::time::timeout_at(deadline.into(), async {
+        let result = deadline::until(deadline, async {
             // On a Cluster both commands are routed by their first key: the script is loaded
             // on the node that owns the slot, which is where it runs next time.
             match self
@@ -331,7 +332,7 @@ impl RedisStore {
                 "no async runtime to call Redis from".into(),
             ));
         };
-        let result = match tokio::time::timeout_at(deadline.into(), answer).await {
+        let result = match deadline::until(deadline, answer).await {
             Ok(Ok(result)) => result,
             // The call's task ended without answering: its runtime is shutting down.
             Ok(Err(_dropped)) => Err(StoreError::Other("the Redis call was dropped".into())),
@@ -496,7 +497,7 @@ impl Store for RedisStore {
             }
             Ok::<_, redis::RedisError>(())
         };
-        let result = match tokio::time::timeout(self.timeout, probe).await {
+        let result = match deadline::until(Instant::now() + self.timeout, probe).await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(classify(&e)),
             Err(_) => Err(StoreError::Timeout),

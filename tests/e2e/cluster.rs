@@ -2,9 +2,11 @@
 //! exists, stays exact when one request draws from buckets in different slots, and follows a
 //! master failover without a restart.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::support::cluster::{drive, Outcome, RedisCluster};
+use crate::support::cluster::{drive, drive_until, Outcome, RedisCluster};
 use crate::support::Tollgate;
 
 /// (name, rate, burst, key header). `per-user` and `per-user-minute` share a slot (same hash
@@ -14,6 +16,15 @@ const LIMITS: &[(&str, f64, f64, &str)] = &[
     ("per-user-minute", 2.0, 15.0, "x-user"),
     ("per-tenant", 20.0, 20.0, "x-tenant"),
 ];
+
+/// How soon tollgate decides through Redis again once Redis answers, as docs/FAILURE-MODES.md
+/// states it (its target; measured: 15 to 290 ms).
+const RECOVERY: Duration = Duration::from_secs(1);
+
+/// How long after the Cluster is healthy again the test allows for checks to be decided by it
+/// again: three times the documented recovery. The Cluster's own failover (noticing the dead
+/// master, electing its replica) is Redis's, and is not timed against tollgate.
+const RECOVERY_BUDGET: Duration = Duration::from_secs(3);
 
 fn config(seeds: &[String]) -> String {
     let seeds: Vec<String> = seeds.iter().map(|s| format!("\"{s}\"")).collect();
@@ -152,9 +163,23 @@ fn cluster_is_exact_across_slots_and_follows_a_master_failover() {
         .replica_of(victim)
         .expect("the victim has a replica");
     let (users2, tenants2) = (names("p2-user-", 24), names("p2-tenant-", 3));
+    // The load runs until well past the recovery budget after the Cluster healed, however long
+    // Redis takes to elect the replica (a busy machine may need a second election).
+    let stop = Arc::new(AtomicBool::new(false));
     let load_start = Instant::now();
-    let load =
-        std::thread::spawn(move || drive(&targets, 6, Duration::from_secs(9), &users2, &tenants2));
+    let load = {
+        let stop = Arc::clone(&stop);
+        std::thread::spawn(move || {
+            drive_until(
+                &targets,
+                6,
+                &stop,
+                Duration::from_secs(60),
+                &users2,
+                &tenants2,
+            )
+        })
+    };
     std::thread::sleep(Duration::from_millis(1500));
     let killed_at = load_start.elapsed();
     cluster.kill(victim);
@@ -167,7 +192,10 @@ fn cluster_is_exact_across_slots_and_follows_a_master_failover() {
         cluster.master_ports().contains(&heir),
         "{heir} is a master now"
     );
+    std::thread::sleep(RECOVERY_BUDGET + Duration::from_secs(2));
+    stop.store(true, Ordering::Release);
     let (outcomes, _) = load.join().expect("load thread");
+    let recovered_by = healed_at + RECOVERY_BUDGET;
     assert!(
         outcomes.iter().all(|o| o.status != 0),
         "tollgate always answers"
@@ -197,7 +225,7 @@ fn cluster_is_exact_across_slots_and_follows_a_master_failover() {
     // A rare timeout on this shared machine may fall outside; the failover's errors may not.
     let outside = failed
         .iter()
-        .filter(|o| o.at < killed_at || o.at > healed_at + Duration::from_secs(2))
+        .filter(|o| o.at < killed_at || o.at > recovered_by)
         .count();
     assert!(
         outside * 100 <= outcomes.len(),
@@ -205,18 +233,23 @@ fn cluster_is_exact_across_slots_and_follows_a_master_failover() {
     );
     let in_window = outcomes
         .iter()
-        .filter(|o| o.at >= killed_at && o.at <= healed_at + Duration::from_secs(2))
+        .filter(|o| o.at >= killed_at && o.at <= recovered_by)
         .count();
+    let last_failure_after_healing = failed
+        .iter()
+        .filter(|o| o.at >= healed_at)
+        .map(|o| o.at - healed_at)
+        .max();
     eprintln!(
-        "failover: {} of {in_window} checks from the kill to 2 s after healing failed; \
-         {outside} failures outside",
+        "failover: {} of {in_window} checks from the kill to {RECOVERY_BUDGET:?} after healing \
+         failed; {outside} failures outside; the last failure {last_failure_after_healing:?} \
+         after healing",
         failed.len() - outside
     );
     assert!(
-        outcomes
-            .iter()
-            .any(|o| o.at > healed_at + Duration::from_secs(2) && allowed(o)),
-        "checks are decided by the store again after the failover"
+        outcomes.iter().any(|o| o.at > recovered_by && allowed(o)),
+        "checks are decided by the store again within {RECOVERY_BUDGET:?} of the failover \
+         (3 x the documented {RECOVERY:?})"
     );
 
     // Phase 3: exact again on the new topology (fresh keys: a replica may lose the last writes).

@@ -1,9 +1,11 @@
-//! Lease and reservation ids through the shipped nginx and Traefik configs: an admitted check's
-//! `X-Tollgate-Lease` and `X-Tollgate-Reservation` reach the application (never a client's own
-//! under those names), and the application gives them back with them.
+//! Lease and reservation ids through the shipped nginx, Traefik and Envoy (`ext_authz`)
+//! configs: an admitted check's `X-Tollgate-Lease` and `X-Tollgate-Reservation` reach the
+//! application (never a client's own under those names, not even when tollgate sends none),
+//! and the application gives them back with them.
 
 use std::net::SocketAddr;
 
+use crate::support::envoy::Envoy;
 use crate::support::proxies::backend::{send, Backend};
 use crate::support::proxies::scenarios::tollgate_config;
 use crate::support::proxies::{Nginx, Traefik};
@@ -59,6 +61,21 @@ fn ids_reach_the_app_and_give_back(
             "tokens.61636d65.00000000000000000000000000000001:1",
         ),
     ];
+    // No key: neither limit applies (`on_missing = "skip"`), tollgate sends no ids, and the
+    // client's own must not reach the application either.
+    let keyless = send(proxy, "GET", "/", &forged[1..]);
+    assert_eq!(keyless.status, 200, "{keyless:?}");
+    let seen = backend.seen();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].header("x-tollgate-lease"), None, "{:?}", seen[0]);
+    assert_eq!(
+        seen[0].header("x-tollgate-reservation"),
+        None,
+        "{:?}",
+        seen[0]
+    );
+    backend.forget();
+
     let first = send(proxy, "GET", "/", &forged);
     assert_eq!(first.status, 200, "{first:?}");
     let seen = backend.seen();
@@ -111,6 +128,24 @@ fn nginx_and_traefik_pass_the_ids_the_app_gives_back() {
     ids_reach_the_app_and_give_back(&tollgate, &backend, sidecar.addr, &redis);
     let traefik = Traefik::start(tollgate.addr, backend.addr);
     ids_reach_the_app_and_give_back(&tollgate, &backend, traefik.addr, &redis);
+}
+
+#[test]
+fn envoy_ext_authz_passes_the_ids_the_app_gives_back() {
+    let redis = RedisServer::start();
+    let config = format!(
+        "admin_token = \"{TOKEN}\"\n{}",
+        tollgate_config(&redis, "deny", LIMITS)
+    );
+    let tollgate = Tollgate::start(&config);
+    let backend = Backend::start();
+    // The check's timeout raised, as in the other Envoy tests: a loaded machine.
+    let envoy = Envoy::ext_authz(
+        tollgate.addr,
+        backend.addr,
+        &[(" timeout: 0.5s", " timeout: 2s")],
+    );
+    ids_reach_the_app_and_give_back(&tollgate, &backend, envoy.addr, &redis);
 }
 
 /// nginx's `post_action` (the one core directive that runs after the response, undocumented

@@ -683,6 +683,34 @@ fn the_admin_api_refuses_a_host_that_is_not_an_address_or_a_configured_name() {
     assert_eq!(with_host(&named, "/v1/limits", "ops.svc").status, 421);
 }
 
+/// The two POST endpoints an application calls, `/report` and `/release`, are the admin API
+/// too: a rebinding page's `Host` is refused before the body is read.
+#[test]
+fn report_and_release_refuse_a_host_that_is_not_an_address_or_a_configured_name() {
+    let plain = Tollgate::in_process(LIMITS);
+    let post = |path: &str, host: &str| {
+        let body = r#"{"lease": "per-key.6b.00000000000000000000000000000001"}"#;
+        HttpClient::connect(plain.admin)
+            .and_then(|mut client| {
+                client.send_raw(
+                    format!(
+                        "POST {path} HTTP/1.1\r\nHost: {host}\r\ncontent-type: \
+                         application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                        body.len()
+                    )
+                    .as_bytes(),
+                )
+            })
+            .unwrap_or_else(|e| panic!("POST {path}: {e}"))
+    };
+    for path in ["/release", "/report"] {
+        let refused = post(path, "rebind.evil.example");
+        assert_eq!(refused.status, 421, "{path}: {}", refused.body);
+        assert!(refused.body.contains("admin_hosts"), "{}", refused.body);
+        assert_ne!(post(path, "127.0.0.1:9090").status, 421, "{path}");
+    }
+}
+
 /// Peeks call the store on the connection the readiness probe pings it on: at most a few are
 /// in flight, and the rest are answered at once, so a flood of them never queues ahead of
 /// the probe.

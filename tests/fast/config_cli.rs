@@ -179,6 +179,8 @@ fn every_invalid_value_is_refused_naming_its_key() {
         ("listen = \"nowhere\"\n", "listen"),
         ("admin_hosts = [\"ok.svc\", \"evil.example:9090\"]\n", "admin_hosts[1]"),
         ("admin_hosts = [\"\"]\n", "admin_hosts[0]"),
+        ("grpc_max_connections = 0\n", "grpc_max_connections"),
+        ("grpc_max_connections = -1\n", "grpc_max_connections"),
         ("[client_ip]\ntrusted_proxies = [\"10.0.0.0/33\"]\n", "client_ip.trusted_proxies"),
         ("[client_ip]\nfrom = \"cookie\"\n", "client_ip.from"),
         ("[response]\ndeny_status = 42\n", "response.deny_status"),

@@ -21,6 +21,7 @@ mod deny_cache;
 mod erl_parity;
 mod exactness;
 mod grpc;
+mod grpc_connections;
 mod grpc_envoy;
 mod grpc_tls;
 mod hostile_input;

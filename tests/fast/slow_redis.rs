@@ -1,6 +1,13 @@
 //! A slow but healthy Redis: every call answered well within `timeout_ms`, only far away. Such a
 //! store must never cause an `on_error` answer, and the bucket's bound must hold. Redis sits
-//! behind a proxy that delays each direction (round trips of 1 to 40 ms, timeout 50 ms).
+//! behind a proxy that delays each direction (round trips of 1 to 150 ms, timeout 250 ms).
+//!
+//! Every budget here is one round trip plus [`STALL`], and the round trips under test are
+//! longer than [`STALL`]: a defect that costs an extra round trip (checks sent in waves, a
+//! script sent twice, a handshake paid inside a check) cannot hide in the slack, and a busy
+//! machine stalling tollgate, the proxy or Redis for a while is not taken for a slow store.
+//! How close to its budget a Redis may be is a question for a quiet machine (a benchmark's,
+//! as `bench/distance.sh` measures latency at a distance), not for a test.
 
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
@@ -8,7 +15,13 @@ use std::time::{Duration, Instant};
 use crate::support::latency::LatencyProxy;
 use crate::support::{wait_until, HttpClient, RedisServer, Response, Tollgate};
 
-const TIMEOUT_MS: u64 = 50;
+/// The longest stall a busy machine gives a thread here, with room: on the 2-core CI machine
+/// beside two CPU burners and other builds, the proxy alone delivered chunks up to 70 ms late.
+const STALL: Duration = Duration::from_millis(100);
+/// A round trip longer than [`STALL`] (see the module docs).
+const RTT: Duration = Duration::from_millis(150);
+/// One round trip and a stall.
+const TIMEOUT_MS: u64 = 250;
 const RATE: f64 = 1.0;
 const BURST: f64 = 5.0;
 
@@ -143,7 +156,7 @@ fn a_slow_but_healthy_redis_always_decides_and_keeps_the_bound() {
     let redis = RedisServer::start();
     let mut failures = Vec::new();
     for deny_cache in [true, false] {
-        for rtt_ms in [1, 10, 20, 30, 40] {
+        for rtt_ms in [1, 50, 100, 150] {
             let mut run = 0;
             let outcome = loop {
                 let outcome = drained_bucket_scenario(&redis, rtt_ms, deny_cache, run);
@@ -168,7 +181,10 @@ fn a_slow_but_healthy_redis_always_decides_and_keeps_the_bound() {
                 outcome.admitted_total as f64 <= outcome.bound,
                 "over-admission at {rtt_ms} ms"
             );
-            if outcome.on_error > 0 {
+            // The proxy's own lateness beyond the slack made the store late: no fault of
+            // tollgate's, and such a run proves nothing either way.
+            let slack = Duration::from_millis(TIMEOUT_MS - rtt_ms);
+            if outcome.on_error > 0 && outcome.lateness < slack {
                 failures.push((rtt_ms, deny_cache, outcome.on_error, outcome.lateness));
             }
         }
@@ -186,57 +202,86 @@ fn a_slow_but_healthy_redis_always_decides_and_keeps_the_bound() {
 #[cfg_attr(not(feature = "e2e"), allow(dead_code))]
 fn concurrent_checks_go_out_together_not_in_waves() {
     let redis = RedisServer::start();
-    let rtt = Duration::from_millis(30);
+    let rtt = RTT;
     let proxy = LatencyProxy::start(redis.port, rtt / 2);
     // A generous budget and burst: this test times answers, it does not count decisions.
     let tollgate = Tollgate::start(&config(&proxy, 2_000, false, 1_000.0));
     wait_ready(&tollgate);
     tollgate.check(&[("x-api-key", "warm")]);
-    let mut latencies: Vec<Duration> = burst_of_checks(&tollgate, "waves", 32)
-        .into_iter()
-        .map(|(response, latency)| {
-            assert!(by_bucket(&response));
-            latency
-        })
-        .collect();
-    latencies.sort();
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
-    eprintln!(
-        "32 concurrent checks at 30 ms RTT: min {:.1} ms, median {:.1} ms, max {:.1} ms",
-        ms(latencies[0]),
-        ms(latencies[16]),
-        ms(latencies[31])
-    );
-    // One round trip each, plus the machine's noise; a second wave would take two.
-    assert!(
-        latencies[16] < rtt * 3 / 2,
-        "median {:?}: checks went out in waves",
-        latencies[16]
-    );
+    let mut medians = Vec::new();
+    // A burst whose median is late is sent again: a machine stalled by other work (the other
+    // tests of this tier run beside it) makes one burst late, waves make every one late.
+    for attempt in 0..3 {
+        let mut latencies: Vec<Duration> =
+            burst_of_checks(&tollgate, &format!("waves{attempt}"), 32)
+                .into_iter()
+                .map(|(response, latency)| {
+                    assert!(by_bucket(&response));
+                    latency
+                })
+                .collect();
+        latencies.sort();
+        eprintln!(
+            "32 concurrent checks at {:.0} ms RTT: min {:.1} ms, median {:.1} ms, max {:.1} ms; \
+             proxy late by {:?}",
+            ms(rtt),
+            ms(latencies[0]),
+            ms(latencies[16]),
+            ms(latencies[31]),
+            proxy.take_lateness()
+        );
+        // One round trip each, plus a stall of the machine's; a second wave would take two.
+        if latencies[16] < rtt + STALL {
+            return;
+        }
+        medians.push(latencies[16]);
+    }
+    panic!("medians {medians:?} in every burst: checks went out in waves");
 }
 
 /// The first checks on a fresh connection, to a Redis that does not hold the script yet, cost
-/// one round trip: not `EVALSHA`, `NOSCRIPT`, then `EVAL`. The budget sits between one round
-/// trip and two, a margin a starved machine can eat: second tier (see `e2e` below).
+/// one round trip: not `EVALSHA`, `NOSCRIPT`, then `EVAL` (three). The budget is two round
+/// trips and a stall: the reconnection's handshake (two round trips) fits, so what is under
+/// test is the script's sending, not the connection's setup (a check that meets a connection
+/// still connecting waits within its own deadline: docs/FAILURE-MODES.md). Second tier (see
+/// `e2e` below).
 #[cfg_attr(not(feature = "e2e"), allow(dead_code))]
 fn the_first_checks_after_a_fresh_connection_are_decided() {
     let redis = RedisServer::start();
-    let proxy = LatencyProxy::start(redis.port, Duration::from_millis(15));
-    let tollgate = Tollgate::start(&config(&proxy, TIMEOUT_MS, true, BURST));
-    for round in 0..2 {
-        wait_ready(&tollgate);
-        // As after a restart or a failover: the node holds no script.
-        redis.cli(&["SCRIPT", "FLUSH"]);
-        let answers = burst_of_checks(&tollgate, &format!("fresh{round}"), 5);
-        let on_error = answers.iter().filter(|(r, _)| !by_bucket(r)).count();
-        assert_eq!(
-            on_error, 0,
-            "round {round}: first checks answered via on_error"
-        );
-        // Reconnect: every connection through the proxy is reset.
-        proxy.cut();
-        let _ = tollgate.check(&[("x-api-key", "after-cut")]);
+    let proxy = LatencyProxy::start(redis.port, RTT / 2);
+    let timeout = RTT * 2 + STALL;
+    let timeout_ms = u64::try_from(timeout.as_millis()).expect("a few hundred ms");
+    let tollgate = Tollgate::start(&config(&proxy, timeout_ms, true, BURST));
+    // (attempt, round, on_error answers): a round with on_error answers is tried again, as in
+    // the sweep above: a stalled machine makes one late, a third round trip makes every one.
+    let mut failed = Vec::new();
+    for attempt in 0..3 {
+        let mut clean = true;
+        for round in 0..2 {
+            wait_ready(&tollgate);
+            // As after a restart or a failover: the node holds no script.
+            redis.cli(&["SCRIPT", "FLUSH"]);
+            let answers = burst_of_checks(&tollgate, &format!("fresh{attempt}-{round}"), 5);
+            let on_error = answers.iter().filter(|(r, _)| !by_bucket(r)).count();
+            if on_error > 0 {
+                eprintln!(
+                    "attempt {attempt}, round {round}: {on_error} of 5 first checks via \
+                     on_error; proxy late by {:?}",
+                    proxy.take_lateness()
+                );
+                failed.push((attempt, round, on_error));
+                clean = false;
+            }
+            // Reconnect: every connection through the proxy is reset.
+            proxy.cut();
+            let _ = tollgate.check(&[("x-api-key", "after-cut")]);
+        }
+        if clean {
+            return;
+        }
     }
+    panic!("(attempt, round, on_error answers) in every attempt: {failed:?}");
 }
 
 /// A Redis whose round trip fits the call timeout but whose connection handshake (TCP, then
@@ -246,8 +291,8 @@ fn the_first_checks_after_a_fresh_connection_are_decided() {
 #[cfg_attr(not(feature = "e2e"), allow(dead_code))]
 fn recovers_from_an_outage_when_a_handshake_outlasts_a_call() {
     let mut redis = RedisServer::start();
-    // 30 ms round trips under a 50 ms budget: a call fits, a handshake (≥ 60 ms) does not.
-    let proxy = LatencyProxy::start(redis.port, Duration::from_millis(15));
+    // A call fits the budget, a handshake (at least two round trips) does not.
+    let proxy = LatencyProxy::start(redis.port, RTT / 2);
     let tollgate = Tollgate::start(&config(&proxy, TIMEOUT_MS, false, BURST));
     wait_ready(&tollgate);
     assert!(by_bucket(&tollgate.check(&[("x-api-key", "before")])));

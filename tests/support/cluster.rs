@@ -2,6 +2,8 @@
 //! 1 replica, 3 sentinels), on free loopback ports, owned by one test and stopped on drop.
 
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::{make_certificates, redis_cli, wait_until, RedisServer, TempDir};
@@ -497,17 +499,31 @@ pub fn drive(
     users: &[String],
     tenants: &[String],
 ) -> (Vec<Outcome>, Duration) {
+    let never = Arc::new(AtomicBool::new(false));
+    drive_until(targets, threads, &never, run_for, users, tenants)
+}
+
+/// As [`drive`], until `stop` is set (or `at_most` has passed).
+pub fn drive_until(
+    targets: &[std::net::SocketAddr],
+    threads: usize,
+    stop: &Arc<AtomicBool>,
+    at_most: Duration,
+    users: &[String],
+    tenants: &[String],
+) -> (Vec<Outcome>, Duration) {
     let start = std::time::Instant::now();
     let handles: Vec<_> = (0..threads)
         .map(|t| {
             let target = targets[t % targets.len()];
             let users = users.to_vec();
             let tenants = tenants.to_vec();
+            let stop = Arc::clone(stop);
             std::thread::spawn(move || {
                 let mut outcomes = Vec::new();
                 let mut client = super::HttpClient::connect(target).ok();
                 let mut i = t * 7;
-                while start.elapsed() < run_for {
+                while start.elapsed() < at_most && !stop.load(Ordering::Acquire) {
                     i += 1;
                     let (user, tenant) = (i % users.len(), (i / 3 + t) % tenants.len());
                     let sent = std::time::Instant::now();

@@ -387,6 +387,7 @@ impl Tollgate {
             admin: bind(),
             grpc: None,
             grpc_tls: None,
+            grpc_max_connections: 1,
         };
         let addr = listeners.public.local_addr().unwrap();
         let admin = listeners.admin.local_addr().unwrap();

@@ -184,7 +184,7 @@ async fn call(connection: &Connection, script: &LuaScript, batch: Vec<Pending>) 
         .map(|p| p.deadline)
         .max()
         .unwrap_or_else(Instant::now);
-    let result = tokio::time::timeout_at(deadline.into(), async {
+    let result = super::deadline::until(deadline, async {
         match connection.query(&command(script, whole, &batch)).await {
             Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
                 connection.query(&command(script, true, &batch)).await
