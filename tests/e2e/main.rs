@@ -16,6 +16,7 @@ mod cluster;
 mod deploy_artifacts;
 mod dodge;
 mod envoy;
+mod envoy_gateway;
 mod faults;
 mod held_ids;
 mod helm_chart;
