@@ -129,7 +129,13 @@ struct Swapped {
 }
 
 impl Swapped {
-    fn start(mounts: &Mounts, xds: &XdsServer, redis: &RedisServer) -> Swapped {
+    /// `added`: variables an operator adds through `rateLimitDeployment.container.env`.
+    fn start(
+        mounts: &Mounts,
+        xds: &XdsServer,
+        redis: &RedisServer,
+        added: &[(&str, &str)],
+    ) -> Swapped {
         // A port found free may be taken by another test before tollgate binds it: tollgate
         // then exits at once, and new ports are tried.
         for attempt in 1.. {
@@ -142,6 +148,7 @@ impl Swapped {
             env.push(("GRPC_PORT", grpc.to_string()));
             let child = tollgate_command()
                 .envs(env)
+                .envs(added.iter().copied())
                 .env("TOLLGATE_ADMIN_LISTEN", format!("127.0.0.1:{admin}"))
                 .env(SHORT_TIMINGS.0, SHORT_TIMINGS.1)
                 // A store call's default timeout (50 ms) is short for a loaded test machine,
@@ -291,11 +298,11 @@ impl Install {
     /// Starts it all: tollgate passes its startup probe while the management server has no
     /// rules yet; then the rules are served, and the install is ready once tollgate
     /// acknowledged them.
-    fn start() -> Install {
+    fn start(added: &[(&str, &str)]) -> Install {
         let mounts = Mounts::make();
         let redis = RedisServer::start();
         let xds = XdsServer::start_tls(&mounts.dir.path().join("certs"));
-        let tollgate = Swapped::start(&mounts, &xds, &redis);
+        let tollgate = Swapped::start(&mounts, &xds, &redis, added);
         xds.set("1", &[envoy_gateway_rate_limit_config()]);
         let ack = xds
             .answer_to("1", PATIENCE)
@@ -312,6 +319,16 @@ impl Install {
             _redis: redis,
             _mounts: mounts,
         }
+    }
+
+    fn assert_limit_headers(&self, response: &Response, expected: &[&str]) {
+        let values: Vec<&str> = response
+            .headers
+            .iter()
+            .filter(|(name, _)| name == "x-ratelimit-limit")
+            .map(|(_, value)| value.as_str())
+            .collect();
+        assert_eq!(values, expected, "{response:?}\n{}", self.tollgate.log());
     }
 
     fn get(&self, user: &str) -> Response {
@@ -331,52 +348,45 @@ impl Install {
         })
     }
 
-    /// User `one` spends the limit, then is refused.
-    fn spend_the_limit_of_user_one(&self) {
+    /// User `one` spends the limit, then is refused; each answer's `X-RateLimit-Limit` values
+    /// are `limit_headers`.
+    fn spend_the_limit_of_user_one(&self, limit_headers: &[&str]) {
         for n in 1..=LIMIT {
             let allowed = self.get("one");
             assert_eq!(allowed.status, 200, "request {n}: {allowed:?}");
-            assert_envoys_limit_header(&allowed, &self.tollgate);
+            self.assert_limit_headers(&allowed, limit_headers);
         }
         let denied = self.get("one");
         assert_eq!(denied.status, 429, "{denied:?}\n{}", self.tollgate.log());
-        assert_envoys_limit_header(&denied, &self.tollgate);
+        self.assert_limit_headers(&denied, limit_headers);
         // Envoy Gateway turns Envoy's own header off.
         assert_eq!(denied.header("x-envoy-ratelimited"), None, "{denied:?}");
     }
 }
 
 /// Envoy's `X-RateLimit-Limit` (DRAFT_VERSION_03, from the limit tollgate answered) carries
-/// the value Envoy Gateway's e2e expects. It is not the only one: tollgate's own
-/// `x-ratelimit` family, which its gRPC answers carry by default, adds `X-RateLimit-Limit: 3`
-/// (and `-Remaining`, `-Reset`) beside Envoy's, where envoyproxy/ratelimit adds nothing. Envoy
-/// Gateway's e2e compares the values joined, so it would see `3,3, 3;w=3600`: a difference
-/// this swap does not hide, checked here as it is.
-fn assert_envoys_limit_header(response: &Response, tollgate: &Swapped) {
-    let values: Vec<&str> = response
-        .headers
-        .iter()
-        .filter(|(name, _)| name == "x-ratelimit-limit")
-        .map(|(_, value)| value.as_str())
-        .collect();
-    assert_eq!(
-        values,
-        ["3", X_RATELIMIT_LIMIT],
-        "{response:?}\n{}",
-        tollgate.log()
-    );
-}
+/// the value Envoy Gateway's e2e expects, `3, 3;w=3600`. By default it is not the only one:
+/// tollgate's own `x-ratelimit` header family, which its gRPC answers carry, adds
+/// `X-RateLimit-Limit: 3` (and `-Remaining`, `-Reset`) beside Envoy's, where
+/// envoyproxy/ratelimit adds nothing. Envoy Gateway's e2e compares the values joined, so it
+/// would see `3,3, 3;w=3600`.
+const BOTH_LIMIT_HEADERS: [&str; 2] = ["3", X_RATELIMIT_LIMIT];
+
+/// tollgate's header families turned off, as envoyproxy/ratelimit sends none: one variable
+/// added to the container (`response.headers = []`).
+const NO_TOLLGATE_HEADERS: (&str, &str) = ("TOLLGATE_RESPONSE__HEADERS", "[]");
 
 /// Proves, with Envoy Gateway's environment, rules, Envoy config and certificates unchanged:
 /// tollgate passes the startup probe (`/healthcheck` 200) before its rules arrive, as
 /// FORCE_START_WITHOUT_INITIAL_CONFIG asks; it connects to the management server over mutual
 /// TLS as node `envoy-ratelimit` and acknowledges the `RateLimitConfig`; Envoy reaches it over
 /// TLS (fail closed, so every 200 is tollgate's OK); user `one` gets 200 three times, then
-/// 429 with the limit headers Envoy Gateway's e2e expects, user `two` is unaffected, and the
+/// 429, each with Envoy's `X-RateLimit-Limit` as Envoy Gateway's e2e expects it (and
+/// tollgate's beside it: [`BOTH_LIMIT_HEADERS`]); user `two` is unaffected, and the
 /// application saw only the admitted requests; Redis decided (`tollgate_store_up` 1).
 #[test]
 fn a_swapped_rate_limit_service_limits_per_user_behind_envoy_gateways_envoy() {
-    let install = Install::start();
+    let install = Install::start(&[]);
     let first = install
         .xds
         .received()
@@ -387,7 +397,7 @@ fn a_swapped_rate_limit_service_limits_per_user_behind_envoy_gateways_envoy() {
     let node = first.request.node.expect("a node");
     assert_eq!(node.id, "envoy-ratelimit");
 
-    install.spend_the_limit_of_user_one();
+    install.spend_the_limit_of_user_one(&BOTH_LIMIT_HEADERS);
     for n in 1..=LIMIT {
         let other = install.get("two");
         assert_eq!(other.status, 200, "user two, request {n}: {other:?}");
@@ -430,4 +440,20 @@ fn a_swapped_rate_limit_service_limits_per_user_behind_envoy_gateways_envoy() {
         (2 * LIMIT) as f64,
         "{metrics}"
     );
+}
+
+/// Proves that the one variable [`NO_TOLLGATE_HEADERS`], added to the container's environment,
+/// leaves the client Envoy's headers alone, as envoyproxy/ratelimit does: `X-RateLimit-Limit`
+/// once, with the value Envoy Gateway's e2e expects, and none of tollgate's `RateLimit` or
+/// `RateLimit-Policy` (a denial keeps tollgate's `Retry-After`); the limit still holds.
+#[test]
+fn with_tollgates_headers_off_the_client_sees_only_envoys() {
+    let install = Install::start(&[NO_TOLLGATE_HEADERS]);
+    install.spend_the_limit_of_user_one(&[X_RATELIMIT_LIMIT]);
+    let denied = install.get("one");
+    assert_eq!(denied.status, 429, "{denied:?}");
+    for name in ["ratelimit", "ratelimit-policy"] {
+        assert_eq!(denied.header(name), None, "{name}: {denied:?}");
+    }
+    assert_eq!(install.get("two").status, 200);
 }
