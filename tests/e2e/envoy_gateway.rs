@@ -290,7 +290,7 @@ struct Install {
     app: Backend,
     tollgate: Swapped,
     xds: XdsServer,
-    _redis: RedisServer,
+    redis: RedisServer,
     _mounts: Mounts,
 }
 
@@ -316,7 +316,7 @@ impl Install {
             app,
             tollgate,
             xds,
-            _redis: redis,
+            redis,
             _mounts: mounts,
         }
     }
@@ -456,4 +456,25 @@ fn with_tollgates_headers_off_the_client_sees_only_envoys() {
         assert_eq!(denied.header(name), None, "{name}: {denied:?}");
     }
     assert_eq!(install.get("two").status, 200);
+}
+
+/// Proves what Envoy Gateway's `rateLimit.failClosed` covers once tollgate runs: Envoy's
+/// `failure_mode_deny`, for calls that get no answer. With Redis gone, tollgate does answer:
+/// by default `store.on_error = "allow"` admits (200), where envoyproxy/ratelimit answers an
+/// error and Envoy, failing closed, refuses; with `TOLLGATE_STORE__ON_ERROR=deny` added to the
+/// container, tollgate refuses (429, `Retry-After: 1`) and the application is not called.
+#[test]
+fn with_redis_gone_on_error_decides_not_envoys_fail_closed() {
+    let mut allowing = Install::start(&[]);
+    allowing.redis.kill();
+    let admitted = allowing.get("one");
+    assert_eq!(admitted.status, 200, "on_error allow: {admitted:?}");
+    assert_eq!(allowing.app.count(), 1);
+
+    let mut denying = Install::start(&[("TOLLGATE_STORE__ON_ERROR", "deny")]);
+    denying.redis.kill();
+    let refused = denying.get("one");
+    assert_eq!(refused.status, 429, "on_error deny: {refused:?}");
+    assert_eq!(refused.header("retry-after"), Some("1"), "{refused:?}");
+    assert_eq!(denying.app.count(), 0);
 }
