@@ -16,6 +16,7 @@ mod cluster;
 mod deploy_artifacts;
 mod dodge;
 mod envoy;
+mod envoy_gateway;
 mod erl_redis;
 mod faults;
 mod held_ids;
