@@ -72,7 +72,10 @@ fn each_quota_header(
         return;
     };
     let (remaining, reset) = (state.remaining(), state.reset_secs());
-    let configured = &policy.response.headers;
+    let configured = match (carrier, &policy.response.grpc_headers) {
+        (Carrier::Grpc, Some(families)) => families,
+        _ => &policy.response.headers,
+    };
     let added = (carrier == Carrier::Grpc
         && policy.envoy.response_headers
         && !configured.contains(&HeaderFamily::Ratelimit))

@@ -196,6 +196,9 @@ pub enum DenialLogging {
 pub struct ResponseConfig {
     pub deny_status: u16,
     pub headers: Vec<HeaderFamily>,
+    /// The families on gRPC answers (`response_headers_to_add`); `None`: those of `headers`.
+    /// In envoyproxy/ratelimit's environment `None` becomes none at all, as it sends none.
+    pub grpc_headers: Option<Vec<HeaderFamily>>,
     /// The names of the `ratelimit` family's three headers.
     pub ratelimit_names: RatelimitNames,
 }
@@ -499,6 +502,7 @@ impl Default for ResponseConfig {
         ResponseConfig {
             deny_status: 429,
             headers: vec![HeaderFamily::Ietf, HeaderFamily::XRatelimit],
+            grpc_headers: None,
             ratelimit_names: RatelimitNames::default(),
         }
     }

@@ -350,7 +350,8 @@ impl Install {
 
     /// User `one` spends the limit, then is refused; each answer's `X-RateLimit-Limit` values
     /// are `limit_headers`.
-    fn spend_the_limit_of_user_one(&self, limit_headers: &[&str]) {
+    /// Returns the denial.
+    fn spend_the_limit_of_user_one(&self, limit_headers: &[&str]) -> Response {
         for n in 1..=LIMIT {
             let allowed = self.get("one");
             assert_eq!(allowed.status, 200, "request {n}: {allowed:?}");
@@ -361,29 +362,29 @@ impl Install {
         self.assert_limit_headers(&denied, limit_headers);
         // Envoy Gateway turns Envoy's own header off.
         assert_eq!(denied.header("x-envoy-ratelimited"), None, "{denied:?}");
+        denied
     }
 }
 
-/// Envoy's `X-RateLimit-Limit` (DRAFT_VERSION_03, from the limit tollgate answered) carries
-/// the value Envoy Gateway's e2e expects, `3, 3;w=3600`. By default it is not the only one:
-/// tollgate's own `x-ratelimit` header family, which its gRPC answers carry, adds
-/// `X-RateLimit-Limit: 3` (and `-Remaining`, `-Reset`) beside Envoy's, where
-/// envoyproxy/ratelimit adds nothing. Envoy Gateway's e2e compares the values joined, so it
-/// would see `3,3, 3;w=3600`.
+/// Envoy's `X-RateLimit-Limit` (DRAFT_VERSION_03, from the limit tollgate answered) beside
+/// tollgate's own `X-RateLimit-Limit: 3`, when an operator asks for tollgate's `x-ratelimit`
+/// family on gRPC answers. Envoy Gateway's e2e compares the values joined, so it would see
+/// `3,3, 3;w=3600`: in envoyproxy/ratelimit's environment gRPC answers carry none by default.
 const BOTH_LIMIT_HEADERS: [&str; 2] = ["3", X_RATELIMIT_LIMIT];
 
-/// tollgate's header families turned off, as envoyproxy/ratelimit sends none: one variable
-/// added to the container (`response.headers = []`).
-const NO_TOLLGATE_HEADERS: (&str, &str) = ("TOLLGATE_RESPONSE__HEADERS", "[]");
+/// tollgate's `x-ratelimit` family asked for on gRPC answers: one variable added to the
+/// container (`response.grpc_headers`).
+const TOLLGATE_HEADERS: (&str, &str) = ("TOLLGATE_RESPONSE__GRPC_HEADERS", "[\"x-ratelimit\"]");
 
 /// Proves, with Envoy Gateway's environment, rules, Envoy config and certificates unchanged:
 /// tollgate passes the startup probe (`/healthcheck` 200) before its rules arrive, as
 /// FORCE_START_WITHOUT_INITIAL_CONFIG asks; it connects to the management server over mutual
 /// TLS as node `envoy-ratelimit` and acknowledges the `RateLimitConfig`; Envoy reaches it over
 /// TLS (fail closed, so every 200 is tollgate's OK); user `one` gets 200 three times, then
-/// 429, each with Envoy's `X-RateLimit-Limit` as Envoy Gateway's e2e expects it (and
-/// tollgate's beside it: [`BOTH_LIMIT_HEADERS`]); user `two` is unaffected, and the
-/// application saw only the admitted requests; Redis decided (`tollgate_store_up` 1).
+/// 429, each with Envoy's `X-RateLimit-Limit` once, as Envoy Gateway's e2e expects it, and none
+/// of tollgate's own headers, as envoyproxy/ratelimit sends none (a denial keeps tollgate's
+/// `Retry-After`); user `two` is unaffected, and the application saw only the admitted
+/// requests; Redis decided (`tollgate_store_up` 1).
 #[test]
 fn a_swapped_rate_limit_service_limits_per_user_behind_envoy_gateways_envoy() {
     let install = Install::start(&[]);
@@ -397,7 +398,10 @@ fn a_swapped_rate_limit_service_limits_per_user_behind_envoy_gateways_envoy() {
     let node = first.request.node.expect("a node");
     assert_eq!(node.id, "envoy-ratelimit");
 
-    install.spend_the_limit_of_user_one(&BOTH_LIMIT_HEADERS);
+    let denied = install.spend_the_limit_of_user_one(&[X_RATELIMIT_LIMIT]);
+    for name in ["ratelimit", "ratelimit-policy", "ratelimit-limit"] {
+        assert_eq!(denied.header(name), None, "{name}: {denied:?}");
+    }
     for n in 1..=LIMIT {
         let other = install.get("two");
         assert_eq!(other.status, 200, "user two, request {n}: {other:?}");
@@ -442,19 +446,13 @@ fn a_swapped_rate_limit_service_limits_per_user_behind_envoy_gateways_envoy() {
     );
 }
 
-/// Proves that the one variable [`NO_TOLLGATE_HEADERS`], added to the container's environment,
-/// leaves the client Envoy's headers alone, as envoyproxy/ratelimit does: `X-RateLimit-Limit`
-/// once, with the value Envoy Gateway's e2e expects, and none of tollgate's `RateLimit` or
-/// `RateLimit-Policy` (a denial keeps tollgate's `Retry-After`); the limit still holds.
+/// Proves that tollgate's own headers come back on gRPC answers when asked for with the one
+/// variable [`TOLLGATE_HEADERS`]: `X-RateLimit-Limit` twice, Envoy's and tollgate's; the
+/// limit still holds.
 #[test]
-fn with_tollgates_headers_off_the_client_sees_only_envoys() {
-    let install = Install::start(&[NO_TOLLGATE_HEADERS]);
-    install.spend_the_limit_of_user_one(&[X_RATELIMIT_LIMIT]);
-    let denied = install.get("one");
-    assert_eq!(denied.status, 429, "{denied:?}");
-    for name in ["ratelimit", "ratelimit-policy"] {
-        assert_eq!(denied.header(name), None, "{name}: {denied:?}");
-    }
+fn tollgates_own_headers_on_grpc_answers_are_one_variable_away() {
+    let install = Install::start(&[TOLLGATE_HEADERS]);
+    install.spend_the_limit_of_user_one(&BOTH_LIMIT_HEADERS);
     assert_eq!(install.get("two").status, 200);
 }
 

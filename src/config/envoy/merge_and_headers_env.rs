@@ -1,6 +1,8 @@
 //! envoyproxy/ratelimit's variables for domains split over several files and for the quota
 //! headers of its answers, read by [`super::apply_erl_env`]:
 //!
+//! - none of them: gRPC answers carry no quota headers unless `response.grpc_headers` says
+//!   otherwise, as envoyproxy/ratelimit sends none;
 //! - `MERGE_DOMAIN_CONFIG`: `envoy.merge_domains`;
 //! - `LIMIT_RESPONSE_HEADERS_ENABLED`: `envoy.response_headers`, and then `LIMIT_LIMIT_HEADER`,
 //!   `LIMIT_REMAINING_HEADER`, `LIMIT_RESET_HEADER` rename the headers
@@ -19,6 +21,9 @@ pub fn apply(
         })
     };
     config.envoy.merge_domains |= flag("MERGE_DOMAIN_CONFIG")?;
+    // envoyproxy/ratelimit adds no quota headers of its own unless told to; Envoy Gateway turns
+    // on Envoy's own `X-RateLimit-*`, which tollgate's would then duplicate.
+    config.response.grpc_headers.get_or_insert_with(Vec::new);
     if !flag("LIMIT_RESPONSE_HEADERS_ENABLED")? {
         return Ok(());
     }
