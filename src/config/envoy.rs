@@ -89,10 +89,11 @@ pub struct RuleConfig {
     /// One bucket for every value this node's wildcard matches.
     #[serde(default, skip_serializing_if = "is_false")]
     pub share_threshold: bool,
-    /// Accepted for compatibility; tollgate never labels metrics with descriptor values.
+    /// envoyproxy/ratelimit's metrics of this rule are named by the request's values (see
+    /// `policy::descriptors::envoy::StatsKey`); tollgate's own metrics never are.
     #[serde(default, skip_serializing_if = "is_false")]
     pub detailed_metric: bool,
-    /// Accepted for compatibility, as `detailed_metric`.
+    /// This key-only or wildcard node's level of that name is the request's value.
     #[serde(default, skip_serializing_if = "is_false")]
     pub value_to_metric: bool,
     /// Sent back in `dynamic_metadata` when this rule's descriptor passes (a table).
