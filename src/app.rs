@@ -1,9 +1,11 @@
 //! The running process: the listeners (HTTP in `server`, gRPC in `grpc_server`, its TLS in
 //! `grpc_tls`), signals,
 //! reload, drain, the instance heartbeat, and the client of envoyproxy/ratelimit's xDS
-//! config source (`xds`).
+//! config source (`xds`); envoyproxy/ratelimit's metrics listener and statsd duty
+//! (`erl_metrics`).
 
 pub mod drain;
+pub mod erl_metrics;
 pub mod grpc_server;
 pub mod grpc_tls;
 pub mod heartbeat;

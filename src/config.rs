@@ -8,12 +8,14 @@
 //! - `summary`: what `tollgate validate` prints, passwords redacted;
 //! - `envoy`: envoyproxy/ratelimit's rules and YAML; `xds`: the settings of its xDS config
 //!   source, `xds_rules`: the resources that source sends, as rules;
-//! - `grpc_tls`: TLS on the gRPC listener, its files read and checked at start.
+//! - `grpc_tls`: TLS on the gRPC listener, its files read and checked at start;
+//! - `erl_metrics`: envoyproxy/ratelimit's metrics (`[envoy.metrics]`, its stats variables).
 //!
 //! Limits and exemptions are checked once, where they are built from their tables
 //! (`crate::policy::limits`, `crate::policy::exempt`).
 
 pub mod envoy;
+pub mod erl_metrics;
 pub mod grpc_tls;
 mod load;
 mod pem;

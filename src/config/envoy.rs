@@ -13,6 +13,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+use super::erl_metrics::ErlMetricsConfig;
 use super::xds::XdsConfig;
 use super::ConfigError;
 
@@ -42,11 +43,15 @@ pub struct EnvoyConfig {
     /// descriptors, and the `metadata` of the rules of the descriptors that passed).
     #[serde(skip_serializing_if = "is_false")]
     pub dynamic_metadata: bool,
+    /// envoyproxy/ratelimit's metrics, served under its names (`[envoy.metrics]`).
+    #[serde(skip_serializing_if = "ErlMetricsConfig::is_default")]
+    pub metrics: ErlMetricsConfig,
 }
 
 impl EnvoyConfig {
     /// The xDS settings, and that only one source of YAML rules is set.
     pub fn check(&self) -> Result<(), ConfigError> {
+        self.metrics.check()?;
         let Some(xds) = &self.xds else {
             return Ok(());
         };
@@ -66,6 +71,7 @@ impl EnvoyConfig {
             && !self.shadow_mode
             && !self.quota_mode
             && !self.dynamic_metadata
+            && self.metrics.is_default()
     }
 }
 
@@ -587,6 +593,7 @@ pub fn apply_erl_env(
             ))
         }
     }
+    super::erl_metrics::from_erl_env(&mut config.envoy.metrics, &var)?;
     let use_tls = flag("GRPC_SERVER_USE_TLS")?;
     config.grpc_tls = super::grpc_tls::from_erl_env(&var, use_tls)?.or(config.grpc_tls.take());
     if flag("MERGE_DOMAIN_CONFIG")? {

@@ -17,6 +17,7 @@ mod admin_overrides;
 mod coalescing;
 mod config_cli;
 mod deny_cache;
+mod erl_metrics;
 mod exactness;
 mod grpc;
 mod grpc_envoy;

@@ -368,6 +368,7 @@ impl Tollgate {
             admin: bind(),
             grpc: None,
             grpc_tls: None,
+            erl_prometheus: None,
         };
         let addr = listeners.public.local_addr().unwrap();
         let admin = listeners.admin.local_addr().unwrap();
