@@ -16,6 +16,7 @@ mod cluster;
 mod deploy_artifacts;
 mod dodge;
 mod envoy;
+mod erl_metrics;
 mod faults;
 mod held_ids;
 mod import_ingress;
