@@ -69,6 +69,28 @@ impl ErlMetricsConfig {
         *self == ErlMetricsConfig::default()
     }
 
+    /// What `validate` prints of it: a line per way out, nothing when off.
+    pub fn describe(&self) -> String {
+        let mut out = String::new();
+        if let Some(listen) = self.prometheus_listen {
+            out.push_str(&format!(
+                "envoyproxy/ratelimit metrics  Prometheus on {listen}{}\n",
+                self.prometheus_path
+            ));
+        }
+        if let Some(statsd) = &self.statsd {
+            out.push_str(&format!(
+                "envoyproxy/ratelimit metrics  statsd to {statsd} over {} every {} ms\n",
+                match self.statsd_protocol {
+                    StatsdProtocol::Tcp => "tcp",
+                    StatsdProtocol::Udp => "udp",
+                },
+                self.flush_interval_ms
+            ));
+        }
+        out
+    }
+
     pub fn check(&self) -> Result<(), ConfigError> {
         if !self.prometheus_path.starts_with('/') {
             return Err(ConfigError::new(
