@@ -22,6 +22,8 @@ use crate::observe::erl_stats::ErlStats;
 const DATAGRAM: usize = 1432;
 /// How long a TCP connection to statsd may take before the flush is dropped.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long a flush may wait on a statsd that does not read before the connection is dropped.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The Prometheus listener, bound before the runtime starts (tests bind port 0).
 pub struct PrometheusListener {
@@ -161,13 +163,18 @@ impl Sender {
                 let Some(stream) = &mut self.tcp else {
                     return Ok(());
                 };
-                for packet in packets {
-                    if let Err(error) = stream.write_all(packet.as_bytes()).await {
-                        self.tcp = None;
-                        return Err(error);
+                let written = tokio::time::timeout(WRITE_TIMEOUT, async {
+                    for packet in packets {
+                        stream.write_all(packet.as_bytes()).await?;
                     }
+                    Ok(())
+                })
+                .await
+                .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into()));
+                if written.is_err() {
+                    self.tcp = None;
                 }
-                Ok(())
+                written
             }
             StatsdProtocol::Udp => {
                 let target = tokio::net::lookup_host(self.address.as_str())

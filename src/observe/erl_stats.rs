@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::{PoisonError, RwLock};
 
 /// Independent maps of keys: requests for different keys rarely meet on one lock.
 pub const SHARDS: usize = 16;
@@ -76,7 +76,7 @@ struct Service {
 /// Every counter of envoyproxy/ratelimit's metrics, shared by every worker.
 #[derive(Debug)]
 pub struct ErlStats {
-    shards: [RwLock<HashMap<Box<str>, Arc<KeyCounters>>>; SHARDS],
+    shards: [RwLock<HashMap<Box<str>, KeyCounters>>; SHARDS],
     near_limit_ratio: f32,
     /// The response time histogram observes milliseconds rather than seconds (its name stays
     /// `_seconds`, as envoyproxy/ratelimit's `PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS` does).
@@ -327,13 +327,9 @@ impl ErlStats {
             now.saturating_sub(before)
         };
         for shard in &self.shards {
-            let keys: Vec<(Box<str>, Arc<KeyCounters>)> = shard
-                .read()
-                .unwrap_or_else(PoisonError::into_inner)
-                .iter()
-                .map(|(key, counters)| (key.clone(), Arc::clone(counters)))
-                .collect();
-            for (key, counters) in keys {
+            // Held for reading only: a key counted for the first time meanwhile waits.
+            let map = shard.read().unwrap_or_else(PoisonError::into_inner);
+            for (key, counters) in map.iter() {
                 for (i, stat) in STATS.iter().enumerate() {
                     let n = delta(&counters.counts[i], &counters.flushed[i]);
                     if n > 0 {
