@@ -24,11 +24,16 @@ COPY src ./src
 # touch: the dummy build above left newer timestamps than the copied sources.
 RUN touch src/main.rs src/lib.rs \
     && cargo build --release --locked \
-    && install -D -m 0755 target/release/tollgate /out/tollgate
+    && install -D -m 0755 target/release/tollgate /out/tollgate \
+    && mkdir -p /out/bin \
+    && ln -s /usr/local/bin/tollgate /out/bin/ratelimit
 
 # distroless/cc: glibc and CA certificates only (for rediss://), 65532 = "nonroot".
 FROM gcr.io/distroless/cc-debian12:nonroot
 COPY --from=build /out/tollgate /usr/local/bin/tollgate
+# /bin/ratelimit: the command Envoy Gateway runs for envoyproxy/ratelimit's image; the same
+# binary (a link, copied as one), which serves when given no subcommand.
+COPY --from=build /out/bin/ /bin/
 COPY config/tollgate.toml /etc/tollgate/tollgate.toml
 ENV TOLLGATE_CONFIG=/etc/tollgate/tollgate.toml
 # Numeric, so Kubernetes' runAsNonRoot can verify it without reading /etc/passwd.

@@ -34,12 +34,12 @@ free_port() {
   python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
 
-# start_redis: a redis-server on a free loopback port, no persistence; sets REDIS_PORT and
-# REDIS_PID and waits until it answers.
+# start_redis [SERVER]: a redis-server (or SERVER, e.g. valkey-server) on a free loopback
+# port, no persistence; sets REDIS_PORT and REDIS_PID and waits until it answers.
 start_redis() {
   REDIS_PORT=$(free_port)
-  redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no \
-    --dir "$WORK" --logfile "$WORK/redis.log" &
+  "${1:-redis-server}" --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no \
+    --dir "$WORK" --logfile "$WORK/redis-$REDIS_PORT.log" &
   REDIS_PID=$!
   PIDS+=("$REDIS_PID")
   for _ in $(seq 100); do

@@ -42,15 +42,24 @@
 -- hold(key, until, member, grace_us) adds one, the key living as long as its last member and
 -- grace_us more (a refunding bucket's expired reservations must still be found to be given
 -- back: for as long as the bucket takes to refill its burst).
--- sweep(key, now, refund) drops the expired members of a bucket's reservations (members
--- '<id>:<estimate>') and returns the tokens to give back: the sum of their estimates when
--- `refund`, else 0 (the estimate is kept: the request is taken to have cost it).
+-- sweep(key, late, now, refund) moves the expired members of a bucket's reservations (members
+-- '<id>:<estimate>') to `late`, its expired reservations, and returns the tokens to give back:
+-- the sum of their estimates when `refund`, else 0 (the estimate is kept: the request is taken
+-- to have cost it). A request may outlive its reservation; its late settle (lua/settle.lua)
+-- still applies the difference once, for LATE_GRACE_US after the expiry. `late` holds the same
+-- members scored by the end of that grace (and lives as long as its last one), at most MAX_LATE per bucket (the oldest go first:
+-- one dropped keeps what its expiry did, so nothing is ever given back twice).
+-- A reservations set outlives its last member by LATE_GRACE_US at least, so that an expired
+-- reservation is still found, and moved, by the next check or settle.
 
 local MAX_COUNT = 1000000000
 local MAX_COST = MAX_COUNT + 1
 local MAX_REFILL_S = 315360000
 local MAX_TTL_MS = 2 * MAX_REFILL_S * 1000
 local MAX_TTL_US = MAX_TTL_MS * 1000
+-- Rust: store::LATE_SETTLE_GRACE_US and store::MAX_LATE_SETTLES.
+local LATE_GRACE_US = 86400 * 1000000
+local MAX_LATE = 10000
 
 local function refuse(i, what)
   error({err = 'ERR tollgate: key ' .. i .. ': ' .. what .. ' is out of bounds'})
@@ -119,13 +128,25 @@ local function hold(key, until_us, member, grace_us)
   redis.call('PEXPIREAT', key, expire_at(tonumber(last[2]), grace_us))
 end
 
-local function sweep(key, now, refund)
+local function sweep(key, late, now, refund)
+  local gone = redis.call('ZRANGEBYSCORE', key, '-inf', now, 'WITHSCORES')
+  if #gone == 0 then return 0 end
   local back = 0
-  if refund then
-    for _, member in ipairs(redis.call('ZRANGEBYSCORE', key, '-inf', now)) do
-      back = back + (tonumber(string.match(member, ':(%d+)$')) or 0)
+  redis.call('ZREMRANGEBYSCORE', late, '-inf', now)
+  -- ZADD in slices: Lua's stack takes a few thousand arguments.
+  for first = 1, #gone, 2000 do
+    local args = {}
+    for i = first, math.min(first + 1998, #gone - 1), 2 do
+      if refund then back = back + (tonumber(string.match(gone[i], ':(%d+)$')) or 0) end
+      args[#args + 1] = string.format('%d', tonumber(gone[i + 1]) + LATE_GRACE_US)
+      args[#args + 1] = gone[i]
     end
+    redis.call('ZADD', late, unpack(args))
   end
   redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+  local over = redis.call('ZCARD', late) - MAX_LATE
+  if over > 0 then redis.call('ZREMRANGEBYRANK', late, 0, over - 1) end
+  local last = redis.call('ZRANGE', late, -1, -1, 'WITHSCORES')
+  redis.call('PEXPIREAT', late, expire_at(tonumber(last[2]), 0))
   return back
 end

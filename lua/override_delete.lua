@@ -2,7 +2,7 @@
 -- (keys and log: override_log.lua).
 --
 -- KEYS  the version hash, the entry hash, the change log, the expiry index, the floor, the
---       history
+--       history, the store's epoch (marked: override_log.lua)
 -- ARGV[1]  the limit name
 -- ARGV[2]  the key tail
 -- ARGV[3]  most entries the limit may hold (sizes the log)
@@ -10,6 +10,7 @@
 -- Returns {removed (1 or 0, expired ones not counted), now_ms}.
 
 local now = now_ms()
+mark_epoch(KEYS[7])
 local changed = sweep(KEYS[2], KEYS[4], now)
 local removed = redis.call('HDEL', KEYS[2], ARGV[2])
 if removed == 1 then

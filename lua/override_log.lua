@@ -37,6 +37,14 @@ local function bump(versions, limit)
   return version
 end
 
+-- Marks the store with an epoch, this call's TIME in µs, unless it has one: every change
+-- does, so a store that lost its data (restarted empty) shows another epoch, or none, to the
+-- instances that knew the old one (override_poll.lua, override_restore.lua).
+local function mark_epoch(key)
+  local t = redis.call('TIME')
+  redis.call('SET', key, t[1] .. string.rep('0', 6 - #t[2]) .. t[2], 'NX')
+end
+
 -- Drops up to MAX_SWEEP entries whose expiry has passed; returns their tails.
 local function sweep(hash, expiries, now)
   local expired = redis.call('ZRANGEBYSCORE', expiries, '-inf', now, 'LIMIT', 0, MAX_SWEEP)

@@ -2,7 +2,7 @@
 -- they see the limit's version move (keys and log: override_log.lua).
 --
 -- KEYS  the version hash, the entry hash, the change log, the expiry index, the floor, the
---       history
+--       history, the store's epoch (marked: override_log.lua)
 -- ARGV[1]  the limit name
 -- ARGV[2]  the key tail
 -- ARGV[3]  the entry as a JSON object without its expiry, e.g. {"k":["acme"],"b":200}
@@ -13,6 +13,7 @@
 -- Returns {1, now_ms, version}, or {0, now_ms, count} when the limit is full.
 
 local now = now_ms()
+mark_epoch(KEYS[7])
 local max = tonumber(ARGV[5])
 local changed = sweep(KEYS[2], KEYS[4], now)
 

@@ -3,6 +3,7 @@
 --
 -- KEYS[1]  the bucket, as lua/token_bucket.lua keeps it
 -- KEYS[2]  its reservations (KEYS[1] .. ':r'): members '<id>:<estimate>' scored by expiry
+-- KEYS[3]  its expired reservations (KEYS[1] .. ':x'), as lua/bounds.lua's sweep moves them
 -- ARGV[1]  the bucket's rate, tokens per second
 -- ARGV[2]  its burst
 -- ARGV[3]  the actual cost
@@ -10,10 +11,17 @@
 -- ARGV[5]  the reservation, '<id>:<estimate>'
 -- ARGV[6]  'r' when expired reservations give their estimates back, 'k' when they keep them
 --
--- Returns "held tokens": held 1 when the reservation was held (then it is settled now: the
--- difference given back, or charged into debt), 0 when it was settled before or expired (then
--- nothing changes for it: a retried settle never charges twice); tokens, what the bucket holds
--- afterwards (%.6f). Expired reservations are dropped on the way, as a check drops them.
+-- Returns "held tokens": held 1 when the reservation is settled by this call, 0 when it was
+-- settled before or is unknown (then nothing changes for it: a retried settle never charges
+-- twice); tokens, what the bucket holds afterwards (%.6f).
+--
+-- A held reservation is settled as its check charged it: the difference given back, or
+-- charged into debt. An expired one (the request outlived the ttl) is settled late, once, while
+-- lua/bounds.lua keeps it: under 'k' its estimate was kept, so the difference applies as
+-- above; under 'r' its estimate was given back, so the whole actual cost is charged. Either way
+-- the bucket ends as if the request had cost `actual` (down to -max_debt at most), never
+-- given back more than its check charged. Expired reservations are moved on the way, as a
+-- check moves them.
 
 local t = redis.call('TIME')
 local now = t[1] * 1000000 + t[2]
@@ -23,8 +31,14 @@ check_bucket(1, rate, burst, actual, max_debt)
 local estimate = tonumber(string.match(ARGV[5], '^%x+:(%d+)$'))
 if not (estimate and estimate <= MAX_COST) then refuse(1, 'reservation') end
 
-local back = sweep(KEYS[2], string.format('%d', now), ARGV[6] == 'r')
+local refund = ARGV[6] == 'r'
+local back = sweep(KEYS[2], KEYS[3], string.format('%d', now), refund)
 local held = redis.call('ZREM', KEYS[2], ARGV[5])
+if held == 0 then
+  held = redis.call('ZREM', KEYS[3], ARGV[5])
+  -- Settled late under 'r': its estimate was given back at expiry.
+  if held == 1 and refund then estimate = 0 end
+end
 if held == 1 and actual < estimate then back = back + estimate - actual end
 
 local debt, at, old = read_bucket(KEYS[1], burst)

@@ -58,8 +58,9 @@
 -- the same Cluster slot): members '<id>:<estimate>' scored by expiry (lua/bounds.lua: hold,
 -- sweep). The bucket is charged the estimate (the cost) as any bucket; when it is, the
 -- reservation is added, expiring now + ttl, for lua/settle.lua to settle. Expired ones are
--- dropped first; under 'r' their estimates are given back to the debt before the decision (the
--- set then outlives its last reservation by the burst's refill time, so they are found).
+-- moved first to KEYS[i] .. ':x', where a late settle still finds them; under 'r' their
+-- estimates are given back to the debt before the decision (the set outlives its last
+-- reservation by a day, or the burst's refill time if longer, so they are found).
 --
 -- Written for Redis's CPU, which every check of a fleet shares: one string reply (an array
 -- costs Redis a deferred-length reply block), integers only, printed with '%d' (a float
@@ -147,10 +148,12 @@ local function decide(k, a, n)
         if not (ttl_ms and rate) then refuse(i, 'reservation') end
         if not holds then holds = {} end
         local rkey = KEYS[k + i] .. ':r'
-        local grace = 0
-        if mode == 'r' then grace = math.ceil(burst / rate * 1000000) end
+        -- Kept past its last member: expired ones must still be found for a late settle (and
+        -- under 'r', given back while the bucket may still owe them).
+        local grace = LATE_GRACE_US
+        if mode == 'r' then grace = math.max(grace, math.ceil(burst / rate * 1000000)) end
         holds[i] = {rkey, string.format('%d', now + ttl_ms * 1000), id .. ':' .. ARGV[j - 1], rate, grace}
-        back = sweep(rkey, ts, mode == 'r')
+        back = sweep(rkey, KEYS[k + i] .. ':x', ts, mode == 'r')
       end
       if not (rate > 0 and burst / rate <= MAX_REFILL_S) then refuse(i, 'rate') end
       -- Micro-tokens from here on: level = burst - debt, all integers.

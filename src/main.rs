@@ -48,6 +48,9 @@ enum Import {
     EnvoyRatelimit {
         #[arg(required = true)]
         files: Vec<PathBuf>,
+        /// Files of one domain join it (envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG=true)
+        #[arg(long)]
+        merge_domains: bool,
     },
     /// Kubernetes Ingress YAML with ingress-nginx rate-limit annotations
     IngressNginx {
@@ -73,8 +76,12 @@ fn main() -> ExitCode {
     // rediss:// uses rustls; name its crypto provider so that no other crate enabling a second
     // one can leave TLS without a default at the first connection.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    if let Some(Command::Import(Import::EnvoyRatelimit { files })) = &cli.command {
-        return match tollgate::cli::import::envoy_ratelimit(files) {
+    if let Some(Command::Import(Import::EnvoyRatelimit {
+        files,
+        merge_domains,
+    })) = &cli.command
+    {
+        return match tollgate::cli::import::envoy_ratelimit(files, *merge_domains) {
             Ok(toml) => {
                 print!("{toml}");
                 ExitCode::SUCCESS

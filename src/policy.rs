@@ -4,6 +4,7 @@
 
 pub mod descriptors;
 pub mod exempt;
+pub mod header_names;
 pub mod limits;
 pub mod matcher;
 pub mod overrides;
@@ -30,6 +31,8 @@ pub struct Policy {
     pub limits: Vec<Limit>,
     pub client_ip: ClientIpPolicy,
     pub response: ResponseConfig,
+    /// `response.ratelimit_names`, checked.
+    pub ratelimit_names: header_names::RatelimitHeaders,
     pub key_prefix: String,
     /// The bearer token mutating admin requests need; `None` refuses them.
     pub admin_token: Option<String>,
@@ -87,6 +90,7 @@ impl Policy {
         envoy.shadow_mode = config.envoy.shadow_mode;
         envoy.quota_mode = config.envoy.quota_mode;
         envoy.dynamic_metadata = config.envoy.dynamic_metadata;
+        envoy.response_headers = config.envoy.response_headers;
         for limit_config in &envoy_limits {
             let mut limit = Limit::try_from(LimitInput {
                 config: limit_config,
@@ -103,6 +107,9 @@ impl Policy {
             limits,
             client_ip: ClientIpPolicy::from(&config.client_ip),
             response: config.response.clone(),
+            ratelimit_names: header_names::RatelimitHeaders::compile(
+                &config.response.ratelimit_names,
+            )?,
             key_prefix: config.store.key_prefix.clone(),
             salt: match (config.fingerprint_salt()?, &admin_token) {
                 (Some(salt), _) => Salt::configured(&salt),

@@ -16,7 +16,7 @@ use crate::observe::metrics::Metrics;
 use crate::policy::Policy;
 use crate::store::memory::MemoryStore;
 use crate::store::redis::{certificates, RedisStore, Topology};
-use crate::store::{AnyStore, Store};
+use crate::store::{AnyStore, Store, StoreError};
 use redis::TlsCertificates;
 
 /// Shared by every worker of both listeners.
@@ -36,10 +36,17 @@ impl AppState {
     /// Whether tollgate can decide now: the store answers, or `on_error` decides without it;
     /// and rules fed by xDS have arrived (unless `envoy.xds.ready_before_config`).
     /// What every readiness answer reports (`/readyz`, gRPC health, `/healthcheck`).
+    /// A store that refuses scripts is never ready, whatever `on_error`: it cannot heal by
+    /// itself, and a rollout should stop rather than go on failing open.
     pub async fn can_decide(&self) -> bool {
-        !self.unready_for_config()
-            && (self.limiter.on_error() != OnError::Deny
-                || self.limiter.store().ping().await.is_ok())
+        if self.unready_for_config() {
+            return false;
+        }
+        match self.limiter.store().ping().await {
+            Ok(()) => true,
+            Err(StoreError::ScriptsRefused(_)) => false,
+            Err(_) => self.limiter.on_error() != OnError::Deny,
+        }
     }
 
     /// Rules fed by xDS have not arrived, and the instance is not ready until they do.
@@ -52,7 +59,7 @@ impl AppState {
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
     #[error("{0}")]
-    Store(#[from] crate::store::StoreError),
+    Store(#[from] StoreError),
     #[error("{0}")]
     Config(#[from] ConfigError),
     #[error("cannot serve: {0}")]
@@ -125,8 +132,7 @@ pub(crate) fn topology(store: &StoreConfig) -> Topology<'_> {
             seeds: &store.cluster,
         },
         Some(sentinel) => Topology::Sentinel {
-            master: &sentinel.master,
-            sentinels: &sentinel.urls,
+            sentinel,
             url: &store.url,
         },
         None => Topology::Single { url: &store.url },

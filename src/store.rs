@@ -60,6 +60,20 @@ pub fn reservations_key(key: &str) -> String {
     format!("{key}:r")
 }
 
+/// The key beside bucket `key` holding its expired reservations, still open to one late
+/// settle (`lua/bounds.lua`'s sweep moves them there).
+pub fn late_reservations_key(key: &str) -> String {
+    format!("{key}:x")
+}
+
+/// How long after its expiry a reservation can still be settled, once (`LATE_GRACE_US` in
+/// `lua/bounds.lua`).
+pub const LATE_SETTLE_GRACE_US: u64 = 86_400 * 1_000_000;
+
+/// The most expired reservations one bucket keeps for a late settle (`MAX_LATE` in
+/// `lua/bounds.lua`); the oldest go first.
+pub const MAX_LATE_SETTLES: usize = 10_000;
+
 /// A settle (`POST /report` with a reservation id): the reservation `member` of the bucket
 /// `bucket` (its numbers as a check finds them; `cost` is the actual cost) is replaced by the
 /// actual cost: the difference refunded, or charged down to `-max_debt` at most.
@@ -82,8 +96,9 @@ pub struct Reserved {
 /// What a settle did.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Settled {
-    /// The reservation was held and is now settled; false when it was settled before or
-    /// expired (then nothing was charged or refunded).
+    /// The reservation was open (held, or expired within [`LATE_SETTLE_GRACE_US`]) and is
+    /// now settled; false when it was settled before or is unknown (then nothing was charged
+    /// or refunded).
     pub held: bool,
     /// The bucket afterwards.
     pub outcome: BucketOutcome,
@@ -168,6 +183,13 @@ pub enum StoreError {
     Connection(String),
     #[error("store script failed: {0}")]
     Script(String),
+    /// The store will not run scripts at all (an ACL without `@scripting`, `EVAL` renamed
+    /// away, a server without Lua): no retry helps until an operator acts.
+    #[error(
+        "the store refuses scripts ({0}); tollgate decides with Lua scripts: grant its user \
+         +@scripting, restore EVAL/EVALSHA, or load the Lua module (Valkey 9.1 and later)"
+    )]
+    ScriptsRefused(String),
     #[error("store error: {0}")]
     Other(String),
     /// The circuit breaker is open: the store was not called.

@@ -24,12 +24,37 @@ pub async fn stop_signal(reloader: Arc<Reloader>, watch_every: Duration) {
     };
     let mut watch = tokio::time::interval(watch_every);
     watch.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // A reload reads and compiles files, which may take a while: it runs on a thread of its
+    // own, one at a time, so that SIGTERM is heard meanwhile. A process that stops does not
+    // wait for it: the running rules are all it ever served.
+    let mut reloading: Option<std::thread::JoinHandle<()>> = None;
+    let mut hup_pending = false;
     loop {
         tokio::select! {
             _ = term.recv() => break,
             _ = int.recv() => break,
-            _ = hup.recv() => reloader.reload(),
-            _ = watch.tick() => reloader.reload_if_changed(),
+            _ = hup.recv() => hup_pending = true,
+            _ = watch.tick() => {}
+        }
+        if reloading
+            .as_ref()
+            .is_some_and(|running| !running.is_finished())
+        {
+            continue;
+        }
+        if !(hup_pending || reloader.dir_changed()) {
+            continue;
+        }
+        let worker = reloader.clone();
+        match std::thread::Builder::new()
+            .name("reload".into())
+            .spawn(move || worker.reload())
+        {
+            Ok(handle) => {
+                reloading = Some(handle);
+                hup_pending = false;
+            }
+            Err(error) => log::error!("reload: cannot start its thread, trying again: {error}"),
         }
     }
 }

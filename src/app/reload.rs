@@ -47,7 +47,7 @@ impl Reloader {
         let compiled = fed.and_then(|rules| {
             Policy::compile_fed(&running, metrics, Some(&rules)).map(|policy| (rules, policy))
         });
-        match compiled {
+        let installed = match compiled {
             Ok((rules, policy)) => {
                 self.state.limiter.replace_policy(policy);
                 metrics.reload_success.inc();
@@ -60,7 +60,9 @@ impl Reloader {
                 self.count_erl_load(false);
                 Err(error)
             }
-        }
+        };
+        self.forget_removed_limits();
+        installed
     }
 
     /// envoyproxy/ratelimit's `config_load_success` / `config_load_error`, when its metrics
@@ -71,9 +73,19 @@ impl Reloader {
         }
     }
 
-    /// Reloads when the envoyproxy/ratelimit config directory changed since it was last read
-    /// (a file written, added or removed, a ConfigMap's `..data` link swapped).
-    pub fn reload_if_changed(&self) {
+    /// Drops the metric series of the limits the running policy does not have: those a swap
+    /// removed, and those a refused compile made on its way.
+    fn forget_removed_limits(&self) {
+        let policy = self.state.limiter.policy();
+        self.state
+            .metrics
+            .retain_limits(policy.limits.iter().map(|limit| limit.name.as_str()));
+    }
+
+    /// Whether the envoyproxy/ratelimit config directory changed since it was last read (a
+    /// file written, added or removed at any depth, a ConfigMap's `..data` link swapped): then
+    /// it is time to [`Reloader::reload`].
+    pub fn dir_changed(&self) -> bool {
         let changed = {
             let watched = self.watched.lock().unwrap_or_else(|p| p.into_inner());
             watched
@@ -82,8 +94,8 @@ impl Reloader {
         };
         if changed {
             log::info!("reload: the envoyproxy/ratelimit config directory changed");
-            self.reload();
         }
+        changed
     }
 
     /// Loads, validates and installs the file; on any error keeps the old limits. Listen
@@ -92,6 +104,9 @@ impl Reloader {
     pub fn reload(&self) {
         let metrics = &self.state.metrics;
         let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+        // Taken before the files are read: one changed while they are read (a reload of large
+        // files takes a while) differs from it, and is read at the next look.
+        let before = watched_dir(&running);
         let loaded = Config::load(self.path.as_deref())
             .map(|config| keep_restart_only_settings(config, &running))
             .and_then(|config| {
@@ -100,7 +115,13 @@ impl Reloader {
             });
         match loaded {
             Ok((config, policy)) => {
-                *self.watched.lock().unwrap_or_else(|p| p.into_inner()) = watched_dir(&config);
+                let watched = match before {
+                    Some((dir, seen)) if Some(&dir) == config.envoy.config_dir.as_ref() => {
+                        Some((dir, seen))
+                    }
+                    _ => watched_dir(&config),
+                };
+                *self.watched.lock().unwrap_or_else(|p| p.into_inner()) = watched;
                 self.state.limiter.replace_policy(policy);
                 metrics.reload_success.inc();
                 self.count_erl_load(true);
@@ -109,19 +130,23 @@ impl Reloader {
             }
             Err(error) => {
                 // Not tried again until the directory changes once more.
-                if let Some((dir, seen)) = self
-                    .watched
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .as_mut()
-                {
-                    *seen = crate::config::envoy::dir_fingerprint(dir);
+                if let (Some((dir, seen)), Some((read, fingerprint))) = (
+                    self.watched
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .as_mut(),
+                    before,
+                ) {
+                    if *dir == read {
+                        *seen = fingerprint;
+                    }
                 }
                 metrics.reload_failure.inc();
                 self.count_erl_load(false);
                 log::error!("reload refused, keeping the running limits: {error}");
             }
         }
+        self.forget_removed_limits();
     }
 }
 

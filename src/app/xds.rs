@@ -137,38 +137,53 @@ impl Client {
             self.node.id
         );
         while let Some(response) = inbound.message().await? {
-            let answer = self.answer(&response);
+            let answer = self.answer(response).await;
             send.send(answer).await.map_err(|_| XdsError::Closed)?;
         }
         Err(XdsError::Closed)
     }
 
     /// Installs the response's resources and acknowledges them, or refuses them: the version
-    /// still running, the nonce answered, and why.
-    fn answer(&mut self, response: &DiscoveryResponse) -> DiscoveryRequest {
-        let nonce = response.nonce.clone();
-        let fed = if response.type_url == RESOURCE_TYPE {
-            rules_from_resources(&response.resources)
-        } else {
+    /// still running, the nonce answered, and why. Decoding and compiling run on a blocking
+    /// thread: a large set takes a while, and this thread also runs signals, reloads and the
+    /// other background duties.
+    async fn answer(&mut self, response: DiscoveryResponse) -> DiscoveryRequest {
+        let DiscoveryResponse {
+            version_info,
+            resources,
+            type_url,
+            nonce,
+            ..
+        } = response;
+        let domains = resources.len();
+        let reloader = Arc::clone(&self.reloader);
+        let installed = tokio::task::spawn_blocking(move || {
+            let fed = if type_url == RESOURCE_TYPE {
+                rules_from_resources(&resources)
+            } else {
+                Err(crate::config::ConfigError::new(
+                    "xds",
+                    format!("type {type_url:?} was not asked for"),
+                ))
+            };
+            reloader.install_fed(fed)
+        })
+        .await
+        .unwrap_or_else(|error| {
             Err(crate::config::ConfigError::new(
                 "xds",
-                format!("type {:?} was not asked for", response.type_url),
+                format!("the compile failed: {error}"),
             ))
-        };
-        match self.reloader.install_fed(fed) {
+        });
+        match installed {
             Ok(()) => {
-                log::info!(
-                    "xDS: version {:?} installed: {} domain(s)",
-                    response.version_info,
-                    response.resources.len()
-                );
-                self.accepted = response.version_info.clone();
+                log::info!("xDS: version {version_info:?} installed: {domains} domain(s)");
+                self.accepted = version_info;
                 self.request(nonce, None)
             }
             Err(error) => {
                 log::error!(
-                    "xDS: version {:?} refused, keeping the running rules: {error}",
-                    response.version_info
+                    "xDS: version {version_info:?} refused, keeping the running rules: {error}"
                 );
                 let detail = RpcStatus {
                     code: INVALID_ARGUMENT,

@@ -236,6 +236,19 @@ pub fn override_versions_key(prefix: &str) -> String {
     format!("{prefix}:{{{prefix}:overrides}}:versions")
 }
 
+/// The runtime overrides' store epoch, in the versions' slot: set by the first change (or
+/// write-back) to a store that has none, so a store that lost its data (restarted empty)
+/// shows another one, or none.
+pub fn override_epoch_key(prefix: &str) -> String {
+    format!("{prefix}:{{{prefix}:overrides}}:epoch")
+}
+
+/// The hash of what was written back after a store lost its data, in the versions' slot:
+/// field = limit, value = `<version the writer held> <version the write-back gave it>`.
+pub fn override_restored_key(prefix: &str) -> String {
+    format!("{prefix}:{{{prefix}:overrides}}:restored")
+}
+
 /// The hash of one limit's runtime overrides (field: the key tail), in the versions' slot.
 pub fn overrides_key(prefix: &str, limit: &str) -> String {
     override_part_key(prefix, "limit", limit)

@@ -4,8 +4,11 @@
 //! the path of entries from the root to it, its settings), in the file's order, so tollgate
 //! walks the same tree envoyproxy/ratelimit walks and decides what the YAML decides. A file
 //! envoyproxy/ratelimit would refuse is refused (exit 2, one line naming the file and the
-//! rule), and so is a domain in two files. What is accepted but has no effect here (the metric
-//! flags) is named in a comment.
+//! rule), and so is a domain in two files unless `merge_domains` (envoyproxy/ratelimit's
+//! `MERGE_DOMAIN_CONFIG`: the files' descriptors join one domain, a descriptor two of them
+//! declare is refused). A file larger than 1 MiB, or nested deeper than the YAML parser's limit,
+//! is refused before it is parsed, as in serving. What is accepted but has no effect here (the
+//! metric flags) is named in a comment.
 
 use std::collections::{BTreeMap, HashSet};
 use std::fmt::Write as _;
@@ -21,23 +24,35 @@ use crate::policy::descriptors::envoy::EnvoyRules;
 pub struct ImportError(ConfigError);
 
 /// Reads and converts the files, in order, into one TOML document.
-pub fn envoy_ratelimit(files: &[impl AsRef<Path>]) -> Result<String, ImportError> {
+pub fn envoy_ratelimit(
+    files: &[impl AsRef<Path>],
+    merge_domains: bool,
+) -> Result<String, ImportError> {
     let mut rules = Vec::new();
     let mut sources = Vec::new();
     let mut domains = BTreeMap::new();
     for file in files {
         let name = file.as_ref().display().to_string();
-        let text = std::fs::read_to_string(file.as_ref())
-            .map_err(|e| ImportError(ConfigError::new(&name, e.to_string())))?;
-        let (domain, file_rules) = envoy::from_yaml(&name, &text).map_err(ImportError)?;
-        if let Some(first) = domains.insert(domain.clone(), name.clone()) {
-            return Err(ImportError(ConfigError::new(
-                name,
-                format!("duplicate domain {domain:?} in config file (also in {first})"),
-            )));
-        }
-        sources.push((name, domain, rules.len()..rules.len() + file_rules.len()));
+        let (domain, file_rules) = envoy::read_file(file.as_ref()).map_err(ImportError)?;
+        let merged = match domains.insert(domain.clone(), name.clone()) {
+            Some(first) if !merge_domains => {
+                return Err(ImportError(ConfigError::new(
+                    name,
+                    format!("duplicate domain {domain:?} in config file (also in {first})"),
+                )));
+            }
+            Some(_) => true,
+            None => false,
+        };
+        sources.push((
+            name.clone(),
+            domain,
+            rules.len()..rules.len() + file_rules.len(),
+        ));
         rules.extend(file_rules);
+        if merged {
+            envoy::check(&rules, |_| name.clone()).map_err(ImportError)?;
+        }
     }
     // The limit names tollgate would give the rules beside its default limits, written out
     // so that the store keys stay put when rules are added later.

@@ -8,7 +8,7 @@
 //! node's own settings. The order of the rules is the order of the YAML: a level's wildcards
 //! are tried in that order.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
@@ -17,14 +17,26 @@ use super::erl_metrics::ErlMetricsConfig;
 use super::xds::XdsConfig;
 use super::ConfigError;
 
+mod dir;
+mod merge_and_headers_env;
+pub mod yaml_bounds;
+
+pub use dir::{fingerprint as dir_fingerprint, read_dir, read_file};
+
 /// `[envoy]`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct EnvoyConfig {
-    /// envoyproxy/ratelimit YAML files, every file of this directory not named `.*` (one
-    /// domain each), read at start and whenever they change, served after `rules`.
+    /// envoyproxy/ratelimit YAML files, every file of this directory and its subdirectories
+    /// not named `.*` (one domain each), read at start and whenever they change, served after
+    /// `rules`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub config_dir: Option<PathBuf>,
+    /// Its `MERGE_DOMAIN_CONFIG`: files of `config_dir` that name one domain add their
+    /// descriptors to it (a descriptor declared twice is refused); else a domain in two files
+    /// is refused.
+    #[serde(skip_serializing_if = "is_false")]
+    pub merge_domains: bool,
     /// envoyproxy/ratelimit's xDS config source: the rules of the `RateLimitConfig`
     /// resources a management server sends, served after `rules`. Not with `config_dir`:
     /// one source of the same rules, as there.
@@ -43,6 +55,10 @@ pub struct EnvoyConfig {
     /// descriptors, and the `metadata` of the rules of the descriptors that passed).
     #[serde(skip_serializing_if = "is_false")]
     pub dynamic_metadata: bool,
+    /// Its `LIMIT_RESPONSE_HEADERS_ENABLED`: gRPC answers carry the `ratelimit` header family
+    /// (named by `[response.ratelimit_names]`) besides `[response] headers`.
+    #[serde(skip_serializing_if = "is_false")]
+    pub response_headers: bool,
     /// envoyproxy/ratelimit's metrics, served under its names (`[envoy.metrics]`).
     #[serde(skip_serializing_if = "ErlMetricsConfig::is_default")]
     pub metrics: ErlMetricsConfig,
@@ -71,6 +87,8 @@ impl EnvoyConfig {
             && !self.shadow_mode
             && !self.quota_mode
             && !self.dynamic_metadata
+            && !self.merge_domains
+            && !self.response_headers
             && self.metrics.is_default()
     }
 }
@@ -325,9 +343,11 @@ struct YamlReplaces {
 /// One YAML file as envoyproxy/ratelimit reads it: the domain, and its tree as rules in the
 /// file's order. Refuses (naming `file`) what it refuses: YAML it cannot parse, a field it
 /// does not know at any depth (metadata aside), a list of something else than maps, a value
-/// of another type than string, integer or bool, and everything [`check`] refuses.
+/// of another type than string, integer or bool, and everything [`check`] refuses; and,
+/// before parsing, a text past the [`yaml_bounds`].
 pub fn from_yaml(file: &str, text: &str) -> Result<(String, Vec<RuleConfig>), ConfigError> {
     let refuse = |why: String| ConfigError::new(file, why);
+    yaml_bounds::check(text).map_err(refuse)?;
     let generic: serde_yaml::Value = serde_yaml::from_str(text)
         .map_err(|e| refuse(format!("error loading config file: {e}")))?;
     match &generic {
@@ -444,7 +464,7 @@ pub fn all_rules(config: &EnvoyConfig) -> Result<Vec<RuleConfig>, ConfigError> {
     check(&config.rules, |i| format!("envoy.rules[{i}]"))?;
     let mut rules = config.rules.clone();
     if let Some(dir) = &config.config_dir {
-        rules.extend(read_dir(dir)?);
+        rules.extend(read_dir(dir, config.merge_domains)?);
         let written = config.rules.len();
         check(&rules, |i| {
             if i < written {
@@ -476,61 +496,6 @@ pub fn with_fed(config: &EnvoyConfig, fed: &[RuleConfig]) -> Result<Vec<RuleConf
     Ok(rules)
 }
 
-/// The files of a config directory envoyproxy/ratelimit reads: every regular file (or link to
-/// one) whose name does not start with `.` (a ConfigMap's `..data` links are skipped), sorted.
-fn config_files(dir: &std::path::Path) -> std::io::Result<Vec<PathBuf>> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)?
-        .filter_map(Result::ok)
-        .map(|entry| entry.path())
-        .filter(|path| {
-            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or(".");
-            !name.starts_with('.') && path.is_file()
-        })
-        .collect();
-    files.sort();
-    Ok(files)
-}
-
-/// Reads every file of `dir` (every regular file not named `.*`) into rules; one domain per
-/// file, a domain in two files is refused.
-pub fn read_dir(dir: &std::path::Path) -> Result<Vec<RuleConfig>, ConfigError> {
-    let at = format!("envoy.config_dir {}", dir.display());
-    let files = config_files(dir).map_err(|e| ConfigError::new(&at, e.to_string()))?;
-    let mut domains = BTreeMap::new();
-    let mut rules = Vec::new();
-    for path in files {
-        let name = path.display().to_string();
-        let text =
-            std::fs::read_to_string(&path).map_err(|e| ConfigError::new(&name, e.to_string()))?;
-        let (domain, file_rules) = from_yaml(&name, &text)?;
-        if let Some(first) = domains.insert(domain.clone(), name.clone()) {
-            return Err(ConfigError::new(
-                name,
-                format!("duplicate domain {domain:?} in config file (also in {first})"),
-            ));
-        }
-        rules.extend(file_rules);
-    }
-    Ok(rules)
-}
-
-/// A digest of what `dir` serves: each file's name, where its links lead, its length and
-/// modification time. It changes when a file is written, added or removed, and when a
-/// ConfigMap's `..data` link is swapped to a new directory.
-pub fn dir_fingerprint(dir: &std::path::Path) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    for path in config_files(dir).unwrap_or_default() {
-        path.hash(&mut hasher);
-        std::fs::canonicalize(&path).ok().hash(&mut hasher);
-        if let Ok(meta) = std::fs::metadata(&path) {
-            meta.len().hash(&mut hasher);
-            meta.modified().ok().hash(&mut hasher);
-        }
-    }
-    hasher.finish()
-}
-
 /// envoyproxy/ratelimit's environment, read when `RUNTIME_ROOT` or `RUNTIME_SUBDIRECTORY` is
 /// set, or `CONFIG_TYPE` is `FILE` or `GRPC_XDS_SOTW` (deployments fed over xDS often set no
 /// `RUNTIME_*`); never otherwise, so that a generic `PORT` never moves a tollgate that is not
@@ -539,11 +504,8 @@ pub fn dir_fingerprint(dir: &std::path::Path) -> u64 {
 /// - `RUNTIME_ROOT` (default `/srv/runtime_data/current`), `RUNTIME_SUBDIRECTORY`,
 ///   `RUNTIME_APPDIRECTORY` (default `config`): `envoy.config_dir`, unless the file sets it;
 /// - `GRPC_HOST`/`GRPC_PORT` (default `0.0.0.0:8081`): `grpc_listen`; `HOST`/`PORT`: `listen`;
-/// - `REDIS_URL` (`host:port`; sentinel: `master,host:port,...`; cluster: `host:port,...`),
-///   `REDIS_TYPE` (`single`, `sentinel`, `cluster`), `REDIS_AUTH` (`password` or
-///   `user:password`), `REDIS_TLS`, `REDIS_SOCKET_TYPE` (`unix`: `REDIS_URL` is a socket path):
-///   the store (Redis); `REDIS_TLS_CACERT`, `REDIS_TLS_CLIENT_CERT`, `REDIS_TLS_CLIENT_KEY`:
-///   `store.tls` (see [`super::store_tls::from_erl_env`]).
+/// - `REDIS_*`: the store, as envoyproxy/ratelimit reads them (see `config::erl_redis`);
+///   an unset `REDIS_URL` is refused.
 ///
 /// - `SHADOW_MODE`, `QUOTA_MODE`: `envoy.shadow_mode`, `envoy.quota_mode`.
 /// - `CONFIG_TYPE=GRPC_XDS_SOTW` and its `CONFIG_GRPC_XDS_*`: `envoy.xds` instead of
@@ -551,18 +513,21 @@ pub fn dir_fingerprint(dir: &std::path::Path) -> u64 {
 /// - `GRPC_SERVER_USE_TLS` true and its `GRPC_SERVER_TLS_*`, `GRPC_CLIENT_TLS_*`: `grpc_tls`
 ///   (see [`super::grpc_tls::from_erl_env`]).
 ///
+/// - `MERGE_DOMAIN_CONFIG`, `LIMIT_RESPONSE_HEADERS_ENABLED` and its `LIMIT_*_HEADER` names
+///   (see `merge_and_headers_env`).
+///
 /// A setting tollgate cannot honour without deciding differently is refused: `BACKEND_TYPE`
-/// other than `redis`, `CONFIG_TYPE` other than `FILE` or `GRPC_XDS_SOTW`,
-/// `MERGE_DOMAIN_CONFIG` true. Every other variable of envoyproxy/ratelimit is ignored.
+/// other than `redis` or empty, `CONFIG_TYPE` other than `FILE` or `GRPC_XDS_SOTW`, and those
+/// `config::erl_refused` lists. Its other variables (tuning) are ignored.
 pub fn apply_erl_env(
     config: &mut super::Config,
     var: impl Fn(&str) -> Option<String>,
 ) -> Result<(), ConfigError> {
     // CONFIG_TYPE counts only with one of its own values: another program's variable of that
     // name must not turn this on.
-    let erl_config_type = var("CONFIG_TYPE").is_some_and(|kind| {
-        kind.eq_ignore_ascii_case("file") || kind.eq_ignore_ascii_case("grpc_xds_sotw")
-    });
+    // Spelled exactly, as ERL compares them: `file` stops it.
+    let erl_config_type =
+        var("CONFIG_TYPE").is_some_and(|kind| kind == "FILE" || kind == "GRPC_XDS_SOTW");
     if var("RUNTIME_ROOT").is_none() && var("RUNTIME_SUBDIRECTORY").is_none() && !erl_config_type {
         return Ok(());
     }
@@ -574,7 +539,8 @@ pub fn apply_erl_env(
                 .ok_or_else(|| ConfigError::new(name, format!("{text:?} is not a bool")))
         })
     };
-    if let Some(backend) = var("BACKEND_TYPE").filter(|b| !b.eq_ignore_ascii_case("redis")) {
+    // ERL takes `redis` and the empty string, nothing else, for its Redis backend.
+    if let Some(backend) = var("BACKEND_TYPE").filter(|b| !b.is_empty() && b != "redis") {
         return Err(ConfigError::new(
             "BACKEND_TYPE",
             format!("{backend:?}: tollgate keeps its buckets in Redis only"),
@@ -582,8 +548,8 @@ pub fn apply_erl_env(
     }
     match var("CONFIG_TYPE") {
         None => {}
-        Some(kind) if kind.eq_ignore_ascii_case("file") => {}
-        Some(kind) if kind.eq_ignore_ascii_case("grpc_xds_sotw") => {
+        Some(kind) if kind == "FILE" => {}
+        Some(kind) if kind == "GRPC_XDS_SOTW" => {
             config.envoy.xds = Some(super::xds::from_erl_env(&var)?);
         }
         Some(kind) => {
@@ -596,18 +562,7 @@ pub fn apply_erl_env(
     super::erl_metrics::from_erl_env(&mut config.envoy.metrics, &var)?;
     let use_tls = flag("GRPC_SERVER_USE_TLS")?;
     config.grpc_tls = super::grpc_tls::from_erl_env(&var, use_tls)?.or(config.grpc_tls.take());
-    if flag("MERGE_DOMAIN_CONFIG")? {
-        return Err(ConfigError::new(
-            "MERGE_DOMAIN_CONFIG",
-            "true is not supported: one domain per file",
-        ));
-    }
-    if flag("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION")? {
-        return Err(ConfigError::new(
-            "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
-            "true is not supported: the Redis server's name is always verified",
-        ));
-    }
+    merge_and_headers_env::apply(config, &var)?;
     config.envoy.shadow_mode |= flag("SHADOW_MODE")?;
     config.envoy.quota_mode |= flag("QUOTA_MODE")?;
     config.envoy.dynamic_metadata |= flag("RESPONSE_DYNAMIC_METADATA")?;
@@ -619,66 +574,35 @@ pub fn apply_erl_env(
         dir.push(var("RUNTIME_APPDIRECTORY").unwrap_or_else(|| "config".into()));
         config.envoy.config_dir = Some(dir);
     }
-    let address = |host: &str, port: &str, what: &str| {
-        let host = var(host).unwrap_or_else(|| "0.0.0.0".into());
-        let port = var(port).unwrap_or_else(|| what.into());
+    // The variable at fault is named: the port unless it is plain decimal (a leading 0 is
+    // octal to Go, so it is refused rather than read as decimal), else the host.
+    let address = |host_var: &str, port_var: &str, default_port: &str| {
+        let host = var(host_var).unwrap_or_else(|| "0.0.0.0".into());
+        let port = var(port_var).unwrap_or_else(|| default_port.into());
+        let decimal = port.bytes().all(|b| b.is_ascii_digit())
+            && (port == "0" || !port.starts_with('0'))
+            && port.parse::<u16>().is_ok();
         let text = if host.contains(':') {
             format!("[{host}]:{port}")
         } else {
             format!("{host}:{port}")
         };
-        text.parse::<std::net::SocketAddr>()
-            .map_err(|_| ConfigError::new(what, format!("{text:?} is not a listen address")))
+        match text.parse::<std::net::SocketAddr>() {
+            Ok(address) if decimal => Ok(address),
+            _ => Err(ConfigError::new(
+                if decimal { host_var } else { port_var },
+                format!("{text:?} is not a listen address"),
+            )),
+        }
     };
     if var("GRPC_HOST").is_some() || var("GRPC_PORT").is_some() || config.grpc_listen.is_none() {
-        config.grpc_listen =
-            Some(address("GRPC_HOST", "GRPC_PORT", "8081").map_err(|e| e.within("GRPC_PORT"))?);
+        config.grpc_listen = Some(address("GRPC_HOST", "GRPC_PORT", "8081")?);
     }
     if var("HOST").is_some() || var("PORT").is_some() {
-        config.listen = address("HOST", "PORT", "8080").map_err(|e| e.within("PORT"))?;
+        config.listen = address("HOST", "PORT", "8080")?;
     }
-    if let Some(url) = var("REDIS_URL") {
-        let tls = flag("REDIS_TLS")?;
-        config.store.tls = super::store_tls::from_erl_env(&var, tls)?.or(config.store.tls.take());
-        let unix = var("REDIS_SOCKET_TYPE").is_some_and(|t| t.eq_ignore_ascii_case("unix"));
-        let auth = var("REDIS_AUTH").map(|auth| {
-            if auth.contains(':') {
-                format!("{auth}@")
-            } else {
-                format!(":{auth}@")
-            }
-        });
-        let auth = auth.unwrap_or_default();
-        let scheme = if tls { "rediss" } else { "redis" };
-        let spell = |host: &str| {
-            if unix {
-                format!("redis+unix://{host}")
-            } else {
-                format!("{scheme}://{auth}{}", host.trim())
-            }
-        };
-        let store = &mut config.store;
-        store.backend = super::Backend::Redis;
-        let kind = var("REDIS_TYPE").unwrap_or_else(|| "single".into());
-        match kind.to_ascii_lowercase().as_str() {
-            "single" => store.url = spell(&url),
-            "cluster" => store.cluster = url.split(',').map(spell).collect(),
-            "sentinel" => {
-                let mut parts = url.split(',');
-                let master = parts.next().unwrap_or_default().trim().to_string();
-                store.sentinel = Some(super::SentinelConfig {
-                    master,
-                    urls: parts.map(spell).collect(),
-                });
-            }
-            other => {
-                return Err(ConfigError::new(
-                    "REDIS_TYPE",
-                    format!("{other:?} is none of single, sentinel, cluster"),
-                ))
-            }
-        }
-    }
+    super::erl_redis::apply(config, &var)?;
+    super::erl_refused::refuse_unsupported(&var)?;
     Ok(())
 }
 
@@ -753,6 +677,7 @@ mod tests {
             env(&[
                 ("RUNTIME_ROOT", "/data"),
                 ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+                ("REDIS_SOCKET_TYPE", "tcp"),
                 ("REDIS_URL", "redis:6379"),
                 ("REDIS_AUTH", "secret"),
                 ("REDIS_TLS", "true"),
@@ -804,6 +729,7 @@ mod tests {
                 ("RUNTIME_ROOT", "/d"),
                 ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
                 ("CONFIG_GRPC_XDS_NODE_ID", "n"),
+                ("REDIS_URL", "/run/redis.sock"),
             ]),
         )
         .unwrap();
@@ -819,6 +745,7 @@ mod tests {
             env(&[
                 ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
                 ("CONFIG_GRPC_XDS_NODE_ID", "n"),
+                ("REDIS_SOCKET_TYPE", "tcp"),
                 ("REDIS_URL", "redis:6379"),
             ]),
         )
@@ -827,8 +754,9 @@ mod tests {
         assert_eq!(config.store.url, "redis://redis:6379");
         assert_eq!(config.grpc_listen.unwrap().port(), 8081);
         // The files count only with REDIS_TLS true, as there; then they are checked.
-        const CERTS: [(&str, &str); 6] = [
+        const CERTS: [(&str, &str); 7] = [
             ("RUNTIME_ROOT", "/d"),
+            ("REDIS_SOCKET_TYPE", "tcp"),
             ("REDIS_URL", "redis:6380"),
             ("REDIS_TLS_CACERT", "/nonexistent/ca.pem"),
             ("REDIS_TLS_CLIENT_CERT", "/nonexistent/tls.crt"),
@@ -838,9 +766,9 @@ mod tests {
         let mut config = super::super::Config::default();
         apply_erl_env(&mut config, env(&CERTS)).unwrap();
         assert_eq!(config.store.tls, None);
-        const WITH_TLS: [(&str, &str); 6] = {
+        const WITH_TLS: [(&str, &str); 7] = {
             let mut certs = CERTS;
-            certs[5].1 = "true";
+            certs[6].1 = "true";
             certs
         };
         let refused = apply_erl_env(&mut super::super::Config::default(), env(&WITH_TLS));

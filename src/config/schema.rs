@@ -123,8 +123,20 @@ pub struct StoreConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SentinelConfig {
+    /// The name the sentinels monitor.
     pub master: String,
+    /// The sentinels: each URL's scheme, username and password are that sentinel's own.
     pub urls: Vec<String>,
+    /// TLS to the master: `true` or `false`, said apart from the sentinels'. Absent:
+    /// `store.url`'s scheme says (`rediss://`), as before this key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub master_tls: Option<bool>,
+    /// The master's ACL user; absent: `store.url`'s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub master_username: Option<String>,
+    /// The master's password; absent: `store.url`'s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub master_password: Option<Secret>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -180,6 +192,8 @@ pub enum DenialLogging {
 pub struct ResponseConfig {
     pub deny_status: u16,
     pub headers: Vec<HeaderFamily>,
+    /// The names of the `ratelimit` family's three headers.
+    pub ratelimit_names: RatelimitNames,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -187,6 +201,29 @@ pub struct ResponseConfig {
 pub enum HeaderFamily {
     Ietf,
     XRatelimit,
+    /// `RateLimit-Limit`, `RateLimit-Remaining`, `RateLimit-Reset` (earlier drafts of the IETF
+    /// work; envoyproxy/ratelimit's `LIMIT_RESPONSE_HEADERS_ENABLED`), renamable.
+    Ratelimit,
+}
+
+/// `[response.ratelimit_names]`: envoyproxy/ratelimit's defaults, which its `LIMIT_*_HEADER`
+/// variables rename.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RatelimitNames {
+    pub limit: String,
+    pub remaining: String,
+    pub reset: String,
+}
+
+impl Default for RatelimitNames {
+    fn default() -> Self {
+        RatelimitNames {
+            limit: "RateLimit-Limit".into(),
+            remaining: "RateLimit-Remaining".into(),
+            reset: "RateLimit-Reset".into(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -454,6 +491,7 @@ impl Default for ResponseConfig {
         ResponseConfig {
             deny_status: 429,
             headers: vec![HeaderFamily::Ietf, HeaderFamily::XRatelimit],
+            ratelimit_names: RatelimitNames::default(),
         }
     }
 }

@@ -181,6 +181,8 @@ impl Config {
             for (on, what) in [
                 (self.envoy.shadow_mode, "global shadow_mode"),
                 (self.envoy.quota_mode, "global quota_mode"),
+                (self.envoy.merge_domains, "merged domains"),
+                (self.envoy.response_headers, "ratelimit headers"),
             ] {
                 if on {
                     let _ = write!(out, "  {what}");
@@ -227,24 +229,13 @@ impl StoreConfig {
                 } else {
                     redact_url(&self.url)
                 };
-                let tls = match &self.tls {
-                    Some(tls) => format!(
-                        ", TLS: CA {}, client certificate {}",
-                        tls.ca_file
-                            .as_ref()
-                            .map_or("the system's".into(), |f| f.display().to_string()),
-                        tls.cert_file
-                            .as_ref()
-                            .map_or("none".into(), |f| f.display().to_string())
-                    ),
-                    None => String::new(),
-                };
                 format!(
-                    "redis {target} (timeout {} ms, on_error {}, prefix {:?}, deny cache {}{tls})",
+                    "redis {target} (timeout {} ms, on_error {}, prefix {:?}, deny cache {}; {})",
                     self.timeout_ms,
                     spelled(&self.on_error),
                     self.key_prefix,
-                    if self.deny_cache { "on" } else { "off" }
+                    if self.deny_cache { "on" } else { "off" },
+                    self.describe_links()
                 )
             }
         }
@@ -288,8 +279,29 @@ fn spelled(value: &impl Serialize) -> String {
     }
 }
 
-/// Replaces the password of a `scheme://user:password@host` URL with `***`.
+/// Replaces the password of a `scheme://user:password@host` URL, and a socket URL's
+/// `pass=`, with `***`.
 pub fn redact_url(url: &str) -> String {
+    let url = redact_userinfo(url);
+    match url.split_once('?') {
+        Some((base, query)) => {
+            let pairs: Vec<&str> = query
+                .split('&')
+                .map(|pair| {
+                    if pair.starts_with("pass=") {
+                        "pass=***"
+                    } else {
+                        pair
+                    }
+                })
+                .collect();
+            format!("{base}?{}", pairs.join("&"))
+        }
+        None => url,
+    }
+}
+
+fn redact_userinfo(url: &str) -> String {
     let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
         return url.to_string();
     };
@@ -319,5 +331,9 @@ mod tests {
         );
         assert_eq!(redact_url("redis://:s3cret@host"), "redis://:***@host");
         assert_eq!(redact_url("redis://host:6379"), "redis://host:6379");
+        assert_eq!(
+            redact_url("redis+unix:///run/r.sock?user=u&pass=s3cret"),
+            "redis+unix:///run/r.sock?user=u&pass=***"
+        );
     }
 }

@@ -242,15 +242,13 @@ impl StoreConfig {
             for (i, url) in sentinel.urls.iter().enumerate() {
                 validate_redis_url(&format!("store.sentinel.urls[{i}]"), url)?;
             }
+            one_scheme("store.sentinel.urls", &sentinel.urls)?;
+            sentinel.check_master_keys(&self.url)?;
         }
+        one_scheme("store.cluster", &self.cluster)?;
+        let links = self.links();
         if let Some(tls) = &self.tls {
-            let mut urls = if self.cluster.is_empty() {
-                std::slice::from_ref(&self.url).iter()
-            } else {
-                self.cluster.iter()
-            }
-            .chain(self.sentinel.iter().flat_map(|sentinel| &sentinel.urls));
-            if !urls.any(|url| url.starts_with("rediss://")) {
+            if !links.iter().any(|link| link.tls) {
                 return Err(ConfigError::new(
                     "store.tls",
                     "applies only with a rediss:// URL",
@@ -258,7 +256,36 @@ impl StoreConfig {
             }
             tls.load()?;
         }
+        // TLS asked for on the sentinels' side must not leave the data in clear on the
+        // master's, unless that is said outright.
+        if let Some(sentinel) = &self.sentinel {
+            let master_tls = links.first().is_some_and(|link| link.tls);
+            let sentinels_tls = links.get(1).is_some_and(|link| link.tls);
+            if !master_tls && sentinel.master_tls.is_none() && (sentinels_tls || self.tls.is_some())
+            {
+                return Err(ConfigError::new(
+                    "store.sentinel.master_tls",
+                    "unset, so the master would be spoken to in clear while TLS is asked for \
+                     (rediss:// sentinels or store.tls): set it true, or false to mean it",
+                ));
+            }
+        }
         Ok(())
+    }
+}
+
+/// Every URL of a list speaks TLS, or none does: the client takes one mode for them all.
+fn one_scheme(key: &str, urls: &[String]) -> Result<(), ConfigError> {
+    let tls = |url: &String| url.starts_with("rediss://");
+    match urls
+        .iter()
+        .position(|url| tls(url) != urls.first().is_some_and(tls))
+    {
+        Some(i) => Err(ConfigError::new(
+            format!("{key}[{i}]"),
+            "mixes rediss:// and redis://: all TLS or none",
+        )),
+        None => Ok(()),
     }
 }
 
@@ -337,19 +364,67 @@ mod tests {
     #[test]
     fn sentinel_needs_a_master_name_and_sentinels_and_excludes_cluster() {
         let mut store = redis_store();
-        store.sentinel = Some(SentinelConfig {
-            master: "mymaster".into(),
-            urls: vec!["redis://127.0.0.1:26379".into()],
-        });
+        store.sentinel = Some(sentinel("mymaster", &["redis://127.0.0.1:26379"]));
         assert!(store.validate().is_ok());
         store.cluster = vec!["redis://127.0.0.1:7000".into()];
         assert_eq!(store.validate().unwrap_err().key, "store.sentinel");
         store.cluster.clear();
-        store.sentinel = Some(SentinelConfig {
-            master: String::new(),
-            urls: vec!["redis://127.0.0.1:26379".into()],
-        });
+        store.sentinel = Some(sentinel("", &["redis://127.0.0.1:26379"]));
         assert_eq!(store.validate().unwrap_err().key, "store.sentinel.master");
+    }
+
+    fn sentinel(master: &str, urls: &[&str]) -> SentinelConfig {
+        SentinelConfig {
+            master: master.into(),
+            urls: urls.iter().map(|u| u.to_string()).collect(),
+            master_tls: None,
+            master_username: None,
+            master_password: None,
+        }
+    }
+
+    /// TLS on one side only is refused where it leaves the master in clear, unless
+    /// `master_tls = false` says so; a master said twice in disagreement is refused.
+    #[test]
+    fn sentinel_tls_on_one_side_only_is_refused_unless_said() {
+        let mut store = redis_store();
+        store.sentinel = Some(sentinel("m", &["rediss://127.0.0.1:26379"]));
+        assert_eq!(
+            store.validate().unwrap_err().key,
+            "store.sentinel.master_tls"
+        );
+        store.sentinel.as_mut().unwrap().master_tls = Some(false);
+        assert!(store.validate().is_ok(), "plaintext master, said outright");
+        store.sentinel.as_mut().unwrap().master_tls = Some(true);
+        assert!(store.validate().is_ok());
+        store.url = "rediss://127.0.0.1:6379/0".into();
+        store.sentinel.as_mut().unwrap().master_tls = None;
+        assert!(
+            store.validate().is_ok(),
+            "the master is rediss:// by store.url"
+        );
+        store.sentinel.as_mut().unwrap().master_tls = Some(false);
+        assert_eq!(
+            store.validate().unwrap_err().key,
+            "store.sentinel.master_tls"
+        );
+        store.url = "redis://:pw@127.0.0.1:6379/0".into();
+        let said = store.sentinel.as_mut().unwrap();
+        said.master_tls = Some(true);
+        said.master_password = Some(crate::config::Secret("pw".into()));
+        assert_eq!(
+            store.validate().unwrap_err().key,
+            "store.sentinel.master_password"
+        );
+        store.url = StoreConfig::default().url;
+        store.sentinel = Some(sentinel(
+            "m",
+            &["rediss://127.0.0.1:26379", "redis://127.0.0.1:26380"],
+        ));
+        assert_eq!(store.validate().unwrap_err().key, "store.sentinel.urls[1]");
+        store.sentinel = None;
+        store.cluster = vec!["redis://a:7000".into(), "rediss://b:7001".into()];
+        assert_eq!(store.validate().unwrap_err().key, "store.cluster[1]");
     }
 
     #[test]

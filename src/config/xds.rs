@@ -229,8 +229,10 @@ pub fn from_erl_env(var: impl Fn(&str) -> Option<String>) -> Result<XdsConfig, C
     };
     // Without FORCE_START_WITHOUT_INITIAL_CONFIG it serves nothing until the first
     // configuration; with it, it is healthy unless HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED.
-    xds.ready_before_config = flag("FORCE_START_WITHOUT_INITIAL_CONFIG")?
-        && !flag("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED")?;
+    // Both read before either counts: a bad value stops ERL whatever the other says.
+    let force_start = flag("FORCE_START_WITHOUT_INITIAL_CONFIG")?;
+    let healthy_with_config = flag("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED")?;
+    xds.ready_before_config = force_start && !healthy_with_config;
     if let Some(tls) = var(TLS) {
         xds.tls = go::parse_bool(&tls)
             .ok_or_else(|| ConfigError::new(TLS, format!("{tls:?} is not a bool")))?;

@@ -18,6 +18,16 @@ use super::ConfigError;
 /// The type of the resources asked for and accepted.
 pub const RESOURCE_TYPE: &str = "type.googleapis.com/ratelimit.config.ratelimit.v3.RateLimitConfig";
 
+/// Deepest descriptor a resource may nest: the protocol allows about 100 levels, and every
+/// node is a rule that holds its whole path.
+pub const MAX_DEPTH: usize = 16;
+/// Most descriptors one resource set may hold, all resources together: each is a rule, and a
+/// rule with a rate is a limit with its own metric series.
+pub const MAX_NODES: usize = 10_000;
+/// Most bytes the rules' paths (every node's keys and values from the root) may take, all
+/// together: a long key high in a deep tree is copied into every rule below it.
+pub const MAX_PATH_BYTES: usize = 16 << 20;
+
 /// The rules of a set of `RateLimitConfig` resources, in the order received. Refuses (naming
 /// the resource) a resource of another type or that does not decode, an empty domain, a
 /// domain in two resources, and everything [`check`] refuses in a YAML file.
@@ -40,6 +50,7 @@ pub fn rules_from_resources(resources: &[Any]) -> Result<Vec<RuleConfig>, Config
 
 /// [`rules_from_resources`] once decoded.
 pub fn rules_from_configs(configs: &[XdsRateLimitConfig]) -> Result<Vec<RuleConfig>, ConfigError> {
+    check_size(configs)?;
     let mut rules = Vec::new();
     let mut owners = Vec::new();
     let mut domains: HashMap<&str, &str> = HashMap::new();
@@ -63,6 +74,51 @@ pub fn rules_from_configs(configs: &[XdsRateLimitConfig]) -> Result<Vec<RuleConf
     }
     check(&rules, |i| owners.get(i).cloned().unwrap_or_default())?;
     Ok(rules)
+}
+
+/// Refuses, before anything is built, a set deeper than [`MAX_DEPTH`], with more than
+/// [`MAX_NODES`] descriptors, or whose rules' paths would take more than [`MAX_PATH_BYTES`]:
+/// what a set costs grows with its nodes times their depth, and one response of a few
+/// hundred kB could otherwise take gigabytes.
+fn check_size(configs: &[XdsRateLimitConfig]) -> Result<(), ConfigError> {
+    let mut nodes = 0usize;
+    let mut path_bytes = 0usize;
+    for config in configs {
+        let refuse =
+            |reason: String| ConfigError::new(format!("xds config {:?}", config.name), reason);
+        // (node, its depth, the bytes of its parent's path): iterative, whatever the depth.
+        let mut pending: Vec<(&RateLimitDescriptor, usize, usize)> =
+            config.descriptors.iter().map(|node| (node, 1, 0)).collect();
+        while let Some((node, depth, above)) = pending.pop() {
+            nodes += 1;
+            if nodes > MAX_NODES {
+                return Err(refuse(format!(
+                    "the resources hold more than {MAX_NODES} descriptors"
+                )));
+            }
+            if depth > MAX_DEPTH {
+                return Err(refuse(format!(
+                    "descriptors nest more than {MAX_DEPTH} deep (key {:?} at depth {depth})",
+                    node.key
+                )));
+            }
+            let here = above
+                .saturating_add(node.key.len())
+                .saturating_add(node.value.len());
+            path_bytes = path_bytes.saturating_add(here);
+            if path_bytes > MAX_PATH_BYTES {
+                return Err(refuse(format!(
+                    "the descriptors' paths take more than {MAX_PATH_BYTES} bytes"
+                )));
+            }
+            pending.extend(
+                node.descriptors
+                    .iter()
+                    .map(|child| (child, depth + 1, here)),
+            );
+        }
+    }
+    Ok(())
 }
 
 /// A descriptor tree as its nodes, depth first in the order given, each field where a YAML

@@ -12,7 +12,7 @@ use envoy_types::pb::google::protobuf::Duration;
 mod envoy;
 
 use super::plan::Plan;
-use crate::answer::each_header;
+use crate::answer::{each_header, Carrier};
 use crate::base::calendar::Period;
 use crate::limiter::decision::{most_restrictive, Decision, LimitState, Verdict};
 use crate::policy::limits::Limit;
@@ -75,9 +75,15 @@ fn decided(decision: &Decision, plan: &Plan, policy: &Policy) -> RateLimitRespon
         .map(|buckets| descriptor_status(decision, buckets, policy))
         .collect();
     let mut headers = Vec::with_capacity(6);
-    each_header(decision, policy, !decision.allowed, |name, value| {
-        headers.push(header(name.as_str(), value.to_string()));
-    });
+    each_header(
+        decision,
+        policy,
+        !decision.allowed,
+        Carrier::Grpc,
+        |name, value| {
+            headers.push(header(name.as_str(), value.to_string()));
+        },
+    );
     let overall = if decision.allowed {
         Code::Ok
     } else {

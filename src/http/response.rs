@@ -8,7 +8,7 @@ use actix_web::http::StatusCode;
 use actix_web::{HttpResponse, HttpResponseBuilder};
 use serde::Serialize;
 
-use crate::answer::{each_header, QuotaValue};
+use crate::answer::{each_header, Carrier, QuotaValue};
 use crate::limiter::decision::{Decision, Verdict};
 use crate::policy::Policy;
 
@@ -219,7 +219,7 @@ fn answer_headers(
     policy: &Policy,
     refused: bool,
 ) -> Option<u64> {
-    each_header(decision, policy, refused, |name, value| {
+    each_header(decision, policy, refused, Carrier::Http, |name, value| {
         response.insert_header((name, value));
     })
 }

@@ -164,14 +164,6 @@ fn charge(item: &Map<String, Value>, at: &str, policy: &Policy) -> Result<Item, 
             name: name.clone(),
         });
     }
-    if let Meter::Reserve(_) = limit.meter {
-        return Err(malformed(
-            format!("{at}limit"),
-            format!(
-                "limit {name:?} reserves at /check: settle with {{\"reservation\": <X-Tollgate-Reservation>, \"cost\": N}}, which replaces the estimate instead of adding to it"
-            ),
-        ));
-    }
     let tail = limit
         .tail_of_given(&values, policy.client_ip.ipv6_prefix)
         .map_err(|(i, why)| key_error(limit, &values, i, why, at))?;
@@ -179,13 +171,19 @@ fn charge(item: &Map<String, Value>, at: &str, policy: &Policy) -> Result<Item, 
     let Some(numbers) = limit.numbers_for(&policy.runtime.view(), &tail) else {
         return Ok(Item::Unlimited { limit: index });
     };
+    let mut bucket = limit.bucket(
+        limit.store_key(&policy.key_prefix, &tail),
+        index,
+        numbers,
+        cost,
+    );
+    // A reserving limit charged by key: a request that holds no reservation (its check failed
+    // open, or it came by another way) still pays, as a debt like any report.
+    if let Meter::Reserve(_) = bucket.meter {
+        bucket.meter = Meter::Bucket;
+    }
     Ok(Item::Charge(ReportCharge {
-        bucket: limit.bucket(
-            limit.store_key(&policy.key_prefix, &tail),
-            index,
-            numbers,
-            cost,
-        ),
+        bucket,
         max_debt: count_f64(limit.max_debt),
     }))
 }

@@ -1,7 +1,7 @@
 //! The Prometheus registry and every metric tollgate exports. Label children used on
 //! the hot path are resolved once, so a check only bumps atomics. No client key is ever a label.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use prometheus::{
@@ -25,6 +25,12 @@ pub const BUILD_INFO: &str = "tollgate_build_info";
 pub const GRPC_REQUESTS_TOTAL: &str = "tollgate_grpc_requests_total";
 pub const GRPC_DURATION_SECONDS: &str = "tollgate_grpc_duration_seconds";
 pub const RUNTIME_OVERRIDES: &str = "tollgate_runtime_overrides";
+
+/// The `decision` label of `tollgate_limit_decisions_total`, and the `event` labels of
+/// `tollgate_reservations_total` and `tollgate_leases_total`: every series a limit has.
+const DECISIONS: [&str; 3] = ["allowed", "denied", "shadow_denied"];
+const RESERVATION_EVENTS: [&str; 3] = ["opened", "settled", "not_held"];
+const LEASE_EVENTS: [&str; 2] = ["taken", "released"];
 
 /// Sub-millisecond buckets: a check normally costs one Redis round trip.
 const LATENCY_BUCKETS: &[f64] = &[
@@ -284,19 +290,50 @@ impl Metrics {
         // Every limit shows its runtime override count from the start, 0 until one is set
         // (touching an existing series keeps its value across a reload).
         self.runtime_overrides.with_label_values(&[limit]);
+        let [allowed, denied, shadow_denied] =
+            DECISIONS.map(|decision| self.limit_decisions.with_label_values(&[limit, decision]));
+        let [reservations_opened, reservations_settled, reservations_not_held] =
+            RESERVATION_EVENTS.map(|event| self.reservations.with_label_values(&[limit, event]));
+        let [leases_taken, leases_released] =
+            LEASE_EVENTS.map(|event| self.leases.with_label_values(&[limit, event]));
         LimitCounters {
-            allowed: self.limit_decisions.with_label_values(&[limit, "allowed"]),
-            denied: self.limit_decisions.with_label_values(&[limit, "denied"]),
-            shadow_denied: self
-                .limit_decisions
-                .with_label_values(&[limit, "shadow_denied"]),
+            allowed,
+            denied,
+            shadow_denied,
             denied_keys: self.denied_keys(limit),
-            reservations_opened: self.reservations.with_label_values(&[limit, "opened"]),
-            reservations_settled: self.reservations.with_label_values(&[limit, "settled"]),
-            reservations_not_held: self.reservations.with_label_values(&[limit, "not_held"]),
-            leases_taken: self.leases.with_label_values(&[limit, "taken"]),
-            leases_released: self.leases.with_label_values(&[limit, "released"]),
+            reservations_opened,
+            reservations_settled,
+            reservations_not_held,
+            leases_taken,
+            leases_released,
         }
+    }
+
+    /// Drops every series and the top-denied table of each limit not in `live`, after a
+    /// policy swap (a reload, a config directory change, an xDS update): limits come and go,
+    /// and without this every name ever compiled would stay in memory and in `/metrics`.
+    pub fn retain_limits<'a>(&self, live: impl IntoIterator<Item = &'a str>) {
+        let live: HashSet<&str> = live.into_iter().collect();
+        let mut tops = self.tops.lock().unwrap_or_else(PoisonError::into_inner);
+        // Every compiled limit has a top table, so its names are every limit with series.
+        tops.retain(|name, _| {
+            if live.contains(name.as_str()) {
+                return true;
+            }
+            let name = name.as_str();
+            // An absent label set is no error worth telling: it is gone either way.
+            for decision in DECISIONS {
+                let _ = self.limit_decisions.remove_label_values(&[name, decision]);
+            }
+            for event in RESERVATION_EVENTS {
+                let _ = self.reservations.remove_label_values(&[name, event]);
+            }
+            for event in LEASE_EVENTS {
+                let _ = self.leases.remove_label_values(&[name, event]);
+            }
+            let _ = self.runtime_overrides.remove_label_values(&[name]);
+            false
+        });
     }
 
     /// The top-denied keys of `limit`: one per name, so they survive a reload.
@@ -323,5 +360,24 @@ impl Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         Metrics::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_removed_limit_leaves_no_series_and_no_top_table() {
+        let metrics = Metrics::new();
+        for limit in ["gone", "kept"] {
+            metrics.limit_counters(limit).denied.inc();
+        }
+        metrics.retain_limits(["kept", "new"]);
+        let text = metrics.render();
+        assert!(!text.contains("\"gone\""), "{text}");
+        assert!(text.contains("limit=\"kept\""), "{text}");
+        let tops = metrics.tops.lock().unwrap_or_else(PoisonError::into_inner);
+        assert_eq!(tops.keys().collect::<Vec<_>>(), ["kept"]);
     }
 }

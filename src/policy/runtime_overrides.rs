@@ -109,8 +109,9 @@ fn storable(rate: f64, burst: u64, own: Own) -> bool {
                 <= MAX_REFILL_SECS)
 }
 
-/// A limit's name and its unexpired entries (key tail, entry), to write back into a store.
-pub type Held = (String, Vec<(Box<[u8]>, Entry)>);
+/// A limit's name, the version its entries were read at, and its unexpired entries (key
+/// tail, entry), to write back into a store.
+pub type Held = (String, i64, Vec<(Box<[u8]>, Entry)>);
 
 /// One limit's runtime overrides and the store version they were read at.
 #[derive(Debug, Default, Clone)]
@@ -139,6 +140,8 @@ pub struct RuntimeOverrides {
     /// The store's time (ms) minus `clock`'s, learnt from every store answer.
     offset_ms: AtomicI64,
     gauge: Option<IntGaugeVec>,
+    /// The store's epoch as last seen (0: none yet); a new one means it lost its data.
+    epoch: AtomicI64,
 }
 
 impl RuntimeOverrides {
@@ -157,6 +160,7 @@ impl RuntimeOverrides {
             clock,
             offset_ms: AtomicI64::new(0),
             gauge,
+            epoch: AtomicI64::new(0),
         };
         overrides.learn_store_time(wall_ms);
         overrides
@@ -185,6 +189,16 @@ impl RuntimeOverrides {
             .store(store_ms - self.local_ms(), Ordering::Relaxed);
     }
 
+    /// The store's epoch this instance last saw (0: none yet).
+    pub fn epoch(&self) -> i64 {
+        self.epoch.load(Ordering::Relaxed)
+    }
+
+    /// Records the store's epoch, once what a new one asks for is done.
+    pub fn learn_epoch(&self, epoch: i64) {
+        self.epoch.store(epoch, Ordering::Relaxed);
+    }
+
     /// The version of `limit`'s entries this instance holds (0: none ever).
     pub fn version(&self, limit: &str) -> i64 {
         self.table.load().entries(limit).map_or(0, |e| e.version)
@@ -209,7 +223,8 @@ impl RuntimeOverrides {
             .collect()
     }
 
-    /// Every limit's unexpired entries, to write back into a store that lost them.
+    /// Every limit's version and unexpired entries (none, when a deletion emptied it), to
+    /// write back into a store that lost them.
     pub fn snapshot(&self) -> Vec<Held> {
         let now = self.now_ms();
         self.table
@@ -223,9 +238,8 @@ impl RuntimeOverrides {
                     .filter(|(_, entry)| !entry.expired(now))
                     .map(|(tail, entry)| (tail.clone(), entry.clone()))
                     .collect::<Vec<_>>();
-                (name.clone(), live)
+                (name.clone(), limit.version, live)
             })
-            .filter(|(_, live)| !live.is_empty())
             .collect()
     }
 
@@ -470,7 +484,12 @@ mod tests {
         assert!(!overrides.remove("l", b"old"), "expired: not in force");
         assert!(overrides.remove("l", b"acme"));
         assert_eq!(overrides.version("l"), 4);
-        assert!(overrides.snapshot().is_empty());
+        // Held empty, at its version: a write-back after a store lost its data carries the
+        // deletion too.
+        let held = overrides.snapshot();
+        assert!(
+            matches!(held.as_slice(), [(name, 4, entries)] if name == "l" && entries.is_empty())
+        );
     }
 
     #[test]

@@ -120,6 +120,23 @@ impl Breaker {
         );
         Failure::Opened
     }
+
+    /// Opens the circuit at once, whatever the count, for a failure no retry can change until
+    /// an operator acts (the store refuses scripts). Probes go on as usual, so the circuit
+    /// closes by itself once the store answers again.
+    pub fn trip(&self, why: &dyn std::fmt::Display) -> Failure {
+        self.failures.store(FAILURE_THRESHOLD, Ordering::Release);
+        self.reopen_at_us.store(
+            self.now_us().saturating_add(self.open_for_us),
+            Ordering::Release,
+        );
+        if self.state.swap(OPEN, Ordering::AcqRel) != CLOSED {
+            return Failure::ProbeFailed;
+        }
+        self.up.set(0);
+        log::error!("{}: {why}: circuit open, answering per on_error", self.name);
+        Failure::Opened
+    }
 }
 
 /// What one failure did to the circuit.
@@ -206,5 +223,22 @@ mod tests {
         b.on_success();
         b.on_failure(&"x");
         assert_eq!(b.admit(), Admission::Call);
+    }
+
+    #[test]
+    fn a_trip_opens_at_once_and_probes_as_usual() {
+        let (b, clock) = breaker();
+        assert_eq!(b.trip(&"refuses scripts"), Failure::Opened);
+        assert_eq!(b.admit(), Admission::Reject);
+        assert_eq!(b.up.get(), 0);
+        after_open_for(&clock);
+        assert_eq!(b.admit(), Admission::Probe);
+        assert_eq!(b.trip(&"still refuses"), Failure::ProbeFailed);
+        assert_eq!(b.admit(), Admission::Reject);
+        after_open_for(&clock);
+        assert_eq!(b.admit(), Admission::Probe);
+        b.on_success();
+        assert_eq!(b.admit(), Admission::Call);
+        assert_eq!(b.up.get(), 1);
     }
 }

@@ -21,7 +21,7 @@ use std::sync::{Mutex, MutexGuard, TryLockError};
 use super::bucket::{self, Bucket};
 use super::{
     BucketOutcome, BucketRequest, Meter, ReportCharge, Reserved, Settle, Settled, Store,
-    StoreDecision, StoreError,
+    StoreDecision, StoreError, LATE_SETTLE_GRACE_US, MAX_LATE_SETTLES,
 };
 
 const SHARDS: usize = 64;
@@ -41,6 +41,9 @@ struct Shard {
     leases: HashMap<String, Vec<(u128, u64)>>,
     /// Reserving buckets' reservations, by bucket key: held while their expiry is after now.
     reservations: HashMap<String, Vec<Reservation>>,
+    /// Their expired reservations, open to one late settle until `until` (their expiry and
+    /// [`LATE_SETTLE_GRACE_US`]), at most [`MAX_LATE_SETTLES`] per bucket.
+    late: HashMap<String, Vec<Reservation>>,
 }
 
 /// What the reservations of `held` expired by `now_us` had reserved.
@@ -61,15 +64,56 @@ struct Reservation {
 }
 
 impl Shard {
-    /// Drops the expired reservations of bucket `key`; the tokens to give back (their
-    /// estimates when `refund`, else 0), as `sweep` in `lua/bounds.lua`.
+    /// Moves the expired reservations of bucket `key` to its late ones; the tokens to give
+    /// back (their estimates when `refund`, else 0), as `sweep` in `lua/bounds.lua`.
     fn sweep(&mut self, key: &str, now_us: u64, refund: bool) -> u64 {
-        let back = match self.reservations.get(key) {
-            Some(held) if refund => expired_estimates(held, now_us),
-            _ => 0,
+        let Some(held) = self.reservations.get_mut(key) else {
+            return 0;
         };
-        self.drop_reservations(key, |r| r.until <= now_us);
+        let (gone, live): (Vec<Reservation>, Vec<Reservation>) =
+            held.iter().partition(|r| r.until <= now_us);
+        if gone.is_empty() {
+            return 0;
+        }
+        let back = if refund {
+            expired_estimates(&gone, now_us)
+        } else {
+            0
+        };
+        if live.is_empty() {
+            self.reservations.remove(key);
+        } else {
+            *held = live;
+        }
+        let late = self.late.entry(key.to_owned()).or_default();
+        late.retain(|r| r.until > now_us);
+        late.extend(gone.into_iter().map(|r| Reservation {
+            until: r.until.saturating_add(LATE_SETTLE_GRACE_US),
+            ..r
+        }));
+        if late.len() > MAX_LATE_SETTLES {
+            late.sort_unstable_by_key(|r| r.until);
+            late.drain(..late.len() - MAX_LATE_SETTLES);
+        }
         back
+    }
+
+    /// Settles the late reservation `id` of bucket `key` (expired, within its grace, not
+    /// settled before): whether it was there.
+    fn take_late(&mut self, key: &str, id: u128, estimate: u64, now_us: u64) -> bool {
+        let Some(late) = self.late.get_mut(key) else {
+            return false;
+        };
+        late.retain(|r| r.until > now_us);
+        let found = late
+            .iter()
+            .position(|r| r.id == id && r.estimate == estimate)
+            .map(|at| late.swap_remove(at))
+            .is_some();
+        if late.is_empty() {
+            self.late.remove(key);
+        }
+        found
     }
 
     /// Drops the reservations of bucket `key` that `gone` picks, and the key's set once empty;
@@ -323,7 +367,7 @@ impl<C: Clock> MemoryStore<C> {
         held
     }
 
-    /// Settles one reservation, at most once (`lua/settle.lua`).
+    /// Settles one reservation, at most once, late too (`lua/settle.lua`).
     pub fn settle_now(&self, settle: &Settle) -> Settled {
         let now = self.now_us();
         let request = &settle.bucket;
@@ -339,11 +383,24 @@ impl<C: Clock> MemoryStore<C> {
         let held = shard.drop_reservations(&request.key, |r| {
             r.id == reserve.id && r.estimate == settle.estimate
         });
+        let late = !held && shard.take_late(&request.key, reserve.id, settle.estimate, now);
         let mut state = shard.buckets.get(request.key.as_str()).map(|e| e.bucket);
         bucket::give_back(&mut state, back, now, request.rate);
-        let outcome = bucket::settle(settle, held, &mut state, now);
+        let outcome = if late && reserve.refund {
+            // Its estimate was given back at expiry: the whole actual cost is charged.
+            let unreserved = Settle {
+                estimate: 0,
+                ..settle.clone()
+            };
+            bucket::settle(&unreserved, true, &mut state, now)
+        } else {
+            bucket::settle(settle, held || late, &mut state, now)
+        };
         self.write_one(index, shard, request, state, now);
-        Settled { held, outcome }
+        Settled {
+            held: held || late,
+            outcome,
+        }
     }
 
     /// Stores `state` (if any) as the bucket of `request` in shard `index`, held locked.
@@ -528,14 +585,22 @@ fn drop_refilled(shards: &mut [&mut Shard], now_us: u64) -> usize {
             .leases
             .retain(|_, set| set.iter().any(|(_, until)| *until > now_us));
         freed += before - shard.buckets.len() - shard.leases.len();
-        // Expired reservations of a bucket gone full have nothing left to give back.
-        let Shard {
-            buckets,
-            reservations,
-            ..
-        } = &mut **shard;
-        reservations.retain(|key, set| {
-            set.iter().any(|r| r.until > now_us) || buckets.contains_key(key.as_str())
+        // Expired reservations of a bucket gone full have nothing left to give back: they
+        // move to the late ones (as Redis would find them), which go after their grace.
+        let idle: Vec<String> = shard
+            .reservations
+            .iter()
+            .filter(|(key, set)| {
+                !set.iter().any(|r| r.until > now_us) && !shard.buckets.contains_key(key.as_str())
+            })
+            .map(|(key, _)| key.clone())
+            .collect();
+        for key in idle {
+            shard.sweep(&key, now_us, false);
+        }
+        shard.late.retain(|_, set| {
+            set.retain(|r| r.until > now_us);
+            !set.is_empty()
         });
     }
     freed

@@ -34,6 +34,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use arc_swap::ArcSwapOption;
 use redis::{Cmd, TlsCertificates, Value};
 
 use self::coalesce::Coalescer;
@@ -76,6 +77,12 @@ pub struct RedisStore {
     settle_script: LuaScript,
     timeout: Duration,
     breaker: Breaker,
+    /// Why the store refuses scripts, while it does: readiness says so even while the
+    /// breaker keeps calls away.
+    scripts_refused: ArcSwapOption<String>,
+    /// The connection epoch in which the store last ran a script (a probe's or a call's): a
+    /// probe in a newer one asks again.
+    scripts_ran_in: AtomicU64,
     metrics: Metrics,
 }
 
@@ -106,16 +113,20 @@ impl RedisStore {
             settle_script: LuaScript::new(admin::SETTLE_SCRIPT),
             timeout,
             breaker: Breaker::new(metrics.store_up.clone(), "redis", timings.breaker_open_for),
+            scripts_refused: ArcSwapOption::empty(),
+            // No epoch yet: the first probe asks.
+            scripts_ran_in: AtomicU64::new(u64::MAX),
             metrics,
         })
     }
 
     /// Connects the calling thread's connection now (see `Connection::warm_up`), patient as
-    /// a connect is.
+    /// a connect is, then probes it, so a store that refuses scripts is said at start.
     pub async fn warm_up(&self) {
         self.connection
             .warm_up(connection::connect_timeout(self.timeout))
             .await;
+        let _ = Store::ping(self).await;
     }
 
     /// Which connection calls go over now: changes when the connection may have been replaced.
@@ -190,7 +201,7 @@ impl RedisStore {
         match &result {
             Ok(_) => {
                 script.loaded_in.store(call.epoch, Ordering::Release);
-                self.breaker.on_success();
+                self.on_success(call.epoch);
             }
             Err(e) => {
                 self.count_error(e);
@@ -200,12 +211,25 @@ impl RedisStore {
         result
     }
 
-    /// The breaker's word on whether a call may go out now.
+    /// The breaker's word on whether a call may go out now; while it keeps calls away from a
+    /// store that refuses scripts, that is the answer.
     fn admit(&self) -> Result<(), StoreError> {
         match self.breaker.admit() {
-            Admission::Reject => Err(StoreError::Unavailable),
+            Admission::Reject => Err(match self.scripts_refused.load_full() {
+                Some(why) => StoreError::ScriptsRefused(why.to_string()),
+                None => StoreError::Unavailable,
+            }),
             _ => Ok(()),
         }
+    }
+
+    /// A call or probe that ran a script in `epoch` (or, for a probe, found it known to run).
+    fn on_success(&self, epoch: u64) {
+        self.scripts_ran_in.store(epoch, Ordering::Release);
+        if self.scripts_refused.swap(None).is_some() {
+            log::info!("redis runs tollgate's scripts again");
+        }
+        self.breaker.on_success();
     }
 
     /// A failed call: the breaker counts it, and the next script goes whole if the connection
@@ -214,7 +238,16 @@ impl RedisStore {
     /// (a handshake takes several round trips, a call one), and replacing it at every probe
     /// would start each probe from nothing, never to recover from a far Redis.
     fn on_failure(&self, error: &StoreError) {
-        match self.breaker.on_failure(error) {
+        let failure = match error {
+            // No retry helps: the circuit opens at once, and stays open until a probe runs a
+            // script.
+            StoreError::ScriptsRefused(why) => {
+                self.scripts_refused.store(Some(Arc::new(why.clone())));
+                self.breaker.trip(error)
+            }
+            _ => self.breaker.on_failure(error),
+        };
+        match failure {
             Failure::Opened => self.connection.renew(),
             Failure::ProbeFailed => self
                 .connection
@@ -237,7 +270,7 @@ impl RedisStore {
         match error {
             StoreError::Timeout => counters.timeout.inc(),
             StoreError::Connection(_) => counters.connection.inc(),
-            StoreError::Script(_) => counters.script.inc(),
+            StoreError::Script(_) | StoreError::ScriptsRefused(_) => counters.script.inc(),
             StoreError::Other(_) => counters.other.inc(),
             StoreError::Unavailable => {}
         }
@@ -450,15 +483,28 @@ impl Store for RedisStore {
 
     async fn ping(&self) -> Result<(), StoreError> {
         self.admit()?;
-        let result = match tokio::time::timeout(self.timeout, self.connection.ping()).await {
-            Ok(Ok(_)) => Ok(()),
+        let epoch = self.epoch();
+        // Once per connection epoch the probe also runs a script: a store that answers PING
+        // but refuses scripts cannot decide anything.
+        let ask_scripts = self.scripts_ran_in.load(Ordering::Acquire) != epoch;
+        let probe = async {
+            self.connection.ping().await?;
+            if ask_scripts {
+                self.connection
+                    .query(redis::cmd("EVAL").arg("return 1").arg(0))
+                    .await?;
+            }
+            Ok::<_, redis::RedisError>(())
+        };
+        let result = match tokio::time::timeout(self.timeout, probe).await {
+            Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(classify(&e)),
             Err(_) => Err(StoreError::Timeout),
         };
         // The breaker and the connection learn from a probe as from a check; the error
         // counters count checks only, so probes every second do not swell them.
         match &result {
-            Ok(()) => self.breaker.on_success(),
+            Ok(()) => self.on_success(epoch),
             Err(e) => self.on_failure(e),
         }
         result

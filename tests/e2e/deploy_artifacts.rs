@@ -106,7 +106,21 @@ fn dockerfile_builds_a_small_non_root_image_that_drains_on_sigterm() {
         .skip_while(|l| !l.starts_with("FROM gcr.io/distroless"))
         .filter(|l| l.starts_with("COPY "))
         .count();
-    assert_eq!(runtime_copies, 2, "only the binary and the default config");
+    assert_eq!(
+        runtime_copies, 3,
+        "only the binary, its /bin/ratelimit link and the default config"
+    );
+    // Envoy Gateway runs envoyproxy/ratelimit's image as /bin/ratelimit.
+    assert!(
+        instructions
+            .iter()
+            .any(|l| l.contains("ln -s /usr/local/bin/tollgate /out/bin/ratelimit")),
+        "the build stage links /bin/ratelimit to the binary"
+    );
+    assert!(
+        instructions.contains(&"COPY --from=build /out/bin/ /bin/"),
+        "the image provides /bin/ratelimit"
+    );
 }
 
 #[test]

@@ -795,3 +795,37 @@ fn ratelimit_filter_calls_tollgate_over_mutual_tls() {
     assert_eq!(refused.stat("cluster.app.ratelimit.over_limit"), 0);
     assert_eq!(rls.app.count(), 2 * PER_IP as usize + 1);
 }
+
+/// Proves, with `envoy.response_headers` (envoyproxy/ratelimit's
+/// `LIMIT_RESPONSE_HEADERS_ENABLED`) and one name changed (its `LIMIT_REMAINING_HEADER`): the
+/// client behind the shipped ratelimit.yaml gets `RateLimit-Limit`, the renamed remaining
+/// header and `RateLimit-Reset` on allowed responses and on Envoy's 429, once each.
+#[test]
+fn ratelimit_filter_hands_over_the_ratelimit_header_family() {
+    let rls = Rls::start(
+        &[],
+        "[envoy]\nresponse_headers = true\n\n[response.ratelimit_names]\nremaining = \"X-Left\"\n",
+    );
+    let envoy = rls.envoy(&[]);
+    for remaining in (0..PER_IP).rev() {
+        let allowed = from(&envoy, CLIENT_A, "GET", "/", &[]);
+        assert_eq!(allowed.status, 200, "{allowed:?}");
+        assert_eq!(
+            allowed.header("ratelimit-limit"),
+            Some(PER_IP.to_string().as_str())
+        );
+        assert_eq!(
+            allowed.header("x-left"),
+            Some(remaining.to_string().as_str())
+        );
+        assert!(allowed.header("ratelimit-reset").is_some(), "{allowed:?}");
+        assert_eq!(count(&allowed, "ratelimit-limit"), 1, "{allowed:?}");
+    }
+    let denied = from(&envoy, CLIENT_A, "GET", "/", &[]);
+    assert_eq!(denied.status, 429, "{denied:?}");
+    assert_eq!(denied.header("x-left"), Some("0"));
+    assert_eq!(
+        denied.header("ratelimit-limit"),
+        Some(PER_IP.to_string().as_str())
+    );
+}

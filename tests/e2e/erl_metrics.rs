@@ -84,6 +84,7 @@ fn erl_env(
         ("RUNTIME_ROOT", dir.path().display().to_string()),
         ("RUNTIME_SUBDIRECTORY", "ratelimit".into()),
         ("REDIS_URL", format!("127.0.0.1:{}", redis.port)),
+        ("REDIS_SOCKET_TYPE", "tcp".into()),
         ("GRPC_HOST", "127.0.0.1".into()),
         ("GRPC_PORT", grpc_port.to_string()),
     ]

@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use crate::support::cluster::{SentinelSetup, TlsSentinelSetup, MASTER_NAME};
-use crate::support::{wait_until, Tollgate};
+use crate::support::{free_port, wait_until, HttpClient, Tollgate};
 
 const ALLOWED: &str = "tollgate_checks_total{result=\"allowed\"}";
 const ERROR_ALLOWED: &str = "tollgate_checks_total{result=\"error_allowed\"}";
@@ -109,7 +109,7 @@ fn sentinel_failovers_are_followed_without_a_restart() {
 
 #[test]
 fn tollgate_starts_and_answers_while_no_sentinel_is_reachable() {
-    let nobody = [crate::support::free_port(), crate::support::free_port()];
+    let nobody = [free_port(), free_port()];
     let config = format!(
         "[store]\nbackend = \"redis\"\ntimeout_ms = 50\non_error = \"deny\"\n\
          sentinel = {{ master = \"{MASTER_NAME}\", urls = [\"redis://127.0.0.1:{}\", \
@@ -121,7 +121,7 @@ fn tollgate_starts_and_answers_while_no_sentinel_is_reachable() {
     let r = tollgate.check(&[]);
     assert_eq!(r.status, 503, "on_error = deny while no master is known");
     assert!(started.elapsed() < Duration::from_secs(1), "fails fast");
-    let ready = crate::support::HttpClient::connect(tollgate.admin)
+    let ready = HttpClient::connect(tollgate.admin)
         .and_then(|mut c| c.get("/readyz", &[]))
         .expect("readyz answered");
     assert_eq!(ready.status, 503);

@@ -794,6 +794,89 @@ fn after_the_store_loses_a_write_the_next_change_still_reaches_every_instance() 
     );
 }
 
+/// After Redis lost its data, a deletion wins over an instance that missed it. `b` is paused
+/// through the DELETE and through the restart, then polls first: it finds the store empty and
+/// writes back the entry it still holds. `a`, which saw the deletion (a newer version of the
+/// limit), then writes back its own view, and every instance ends without the entry.
+#[test]
+fn after_redis_loses_its_data_a_deletion_wins_over_a_stale_instance() {
+    let mut redis = RedisServer::start();
+    let a = Tollgate::start(&config(&redis, Some(TOKEN)));
+    let b = Tollgate::start(&config(&redis, Some(TOKEN)));
+    let hash = "tollgate:{tollgate:overrides}:limit:tight";
+    assert_eq!(put(&a, "tight", "x", r#"{"unlimited": true}"#).status, 200);
+    assert!(
+        wait_until(Duration::from_secs(10), || keys_on(&b, "tight") == ["x"]),
+        "b learns the override"
+    );
+    b.signal("STOP");
+    let deleted = admin_json(
+        a.admin,
+        "DELETE",
+        "/v1/overrides/tight?key=x",
+        Some(TOKEN),
+        "",
+    );
+    assert_eq!(deleted.status, 204, "{deleted:?}");
+    a.signal("STOP");
+    redis.restart();
+    b.signal("CONT");
+    assert!(
+        wait_until(Duration::from_secs(10), || redis
+            .cli(&["HLEN", hash])
+            .trim()
+            == "1"),
+        "b writes back the entry it still holds"
+    );
+    a.signal("CONT");
+    for (name, tollgate) in [("a", &a), ("b", &b)] {
+        assert!(
+            wait_until(Duration::from_secs(10), || keys_on(tollgate, "tight")
+                .is_empty()),
+            "{name} still holds the deleted override: {:?}",
+            keys_on(tollgate, "tight")
+        );
+    }
+    assert_eq!(redis.cli(&["HLEN", hash]).trim(), "0");
+    for tollgate in [&a, &b] {
+        assert!(
+            wait_until(Duration::from_secs(10), || !policy_of(
+                tollgate, "roomy", "probe"
+            )
+            .is_empty()),
+            "deciding through Redis again"
+        );
+    }
+    assert_eq!(admitted(&[&a, &b], "x", 5), 2, "x is limited again");
+}
+
+/// A change made after Redis lost its data stands: the instances that held the limit before
+/// the loss find it changed since and write nothing back over it.
+#[test]
+fn after_redis_loses_its_data_a_change_made_since_stands_against_a_write_back() {
+    let mut redis = RedisServer::start();
+    let a = Tollgate::start(&config(&redis, Some(TOKEN)));
+    assert_eq!(
+        put(&a, "tight", "old", r#"{"unlimited": true}"#).status,
+        200
+    );
+    a.signal("STOP");
+    redis.restart();
+    let fresh = Tollgate::start(&config(&redis, Some(TOKEN)));
+    assert_eq!(put(&fresh, "tight", "new", r#"{"burst": 5}"#).status, 200);
+    a.signal("CONT");
+    for (name, tollgate) in [("a", &a), ("fresh", &fresh)] {
+        assert!(
+            wait_until(Duration::from_secs(10), || keys_on(tollgate, "tight")
+                == ["new"]),
+            "{name} holds {:?}",
+            keys_on(tollgate, "tight")
+        );
+    }
+    let hash = "tollgate:{tollgate:overrides}:limit:tight";
+    assert_eq!(redis.cli(&["HKEYS", hash]).lines().count(), 1);
+}
+
 /// Second tier (`cargo test --features e2e`): tests that start more than one Redis process.
 /// One module, so scripts/test.sh runs exactly these by `e2e::`.
 #[cfg(feature = "e2e")]

@@ -524,6 +524,7 @@ async fn envoyproxy_ratelimit_variables_and_http_endpoints_work_as_its_own() {
         &[
             ("RUNTIME_ROOT", root.as_str()),
             ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+            ("REDIS_SOCKET_TYPE", "tcp"),
             ("REDIS_URL", redis_url.as_str()),
             ("REDIS_TYPE", "SINGLE"),
             ("GRPC_HOST", "127.0.0.1"),

@@ -306,6 +306,43 @@ fn sighup_applies_a_changed_rate_and_burst_to_the_next_request() {
     assert_eq!(reloads(&tollgate, "failure"), 0.0);
 }
 
+/// Limits come and go with reloads: the series of a removed one go with it, so six reloads
+/// that rename every limit leave `/metrics` with the live limits' series only.
+#[test]
+fn sighup_drops_the_metric_series_of_removed_limits() {
+    let config = |generation: usize| {
+        let limits: String = (0..3)
+            .map(|i| {
+                format!("[[limits]]\nname = \"gen{generation}-{i}\"\nrate = 10\nburst = 10\nkey = [\"ip\"]\n")
+            })
+            .collect();
+        format!("[store]\nbackend = \"memory\"\n{limits}")
+    };
+    let tollgate = Tollgate::start(&config(0));
+    let series = |tollgate: &Tollgate| {
+        tollgate
+            .metrics()
+            .lines()
+            .filter(|line| line.starts_with("tollgate_limit_decisions_total{"))
+            .count()
+    };
+    assert_eq!(series(&tollgate), 9, "3 limits, 3 decisions each");
+    for generation in 1..=6 {
+        replace_file(&tollgate.config_path, &config(generation));
+        tollgate.signal("HUP");
+        assert!(crate::support::wait_until(Duration::from_secs(5), || {
+            reloads(&tollgate, "success") == generation as f64
+        }));
+        assert_eq!(series(&tollgate), 9, "after reload {generation}");
+        let text = tollgate.metrics();
+        let gone = format!("limit=\"gen{}-", generation - 1);
+        assert!(
+            !text.contains(&gone),
+            "reload {generation} left {gone}: {text}"
+        );
+    }
+}
+
 #[test]
 fn sighup_with_a_broken_file_keeps_the_running_limits_and_counts_a_failure() {
     let redis = RedisServer::start();

@@ -61,7 +61,7 @@ struct Monitor {
 
 impl Monitor {
     fn start(redis: &RedisServer) -> Monitor {
-        let mut child = Command::new("redis-cli")
+        let mut child = Command::new(crate::support::store_binary("cli"))
             .args(["-p", &redis.port.to_string(), "MONITOR"])
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -227,9 +227,10 @@ fn the_change_log_is_trimmed_past_twice_the_cap_and_the_floor_follows() {
     let with_log = |script: &str| format!("{}{script}", include_str!("../../lua/override_log.lua"));
     let history = "tollgate:{tollgate:overrides}:history:tight";
     let expiries = "tollgate:{tollgate:overrides}:expiries:tight";
-    let keys = [VERSIONS, HASH, LOG, expiries, FLOOR, history];
+    let epoch = "tollgate:{tollgate:overrides}:epoch";
+    let keys = [VERSIONS, HASH, LOG, expiries, FLOOR, history, epoch];
     let run = |script: &str, args: &[&str]| {
-        let mut command = vec!["EVAL", script, "6"];
+        let mut command = vec!["EVAL", script, "7"];
         command.extend(keys);
         command.push("tight");
         command.extend(args);

@@ -333,7 +333,12 @@ fn the_headers_table_names_every_header_check_sends() {
     let in_flight = "[[limits]]\nname = \"in-flight\"\nconcurrency = 100\nkey = [\"ip\"]\n\
                      [[limits]]\nname = \"reserving\"\nrate = 1\nburst = 100\n\
                      charge = \"report\"\nreserve = 1\nkey = [\"ip\"]\n";
-    let tollgate = Tollgate::start(&format!("{}{in_flight}", limit("per-ip", 0.01, 1, &["ip"])));
+    // Every header family, the `ratelimit` one (off by default) included.
+    let families = "[response]\nheaders = [\"ietf\", \"x-ratelimit\", \"ratelimit\"]\n";
+    let tollgate = Tollgate::start(&format!(
+        "{families}{}{in_flight}",
+        limit("per-ip", 0.01, 1, &["ip"])
+    ));
     let mut client = tollgate.client();
     let allowed = client.get("/check", &[]).unwrap();
     let denied = client.get("/check", &[]).unwrap();

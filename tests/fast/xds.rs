@@ -38,6 +38,7 @@ fn erl_tollgate(
     let mut all = vec![
         ("RUNTIME_ROOT", root_text.as_str()),
         ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+        ("REDIS_SOCKET_TYPE", "tcp"),
         ("REDIS_URL", redis_url.as_str()),
         ("GRPC_HOST", "127.0.0.1"),
         ("GRPC_PORT", grpc_port.as_str()),
@@ -243,6 +244,97 @@ async fn rules_follow_the_management_server_through_updates_refusals_and_restart
             .any(|r| r.request.response_nonce.is_empty() && r.request.version_info == "2"),
         "the reconnecting client asks by the version it runs"
     );
+}
+
+/// A chain of `depth` descriptors whose last one has `leaves` leaves (`a` = i, 1/min each).
+fn deep_and_wide(depth: usize, leaves: usize) -> RateLimitConfig {
+    let leaf = |i: usize| RateLimitDescriptor {
+        key: "a".into(),
+        value: i.to_string(),
+        rate_limit: Some(RateLimitPolicy {
+            unit: RateLimitUnit::Minute as i32,
+            requests_per_unit: 1,
+            ..RateLimitPolicy::default()
+        }),
+        ..RateLimitDescriptor::default()
+    };
+    let mut node = RateLimitDescriptor {
+        key: "k".into(),
+        value: "v".into(),
+        descriptors: (0..leaves).map(leaf).collect(),
+        ..RateLimitDescriptor::default()
+    };
+    for _ in 1..depth {
+        node = RateLimitDescriptor {
+            key: "k".into(),
+            value: "v".into(),
+            descriptors: vec![node],
+            ..RateLimitDescriptor::default()
+        };
+    }
+    RateLimitConfig {
+        name: "huge".into(),
+        domain: "huge".into(),
+        descriptors: vec![node],
+    }
+}
+
+/// One response of a few hundred kB could once take most of a gigabyte and half a minute of
+/// the main thread: a set too deep or too large is refused before anything is built, NACKed
+/// with the reason, and the running rules stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_resource_set_is_refused_with_the_reason_and_the_rules_stay() {
+    let redis = RedisServer::start();
+    let server = XdsServer::start();
+    server.set("1", &[shop(3)]);
+    let env = xds_env(server.addr);
+    let (_root, tollgate, addr) = erl_tollgate(&redis, &borrowed(&env), None);
+    let mut client = grpc::client(addr).await;
+    until_limit(&mut client, 3, "the first snapshot").await;
+
+    let refusals = [
+        ("2", deep_and_wide(95, 20_000), "nest more than 16 deep"),
+        ("3", deep_and_wide(1, 10_000), "more than 10000 descriptors"),
+    ];
+    for (version, huge, reason) in refusals {
+        let started = Instant::now();
+        server.set(version, &[shop(9), huge]);
+        let nack = answer_to(&server, version).await;
+        eprintln!("version {version} refused after {:?}", started.elapsed());
+        assert_eq!(nack.version_info, "1", "the version still running");
+        let detail = nack.error_detail.expect("a NACK carries error_detail");
+        assert!(detail.message.contains(reason), "{}", detail.message);
+        assert_eq!(
+            shown_limit(&mut client, &format!("after-{version}")).await,
+            Some(3)
+        );
+    }
+    // Within the bounds: installed.
+    server.set("4", &[shop(5), deep_and_wide(15, 500)]);
+    until_limit(&mut client, 5, "a large set within the bounds").await;
+    assert_eq!(answer_to(&server, "4").await.error_detail, None);
+    // The next set drops them, series included: per-user, the request limit and the
+    // config's own per-ip are left.
+    server.set("5", &[shop(7)]);
+    until_limit(&mut client, 7, "the set after the large one").await;
+    let series = || {
+        tollgate
+            .metrics()
+            .lines()
+            .filter(|line| line.starts_with("tollgate_limit_decisions_total{"))
+            .count()
+    };
+    // Dropped right after the swap, which a check may see first.
+    assert!(
+        crate::support::wait_until(PATIENCE, || series() == 3 * 3),
+        "three limits, three decisions each: {:?}",
+        tollgate
+            .metrics()
+            .lines()
+            .filter(|line| line.starts_with("tollgate_limit_decisions_total{"))
+            .collect::<Vec<_>>()
+    );
+    drop(tollgate);
 }
 
 /// Envoy Gateway's server speaks only mutual TLS: envoyproxy/ratelimit's TLS variables make
@@ -455,4 +547,35 @@ fn yaml_struct(map: &serde_yaml::Value) -> envoy_types::pb::google::protobuf::St
         })
         .collect();
     envoy_types::pb::google::protobuf::Struct { fields }
+}
+
+/// Second tier (`cargo test --features e2e`): runs for more than a few seconds.
+#[cfg(feature = "e2e")]
+mod e2e {
+    use super::*;
+
+    /// The largest set the bounds let through installs, and what it costs: resident memory
+    /// per rule (print with `-- --nocapture`; docs/REFERENCE.md quotes it).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_set_at_the_bounds_installs_and_its_memory_per_rule_is_printed() {
+        let redis = RedisServer::start();
+        let server = XdsServer::start();
+        server.set("1", &[shop(3)]);
+        let env = xds_env(server.addr);
+        let (_root, tollgate, addr) = erl_tollgate(&redis, &borrowed(&env), None);
+        let mut client = grpc::client(addr).await;
+        until_limit(&mut client, 3, "the first snapshot").await;
+        let rss = || crate::support::chaos::rss_kib(tollgate.pid());
+        let before = rss();
+        // 9,015 descriptors 16 deep: the deepest and nearly the largest set allowed.
+        server.set("2", &[shop(5), deep_and_wide(15, 9_000)]);
+        until_limit(&mut client, 5, "a set at the bounds").await;
+        assert_eq!(answer_to(&server, "2").await.error_detail, None);
+        let after = rss();
+        eprintln!(
+            "RSS {before} KiB with 1 rule, {after} KiB with 9,015 rules 16 deep ({} KiB per rule)",
+            after.saturating_sub(before) / 9_015
+        );
+        assert!(after > before, "{after} KiB after, {before} KiB before");
+    }
 }

@@ -347,7 +347,7 @@ fn status_field_kib(pid: u32, field: &str) -> u64 {
 
 /// `redis-cli` with a password, for a server started with `--requirepass`.
 pub fn redis_cli_auth(port: u16, password: &str, args: &[&str]) -> String {
-    let output = Command::new("redis-cli")
+    let output = Command::new(super::store_binary("cli"))
         .args([
             "-h",
             "127.0.0.1",

@@ -12,7 +12,7 @@ pub fn free_cluster_port() -> u16 {
 }
 
 fn spawn_redis(args: &[String]) -> Child {
-    Command::new("redis-server")
+    Command::new(super::store_binary("server"))
         .args(args)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -114,7 +114,7 @@ impl RedisCluster {
     pub fn start_on(ports: &[u16]) -> RedisCluster {
         let nodes: Vec<ClusterNode> = ports.iter().map(|&p| ClusterNode::start(p)).collect();
         let addrs: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
-        let output = Command::new("redis-cli")
+        let output = Command::new(super::store_binary("cli"))
             .args(["--cluster", "create"])
             .args(&addrs)
             .args(["--cluster-replicas", "1", "--cluster-yes"])
@@ -324,6 +324,9 @@ impl Drop for SentinelSetup {
 pub struct TlsSentinelSetup {
     pub master: RedisServer,
     pub sentinel_port: u16,
+    /// The same sentinel over TLS (no client certificate asked), as envoyproxy/ratelimit's
+    /// `REDIS_TLS` speaks to sentinels.
+    pub sentinel_tls_port: u16,
     sentinel: Child,
     dir: TempDir,
 }
@@ -339,10 +342,12 @@ impl TlsSentinelSetup {
         let tls_port = super::free_port();
         let master = RedisServer::start_tls(dir.path(), tls_port, clients_show_certificates);
         let sentinel_port = super::free_port();
+        let sentinel_tls_port = super::free_port();
         let config = dir.write(
             "sentinel.conf",
             &format!(
                 "port {sentinel_port}\nbind 127.0.0.1\ndir {dir}\n\
+                 tls-port {sentinel_tls_port}\ntls-auth-clients no\n\
                  tls-replication yes\ntls-cert-file {cert}\ntls-key-file {key}\n\
                  tls-ca-cert-file {ca}\n\
                  sentinel monitor {MASTER_NAME} 127.0.0.1 {tls_port} 1\n",
@@ -353,6 +358,7 @@ impl TlsSentinelSetup {
         let setup = TlsSentinelSetup {
             master,
             sentinel_port,
+            sentinel_tls_port,
             sentinel,
             dir,
         };
@@ -375,6 +381,81 @@ impl TlsSentinelSetup {
 }
 
 impl Drop for TlsSentinelSetup {
+    fn drop(&mut self) {
+        let _ = self.sentinel.kill();
+        let _ = self.sentinel.wait();
+    }
+}
+
+/// The password of [`AuthSentinelSetup`]'s master: characters a URL would cut or decode
+/// (no `:`, which `REDIS_AUTH` reads as the end of a user name).
+pub const MASTER_PASSWORD: &str = "m@ster/pw%41#x";
+/// The password of its sentinel, when it asks for one.
+pub const SENTINEL_PASSWORD: &str = "sentinel-pw";
+
+/// A master that asks every client for [`MASTER_PASSWORD`] and one sentinel watching it as
+/// `mymaster` (quorum 1) with that password (`sentinel auth-pass`); `sentinel_asks`: the
+/// sentinel asks its own clients for [`SENTINEL_PASSWORD`] too (`requirepass`).
+pub struct AuthSentinelSetup {
+    pub master: RedisServer,
+    pub sentinel_port: u16,
+    sentinel: Child,
+    _dir: TempDir,
+}
+
+impl AuthSentinelSetup {
+    pub fn start(sentinel_asks: bool) -> AuthSentinelSetup {
+        let master = RedisServer::start();
+        // Set after start: the start waits for an unauthenticated PING.
+        master.cli(&["CONFIG", "SET", "requirepass", MASTER_PASSWORD]);
+        let dir = TempDir::new("auth-sentinel");
+        let sentinel_port = super::free_port();
+        let config = dir.write(
+            "sentinel.conf",
+            &format!(
+                "port {sentinel_port}\nbind 127.0.0.1\ndir {dir}\n{requirepass}\
+                 sentinel monitor {MASTER_NAME} 127.0.0.1 {master} 1\n\
+                 sentinel auth-pass {MASTER_NAME} \"{MASTER_PASSWORD}\"\n",
+                dir = dir.path().display(),
+                master = master.port,
+                requirepass = if sentinel_asks {
+                    format!("requirepass {SENTINEL_PASSWORD}\n")
+                } else {
+                    String::new()
+                },
+            ),
+        );
+        let sentinel = spawn_redis(&[config.to_string_lossy().into_owned(), "--sentinel".into()]);
+        let setup = AuthSentinelSetup {
+            master,
+            sentinel_port,
+            sentinel,
+            _dir: dir,
+        };
+        let auth: &[&str] = if sentinel_asks {
+            &["-a", SENTINEL_PASSWORD, "--no-auth-warning"]
+        } else {
+            &[]
+        };
+        assert!(
+            wait_until(Duration::from_secs(10), || {
+                let ask = [auth, &["SENTINEL", "MASTER", MASTER_NAME]].concat();
+                let info = redis_cli(sentinel_port, &ask).unwrap_or_default();
+                field_after(&info, "flags") == Some("master")
+            }),
+            "the sentinel does not see its master"
+        );
+        setup
+    }
+
+    /// One command to the master, with its password.
+    pub fn master_cli(&self, args: &[&str]) -> String {
+        let ask = [&["-a", MASTER_PASSWORD, "--no-auth-warning"], args].concat();
+        redis_cli(self.master.port, &ask).unwrap_or_else(|e| panic!("master {args:?}: {e}"))
+    }
+}
+
+impl Drop for AuthSentinelSetup {
     fn drop(&mut self) {
         let _ = self.sentinel.kill();
         let _ = self.sentinel.wait();

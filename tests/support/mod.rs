@@ -97,6 +97,23 @@ pub fn wait_until(within: Duration, mut ready: impl FnMut() -> bool) -> bool {
     ready()
 }
 
+/// The store the tests run against: Redis, or Valkey with `STORE_UNDER_TEST=valkey` (the
+/// Valkey leg of scripts/test.sh). Any other value stops the test, so a typo never runs Redis
+/// under Valkey's name.
+pub fn store_is_valkey() -> bool {
+    match std::env::var("STORE_UNDER_TEST").as_deref() {
+        Err(_) | Ok("redis") => false,
+        Ok("valkey") => true,
+        Ok(other) => panic!("STORE_UNDER_TEST={other:?}: redis or valkey"),
+    }
+}
+
+/// The store's own program: `server` or `cli` (`redis-server`, `valkey-cli`, ...).
+pub fn store_binary(program: &str) -> PathBuf {
+    let store = if store_is_valkey() { "valkey" } else { "redis" };
+    require_binary(&format!("{store}-{program}"))
+}
+
 fn require_binary(name: &str) -> PathBuf {
     let found = std::env::var_os("PATH").and_then(|paths| {
         std::env::split_paths(&paths)
@@ -190,8 +207,7 @@ impl RedisServer {
     }
 
     fn spawn(&mut self) {
-        let binary = require_binary("redis-server");
-        let child = Command::new(binary)
+        let child = Command::new(store_binary("server"))
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
             .arg("--dir")
@@ -209,6 +225,10 @@ impl RedisServer {
                 .unwrap_or(false)),
             "redis-server did not come up on port {port}"
         );
+        if store_is_valkey() {
+            let info = redis_cli(port, &["INFO", "server"]).unwrap_or_default();
+            assert!(info.contains("valkey_version:"), "not a Valkey: {info}");
+        }
     }
 
     pub fn url(&self) -> String {
@@ -252,8 +272,7 @@ impl Drop for RedisServer {
 }
 
 pub fn redis_cli(port: u16, args: &[&str]) -> Result<String, String> {
-    let binary = require_binary("redis-cli");
-    let output = Command::new(binary)
+    let output = Command::new(store_binary("cli"))
         .args(["-h", "127.0.0.1", "-p", &port.to_string()])
         .args(args)
         .output()

@@ -1,6 +1,8 @@
 use std::io::Write as _;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use super::keys::{nginx_key, KeyError};
+use super::translate::{go_duration_secs, rate_per};
 use super::*;
 use crate::config::Config;
 use crate::observe::metrics::Metrics;

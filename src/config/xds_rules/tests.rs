@@ -164,3 +164,40 @@ fn resources_of_another_type_or_that_do_not_decode_are_refused() {
         "no resource: no rule"
     );
 }
+
+/// A chain of `depth` nodes, the last one limited.
+fn chain(depth: usize) -> RateLimitDescriptor {
+    let mut node = node("k", "v", per(RateLimitUnit::Minute, 1));
+    for _ in 1..depth {
+        let mut parent = self::node("k", "v", None);
+        parent.descriptors = vec![node];
+        node = parent;
+    }
+    node
+}
+
+#[test]
+fn a_set_too_deep_too_large_or_too_long_is_refused_before_it_is_built() {
+    assert!(rules_from_configs(&[config("c", "d", vec![chain(MAX_DEPTH)])]).is_ok());
+    let deep = refusal(&[config("c", "d", vec![chain(MAX_DEPTH + 1)])]);
+    assert!(deep.contains("nest more than 16 deep"), "{deep}");
+
+    // All resources together: two halves of the bound pass, one more node does not.
+    let wide = |domain: &str, n: usize| {
+        let leaves = (0..n)
+            .map(|i| node("a", &i.to_string(), per(RateLimitUnit::Minute, 1)))
+            .collect();
+        config(domain, domain, leaves)
+    };
+    assert!(rules_from_configs(&[wide("a", MAX_NODES / 2), wide("b", MAX_NODES / 2)]).is_ok());
+    let many = refusal(&[wide("a", MAX_NODES / 2), wide("b", MAX_NODES / 2 + 1)]);
+    assert!(many.contains("more than 10000 descriptors"), "{many}");
+
+    // A long key high in a tree counts once per node below it.
+    let mut top = node(&"k".repeat(MAX_PATH_BYTES / 4), "", None);
+    top.descriptors = (0..4)
+        .map(|i| node("a", &i.to_string(), per(RateLimitUnit::Minute, 1)))
+        .collect();
+    let long = refusal(&[config("c", "d", vec![top])]);
+    assert!(long.contains("paths take more than"), "{long}");
+}

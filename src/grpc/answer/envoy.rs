@@ -16,7 +16,7 @@ use envoy_types::pb::google::protobuf::value::Kind;
 use envoy_types::pb::google::protobuf::{Duration, ListValue, Struct, Value};
 
 use super::header;
-use crate::answer::each_header;
+use crate::answer::{each_header, Carrier};
 use crate::grpc::plan::{EnvoyDescriptor, Plan};
 use crate::limiter::decision::{Decision, Verdict};
 use crate::policy::descriptors::envoy::{Kind as RuleKind, UNLIMITED_REMAINING};
@@ -55,7 +55,7 @@ pub fn respond(
         (rate_over > 0 || (quotas > 0 && quotas == quota_over)) && !policy.envoy.shadow_mode;
     let mut headers = Vec::new();
     if let Some(decision) = decision {
-        each_header(decision, policy, denied, |name, value| {
+        each_header(decision, policy, denied, Carrier::Grpc, |name, value| {
             headers.push(header(name.as_str(), value.to_string()));
         });
     }

@@ -236,6 +236,8 @@ pub struct EnvoyRules {
     pub quota_mode: bool,
     /// Whether answers carry `dynamic_metadata`.
     pub dynamic_metadata: bool,
+    /// Whether gRPC answers carry the `ratelimit` header family.
+    pub response_headers: bool,
     /// Rules come from an xDS server that has sent none yet: every request is answered with
     /// an error, as envoyproxy/ratelimit answers before its first configuration.
     pub awaiting_config: bool,
@@ -262,6 +264,7 @@ impl EnvoyRules {
     ) -> Result<(EnvoyRules, Vec<LimitConfig>), ConfigError> {
         let mut tree = EnvoyRules::default();
         let mut limits = Vec::new();
+        let mut suffixes = HashMap::new();
         let domains: Vec<String> = {
             let mut seen: Vec<String> = rules.iter().map(|r| r.domain.clone()).collect();
             seen.sort_unstable();
@@ -304,7 +307,13 @@ impl EnvoyRules {
             };
             let mut limit = 0;
             if kind == Kind::Bucket {
-                let name = unique(limit_name(config), config.limit.is_some(), taken, &at)?;
+                let name = unique(
+                    limit_name(config),
+                    config.limit.is_some(),
+                    taken,
+                    &mut suffixes,
+                    &at,
+                )?;
                 limit = first_limit + limits.len();
                 limits.push(bucket_limit(
                     name,
@@ -336,7 +345,13 @@ impl EnvoyRules {
             tree.rules[rule].stats = tree.stats_key(config, &path);
         }
         if !domains.is_empty() {
-            let name = unique("envoy-request-limit".into(), false, taken, "envoy")?;
+            let name = unique(
+                "envoy-request-limit".into(),
+                false,
+                taken,
+                &mut suffixes,
+                "envoy",
+            )?;
             tree.request_limit = Some(first_limit + limits.len());
             let mut request = bucket_limit(name, 1, 1, &[], false, &domains);
             request.key = vec!["descriptor:limit".into()];
@@ -594,11 +609,14 @@ fn limit_name(config: &RuleConfig) -> String {
     }
 }
 
-/// `name`, or (unless `exact`) `name-2`, `name-3`... whichever is free.
+/// `name`, or (unless `exact`) `name-2`, `name-3`... whichever is free. `suffixes` holds,
+/// per name, the suffix to try next: thousands of rules whose names agree in their first 56
+/// characters (a deep tree's leaves) would otherwise try every suffix taken before, each time.
 fn unique(
     name: String,
     exact: bool,
     taken: &mut HashSet<String>,
+    suffixes: &mut HashMap<String, usize>,
     at: &str,
 ) -> Result<String, ConfigError> {
     if exact && (!valid_name(&name) || taken.contains(&name)) {
@@ -608,10 +626,10 @@ fn unique(
         ));
     }
     let mut candidate = name.clone();
-    let mut n = 2;
+    let next = suffixes.entry(name.clone()).or_insert(2);
     while taken.contains(&candidate) {
-        candidate = format!("{name}-{n}");
-        n += 1;
+        candidate = format!("{name}-{next}");
+        *next += 1;
     }
     taken.insert(candidate.clone());
     Ok(candidate)

@@ -5,9 +5,10 @@
 //! its expiry (the catch-up drops it from the store): it reads only the entries changed since
 //! the version it holds, so a change costs every instance O(changed), not a read of the whole
 //! limit. A change made here is applied at once. While Redis is unreachable the last known
-//! overrides stay in force. A version hash that vanished while this
-//! instance knew overrides means Redis lost its data (restarted without persistence): the
-//! first instance to notice writes back what it holds.
+//! overrides stay in force. A new store epoch (or a version hash that vanished) means Redis
+//! lost its data (restarted without persistence): every instance that notices offers what it
+//! holds, and per limit the newest view wins, so a deletion is not undone by an instance that
+//! missed it.
 //!
 //! Memory store: the table is the store; a change is written to it directly.
 
@@ -113,11 +114,18 @@ pub async fn sync_once(
     prefix: &str,
 ) -> Result<(), StoreError> {
     let versions_key = keys::override_versions_key(prefix);
-    let polled = store.override_versions(&versions_key).await?;
+    let polled = store
+        .override_versions(&versions_key, &keys::override_epoch_key(prefix))
+        .await?;
     runtime.learn_store_time(polled.now_ms);
-    if !polled.exists {
+    // Another epoch (or none) than the one known, or versions gone: the store lost its data.
+    // Written back before catching up, so what this instance offers is what it held before
+    // the loss.
+    let known = runtime.epoch();
+    if (known != 0 && known != polled.epoch) || !polled.exists {
         restore(store, runtime, prefix).await?;
     }
+    runtime.learn_epoch(polled.epoch);
     let remote: HashMap<String, i64> = polled.versions.into_iter().collect();
     let mut names: HashSet<String> = remote.keys().cloned().collect();
     names.extend(runtime.known().into_iter().map(|(name, _)| name));
@@ -130,7 +138,9 @@ pub async fn sync_once(
     Ok(())
 }
 
-/// Writes back every unexpired entry this instance holds, unless another instance did.
+/// Writes back every unexpired entry this instance holds, limit by limit, where the store
+/// holds nothing newer: nothing written since the loss, or a write-back from an older version
+/// than this instance holds (which missed a change, a deletion say, that this one saw).
 async fn restore(
     store: &RedisStore,
     runtime: &RuntimeOverrides,
@@ -142,9 +152,10 @@ async fn restore(
     }
     let limits: Vec<Restore<'_>> = held
         .iter()
-        .map(|(limit, entries)| Restore {
+        .map(|(limit, version, entries)| Restore {
             keys: LimitKeys::new(prefix, limit),
             limit,
+            held: *version,
             entries: entries
                 .iter()
                 .filter_map(|(tail, entry)| {
@@ -155,13 +166,18 @@ async fn restore(
                 .collect(),
         })
         .collect();
-    let count: usize = limits.iter().map(|l| l.entries.len()).sum();
-    if store
-        .override_restore(&keys::override_versions_key(prefix), &limits, MAX_PER_LIMIT)
-        .await?
-    {
+    let written = store
+        .override_restore(
+            &keys::override_versions_key(prefix),
+            &keys::override_restored_key(prefix),
+            &keys::override_epoch_key(prefix),
+            &limits,
+            MAX_PER_LIMIT,
+        )
+        .await?;
+    if written > 0 {
         log::warn!(
-            "the store had lost its runtime overrides; wrote back the {count} this instance held"
+            "the store had lost its runtime overrides; wrote back {written} limit(s) as this instance held them"
         );
     }
     Ok(())

@@ -71,17 +71,18 @@ impl RedisStore {
         .await
     }
 
-    /// `lua/settle.lua`: one reservation settled, at most once.
+    /// `lua/settle.lua`: one reservation settled, at most once, late too.
     pub(super) async fn settle_reservation(&self, settle: &Settle) -> Result<Settled, StoreError> {
         let Meter::Reserve(reserve) = settle.bucket.meter else {
             return Err(StoreError::Other("not a reservation".into()));
         };
         let bucket = &settle.bucket;
         let reservations = crate::store::reservations_key(&bucket.key);
+        let late = crate::store::late_reservations_key(&bucket.key);
         let reply = self
             .run_script(
                 &self.settle_script,
-                &[bucket.key.as_str(), reservations.as_str()],
+                &[bucket.key.as_str(), reservations.as_str(), late.as_str()],
                 |cmd| {
                     cmd.arg(bucket.rate)
                         .arg(bucket.burst)

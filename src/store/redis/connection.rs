@@ -19,6 +19,7 @@ use redis::{ClientTlsConfig, Cmd, IntoConnectionInfo, RedisResult, TlsCertificat
 use super::sentinel::SentinelMaster;
 use crate::base::timings::Timings;
 use crate::config::store_tls::StoreTlsMaterial;
+use crate::config::SentinelConfig;
 use crate::store::StoreError;
 
 /// Longest pause between reconnect attempts: short, so recovery follows Redis within ~0.5 s.
@@ -32,33 +33,41 @@ pub enum Topology<'a> {
     Cluster {
         seeds: &'a [String],
     },
-    /// `url` supplies the master's database, username and password (its host is ignored).
+    /// `url` supplies the master's database, and its TLS, user and password where the
+    /// `master_*` keys of `sentinel` do not say them (its host is ignored).
     Sentinel {
-        master: &'a str,
-        sentinels: &'a [String],
+        sentinel: &'a SentinelConfig,
         url: &'a str,
     },
 }
 
-/// A client of the master `master` that `sentinels` name. `url` gives the master's database,
-/// username and password, and TLS when it is `rediss://` (the crate speaks plain TCP to the
-/// master unless told); `store.tls`'s certificates go to the master and to `rediss://`
-/// sentinels. `tcp`: the sockets' settings, if not the crate's.
+/// A client of the master that `sentinel` names, spoken to as
+/// [`SentinelConfig::master_access`] says (TLS, user, password; the crate speaks plain TCP to
+/// the master unless told), on `url`'s database. `store.tls`'s certificates go to the master
+/// when it speaks TLS and to `rediss://` sentinels. `tcp`: the sockets' settings, if not the
+/// crate's.
 pub fn sentinel_client(
-    master: &str,
-    sentinels: &[String],
+    sentinel: &SentinelConfig,
     url: &str,
     tls: Option<&TlsCertificates>,
     tcp: Option<TcpSettings>,
 ) -> Result<SentinelClient, StoreError> {
+    let (master, sentinels) = (sentinel.master.as_str(), &sentinel.urls);
+    let access = sentinel.master_access(url);
     let node = url
         .into_connection_info()
         .map_err(|e| invalid("store.url", &e))?;
-    let master_tls = url.starts_with("rediss://");
+    let mut settings = node.redis_settings().clone();
+    if let Some(user) = &access.username {
+        settings = settings.set_username(user);
+    }
+    if let Some(password) = &access.password {
+        settings = settings.set_password(password);
+    }
+    let master_tls = access.tls;
     let refused = |e: redis::RedisError| invalid("store.sentinel", &e);
     let Some(certificates) = tls else {
-        let info = SentinelNodeConnectionInfo::default()
-            .set_redis_connection_info(node.redis_settings().clone());
+        let info = SentinelNodeConnectionInfo::default().set_redis_connection_info(settings);
         let info = if master_tls {
             info.set_tls_mode(redis::TlsMode::Secure)
         } else {
@@ -100,7 +109,6 @@ pub fn sentinel_client(
     {
         builder = builder.set_client_to_sentinel_certificates(certificates.clone());
     }
-    let settings = node.redis_settings();
     builder = builder
         .set_client_to_redis_db(settings.db())
         .set_client_to_redis_protocol(settings.protocol());
@@ -191,15 +199,11 @@ impl Connection {
                     client.get_pending_async_connection_with_config(config),
                 ))
             }
-            Topology::Sentinel {
-                master,
-                sentinels,
-                url,
-            } => {
-                let client = sentinel_client(master, sentinels, url, tls, Some(tcp_settings()))?;
+            Topology::Sentinel { sentinel, url } => {
+                let client = sentinel_client(sentinel, url, tls, Some(tcp_settings()))?;
                 Ok(Connection::Sentinel(SentinelMaster::follow(
                     client,
-                    master.to_string(),
+                    sentinel.master.clone(),
                     manager_config(timeout),
                     timings,
                 )))

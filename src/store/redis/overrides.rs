@@ -34,24 +34,35 @@ static RESTORE: LazyLock<LuaScript> = with_log!("override_restore.lua");
 static POLL: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new(include_str!("../../../lua/override_poll.lua")));
 
-/// The keys of one limit's runtime overrides, in the order the scripts take them.
-pub struct LimitKeys([String; 6]);
+/// The keys of one limit's runtime overrides, in the order the scripts take them, and the
+/// store's epoch, which a change marks (`lua/override_put.lua`).
+pub struct LimitKeys([String; 6], String);
 
 impl LimitKeys {
     pub fn new(prefix: &str, limit: &str) -> LimitKeys {
         let part = |name| keys::override_part_key(prefix, name, limit);
-        LimitKeys([
-            keys::override_versions_key(prefix),
-            keys::overrides_key(prefix, limit),
-            part("log"),
-            part("expiries"),
-            part("floor"),
-            part("history"),
-        ])
+        LimitKeys(
+            [
+                keys::override_versions_key(prefix),
+                keys::overrides_key(prefix, limit),
+                part("log"),
+                part("expiries"),
+                part("floor"),
+                part("history"),
+            ],
+            keys::override_epoch_key(prefix),
+        )
     }
 
     fn all(&self) -> [&str; 6] {
         self.0.each_ref().map(String::as_str)
+    }
+
+    /// [`LimitKeys::all`] and then the epoch: what a change takes.
+    fn changing(&self) -> Vec<&str> {
+        let mut keys = self.all().to_vec();
+        keys.push(&self.1);
+        keys
     }
 
     /// Every key but the version hash, as the restore script takes them per limit.
@@ -69,12 +80,14 @@ pub enum Put {
     Full(u64),
 }
 
-/// What a poll learns: the store's time, whether any version exists, each limit's version.
+/// What a poll learns: the store's time, whether any version exists, each limit's version,
+/// and the store's epoch (a new one: the store lost its data).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Versions {
     pub now_ms: i64,
     pub exists: bool,
     pub versions: Vec<(String, i64)>,
+    pub epoch: i64,
 }
 
 /// What changed in one limit since a version: raw tail and JSON per entry (`None`: removed),
@@ -87,10 +100,12 @@ pub struct Changes {
     pub entries: Vec<(Vec<u8>, Option<Vec<u8>>)>,
 }
 
-/// One limit's entries to write back: its keys, its name, (tail, JSON) per entry.
+/// One limit's entries to write back: its keys, its name, the version they were read at,
+/// (tail, JSON) per entry.
 pub struct Restore<'a> {
     pub keys: LimitKeys,
     pub limit: &'a str,
+    pub held: i64,
     pub entries: Vec<(Vec<u8>, String)>,
 }
 
@@ -113,7 +128,7 @@ impl RedisStore {
         let reply = self
             .run_script(
                 &PUT,
-                &keys.all(),
+                &keys.changing(),
                 |cmd| {
                     cmd.arg(limit).arg(tail).arg(json).arg(ttl_ms).arg(max);
                 },
@@ -142,7 +157,7 @@ impl RedisStore {
         let reply = self
             .run_script(
                 &DELETE,
-                &keys.all(),
+                &keys.changing(),
                 |cmd| {
                     cmd.arg(limit).arg(tail).arg(max);
                 },
@@ -157,16 +172,25 @@ impl RedisStore {
         }
     }
 
-    /// Every limit's version, and the store's time.
-    pub async fn override_versions(&self, versions: &str) -> Result<Versions, StoreError> {
+    /// Every limit's version, the store's time and its epoch (0: none yet).
+    pub async fn override_versions(
+        &self,
+        versions: &str,
+        epoch: &str,
+    ) -> Result<Versions, StoreError> {
         let reply = self
-            .run_script(&POLL, &[versions], |_| {}, Instant::now() + self.timeout)
+            .run_script(
+                &POLL,
+                &[versions, epoch],
+                |_| {},
+                Instant::now() + self.timeout,
+            )
             .await?;
         let bad = || malformed("override poll");
         let Value::Array(items) = reply else {
             return Err(bad());
         };
-        let [now, exists, Value::Array(pairs)] = items.as_slice() else {
+        let [now, exists, Value::Array(pairs), epoch] = items.as_slice() else {
             return Err(bad());
         };
         let versions = pairs
@@ -181,6 +205,7 @@ impl RedisStore {
             now_ms: as_int(now).ok_or_else(bad)?,
             exists: as_int(exists).ok_or_else(bad)? == 1,
             versions,
+            epoch: as_int(epoch).ok_or_else(bad)?,
         })
     }
 
@@ -229,15 +254,17 @@ impl RedisStore {
         })
     }
 
-    /// Writes `limits` back unless the version hash exists (another instance did it first);
-    /// whether this call wrote.
+    /// Writes `limits` back where the store holds nothing newer (`lua/override_restore.lua`);
+    /// how many limits this call wrote.
     pub async fn override_restore(
         &self,
         versions: &str,
+        restored: &str,
+        epoch: &str,
         limits: &[Restore<'_>],
         max: usize,
-    ) -> Result<bool, StoreError> {
-        let mut keys = vec![versions];
+    ) -> Result<usize, StoreError> {
+        let mut keys = vec![versions, restored, epoch];
         keys.extend(limits.iter().flat_map(|l| l.keys.own()));
         let reply = self
             .run_script(
@@ -246,7 +273,9 @@ impl RedisStore {
                 |cmd| {
                     cmd.arg(max);
                     for limit in limits {
-                        cmd.arg(limit.limit).arg(limit.entries.len());
+                        cmd.arg(limit.limit)
+                            .arg(limit.held)
+                            .arg(limit.entries.len());
                         for (tail, json) in &limit.entries {
                             cmd.arg(tail.as_slice()).arg(json.as_str());
                         }
@@ -256,7 +285,7 @@ impl RedisStore {
             )
             .await?;
         as_int(&reply)
-            .map(|written| written == 1)
+            .and_then(|written| usize::try_from(written).ok())
             .ok_or_else(|| malformed("override restore"))
     }
 }

@@ -56,12 +56,8 @@ impl ResetSource {
                 .map(|seed| client(seed.as_str(), tls).map_err(|e| invalid("store.cluster", e)))
                 .collect::<Result<_, _>>()
                 .map(ResetSource::Nodes),
-            Topology::Sentinel {
-                master,
-                sentinels,
-                url,
-            } => {
-                let sentinel = sentinel_client(master, sentinels, url, tls, None)?;
+            Topology::Sentinel { sentinel, url } => {
+                let sentinel = sentinel_client(sentinel, url, tls, None)?;
                 Ok(ResetSource::Sentinel {
                     sentinel: Box::new(sentinel),
                 })

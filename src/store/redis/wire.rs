@@ -169,6 +169,16 @@ pub(super) fn as_float(value: &Value) -> Option<f64> {
 }
 
 /// Maps a client error onto the kinds counted in `tollgate_store_errors_total`.
+/// A reply that says the server will not run scripts at all: the scripting commands are
+/// unknown (renamed away, no Lua engine) or forbidden to this user (`NOPERM`).
+fn refuses_scripts(message: &str) -> bool {
+    let message = message.to_ascii_lowercase();
+    (message.contains("unknown command") || message.contains("noperm"))
+        && ["'eval'", "'evalsha'", "'script'", "'script|load'"]
+            .iter()
+            .any(|command| message.contains(command))
+}
+
 pub(super) fn classify(error: &RedisError) -> StoreError {
     if error.is_timeout() {
         StoreError::Timeout
@@ -178,6 +188,8 @@ pub(super) fn classify(error: &RedisError) -> StoreError {
         || error.is_unrecoverable_error()
     {
         StoreError::Connection(error.to_string())
+    } else if refuses_scripts(&error.to_string()) {
+        StoreError::ScriptsRefused(error.to_string())
     } else if matches!(
         error.kind(),
         redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
@@ -202,6 +214,24 @@ mod tests {
             shadow: false,
             limit: 0,
             meter: Meter::Bucket,
+        }
+    }
+
+    #[test]
+    fn a_server_that_will_not_run_scripts_is_told_from_a_failing_script() {
+        for message in [
+            "NOPERM User tollgate has no permissions to run the 'evalsha' command",
+            "ERR unknown command 'EVALSHA', with args beginning with: 'abc' '1' ",
+            "ERR unknown command 'EVAL', with args beginning with: ",
+        ] {
+            assert!(refuses_scripts(message), "{message}");
+        }
+        for message in [
+            "NOPERM User tollgate has no permissions to run the 'zadd' command",
+            "ERR Error running script (call to f_1): @user_script:1: oops",
+            "NOSCRIPT No matching script. Please use EVAL.",
+        ] {
+            assert!(!refuses_scripts(message), "{message}");
         }
     }
 

@@ -1,0 +1,163 @@
+//! tollgate started with envoyproxy/ratelimit's Redis variables only, against real Redis
+//! setups that ask for what those variables give: a password on a Sentinel-managed master
+//! (and on its sentinel), TLS on a Sentinel-managed master, a password on every Cluster node.
+//! Each time a 2/minute rule holds through `POST /json` (OK, OK, OVER_LIMIT) and the store is
+//! up: with the variables misread, every check was admitted by `on_error` instead.
+
+use std::time::Duration;
+
+use crate::support::cluster::{
+    AuthSentinelSetup, RedisCluster, TlsSentinelSetup, MASTER_NAME, MASTER_PASSWORD,
+    SENTINEL_PASSWORD,
+};
+use crate::support::{free_port, redis_cli, wait_until, HttpClient, TempDir, Tollgate};
+
+/// tollgate started as envoyproxy/ratelimit is, with its variables only: a 2/minute rule on
+/// domain `shop`, key `user`, in the YAML directory, and the store `env` says.
+fn erl_tollgate(env: &[(&str, &str)]) -> (TempDir, Tollgate) {
+    let root = TempDir::new("erl-redis");
+    let dir = root.path().join("ratelimit").join("config");
+    std::fs::create_dir_all(&dir).expect("make the YAML directory");
+    std::fs::write(
+        dir.join("shop.yaml"),
+        "domain: shop\ndescriptors:\n  - key: user\n    \
+         rate_limit: {unit: minute, requests_per_unit: 2}\n",
+    )
+    .expect("write the YAML");
+    let root_text = root.path().display().to_string();
+    let grpc_port = free_port().to_string();
+    let mut all = vec![
+        ("RUNTIME_ROOT", root_text.as_str()),
+        ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+        ("GRPC_HOST", "127.0.0.1"),
+        ("GRPC_PORT", grpc_port.as_str()),
+    ];
+    all.extend_from_slice(env);
+    let tollgate = Tollgate::start_with_env("", &all);
+    (root, tollgate)
+}
+
+/// envoyproxy/ratelimit's HTTP `POST /json` for `user`: its status (429 when over).
+fn json_status(tollgate: &Tollgate, user: &str) -> u16 {
+    let body = format!(
+        r#"{{"domain":"shop","descriptors":[{{"entries":[{{"key":"user","value":"{user}"}}]}}]}}"#
+    );
+    let raw = format!(
+        "POST /json HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let mut http = HttpClient::connect(tollgate.addr).expect("connect to tollgate");
+    http.send_raw(raw.as_bytes()).expect("POST /json").status
+}
+
+/// Once decisions reach Redis (`stored` sees a bucket of user `warm`), the 2/minute rule
+/// holds there: OK, OK, then OVER_LIMIT; and the store is up.
+fn assert_redis_decides(tollgate: &Tollgate, stored: impl Fn() -> String) {
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            json_status(tollgate, "warm");
+            stored().contains("warm")
+        }),
+        "no decision reached Redis"
+    );
+    let codes: Vec<u16> = (0..3).map(|_| json_status(tollgate, "alice")).collect();
+    assert_eq!(
+        codes,
+        [200, 200, 429],
+        "the third request is over the limit"
+    );
+    assert_eq!(tollgate.metric("tollgate_store_up"), 1.0);
+}
+
+/// envoyproxy/ratelimit's variables for a master that asks for a password: `REDIS_AUTH` is
+/// the master's, not the sentinels' (it went to the sentinels, the master answered NOAUTH and
+/// every check was admitted by `on_error`); `REDIS_SENTINEL_AUTH` is the sentinels' own.
+#[test]
+fn erl_redis_auth_reaches_a_sentinel_managed_master() {
+    for sentinel_asks in [false, true] {
+        let setup = AuthSentinelSetup::start(sentinel_asks);
+        let url = format!("{MASTER_NAME},127.0.0.1:{}", setup.sentinel_port);
+        let mut env = vec![
+            ("REDIS_TYPE", "sentinel"),
+            ("REDIS_URL", url.as_str()),
+            ("REDIS_AUTH", MASTER_PASSWORD),
+        ];
+        if sentinel_asks {
+            env.push(("REDIS_SENTINEL_AUTH", SENTINEL_PASSWORD));
+        }
+        let (_root, tollgate) = erl_tollgate(&env);
+        assert_redis_decides(&tollgate, || setup.master_cli(&["KEYS", "*"]));
+    }
+}
+
+/// envoyproxy/ratelimit's `REDIS_TLS` and `REDIS_TLS_CACERT` with Sentinel: the master (and
+/// the sentinel) are spoken to over TLS with that CA, and nothing reaches the master's
+/// plaintext port but this test's own look (TLS went to the sentinels alone, and the master
+/// got plaintext).
+#[test]
+fn erl_redis_tls_reaches_a_sentinel_managed_master() {
+    let setup = TlsSentinelSetup::start(false);
+    let url = format!("{MASTER_NAME},127.0.0.1:{}", setup.sentinel_tls_port);
+    let ca = setup.file("ca.pem");
+    let empty = setup.file("no-roots.pem");
+    std::fs::write(&empty, "").expect("write an empty bundle");
+    let (_root, tollgate) = erl_tollgate(&[
+        ("REDIS_TYPE", "sentinel"),
+        ("REDIS_URL", url.as_str()),
+        ("REDIS_TLS", "true"),
+        ("REDIS_TLS_CACERT", ca.as_str()),
+        // The CA is trusted through REDIS_TLS_CACERT alone.
+        ("SSL_CERT_FILE", empty.as_str()),
+    ]);
+    assert_redis_decides(&tollgate, || setup.master.cli(&["KEYS", "*"]));
+    let plain = format!("laddr=127.0.0.1:{} ", setup.master.port);
+    let clients = setup.master.cli(&["CLIENT", "LIST"]);
+    let in_clear: Vec<&str> = clients
+        .lines()
+        .filter(|line| line.contains(&plain) && !line.contains("cmd=client|list"))
+        .collect();
+    assert!(in_clear.is_empty(), "plaintext clients: {in_clear:?}");
+    assert!(
+        clients.lines().any(|line| !line.contains(&plain)),
+        "tollgate's connections are on the TLS port: {clients}"
+    );
+}
+
+/// `REDIS_AUTH` with `REDIS_TYPE=cluster` reaches every node, as there: checks of keys spread
+/// over the slots are decided on each of the three masters, all asking for the password.
+#[test]
+fn erl_redis_auth_reaches_every_cluster_node() {
+    const PASSWORD: &str = "cluster-pw";
+    let cluster = RedisCluster::start();
+    let masters = cluster.master_ports();
+    for node in &cluster.nodes {
+        for (setting, value) in [("masterauth", PASSWORD), ("requirepass", PASSWORD)] {
+            redis_cli(node.port, &["CONFIG", "SET", setting, value]).expect("set a password");
+        }
+    }
+    let url: Vec<String> = cluster
+        .nodes
+        .iter()
+        .map(|node| format!("127.0.0.1:{}", node.port))
+        .collect();
+    let url = url.join(",");
+    let (_root, tollgate) = erl_tollgate(&[
+        ("REDIS_TYPE", "cluster"),
+        ("REDIS_URL", url.as_str()),
+        ("REDIS_AUTH", PASSWORD),
+    ]);
+    let keys_on = |port: u16| {
+        redis_cli(port, &["-a", PASSWORD, "--no-auth-warning", "KEYS", "*"]).unwrap_or_default()
+    };
+    assert_redis_decides(&tollgate, || masters.iter().map(|&p| keys_on(p)).collect());
+    for user in 0..30 {
+        assert_eq!(json_status(&tollgate, &format!("user-{user}")), 200);
+    }
+    for &port in &masters {
+        assert!(
+            keys_on(port).contains("user-"),
+            "master {port} holds some of the buckets"
+        );
+    }
+}
