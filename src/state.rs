@@ -2,6 +2,7 @@
 //! the metrics. Built once at start; tests build it themselves to serve in process.
 
 use std::sync::atomic::AtomicUsize;
+use std::sync::Arc;
 use std::time::Duration;
 
 use actix_web::web;
@@ -10,6 +11,7 @@ use crate::base::timings::Timings;
 use crate::config::{Backend, Config, ConfigError, DenialLogging, OnError, StoreConfig};
 use crate::limiter::Limiter;
 use crate::observe::denial_log::DenialLog;
+use crate::observe::erl_stats::ErlStats;
 use crate::observe::metrics::Metrics;
 use crate::policy::Policy;
 use crate::store::memory::MemoryStore;
@@ -26,6 +28,8 @@ pub struct AppState {
     pub admin_reads: AtomicUsize,
     /// The intervals of the background duties and of the drain ([`Config::timings`]).
     pub timings: Timings,
+    /// envoyproxy/ratelimit's metrics, when `[envoy.metrics]` serves or sends them.
+    pub erl_stats: Option<Arc<ErlStats>>,
 }
 
 impl AppState {
@@ -95,11 +99,20 @@ pub fn build_state(config: &Config) -> Result<web::Data<AppState>, StartError> {
     if config.log.denials == DenialLogging::Sampled {
         limiter = limiter.with_denial_log(DenialLog::default());
     }
+    let erl = &config.envoy.metrics;
+    let erl_stats = erl.enabled().then(|| {
+        let stats = ErlStats::new(erl.near_limit_ratio, erl.response_time_ms);
+        if !limiter.policy().envoy.awaiting_config {
+            stats.config_loaded(true);
+        }
+        Arc::new(stats)
+    });
     Ok(web::Data::new(AppState {
         limiter,
         metrics,
         admin_reads: AtomicUsize::new(0),
         timings: config.timings,
+        erl_stats,
     }))
 }
 

@@ -51,16 +51,26 @@ impl Reloader {
             Ok((rules, policy)) => {
                 self.state.limiter.replace_policy(policy);
                 metrics.reload_success.inc();
+                self.count_erl_load(true);
                 *self.fed.lock().unwrap_or_else(|p| p.into_inner()) = Some(rules);
                 Ok(())
             }
             Err(error) => {
                 metrics.reload_failure.inc();
+                self.count_erl_load(false);
                 Err(error)
             }
         };
         self.forget_removed_limits();
         installed
+    }
+
+    /// envoyproxy/ratelimit's `config_load_success` / `config_load_error`, when its metrics
+    /// are kept.
+    fn count_erl_load(&self, success: bool) {
+        if let Some(stats) = &self.state.erl_stats {
+            stats.config_loaded(success);
+        }
     }
 
     /// Drops the metric series of the limits the running policy does not have: those a swap
@@ -114,6 +124,7 @@ impl Reloader {
                 *self.watched.lock().unwrap_or_else(|p| p.into_inner()) = watched;
                 self.state.limiter.replace_policy(policy);
                 metrics.reload_success.inc();
+                self.count_erl_load(true);
                 log::info!("reload: {} limit(s) active", config.limits.len());
                 *running = config;
             }
@@ -131,6 +142,7 @@ impl Reloader {
                     }
                 }
                 metrics.reload_failure.inc();
+                self.count_erl_load(false);
                 log::error!("reload refused, keeping the running limits: {error}");
             }
         }
@@ -153,6 +165,10 @@ fn keep_restart_only_settings(mut loaded: Config, running: &Config) -> Config {
         ("grpc_listen", loaded.grpc_listen != running.grpc_listen),
         ("[store]", loaded.store != running.store),
         ("envoy.xds", loaded.envoy.xds != running.envoy.xds),
+        (
+            "envoy.metrics",
+            loaded.envoy.metrics != running.envoy.metrics,
+        ),
     ];
     for (name, _) in changed.iter().filter(|(_, changed)| *changed) {
         log::warn!("reload: {name} changed in the file; it applies only after a restart, the running value stays");
@@ -163,5 +179,7 @@ fn keep_restart_only_settings(mut loaded: Config, running: &Config) -> Config {
     loaded.store = running.store.clone();
     // The client connected with the running settings; a new server or node needs a restart.
     loaded.envoy.xds = running.envoy.xds.clone();
+    // Its listener and statsd duty started with the running settings.
+    loaded.envoy.metrics = running.envoy.metrics.clone();
     loaded
 }

@@ -17,6 +17,7 @@ use actix_web::http::ConnectionType;
 use actix_web::{web, App, HttpServer};
 
 use crate::app::drain::{self, Door};
+use crate::app::erl_metrics::{self, PrometheusListener};
 use crate::app::grpc_tls::LiveTls;
 use crate::app::heartbeat;
 use crate::app::lifecycle;
@@ -38,6 +39,8 @@ pub struct Listeners {
     pub grpc_tls: Option<Arc<LiveTls>>,
     /// Most connections `grpc` holds at once (`grpc_max_connections`, or its default).
     pub grpc_max_connections: u32,
+    /// envoyproxy/ratelimit's Prometheus series, when `envoy.metrics.prometheus_listen` is set.
+    pub erl_prometheus: Option<PrometheusListener>,
 }
 
 impl Listeners {
@@ -57,6 +60,13 @@ impl Listeners {
             public: Door::defer_until_request(TcpListener::bind(config.listen)?)?,
             admin: TcpListener::bind(config.admin_listen)?,
             grpc: config.grpc_listen.map(TcpListener::bind).transpose()?,
+            erl_prometheus: match config.envoy.metrics.prometheus_listen {
+                Some(address) => Some(PrometheusListener {
+                    listener: TcpListener::bind(address)?,
+                    path: config.envoy.metrics.prometheus_path.clone(),
+                }),
+                None => None,
+            },
         })
     }
 }
@@ -81,6 +91,7 @@ pub async fn start(
         log::warn!("{warning}");
     }
     spawn_duties(&config, &state)?;
+    erl_metrics::spawn_statsd(&config.envoy.metrics, state.erl_stats.as_ref());
     let watch_every = config.timings.watch_every;
     let xds = config.envoy.xds.clone();
     let reloader = Arc::new(Reloader::new(config_path, config, state.clone()));
@@ -188,6 +199,15 @@ pub async fn run(
     .listen(listeners.admin)?
     .run();
 
+    let erl = match (listeners.erl_prometheus, &state.erl_stats) {
+        (Some(listener), Some(stats)) => Some(erl_metrics::prometheus_server(
+            listener,
+            Arc::clone(stats),
+            whole_seconds(timings.after_notice()),
+        )?),
+        _ => None,
+    };
+
     let (stopping, stop_seen) = tokio::sync::watch::channel(false);
     let grpc = match listeners.grpc {
         Some(listener) => {
@@ -210,7 +230,10 @@ pub async fn run(
         }
         None => None,
     };
-    let handles = vec![public.handle(), admin.handle()];
+    let mut handles = vec![public.handle(), admin.handle()];
+    handles.extend(erl.as_ref().map(actix_web::dev::Server::handle));
+    // A server runs while it is polled: this one beside the two joined below.
+    let erl = erl.map(actix_web::rt::spawn);
     actix_web::rt::spawn(async move {
         shutdown.await;
         drain::drain(handles, doors, draining, stopping, timings.close_notice).await;
@@ -219,6 +242,9 @@ pub async fn run(
     let (public_result, admin_result) = tokio::join!(public, admin);
     if let Some(grpc) = grpc {
         let _ = grpc.await;
+    }
+    if let Some(erl) = erl {
+        erl.await.map_err(std::io::Error::other)??;
     }
     public_result?;
     admin_result

@@ -13,6 +13,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+use super::erl_metrics::ErlMetricsConfig;
 use super::xds::XdsConfig;
 use super::ConfigError;
 
@@ -58,11 +59,15 @@ pub struct EnvoyConfig {
     /// (named by `[response.ratelimit_names]`) besides `[response] headers`.
     #[serde(skip_serializing_if = "is_false")]
     pub response_headers: bool,
+    /// envoyproxy/ratelimit's metrics, served under its names (`[envoy.metrics]`).
+    #[serde(skip_serializing_if = "ErlMetricsConfig::is_default")]
+    pub metrics: ErlMetricsConfig,
 }
 
 impl EnvoyConfig {
     /// The xDS settings, and that only one source of YAML rules is set.
     pub fn check(&self) -> Result<(), ConfigError> {
+        self.metrics.check()?;
         let Some(xds) = &self.xds else {
             return Ok(());
         };
@@ -84,6 +89,7 @@ impl EnvoyConfig {
             && !self.dynamic_metadata
             && !self.merge_domains
             && !self.response_headers
+            && self.metrics.is_default()
     }
 }
 
@@ -107,10 +113,11 @@ pub struct RuleConfig {
     /// One bucket for every value this node's wildcard matches.
     #[serde(default, skip_serializing_if = "is_false")]
     pub share_threshold: bool,
-    /// Accepted for compatibility; tollgate never labels metrics with descriptor values.
+    /// envoyproxy/ratelimit's metrics of this rule are named by the request's values (see
+    /// `policy::descriptors::envoy::StatsKey`); tollgate's own metrics never are.
     #[serde(default, skip_serializing_if = "is_false")]
     pub detailed_metric: bool,
-    /// Accepted for compatibility, as `detailed_metric`.
+    /// This key-only or wildcard node's level of that name is the request's value.
     #[serde(default, skip_serializing_if = "is_false")]
     pub value_to_metric: bool,
     /// Sent back in `dynamic_metadata` when this rule's descriptor passes (a table).
@@ -552,6 +559,7 @@ pub fn apply_erl_env(
             ))
         }
     }
+    super::erl_metrics::from_erl_env(&mut config.envoy.metrics, &var)?;
     let use_tls = flag("GRPC_SERVER_USE_TLS")?;
     config.grpc_tls = super::grpc_tls::from_erl_env(&var, use_tls)?.or(config.grpc_tls.take());
     merge_and_headers_env::apply(config, &var)?;

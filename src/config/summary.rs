@@ -189,6 +189,7 @@ impl Config {
                 }
             }
             out.push('\n');
+            out.push_str(&self.envoy.metrics.describe());
         }
         for warning in self.warnings() {
             let _ = writeln!(out, "warning: {warning}");

@@ -96,7 +96,11 @@ impl UnaryService<RateLimitRequest> for ShouldRateLimit {
                 Ok(_) => counters.ok.inc(),
                 Err(_) => counters.invalid.inc(),
             }
-            counters.duration.observe(started.elapsed().as_secs_f64());
+            let elapsed = started.elapsed();
+            counters.duration.observe(elapsed.as_secs_f64());
+            if let Some(stats) = &limiter.state.erl_stats {
+                stats.request_served(elapsed);
+            }
             answer.map(Response::new)
         })
     }

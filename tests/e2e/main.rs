@@ -17,6 +17,7 @@ mod deploy_artifacts;
 mod dodge;
 mod envoy;
 mod envoy_gateway;
+mod erl_metrics;
 mod erl_redis;
 mod faults;
 mod held_ids;

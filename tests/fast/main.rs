@@ -18,6 +18,7 @@ mod admin_token;
 mod coalescing;
 mod config_cli;
 mod deny_cache;
+mod erl_metrics;
 mod erl_parity;
 mod exactness;
 mod grpc;

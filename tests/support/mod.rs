@@ -16,6 +16,9 @@ pub mod grpc;
 pub mod http;
 pub mod latency;
 pub mod proxies;
+// A real statsd daemon: a process of its own per test, so only the second tier starts one.
+#[cfg(feature = "e2e")]
+pub mod statsd;
 pub mod xds;
 
 use std::io::Write as _;
@@ -388,6 +391,7 @@ impl Tollgate {
             grpc: None,
             grpc_tls: None,
             grpc_max_connections: 1,
+            erl_prometheus: None,
         };
         let addr = listeners.public.local_addr().unwrap();
         let admin = listeners.admin.local_addr().unwrap();

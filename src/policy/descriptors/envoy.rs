@@ -8,8 +8,12 @@
 //!
 //! Matching allocates nothing unless a level has wildcards (then one string per descriptor,
 //! reused across its entries) or a `share_threshold` wildcard matched.
+//!
+//! Each rule also carries envoyproxy/ratelimit's stats key ([`StatsKey`]): what its metrics
+//! are named by, spelled as it spells them for the same configuration and request.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::google::protobuf::value::Kind as ValueKind;
@@ -53,6 +57,131 @@ pub struct Rule {
     pub limit: usize,
     /// The rule's `metadata`, for `dynamic_metadata`.
     pub metadata: Option<Struct>,
+    /// What envoyproxy/ratelimit's metrics of this rule are named by.
+    pub stats: StatsKey,
+}
+
+/// envoyproxy/ratelimit's stats key of a rule: `domain.` and one segment per level of its
+/// path, `key_value` or `key` as the configuration spells the node, except where its
+/// `value_to_metric` (a key-only or wildcard node) or the rule's `detailed_metric` put the
+/// request's value in; `share_threshold` keeps the wildcard pattern. Sanitized as it
+/// sanitizes stat names (`:` and `|`, and the dots of IPv4 addresses, become `_`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum StatsKey {
+    /// The same for every request: built once, sanitized.
+    Fixed(Arc<str>),
+    /// Built per request from its entries, one segment per level.
+    PerRequest {
+        domain: String,
+        segments: Vec<Segment>,
+    },
+}
+
+/// One level of a [`StatsKey::PerRequest`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum Segment {
+    /// As the configuration spells the node.
+    Config(String),
+    /// The entry's `key_value`; `key` alone for an empty value unless `underscore`
+    /// (`detailed_metric` without a shared wildcard writes `key_` then).
+    Value { underscore: bool },
+}
+
+impl StatsKey {
+    /// The key for a descriptor this rule limits; `scratch` holds a key built per request.
+    pub fn spell<'a>(&'a self, entries: &[Entry], scratch: &'a mut String) -> &'a str {
+        match self {
+            StatsKey::Fixed(key) => key,
+            StatsKey::PerRequest { domain, segments } => {
+                scratch.clear();
+                scratch.push_str(domain);
+                for (segment, entry) in segments.iter().zip(entries) {
+                    scratch.push('.');
+                    match segment {
+                        Segment::Config(text) => scratch.push_str(text),
+                        Segment::Value { underscore } => {
+                            scratch.push_str(&entry.key);
+                            if *underscore || !entry.value.is_empty() {
+                                scratch.push('_');
+                                scratch.push_str(&entry.value);
+                            }
+                        }
+                    }
+                }
+                sanitize(scratch);
+                scratch
+            }
+        }
+    }
+}
+
+/// The stats key of a descriptor decided by its own `limit` (sent by Envoy): every entry's
+/// `key_value` (`key` for an empty value), as envoyproxy/ratelimit keys it.
+pub fn request_limit_stats_key(domain: &str, entries: &[Entry], into: &mut String) {
+    into.clear();
+    into.push_str(domain);
+    into.push('.');
+    for (i, entry) in entries.iter().enumerate() {
+        if i > 0 {
+            into.push('.');
+        }
+        into.push_str(&entry.key);
+        if !entry.value.is_empty() {
+            into.push('_');
+            into.push_str(&entry.value);
+        }
+    }
+    sanitize(into);
+}
+
+/// envoyproxy/ratelimit's stat name sanitizing: `:` and `|` become `_`, and so do the dots of
+/// anything shaped as an IPv4 address (four runs of 1 to 3 digits joined by dots, found left
+/// to right), so such a value stays one segment of the name.
+pub fn sanitize(name: &mut String) {
+    if !name.bytes().any(|b| matches!(b, b':' | b'|' | b'.')) {
+        return;
+    }
+    let mut bytes = std::mem::take(name).into_bytes();
+    for b in &mut bytes {
+        if matches!(*b, b':' | b'|') {
+            *b = b'_';
+        }
+    }
+    let mut i = 0;
+    while i < bytes.len() {
+        match ipv4_end(&bytes, i, 0) {
+            Some(end) => {
+                for b in &mut bytes[i..end] {
+                    if *b == b'.' {
+                        *b = b'_';
+                    }
+                }
+                i = end;
+            }
+            None => i += 1,
+        }
+    }
+    // Only ASCII bytes were replaced by ASCII bytes: still UTF-8.
+    *name = String::from_utf8(bytes).unwrap_or_default();
+}
+
+/// Where an IPv4-shaped run starting at `at` ends: group `group` of four, each 1 to 3 digits,
+/// the longest first, as a greedy regular expression tries them.
+fn ipv4_end(bytes: &[u8], at: usize, group: usize) -> Option<usize> {
+    let digits = bytes[at..]
+        .iter()
+        .take(3)
+        .take_while(|b| b.is_ascii_digit())
+        .count();
+    (1..=digits).rev().find_map(|len| {
+        let end = at + len;
+        if group == 3 {
+            return Some(end);
+        }
+        (bytes.get(end) == Some(&b'.'))
+            .then(|| ipv4_end(bytes, end + 1, group + 1))
+            .flatten()
+    })
 }
 
 #[derive(Debug, Default)]
@@ -76,6 +205,21 @@ struct Node {
     shared: Option<String>,
     /// Set once the node's own rule was read (not only made as a parent of one).
     declared: bool,
+    /// How the node is reached, and its `value_to_metric`: how its level of a stats key is
+    /// spelled.
+    reached: Reached,
+    value_to_metric: bool,
+}
+
+/// How a node is reached from its level.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reached {
+    /// By its exact value: the request's value is the configured one.
+    Value,
+    /// By its wildcard pattern.
+    Wildcard,
+    /// By the key alone.
+    Key,
 }
 
 /// The compiled rules of every envoyproxy/ratelimit domain.
@@ -127,9 +271,11 @@ impl EnvoyRules {
             seen.dedup();
             seen
         };
+        let mut stats_paths = Vec::new();
         for (i, config) in rules.iter().enumerate() {
             let at = format!("envoy.rules[{i}]");
-            let node = tree.insert(config);
+            let path = tree.insert(config);
+            let node = path.last().copied().unwrap_or(0);
             if tree.nodes[node].declared {
                 return Err(ConfigError::new(
                     at,
@@ -137,6 +283,7 @@ impl EnvoyRules {
                 ));
             }
             tree.nodes[node].declared = true;
+            tree.nodes[node].value_to_metric = config.value_to_metric;
             if config.share_threshold {
                 let last = config.path.last().map(RuleConfig::composite);
                 let key = config.path.last().map_or("", |s| s.key.as_str());
@@ -178,6 +325,7 @@ impl EnvoyRules {
                 ));
             }
             tree.nodes[node].rule = Some(tree.rules.len());
+            stats_paths.push((config, path));
             tree.rules.push(Rule {
                 kind,
                 name: rate_limit.name.clone(),
@@ -189,7 +337,12 @@ impl EnvoyRules {
                 quota: config.quota_mode,
                 limit,
                 metadata: config.metadata.as_ref().map(struct_of),
+                stats: StatsKey::Fixed(Arc::from("")),
             });
+        }
+        // Once every node is known: a parent's `value_to_metric` may follow its child's rule.
+        for (rule, (config, path)) in stats_paths.into_iter().enumerate() {
+            tree.rules[rule].stats = tree.stats_key(config, &path);
         }
         if !domains.is_empty() {
             let name = unique(
@@ -207,22 +360,30 @@ impl EnvoyRules {
         Ok((tree, limits))
     }
 
-    fn insert(&mut self, config: &RuleConfig) -> usize {
+    /// The nodes from the domain's root to the rule's, made where missing.
+    fn insert(&mut self, config: &RuleConfig) -> Vec<usize> {
         let mut parent: Option<usize> = None;
-        let mut node = 0;
+        let mut path = Vec::with_capacity(config.path.len());
         for step in &config.path {
             let found = self
                 .level(&config.domain, parent)
                 .and_then(|l| l.find(step));
-            node = match found {
+            let node = match found {
                 Some(node) => node,
                 None => {
                     let node = self.nodes.len();
+                    let reached = match &step.value {
+                        None => Reached::Key,
+                        Some(value) if value.contains('*') => Reached::Wildcard,
+                        Some(_) => Reached::Value,
+                    };
                     self.nodes.push(Node {
                         rule: None,
                         children: Level::default(),
                         shared: None,
                         declared: false,
+                        reached,
+                        value_to_metric: false,
                     });
                     let level = match parent {
                         None => self.domains.entry(config.domain.clone()).or_default(),
@@ -233,8 +394,51 @@ impl EnvoyRules {
                 }
             };
             parent = Some(node);
+            path.push(node);
         }
-        node
+        path
+    }
+
+    /// The stats key of the rule of `config`, whose nodes are `path` (see [`StatsKey`]).
+    fn stats_key(&self, config: &RuleConfig, path: &[usize]) -> StatsKey {
+        // A wildcard level matched by a literal value equal to its pattern spells the same
+        // either way, so each level's spelling is known from its node alone.
+        let any_shared = path.iter().any(|&n| self.nodes[n].shared.is_some());
+        let segments: Vec<Segment> = config
+            .path
+            .iter()
+            .zip(path)
+            .map(|(step, &n)| {
+                let node = &self.nodes[n];
+                let from_request = match node.reached {
+                    Reached::Value => false,
+                    _ if node.shared.is_some() => false,
+                    _ => config.detailed_metric || node.value_to_metric,
+                };
+                if from_request {
+                    Segment::Value {
+                        underscore: config.detailed_metric && !any_shared,
+                    }
+                } else {
+                    Segment::Config(RuleConfig::composite(step))
+                }
+            })
+            .collect();
+        if segments.iter().all(|s| matches!(s, Segment::Config(_))) {
+            let mut key = config.domain.clone();
+            for segment in &segments {
+                if let Segment::Config(text) = segment {
+                    key.push('.');
+                    key.push_str(text);
+                }
+            }
+            sanitize(&mut key);
+            return StatsKey::Fixed(Arc::from(key));
+        }
+        StatsKey::PerRequest {
+            domain: config.domain.clone(),
+            segments,
+        }
     }
 
     fn level(&self, domain: &str, parent: Option<usize>) -> Option<&Level> {
@@ -598,6 +802,201 @@ descriptors:
         let plain = entries(&[("file", "test1")]);
         let found = tree.lookup("d", &plain).unwrap();
         assert_eq!(tree.keyed_value(&found, 0, &plain[0]), b"test1");
+    }
+
+    /// The stats key of the rule a descriptor reaches, spelled for that descriptor.
+    fn stats_key(tree: &EnvoyRules, domain: &str, pairs: &[(&str, &str)]) -> String {
+        let wanted = entries(pairs);
+        let rule = tree
+            .lookup(domain, &wanted)
+            .and_then(|f| f.rule)
+            .expect("a rule");
+        let mut scratch = String::new();
+        tree.rules[rule]
+            .stats
+            .spell(&wanted, &mut scratch)
+            .to_string()
+    }
+
+    /// envoyproxy/ratelimit test/config/config_test.go: TestDetailedMetric.
+    #[test]
+    fn detailed_metric_puts_the_request_values_in_the_stats_key() {
+        let tree = tree(
+            "domain: nested
+descriptors:
+  - key: key_1
+    detailed_metric: true
+    rate_limit: {unit: minute, requests_per_unit: 500}
+  - key: key_1
+    value: some-value-for-key-1
+    rate_limit: {unit: minute, requests_per_unit: 500}
+  - key: key_2
+    detailed_metric: true
+    rate_limit: {unit: minute, requests_per_unit: 5000}
+    descriptors:
+      - key: key_3
+        detailed_metric: true
+      - key: key_3
+        value: requested-key3-value
+        detailed_metric: true
+        rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: key-1
+    descriptors:
+      - key: key-2
+        detailed_metric: true
+        rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: plain
+    descriptors:
+      - key: sub
+        rate_limit: {unit: minute, requests_per_unit: 5}
+",
+        );
+        let key = |pairs: &[(&str, &str)]| stats_key(&tree, "nested", pairs);
+        assert_eq!(
+            key(&[("key_1", "value-for-key-1")]),
+            "nested.key_1_value-for-key-1"
+        );
+        assert_eq!(key(&[("key_2", "key-2-value")]), "nested.key_2_key-2-value");
+        assert_eq!(
+            key(&[("key_2", "key-2-value"), ("key_3", "requested-key3-value")]),
+            "nested.key_2_key-2-value.key_3_requested-key3-value"
+        );
+        assert_eq!(
+            key(&[("key-1", "value-1"), ("key-2", "value-2")]),
+            "nested.key-1_value-1.key-2_value-2"
+        );
+        assert_eq!(
+            key(&[("plain", "value-1"), ("sub", "value-2")]),
+            "nested.plain.sub"
+        );
+        // An empty value still gets its underscore, as there.
+        assert_eq!(key(&[("key_1", "")]), "nested.key_1_");
+        let fixed = tree.lookup("nested", &entries(&[("plain", "a"), ("sub", "b")]));
+        let rule = &tree.rules[fixed.unwrap().rule.unwrap()];
+        assert!(matches!(rule.stats, StatsKey::Fixed(_)));
+    }
+
+    /// TestValueToMetric_*: a key-only or wildcard node with value_to_metric spells the
+    /// request's value at its level, and only there.
+    #[test]
+    fn value_to_metric_spells_the_value_at_its_own_level() {
+        let tree = tree(
+            "domain: domain
+descriptors:
+  - key: route
+    value_to_metric: true
+    descriptors:
+      - key: http_method
+        value_to_metric: true
+        descriptors:
+          - key: subject_id
+            rate_limit: {unit: minute, requests_per_unit: 60}
+  - key: k1
+    value_to_metric: true
+    descriptors:
+      - key: k2
+        rate_limit: {unit: second, requests_per_unit: 1}
+  - key: fixed
+    value: v
+    value_to_metric: true
+    descriptors:
+      - key: k2
+        rate_limit: {unit: second, requests_per_unit: 1}
+",
+        );
+        let key = |pairs: &[(&str, &str)]| stats_key(&tree, "domain", pairs);
+        assert_eq!(
+            key(&[
+                ("route", "draw"),
+                ("http_method", "GET"),
+                ("subject_id", "123")
+            ]),
+            "domain.route_draw.http_method_GET.subject_id"
+        );
+        assert_eq!(key(&[("k1", "A"), ("k2", "foo")]), "domain.k1_A.k2");
+        assert_eq!(key(&[("k1", ""), ("k2", "foo")]), "domain.k1.k2");
+        assert_eq!(key(&[("fixed", "v"), ("k2", "x")]), "domain.fixed_v.k2");
+    }
+
+    /// TestWildcardStatsBehavior: a wildcard keeps its pattern unless value_to_metric, and
+    /// share_threshold keeps it even then; detailed_metric with a shared wildcard keeps the
+    /// pattern at that level only.
+    #[test]
+    fn wildcards_keep_their_pattern_unless_asked() {
+        let tree = tree(
+            "domain: test-domain
+descriptors:
+  - key: wild
+    value: foo*
+    rate_limit: {unit: minute, requests_per_unit: 20}
+    descriptors:
+      - key: other
+        value_to_metric: true
+        descriptors:
+          - key: limit
+            rate_limit: {unit: minute, requests_per_unit: 20}
+  - key: told
+    value: foo*bar*
+    value_to_metric: true
+    rate_limit: {unit: minute, requests_per_unit: 20}
+  - key: shared
+    value: foo*
+    share_threshold: true
+    value_to_metric: true
+    rate_limit: {unit: minute, requests_per_unit: 20}
+  - key: files
+    value: f*
+    share_threshold: true
+    descriptors:
+      - key: user
+        detailed_metric: true
+        rate_limit: {unit: minute, requests_per_unit: 20}
+",
+        );
+        let key = |pairs: &[(&str, &str)]| stats_key(&tree, "test-domain", pairs);
+        assert_eq!(key(&[("wild", "foo1")]), "test-domain.wild_foo*");
+        assert_eq!(
+            key(&[("wild", "foo1"), ("other", "bar"), ("limit", "X")]),
+            "test-domain.wild_foo*.other_bar.limit"
+        );
+        assert_eq!(
+            key(&[("told", "foo123bar456")]),
+            "test-domain.told_foo123bar456"
+        );
+        assert_eq!(key(&[("shared", "foo1")]), "test-domain.shared_foo*");
+        assert_eq!(
+            key(&[("files", "f1"), ("user", "")]),
+            "test-domain.files_f*.user"
+        );
+        assert_eq!(
+            key(&[("files", "f1"), ("user", "u")]),
+            "test-domain.files_f*.user_u"
+        );
+    }
+
+    /// envoyproxy/ratelimit's stat names: `:` and `|` and the dots of IPv4 addresses become
+    /// `_`; a CIDR's `/` and other dots stay (Envoy Gateway's e2e test reads
+    /// `masked_remote_address_0_0_0_0/0`).
+    #[test]
+    fn stats_keys_are_sanitized_as_stat_names() {
+        let sanitized = |text: &str| {
+            let mut name = text.to_string();
+            sanitize(&mut name);
+            name
+        };
+        assert_eq!(
+            sanitized("d.masked_remote_address_0.0.0.0/0"),
+            "d.masked_remote_address_0_0_0_0/0"
+        );
+        assert_eq!(sanitized("d.k_a:b|c"), "d.k_a_b_c");
+        assert_eq!(sanitized("d.ip_192.168.10.200.x"), "d.ip_192_168_10_200.x");
+        // The longest run that still makes an address, then the next one.
+        assert_eq!(sanitized("d.v_1234.5.6.7"), "d.v_1234_5_6_7");
+        assert_eq!(sanitized("d.v_1.2.3"), "d.v_1.2.3");
+        assert_eq!(sanitized("1.2.3.4.5.6.7.8"), "1_2_3_4.5_6_7_8");
+        let mut own = String::new();
+        request_limit_stats_key("d", &entries(&[("ip", "10.0.0.1"), ("k", "")]), &mut own);
+        assert_eq!(own, "d.ip_10_0_0_1.k");
     }
 
     #[test]

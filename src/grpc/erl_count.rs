@@ -1,0 +1,76 @@
+//! What one decided request adds to envoyproxy/ratelimit's counters
+//! ([`crate::observe::erl_stats`]): per descriptor its rule's stats key and how its hits
+//! stood against the limit, read from the verdict.
+
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+
+use super::plan::Plan;
+use crate::limiter::decision::Verdict;
+use crate::observe::erl_stats::{ErlStats, Hits};
+use crate::policy::descriptors::envoy::{request_limit_stats_key, Kind};
+use crate::policy::Policy;
+
+/// Counts a request of a domain of envoyproxy/ratelimit rules (nothing for other domains).
+/// Descriptors without a limit (none, unlimited, replaced, or only looking) count nothing, as
+/// there. A bucket's counter before the request is what its level says was used: tollgate
+/// charges all or nothing, so a descriptor not charged because another was over stood where
+/// its level shows.
+pub fn count(
+    stats: &ErlStats,
+    verdict: &Verdict,
+    plan: &Plan,
+    policy: &Policy,
+    request: &RateLimitRequest,
+) {
+    let failed = matches!(verdict, Verdict::StoreFailed { .. });
+    if failed && !plan.envoy.is_empty() {
+        stats.store_error();
+    }
+    let decision = match verdict {
+        Verdict::Decided(decision) => Some(decision),
+        _ => None,
+    };
+    let mut scratch = String::new();
+    for (descriptor, wanted) in plan.envoy.iter().zip(&request.descriptors) {
+        if !matches!(descriptor.kind, Kind::Bucket | Kind::Zero) || descriptor.hits == 0 {
+            continue;
+        }
+        let key = match descriptor.rule {
+            Some(rule) => policy.envoy.rules[rule]
+                .stats
+                .spell(&wanted.entries, &mut scratch),
+            None => {
+                request_limit_stats_key(&request.domain, &wanted.entries, &mut scratch);
+                scratch.as_str()
+            }
+        };
+        if failed {
+            stats.count_undecided(key, descriptor.hits);
+            continue;
+        }
+        let state = decision.and_then(|d| d.limits.get(descriptor.bucket));
+        let (limit, before) = match (descriptor.kind, state, decision) {
+            (Kind::Bucket, Some(state), Some(decision)) => {
+                let limit = state.capacity();
+                let used = limit.saturating_sub(state.remaining());
+                let charged = decision.allowed && state.enough && state.cost > 0;
+                let before = if charged {
+                    used.saturating_sub(state.cost)
+                } else {
+                    used
+                };
+                (limit, before)
+            }
+            _ => (u64::from(descriptor.requests_per_unit), 0),
+        };
+        stats.count(
+            key,
+            Hits {
+                limit,
+                before,
+                hits: descriptor.hits,
+                shadow: descriptor.shadow,
+            },
+        );
+    }
+}

@@ -1,0 +1,176 @@
+//! envoyproxy/ratelimit's metrics (`[envoy.metrics]`, or its `USE_PROMETHEUS` variables):
+//! the Prometheus listener's series after real gRPC decisions, named and labelled as
+//! envoyproxy/ratelimit's built-in mapping names them; and its stats variables refused as it
+//! refuses them (and where tollgate cannot honour them).
+
+use std::net::SocketAddr;
+
+use crate::support::grpc::{self, ask, descriptor, request, OK, OVER_LIMIT};
+use crate::support::http::HttpClient;
+use crate::support::{
+    free_port, metric_value, redis_config, tollgate_command, RedisServer, TempDir,
+};
+
+/// A gateway's rule as Envoy Gateway writes it: a route's level, then the client's masked
+/// address (a CIDR) under it; and two rules whose stats key carries the request's values.
+const YAML: &str = "domain: gw
+descriptors:
+  - key: rule
+    value: r0
+    descriptors:
+      - key: masked_remote_address
+        value: 0.0.0.0/0
+        rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: user
+    detailed_metric: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: route
+    value_to_metric: true
+    descriptors:
+      - key: method
+        rate_limit: {unit: minute, requests_per_unit: 1}
+";
+
+fn scrape(addr: SocketAddr, path: &str) -> (u16, String) {
+    let response = HttpClient::connect(addr)
+        .and_then(|mut c| c.get(path, &[]))
+        .expect("the metrics listener answers");
+    (response.status, response.body)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prometheus_series_count_decisions_under_envoyproxy_ratelimits_names() {
+    let redis = RedisServer::start();
+    let dir = TempDir::new("erl-metrics");
+    let rules = dir.path().join("config");
+    std::fs::create_dir_all(&rules).unwrap();
+    std::fs::write(rules.join("gw.yaml"), YAML).unwrap();
+    let metrics: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let toml = format!(
+        "[envoy]\nconfig_dir = {:?}\n[envoy.metrics]\nprometheus_listen = \"{metrics}\"\n",
+        rules.display().to_string()
+    );
+    let (tollgate, addr) = grpc::tollgate(&redis_config(&redis, "", &toml));
+    let mut client = grpc::client(addr).await;
+
+    let cidr = [("rule", "r0"), ("masked_remote_address", "0.0.0.0/0")];
+    let codes: Vec<i32> = {
+        let mut codes = Vec::new();
+        for _ in 0..3 {
+            let answer = ask(&mut client, request("gw", vec![descriptor(&cidr)])).await;
+            codes.push(answer.overall_code);
+        }
+        codes
+    };
+    assert_eq!(codes, [OK, OK, OVER_LIMIT]);
+    for user in ["alice", "bob", "bob"] {
+        ask(
+            &mut client,
+            request("gw", vec![descriptor(&[("user", user)])]),
+        )
+        .await;
+    }
+    let routed = [("route", "checkout"), ("method", "GET")];
+    ask(&mut client, request("gw", vec![descriptor(&routed)])).await;
+
+    let (status, text) = scrape(metrics, "/metrics");
+    assert_eq!(status, 200);
+    let sample = |s: &str| metric_value(&text, s);
+    let cidr_labels = "{domain=\"gw\",key1=\"rule_r0\",key2=\"masked_remote_address_0_0_0_0/0\"}";
+    // Limit 2, near threshold 1: the 2nd hit is near, the 3rd over.
+    for (stat, value) in [
+        ("total_hits", 3.0),
+        ("within_limit", 2.0),
+        ("near_limit", 1.0),
+        ("over_limit", 1.0),
+    ] {
+        let series = format!("ratelimit_service_rate_limit_{stat}{cidr_labels}");
+        assert_eq!(sample(&series), value, "{series} in\n{text}");
+    }
+    // detailed_metric: one series per user, bob's second hit over his limit of 1.
+    assert_eq!(
+        sample("ratelimit_service_rate_limit_over_limit{domain=\"gw\",key1=\"user_bob\"}"),
+        1.0
+    );
+    assert_eq!(
+        sample("ratelimit_service_rate_limit_total_hits{domain=\"gw\",key1=\"user_alice\"}"),
+        1.0
+    );
+    // value_to_metric at the route's level only.
+    assert_eq!(
+        sample(
+            "ratelimit_service_rate_limit_total_hits{domain=\"gw\",key1=\"route_checkout\",key2=\"method\"}"
+        ),
+        1.0
+    );
+    assert_eq!(
+        sample("ratelimit_service_total_requests{grpc_method=\"ShouldRateLimit\"}"),
+        7.0
+    );
+    assert_eq!(
+        sample("ratelimit_service_response_time_seconds_count{grpc_method=\"ShouldRateLimit\"}"),
+        7.0
+    );
+    assert_eq!(sample("ratelimit_service_config_load_success"), 1.0);
+    assert!(
+        !text.contains("tollgate_"),
+        "tollgate's own stay on the admin listener"
+    );
+    assert!(!tollgate.metrics().contains("ratelimit_service_"));
+    assert_eq!(scrape(metrics, "/other").0, 404);
+}
+
+fn refused(env: &[(&str, &str)]) -> (Option<i32>, String) {
+    let output = tollgate_command()
+        .arg("validate")
+        .env("RUNTIME_ROOT", "/nonexistent")
+        .envs(env.iter().copied())
+        .output()
+        .expect("run tollgate");
+    (
+        output.status.code(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+/// envoyproxy/ratelimit stops on two sinks at once (USE_STATSD is true unless set false) and
+/// on a bool it cannot read; tollgate stops on those and on what it cannot honour.
+#[test]
+fn stats_variables_envoyproxy_ratelimit_or_tollgate_cannot_honour_are_refused() {
+    let dir = TempDir::new("mapper");
+    let other_mapping = dir.write("mapper.yaml", "mappings:\n- match: a.b\n  name: c\n");
+    let other_mapping = other_mapping.display().to_string();
+    for (env, named) in [
+        (vec![("USE_PROMETHEUS", "true")], "USE_PROMETHEUS"),
+        (
+            vec![("USE_PROMETHEUS", "on"), ("USE_STATSD", "false")],
+            "USE_PROMETHEUS",
+        ),
+        (vec![("USE_DOG_STATSD", "true")], "USE_DOG_STATSD"),
+        (vec![("STATSD_PROTOCOL", "quic")], "STATSD_PROTOCOL"),
+        (
+            vec![
+                ("USE_PROMETHEUS", "true"),
+                ("USE_STATSD", "false"),
+                ("PROMETHEUS_MAPPER_YAML", other_mapping.as_str()),
+            ],
+            "PROMETHEUS_MAPPER_YAML",
+        ),
+    ] {
+        let (code, stderr) = refused(&env);
+        assert_eq!(code, Some(2), "{env:?}: {stderr}");
+        assert_eq!(stderr.trim_end().lines().count(), 1, "one line: {stderr}");
+        assert!(stderr.contains(named), "{named} named in: {stderr}");
+    }
+    let bad_toml = dir.write(
+        "tollgate.toml",
+        "[envoy.metrics]\nprometheus_path = \"metrics\"\n",
+    );
+    let output = tollgate_command()
+        .args(["validate", "--config"])
+        .arg(bad_toml)
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("envoy.metrics.prometheus_path"));
+}
