@@ -122,6 +122,8 @@ struct Swapped {
     http: SocketAddr,
     /// GRPC_PORT: 8081 there (Envoy Gateway leaves it at its default).
     grpc: SocketAddr,
+    /// PROMETHEUS_ADDR: `:19001` there.
+    prometheus: SocketAddr,
     /// tollgate's admin listener (not in Envoy Gateway's environment; a free port so that
     /// tests run side by side).
     admin: SocketAddr,
@@ -167,6 +169,7 @@ impl Swapped {
                 child,
                 http: local(http),
                 grpc: local(grpc),
+                prometheus: local(prometheus),
                 admin: local(admin),
                 log,
             };
@@ -475,4 +478,52 @@ fn with_redis_gone_on_error_decides_not_envoys_fail_closed() {
     assert_eq!(refused.status, 429, "on_error deny: {refused:?}");
     assert_eq!(refused.header("retry-after"), Some("1"), "{refused:?}");
     assert_eq!(denying.app.count(), 0);
+}
+
+/// The value of the sample of `name` whose labels include every one of `labels`, if any.
+fn sample_labelled(exposition: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    exposition.lines().find_map(|line| {
+        let (series, value) = line.rsplit_once(' ')?;
+        let inside = series
+            .strip_prefix(name)?
+            .strip_prefix('{')?
+            .strip_suffix('}')?;
+        let all = labels.iter().all(|(label, wanted)| {
+            inside
+                .split(',')
+                .any(|pair| pair == format!("{label}=\"{wanted}\""))
+        });
+        all.then(|| value.parse().ok()).flatten()
+    })
+}
+
+/// Proves what Envoy Gateway's e2e polls once a client was refused: on PROMETHEUS_ADDR, the
+/// series `ratelimit_service_rate_limit_over_limit` of that rule, labelled as Envoy Gateway's
+/// statsd mapping (PROMETHEUS_MAPPER_YAML) labels envoyproxy/ratelimit's stats key
+/// `<domain>.<route>_<route>.rule-0-match-0`, is above 0. Envoy Gateway polls every 3 s for a
+/// minute; this polls more often, for [`PATIENCE`].
+#[test]
+fn the_over_limit_series_envoy_gateways_e2e_polls_is_on_prometheus_addr() {
+    let install = Install::start(&[]);
+    install.spend_the_limit_of_user_one(&[X_RATELIMIT_LIMIT]);
+    let route_entry = format!("{ROUTE}_{ROUTE}");
+    let labels = [
+        ("domain", DOMAIN),
+        ("key1", route_entry.as_str()),
+        ("key2", RULE),
+    ];
+    let name = "ratelimit_service_rate_limit_over_limit";
+    let mut exposition = String::new();
+    let seen = wait_until(PATIENCE, || {
+        exposition = HttpClient::connect(install.tollgate.prometheus)
+            .and_then(|mut c| c.get("/metrics", &[]))
+            .map(|r| r.body)
+            .unwrap_or_default();
+        sample_labelled(&exposition, name, &labels).is_some_and(|v| v > 0.0)
+    });
+    assert!(
+        seen,
+        "no {name} {labels:?} above 0 on PROMETHEUS_ADDR:\n{exposition}\n{}",
+        install.tollgate.log()
+    );
 }
