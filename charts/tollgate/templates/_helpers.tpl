@@ -71,6 +71,15 @@ env:
     value: {{ $v.ports.grpc | quote }}
   - name: TOLLGATE_ADMIN_LISTEN
     value: "0.0.0.0:{{ $v.ports.metrics }}"
+  # envoyproxy/ratelimit's statsd is on unless turned off; Prometheus replaces it here.
+  - name: USE_STATSD
+    value: "false"
+{{- if $v.ratelimit.prometheus }}
+  - name: USE_PROMETHEUS
+    value: "true"
+  - name: PROMETHEUS_ADDR
+    value: ":{{ $v.ports.erlMetrics }}"
+{{- end }}
   - name: REDIS_SOCKET_TYPE
     value: tcp
   - name: REDIS_URL
@@ -122,6 +131,11 @@ ports:
 {{- if or $erl (and $v.grpc.enabled (not .sidecar)) }}
   - name: grpc
     containerPort: {{ $v.ports.grpc }}
+    protocol: TCP
+{{- end }}
+{{- if and $erl $v.ratelimit.prometheus }}
+  - name: erl-metrics
+    containerPort: {{ $v.ports.erlMetrics }}
     protocol: TCP
 {{- end }}
 {{- /* /check listens on loopback in a sidecar: probe the admin listener, which serves the same paths. */}}
