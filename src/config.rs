@@ -8,7 +8,8 @@
 //! - `summary`: what `tollgate validate` prints, passwords redacted;
 //! - `envoy`: envoyproxy/ratelimit's rules and YAML; `xds`: the settings of its xDS config
 //!   source, `xds_rules`: the resources that source sends, as rules;
-//! - `grpc_tls`: TLS on the gRPC listener, its files read and checked at start.
+//! - `grpc_tls`: TLS on the gRPC listener, its files read and checked at start;
+//! - `trace`: `[tracing]`, the export of the decisions' spans.
 //!
 //! Limits and exemptions are checked once, where they are built from their tables
 //! (`crate::policy::limits`, `crate::policy::exempt`).
@@ -20,6 +21,7 @@ mod pem;
 mod schema;
 pub mod store_tls;
 mod summary;
+pub mod trace;
 mod validate;
 pub mod xds;
 pub mod xds_rules;

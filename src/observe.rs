@@ -1,5 +1,7 @@
-//! What tollgate tells its operators: Prometheus metrics, the most denied keys, the denial log.
+//! What tollgate tells its operators: Prometheus metrics, the most denied keys, the denial log,
+//! the decisions' spans.
 
 pub mod denial_log;
 pub mod metrics;
 pub mod top;
+pub mod trace;

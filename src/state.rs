@@ -11,6 +11,7 @@ use crate::config::{Backend, Config, ConfigError, DenialLogging, OnError, StoreC
 use crate::limiter::Limiter;
 use crate::observe::denial_log::DenialLog;
 use crate::observe::metrics::Metrics;
+use crate::observe::trace::{spawn_exporter, Tracer};
 use crate::policy::Policy;
 use crate::store::memory::MemoryStore;
 use crate::store::redis::{certificates, RedisStore, Topology};
@@ -26,6 +27,8 @@ pub struct AppState {
     pub admin_reads: AtomicUsize,
     /// The intervals of the background duties and of the drain ([`Config::timings`]).
     pub timings: Timings,
+    /// Opens the decisions' spans; `None` with tracing off.
+    pub tracer: Option<Tracer>,
 }
 
 impl AppState {
@@ -88,7 +91,17 @@ pub fn build_state(config: &Config) -> Result<web::Data<AppState>, StartError> {
     if config.log.denials == DenialLogging::Sampled {
         limiter = limiter.with_denial_log(DenialLog::default());
     }
+    let tracer = if config.tracing.enabled {
+        Some(spawn_exporter(
+            &config.tracing,
+            config.timings.trace_export_every,
+            metrics.trace_spans.clone(),
+        )?)
+    } else {
+        None
+    };
     Ok(web::Data::new(AppState {
+        tracer,
         limiter,
         metrics,
         admin_reads: AtomicUsize::new(0),

@@ -128,6 +128,7 @@ fn keep_restart_only_settings(mut loaded: Config, running: &Config) -> Config {
         ("grpc_listen", loaded.grpc_listen != running.grpc_listen),
         ("[store]", loaded.store != running.store),
         ("envoy.xds", loaded.envoy.xds != running.envoy.xds),
+        ("[tracing]", loaded.tracing != running.tracing),
     ];
     for (name, _) in changed.iter().filter(|(_, changed)| *changed) {
         log::warn!("reload: {name} changed in the file; it applies only after a restart, the running value stays");
@@ -138,5 +139,7 @@ fn keep_restart_only_settings(mut loaded: Config, running: &Config) -> Config {
     loaded.store = running.store.clone();
     // The client connected with the running settings; a new server or node needs a restart.
     loaded.envoy.xds = running.envoy.xds.clone();
+    // The exporter started with the running settings.
+    loaded.tracing = running.tracing.clone();
     loaded
 }

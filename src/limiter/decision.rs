@@ -1,6 +1,7 @@
 //! The outcome of one check, as a value: allowed or not, and for every applicable limit what
 //! is left. Everything the response headers need is derived here; only `http::response` turns
 //! it into bytes.
+use crate::observe::trace::{Decision as TracedDecision, Outcome};
 use crate::policy::limits::Limit;
 use crate::policy::Policy;
 use crate::store::Window;
@@ -137,6 +138,46 @@ impl Decision {
         policy: &'p Policy,
     ) -> Option<(&'p LimitState, &'p Limit)> {
         most_restrictive(self.limits.iter().map(|s| (s, &policy.limits[s.limit])))
+    }
+}
+
+impl Verdict {
+    /// What a span shows of this verdict: the decision, the limits applied, the one that
+    /// denied (the one the answer describes), and whether `on_error` answered.
+    pub fn outcome<'p>(&self, policy: &'p Policy) -> Outcome<'p> {
+        let name = |index: usize| policy.limits[index].name.as_str();
+        let (decision, limits, denied_by, on_error) = match self {
+            Verdict::Unlimited => (TracedDecision::Allowed, Vec::new(), None, false),
+            Verdict::Exempt => (TracedDecision::Exempt, Vec::new(), None, false),
+            Verdict::MissingKey { limit } => (
+                TracedDecision::Denied,
+                vec![name(*limit)],
+                Some(name(*limit)),
+                false,
+            ),
+            Verdict::StoreFailed { allow } => {
+                (TracedDecision::from_allowed(*allow), Vec::new(), None, true)
+            }
+            Verdict::Decided(decision) => (
+                TracedDecision::from_allowed(decision.allowed),
+                decision
+                    .limits
+                    .iter()
+                    .map(|state| name(state.limit))
+                    .collect(),
+                (!decision.allowed)
+                    .then(|| decision.most_restrictive(policy))
+                    .flatten()
+                    .map(|(state, _)| name(state.limit)),
+                decision.degraded,
+            ),
+        };
+        Outcome {
+            decision,
+            limits,
+            denied_by,
+            on_error,
+        }
     }
 }
 
