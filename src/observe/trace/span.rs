@@ -138,11 +138,6 @@ impl Span {
         &self.trace_id
     }
 
-    /// The span's attributes so far.
-    pub fn attributes(&self) -> &[KeyValue] {
-        &self.attributes
-    }
-
     fn into_otlp(self) -> otlp::Span {
         let elapsed = u64::try_from(self.started.elapsed().as_nanos()).unwrap_or(u64::MAX);
         let flags = otlp::FLAGS_SAMPLED
@@ -239,5 +234,92 @@ impl Outcome<'_> {
             span.set_str(DENIED_BY, limit);
         }
         span.set_bool(ON_ERROR, self.on_error);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::observe::trace::RemoteSpan;
+
+    fn tracer(rate: f64) -> (Tracer, mpsc::Receiver<otlp::Span>, IntCounter) {
+        let (queue, spans) = mpsc::channel(1);
+        let dropped = IntCounter::new("dropped", "test").expect("a counter");
+        (Tracer::new(rate, queue, dropped.clone()), spans, dropped)
+    }
+
+    fn value(span: &otlp::Span, key: &str) -> Option<Value> {
+        span.attributes
+            .iter()
+            .find(|kv| kv.key == key)
+            .and_then(|kv| kv.value.clone())
+            .and_then(|v| v.value)
+    }
+
+    #[test]
+    fn a_finished_span_is_the_callers_child_with_the_decisions_attributes() {
+        let (tracer, mut spans, _) = tracer(0.0);
+        let caller = Incoming {
+            parent: Some(RemoteSpan {
+                trace_id: [7; 16],
+                span_id: [9; 8],
+                trace_state: "rojo=1",
+            }),
+            sampled: Some(true),
+        };
+        let mut span = tracer
+            .start(Kind::Grpc, &caller)
+            .expect("the caller sampled it");
+        span.set_str(attribute::DOMAIN, "edge");
+        Outcome {
+            decision: Decision::Denied,
+            limits: vec!["per-ip", "per-key"],
+            denied_by: Some("per-key"),
+            on_error: false,
+        }
+        .record(&mut span);
+        tracer.finish(span);
+        let sent = spans.try_recv().expect("queued");
+        assert_eq!(sent.trace_id, vec![7; 16]);
+        assert_eq!(sent.parent_span_id, vec![9; 8]);
+        assert_eq!(sent.trace_state, "rojo=1");
+        assert_eq!(sent.name, "ShouldRateLimit");
+        assert_eq!(sent.flags, otlp::FLAGS_SAMPLED | otlp::FLAGS_REMOTE_PARENT);
+        assert!(sent.end_time_unix_nano >= sent.start_time_unix_nano);
+        assert_eq!(value(&sent, DECISION), Some(Value::String("denied".into())));
+        assert_eq!(
+            value(&sent, DENIED_BY),
+            Some(Value::String("per-key".into()))
+        );
+        assert_eq!(value(&sent, ON_ERROR), Some(Value::Bool(false)));
+        assert_eq!(
+            value(&sent, attribute::DOMAIN),
+            Some(Value::String("edge".into()))
+        );
+        let Some(Value::Array(limits)) = value(&sent, LIMITS) else {
+            panic!("limits is an array: {sent:?}");
+        };
+        assert_eq!(limits.values.len(), 2);
+    }
+
+    #[test]
+    fn an_unsampled_caller_gets_no_span_and_a_full_queue_drops_and_counts() {
+        let (tracer, _spans, dropped) = tracer(1.0);
+        let not_sampled = Incoming {
+            parent: None,
+            sampled: Some(false),
+        };
+        assert!(tracer.start(Kind::Check, &not_sampled).is_none());
+        let root = Incoming::default();
+        let first = tracer
+            .start(Kind::Check, &root)
+            .expect("rate 1 samples all");
+        let second = tracer
+            .start(Kind::Report, &root)
+            .expect("rate 1 samples all");
+        assert_ne!(first.trace_id(), second.trace_id());
+        tracer.finish(first);
+        tracer.finish(second);
+        assert_eq!(dropped.get(), 1, "the queue holds one span");
     }
 }
