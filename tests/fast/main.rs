@@ -47,4 +47,5 @@ mod store_bounds;
 mod store_scenarios;
 mod top;
 mod top_tui;
+mod tracing;
 mod xds;

@@ -137,6 +137,9 @@ async fn run(
             .collect(),
     };
     let mut batch = Vec::with_capacity(MAX_BATCH);
+    // Logged once when exports start failing and once when they work again: a collector that
+    // is away must not flood the log with a line per batch.
+    let mut failing = false;
     let mut tick = tokio::time::interval(settings.flush_every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -152,10 +155,22 @@ async fn run(
             let count = batch.len() as u64;
             let request = envelope(&resource, std::mem::take(&mut batch));
             match client.export(&request, &settings).await {
-                Ok(()) => counters.exported.inc_by(count),
+                Ok(()) => {
+                    counters.exported.inc_by(count);
+                    if std::mem::take(&mut failing) {
+                        log::info!("tracing: spans are exported again");
+                    }
+                }
                 Err(error) => {
                     counters.export_failed.inc_by(count);
-                    log::warn!("tracing: {count} spans not exported: {error}");
+                    if std::mem::replace(&mut failing, true) {
+                        log::debug!("tracing: {count} spans not exported: {error}");
+                    } else {
+                        log::warn!(
+                            "tracing: {count} spans not exported: {error} (counted in \
+                             tollgate_trace_spans_total; logged again when exports work)"
+                        );
+                    }
                 }
             }
             batch.reserve(MAX_BATCH);
