@@ -21,7 +21,7 @@ use crate::support::envoy::Envoy;
 use crate::support::otlp::{attribute, service, OtlpReceiver};
 use crate::support::proxies::backend::{send_from, Backend};
 use crate::support::proxies::{read_shipped, template};
-use crate::support::{grpc, RedisServer, Response, Tollgate, SHORT_TIMINGS};
+use crate::support::{grpc, RedisServer, Response, TempDir, Tollgate, SHORT_TIMINGS};
 
 const CLIENT: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 2);
 /// Envoy exports its spans every 5 s; tollgate (with the short test timings) every 0.5 s.
@@ -208,5 +208,72 @@ fn ext_authz_check_is_a_span_in_the_clients_trace_under_envoys() {
     assert_eq!(
         attribute(&span, "http.response.status_code").as_deref(),
         Some("429")
+    );
+}
+
+/// Proves, with envoyproxy/ratelimit's variables as Envoy Gateway sets them (the general
+/// `OTEL_EXPORTER_OTLP_ENDPOINT`, to which OTLP/HTTP adds `/v1/traces`): `/check` spans are
+/// children of B3's single and multi headers, carry the service name, namespace and instance
+/// id given, and a caller's "not sampled" records nothing.
+#[test]
+fn envoyproxy_ratelimits_variables_export_children_of_b3_headers() {
+    let receiver = OtlpReceiver::start();
+    let rules = TempDir::new("rules");
+    let root = rules.path().display().to_string();
+    let endpoint = format!("http://{}", receiver.http);
+    let (tollgate, _grpc) = grpc::tollgate_with_env(
+        "",
+        &[
+            SHORT_TIMINGS,
+            ("RUNTIME_ROOT", &root),
+            ("RUNTIME_SUBDIRECTORY", ""),
+            ("RUNTIME_APPDIRECTORY", ""),
+            ("TRACING_ENABLED", "true"),
+            ("TRACING_SERVICE_NAME", "envoy-ratelimit"),
+            ("TRACING_SERVICE_NAMESPACE", "envoy-gateway-system"),
+            ("TRACING_SERVICE_INSTANCE_ID", "envoy-ratelimit-0"),
+            ("TRACING_SAMPLING_RATE", "1.0"),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
+        ],
+    );
+    let unsampled_trace = "90f198ee56343ba864fe8b2a57d3eff0";
+    let unsampled = format!("{unsampled_trace}-e457b5a2e4d86bd1-0");
+    assert_eq!(tollgate.check(&[("b3", &unsampled)]).status, 200);
+    let single_trace = "80f198ee56343ba864fe8b2a57d3eff7";
+    let single = format!("{single_trace}-e457b5a2e4d86bd1-1-05e3ac9a4f6e3b90");
+    assert_eq!(tollgate.check(&[("b3", &single)]).status, 200);
+    let multi_trace = "a0f198ee56343ba864fe8b2a57d3eff8";
+    let multi = [
+        ("x-b3-traceid", multi_trace),
+        ("x-b3-spanid", "a457b5a2e4d86bd2"),
+        ("x-b3-sampled", "1"),
+    ];
+    assert_eq!(tollgate.check(&multi).status, 200);
+
+    let in_trace =
+        |spans: &[Value], trace: &str| spans.iter().find(|span| span["traceId"] == trace).cloned();
+    let span = receiver.wait_for(SPANS_WITHIN, |spans| in_trace(spans, single_trace));
+    assert_eq!(span["parentSpanId"], "e457b5a2e4d86bd1");
+    assert_eq!(span["protocol"], "http");
+    assert_eq!(service(&span), Some("envoy-ratelimit"));
+    assert_eq!(
+        span["resource"]["service.namespace"]["stringValue"],
+        "envoy-gateway-system"
+    );
+    assert_eq!(
+        span["resource"]["service.instance.id"]["stringValue"],
+        "envoy-ratelimit-0"
+    );
+    assert_eq!(
+        attribute(&span, "tollgate.decision").as_deref(),
+        Some("allowed")
+    );
+    let span = receiver.wait_for(SPANS_WITHIN, |spans| in_trace(spans, multi_trace));
+    assert_eq!(span["parentSpanId"], "a457b5a2e4d86bd2");
+    // Every span of that batch has arrived by now: the unsampled one was never sent.
+    assert!(
+        in_trace(&receiver.spans(), unsampled_trace).is_none(),
+        "{:#?}",
+        receiver.spans()
     );
 }
