@@ -73,11 +73,10 @@ impl RateLimiter {
         if let Some(span) = span {
             let mut outcome = verdict.outcome(&policy);
             // The answer is the truth (shadow mode admits what a limit denied).
-            if response.overall_code != i32::from(Code::OverLimit) {
-                outcome.decision = Decision::from_allowed(true);
+            let allowed = response.overall_code != i32::from(Code::OverLimit);
+            outcome.decision = Decision::from_allowed(allowed);
+            if allowed {
                 outcome.denied_by = None;
-            } else if outcome.decision != Decision::Denied {
-                outcome.decision = Decision::Denied;
             }
             span.set_str(attribute::DOMAIN, request.domain.as_str());
             outcome.record(span);
