@@ -6,9 +6,13 @@
 # system time from /proc divided by the checks answered, Redis's (INFO cpu) likewise.
 #
 # BASE_BIN=<another tollgate binary> measures it too, interleaved, for a before/after.
+# TRACE_SAMPLING=<rate> adds this build with [tracing] on at that sampling rate (no caller
+# sends a trace context: every check is a new root), exporting over OTLP/HTTP to a receiver
+# on this machine (its CPU is not tollgate's), interleaved with the same build, tracing off.
 #
 #   bench/cpu_per_check.sh                       # RATES="2000 9500 30000", 5 s each, 3 rounds
 #   BASE_BIN=/path/to/old/tollgate bench/cpu_per_check.sh
+#   TRACE_SAMPLING=0.01 bench/cpu_per_check.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -65,6 +69,11 @@ if [ -n "${BASE_BIN:-}" ]; then
   start_per_key base "$BASE_BIN" redis
   NAMES="base now"
 fi
+if [ -n "${TRACE_SAMPLING:-}" ]; then
+  start_otlp_receiver
+  start_per_key traced target/release/tollgate redis "$(printf '[tracing]\nenabled = true\nendpoint = "http://%s/v1/traces"\nsampling_rate = %s' "$OTLP_HTTP" "$TRACE_SAMPLING")"
+  NAMES="$NAMES traced"
+fi
 
 echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, load average $(cut -d' ' -f1 /proc/loadavg); $RUNS rounds of ${DURATION} s, medians"
 for round in $(seq "$RUNS"); do
@@ -93,3 +102,9 @@ for name in $NAMES; do
   f="$WORK/$name.max"
   echo "- $name: tollgate $(cut -d' ' -f2 "$f" | median), Redis $(cut -d' ' -f3 "$f" | median), wrk $(cut -d' ' -f5 "$f" | median); idle $(cut -d' ' -f6 "$f" | median) cores"
 done
+if [ -n "${TRACE_SAMPLING:-}" ]; then
+  # Batches go every 5 s: the last one arrives after the run.
+  sleep 6
+  echo
+  echo "Spans the receiver got from the traced instance: $(cat "$WORK/spans.jsonl" 2>/dev/null | wc -l)"
+fi

@@ -60,6 +60,21 @@ median() { sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (
 # ticks PID: the CPU time (user + system, in clock ticks) process PID has used; 0 without one.
 ticks() { if [ -n "$1" ]; then awk '{ print $14 + $15 }' "/proc/$1/stat"; else echo 0; fi; }
 
+# start_otlp_receiver: an OTLP trace receiver (the tests' own, on Python's grpcio and
+# opentelemetry-proto) on free loopback ports; sets OTLP_HTTP (host:port of OTLP/HTTP).
+start_otlp_receiver() {
+  python3 tests/support/otlp_receiver.py "$WORK/spans.jsonl" "$WORK/otlp-ports" &
+  PIDS+=($!)
+  for _ in $(seq 100); do
+    if [ -f "$WORK/otlp-ports" ]; then
+      OTLP_HTTP="127.0.0.1:$(cut -d' ' -f2 "$WORK/otlp-ports")"
+      return 0
+    fi
+    sleep 0.1
+  done
+  echo "the OTLP receiver did not start (pip install grpcio opentelemetry-proto)" >&2; exit 1
+}
+
 # per_key_config PORT ADMIN BACKEND: a tollgate config on stdout with one limit keyed by the
 # path that never denies (rate 1,000/s, burst 1,000,000), on the memory store or on the
 # Redis of start_redis.
@@ -79,12 +94,12 @@ key = ["path"]
 TOML
 }
 
-# start_per_key NAME BINARY BACKEND: BINARY with per_key_config, waited for until ready;
-# sets PORT_<NAME> and PID_<NAME>.
+# start_per_key NAME BINARY BACKEND [TOML]: BINARY with per_key_config (and TOML appended),
+# waited for until ready; sets PORT_<NAME> and PID_<NAME>.
 start_per_key() {
   local port admin
   port=$(free_port); admin=$(free_port)
-  per_key_config "$port" "$admin" "$3" > "$WORK/$1.toml"
+  { per_key_config "$port" "$admin" "$3"; printf '%s\n' "${4:-}"; } > "$WORK/$1.toml"
   RUST_LOG=warn "$2" --config "$WORK/$1.toml" &
   PIDS+=($!)
   printf -v "PID_$1" %s "$!"

@@ -13,6 +13,7 @@
 //!   `validate` and its summary alike; `erl_redis`: envoyproxy/ratelimit's `REDIS_*`;
 //!   `erl_refused`: its variables tollgate does not read, refused where they would matter;
 //! - `erl_metrics`: envoyproxy/ratelimit's metrics (`[envoy.metrics]`, its stats variables).
+//! - `trace`: `[tracing]`, the export of the decisions' spans.
 //!
 //! Limits and exemptions are checked once, where they are built from their tables
 //! (`crate::policy::limits`, `crate::policy::exempt`).
@@ -28,6 +29,7 @@ mod schema;
 pub mod store_links;
 pub mod store_tls;
 mod summary;
+pub mod trace;
 mod validate;
 pub mod xds;
 pub mod xds_rules;

@@ -21,7 +21,9 @@ pub use plan::{MAX_DESCRIPTORS, MAX_ENTRIES};
 pub use service::RateLimitService;
 
 use crate::limiter::decision::Verdict;
+use crate::observe::trace::{attribute, Decision, Span};
 use crate::state::AppState;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 
 /// The `ShouldRateLimit` handler.
 pub struct RateLimiter {
@@ -35,13 +37,30 @@ impl RateLimiter {
 
     /// Decides one request: the plan, then one store call for all its buckets.
     pub async fn decide(&self, request: &RateLimitRequest) -> Result<RateLimitResponse, Status> {
+        self.decide_traced(request, None).await
+    }
+
+    /// [`RateLimiter::decide`], the decision also set on `span`.
+    pub async fn decide_traced(
+        &self,
+        request: &RateLimitRequest,
+        span: Option<&mut Span>,
+    ) -> Result<RateLimitResponse, Status> {
         let policy = self.state.limiter.policy();
         let erl_stats = self.state.erl_stats.as_deref();
-        let plan = plan::plan(&policy, request).inspect_err(|_| {
-            if let Some(stats) = erl_stats {
-                stats.service_error();
+        let plan = match plan::plan(&policy, request) {
+            Ok(plan) => plan,
+            Err(status) => {
+                if let Some(stats) = erl_stats {
+                    stats.service_error();
+                }
+                if let Some(span) = span {
+                    span.set_int(attribute::GRPC_STATUS, i64::from(i32::from(status.code())));
+                    span.fail(status.message());
+                }
+                return Err(status);
             }
-        })?;
+        };
         let verdict = match plan.missing {
             Some((_, limit)) => {
                 self.state.metrics.checks.denied.inc();
@@ -58,6 +77,19 @@ impl RateLimiter {
         if let Some(stats) = erl_stats {
             erl_count::count(stats, &verdict, &plan, &policy, request);
         }
-        Ok(answer::respond(&verdict, &plan, &policy, request))
+        let response = answer::respond(&verdict, &plan, &policy, request);
+        if let Some(span) = span {
+            let mut outcome = verdict.outcome(&policy);
+            // The answer is the truth (shadow mode admits what a limit denied).
+            let allowed = response.overall_code != i32::from(Code::OverLimit);
+            outcome.decision = Decision::from_allowed(allowed);
+            if allowed {
+                outcome.denied_by = None;
+            }
+            span.set_str(attribute::DOMAIN, request.domain.as_str());
+            outcome.record(span);
+            span.set_int(attribute::GRPC_STATUS, 0);
+        }
+        Ok(response)
     }
 }

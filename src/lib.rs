@@ -23,7 +23,8 @@
 //! - [`request`]: what a check reads: original method, path, host, client IP (XFF walk),
 //!   normalised the way the proxies route.
 //! - [`observe`]: [`observe::metrics`] (every metric name in one place), [`observe::top`] (the
-//!   most denied keys, bounded memory), [`observe::denial_log`].
+//!   most denied keys, bounded memory), [`observe::denial_log`], [`observe::trace`] (a
+//!   decision's span: the caller's trace context, sampling, the OTLP exporter).
 //! - [`store`]: the [`store::Store`] trait; [`store::memory`] (sharded, bounded) and
 //!   [`store::redis`] (Lua via `EVALSHA`, deadlines, circuit breaker, coalescing; one node,
 //!   Cluster or Sentinel); [`store::bucket`] is the arithmetic twin of the Lua scripts.

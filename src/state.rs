@@ -13,6 +13,7 @@ use crate::limiter::Limiter;
 use crate::observe::denial_log::DenialLog;
 use crate::observe::erl_stats::ErlStats;
 use crate::observe::metrics::Metrics;
+use crate::observe::trace::{spawn_exporter, Tracer};
 use crate::policy::Policy;
 use crate::store::memory::MemoryStore;
 use crate::store::redis::{certificates, RedisStore, Topology};
@@ -30,6 +31,8 @@ pub struct AppState {
     pub timings: Timings,
     /// envoyproxy/ratelimit's metrics, when `[envoy.metrics]` serves or sends them.
     pub erl_stats: Option<Arc<ErlStats>>,
+    /// Opens the decisions' spans; `None` with tracing off.
+    pub tracer: Option<Tracer>,
 }
 
 impl AppState {
@@ -107,7 +110,17 @@ pub fn build_state(config: &Config) -> Result<web::Data<AppState>, StartError> {
         }
         Arc::new(stats)
     });
+    let tracer = if config.tracing.enabled {
+        Some(spawn_exporter(
+            &config.tracing,
+            config.timings.trace_export_every,
+            metrics.trace_spans.clone(),
+        )?)
+    } else {
+        None
+    };
     Ok(web::Data::new(AppState {
+        tracer,
         limiter,
         metrics,
         admin_reads: AtomicUsize::new(0),

@@ -169,6 +169,7 @@ fn keep_restart_only_settings(mut loaded: Config, running: &Config) -> Config {
             "envoy.metrics",
             loaded.envoy.metrics != running.envoy.metrics,
         ),
+        ("[tracing]", loaded.tracing != running.tracing),
     ];
     for (name, _) in changed.iter().filter(|(_, changed)| *changed) {
         log::warn!("reload: {name} changed in the file; it applies only after a restart, the running value stays");
@@ -181,5 +182,7 @@ fn keep_restart_only_settings(mut loaded: Config, running: &Config) -> Config {
     loaded.envoy.xds = running.envoy.xds.clone();
     // Its listener and statsd duty started with the running settings.
     loaded.envoy.metrics = running.envoy.metrics.clone();
+    // The exporter started with the running settings.
+    loaded.tracing = running.tracing.clone();
     loaded
 }

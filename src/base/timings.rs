@@ -1,6 +1,7 @@
 //! How long tollgate's background duties wait: every fixed interval in one value, built once
 //! at start and handed to each duty (the heartbeat, the reset channel, Sentinel, the config
-//! directory watch, gRPC health and connections, the circuit breaker, the drain).
+//! directory watch, gRPC health and connections, the circuit breaker, the drain, the export
+//! of spans).
 //!
 //! [`Timings::default`] holds the production values. Tests of the real binary shorten them
 //! all at once with the testing-only environment variable [`TEST_SCALE_ENV`], a divisor:
@@ -57,6 +58,9 @@ pub struct Timings {
     /// keep-alive connection without notice loses the request the client is sending at that
     /// moment. New connections are refused from the start of the notice.
     pub close_notice: Duration,
+    /// How long finished spans wait for more before they are exported as a batch (the
+    /// OpenTelemetry SDKs' default delay).
+    pub trace_export_every: Duration,
 }
 
 impl Default for Timings {
@@ -78,6 +82,7 @@ impl Default for Timings {
             breaker_open_for: Duration::from_millis(250),
             shutdown_grace: Duration::from_secs(10),
             close_notice: Duration::from_secs(1),
+            trace_export_every: Duration::from_secs(5),
         }
     }
 }
@@ -102,6 +107,7 @@ impl Timings {
             breaker_open_for: self.breaker_open_for / divisor,
             shutdown_grace: self.shutdown_grace / divisor,
             close_notice: self.close_notice / divisor,
+            trace_export_every: self.trace_export_every / divisor,
         }
     }
 

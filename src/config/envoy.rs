@@ -512,6 +512,7 @@ pub fn with_fed(config: &EnvoyConfig, fed: &[RuleConfig]) -> Result<Vec<RuleConf
 ///   `envoy.config_dir` (see [`super::xds::from_erl_env`]).
 /// - `GRPC_SERVER_USE_TLS` true and its `GRPC_SERVER_TLS_*`, `GRPC_CLIENT_TLS_*`: `grpc_tls`
 ///   (see [`super::grpc_tls::from_erl_env`]).
+/// - `TRACING_*` and `OTEL_EXPORTER_OTLP_*`: `tracing` (see [`super::trace::apply_erl_env`]).
 ///
 /// - `MERGE_DOMAIN_CONFIG`, `LIMIT_RESPONSE_HEADERS_ENABLED` and its `LIMIT_*_HEADER` names
 ///   (see `merge_and_headers_env`).
@@ -566,6 +567,7 @@ pub fn apply_erl_env(
     config.envoy.shadow_mode |= flag("SHADOW_MODE")?;
     config.envoy.quota_mode |= flag("QUOTA_MODE")?;
     config.envoy.dynamic_metadata |= flag("RESPONSE_DYNAMIC_METADATA")?;
+    super::trace::apply_erl_env(config, &var)?;
     if config.envoy.config_dir.is_none() && config.envoy.xds.is_none() {
         let mut dir = PathBuf::from(
             var("RUNTIME_ROOT").unwrap_or_else(|| "/srv/runtime_data/current".into()),

@@ -66,6 +66,9 @@ pub struct Config {
     /// envoyproxy/ratelimit's descriptor rules, served over gRPC as it serves them.
     #[serde(skip_serializing_if = "EnvoyConfig::is_empty")]
     pub envoy: EnvoyConfig,
+    /// OpenTelemetry spans of the decisions, exported over OTLP.
+    #[serde(skip_serializing_if = "super::trace::TracingConfig::is_default")]
+    pub tracing: super::trace::TracingConfig,
     /// Bearer token for the admin listener's mutating requests (`POST /report`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub admin_token: Option<Secret>,
@@ -457,6 +460,7 @@ impl Default for Config {
                 overrides_file: None,
             }],
             envoy: EnvoyConfig::default(),
+            tracing: super::trace::TracingConfig::default(),
             admin_token: None,
             admin_token_file: None,
             fingerprint_salt: None,

@@ -33,6 +33,7 @@ impl Config {
             let _ = writeln!(out, "grpc_tls      {}, {clients}", tls.cert_file.display());
         }
         let _ = writeln!(out, "store         {}", self.store.describe());
+        let _ = writeln!(out, "tracing       {}", self.tracing.describe());
         let _ = writeln!(
             out,
             "client_ip     from {}, trusted {:?}, ipv6 keyed per /{}",

@@ -82,6 +82,7 @@ impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.store.validate()?;
         self.envoy.check()?;
+        self.tracing.validate()?;
         if let Some(tls) = &self.grpc_tls {
             if self.grpc_listen.is_none() {
                 return Err(ConfigError::new(

@@ -23,6 +23,7 @@ use tonic::{Request, Response, Status};
 use tonic_prost::{ProstDecoder, ProstEncoder};
 
 use super::RateLimiter;
+use crate::observe::trace::{self, Kind};
 
 /// The method's path.
 const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
@@ -82,12 +83,22 @@ impl UnaryService<RateLimitRequest> for ShouldRateLimit {
 
     fn call(&mut self, request: Request<RateLimitRequest>) -> Self::Future {
         let limiter = Arc::clone(&self.0);
+        // Boxed: a span is rare (sampled), and the future stays small without one.
+        let span = limiter.state.tracer.as_ref().and_then(|tracer| {
+            let metadata = request.metadata();
+            let caller = trace::incoming(|name| metadata.get(name).and_then(|v| v.to_str().ok()));
+            tracer.start(Kind::Grpc, &caller).map(Box::new)
+        });
         // Only the message is kept across the decision: the future, boxed, then fits a size
         // that glibc's per-thread cache serves.
         let request = request.into_inner();
         Box::pin(async move {
             let started = Instant::now();
-            let answer = limiter.decide(&request).await;
+            let mut span = span;
+            let answer = limiter.decide_traced(&request, span.as_deref_mut()).await;
+            if let (Some(tracer), Some(span)) = (&limiter.state.tracer, span) {
+                tracer.finish(*span);
+            }
             let counters = &limiter.state.metrics.grpc;
             match &answer {
                 Ok(response) if response.overall_code == i32::from(Code::OverLimit) => {

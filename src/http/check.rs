@@ -6,11 +6,17 @@ use std::time::Instant;
 use actix_web::{web, HttpRequest, HttpResponse};
 
 use super::response;
+use crate::observe::trace::{self, attribute, Kind};
 use crate::request::OriginalRequest;
 use crate::state::AppState;
 
 pub async fn check(request: HttpRequest, state: web::Data<AppState>) -> HttpResponse {
     let started = Instant::now();
+    let span = state.tracer.as_ref().and_then(|tracer| {
+        let headers = request.headers();
+        let caller = trace::incoming(|name| headers.get(name).and_then(|v| v.to_str().ok()));
+        tracer.start(Kind::Check, &caller)
+    });
     let policy = state.limiter.policy();
     // A TCP peer always exists; the fallback only covers listeners without one.
     let peer = request
@@ -27,6 +33,11 @@ pub async fn check(request: HttpRequest, state: web::Data<AppState>) -> HttpResp
     let verdict = state.limiter.check(&policy, &original).await;
     let form = response::DenyForm::requested(request.headers());
     let response = response::render_as(&verdict, &policy, form);
+    if let (Some(tracer), Some(mut span)) = (&state.tracer, span) {
+        verdict.outcome(&policy).record(&mut span);
+        span.set_int(attribute::STATUS, i64::from(response.status().as_u16()));
+        tracer.finish(span);
+    }
     state
         .metrics
         .check_duration

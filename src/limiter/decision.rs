@@ -1,6 +1,7 @@
 //! The outcome of one check, as a value: allowed or not, and for every applicable limit what
 //! is left. Everything the response headers need is derived here; only `http::response` turns
 //! it into bytes.
+use crate::observe::trace::{Decision as TracedDecision, Outcome};
 use crate::policy::limits::Limit;
 use crate::policy::Policy;
 use crate::store::Window;
@@ -140,6 +141,46 @@ impl Decision {
     }
 }
 
+impl Verdict {
+    /// What a span shows of this verdict: the decision, the limits applied, the one that
+    /// denied (the one the answer describes), and whether `on_error` answered.
+    pub fn outcome<'p>(&self, policy: &'p Policy) -> Outcome<'p> {
+        let name = |index: usize| policy.limits[index].name.as_str();
+        let (decision, limits, denied_by, on_error) = match self {
+            Verdict::Unlimited => (TracedDecision::Allowed, Vec::new(), None, false),
+            Verdict::Exempt => (TracedDecision::Exempt, Vec::new(), None, false),
+            Verdict::MissingKey { limit } => (
+                TracedDecision::Denied,
+                vec![name(*limit)],
+                Some(name(*limit)),
+                false,
+            ),
+            Verdict::StoreFailed { allow } => {
+                (TracedDecision::from_allowed(*allow), Vec::new(), None, true)
+            }
+            Verdict::Decided(decision) => (
+                TracedDecision::from_allowed(decision.allowed),
+                decision
+                    .limits
+                    .iter()
+                    .map(|state| name(state.limit))
+                    .collect(),
+                (!decision.allowed)
+                    .then(|| decision.most_restrictive(policy))
+                    .flatten()
+                    .map(|(state, _)| name(state.limit)),
+                decision.degraded,
+            ),
+        };
+        Outcome {
+            decision,
+            limits,
+            denied_by,
+            on_error,
+        }
+    }
+}
+
 /// The limit an answer's numbers describe among `states` (all of a decision's, or one gRPC
 /// descriptor's): a denying one with the longest wait (ties: the longest until full);
 /// otherwise the one with the fewest tokens left (ties: the longest until full).
@@ -158,6 +199,92 @@ pub fn most_restrictive<'p>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Config;
+    use crate::observe::metrics::Metrics;
+
+    fn two_limits() -> Policy {
+        use figment::providers::Format as _;
+        let config: Config = figment::Figment::new()
+            .merge(figment::providers::Toml::string(
+                "[[limits]]\nname = \"per-ip\"\nrate = 1\nburst = 5\nkey = [\"ip\"]\n\
+                 [[limits]]\nname = \"per-key\"\nrate = 1\nburst = 2\nkey = [\"header:k\"]\n",
+            ))
+            .extract()
+            .expect("a config");
+        Policy::compile(&config, &Metrics::new()).expect("a valid config")
+    }
+
+    fn state(limit: usize, tokens: f64, enough: bool) -> LimitState {
+        LimitState {
+            limit,
+            cost: 1,
+            rate: 1.0,
+            burst: 5.0,
+            tokens,
+            enough,
+            window: None,
+        }
+    }
+
+    fn decided(allowed: bool, limits: Vec<LimitState>, degraded: bool) -> Verdict {
+        Verdict::Decided(Decision {
+            allowed,
+            limits,
+            degraded,
+            leases: Vec::new(),
+            reservations: Vec::new(),
+        })
+    }
+
+    #[test]
+    fn a_span_shows_the_decision_the_limits_applied_and_the_one_that_denied() {
+        let policy = two_limits();
+        let denied = decided(
+            false,
+            vec![state(0, 3.0, true), state(1, 0.0, false)],
+            false,
+        );
+        assert_eq!(
+            denied.outcome(&policy),
+            Outcome {
+                decision: TracedDecision::Denied,
+                limits: vec!["per-ip", "per-key"],
+                denied_by: Some("per-key"),
+                on_error: false,
+            }
+        );
+        let allowed = decided(true, vec![state(0, 3.0, true)], false);
+        assert_eq!(allowed.outcome(&policy).decision, TracedDecision::Allowed);
+        assert_eq!(allowed.outcome(&policy).denied_by, None);
+        let missing = Verdict::MissingKey { limit: 1 }.outcome(&policy);
+        assert_eq!(
+            (missing.decision, missing.denied_by),
+            (TracedDecision::Denied, Some("per-key"))
+        );
+        let exempt = Verdict::Exempt.outcome(&policy);
+        assert_eq!(
+            (exempt.decision, exempt.limits.len()),
+            (TracedDecision::Exempt, 0)
+        );
+    }
+
+    #[test]
+    fn a_span_says_when_on_error_answered() {
+        let policy = two_limits();
+        let open = Verdict::StoreFailed { allow: true }.outcome(&policy);
+        assert_eq!(
+            (open.decision, open.on_error),
+            (TracedDecision::Allowed, true)
+        );
+        let closed = Verdict::StoreFailed { allow: false }.outcome(&policy);
+        assert_eq!(
+            (closed.decision, closed.on_error),
+            (TracedDecision::Denied, true)
+        );
+        let local = decided(true, vec![state(0, 1.0, true)], true).outcome(&policy);
+        assert!(local.on_error);
+        assert!(!Verdict::Unlimited.outcome(&policy).on_error);
+    }
 
     #[test]
     fn seconds_stay_within_the_structured_field_integer_range() {

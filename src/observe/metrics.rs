@@ -25,6 +25,7 @@ pub const BUILD_INFO: &str = "tollgate_build_info";
 pub const GRPC_REQUESTS_TOTAL: &str = "tollgate_grpc_requests_total";
 pub const GRPC_DURATION_SECONDS: &str = "tollgate_grpc_duration_seconds";
 pub const RUNTIME_OVERRIDES: &str = "tollgate_runtime_overrides";
+pub const TRACE_SPANS_TOTAL: &str = "tollgate_trace_spans_total";
 
 /// The `decision` label of `tollgate_limit_decisions_total`, and the `event` labels of
 /// `tollgate_reservations_total` and `tollgate_leases_total`: every series a limit has.
@@ -65,6 +66,16 @@ pub struct GrpcCounters {
     /// Refused with a gRPC error status (a malformed request).
     pub invalid: IntCounter,
     pub duration: Histogram,
+}
+
+/// `tollgate_trace_spans_total`: what became of the sampled spans.
+#[derive(Clone)]
+pub struct SpanCounters {
+    pub exported: IntCounter,
+    /// Dropped at once: the export queue was full (the collector slow or away).
+    pub queue_full: IntCounter,
+    /// Lost with a batch the collector did not take.
+    pub export_failed: IntCounter,
 }
 
 /// `tollgate_limit_decisions_total` for one limit.
@@ -125,6 +136,7 @@ pub struct Metrics {
     pub grpc: GrpcCounters,
     /// Runtime overrides this instance holds, by limit (expired ones until the store drops them).
     pub runtime_overrides: IntGaugeVec,
+    pub trace_spans: SpanCounters,
     tops: Arc<Mutex<HashMap<String, Arc<KeyTop>>>>,
 }
 
@@ -228,6 +240,14 @@ impl Metrics {
             &["limit"],
         )
         .expect("valid metric");
+        let trace_spans = IntCounterVec::new(
+            Opts::new(
+                TRACE_SPANS_TOTAL,
+                "Sampled spans, by result: exported, or dropped (queue_full, export_failed).",
+            ),
+            &["result"],
+        )
+        .expect("valid metric");
 
         for collector in [
             Box::new(checks.clone()) as Box<dyn prometheus::core::Collector>,
@@ -244,6 +264,7 @@ impl Metrics {
             Box::new(grpc_requests.clone()),
             Box::new(grpc_duration.clone()),
             Box::new(runtime_overrides.clone()),
+            Box::new(trace_spans.clone()),
         ] {
             registry
                 .register(collector)
@@ -281,6 +302,11 @@ impl Metrics {
                 duration: grpc_duration,
             },
             runtime_overrides,
+            trace_spans: SpanCounters {
+                exported: trace_spans.with_label_values(&["exported"]),
+                queue_full: trace_spans.with_label_values(&["queue_full"]),
+                export_failed: trace_spans.with_label_values(&["export_failed"]),
+            },
             registry,
         }
     }

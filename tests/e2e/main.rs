@@ -27,4 +27,5 @@ mod ingress_examples;
 mod metrics_exposition;
 mod nginx;
 mod sentinel;
+mod tracing;
 mod traefik;

@@ -53,4 +53,5 @@ mod store_scenarios;
 mod store_scripts;
 mod top;
 mod top_tui;
+mod tracing;
 mod xds;

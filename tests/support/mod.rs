@@ -15,6 +15,9 @@ pub mod envoy;
 pub mod grpc;
 pub mod http;
 pub mod latency;
+// An OTLP trace receiver on Python's grpcio: a process of its own, second tier only.
+#[cfg(feature = "e2e")]
+pub mod otlp;
 pub mod proxies;
 // A real statsd daemon: a process of its own per test, so only the second tier starts one.
 #[cfg(feature = "e2e")]
