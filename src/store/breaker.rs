@@ -106,19 +106,14 @@ impl Breaker {
         if !should_open {
             return Failure::Counted;
         }
-        self.reopen_at_us.store(
-            self.now_us().saturating_add(self.open_for_us),
-            Ordering::Release,
-        );
-        if self.state.swap(OPEN, Ordering::AcqRel) != CLOSED {
-            return Failure::ProbeFailed;
+        let opened = self.open();
+        if opened == Failure::Opened {
+            log::warn!(
+                "{} failed {failures} times in a row ({why}): circuit open, answering per on_error",
+                self.name
+            );
         }
-        self.up.set(0);
-        log::warn!(
-            "{} failed {failures} times in a row ({why}): circuit open, answering per on_error",
-            self.name
-        );
-        Failure::Opened
+        opened
     }
 
     /// Opens the circuit at once, whatever the count, for a failure no retry can change until
@@ -126,6 +121,16 @@ impl Breaker {
     /// closes by itself once the store answers again.
     pub fn trip(&self, why: &dyn std::fmt::Display) -> Failure {
         self.failures.store(FAILURE_THRESHOLD, Ordering::Release);
+        let opened = self.open();
+        if opened == Failure::Opened {
+            log::error!("{}: {why}: circuit open, answering per on_error", self.name);
+        }
+        opened
+    }
+
+    /// Opens the circuit until the next probe: `Opened` if it was closed, `ProbeFailed` if a
+    /// probe was out.
+    fn open(&self) -> Failure {
         self.reopen_at_us.store(
             self.now_us().saturating_add(self.open_for_us),
             Ordering::Release,
@@ -134,7 +139,6 @@ impl Breaker {
             return Failure::ProbeFailed;
         }
         self.up.set(0);
-        log::error!("{}: {why}: circuit open, answering per on_error", self.name);
         Failure::Opened
     }
 }
