@@ -59,6 +59,9 @@ if ! command -v statsd >/dev/null; then
   hash -r
 fi
 
+# Every dependency's source, for every platform the lock file names: a test asks
+# `cargo metadata --offline`, which needs them all, on a machine that never fetched them.
+cargo fetch --quiet
 cargo fmt --all -- --check
 scripts/unused-deps.sh
 # Licences, duplicate versions and sources of every dependency (deny.toml), when cargo-deny is
