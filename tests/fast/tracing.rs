@@ -84,6 +84,8 @@ fn envoyproxy_ratelimits_variables_set_tracing_and_what_cannot_be_honoured_exits
             ("RUNTIME_ROOT", root.as_str()),
             ("RUNTIME_SUBDIRECTORY", ""),
             ("RUNTIME_APPDIRECTORY", ""),
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_URL", "127.0.0.1:6379"),
             ("TRACING_ENABLED", "true"),
         ];
         env.extend_from_slice(extra);
