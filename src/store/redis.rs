@@ -127,7 +127,28 @@ impl RedisStore {
         self.connection
             .warm_up(connection::connect_timeout(self.timeout))
             .await;
-        let _ = Store::ping(self).await;
+        self.ask_scripts().await;
+    }
+
+    /// Runs a trivial script once, so that a store refusing scripts is said at start. Only
+    /// that refusal counts: a store not answering yet is the checks' and probes' to find, as
+    /// before, and must not open the breaker ahead of the first check.
+    async fn ask_scripts(&self) {
+        if self.admit().is_err() {
+            return;
+        }
+        let epoch = self.epoch();
+        let script = redis::cmd("EVAL").arg("return 1").arg(0).clone();
+        let by = Instant::now() + connection::connect_timeout(self.timeout);
+        match deadline::until(by, self.connection.query(&script)).await {
+            Ok(Ok(_)) => self.on_success(epoch),
+            Ok(Err(e)) => {
+                if let error @ StoreError::ScriptsRefused(_) = classify(&e) {
+                    self.on_failure(&error);
+                }
+            }
+            Err(_elapsed) => {}
+        }
     }
 
     /// Which connection calls go over now: changes when the connection may have been replaced.
@@ -488,12 +509,18 @@ impl Store for RedisStore {
         // Once per connection epoch the probe also runs a script: a store that answers PING
         // but refuses scripts cannot decide anything.
         let ask_scripts = self.scripts_ran_in.load(Ordering::Acquire) != epoch;
+        // Sent together, so the probe still costs one round trip: readiness must not need two
+        // where a check needs one.
         let probe = async {
-            self.connection.ping().await?;
             if ask_scripts {
-                self.connection
-                    .query(redis::cmd("EVAL").arg("return 1").arg(0))
-                    .await?;
+                let script = redis::cmd("EVAL").arg("return 1").arg(0).clone();
+                futures_util::future::try_join(
+                    self.connection.ping(),
+                    self.connection.query(&script),
+                )
+                .await?;
+            } else {
+                self.connection.ping().await?;
             }
             Ok::<_, redis::RedisError>(())
         };

@@ -76,8 +76,9 @@ fn the_ingress_nginx_example_is_one_valid_networking_v1_ingress() {
     );
 }
 
-/// The Envoy config: ext_authz before the router, fail-open, the quota headers allowed
-/// through on both answers, and the cluster it names defined.
+/// The Envoy config: the client's own held ids removed, then ext_authz, before the router;
+/// fail-open, the quota headers allowed through on both answers, and the cluster it names
+/// defined.
 #[test]
 fn the_envoy_config_has_the_ext_authz_filter_tollgate_needs() {
     let envoy = yaml("config/envoy/envoy.yaml");
@@ -88,10 +89,14 @@ fn the_envoy_config_has_the_ext_authz_filter_tollgate_needs() {
     let names: Vec<&str> = filters.iter().filter_map(|f| f["name"].as_str()).collect();
     assert_eq!(
         names,
-        ["envoy.filters.http.ext_authz", "envoy.filters.http.router"]
+        [
+            "envoy.filters.http.header_mutation",
+            "envoy.filters.http.ext_authz",
+            "envoy.filters.http.router"
+        ]
     );
 
-    let authz = &filters[0]["typed_config"];
+    let authz = &filters[1]["typed_config"];
     assert_eq!(
         text(authz, &["@type"]),
         "type.googleapis.com/envoy.extensions.filters.http.ext_authz.v3.ExtAuthz"
@@ -203,11 +208,13 @@ fn the_configs_shown_in_the_docs_are_the_shipped_ones() {
     let shown: Value = serde_yaml::from_str(&yaml_blocks[2]).expect("the Envoy snippet parses");
     let envoy = yaml("config/envoy/envoy.yaml");
     let shipped = &envoy["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
-        ["typed_config"]["http_filters"][0];
-    assert_eq!(
-        &shown[0], shipped,
-        "the Envoy filter in the docs is the shipped one"
-    );
+        ["typed_config"]["http_filters"];
+    for at in 0..2 {
+        assert_eq!(
+            &shown[at], &shipped[at],
+            "the Envoy filters in the docs are the shipped ones"
+        );
+    }
     let shown: Value =
         serde_yaml::from_str(&yaml_blocks[3]).expect("the Envoy ratelimit snippet parses");
     let ratelimit = yaml("config/envoy/ratelimit.yaml");

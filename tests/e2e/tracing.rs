@@ -218,6 +218,8 @@ fn ext_authz_check_is_a_span_in_the_clients_trace_under_envoys() {
 #[test]
 fn envoyproxy_ratelimits_variables_export_children_of_b3_headers() {
     let receiver = OtlpReceiver::start();
+    let redis = RedisServer::start();
+    let redis_url = format!("127.0.0.1:{}", redis.port);
     let rules = TempDir::new("rules");
     let root = rules.path().display().to_string();
     let endpoint = format!("http://{}", receiver.http);
@@ -228,6 +230,9 @@ fn envoyproxy_ratelimits_variables_export_children_of_b3_headers() {
             ("RUNTIME_ROOT", &root),
             ("RUNTIME_SUBDIRECTORY", ""),
             ("RUNTIME_APPDIRECTORY", ""),
+            ("USE_STATSD", "false"),
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_URL", &redis_url),
             ("TRACING_ENABLED", "true"),
             ("TRACING_SERVICE_NAME", "envoy-ratelimit"),
             ("TRACING_SERVICE_NAMESPACE", "envoy-gateway-system"),
