@@ -92,14 +92,16 @@ pub async fn delete(
     }
 }
 
-/// The instance that made a change applies it now, not at its next poll.
+/// The instance that made a change applies it now, not at its next poll, and learns the
+/// store's epoch the change may just have set: an instance that wrote, then paused before its
+/// next poll, must still see a later loss of the store's data as one.
 async fn reload_after_write(
     store: &RedisStore,
     runtime: &RuntimeOverrides,
     prefix: &str,
     limit: &str,
 ) {
-    if let Err(error) = catch_up(store, runtime, prefix, limit).await {
+    if let Err(error) = sync_once(store, runtime, prefix).await {
         log::debug!(
             "runtime overrides of {limit} not applied after a change (the next poll will): {error}"
         );
