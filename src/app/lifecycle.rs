@@ -12,13 +12,30 @@ use crate::app::reload::Reloader;
 
 /// Resolves at SIGTERM or SIGINT; SIGHUP reloads the limits meanwhile, and a change in the
 /// served envoyproxy/ratelimit config directory, looked at every `watch_every`. The binary's
-/// shutdown future for [`crate::app::server::run`].
-pub async fn stop_signal(reloader: Arc<Reloader>, watch_every: Duration) {
-    let (Ok(mut term), Ok(mut int), Ok(mut hup)) = (
+/// shutdown future for [`crate::app::server::run`]. The handlers are installed by this call,
+/// before any listener answers: a SIGHUP or SIGTERM sent as soon as the instance is ready
+/// must be heard, not take its default action (ending the process) because the future had
+/// not been polled yet. Must be called inside a Tokio runtime.
+pub fn stop_signal(
+    reloader: Arc<Reloader>,
+    watch_every: Duration,
+) -> impl std::future::Future<Output = ()> {
+    let handlers = (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
         signal(SignalKind::hangup()),
-    ) else {
+    );
+    async move { serve_signals(handlers, reloader, watch_every).await }
+}
+
+type Handler = std::io::Result<tokio::signal::unix::Signal>;
+
+async fn serve_signals(
+    handlers: (Handler, Handler, Handler),
+    reloader: Arc<Reloader>,
+    watch_every: Duration,
+) {
+    let (Ok(mut term), Ok(mut int), Ok(mut hup)) = handlers else {
         log::error!("cannot install signal handlers; stop tollgate with SIGKILL");
         return std::future::pending().await;
     };
