@@ -7,11 +7,9 @@
 use std::collections::BTreeSet;
 use std::process::Command;
 
-use crate::support::deploy::{repo_path, run, text, yaml_documents};
+use crate::support::deploy::{assert_kubernetes_valid, repo_path, run, text, yaml_documents};
 use crate::support::TempDir;
 use serde_json::{json, Value};
-
-const KUBERNETES_VERSION: &str = "1.31.0";
 
 /// A rule file for the ratelimit mode, as envoyproxy/ratelimit reads it.
 const ERL_RULES: &str = "domain: edge\ndescriptors:\n  - key: tenant\n    rate_limit:\n      unit: minute\n      requests_per_unit: 2\n";
@@ -142,19 +140,7 @@ fn every_rendered_object_passes_kubernetes_validate_strict() {
         }
     }
     assert!(files.len() >= 15, "objects: {}", files.len());
-    let output = run(
-        Command::new("kubernetes-validate")
-            .args(["-k", KUBERNETES_VERSION, "--strict"])
-            .args(&files),
-        "",
-    );
-    let report = text(&output);
-    assert!(output.status.success(), "{report}");
-    let passed = report
-        .lines()
-        .filter(|l| l.contains(" passed for resource "))
-        .count();
-    assert_eq!(passed, files.len(), "every object validated:\n{report}");
+    assert_kubernetes_valid(&files, files.len());
 }
 
 /// What `kubectl kustomize` makes of an overlay.

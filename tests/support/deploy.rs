@@ -36,6 +36,27 @@ pub fn text(output: &Output) -> String {
     )
 }
 
+/// The Kubernetes version the manifests and the chart are validated against.
+const KUBERNETES_VERSION: &str = "1.31.0";
+
+/// Runs `kubernetes-validate --strict` on `files` and asserts that it passed, with `objects`
+/// objects validated in all.
+pub fn assert_kubernetes_valid<P: AsRef<Path>>(files: &[P], objects: usize) {
+    let output = run(
+        Command::new("kubernetes-validate")
+            .args(["-k", KUBERNETES_VERSION, "--strict"])
+            .args(files.iter().map(AsRef::as_ref)),
+        "",
+    );
+    let report = text(&output);
+    assert!(output.status.success(), "{report}");
+    let passed = report
+        .lines()
+        .filter(|l| l.contains(" passed for resource "))
+        .count();
+    assert_eq!(passed, objects, "every object validated:\n{report}");
+}
+
 /// Every document of a YAML file, as JSON values (empty documents skipped).
 pub fn yaml_documents(path: &Path) -> Vec<serde_json::Value> {
     const TO_JSON: &str = "import json, sys, yaml\n\
