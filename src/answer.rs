@@ -77,7 +77,7 @@ fn each_quota_header(
         _ => &policy.response.headers,
     };
     let added = (carrier == Carrier::Grpc
-        && policy.envoy.response_headers
+        && policy.erl.response_headers
         && !configured.contains(&HeaderFamily::Ratelimit))
     .then_some(HeaderFamily::Ratelimit);
     for family in configured.iter().copied().chain(added) {

@@ -18,7 +18,7 @@
 //! Limits and exemptions are checked once, where they are built from their tables
 //! (`crate::policy::limits`, `crate::policy::exempt`).
 
-pub mod envoy;
+pub mod erl;
 pub mod erl_metrics;
 mod erl_redis;
 mod erl_refused;
@@ -35,7 +35,7 @@ pub mod xds;
 pub mod xds_rules;
 
 pub use crate::base::rate::RateSpec;
-pub use envoy::EnvoyConfig;
+pub use erl::ErlConfig;
 pub use load::ConfigError;
 pub use schema::*;
 pub use summary::redact_url;

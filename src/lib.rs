@@ -18,7 +18,7 @@
 //!   handed down from start-up), [`base::read`] (an operator's file read up to a cap).
 //! - [`config`]: defaults < TOML file < `TOLLGATE_*` environment: schema, loading, validation,
 //!   the summary `validate` prints; envoyproxy/ratelimit's YAML and environment
-//!   ([`config::envoy`]; [`config::envoy::yaml_bounds`]: YAML refused before parsing), its xDS source's settings ([`config::xds`]) and resources
+//!   ([`config::erl`]; [`config::erl::yaml_bounds`]: YAML refused before parsing), its xDS source's settings ([`config::xds`]) and resources
 //!   ([`config::xds_rules`]).
 //! - [`request`]: what a check reads: original method, path, host, client IP (XFF walk),
 //!   normalised the way the proxies route.
@@ -31,7 +31,7 @@
 //! - [`policy`]: what the operator asked for, compiled into one [`policy::Policy`]:
 //!   [`policy::limits`], [`policy::matcher`], [`policy::exempt`], [`policy::overrides`]
 //!   (files), [`policy::runtime_overrides`] (admin API, kept in the store),
-//!   [`policy::descriptors`] (the gRPC service's rules; [`policy::descriptors::envoy`]:
+//!   [`policy::descriptors`] (the gRPC service's rules; [`policy::descriptors::erl`]:
 //!   envoyproxy/ratelimit's tree, matched as it matches).
 //! - [`limiter`]: the decision without HTTP: one atomic store call, `on_error` fallbacks;
 //!   [`limiter::deny_cache`], [`limiter::decision`] (the verdict as a value),

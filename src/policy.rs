@@ -15,12 +15,12 @@ use std::sync::Arc;
 
 use crate::base::keys;
 use crate::base::redact::Salt;
-use crate::config::envoy::RuleConfig;
+use crate::config::erl::RuleConfig;
 use crate::config::{Config, ConfigError, OnMissing, ResponseConfig};
 use crate::observe::metrics::Metrics;
 use crate::request::{ClientIpPolicy, OriginalRequest};
 use crate::store::{BucketRequest, Meter, Reserve};
-use descriptors::envoy::EnvoyRules;
+use descriptors::erl::ErlRules;
 use exempt::{ExemptRule, Exemptions};
 use limits::{Limit, LimitInput};
 use runtime_overrides::RuntimeOverrides;
@@ -45,7 +45,7 @@ pub struct Policy {
     /// installs shares the running one's ([`crate::limiter::Limiter::replace_policy`]).
     pub runtime: Arc<RuntimeOverrides>,
     /// envoyproxy/ratelimit's rules: they alone decide the descriptors of their domains.
-    pub envoy: EnvoyRules,
+    pub erl: ErlRules,
 }
 
 impl Policy {
@@ -79,19 +79,19 @@ impl Policy {
             limit.counters = metrics.limit_counters(&limit.name);
             limits.push(limit);
         }
-        let rules = crate::config::envoy::with_fed(&config.envoy, fed.unwrap_or_default())?;
-        let (mut envoy, envoy_limits) = EnvoyRules::compile(&rules, limits.len(), &mut names)?;
-        envoy.awaiting_config = config.envoy.xds.is_some() && fed.is_none();
-        envoy.ready_while_awaiting = config
+        let rules = crate::config::erl::with_fed(&config.envoy, fed.unwrap_or_default())?;
+        let (mut erl, erl_limits) = ErlRules::compile(&rules, limits.len(), &mut names)?;
+        erl.awaiting_config = config.envoy.xds.is_some() && fed.is_none();
+        erl.ready_while_awaiting = config
             .envoy
             .xds
             .as_ref()
             .is_some_and(|xds| xds.ready_before_config);
-        envoy.shadow_mode = config.envoy.shadow_mode;
-        envoy.quota_mode = config.envoy.quota_mode;
-        envoy.dynamic_metadata = config.envoy.dynamic_metadata;
-        envoy.response_headers = config.envoy.response_headers;
-        for limit_config in &envoy_limits {
+        erl.shadow_mode = config.envoy.shadow_mode;
+        erl.quota_mode = config.envoy.quota_mode;
+        erl.dynamic_metadata = config.envoy.dynamic_metadata;
+        erl.response_headers = config.envoy.response_headers;
+        for limit_config in &erl_limits {
             let mut limit = Limit::try_from(LimitInput {
                 config: limit_config,
                 ipv6_prefix: config.client_ip.ipv6_prefix,
@@ -125,7 +125,7 @@ impl Policy {
             runtime: Arc::new(RuntimeOverrides::new(Some(
                 metrics.runtime_overrides.clone(),
             ))),
-            envoy,
+            erl,
         })
     }
 

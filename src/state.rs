@@ -54,8 +54,8 @@ impl AppState {
 
     /// Rules fed by xDS have not arrived, and the instance is not ready until they do.
     pub fn unready_for_config(&self) -> bool {
-        let envoy = &self.limiter.policy().envoy;
-        envoy.awaiting_config && !envoy.ready_while_awaiting
+        let erl = &self.limiter.policy().erl;
+        erl.awaiting_config && !erl.ready_while_awaiting
     }
 }
 
@@ -105,7 +105,7 @@ pub fn build_state(config: &Config) -> Result<web::Data<AppState>, StartError> {
     let erl = &config.envoy.metrics;
     let erl_stats = erl.enabled().then(|| {
         let stats = ErlStats::new(erl.near_limit_ratio, erl.response_time_ms);
-        if !limiter.policy().envoy.awaiting_config {
+        if !limiter.policy().erl.awaiting_config {
             stats.config_loaded(true);
         }
         Arc::new(stats)

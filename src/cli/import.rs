@@ -14,9 +14,9 @@ use std::collections::{BTreeMap, HashSet};
 use std::fmt::Write as _;
 use std::path::Path;
 
-use crate::config::envoy::{self, RuleConfig};
+use crate::config::erl::{self, RuleConfig};
 use crate::config::{Config, ConfigError};
-use crate::policy::descriptors::envoy::EnvoyRules;
+use crate::policy::descriptors::erl::ErlRules;
 
 /// A file that could not be read, parsed or accepted: its path and why.
 #[derive(Debug, thiserror::Error)]
@@ -33,7 +33,7 @@ pub fn envoy_ratelimit(
     let mut domains = BTreeMap::new();
     for file in files {
         let name = file.as_ref().display().to_string();
-        let (domain, file_rules) = envoy::read_file(file.as_ref()).map_err(ImportError)?;
+        let (domain, file_rules) = erl::read_file(file.as_ref()).map_err(ImportError)?;
         let merged = match domains.insert(domain.clone(), name.clone()) {
             Some(first) if !merge_domains => {
                 return Err(ImportError(ConfigError::new(
@@ -51,7 +51,7 @@ pub fn envoy_ratelimit(
         ));
         rules.extend(file_rules);
         if merged {
-            envoy::check(&rules, |_| name.clone()).map_err(ImportError)?;
+            erl::check(&rules, |_| name.clone()).map_err(ImportError)?;
         }
     }
     // The limit names tollgate would give the rules beside its default limits, written out
@@ -61,7 +61,7 @@ pub fn envoy_ratelimit(
         .iter()
         .map(|l| l.name.clone())
         .collect();
-    let (_, limits) = EnvoyRules::compile(&rules, 0, &mut taken).map_err(ImportError)?;
+    let (_, limits) = ErlRules::compile(&rules, 0, &mut taken).map_err(ImportError)?;
     let mut names = limits.iter().map(|l| l.name.clone());
     let mut text = String::from(
         "# Converted from envoyproxy/ratelimit configuration by `tollgate import envoy-ratelimit`.\n\

@@ -131,7 +131,7 @@ impl Config {
             })?;
             config.fingerprint_salt = Some(Secret(salt));
         }
-        super::envoy::apply_erl_env(&mut config, |name| std::env::var(name).ok())?;
+        super::erl::apply_erl_env(&mut config, |name| std::env::var(name).ok())?;
         config.timings = test_timings()?;
         config.resolve_paths(file);
         config.validate()?;

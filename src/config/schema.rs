@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
-use super::{EnvoyConfig, RateSpec};
+use super::{ErlConfig, RateSpec};
 use crate::base::calendar::Period;
 use crate::base::timings::Timings;
 
@@ -64,8 +64,8 @@ pub struct Config {
     pub exempt: Vec<ExemptConfig>,
     pub limits: Vec<LimitConfig>,
     /// envoyproxy/ratelimit's descriptor rules, served over gRPC as it serves them.
-    #[serde(skip_serializing_if = "EnvoyConfig::is_empty")]
-    pub envoy: EnvoyConfig,
+    #[serde(skip_serializing_if = "ErlConfig::is_empty")]
+    pub envoy: ErlConfig,
     /// OpenTelemetry spans of the decisions, exported over OTLP.
     #[serde(skip_serializing_if = "super::trace::TracingConfig::is_default")]
     pub tracing: super::trace::TracingConfig,
@@ -459,7 +459,7 @@ impl Default for Config {
                 overrides: Vec::new(),
                 overrides_file: None,
             }],
-            envoy: EnvoyConfig::default(),
+            envoy: ErlConfig::default(),
             tracing: super::trace::TracingConfig::default(),
             admin_token: None,
             admin_token_file: None,

@@ -12,7 +12,7 @@ use envoy_types::pb::ratelimit::config::ratelimit::v3::{
 };
 use prost::Message as _;
 
-use super::envoy::{check, RateLimitConfig, RuleConfig, Step};
+use super::erl::{check, RateLimitConfig, RuleConfig, Step};
 use super::ConfigError;
 
 /// The type of the resources asked for and accepted.

@@ -9,7 +9,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Duration;
 
-mod envoy;
+mod erl;
 
 use super::plan::Plan;
 use crate::answer::{each_header, Carrier};
@@ -26,9 +26,9 @@ pub fn respond(
     request: &RateLimitRequest,
 ) -> RateLimitResponse {
     let descriptors = plan.per_descriptor.len();
-    if !plan.envoy.is_empty() {
+    if !plan.erl.is_empty() {
         if let Verdict::Unlimited | Verdict::Decided(_) = verdict {
-            return envoy::respond(verdict, plan, policy, request);
+            return erl::respond(verdict, plan, policy, request);
         }
     }
     match verdict {

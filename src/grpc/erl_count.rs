@@ -7,7 +7,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use super::plan::Plan;
 use crate::limiter::decision::Verdict;
 use crate::observe::erl_stats::{ErlStats, Hits};
-use crate::policy::descriptors::envoy::{request_limit_stats_key, Kind};
+use crate::policy::descriptors::erl::{request_limit_stats_key, Kind};
 use crate::policy::Policy;
 
 /// Counts a request of a domain of envoyproxy/ratelimit rules (nothing for other domains).
@@ -23,7 +23,7 @@ pub fn count(
     request: &RateLimitRequest,
 ) {
     let failed = matches!(verdict, Verdict::StoreFailed { .. });
-    if failed && !plan.envoy.is_empty() {
+    if failed && !plan.erl.is_empty() {
         stats.store_error();
     }
     let decision = match verdict {
@@ -31,12 +31,12 @@ pub fn count(
         _ => None,
     };
     let mut scratch = String::new();
-    for (descriptor, wanted) in plan.envoy.iter().zip(&request.descriptors) {
+    for (descriptor, wanted) in plan.erl.iter().zip(&request.descriptors) {
         if !matches!(descriptor.kind, Kind::Bucket | Kind::Zero) || descriptor.hits == 0 {
             continue;
         }
         let key = match descriptor.rule {
-            Some(rule) => policy.envoy.rules[rule]
+            Some(rule) => policy.erl.rules[rule]
                 .stats
                 .spell(&wanted.entries, &mut scratch),
             None => {

@@ -1,9 +1,9 @@
 //! A `RateLimitRequest` turned into the buckets to decide: every applicable limit of every
 //! descriptor, keyed through [`crate::base::keys`], with a descriptor's buckets remembered so the
 //! answer can report each descriptor. Malformed requests are refused here with a gRPC status.
-mod envoy;
+mod erl;
 
-pub use envoy::EnvoyDescriptor;
+pub use erl::ErlDescriptor;
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
@@ -33,14 +33,14 @@ pub struct Plan {
     pub missing: Option<(usize, usize)>,
     /// In a domain of envoyproxy/ratelimit rules, what decides each descriptor (empty
     /// otherwise).
-    pub envoy: Vec<EnvoyDescriptor>,
+    pub erl: Vec<ErlDescriptor>,
 }
 
 /// Builds the plan, or refuses a malformed request with `INVALID_ARGUMENT`.
 pub fn plan(policy: &Policy, request: &RateLimitRequest) -> Result<Plan, Status> {
-    let envoy_domain = policy.envoy.has_domain(&request.domain);
-    check_shape(request, envoy_domain)?;
-    if policy.envoy.awaiting_config {
+    let erl_domain = policy.erl.has_domain(&request.domain);
+    check_shape(request, erl_domain)?;
+    if policy.erl.awaiting_config {
         return Err(Status::unavailable(
             "no rate limit configuration loaded (waiting for the xDS server)",
         ));
@@ -49,12 +49,12 @@ pub fn plan(policy: &Policy, request: &RateLimitRequest) -> Result<Plan, Status>
         buckets: Vec::new(),
         per_descriptor: Vec::with_capacity(request.descriptors.len()),
         missing: None,
-        envoy: Vec::new(),
+        erl: Vec::new(),
     };
-    if envoy_domain {
+    if erl_domain {
         plan.per_descriptor = vec![Vec::new(); request.descriptors.len()];
-        plan.envoy.reserve(request.descriptors.len());
-        envoy::plan(policy, &policy.envoy, request, &mut plan)?;
+        plan.erl.reserve(request.descriptors.len());
+        erl::plan(policy, &policy.erl, request, &mut plan)?;
         return Ok(plan);
     }
     for (index, descriptor) in request.descriptors.iter().enumerate() {
@@ -69,9 +69,9 @@ pub fn plan(policy: &Policy, request: &RateLimitRequest) -> Result<Plan, Status>
     Ok(plan)
 }
 
-/// `envoy_domain`: a domain of envoyproxy/ratelimit rules, where (as there) a descriptor
+/// `erl_domain`: a domain of envoyproxy/ratelimit rules, where (as there) a descriptor
 /// without entries, or with an entry without a key, is valid and limited by nothing.
-fn check_shape(request: &RateLimitRequest, envoy_domain: bool) -> Result<(), Status> {
+fn check_shape(request: &RateLimitRequest, erl_domain: bool) -> Result<(), Status> {
     if request.domain.is_empty() {
         return Err(Status::invalid_argument("the domain must not be empty"));
     }
@@ -87,7 +87,7 @@ fn check_shape(request: &RateLimitRequest, envoy_domain: bool) -> Result<(), Sta
         )));
     }
     for (i, descriptor) in request.descriptors.iter().enumerate() {
-        if descriptor.entries.is_empty() && !envoy_domain {
+        if descriptor.entries.is_empty() && !erl_domain {
             return Err(Status::invalid_argument(format!(
                 "descriptor {i} has no entries"
             )));
@@ -98,7 +98,7 @@ fn check_shape(request: &RateLimitRequest, envoy_domain: bool) -> Result<(), Sta
                 descriptor.entries.len()
             )));
         }
-        if !envoy_domain && descriptor.entries.iter().any(|entry| entry.key.is_empty()) {
+        if !erl_domain && descriptor.entries.iter().any(|entry| entry.key.is_empty()) {
             return Err(Status::invalid_argument(format!(
                 "descriptor {i} has an entry without a key"
             )));

@@ -1,5 +1,5 @@
 //! envoyproxy/ratelimit's metrics, for dashboards and alerts written against it (Envoy
-//! Gateway's among them): per stats key (see `policy::descriptors::envoy::StatsKey`) the
+//! Gateway's among them): per stats key (see `policy::descriptors::erl::StatsKey`) the
 //! counters `total_hits`, `over_limit`, `near_limit`, `within_limit` and `shadow_mode`, counted
 //! as it counts them, and its service-level counters. Read two ways: as Prometheus series under
 //! the names and labels of its built-in statsd mapping ([`ErlStats::render`]), and as statsd

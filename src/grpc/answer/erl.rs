@@ -17,9 +17,9 @@ use envoy_types::pb::google::protobuf::{Duration, ListValue, Struct, Value};
 
 use super::header;
 use crate::answer::{each_header, Carrier};
-use crate::grpc::plan::{EnvoyDescriptor, Plan};
+use crate::grpc::plan::{ErlDescriptor, Plan};
 use crate::limiter::decision::{Decision, Verdict};
-use crate::policy::descriptors::envoy::{Kind as RuleKind, UNLIMITED_REMAINING};
+use crate::policy::descriptors::erl::{Kind as RuleKind, UNLIMITED_REMAINING};
 use crate::policy::Policy;
 
 pub fn respond(
@@ -36,7 +36,7 @@ pub fn respond(
     let mut quota_over = 0;
     let mut quotas = 0;
     let statuses: Vec<DescriptorStatus> = plan
-        .envoy
+        .erl
         .iter()
         .map(|descriptor| {
             let (status, over) = status(descriptor, decision, policy);
@@ -51,8 +51,7 @@ pub fn respond(
             status
         })
         .collect();
-    let denied =
-        (rate_over > 0 || (quotas > 0 && quotas == quota_over)) && !policy.envoy.shadow_mode;
+    let denied = (rate_over > 0 || (quotas > 0 && quotas == quota_over)) && !policy.erl.shadow_mode;
     let mut headers = Vec::new();
     if let Some(decision) = decision {
         each_header(decision, policy, denied, Carrier::Grpc, |name, value| {
@@ -60,7 +59,7 @@ pub fn respond(
         });
     }
     let dynamic_metadata = policy
-        .envoy
+        .erl
         .dynamic_metadata
         .then(|| metadata(request, plan, &statuses, policy));
     RateLimitResponse {
@@ -144,13 +143,13 @@ fn metadata(
         );
     }
     let mut passed = Struct::default();
-    for (descriptor, status) in plan.envoy.iter().zip(statuses) {
+    for (descriptor, status) in plan.erl.iter().zip(statuses) {
         if descriptor.kind == RuleKind::Unlimited || status.code == i32::from(Code::OverLimit) {
             continue;
         }
         let own = descriptor
             .rule
-            .and_then(|r| policy.envoy.rules[r].metadata.as_ref());
+            .and_then(|r| policy.erl.rules[r].metadata.as_ref());
         if let Some(own) = own {
             merge(&mut passed, own);
         }
@@ -188,14 +187,14 @@ fn merge(into: &mut Struct, from: &Struct) {
 
 /// One descriptor's status, and whether it counts as over the limit (never in shadow mode).
 fn status(
-    descriptor: &EnvoyDescriptor,
+    descriptor: &ErlDescriptor,
     decision: Option<&Decision>,
     policy: &Policy,
 ) -> (DescriptorStatus, bool) {
     let limit = || RateLimit {
         name: descriptor
             .rule
-            .map(|r| policy.envoy.rules[r].name.clone())
+            .map(|r| policy.erl.rules[r].name.clone())
             .unwrap_or_default(),
         requests_per_unit: descriptor.requests_per_unit,
         unit: descriptor.unit,

@@ -26,7 +26,7 @@ pub use dir::{fingerprint as dir_fingerprint, read_dir, read_file};
 /// `[envoy]`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct EnvoyConfig {
+pub struct ErlConfig {
     /// envoyproxy/ratelimit YAML files, every file of this directory and its subdirectories
     /// not named `.*` (one domain each), read at start and whenever they change, served after
     /// `rules`.
@@ -64,7 +64,7 @@ pub struct EnvoyConfig {
     pub metrics: ErlMetricsConfig,
 }
 
-impl EnvoyConfig {
+impl ErlConfig {
     /// The xDS settings, and that only one source of YAML rules is set.
     pub fn check(&self) -> Result<(), ConfigError> {
         self.metrics.check()?;
@@ -114,7 +114,7 @@ pub struct RuleConfig {
     #[serde(default, skip_serializing_if = "is_false")]
     pub share_threshold: bool,
     /// envoyproxy/ratelimit's metrics of this rule are named by the request's values (see
-    /// `policy::descriptors::envoy::StatsKey`); tollgate's own metrics never are.
+    /// `policy::descriptors::erl::StatsKey`); tollgate's own metrics never are.
     #[serde(default, skip_serializing_if = "is_false")]
     pub detailed_metric: bool,
     /// This key-only or wildcard node's level of that name is the request's value.
@@ -460,7 +460,7 @@ fn flatten(domain: &str, path: &[Step], nodes: Vec<YamlNode>, rules: &mut Vec<Ru
 }
 
 /// The `[[envoy.rules]]` and then those of `config_dir`, checked.
-pub fn all_rules(config: &EnvoyConfig) -> Result<Vec<RuleConfig>, ConfigError> {
+pub fn all_rules(config: &ErlConfig) -> Result<Vec<RuleConfig>, ConfigError> {
     check(&config.rules, |i| format!("envoy.rules[{i}]"))?;
     let mut rules = config.rules.clone();
     if let Some(dir) = &config.config_dir {
@@ -479,7 +479,7 @@ pub fn all_rules(config: &EnvoyConfig) -> Result<Vec<RuleConfig>, ConfigError> {
 
 /// [`all_rules`] and then `fed` (the rules an xDS server sent, checked on their own), checked
 /// together: an xDS domain may not repeat a node of `[[envoy.rules]]`.
-pub fn with_fed(config: &EnvoyConfig, fed: &[RuleConfig]) -> Result<Vec<RuleConfig>, ConfigError> {
+pub fn with_fed(config: &ErlConfig, fed: &[RuleConfig]) -> Result<Vec<RuleConfig>, ConfigError> {
     let mut rules = all_rules(config)?;
     if fed.is_empty() {
         return Ok(rules);

@@ -8,16 +8,16 @@ use tonic::Status;
 use super::Plan;
 use crate::base::keys;
 use crate::base::rate::count_f64;
-use crate::config::envoy::UNITS;
+use crate::config::erl::UNITS;
 use crate::config::OVER_COST;
-use crate::policy::descriptors::envoy::{EnvoyRules, Kind, Rule};
+use crate::policy::descriptors::erl::{ErlRules, Kind, Rule};
 use crate::policy::limits::Numbers;
 use crate::policy::Policy;
 use crate::store::{BucketRequest, Meter};
 
 /// What one descriptor is decided by.
 #[derive(Debug, Clone, PartialEq)]
-pub struct EnvoyDescriptor {
+pub struct ErlDescriptor {
     pub kind: Kind,
     /// The configured rule; `None` for the descriptor's own `limit` (or no rule).
     pub rule: Option<usize>,
@@ -32,9 +32,9 @@ pub struct EnvoyDescriptor {
     pub bucket: usize,
 }
 
-impl EnvoyDescriptor {
-    fn none() -> EnvoyDescriptor {
-        EnvoyDescriptor {
+impl ErlDescriptor {
+    fn none() -> ErlDescriptor {
+        ErlDescriptor {
             kind: Kind::NoLimit,
             rule: None,
             requests_per_unit: 0,
@@ -56,17 +56,17 @@ impl EnvoyDescriptor {
 /// Fills `plan` for a domain of `rules`.
 pub fn plan(
     policy: &Policy,
-    rules: &EnvoyRules,
+    rules: &ErlRules,
     request: &RateLimitRequest,
     plan: &mut Plan,
 ) -> Result<(), Status> {
     let mut found = Vec::with_capacity(request.descriptors.len());
     for (i, descriptor) in request.descriptors.iter().enumerate() {
         let hits = super::hits_of(request, descriptor);
-        let mut chosen = EnvoyDescriptor {
+        let mut chosen = ErlDescriptor {
             hits,
             quota: rules.quota_mode,
-            ..EnvoyDescriptor::none()
+            ..ErlDescriptor::none()
         };
         // Envoy gives hits back with negative hits; tollgate never refunds on request (nor
         // charges them, as envoyproxy/ratelimit does): such a descriptor draws nothing.
@@ -179,13 +179,13 @@ pub fn plan(
                 }
             }
         }
-        plan.envoy.push(chosen);
+        plan.erl.push(chosen);
     }
     Ok(())
 }
 
 /// A named rule that another rule of the request `replaces` applies to nothing.
-fn replace<T>(rules: &EnvoyRules, found: &mut [(EnvoyDescriptor, T)]) {
+fn replace<T>(rules: &ErlRules, found: &mut [(ErlDescriptor, T)]) {
     let replacing = |name: &str| {
         found.iter().any(|(d, _)| {
             d.rule
@@ -206,6 +206,6 @@ fn replace<T>(rules: &EnvoyRules, found: &mut [(EnvoyDescriptor, T)]) {
         }
     }
     for i in off {
-        found[i].0 = EnvoyDescriptor::none();
+        found[i].0 = ErlDescriptor::none();
     }
 }

@@ -19,7 +19,7 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descri
 use envoy_types::pb::google::protobuf::value::Kind as ValueKind;
 use envoy_types::pb::google::protobuf::{ListValue, Struct, Value};
 
-use crate::config::envoy::{unit, RuleConfig, Step};
+use crate::config::erl::{unit, RuleConfig, Step};
 use crate::config::{
     valid_name, Charge, ConfigError, LimitConfig, MatchConfig, OnMissing, RateSpec,
 };
@@ -224,7 +224,7 @@ enum Reached {
 
 /// The compiled rules of every envoyproxy/ratelimit domain.
 #[derive(Debug, Default)]
-pub struct EnvoyRules {
+pub struct ErlRules {
     domains: HashMap<String, Level>,
     nodes: Vec<Node>,
     pub rules: Vec<Rule>,
@@ -253,16 +253,16 @@ pub struct Found {
     pub shared: Vec<(usize, usize)>,
 }
 
-impl EnvoyRules {
-    /// Builds the tree from rules already checked (`config::envoy::check`); the limits that
+impl ErlRules {
+    /// Builds the tree from rules already checked (`config::erl::check`); the limits that
     /// rules with a bucket need are returned, numbered from `first_limit`, their names unique
     /// among `taken` (which gains them).
     pub fn compile(
         rules: &[RuleConfig],
         first_limit: usize,
         taken: &mut HashSet<String>,
-    ) -> Result<(EnvoyRules, Vec<LimitConfig>), ConfigError> {
-        let mut tree = EnvoyRules::default();
+    ) -> Result<(ErlRules, Vec<LimitConfig>), ConfigError> {
+        let mut tree = ErlRules::default();
         let mut limits = Vec::new();
         let mut suffixes = HashMap::new();
         let domains: Vec<String> = {
@@ -693,11 +693,11 @@ fn bucket_limit(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::envoy::from_yaml;
+    use crate::config::erl::from_yaml;
 
-    fn tree(yaml: &str) -> EnvoyRules {
+    fn tree(yaml: &str) -> ErlRules {
         let (_, rules) = from_yaml("t.yaml", yaml).expect("valid yaml");
-        EnvoyRules::compile(&rules, 0, &mut HashSet::new())
+        ErlRules::compile(&rules, 0, &mut HashSet::new())
             .expect("compiles")
             .0
     }
@@ -713,7 +713,7 @@ mod tests {
     }
 
     /// The rule's requests_per_unit, 0 for none.
-    fn reached(tree: &EnvoyRules, pairs: &[(&str, &str)]) -> u32 {
+    fn reached(tree: &ErlRules, pairs: &[(&str, &str)]) -> u32 {
         tree.lookup("d", &entries(pairs))
             .and_then(|f| f.rule)
             .map_or(0, |r| tree.rules[r].requests_per_unit)
@@ -805,7 +805,7 @@ descriptors:
     }
 
     /// The stats key of the rule a descriptor reaches, spelled for that descriptor.
-    fn stats_key(tree: &EnvoyRules, domain: &str, pairs: &[(&str, &str)]) -> String {
+    fn stats_key(tree: &ErlRules, domain: &str, pairs: &[(&str, &str)]) -> String {
         let wanted = entries(pairs);
         let rule = tree
             .lookup(domain, &wanted)
@@ -1003,7 +1003,7 @@ descriptors:
     fn limit_names_are_the_rules_own_else_the_path() {
         let (_, rules) = from_yaml("t.yaml", BASIC).unwrap();
         let mut taken = HashSet::new();
-        let (_, limits) = EnvoyRules::compile(&rules, 0, &mut taken).unwrap();
+        let (_, limits) = ErlRules::compile(&rules, 0, &mut taken).unwrap();
         let names: Vec<&str> = limits.iter().map(|l| l.name.as_str()).collect();
         assert_eq!(
             names,
