@@ -1,0 +1,129 @@
+//! envoyproxy/ratelimit's stats keys: what its metrics of a rule are named by, spelled and
+//! sanitized as it spells them.
+
+use std::sync::Arc;
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+
+/// envoyproxy/ratelimit's stats key of a rule: `domain.` and one segment per level of its
+/// path, `key_value` or `key` as the configuration spells the node, except where its
+/// `value_to_metric` (a key-only or wildcard node) or the rule's `detailed_metric` put the
+/// request's value in; `share_threshold` keeps the wildcard pattern. Sanitized as it
+/// sanitizes stat names (`:` and `|`, and the dots of IPv4 addresses, become `_`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum StatsKey {
+    /// The same for every request: built once, sanitized.
+    Fixed(Arc<str>),
+    /// Built per request from its entries, one segment per level.
+    PerRequest {
+        domain: String,
+        segments: Vec<Segment>,
+    },
+}
+
+/// One level of a [`StatsKey::PerRequest`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum Segment {
+    /// As the configuration spells the node.
+    Config(String),
+    /// The entry's `key_value`; `key` alone for an empty value unless `underscore`
+    /// (`detailed_metric` without a shared wildcard writes `key_` then).
+    Value { underscore: bool },
+}
+
+impl StatsKey {
+    /// The key for a descriptor this rule limits; `scratch` holds a key built per request.
+    pub fn spell<'a>(&'a self, entries: &[Entry], scratch: &'a mut String) -> &'a str {
+        match self {
+            StatsKey::Fixed(key) => key,
+            StatsKey::PerRequest { domain, segments } => {
+                scratch.clear();
+                scratch.push_str(domain);
+                for (segment, entry) in segments.iter().zip(entries) {
+                    scratch.push('.');
+                    match segment {
+                        Segment::Config(text) => scratch.push_str(text),
+                        Segment::Value { underscore } => {
+                            scratch.push_str(&entry.key);
+                            if *underscore || !entry.value.is_empty() {
+                                scratch.push('_');
+                                scratch.push_str(&entry.value);
+                            }
+                        }
+                    }
+                }
+                sanitize(scratch);
+                scratch
+            }
+        }
+    }
+}
+
+/// The stats key of a descriptor decided by its own `limit` (sent by Envoy): every entry's
+/// `key_value` (`key` for an empty value), as envoyproxy/ratelimit keys it.
+pub fn request_limit_stats_key(domain: &str, entries: &[Entry], into: &mut String) {
+    into.clear();
+    into.push_str(domain);
+    into.push('.');
+    for (i, entry) in entries.iter().enumerate() {
+        if i > 0 {
+            into.push('.');
+        }
+        into.push_str(&entry.key);
+        if !entry.value.is_empty() {
+            into.push('_');
+            into.push_str(&entry.value);
+        }
+    }
+    sanitize(into);
+}
+
+/// envoyproxy/ratelimit's stat name sanitizing: `:` and `|` become `_`, and so do the dots of
+/// anything shaped as an IPv4 address (four runs of 1 to 3 digits joined by dots, found left
+/// to right), so such a value stays one segment of the name.
+pub fn sanitize(name: &mut String) {
+    if !name.bytes().any(|b| matches!(b, b':' | b'|' | b'.')) {
+        return;
+    }
+    let mut bytes = std::mem::take(name).into_bytes();
+    for b in &mut bytes {
+        if matches!(*b, b':' | b'|') {
+            *b = b'_';
+        }
+    }
+    let mut i = 0;
+    while i < bytes.len() {
+        match ipv4_end(&bytes, i, 0) {
+            Some(end) => {
+                for b in &mut bytes[i..end] {
+                    if *b == b'.' {
+                        *b = b'_';
+                    }
+                }
+                i = end;
+            }
+            None => i += 1,
+        }
+    }
+    // Only ASCII bytes were replaced by ASCII bytes: still UTF-8.
+    *name = String::from_utf8(bytes).unwrap_or_default();
+}
+
+/// Where an IPv4-shaped run starting at `at` ends: group `group` of four, each 1 to 3 digits,
+/// the longest first, as a greedy regular expression tries them.
+fn ipv4_end(bytes: &[u8], at: usize, group: usize) -> Option<usize> {
+    let digits = bytes[at..]
+        .iter()
+        .take(3)
+        .take_while(|b| b.is_ascii_digit())
+        .count();
+    (1..=digits).rev().find_map(|len| {
+        let end = at + len;
+        if group == 3 {
+            return Some(end);
+        }
+        (bytes.get(end) == Some(&b'.'))
+            .then(|| ipv4_end(bytes, end + 1, group + 1))
+            .flatten()
+    })
+}
