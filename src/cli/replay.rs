@@ -12,14 +12,13 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufReader, Read};
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use actix_web::http::header::{HeaderMap, HeaderName, HeaderValue};
-use serde::de::{self, Deserializer as _, IgnoredAny, MapAccess, Visitor};
 use serde::Serialize;
 
 use crate::base::clock::ManualClock;
@@ -30,6 +29,13 @@ use crate::observe::top;
 use crate::policy::Policy;
 use crate::request::OriginalRequest;
 use crate::store::memory::MemoryStore;
+
+mod log_line;
+mod timestamp;
+
+pub use log_line::MAX_LINE;
+use log_line::{combined, json, read_line, Fields, JsonFields, Line};
+pub use timestamp::parse_time_us;
 
 /// How the log is written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -211,17 +217,6 @@ struct Tally {
     untracked: u64,
 }
 
-/// One line's fields, borrowed from the line buffer where possible.
-#[derive(Default)]
-struct Fields<'l> {
-    ip: Option<Cow<'l, str>>,
-    time: Option<Cow<'l, str>>,
-    method: Option<Cow<'l, str>>,
-    path: Option<Cow<'l, str>>,
-    host: Option<Cow<'l, str>>,
-    headers: Vec<Option<Cow<'l, str>>>,
-}
-
 /// The replay: the policy, the store on the log's clock, the tallies.
 pub struct Replay {
     policy: Policy,
@@ -241,15 +236,6 @@ pub struct Replay {
     exempt: u64,
     denied: u64,
     tallies: Vec<Tally>,
-}
-
-struct JsonFields {
-    ip: String,
-    time: String,
-    method: String,
-    path: String,
-    host: String,
-    headers: Vec<String>,
 }
 
 impl Replay {
@@ -451,46 +437,6 @@ impl Replay {
     }
 }
 
-/// The longest log line read; nginx's own lines are far shorter (its request line buffer is a
-/// few KiB).
-pub const MAX_LINE: usize = 64 * 1024;
-
-enum Line {
-    Read,
-    TooLong,
-    End,
-}
-
-/// One line (with its newline) into `line`, at most [`MAX_LINE`] bytes of it kept.
-fn read_line(reader: &mut impl BufRead, line: &mut Vec<u8>) -> std::io::Result<Line> {
-    let mut too_long = false;
-    loop {
-        let available = reader.fill_buf()?;
-        if available.is_empty() {
-            return Ok(match (line.is_empty() && !too_long, too_long) {
-                (true, _) => Line::End,
-                (false, true) => Line::TooLong,
-                (false, false) => Line::Read,
-            });
-        }
-        let (chunk, done) = match available.iter().position(|&b| b == b'\n') {
-            Some(at) => (&available[..=at], true),
-            None => (available, false),
-        };
-        let used = chunk.len();
-        if !too_long && line.len() + used <= MAX_LINE {
-            line.extend_from_slice(chunk);
-        } else {
-            too_long = true;
-            line.clear();
-        }
-        reader.consume(used);
-        if done {
-            return Ok(if too_long { Line::TooLong } else { Line::Read });
-        }
-    }
-}
-
 fn note_key(tally: &mut Tally, key: &str, time: &str, max_keys: usize) {
     if let Some(entry) = tally.keys.get_mut(key) {
         entry.0 += 1;
@@ -499,251 +445,6 @@ fn note_key(tally: &mut Tally, key: &str, time: &str, max_keys: usize) {
     } else {
         tally.untracked += 1;
     }
-}
-
-/// `$remote_addr - $remote_user [$time_local] "$request" ...`: the address, the time and the
-/// request line's method and URI (the rest is not needed).
-fn combined(line: &[u8]) -> Option<Fields<'_>> {
-    let line = std::str::from_utf8(line).ok()?;
-    let (ip, rest) = line.split_once(' ')?;
-    let open = rest.find('[')?;
-    let rest = &rest[open + 1..];
-    let (time, rest) = rest.split_once(']')?;
-    let rest = rest.strip_prefix(" \"")?;
-    let (request, _) = rest.split_once('"')?;
-    let mut words = request.split(' ');
-    let method = words.next().filter(|m| !m.is_empty())?;
-    let path = words.next().filter(|p| p.starts_with('/'))?;
-    Some(Fields {
-        ip: Some(Cow::Borrowed(ip)),
-        time: Some(Cow::Borrowed(time)),
-        method: Some(Cow::Borrowed(method)),
-        path: Some(Cow::Borrowed(path)),
-        host: None,
-        headers: Vec::new(),
-    })
-}
-
-/// One JSON object; only the wanted fields are kept, borrowed when unescaped.
-fn json<'l>(line: &'l [u8], names: &JsonFields) -> Option<Fields<'l>> {
-    let mut deserializer = serde_json::Deserializer::from_slice(line);
-    let fields = deserializer.deserialize_map(FieldsVisitor { names }).ok()?;
-    deserializer.end().ok()?;
-    Some(fields)
-}
-
-struct FieldsVisitor<'n> {
-    names: &'n JsonFields,
-}
-
-impl<'de> Visitor<'de> for FieldsVisitor<'_> {
-    type Value = Fields<'de>;
-
-    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("a JSON object")
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Fields<'de>, A::Error> {
-        let names = self.names;
-        let mut fields = Fields {
-            headers: vec![None; names.headers.len()],
-            ..Fields::default()
-        };
-        while let Some(key) = map.next_key::<Text<'de>>()? {
-            let key = key.0;
-            let slot = if key == names.ip {
-                &mut fields.ip
-            } else if key == names.time {
-                &mut fields.time
-            } else if key == names.method {
-                &mut fields.method
-            } else if key == names.path {
-                &mut fields.path
-            } else if key == names.host {
-                &mut fields.host
-            } else if let Some(i) = names.headers.iter().position(|h| *h == key) {
-                &mut fields.headers[i]
-            } else {
-                map.next_value::<IgnoredAny>()?;
-                continue;
-            };
-            *slot = map.next_value::<Option<Text<'de>>>()?.map(|t| t.0);
-        }
-        Ok(fields)
-    }
-}
-
-/// A JSON string (borrowed when it has no escapes) or number, as text.
-struct Text<'de>(Cow<'de, str>);
-
-impl<'de> de::Deserialize<'de> for Text<'de> {
-    fn deserialize<D: de::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_any(TextVisitor)
-    }
-}
-
-struct TextVisitor;
-
-impl<'de> Visitor<'de> for TextVisitor {
-    type Value = Text<'de>;
-
-    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("a string or a number")
-    }
-
-    fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Text<'de>, E> {
-        Ok(Text(Cow::Borrowed(v)))
-    }
-
-    fn visit_str<E: de::Error>(self, v: &str) -> Result<Text<'de>, E> {
-        Ok(Text(Cow::Owned(v.to_string())))
-    }
-
-    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Text<'de>, E> {
-        Ok(Text(Cow::Owned(v.to_string())))
-    }
-
-    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Text<'de>, E> {
-        Ok(Text(Cow::Owned(v.to_string())))
-    }
-
-    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Text<'de>, E> {
-        Ok(Text(Cow::Owned(format!("{v:.6}"))))
-    }
-
-    fn visit_bool<E: de::Error>(self, v: bool) -> Result<Text<'de>, E> {
-        Ok(Text(Cow::Owned(v.to_string())))
-    }
-}
-
-/// A log timestamp as Unix µs: `$time_local` (`10/Oct/2000:13:55:36 -0700`),
-/// `$time_iso8601` (`2000-10-10T13:55:36-07:00`, fractions and `Z` accepted) or `$msec`
-/// (`971211336.123`).
-pub fn parse_time_us(text: &str) -> Option<u64> {
-    let b = text.as_bytes();
-    if b.len() >= 20 && b.get(2) == Some(&b'/') {
-        time_local(b)
-    } else if b.len() >= 19 && b.get(4) == Some(&b'-') {
-        iso8601(b)
-    } else {
-        epoch(text)
-    }
-}
-
-fn digits(b: &[u8]) -> Option<i64> {
-    if b.is_empty() || !b.iter().all(u8::is_ascii_digit) {
-        return None;
-    }
-    Some(b.iter().fold(0, |n, d| n * 10 + i64::from(d - b'0')))
-}
-
-fn month(b: &[u8]) -> Option<i64> {
-    const MONTHS: [&[u8; 3]; 12] = [
-        b"Jan", b"Feb", b"Mar", b"Apr", b"May", b"Jun", b"Jul", b"Aug", b"Sep", b"Oct", b"Nov",
-        b"Dec",
-    ];
-    let position = MONTHS.iter().position(|m| m.as_slice() == b)?;
-    i64::try_from(position).ok().map(|m| m + 1)
-}
-
-/// Days from 1970-01-01 to a civil date (proleptic Gregorian).
-fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
-    let y = if month <= 2 { year - 1 } else { year };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (month + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
-}
-
-fn to_us(
-    (year, month, day): (i64, i64, i64),
-    (hour, minute, second): (i64, i64, i64),
-    micros: i64,
-    offset_s: i64,
-) -> Option<u64> {
-    if !(1..=12).contains(&month)
-        || !(1..=31).contains(&day)
-        || hour > 23
-        || minute > 59
-        || second > 60
-    {
-        return None;
-    }
-    let secs =
-        days_from_civil(year, month, day) * 86_400 + hour * 3600 + minute * 60 + second - offset_s;
-    u64::try_from(secs.checked_mul(1_000_000)?.checked_add(micros)?).ok()
-}
-
-/// `+hhmm`, `+hh:mm`, `-...` or `Z`, in seconds east of UTC.
-fn offset(b: &[u8]) -> Option<i64> {
-    match b {
-        b"Z" | b"z" => Some(0),
-        [sign @ (b'+' | b'-'), h1, h2, rest @ ..] => {
-            let minutes = match rest {
-                [b':', m1, m2] | [m1, m2] => digits(&[*m1, *m2])?,
-                [] => 0,
-                _ => return None,
-            };
-            let total = digits(&[*h1, *h2])? * 3600 + minutes * 60;
-            Some(if *sign == b'-' { -total } else { total })
-        }
-        _ => None,
-    }
-}
-
-fn time_local(b: &[u8]) -> Option<u64> {
-    // dd/Mon/yyyy:hh:mm:ss +zzzz
-    if b.len() != 26 || b[2] != b'/' || b[6] != b'/' || b[11] != b':' || b[20] != b' ' {
-        return None;
-    }
-    let date = (digits(&b[7..11])?, month(&b[3..6])?, digits(&b[0..2])?);
-    let time = (
-        digits(&b[12..14])?,
-        digits(&b[15..17])?,
-        digits(&b[18..20])?,
-    );
-    to_us(date, time, 0, offset(&b[21..])?)
-}
-
-fn iso8601(b: &[u8]) -> Option<u64> {
-    // yyyy-mm-ddThh:mm:ss[.fff][zone]
-    if b[7] != b'-' || !matches!(b[10], b'T' | b't' | b' ') || b[13] != b':' || b[16] != b':' {
-        return None;
-    }
-    let date = (digits(&b[0..4])?, digits(&b[5..7])?, digits(&b[8..10])?);
-    let time = (
-        digits(&b[11..13])?,
-        digits(&b[14..16])?,
-        digits(&b[17..19])?,
-    );
-    let mut rest = &b[19..];
-    let mut micros = 0;
-    if let Some(fraction) = rest.strip_prefix(b".") {
-        let end = fraction
-            .iter()
-            .position(|c| !c.is_ascii_digit())
-            .unwrap_or(fraction.len());
-        let mut scaled = fraction[..end.min(6)].to_vec();
-        scaled.resize(6, b'0');
-        micros = digits(&scaled)?;
-        rest = &fraction[end..];
-    }
-    let zone = if rest.is_empty() { 0 } else { offset(rest)? };
-    to_us(date, time, micros, zone)
-}
-
-fn epoch(text: &str) -> Option<u64> {
-    let (whole, fraction) = text.split_once('.').unwrap_or((text, ""));
-    let seconds = u64::try_from(digits(whole.as_bytes())?).ok()?;
-    let mut micros = 0;
-    if !fraction.is_empty() {
-        let mut scaled = fraction.as_bytes()[..fraction.len().min(6)].to_vec();
-        scaled.resize(6, b'0');
-        micros = u64::try_from(digits(&scaled)?).ok()?;
-    }
-    seconds.checked_mul(1_000_000)?.checked_add(micros)
 }
 
 #[cfg(test)]
