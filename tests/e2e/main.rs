@@ -27,5 +27,6 @@ mod ingress_examples;
 mod metrics_exposition;
 mod nginx;
 mod sentinel;
+mod slow_redis;
 mod tracing;
 mod traefik;

@@ -46,7 +46,6 @@ mod reservations;
 mod routes;
 mod security;
 mod single_node;
-mod slow_redis;
 mod smoke;
 mod store_bounds;
 mod store_scenarios;

@@ -86,13 +86,11 @@ fn by_bucket(response: &Response) -> bool {
     response.header("ratelimit").is_some()
 }
 
-#[cfg(feature = "e2e")]
 fn errors(tollgate: &Tollgate) -> f64 {
     tollgate.metric(r#"tollgate_checks_total{result="error_allowed"}"#)
         + tollgate.metric(r#"tollgate_checks_total{result="error_denied"}"#)
 }
 
-#[cfg(feature = "e2e")]
 struct Outcome {
     /// Admitted by the bucket of the 20 sent at once.
     admitted: usize,
@@ -106,7 +104,6 @@ struct Outcome {
 }
 
 /// Drains a fresh bucket, waits 2.5 s, then sends 20 checks at once.
-#[cfg(feature = "e2e")]
 fn drained_bucket_scenario(
     redis: &RedisServer,
     rtt_ms: u64,
@@ -151,7 +148,7 @@ fn drained_bucket_scenario(
     }
 }
 
-#[cfg(feature = "e2e")]
+#[test]
 fn a_slow_but_healthy_redis_always_decides_and_keeps_the_bound() {
     let redis = RedisServer::start();
     let mut failures = Vec::new();
@@ -198,8 +195,8 @@ fn a_slow_but_healthy_redis_always_decides_and_keeps_the_bound() {
 
 /// Concurrent checks share one connection: they must all go out at once, not in waves one
 /// round trip apart (Nagle's algorithm holding each write until the last is acknowledged).
-/// It times answers, so it runs in the second tier (see `e2e` below).
-#[cfg_attr(not(feature = "e2e"), allow(dead_code))]
+///
+#[test]
 fn concurrent_checks_go_out_together_not_in_waves() {
     let redis = RedisServer::start();
     let rtt = RTT;
@@ -244,9 +241,8 @@ fn concurrent_checks_go_out_together_not_in_waves() {
 /// one round trip: not `EVALSHA`, `NOSCRIPT`, then `EVAL` (three). The budget is two round
 /// trips and a stall: the reconnection's handshake (two round trips) fits, so what is under
 /// test is the script's sending, not the connection's setup (a check that meets a connection
-/// still connecting waits within its own deadline: docs/FAILURE-MODES.md). Second tier (see
-/// `e2e` below).
-#[cfg_attr(not(feature = "e2e"), allow(dead_code))]
+/// still connecting waits within its own deadline: docs/FAILURE-MODES.md).
+#[test]
 fn the_first_checks_after_a_fresh_connection_are_decided() {
     let redis = RedisServer::start();
     let proxy = LatencyProxy::start(redis.port, RTT / 2);
@@ -288,7 +284,7 @@ fn the_first_checks_after_a_fresh_connection_are_decided() {
 /// the setup commands: several round trips) does not. After an outage opens the breaker,
 /// tollgate must recover without a restart: a probe that fails must leave the connection it
 /// started to finish, not replace it by one that starts from nothing again at the next probe.
-#[cfg_attr(not(feature = "e2e"), allow(dead_code))]
+#[test]
 fn recovers_from_an_outage_when_a_handshake_outlasts_a_call() {
     let mut redis = RedisServer::start();
     // A call fits the budget, a handshake (at least two round trips) does not.
@@ -315,31 +311,4 @@ fn recovers_from_an_outage_when_a_handshake_outlasts_a_call() {
         "decided by the bucket {:?} after Redis came back",
         back.elapsed()
     );
-}
-
-/// Second tier (`cargo test --features e2e`): the sweep over round trips and deny-cache modes
-/// takes half a minute, and the waves test asserts a latency (a wall-clock threshold fails on
-/// a starved machine without a bug). One module, so scripts/test.sh runs exactly these by
-/// `e2e::`.
-#[cfg(feature = "e2e")]
-mod e2e {
-    #[test]
-    fn concurrent_checks_go_out_together_not_in_waves() {
-        super::concurrent_checks_go_out_together_not_in_waves();
-    }
-
-    #[test]
-    fn the_first_checks_after_a_fresh_connection_are_decided() {
-        super::the_first_checks_after_a_fresh_connection_are_decided();
-    }
-
-    #[test]
-    fn recovers_from_an_outage_when_a_handshake_outlasts_a_call() {
-        super::recovers_from_an_outage_when_a_handshake_outlasts_a_call();
-    }
-
-    #[test]
-    fn a_slow_but_healthy_redis_always_decides_and_keeps_the_bound() {
-        super::a_slow_but_healthy_redis_always_decides_and_keeps_the_bound();
-    }
 }
