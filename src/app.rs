@@ -12,7 +12,7 @@ pub mod grpc_connections;
 pub mod grpc_server;
 pub mod grpc_tls;
 pub mod heartbeat;
-pub mod lifecycle;
 pub mod reload;
 pub mod server;
+pub mod signals;
 pub mod xds;

@@ -42,7 +42,7 @@
 //! - [`http`] and [`grpc`]: the protocols: `/check`, probes, metrics and the admin API;
 //!   Envoy's `ShouldRateLimit` (and envoyproxy/ratelimit's `/json`, `/healthcheck`).
 //! - [`app`]: the running process: [`app::server`] (the listeners),
-//!   [`app::lifecycle`] (signals), [`app::reload`], [`app::drain`], [`app::heartbeat`],
+//!   [`app::signals`], [`app::reload`], [`app::drain`], [`app::heartbeat`],
 //!   [`app::xds`] (envoyproxy/ratelimit's xDS config source).
 //! - [`cli`]: [`cli::import`] (envoyproxy/ratelimit YAML to TOML), [`cli::ingress_nginx`]
 //!   (its annotations to TOML), [`cli::replay`] (an access log against a config),

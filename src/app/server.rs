@@ -20,7 +20,7 @@ use crate::app::drain::{self, Door};
 use crate::app::erl_metrics::{self, PrometheusListener};
 use crate::app::grpc_tls::LiveTls;
 use crate::app::heartbeat;
-use crate::app::lifecycle;
+use crate::app::signals;
 use crate::app::reload::Reloader;
 use crate::config::{Backend, Config, OnError, StoreConfig};
 use crate::policy::runtime_overrides::sync;
@@ -98,7 +98,7 @@ pub async fn start(
     if let Some(xds) = xds {
         actix_web::rt::spawn(crate::app::xds::follow(xds, reloader.clone()));
     }
-    let stop = lifecycle::stop_signal(reloader, watch_every);
+    let stop = signals::stop_signal(reloader, watch_every);
     run(state, listeners, stop).await?;
     log::info!("tollgate stopped");
     Ok(())
