@@ -194,10 +194,6 @@ fn shown_key<'a>(values: &'a [String], salt: &Salt, caller: Caller) -> Vec<Cow<'
         .collect()
 }
 
-fn store_failed(error: crate::store::StoreError) -> AdminError {
-    AdminError::Unavailable(format!("the store did not answer ({error}): retry"))
-}
-
 fn json(body: serde_json::Result<String>) -> HttpResponse {
     HttpResponse::Ok()
         .content_type("application/json")
@@ -228,16 +224,14 @@ pub async fn peek(
         .limiter
         .store()
         .peek(&named.bucket)
-        .await
-        .map_err(store_failed)?;
+        .await?;
     let reserved = match named.bucket.meter {
         Meter::Reserve(_) => Some(
             state
                 .limiter
                 .store()
                 .reserved(&named.bucket)
-                .await
-                .map_err(store_failed)?,
+                .await?,
         ),
         _ => None,
     };
@@ -264,8 +258,7 @@ pub async fn reset(
         .limiter
         .store()
         .reset(&named.bucket.key)
-        .await
-        .map_err(store_failed)?;
+        .await?;
     // This instance forgets at once; the others when the reset channel tells them.
     state.limiter.forget_denials(&named.bucket.key);
     log::info!(

@@ -11,6 +11,7 @@ use actix_web::{web, FromRequest, HttpRequest, HttpResponse, ResponseError};
 
 use super::{problem, Caller};
 use crate::state::AppState;
+use crate::store::StoreError;
 
 /// An admin call's failure, answered as `application/problem+json`.
 #[derive(Debug, thiserror::Error)]
@@ -44,6 +45,14 @@ impl AdminError {
             detail: detail.into(),
             field: field.into(),
         }
+    }
+}
+
+/// A store call that failed: 503 with `Retry-After: 1`. Calls whose retry needs a word of
+/// its own (that a release is idempotent, that nothing was charged) say so themselves.
+impl From<StoreError> for AdminError {
+    fn from(error: StoreError) -> AdminError {
+        AdminError::Unavailable(format!("the store did not answer ({error}): retry"))
     }
 }
 
