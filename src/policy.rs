@@ -13,7 +13,6 @@ pub mod runtime_overrides;
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use crate::base::keys;
 use crate::base::redact::Salt;
 use crate::config::erl::RuleConfig;
 use crate::config::{Config, ConfigError, OnMissing, ResponseConfig};
@@ -149,8 +148,8 @@ impl Policy {
             let tail = match request.bucket_tail(&limit.key, anonymous, self.client_ip.ipv6_prefix)
             {
                 Ok(tail) => tail,
-                Err(keys::MissingPart) if limit.on_missing == OnMissing::Deny => return Err(index),
-                Err(keys::MissingPart) => continue,
+                Err(_) if limit.on_missing == OnMissing::Deny => return Err(index),
+                Err(_) => continue,
             };
             let Some(numbers) = limit.numbers_for(&runtime, &tail) else {
                 continue;

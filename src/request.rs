@@ -8,7 +8,7 @@ use std::net::IpAddr;
 use actix_web::http::header::HeaderMap;
 use ipnet::IpNet;
 
-use crate::base::keys::{self, KeyPart, MissingPart, PartValue};
+use crate::base::keys::{self, BadPart, KeyPart, PartValue, Source};
 use crate::base::normalise::{self, parse_ip};
 use crate::config::{ClientIpConfig, IpSource};
 
@@ -162,8 +162,9 @@ impl<'a> OriginalRequest<'a> {
         parts: &[KeyPart],
         anonymous: bool,
         ipv6_prefix: u8,
-    ) -> Result<Vec<u8>, MissingPart> {
-        keys::tail_of(parts, |part| self.part_value(part), anonymous, ipv6_prefix)
+    ) -> Result<Vec<u8>, BadPart> {
+        let value_of = |part| self.part_value(part);
+        keys::tail_of(parts, Source::Request(&value_of), anonymous, ipv6_prefix)
     }
 
     /// The request's value for one part. Method, host and path come normalised (lower-case
@@ -433,7 +434,7 @@ mod tests {
             let ip = parse_ip(case[0].as_bytes()).unwrap();
             let request = OriginalRequest::new(&headers, "GET", "/", ip);
             let checked = request.bucket_tail(&parts, false, 64).unwrap();
-            let given = keys::tail_of_given(&parts, &values, false, 64).unwrap();
+            let given = keys::tail_of(&parts, Source::Typed(&values), false, 64).unwrap();
             assert_eq!(given, checked, "{case:?}");
         }
     }
@@ -444,9 +445,9 @@ mod tests {
         let headers = HeaderMap::new();
         let request = OriginalRequest::new(&headers, "GET", "/", "192.0.2.1".parse().unwrap());
         let checked = request.bucket_tail(&parts, true, 64).unwrap();
-        let given = keys::tail_of_given(&parts, &[String::new()], true, 64).unwrap();
+        let given = keys::tail_of(&parts, Source::Typed(&[String::new()]), true, 64).unwrap();
         assert_eq!(given, checked);
-        assert!(keys::tail_of_given(&parts, &[String::new()], false, 64).is_err());
+        assert!(keys::tail_of(&parts, Source::Typed(&[String::new()]), false, 64).is_err());
     }
 
     proptest::proptest! {
@@ -467,7 +468,7 @@ mod tests {
             );
             let request = OriginalRequest::new(&headers, "GET", "/", "192.0.2.1".parse().unwrap());
             let checked = request.bucket_tail(&parts, anonymous, 64).unwrap();
-            let given = keys::tail_of_given(&parts, &[value, "all".into()], anonymous, 64).unwrap();
+            let given = keys::tail_of(&parts, Source::Typed(&[value, "all".into()]), anonymous, 64).unwrap();
             proptest::prop_assert_eq!(given, checked);
         }
     }

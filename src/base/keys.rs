@@ -91,122 +91,122 @@ impl std::fmt::Display for KeyPart {
     }
 }
 
-/// A key part the request does not carry (a missing or empty header).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MissingPart;
+/// Where the values of a limit's key parts come from. Whatever the source, [`tail_of`]
+/// spells one tuple of values one way, so an override or a peek typed by an operator finds
+/// the bucket a request or a descriptor carrying the same values draws from.
+pub enum Source<'s, 'v> {
+    /// A request's value of each part, as `/check` reads it (already normalised).
+    Request(&'s dyn Fn(&'v KeyPart) -> Option<PartValue<'v>>),
+    /// Values typed by an operator (an override, a peek, a report), one per part in order:
+    /// normalised as a request's are (an IP address in canonical form; a host lower-case
+    /// without port or trailing dot; a path canonical); an empty one is an absent part.
+    Typed(&'s [String]),
+    /// A gRPC descriptor's value of each part, keyed as Envoy sends it; empty is absent.
+    Descriptor(&'s dyn Fn(&'v KeyPart) -> Option<&'v [u8]>),
+    /// An envoyproxy/ratelimit rule's values, one per entry of its path, in order, keyed as
+    /// sent; empty is absent. The rule is keyed on its path: `parts` is not read.
+    Entries(&'s mut dyn Iterator<Item = &'v [u8]>),
+}
 
-/// The values of `parts` as `value_of` finds them, escaped and joined with `|`: what
-/// identifies a bucket within a limit, before [`assemble`] hashes it if need be. Overrides are
-/// looked up by it. Every source of values (a request, a descriptor) builds its tail here, so
-/// one key is spelled one way. With `anonymous`, an absent part becomes a shared marker
-/// instead of an error; an IPv6 address is keyed by its `/ipv6_prefix` network.
+/// A part that gives no key: absent (without `anonymous`), or a typed value no request can
+/// carry. `index` is the part's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BadPart {
+    pub index: usize,
+    pub why: Cow<'static, str>,
+}
+
+/// The values of `parts` from `source`, escaped and joined with `|`: what identifies a
+/// bucket within a limit, before [`assemble`] hashes it if need be. Overrides are looked up
+/// by it. Every source of values builds its tail here, so one key is spelled one way. With
+/// `anonymous`, an absent part becomes a shared marker instead of an error; an IPv6 address
+/// is keyed by its `/ipv6_prefix` network.
 pub fn tail_of<'v>(
     parts: &'v [KeyPart],
-    mut value_of: impl FnMut(&'v KeyPart) -> Option<PartValue<'v>>,
+    source: Source<'_, 'v>,
     anonymous: bool,
     ipv6_prefix: u8,
-) -> Result<Vec<u8>, MissingPart> {
+) -> Result<Vec<u8>, BadPart> {
     let mut tail = Vec::with_capacity(64);
-    for (i, part) in parts.iter().enumerate() {
-        if i > 0 {
+    let mut push = |index: usize, value: Option<PartValue<'_>>| -> Result<(), BadPart> {
+        if index > 0 {
             tail.push(b'|');
         }
-        push_part(&mut tail, value_of(part), anonymous, ipv6_prefix)?;
-    }
-    Ok(tail)
-}
-
-/// The tail a request carrying `values` (one per part, as an operator writes them in an
-/// override) would have: each value normalised as a request's is (an IP address in canonical
-/// form, an IPv6 one as its `/ipv6_prefix` network; a host lower-case without port or trailing
-/// dot; a path canonical). Fails with the index of a value no request can carry, and why.
-pub fn tail_of_values(
-    parts: &[KeyPart],
-    values: &[String],
-    ipv6_prefix: u8,
-) -> Result<Vec<u8>, (usize, String)> {
-    tail_of_given(parts, values, false, ipv6_prefix)
-}
-
-/// [`tail_of_values`], except that with `anonymous` an empty value stands for an absent part,
-/// keyed as `/check` keys a request without it under `on_missing = "anonymous"`.
-pub fn tail_of_given(
-    parts: &[KeyPart],
-    values: &[String],
-    anonymous: bool,
-    ipv6_prefix: u8,
-) -> Result<Vec<u8>, (usize, String)> {
-    let mut tail = Vec::with_capacity(64);
-    for (i, (part, value)) in parts.iter().zip(values).enumerate() {
-        if i > 0 {
-            tail.push(b'|');
-        }
-        if value.is_empty() && anonymous {
-            tail.extend_from_slice(ANONYMOUS);
-            continue;
-        }
-        if value.is_empty() {
-            return Err((i, "is empty: an empty value is a missing key part".into()));
-        }
-        // Header and const values are keyed as sent; method, host and path as `OriginalRequest`
-        // spells them.
-        let visible = || normalise::visible(value.as_bytes());
-        let value = match part {
-            KeyPart::Ip => {
-                // An IPv6 client's network may be written as such: `2001:db8:1:2::/64`.
-                let ip = normalise::parse_ip(value.as_bytes())
-                    .or_else(|| value.parse::<ipnet::IpNet>().ok().map(|net| net.addr()))
-                    .ok_or_else(|| (i, format!("{value:?} is not an IP address")))?;
-                write_ip(&mut tail, ip, ipv6_prefix);
-                continue;
+        match value {
+            Some(PartValue::Bytes(value)) => escape_into(&mut tail, value),
+            Some(PartValue::Ip(ip)) => write_ip(&mut tail, ip, ipv6_prefix),
+            None if anonymous => tail.extend_from_slice(ANONYMOUS),
+            None => {
+                return Err(BadPart {
+                    index,
+                    why: Cow::Borrowed("is empty: an empty value is a missing key part"),
+                })
             }
-            KeyPart::Method => visible(),
-            KeyPart::Host => normalise::host(visible()),
-            KeyPart::Path => normalise::path(visible()),
-            // Descriptor values are keyed as Envoy sends them.
-            KeyPart::Header(_) | KeyPart::Const(_) | KeyPart::Descriptor(_) => {
-                Cow::Borrowed(value.as_str())
-            }
-        };
-        escape_into(&mut tail, value.as_bytes());
-    }
-    Ok(tail)
-}
-
-/// The tail of one limit's bucket from values looked up part by part: the gRPC path, where
-/// a rate limit descriptor's entries carry them. Same escaping as a request's tail (and as
-/// [`tail_of_values`] for an override's values), so overrides are found by it; an empty value
-/// is a missing part.
-pub fn tail_from_values<'v>(
-    parts: &'v [KeyPart],
-    mut value_of: impl FnMut(&'v KeyPart) -> Option<&'v [u8]>,
-    anonymous: bool,
-) -> Result<Vec<u8>, MissingPart> {
-    let value_of = |part| {
-        value_of(part)
-            .filter(|value| !value.is_empty())
-            .map(PartValue::Bytes)
+        }
+        Ok(())
     };
-    // No address among descriptor values: the IPv6 prefix plays no part.
-    tail_of(parts, value_of, anonymous, 128)
-}
-
-/// The tail of a bucket keyed on descriptor values given in order (an envoyproxy/ratelimit
-/// rule: one value per entry of its path); an empty value is keyed as an absent part under
-/// `on_missing = "anonymous"`, so an override written with `""` finds it.
-pub fn tail_of_entry_values<'v>(values: impl Iterator<Item = &'v [u8]>) -> Vec<u8> {
-    let mut tail = Vec::with_capacity(64);
-    for (i, value) in values.enumerate() {
-        if i > 0 {
-            tail.push(b'|');
+    let present = |value: &'v [u8]| (!value.is_empty()).then_some(PartValue::Bytes(value));
+    match source {
+        Source::Request(value_of) => {
+            for (index, part) in parts.iter().enumerate() {
+                push(index, value_of(part))?;
+            }
         }
-        if value.is_empty() {
-            tail.extend_from_slice(ANONYMOUS);
-        } else {
-            escape_into(&mut tail, value);
+        Source::Descriptor(value_of) => {
+            for (index, part) in parts.iter().enumerate() {
+                push(index, value_of(part).and_then(present))?;
+            }
+        }
+        Source::Entries(values) => {
+            for (index, value) in values.enumerate() {
+                push(index, present(value))?;
+            }
+        }
+        Source::Typed(values) => {
+            for (index, (part, value)) in parts.iter().zip(values).enumerate() {
+                if value.is_empty() {
+                    push(index, None)?;
+                    continue;
+                }
+                let typed = typed_value(part, value).map_err(|why| BadPart {
+                    index,
+                    why: Cow::Owned(why),
+                })?;
+                match typed {
+                    Typed::Ip(ip) => push(index, Some(PartValue::Ip(ip)))?,
+                    Typed::Text(text) => push(index, Some(PartValue::Bytes(text.as_bytes())))?,
+                }
+            }
         }
     }
-    tail
+    Ok(tail)
+}
+
+/// A typed value as a request would carry it.
+enum Typed<'a> {
+    Ip(IpAddr),
+    Text(Cow<'a, str>),
+}
+
+/// Header and const values are keyed as sent; method, host and path as `OriginalRequest`
+/// spells them; an address in canonical form. Fails saying why no request carries `value`
+/// (not empty: an empty value is an absent part).
+fn typed_value<'a>(part: &KeyPart, value: &'a str) -> Result<Typed<'a>, String> {
+    let visible = || normalise::visible(value.as_bytes());
+    Ok(Typed::Text(match part {
+        KeyPart::Ip => {
+            // An IPv6 client's network may be written as such: `2001:db8:1:2::/64`.
+            return normalise::parse_ip(value.as_bytes())
+                .or_else(|| value.parse::<ipnet::IpNet>().ok().map(|net| net.addr()))
+                .map(Typed::Ip)
+                .ok_or_else(|| format!("{value:?} is not an IP address"));
+        }
+        KeyPart::Method => visible(),
+        KeyPart::Host => normalise::host(visible()),
+        KeyPart::Path => normalise::path(visible()),
+        // Descriptor values are keyed as Envoy sends them.
+        KeyPart::Header(_) | KeyPart::Const(_) | KeyPart::Descriptor(_) => Cow::Borrowed(value),
+    }))
 }
 
 /// The Redis pub/sub channel on which a reset bucket's key is announced, so every instance's
@@ -291,22 +291,6 @@ pub enum PartValue<'a> {
     Ip(IpAddr),
 }
 
-/// Appends one part to the tail: escaped bytes, an address, or (absent) the anonymous marker.
-fn push_part(
-    tail: &mut Vec<u8>,
-    value: Option<PartValue<'_>>,
-    anonymous: bool,
-    ipv6_prefix: u8,
-) -> Result<(), MissingPart> {
-    match value {
-        Some(PartValue::Bytes(value)) => escape_into(tail, value),
-        Some(PartValue::Ip(ip)) => write_ip(tail, ip, ipv6_prefix),
-        None if anonymous => tail.extend_from_slice(ANONYMOUS),
-        None => return Err(MissingPart),
-    }
-    Ok(())
-}
-
 fn escape_into(out: &mut Vec<u8>, value: &[u8]) {
     for &byte in value {
         match byte {
@@ -343,26 +327,60 @@ fn write_ip(out: &mut Vec<u8>, ip: IpAddr, ipv6_prefix: u8) {
 mod tests {
     use super::*;
 
+    fn descriptor_tail(parts: &[KeyPart], value: &[u8]) -> Result<Vec<u8>, BadPart> {
+        tail_of(parts, Source::Descriptor(&|_| Some(value)), false, 128)
+    }
+
     #[test]
     fn descriptor_values_are_escaped_and_hostile_ones_hashed() {
         let parts = [KeyPart::Descriptor("user".into())];
-        let key = |value: &'static [u8]| {
-            let tail = tail_from_values(&parts, |_| Some(value), false).unwrap();
-            assemble("tg", "d", &tail)
-        };
+        let key = |value: &[u8]| assemble("tg", "d", &descriptor_tail(&parts, value).unwrap());
         assert_eq!(key(b"a|b"), "tg:d:{a%7Cb}");
         assert_eq!(key(&[b'x'; 100_000]).len(), "tg:d:{#}".len() + 32);
         assert!(key(b"\xff\x00").starts_with("tg:d:{#"));
         assert_eq!(
-            tail_from_values(&parts, |_| Some(&b""[..]), false),
-            Err(MissingPart)
+            descriptor_tail(&parts, b"").map_err(|bad| bad.index),
+            Err(0)
         );
         // An override's values find the bucket a descriptor carrying them draws from.
-        let given = tail_of_values(&parts, &["a|b".to_string()], 128).unwrap();
-        assert_eq!(
-            tail_from_values(&parts, |_| Some(&b"a|b"[..]), false),
-            Ok(given)
-        );
+        let given = tail_of(&parts, Source::Typed(&["a|b".to_string()]), false, 128).unwrap();
+        assert_eq!(descriptor_tail(&parts, b"a|b"), Ok(given));
+    }
+
+    proptest::proptest! {
+        /// The four sources agree: the same values, whichever way they come (a request's
+        /// header, an operator's typing, a descriptor's entry, an envoyproxy/ratelimit rule's
+        /// path), give the same tail, absent ones included.
+        #[test]
+        fn every_source_spells_the_same_values_alike(
+            values in proptest::collection::vec("[ -~]{0,40}", 1..4),
+            anonymous: bool,
+        ) {
+            let values: Vec<String> = values.iter().map(|v| v.trim().to_string()).collect();
+            let parts: Vec<KeyPart> =
+                (0..values.len()).map(|i| KeyPart::Descriptor(format!("k{i}"))).collect();
+            let index = |part: &KeyPart| parts.iter().position(|p| p == part).unwrap_or(0);
+            let request = |part: &KeyPart| {
+                let value = values[index(part)].as_bytes();
+                (!value.is_empty()).then_some(PartValue::Bytes(value))
+            };
+            let descriptor = |part: &KeyPart| Some(values[index(part)].as_bytes());
+            let from_request = tail_of(&parts, Source::Request(&request), anonymous, 128);
+            let typed = tail_of(&parts, Source::Typed(&values), anonymous, 128);
+            let from_descriptor = tail_of(&parts, Source::Descriptor(&descriptor), anonymous, 128);
+            let bytes: Vec<&[u8]> = values.iter().map(|v| v.as_bytes()).collect();
+            let entries = tail_of(&parts, Source::Entries(&mut bytes.iter().copied()), anonymous, 128);
+            let index_of = |tail: &Result<Vec<u8>, BadPart>| tail.as_ref().map_err(|bad| bad.index).cloned();
+            proptest::prop_assert_eq!(index_of(&typed), index_of(&from_request));
+            proptest::prop_assert_eq!(index_of(&from_descriptor), index_of(&from_request));
+            proptest::prop_assert_eq!(index_of(&entries), index_of(&from_request));
+            if let Some(absent) = values.iter().position(String::is_empty) {
+                proptest::prop_assert_eq!(from_request.is_err(), !anonymous);
+                if !anonymous {
+                    proptest::prop_assert_eq!(from_request.map_err(|bad| bad.index), Err(absent));
+                }
+            }
+        }
     }
 
     fn ip_key(ip: &str, prefix: u8) -> String {
@@ -444,17 +462,8 @@ mod tests {
 
     /// A tuple of parts as a request's key would be written (`None`: absent, anonymous).
     fn key_of(parts: &[Option<Vec<u8>>]) -> String {
-        let mut tail = Vec::new();
-        for (i, part) in parts.iter().enumerate() {
-            if i > 0 {
-                tail.push(b'|');
-            }
-            let value = part
-                .as_deref()
-                .filter(|v| !v.is_empty())
-                .map(PartValue::Bytes);
-            push_part(&mut tail, value, true, 64).unwrap();
-        }
+        let mut values = parts.iter().map(|part| part.as_deref().unwrap_or_default());
+        let tail = tail_of(&[], Source::Entries(&mut values), true, 64).unwrap();
         assemble("tg", "limit", &tail)
     }
 

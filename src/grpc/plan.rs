@@ -9,7 +9,7 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescript
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use tonic::Status;
 
-use crate::base::keys::{self, KeyPart};
+use crate::base::keys::{self, KeyPart, Source};
 use crate::config::{Charge, OnMissing, OVER_COST};
 use crate::policy::descriptors::value_of;
 use crate::policy::Policy;
@@ -141,13 +141,14 @@ fn add_descriptor<'a>(
             KeyPart::Const(text) => Some(text.as_bytes()),
             _ => None,
         };
-        let tail = match keys::tail_from_values(&limit.key, value, anonymous) {
+        // No address among descriptor values: the IPv6 prefix plays no part.
+        let tail = match keys::tail_of(&limit.key, Source::Descriptor(&value), anonymous, 128) {
             Ok(tail) => tail,
-            Err(keys::MissingPart) if limit.on_missing == OnMissing::Deny => {
+            Err(_) if limit.on_missing == OnMissing::Deny => {
                 plan.missing.get_or_insert((index, limit_index));
                 continue;
             }
-            Err(keys::MissingPart) => continue,
+            Err(_) => continue,
         };
         // A key's override, runtime before file, as on `/check`.
         let Some(numbers) = limit.numbers_for(&runtime, &tail) else {

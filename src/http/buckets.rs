@@ -220,19 +220,9 @@ pub async fn peek(
         }))));
     }
     let _slot = admin::ReadSlot::take(&state.admin_reads)?;
-    let outcome = state
-        .limiter
-        .store()
-        .peek(&named.bucket)
-        .await?;
+    let outcome = state.limiter.store().peek(&named.bucket).await?;
     let reserved = match named.bucket.meter {
-        Meter::Reserve(_) => Some(
-            state
-                .limiter
-                .store()
-                .reserved(&named.bucket)
-                .await?,
-        ),
+        Meter::Reserve(_) => Some(state.limiter.store().reserved(&named.bucket).await?),
         _ => None,
     };
     Ok(json(serde_json::to_string_pretty(&Peek {
@@ -254,11 +244,7 @@ pub async fn reset(
 ) -> Result<HttpResponse, AdminError> {
     let policy = state.limiter.policy();
     let named = named(&policy, &name, request.query_string())?;
-    let existed = state
-        .limiter
-        .store()
-        .reset(&named.bucket.key)
-        .await?;
+    let existed = state.limiter.store().reset(&named.bucket.key).await?;
     // This instance forgets at once; the others when the reset channel tells them.
     state.limiter.forget_denials(&named.bucket.key);
     log::info!(

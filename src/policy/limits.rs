@@ -6,7 +6,7 @@
 //! exists is valid, and nothing parses the config twice.
 
 use crate::base::calendar::Period;
-use crate::base::keys::{self, KeyPart};
+use crate::base::keys::{self, KeyPart, Source};
 use crate::base::rate::{ceil_secs, count_f64};
 use crate::config::{
     check_refill, valid_name, Charge, ConfigError, LimitConfig, OnMissing, RateSpec,
@@ -562,7 +562,7 @@ impl Limit {
 
     /// The key tail of part values given explicitly (an admin query, a `POST /report` body),
     /// one per part in order: the tail `/check` builds for a request carrying them
-    /// ([`keys::tail_of_given`]), an empty value standing for an absent part only under
+    /// ([`keys::tail_of`] of typed values), an empty value standing for an absent part only under
     /// `on_missing = "anonymous"`, a `const` part's value its text. Fails with the index of the
     /// value at fault and why.
     pub fn tail_of_given(
@@ -591,8 +591,8 @@ impl Limit {
             }
         }
         let anonymous = self.on_missing == OnMissing::Anonymous;
-        keys::tail_of_given(&self.key, values, anonymous, ipv6_prefix)
-            .map_err(|(i, why)| (i, format!("({}) {why}", self.key[i])))
+        keys::tail_of(&self.key, Source::Typed(values), anonymous, ipv6_prefix)
+            .map_err(|bad| (bad.index, format!("({}) {}", self.key[bad.index], bad.why)))
     }
 
     /// What an override of this limit keeps for what it leaves out, and what it must fit.

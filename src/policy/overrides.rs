@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use crate::base::keys::{self, KeyPart};
+use crate::base::keys::{self, KeyPart, Source};
 use crate::config::{check_burst, check_refill, ConfigError, OverrideConfig, OverridesFile};
 
 /// What one key gets instead of the limit's own policy.
@@ -92,8 +92,8 @@ impl Overrides {
                 ),
             ));
         }
-        let tail = keys::tail_of_values(parts, &entry.key, base.ipv6_prefix)
-            .map_err(|(i, why)| ConfigError::new(format!("key[{i}]"), why))?;
+        let tail = keys::tail_of(parts, Source::Typed(&entry.key), false, base.ipv6_prefix)
+            .map_err(|bad| ConfigError::new(format!("key[{}]", bad.index), bad.why))?;
         let policy = parse(entry, base)?;
         self.by_tail
             .entry(tail.into_boxed_slice())

@@ -6,7 +6,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use tonic::Status;
 
 use super::Plan;
-use crate::base::keys;
+use crate::base::keys::{self, Source};
 use crate::base::rate::count_f64;
 use crate::config::erl::UNITS;
 use crate::config::OVER_COST;
@@ -118,17 +118,16 @@ pub fn plan(
             let (limit, tail) = match (&matched, chosen.rule) {
                 (Some(matched), Some(rule)) => (
                     rules.rules[rule].limit,
-                    keys::tail_of_entry_values(
-                        entries
+                    entry_tail(
+                        &mut entries
                             .iter()
                             .enumerate()
                             .map(|(i, e)| rules.keyed_value(matched, i, e)),
                     ),
                 ),
                 _ => {
-                    let mut tail = keys::tail_of_entry_values(
-                        entries.iter().map(|entry| entry.value.as_bytes()),
-                    );
+                    let mut tail =
+                        entry_tail(&mut entries.iter().map(|entry| entry.value.as_bytes()));
                     tail.extend_from_slice(
                         format!("|{}/{}", chosen.requests_per_unit, chosen.unit_secs).as_bytes(),
                     );
@@ -208,4 +207,11 @@ fn replace<T>(rules: &ErlRules, found: &mut [(ErlDescriptor, T)]) {
     for i in off {
         found[i].0 = ErlDescriptor::none();
     }
+}
+
+/// The tail of a bucket keyed on a descriptor's values in order, an empty one keyed as an
+/// absent part under `on_missing = "anonymous"` (so an override written with `""` finds it).
+fn entry_tail(values: &mut dyn Iterator<Item = &[u8]>) -> Vec<u8> {
+    // Anonymous: no value is refused, so there is no error to lose.
+    keys::tail_of(&[], Source::Entries(values), true, 128).unwrap_or_default()
 }
