@@ -7,7 +7,9 @@
 # exactly as the project's compose file starts it (the same environment variables, the same
 # YAML directory), and everything else is the project's own files, changed only where
 # container names and ports become loopback addresses. Each script is run unchanged but for
-# its host name.
+# its host names. The compose file's statsd exporter (its `conf.yaml` maps the stats keys to
+# `ratelimit_service_rate_limit_*{domain,key1,...}`) is not started: tollgate serves the same
+# mapping itself (`USE_PROMETHEUS`), and the script that reads it is pointed there.
 #
 # The files are not part of this repository: give a checkout of envoyproxy/ratelimit.
 #
@@ -37,7 +39,7 @@ wait_for() { # what url
 cargo build --release --quiet --bin tollgate
 
 REDIS=$(free_port) GRPC=$(free_port) HTTP=$(free_port) DEBUG=$(free_port)
-PROXY=$(free_port) PROXY_ADMIN=$(free_port)
+PROXY=$(free_port) PROXY_ADMIN=$(free_port) PROM=$(free_port)
 MOCK1=$(free_port) MOCK2=$(free_port) MOCK_ADMIN=$(free_port)
 
 redis-server --port "$REDIS" --bind 127.0.0.1 --save "" --appendonly no --dir "$WORK" \
@@ -51,6 +53,7 @@ env -i PATH="$PATH" HOME="$HOME" \
   REDIS_SOCKET_TYPE=tcp REDIS_URL="127.0.0.1:$REDIS" \
   RUNTIME_ROOT="$WORK/data" RUNTIME_SUBDIRECTORY=ratelimit RUNTIME_WATCH_ROOT=false \
   RESPONSE_DYNAMIC_METADATA=true LOG_LEVEL=debug \
+  USE_STATSD=false USE_PROMETHEUS=true PROMETHEUS_ADDR="127.0.0.1:$PROM" \
   GRPC_HOST=127.0.0.1 GRPC_PORT="$GRPC" HOST=127.0.0.1 PORT="$HTTP" \
   DEBUG_HOST=127.0.0.1 DEBUG_PORT="$DEBUG" \
   target/release/tollgate > "$WORK/tollgate.log" 2>&1 &
@@ -96,7 +99,8 @@ for name in "${scripts[@]}"; do
   # Each script starts on an empty Redis: those that drain a window wait a minute at their
   # end for the next one, which a script that failed early never does.
   redis-cli -p "$REDIS" FLUSHALL >/dev/null
-  sed "s|envoy-proxy:8888|127.0.0.1:$PROXY|g" "$ERL_SRC/integration-test/scripts/$name" \
+  sed -e "s|envoy-proxy:8888|127.0.0.1:$PROXY|g" -e "s|statsd:9102|127.0.0.1:$PROM|g" \
+    "$ERL_SRC/integration-test/scripts/$name" \
     > "$WORK/$name"
   if bash "$WORK/$name" > "$WORK/$name.out" 2>&1; then
     passed=$((passed + 1))
