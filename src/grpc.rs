@@ -25,14 +25,14 @@ use crate::observe::trace::{attribute, Decision, Span};
 use crate::state::AppState;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 
-/// The `ShouldRateLimit` handler.
-pub struct RateLimiter {
+/// The handler of `ShouldRateLimit` (over gRPC, and envoyproxy/ratelimit's `/json`).
+pub struct ShouldRateLimit {
     state: web::Data<AppState>,
 }
 
-impl RateLimiter {
-    pub fn new(state: web::Data<AppState>) -> RateLimiter {
-        RateLimiter { state }
+impl ShouldRateLimit {
+    pub fn new(state: web::Data<AppState>) -> ShouldRateLimit {
+        ShouldRateLimit { state }
     }
 
     /// Decides one request: the plan, then one store call for all its buckets.
@@ -40,7 +40,7 @@ impl RateLimiter {
         self.decide_traced(request, None).await
     }
 
-    /// [`RateLimiter::decide`], the decision also set on `span`.
+    /// [`ShouldRateLimit::decide`], the decision also set on `span`.
     pub async fn decide_traced(
         &self,
         request: &RateLimitRequest,

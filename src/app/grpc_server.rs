@@ -22,7 +22,7 @@ use tonic_health::ServingStatus;
 use crate::app::drain::Door;
 use crate::app::grpc_connections::{prefaced, Admitted, Cap};
 use crate::app::grpc_tls::LiveTls;
-use crate::grpc::{RateLimitService, RateLimiter};
+use crate::grpc::{RateLimitService, ShouldRateLimit};
 use crate::state::AppState;
 
 /// Accepted connections waiting for their lane.
@@ -57,7 +57,7 @@ pub fn spawn(
                 .http2_keepalive_interval(Some(timings.grpc_keepalive_every))
                 .http2_keepalive_timeout(Some(timings.grpc_keepalive_timeout))
                 .add_service(health.clone())
-                .add_service(RateLimitService::new(RateLimiter::new(state.clone()))),
+                .add_service(RateLimitService::new(ShouldRateLimit::new(state.clone()))),
             state: state.clone(),
             closed: lanes_closed.clone(),
             stopping: stopping.clone(),

@@ -14,7 +14,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimit
 use envoy_types::pb::google::protobuf::UInt64Value;
 use serde_json::{json, Map, Value};
 
-use super::RateLimiter;
+use super::ShouldRateLimit;
 use crate::state::AppState;
 
 /// The two routes, for the public listener.
@@ -30,7 +30,7 @@ async fn decide(state: web::Data<AppState>, body: web::Bytes) -> HttpResponse {
     else {
         return HttpResponse::BadRequest().body("Bad Request\n");
     };
-    match RateLimiter::new(state).decide(&request).await {
+    match ShouldRateLimit::new(state).decide(&request).await {
         Ok(response) => {
             let mut answer = if response.overall_code == i32::from(Code::OverLimit) {
                 HttpResponse::TooManyRequests()

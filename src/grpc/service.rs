@@ -22,7 +22,7 @@ use tonic::server::{Grpc, NamedService, UnaryService};
 use tonic::{Request, Response, Status};
 use tonic_prost::{ProstDecoder, ProstEncoder};
 
-use super::RateLimiter;
+use super::ShouldRateLimit;
 use crate::observe::trace::{self, Kind};
 
 /// The method's path.
@@ -36,13 +36,13 @@ const YIELD_THRESHOLD: usize = 32 * 1024;
 /// The rate limit service, for [`tonic::transport::Server::add_service`].
 #[derive(Clone)]
 pub struct RateLimitService {
-    limiter: Arc<RateLimiter>,
+    handler: Arc<ShouldRateLimit>,
 }
 
 impl RateLimitService {
-    pub fn new(limiter: RateLimiter) -> RateLimitService {
+    pub fn new(handler: ShouldRateLimit) -> RateLimitService {
         RateLimitService {
-            limiter: Arc::new(limiter),
+            handler: Arc::new(handler),
         }
     }
 }
@@ -69,22 +69,22 @@ where
             let unimplemented = Status::unimplemented("no such method").into_http();
             return Box::pin(std::future::ready(Ok(unimplemented)));
         }
-        let method = ShouldRateLimit(Arc::clone(&self.limiter));
+        let method = Call(Arc::clone(&self.handler));
         Box::pin(async move { Ok(Grpc::new(SmallBuffers).unary(method, request).await) })
     }
 }
 
-/// The method itself: the decision, counted.
-struct ShouldRateLimit(Arc<RateLimiter>);
+/// One call of the method: the decision, counted.
+struct Call(Arc<ShouldRateLimit>);
 
-impl UnaryService<RateLimitRequest> for ShouldRateLimit {
+impl UnaryService<RateLimitRequest> for Call {
     type Response = RateLimitResponse;
     type Future = BoxFuture<'static, Result<Response<RateLimitResponse>, Status>>;
 
     fn call(&mut self, request: Request<RateLimitRequest>) -> Self::Future {
-        let limiter = Arc::clone(&self.0);
+        let handler = Arc::clone(&self.0);
         // Boxed: a span is rare (sampled), and the future stays small without one.
-        let span = limiter.state.tracer.as_ref().and_then(|tracer| {
+        let span = handler.state.tracer.as_ref().and_then(|tracer| {
             let metadata = request.metadata();
             let caller = trace::incoming(|name| metadata.get(name).and_then(|v| v.to_str().ok()));
             tracer.start(Kind::Grpc, &caller).map(Box::new)
@@ -95,11 +95,11 @@ impl UnaryService<RateLimitRequest> for ShouldRateLimit {
         Box::pin(async move {
             let started = Instant::now();
             let mut span = span;
-            let answer = limiter.decide_traced(&request, span.as_deref_mut()).await;
-            if let (Some(tracer), Some(span)) = (&limiter.state.tracer, span) {
+            let answer = handler.decide_traced(&request, span.as_deref_mut()).await;
+            if let (Some(tracer), Some(span)) = (&handler.state.tracer, span) {
                 tracer.finish(*span);
             }
-            let counters = &limiter.state.metrics.grpc;
+            let counters = &handler.state.metrics.grpc;
             match &answer {
                 Ok(response) if response.overall_code == i32::from(Code::OverLimit) => {
                     counters.over_limit.inc();
@@ -109,7 +109,7 @@ impl UnaryService<RateLimitRequest> for ShouldRateLimit {
             }
             let elapsed = started.elapsed();
             counters.duration.observe(elapsed.as_secs_f64());
-            if let Some(stats) = &limiter.state.erl_stats {
+            if let Some(stats) = &handler.state.erl_stats {
                 stats.request_served(elapsed);
             }
             answer.map(Response::new)
