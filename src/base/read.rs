@@ -7,7 +7,7 @@ use std::path::Path;
 /// Why a file was not read.
 #[derive(Debug, thiserror::Error)]
 pub enum ReadError {
-    #[error("larger than {} MiB; refused before reading it", .cap_mib)]
+    #[error("larger than {} MiB; refused", .cap_mib)]
     TooLarge { cap_mib: u64 },
     #[error("not UTF-8 text")]
     NotText,
@@ -15,14 +15,18 @@ pub enum ReadError {
     Io(#[from] std::io::Error),
 }
 
-/// The text of `path`, refused when it holds more than `cap_mib` MiB: at most one byte past the
-/// cap is ever read.
+/// The text of `path`, refused when it holds more than `cap_mib` MiB: a regular file by its
+/// length, before any of it is read; anything else (a pipe, a device) once one byte past the
+/// cap has been read, which is the most ever held.
 pub fn read_capped(path: &Path, cap_mib: u64) -> Result<String, ReadError> {
     let cap = cap_mib << 20;
+    let file = std::fs::File::open(path)?;
+    let metadata = file.metadata()?;
+    if metadata.is_file() && metadata.len() > cap {
+        return Err(ReadError::TooLarge { cap_mib });
+    }
     let mut bytes = Vec::new();
-    std::fs::File::open(path)?
-        .take(cap + 1)
-        .read_to_end(&mut bytes)?;
+    file.take(cap + 1).read_to_end(&mut bytes)?;
     if bytes.len() as u64 > cap {
         return Err(ReadError::TooLarge { cap_mib });
     }
@@ -42,10 +46,12 @@ mod tests {
         let file = std::fs::File::create(&path).unwrap();
         file.set_len(3 << 30).unwrap();
         let refused = read_capped(&path, 1).unwrap_err();
-        assert_eq!(
-            refused.to_string(),
-            "larger than 1 MiB; refused before reading it"
-        );
+        assert_eq!(refused.to_string(), "larger than 1 MiB; refused");
+        // A stream has no length to look at: refused once it gives a byte past the cap.
+        assert!(matches!(
+            read_capped(Path::new("/dev/zero"), 1),
+            Err(ReadError::TooLarge { cap_mib: 1 })
+        ));
         file.set_len(1 << 20).unwrap();
         assert_eq!(
             read_capped(&path, 1).unwrap().len(),
