@@ -45,6 +45,7 @@ mod reports;
 mod reservations;
 mod routes;
 mod security;
+mod shares;
 mod single_node;
 mod slow_redis;
 mod smoke;
