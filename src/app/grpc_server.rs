@@ -1,4 +1,4 @@
-//! The gRPC listener: Envoy's rate limit service and `grpc.health.v1.Health`, on threads of
+//! The gRPC listener: Envoy's rate limit and quota (RLQS) services and `grpc.health.v1.Health`, on threads of
 //! its own. Health reports readiness as `/readyz` does, and NOT_SERVING from the moment a
 //! shutdown begins. Plain HTTP/2, or TLS with `grpc_tls` (see [`super::grpc_tls`]). Its
 //! connections are bounded (see [`super::grpc_connections`]), and each is sent an HTTP/2
@@ -22,6 +22,7 @@ use tonic_health::ServingStatus;
 use crate::app::drain::Door;
 use crate::app::grpc_connections::{prefaced, Admitted, Cap};
 use crate::app::grpc_tls::LiveTls;
+use crate::grpc::rlqs::RlqsService;
 use crate::grpc::{RateLimitService, RateLimiter};
 use crate::state::AppState;
 
@@ -47,6 +48,7 @@ pub fn spawn(
     let mut lanes = Vec::with_capacity(workers);
     let mut threads = Vec::with_capacity(workers);
     let timings = state.timings;
+    let rlqs = RlqsService::new(state.clone());
     for _ in 0..workers {
         let (hand, accepted) = mpsc::channel(LANE_QUEUE);
         let runtime = single_threaded()?;
@@ -57,7 +59,8 @@ pub fn spawn(
                 .http2_keepalive_interval(Some(timings.grpc_keepalive_every))
                 .http2_keepalive_timeout(Some(timings.grpc_keepalive_timeout))
                 .add_service(health.clone())
-                .add_service(RateLimitService::new(RateLimiter::new(state.clone()))),
+                .add_service(RateLimitService::new(RateLimiter::new(state.clone())))
+                .add_service(rlqs.clone().server()),
             state: state.clone(),
             closed: lanes_closed.clone(),
             stopping: stopping.clone(),

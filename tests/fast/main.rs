@@ -43,6 +43,7 @@ mod replay;
 mod report_numbers;
 mod reports;
 mod reservations;
+mod rlqs;
 mod routes;
 mod security;
 mod shares;
