@@ -196,8 +196,9 @@ if rate > 0 then
   for i = 1, n do weights[i] = rate_target(rate_budget, rate_demands, i) end
   size = size_target(size_budget, weights, who)
 end
-local grant_rate = math.min(rate, math.max(rate_units - used_rate, 0))
-local grant_size = math.min(size, math.max(size_units - used_size, 0))
+local held_rate, held_size = counted(mine)
+local grant_rate = math.min(rate, math.max(rate_units - used_rate, held_rate))
+local grant_size = math.min(size, math.max(size_units - used_size, held_size))
 if grant_rate == 0 or grant_size == 0 then grant_rate = 0; grant_size = 0 end
 
 -- The assignments it replaces keep counting until their own expiry.

@@ -240,7 +240,8 @@ fn eligible(demands: &[u64], units: u64) -> Vec<bool> {
 
 /// One report: updates the reporter's demand, forgets holders whose assignments all lapsed,
 /// and gives the reporter `min(target, free)` in each dimension, where `free` is the pool
-/// less what every other holder may still hold. `holders` is the pool as stored (any order);
+/// less what every other holder may still hold, or what the reporter may hold already if
+/// that is more (a pool whose limit was lowered: cuts go out, nothing grows). `holders` is the pool as stored (any order);
 /// it is updated in place. A grant of 0 in either dimension is a denial (0, 0).
 ///
 /// Invariant: if every holder's counted units summed to at most the pool's before the call,
@@ -303,8 +304,11 @@ pub fn allocate(
     } else {
         size_target(size_budget, &weights, &chosen, who)
     };
-    let free_rate = request.rate_units.saturating_sub(used_rate);
-    let free_size = request.size_units.saturating_sub(used_size);
+    // What X may take: what the others leave free, or at least what it may hold already
+    // (a cut never raises the sum, even in a pool whose limit was lowered below what is out).
+    let (held_rate, held_size) = holders[who].1.counted(now_us);
+    let free_rate = request.rate_units.saturating_sub(used_rate).max(held_rate);
+    let free_size = request.size_units.saturating_sub(used_size).max(held_size);
     let (mut grant_rate, mut grant_size) = (rate.min(free_rate), size.min(free_size));
     if grant_rate == 0 || grant_size == 0 {
         (grant_rate, grant_size) = (0, 0);

@@ -146,8 +146,8 @@ proptest! {
         }
     }
 
-    /// After a lowered limit, once every older assignment has lapsed, the sums fit the new
-    /// numbers again and keep fitting them.
+    /// After a lowered limit, the sums never rise while over the new numbers, and once every
+    /// older assignment has lapsed they fit the new numbers again and keep fitting them.
     #[test]
     fn a_lowered_limit_binds_once_older_assignments_lapse(
         demands in prop::collection::vec(0u64..2000, 1..6),
@@ -159,7 +159,12 @@ proptest! {
             let units = if round < 3 { from } else { to };
             for (i, demand) in demands.iter().enumerate() {
                 let now = 1_000 * S + round * 5 * S + i as u64 * 100_000;
+                let before = counted(&pool, now);
                 allocate(&mut pool, &request(&format!("h{i}"), demand * 5, units.0, units.1), now);
+                // Over the numbers, a report never raises the sum; within them, never past.
+                let after = counted(&pool, now);
+                prop_assert!(after.0 <= before.0.max(units.0) && after.1 <= before.1.max(units.1),
+                    "{:?} -> {:?} with {:?}", before, after, units);
                 if round >= 6 {
                     let (r, s) = counted(&pool, now);
                     prop_assert!(r <= to.0 && s <= to.1, "{} {} of {:?}", r, s, to);
