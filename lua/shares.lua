@@ -197,8 +197,15 @@ if rate > 0 then
   size = size_target(size_budget, weights, who)
 end
 local held_rate, held_size = counted(mine)
-local grant_rate = math.min(rate, math.max(rate_units - used_rate, held_rate))
-local grant_size = math.min(size, math.max(size_units - used_size, held_size))
+local free_rate = math.max(rate_units - used_rate, held_rate)
+local free_size = math.max(size_units - used_size, held_size)
+-- A newcomer beside others takes at most half of what is free (at least one unit).
+if previous == nil and #ids > 1 then
+  free_rate = math.max(math.floor(free_rate / 2), math.min(free_rate, 1))
+  free_size = math.max(math.floor(free_size / 2), math.min(free_size, 1))
+end
+local grant_rate = math.min(rate, free_rate)
+local grant_size = math.min(size, free_size)
 if grant_rate == 0 or grant_size == 0 then grant_rate = 0; grant_size = 0 end
 
 -- The assignments it replaces keep counting until their own expiry.

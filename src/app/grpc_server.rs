@@ -267,7 +267,7 @@ async fn readiness(state: &AppState) -> ServingStatus {
     }
 }
 
-/// The overall status ("") and the rate limit service's own.
+/// The overall status ("") and the rate limit and quota services' own.
 async fn set_status(reporter: &HealthReporter, status: ServingStatus) {
     reporter.set_service_status("", status).await;
     reporter
@@ -275,5 +275,8 @@ async fn set_status(reporter: &HealthReporter, status: ServingStatus) {
             <RateLimitService as tonic::server::NamedService>::NAME,
             status,
         )
+        .await;
+    reporter
+        .set_service_status(crate::grpc::rlqs::SERVICE_NAME, status)
         .await;
 }

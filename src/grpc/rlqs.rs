@@ -29,6 +29,9 @@ pub use report::{MAX_BUCKETS_PER_MESSAGE, MAX_BUCKETS_PER_STREAM};
 
 use crate::state::AppState;
 
+/// The service's name, as gRPC health reports it.
+pub const SERVICE_NAME: &str = "envoy.service.rate_limit_quota.v3.RateLimitQuotaService";
+
 /// Answers a stream may have queued for Envoy before its reports wait.
 const QUEUED_ANSWERS: usize = 4;
 

@@ -265,6 +265,8 @@ pub fn allocate(
         .map(|(_, h)| h)
         .collect();
     let demand_milli = demand(previous.as_ref(), request.requests, now_us, &others);
+    let alone = others.is_empty();
+    let newcomer = previous.is_none();
     let (mut used_rate, mut used_size) = (0u64, 0u64);
     for h in &others {
         let (rate, size) = h.counted(now_us);
@@ -307,8 +309,14 @@ pub fn allocate(
     // What X may take: what the others leave free, or at least what it may hold already
     // (a cut never raises the sum, even in a pool whose limit was lowered below what is out).
     let (held_rate, held_size) = holders[who].1.counted(now_us);
-    let free_rate = request.rate_units.saturating_sub(used_rate).max(held_rate);
-    let free_size = request.size_units.saturating_sub(used_size).max(held_size);
+    let mut free_rate = request.rate_units.saturating_sub(used_rate).max(held_rate);
+    let mut free_size = request.size_units.saturating_sub(used_size).max(held_size);
+    // A newcomer beside others takes at most half of what is free (at least one unit), so
+    // the next newcomer finds some too.
+    if newcomer && !alone {
+        free_rate = (free_rate / 2).max(free_rate.min(1));
+        free_size = (free_size / 2).max(free_size.min(1));
+    }
     let (mut grant_rate, mut grant_size) = (rate.min(free_rate), size.min(free_size));
     if grant_rate == 0 || grant_size == 0 {
         (grant_rate, grant_size) = (0, 0);
@@ -428,9 +436,9 @@ mod tests {
     fn a_cut_counts_until_the_assignment_it_replaces_expires() {
         let mut pool = Vec::new();
         allocate(&mut pool, &request("a", 1000), 0);
-        // b arrives: only the reserve is free.
+        // b arrives: only the reserve is free, and a newcomer takes half of it.
         let b = allocate(&mut pool, &request("b", 1000), 1_000_000);
-        assert_eq!((b.rate, b.size), (50, 5));
+        assert_eq!((b.rate, b.size), (25, 2));
         // a reports: its target is half; it is cut at once...
         let a = allocate(&mut pool, &request("a", 1000), 5_000_000);
         assert_eq!(a.rate, 475);

@@ -214,8 +214,8 @@ async fn two_streams_share_one_limit_and_other_buckets_get_blanket_rules() {
     let ((max_b, fill_b, _), _) = read(&b.report(&[(acme, 1)]).await, 0);
     assert_eq!(
         (max_b, fill_b),
-        (1, 1800),
-        "a newcomer is served from the reserve"
+        (1, 900),
+        "a newcomer is served from half the reserve"
     );
     assert!(max_a + max_b <= 20 && fill_a + fill_b <= 36_000);
 

@@ -104,10 +104,13 @@ fn a_departed_envoys_share_counts_until_its_expiry() {
     let mut pool = Vec::new();
     allocate(&mut pool, &request("a", 5000, 36_000, 100), 0);
     let b = allocate(&mut pool, &request("b", 5000, 36_000, 100), S);
-    assert_eq!(b.rate, 1800, "only the reserve is free at first");
+    assert_eq!(
+        b.rate, 900,
+        "half the reserve, all that is free, for a newcomer"
+    );
     // a stops reporting: its 34,200 count until 11 s.
     let b = allocate(&mut pool, &request("b", 5000, 36_000, 100), 6 * S);
-    assert_eq!(b.rate, 1800);
+    assert_eq!(b.rate, 1800, "no newcomer any more: all that is free");
     let b = allocate(&mut pool, &request("b", 5000, 36_000, 100), 11 * S);
     assert_eq!((b.rate, b.holders), (34_200, 1));
 }
@@ -356,7 +359,7 @@ fn the_memory_store_keeps_pools_apart_and_forgets_lapsed_ones() {
     };
     assert_eq!(share("a", "x").rate, 34_200);
     assert_eq!(share("b", "x").rate, 34_200, "another pool is untouched");
-    assert_eq!(share("a", "y").rate, 1800);
+    assert_eq!(share("a", "y").rate, 900);
     clock.set_us(1_012 * S);
     assert!(runtime
         .block_on(store.shares_of("a"))
