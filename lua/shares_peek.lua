@@ -1,4 +1,8 @@
--- The holders of a pool of RLQS shares, as stored (read-only; see lua/shares.lua).
+-- The holders of a pool of RLQS shares, as stored (read-only; see lua/shares.lua), and now.
 -- KEYS[1]  the pool
--- Returns  the hash flat: id, "demand_milli last_us cur_rate cur_size cur_until_us old_rate old_size old_until_us", ...
-return redis.call('HGETALL', KEYS[1])
+-- Returns  {now_us, id, "demand_milli last_us n_rate (units until_us)* n_size (units until_us)*", ...}
+local t = redis.call('TIME')
+local out = {string.format('%d', tonumber(t[1]) * 1000000 + tonumber(t[2]))}
+local flat = redis.call('HGETALL', KEYS[1])
+for i = 1, #flat do out[#out + 1] = flat[i] end
+return out

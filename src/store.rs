@@ -274,11 +274,12 @@ pub trait Store: Send + Sync + 'static {
         async { Err(StoreError::Other("this store holds no shares".into())) }
     }
 
-    /// The holders of a pool of shares as stored (peek), sorted by id.
+    /// The holders of a pool of shares as stored (peek), sorted by id, and the store's now
+    /// (µs) they are to be read at.
     fn shares_of(
         &self,
         key: &str,
-    ) -> impl Future<Output = Result<Vec<(String, shares::Holding)>, StoreError>> {
+    ) -> impl Future<Output = Result<(u64, Vec<(String, shares::Holding)>), StoreError>> {
         let _ = key;
         async { Err(StoreError::Other("this store holds no shares".into())) }
     }
@@ -370,7 +371,10 @@ impl Store for AnyStore {
         }
     }
 
-    async fn shares_of(&self, key: &str) -> Result<Vec<(String, shares::Holding)>, StoreError> {
+    async fn shares_of(
+        &self,
+        key: &str,
+    ) -> Result<(u64, Vec<(String, shares::Holding)>), StoreError> {
         match self {
             AnyStore::Memory(store) => store.shares_of(key).await,
             AnyStore::Redis(store) => store.shares_of(key).await,

@@ -656,8 +656,9 @@ impl<C: Clock> Store for MemoryStore<C> {
     async fn shares_of(
         &self,
         key: &str,
-    ) -> Result<Vec<(String, super::shares::Holding)>, StoreError> {
-        Ok(self.pools.holders(key, self.now_us()))
+    ) -> Result<(u64, Vec<(String, super::shares::Holding)>), StoreError> {
+        let now = self.now_us();
+        Ok((now, self.pools.holders(key, now)))
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

@@ -494,7 +494,7 @@ impl Store for RedisStore {
     async fn shares_of(
         &self,
         key: &str,
-    ) -> Result<Vec<(String, crate::store::shares::Holding)>, StoreError> {
+    ) -> Result<(u64, Vec<(String, crate::store::shares::Holding)>), StoreError> {
         self.shares_at(key).await
     }
 

@@ -230,6 +230,22 @@ async fn two_streams_share_one_limit_and_other_buckets_get_blanket_rules() {
     );
     assert!(max_a + max_b2 <= 20 && fill_a + fill_b2 <= 36_000);
 
+    // Peek shows what both may hold: within the limit.
+    let peek = crate::support::http::admin_json(
+        tollgate.admin,
+        "GET",
+        "/v1/buckets/per-tenant?key=acme",
+        None,
+        "",
+    );
+    assert_eq!(peek.status, 200, "{peek:?}");
+    let peek: serde_json::Value = serde_json::from_str(&peek.body).expect("JSON");
+    let shares = &peek["shares"];
+    assert_eq!(shares["envoys"], 2, "{peek}");
+    let rate = shares["rate_per_s"].as_f64().expect("a rate");
+    assert!(rate > 9.0 && rate <= 10.0, "{peek}");
+    assert!(shares["burst"].as_u64().is_some_and(|b| b <= 20), "{peek}");
+
     // Unmapped ids are allowed (the default), unlimited keys too; both with a TTL.
     let other: &[(&str, &str)] = &[("name", "something_else")];
     let free: &[(&str, &str)] = &[("name", "per_tenant"), ("tenant", "free-for-all")];

@@ -278,7 +278,7 @@ impl Twin {
             .runtime
             .block_on(self.store.share(&report))
             .expect("the script runs");
-        let after = self
+        let (_, after) = self
             .runtime
             .block_on(self.store.shares_of(key))
             .expect("the pool reads");
@@ -364,6 +364,7 @@ fn the_memory_store_keeps_pools_apart_and_forgets_lapsed_ones() {
     assert!(runtime
         .block_on(store.shares_of("a"))
         .expect("peek")
+        .1
         .is_empty());
     assert_eq!(share("a", "y").rate, 34_200);
 }

@@ -56,7 +56,10 @@ impl RedisStore {
         })
     }
 
-    pub(super) async fn shares_at(&self, key: &str) -> Result<Vec<(String, Holding)>, StoreError> {
+    pub(super) async fn shares_at(
+        &self,
+        key: &str,
+    ) -> Result<(u64, Vec<(String, Holding)>), StoreError> {
         let reply = self
             .run_script(
                 &self.shares_peek_script,
@@ -75,7 +78,12 @@ impl RedisStore {
             Value::SimpleString(text) => Some(text.clone()),
             _ => None,
         };
-        let mut holders: Vec<(String, Holding)> = items
+        let now = items
+            .first()
+            .and_then(text)
+            .and_then(|now| now.parse().ok())
+            .ok_or_else(|| StoreError::Script("shares peek: no time".into()))?;
+        let mut holders: Vec<(String, Holding)> = items[1..]
             .chunks(2)
             .filter_map(|pair| {
                 let id = text(pair.first()?)?;
@@ -84,6 +92,6 @@ impl RedisStore {
             })
             .collect();
         holders.sort_by(|a, b| a.0.cmp(&b.0));
-        Ok(holders)
+        Ok((now, holders))
     }
 }
