@@ -162,39 +162,42 @@ local scale = fill / 1000
 local rate_demands = {}
 for i = 1, n do rate_demands[i] = demands[i] * scale end
 
-local function rate_target(budget, wanted, i)
-  if not eligible[i] then return 0 end
+-- Every holder's rate target in one pass: one unit each, then the spare in proportion to
+-- demand, capped at demand plus a quarter with what is left split evenly.
+local targets = {}
+do
   local count, total = 0, 0
   for j = 1, n do
-    if eligible[j] then count = count + 1; total = total + wanted[j] end
+    if eligible[j] then count = count + 1; total = total + rate_demands[j] end
   end
-  local spare = math.max(budget - count, 0)
-  local extra
-  if total * 1.25 >= spare then
-    if total > 0 then extra = math.floor(spare * wanted[i] / total) else extra = 0 end
-  else
-    extra = math.floor(wanted[i] * 1.25 + (spare - total * 1.25) / count)
-  end
-  return 1 + extra
-end
-
-local function size_target(budget, weights, i)
-  local count, total = 0, 0
+  local spare = math.max(rate_budget - count, 0)
   for j = 1, n do
-    if eligible[j] then count = count + 1; total = total + weights[j] end
+    if not eligible[j] then
+      targets[j] = 0
+    else
+      local extra
+      if total * 1.25 >= spare then
+        if total > 0 then extra = math.floor(spare * rate_demands[j] / total) else extra = 0 end
+      else
+        extra = math.floor(rate_demands[j] * 1.25 + (spare - total * 1.25) / count)
+      end
+      targets[j] = 1 + extra
+    end
   end
-  local spare = math.max(budget - count, 0)
-  local extra = 0
-  if total > 0 then extra = math.floor(spare * weights[i] / total) end
-  return 1 + extra
 end
 
-local rate = rate_target(rate_budget, rate_demands, who)
+-- Sizes follow the rate targets: the same rule, weighted by them.
+local rate = targets[who]
 local size = 0
 if rate > 0 then
-  local weights = {}
-  for i = 1, n do weights[i] = rate_target(rate_budget, rate_demands, i) end
-  size = size_target(size_budget, weights, who)
+  local count, total = 0, 0
+  for j = 1, n do
+    if eligible[j] then count = count + 1; total = total + targets[j] end
+  end
+  local spare = math.max(size_budget - count, 0)
+  local extra = 0
+  if total > 0 then extra = math.floor(spare * targets[who] / total) end
+  size = 1 + extra
 end
 local held_rate, held_size = counted(mine)
 local free_rate = math.max(rate_units - used_rate, held_rate)

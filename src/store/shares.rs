@@ -185,19 +185,15 @@ fn demand(previous: Option<&Holding>, requests: u64, now_us: u64, others: &[&Hol
 }
 
 /// The targets of every holder (sorted by id), given their demands: at least one unit each
-/// for the `eligible` first by demand, then the rest of `budget` in proportion to demand,
-/// capped at demand plus a quarter, the spare split evenly. Returns the target of index
-/// `who`.
+/// for the eligible ones, then the rest of `budget` in proportion to demand, capped at
+/// demand plus a quarter, the spare split evenly.
 #[expect(
     clippy::cast_precision_loss,
     clippy::cast_possible_truncation,
     clippy::cast_sign_loss,
     reason = "units stay below 2^53; every quotient is floored, so the sum stays within budget"
 )]
-fn rate_target(budget: u64, demands: &[f64], eligible: &[bool], who: usize) -> u64 {
-    if !eligible[who] {
-        return 0;
-    }
+fn rate_targets(budget: u64, demands: &[f64], eligible: &[bool]) -> Vec<u64> {
     let count = eligible.iter().filter(|e| **e).count() as u64;
     let spare = budget.saturating_sub(count) as f64;
     let total: f64 = demands
@@ -206,17 +202,25 @@ fn rate_target(budget: u64, demands: &[f64], eligible: &[bool], who: usize) -> u
         .filter(|(_, e)| **e)
         .map(|(d, _)| *d)
         .sum();
-    let mine = demands[who];
-    let extra = if total * 1.25 >= spare {
-        if total > 0.0 {
-            (spare * mine / total).floor()
-        } else {
-            0.0
-        }
-    } else {
-        (mine * 1.25 + (spare - total * 1.25) / count as f64).floor()
-    };
-    1 + extra as u64
+    demands
+        .iter()
+        .zip(eligible)
+        .map(|(mine, chosen)| {
+            if !chosen {
+                return 0;
+            }
+            let extra = if total * 1.25 >= spare {
+                if total > 0.0 {
+                    (spare * mine / total).floor()
+                } else {
+                    0.0
+                }
+            } else {
+                (mine * 1.25 + (spare - total * 1.25) / count as f64).floor()
+            };
+            1 + extra as u64
+        })
+        .collect()
 }
 
 /// Which holders (sorted by id) get at least one unit: all when `units` allow, else the
@@ -296,14 +300,13 @@ pub fn allocate(
     let chosen = eligible(&demands, rate_budget.min(size_budget));
     let scale = request.fill_interval_s as f64 / 1000.0;
     let rate_demands: Vec<f64> = demands.iter().map(|d| *d as f64 * scale).collect();
-    let rate = rate_target(rate_budget, &rate_demands, &chosen, who);
+    let targets = rate_targets(rate_budget, &rate_demands, &chosen);
+    let rate = targets[who];
     // Sizes follow the rate targets: the same rule, weighted by them.
-    let weights: Vec<f64> = (0..holders.len())
-        .map(|i| rate_target(rate_budget, &rate_demands, &chosen, i) as f64)
-        .collect();
     let size = if rate == 0 {
         0
     } else {
+        let weights: Vec<f64> = targets.iter().map(|t| *t as f64).collect();
         size_target(size_budget, &weights, &chosen, who)
     };
     // What X may take: what the others leave free, or at least what it may hold already
