@@ -41,7 +41,9 @@ fn main() {
     let rate: f64 = a.get(2).expect(usage).parse().expect("a rate");
     let burst: f64 = a.get(3).expect(usage).parse().expect("a burst");
     let seconds: f64 = a.get(4).map_or(60.0, |s| s.parse().expect("seconds"));
-    let warmup: f64 = a.get(5).map_or(15.0, |s| s.parse().expect("warm-up seconds"));
+    let warmup: f64 = a
+        .get(5)
+        .map_or(15.0, |s| s.parse().expect("warm-up seconds"));
     serve_backend(backend);
 
     let start = Instant::now() + Duration::from_millis(200);
@@ -58,7 +60,10 @@ fn main() {
         "skew",
         [0.80, 0.15, 0.05].map(|part| vec![(0.0, seconds, 5.0 * rate * part)]),
     );
-    let equal = tenant("equal", [(); 3].map(|()| vec![(0.0, seconds, 5.0 * rate / 3.0)]));
+    let equal = tenant(
+        "equal",
+        [(); 3].map(|()| vec![(0.0, seconds, 5.0 * rate / 3.0)]),
+    );
     let shift = tenant(
         "shift",
         [0.80, 0.15, 0.05].map(|part| vec![(0.0, half, rate), (half, seconds, 3.0 * rate * part)]),
@@ -74,7 +79,8 @@ fn main() {
         let all: Vec<&Seen> = seen.iter().collect();
         let admitted = admitted(&all, warmup, seconds) as f64;
         let utilisation = admitted / (rate * (seconds - warmup));
-        let parts = [0, 1, 2].map(|e| self::admitted(&[&seen[e]], warmup, seconds) as f64 / admitted);
+        let parts =
+            [0, 1, 2].map(|e| self::admitted(&[&seen[e]], warmup, seconds) as f64 / admitted);
         let statics: f64 = demand.iter().map(|d| d.min(rate)).sum::<f64>() / rate;
         println!(
             "{name}: utilisation {utilisation:.3} over {:.0} s; parts {:.3}/{:.3}/{:.3}; worst excess {:.1}; static copies would admit {statics:.2}x the limit",
@@ -131,7 +137,9 @@ fn drive(
                 }
                 sent += 1;
                 if let Some(ok) = request(&mut connection, envoy, tenant) {
-                    let t = Instant::now().saturating_duration_since(start).as_secs_f64();
+                    let t = Instant::now()
+                        .saturating_duration_since(start)
+                        .as_secs_f64();
                     seen.lock().expect("seen").push((t, ok));
                 }
             }
@@ -195,7 +203,9 @@ fn serve_backend(addr: SocketAddr) {
     std::thread::spawn(move || {
         for stream in listener.incoming().flatten() {
             std::thread::spawn(move || {
-                let Ok(writer) = stream.try_clone() else { return };
+                let Ok(writer) = stream.try_clone() else {
+                    return;
+                };
                 let mut writer = writer;
                 let mut reader = BufReader::new(stream);
                 let mut line = String::new();
