@@ -292,3 +292,65 @@ async fn unmatched_buckets_are_denied_when_configured() {
         assert_eq!(rule, BlanketRule::DenyAll as u32);
     }
 }
+
+/// Six streams on two replicas report as fast as they are answered, with random counts,
+/// while peeks read the pool: what may be held never passes the limit, at any peek, and the
+/// last assignments of all six (all still in force) fit in it together.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_racing_on_two_replicas_never_hold_more_than_the_limit() {
+    let redis = RedisServer::start();
+    let config = redis_config(&redis, "", SHARED);
+    let replicas = [grpc::tollgate(&config), grpc::tollgate(&config)];
+    let acme: &'static [(&'static str, &'static str)] =
+        &[("name", "per_tenant"), ("tenant", "acme")];
+    let mut tasks = Vec::new();
+    for i in 0..6u64 {
+        let addr = replicas[(i % 2) as usize].1;
+        tasks.push(tokio::spawn(async move {
+            let mut envoy = Envoy::connect(addr).await;
+            let mut last = (0, 0);
+            for round in 0..60u64 {
+                let requests = (i * 37 + round * 101) % 400;
+                let answer = envoy.report(&[(acme, requests)]).await;
+                let ((max, fill, interval), _) = read(&answer, 0);
+                // A blanket rule (DENY_ALL) holds nothing.
+                last = if interval == 0 {
+                    (0, 0)
+                } else {
+                    (u64::from(max), u64::from(fill))
+                };
+            }
+            last
+        }));
+    }
+    let admin = replicas[0].0.admin;
+    let peeks = tokio::task::spawn_blocking(move || {
+        let mut seen = 0;
+        for _ in 0..200 {
+            let peek = crate::support::http::admin_json(
+                admin,
+                "GET",
+                "/v1/buckets/per-tenant?key=acme",
+                None,
+                "",
+            );
+            let peek: serde_json::Value = serde_json::from_str(&peek.body).expect("JSON");
+            let shares = &peek["shares"];
+            let rate = shares["rate_per_s"].as_f64().unwrap_or(0.0);
+            let burst = shares["burst"].as_u64().unwrap_or(0);
+            assert!(rate <= 10.0 && burst <= 20, "held past the limit: {peek}");
+            seen += usize::from(shares["envoys"].as_u64().unwrap_or(0) > 1);
+        }
+        seen
+    });
+    let mut sums = (0, 0);
+    for task in tasks {
+        let (max, fill) = task.await.expect("a stream");
+        sums = (sums.0 + max, sums.1 + fill);
+    }
+    assert!(sums.0 <= 20 && sums.1 <= 36_000, "{sums:?}");
+    assert!(
+        peeks.await.expect("the peeks") > 0,
+        "the peeks saw the streams share"
+    );
+}
