@@ -48,7 +48,7 @@ pub fn spawn(
     let mut lanes = Vec::with_capacity(workers);
     let mut threads = Vec::with_capacity(workers);
     let timings = state.timings;
-    let rlqs = RlqsService::new(state.clone());
+    let rlqs = RlqsService::new(state.clone(), stopping.clone());
     for _ in 0..workers {
         let (hand, accepted) = mpsc::channel(LANE_QUEUE);
         let runtime = single_threaded()?;

@@ -22,7 +22,7 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
     RateLimitQuotaResponse, RateLimitQuotaUsageReports,
 };
 use futures_util::Stream;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tonic::{Request, Response, Status, Streaming};
 
 pub use report::{MAX_BUCKETS_PER_MESSAGE, MAX_BUCKETS_PER_STREAM};
@@ -42,14 +42,18 @@ pub struct RlqsService {
     /// This instance's streams are told apart from every other replica's by it.
     instance: u64,
     streams: Arc<AtomicU64>,
+    /// True once a shutdown began: streams end after the close notice, so each Envoy opens
+    /// its stream again on another replica while its assignments still hold.
+    stopping: watch::Receiver<bool>,
 }
 
 impl RlqsService {
-    pub fn new(state: web::Data<AppState>) -> RlqsService {
+    pub fn new(state: web::Data<AppState>, stopping: watch::Receiver<bool>) -> RlqsService {
         RlqsService {
             state,
             instance: random_id(),
             streams: Arc::default(),
+            stopping,
         }
     }
 
@@ -83,13 +87,21 @@ impl RateLimitQuotaService for RlqsService {
         let number = self.streams.fetch_add(1, Ordering::Relaxed);
         let id = format!("{:016x}.{number:x}", self.instance);
         let mut stream = report::Stream::new(self.state.clone(), id);
+        let mut stopping = self.stopping.clone();
+        let notice = self.state.timings.close_notice;
+        let leave = async move {
+            let _ = stopping.wait_for(|stop| *stop).await;
+            tokio::time::sleep(notice).await;
+        };
         // Messages are answered in order, one at a time: a share is decided before the next
         // report of the same bucket is read.
         tokio::spawn(async move {
+            tokio::pin!(leave);
             loop {
                 let message = tokio::select! {
                     message = inbound.message() => message,
                     () = answers.closed() => break,
+                    () = &mut leave => break,
                 };
                 let reports = match message {
                     Ok(Some(reports)) => reports,

@@ -354,3 +354,25 @@ async fn streams_racing_on_two_replicas_never_hold_more_than_the_limit() {
         "the peeks saw the streams share"
     );
 }
+
+/// A replica told to stop ends its quota streams after the close notice (Envoy then opens
+/// its stream again on another replica while its assignments hold), and exits promptly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_replica_ends_its_streams_after_the_close_notice() {
+    let redis = RedisServer::start();
+    let (mut tollgate, addr) = grpc::tollgate_with_env(
+        &redis_config(&redis, "", SHARED),
+        &[crate::support::SHORT_TIMINGS],
+    );
+    let mut envoy = Envoy::connect(addr).await;
+    let acme: &[(&str, &str)] = &[("name", "per_tenant"), ("tenant", "acme")];
+    envoy.report(&[(acme, 1)]).await;
+    tollgate.signal("TERM");
+    let notice = crate::support::short_timings().close_notice;
+    let ended = tokio::time::timeout(notice * 20, envoy.answers.message()).await;
+    assert!(
+        matches!(ended, Ok(Ok(None))),
+        "the stream ended cleanly: {ended:?}"
+    );
+    assert_eq!(tollgate.wait_exit(Duration::from_secs(10)), Some(0));
+}
