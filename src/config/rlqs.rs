@@ -28,7 +28,7 @@ impl Default for RlqsConfig {
         RlqsConfig {
             unmatched: Unmatched::Allow,
             abandon_after_s: 300,
-            assignment_ttl_s: 7,
+            assignment_ttl_s: 8,
             reserve: 0.05,
             buckets: Vec::new(),
         }
