@@ -135,3 +135,73 @@ impl RlqsRules {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::observe::metrics::Metrics;
+    use crate::policy::Policy;
+
+    fn policy(toml: &str) -> Policy {
+        use figment::providers::Format as _;
+        let config: Config = figment::Figment::new()
+            .merge(figment::providers::Toml::string(toml))
+            .extract()
+            .expect("a config");
+        Policy::compile(&config, &Metrics::new()).expect("a valid config")
+    }
+
+    fn bucket(entries: &[(&str, &str)]) -> HashMap<String, String> {
+        entries
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn the_first_rule_whose_domain_and_match_hold_maps_the_id_with_constants_in_place() {
+        let policy = policy(
+            r#"
+[[rlqs.buckets]]
+domain = "edge"
+match = { name = "route" }
+limit = "per-route"
+key = ["tenant", "route"]
+[[rlqs.buckets]]
+limit = "per-tenant"
+key = ["tenant"]
+[[limits]]
+name = "per-route"
+rate = 1
+burst = 1
+key = ["descriptor:tenant", "const:v1", "descriptor:route"]
+[[limits]]
+name = "per-tenant"
+rate = 1
+burst = 1
+key = ["descriptor:tenant"]
+"#,
+        );
+        let rules = &policy.rlqs;
+        let limits = &policy.limits;
+        let routed = bucket(&[("name", "route"), ("tenant", "acme"), ("route", "/a")]);
+        let found = rules.find("edge", &routed, limits).expect("mapped");
+        assert_eq!(found.limit, 0);
+        assert_eq!(found.tail, b"acme|v1|/a".to_vec());
+        // Another domain falls through to the catch-all rule.
+        let found = rules.find("other", &routed, limits).expect("mapped");
+        assert_eq!((found.limit, found.tail), (1, b"acme".to_vec()));
+        // A missing or empty key entry is unmatched.
+        assert_eq!(rules.find("other", &bucket(&[("name", "x")]), limits), None);
+        assert_eq!(
+            rules.find("other", &bucket(&[("tenant", "")]), limits),
+            None
+        );
+        // Values are escaped as every key tail is.
+        let odd = rules
+            .find("other", &bucket(&[("tenant", "a|b")]), limits)
+            .expect("mapped");
+        assert_eq!(odd.tail, b"a%7Cb".to_vec());
+    }
+}

@@ -376,3 +376,63 @@ async fn a_stopping_replica_ends_its_streams_after_the_close_notice() {
     );
     assert_eq!(tollgate.wait_exit(Duration::from_secs(10)), Some(0));
 }
+
+/// A bucket reported without requests for `abandon_after_s` is abandoned; one with requests
+/// never is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_bucket_is_abandoned() {
+    let redis = RedisServer::start();
+    let config = SHARED.replace("[rlqs]\n", "[rlqs]\nabandon_after_s = 1\n");
+    let (tollgate, addr) = grpc::tollgate(&redis_config(&redis, "", &config));
+    let mut envoy = Envoy::connect(addr).await;
+    let acme: &[(&str, &str)] = &[("name", "per_tenant"), ("tenant", "acme")];
+    let busy: &[(&str, &str)] = &[("name", "per_tenant"), ("tenant", "busy")];
+    envoy.report(&[(acme, 5), (busy, 5)]).await;
+    let first = envoy.report(&[(acme, 0), (busy, 5)]).await;
+    let assigned = |answer: &RateLimitQuotaResponse| {
+        answer
+            .bucket_action
+            .iter()
+            .all(|a| matches!(a.bucket_action, Some(Kind::QuotaAssignmentAction(_))))
+    };
+    assert!(assigned(&first), "idle for less than a second: {first:?}");
+    // Reports without requests for acme (and with some for busy) until acme is abandoned.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let abandoned = loop {
+        let answer = envoy.report(&[(acme, 0), (busy, 5)]).await;
+        let kinds: Vec<(bool, bool)> = answer
+            .bucket_action
+            .iter()
+            .map(|a| {
+                let is_acme = a.bucket_id.as_ref().and_then(|b| b.bucket.get("tenant"))
+                    == Some(&"acme".to_string());
+                (
+                    is_acme,
+                    matches!(a.bucket_action, Some(Kind::AbandonAction(_))),
+                )
+            })
+            .collect();
+        assert!(
+            kinds.iter().all(|(is_acme, abandon)| *is_acme || !abandon),
+            "a bucket with requests is never abandoned: {answer:?}"
+        );
+        if kinds.iter().any(|(is_acme, abandon)| *is_acme && *abandon) {
+            break true;
+        }
+        if tokio::time::Instant::now() > deadline {
+            break false;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(
+        abandoned,
+        "acme was abandoned after a second without requests"
+    );
+    assert!(
+        tollgate
+            .metrics()
+            .contains("tollgate_rlqs_assignments_total{action=\"abandon\"} 1"),
+        "{}",
+        tollgate.metrics()
+    );
+}
