@@ -98,6 +98,13 @@ fn validate_refuses_every_bad_bucket_rule_in_one_line_naming_its_key() {
         "{}",
         String::from_utf8_lossy(&fine.stderr)
     );
+    let printed = String::from_utf8_lossy(&fine.stdout);
+    assert!(
+        printed.contains("rlqs          1 bucket rule(s), unmatched allow, ttl 8 s")
+            && printed
+                .contains("domain edge  match [name=t]  -> limit two-parts  key [tenant, route]"),
+        "{printed}"
+    );
 }
 
 const SHARED: &str = r#"
