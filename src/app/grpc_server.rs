@@ -1,4 +1,4 @@
-//! The gRPC listener: Envoy's rate limit service and `grpc.health.v1.Health`, on threads of
+//! The gRPC listener: Envoy's rate limit and quota (RLQS) services and `grpc.health.v1.Health`, on threads of
 //! its own. Health reports readiness as `/readyz` does, and NOT_SERVING from the moment a
 //! shutdown begins. Plain HTTP/2, or TLS with `grpc_tls` (see [`super::grpc_tls`]). Its
 //! connections are bounded (see [`super::grpc_connections`]), and each is sent an HTTP/2
@@ -22,6 +22,7 @@ use tonic_health::ServingStatus;
 use crate::app::drain::Door;
 use crate::app::grpc_connections::{prefaced, Admitted, Cap};
 use crate::app::grpc_tls::LiveTls;
+use crate::grpc::rlqs::RlqsService;
 use crate::grpc::{RateLimitService, ShouldRateLimit};
 use crate::state::AppState;
 
@@ -47,6 +48,7 @@ pub fn spawn(
     let mut lanes = Vec::with_capacity(workers);
     let mut threads = Vec::with_capacity(workers);
     let timings = state.timings;
+    let rlqs = RlqsService::new(state.clone(), stopping.clone());
     for _ in 0..workers {
         let (hand, accepted) = mpsc::channel(LANE_QUEUE);
         let runtime = single_threaded()?;
@@ -57,7 +59,8 @@ pub fn spawn(
                 .http2_keepalive_interval(Some(timings.grpc_keepalive_every))
                 .http2_keepalive_timeout(Some(timings.grpc_keepalive_timeout))
                 .add_service(health.clone())
-                .add_service(RateLimitService::new(ShouldRateLimit::new(state.clone()))),
+                .add_service(RateLimitService::new(ShouldRateLimit::new(state.clone())))
+                .add_service(rlqs.clone().server()),
             state: state.clone(),
             closed: lanes_closed.clone(),
             stopping: stopping.clone(),
@@ -264,7 +267,7 @@ async fn readiness(state: &AppState) -> ServingStatus {
     }
 }
 
-/// The overall status ("") and the rate limit service's own.
+/// The overall status ("") and the rate limit and quota services' own.
 async fn set_status(reporter: &HealthReporter, status: ServingStatus) {
     reporter.set_service_status("", status).await;
     reporter
@@ -272,5 +275,8 @@ async fn set_status(reporter: &HealthReporter, status: ServingStatus) {
             <RateLimitService as tonic::server::NamedService>::NAME,
             status,
         )
+        .await;
+    reporter
+        .set_service_status(crate::grpc::rlqs::SERVICE_NAME, status)
         .await;
 }

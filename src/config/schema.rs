@@ -69,6 +69,9 @@ pub struct Config {
     /// OpenTelemetry spans of the decisions, exported over OTLP.
     #[serde(skip_serializing_if = "super::trace::TracingConfig::is_default")]
     pub tracing: super::trace::TracingConfig,
+    /// Envoy's quota service (RLQS): shares of limits for the `rate_limit_quota` filter.
+    #[serde(skip_serializing_if = "super::rlqs::RlqsConfig::is_default")]
+    pub rlqs: super::rlqs::RlqsConfig,
     /// Bearer token for the admin listener's mutating requests (`POST /report`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub admin_token: Option<Secret>,
@@ -461,6 +464,7 @@ impl Default for Config {
             }],
             envoy: ErlConfig::default(),
             tracing: super::trace::TracingConfig::default(),
+            rlqs: super::rlqs::RlqsConfig::default(),
             admin_token: None,
             admin_token_file: None,
             fingerprint_salt: None,

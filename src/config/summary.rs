@@ -192,6 +192,33 @@ impl Config {
             out.push('\n');
             out.push_str(&self.envoy.metrics.describe());
         }
+        if !self.rlqs.buckets.is_empty() {
+            let rlqs = &self.rlqs;
+            let _ = writeln!(
+                out,
+                "rlqs          {} bucket rule(s), unmatched {}, ttl {} s, reserve {}, abandon after {} s",
+                rlqs.buckets.len(),
+                spelled(&rlqs.unmatched),
+                rlqs.assignment_ttl_s,
+                rlqs.reserve,
+                rlqs.abandon_after_s
+            );
+            for rule in &rlqs.buckets {
+                let matching: Vec<String> = rule
+                    .matching
+                    .iter()
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect();
+                let _ = writeln!(
+                    out,
+                    "  domain {}  match [{}]  -> limit {}  key [{}]",
+                    rule.domain.as_deref().unwrap_or("any"),
+                    matching.join(", "),
+                    rule.limit,
+                    rule.key.join(", ")
+                );
+            }
+        }
         for warning in self.warnings() {
             let _ = writeln!(out, "warning: {warning}");
         }

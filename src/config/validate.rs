@@ -83,6 +83,7 @@ impl Config {
         self.store.validate()?;
         self.envoy.check()?;
         self.tracing.validate()?;
+        self.rlqs.check(self.grpc_listen.is_some())?;
         if let Some(tls) = &self.grpc_tls {
             if self.grpc_listen.is_none() {
                 return Err(ConfigError::new(

@@ -86,6 +86,10 @@ struct Peek<'a> {
     /// The key's own policy: "unlimited", its rate and burst, or none.
     #[serde(rename = "override", skip_serializing_if = "Option::is_none")]
     own: Option<serde_json::Value>,
+    /// The key's shares among Envoy's quota filters (RLQS), for a limit `[[rlqs.buckets]]`
+    /// names.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    shares: Option<serde_json::Value>,
 }
 
 #[derive(Serialize)]
@@ -200,6 +204,57 @@ fn json(body: serde_json::Result<String>) -> HttpResponse {
         .body(body.unwrap_or_default())
 }
 
+/// What the Envoys of a pool may hold now (each assignment counted until it expires), in
+/// all and per holder (an Envoy's bucket: `<instance>.<stream>.<bucket>`).
+#[expect(
+    clippy::cast_precision_loss,
+    reason = "units and microseconds shown as decimals"
+)]
+fn shares_view(
+    bucket: &BucketRequest,
+    now_us: u64,
+    holders: &[(String, crate::store::shares::Holding)],
+) -> serde_json::Value {
+    let fill = crate::limiter::shares::units(&crate::policy::limits::Numbers {
+        rate: bucket.rate,
+        burst: 0,
+        overridden: false,
+    })
+    .fill_interval_s as f64;
+    let (mut rate, mut size) = (0u64, 0u64);
+    let listed: Vec<serde_json::Value> = holders
+        .iter()
+        .filter_map(|(id, holding)| {
+            let (r, s) = holding.counted(now_us);
+            if (r, s) == (0, 0) {
+                return None;
+            }
+            rate += r;
+            size += s;
+            let until = holding
+                .rate_steps
+                .iter()
+                .chain(&holding.size_steps)
+                .map(|(_, until)| *until)
+                .max()
+                .unwrap_or(now_us);
+            Some(json!({
+                "holder": id,
+                "rate_per_s": r as f64 / fill,
+                "burst": s,
+                "demand_per_s": holding.demand_milli as f64 / 1000.0,
+                "expires_in_s": until.saturating_sub(now_us) as f64 / 1e6,
+            }))
+        })
+        .collect();
+    json!({
+        "envoys": listed.len(),
+        "rate_per_s": rate as f64 / fill,
+        "burst": size,
+        "holders": listed,
+    })
+}
+
 /// `GET /v1/buckets/{limit}`: the bucket as the next check would find it, charging nothing.
 pub async fn peek(
     request: HttpRequest,
@@ -225,6 +280,18 @@ pub async fn peek(
         Meter::Reserve(_) => Some(state.limiter.store().reserved(&named.bucket).await?),
         _ => None,
     };
+    let shared = policy
+        .rlqs
+        .rules
+        .iter()
+        .any(|rule| policy.limits.get(rule.limit).map(|l| &l.name) == Some(&named.limit.name));
+    let shares = if shared {
+        let pool = crate::store::shares_key(&named.bucket.key);
+        let (now, holders) = state.limiter.store().shares_of(&pool).await?;
+        Some(shares_view(&named.bucket, now, &holders))
+    } else {
+        None
+    };
     Ok(json(serde_json::to_string_pretty(&Peek {
         limit: &named.limit.name,
         key,
@@ -232,6 +299,7 @@ pub async fn peek(
         next_check: if outcome.enough { "allowed" } else { "denied" },
         cost: named.bucket.cost,
         own: override_view(named.own),
+        shares,
     })))
 }
 

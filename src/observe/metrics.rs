@@ -5,8 +5,8 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry, TextEncoder,
+    Encoder, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
+    Opts, Registry, TextEncoder,
 };
 
 use crate::observe::top::KeyTop;
@@ -26,6 +26,11 @@ pub const GRPC_REQUESTS_TOTAL: &str = "tollgate_grpc_requests_total";
 pub const GRPC_DURATION_SECONDS: &str = "tollgate_grpc_duration_seconds";
 pub const RUNTIME_OVERRIDES: &str = "tollgate_runtime_overrides";
 pub const TRACE_SPANS_TOTAL: &str = "tollgate_trace_spans_total";
+pub const RLQS_STREAMS: &str = "tollgate_rlqs_streams";
+pub const RLQS_BUCKETS: &str = "tollgate_rlqs_buckets";
+pub const RLQS_REPORTS_TOTAL: &str = "tollgate_rlqs_reports_total";
+pub const RLQS_ASSIGNMENTS_TOTAL: &str = "tollgate_rlqs_assignments_total";
+pub const RLQS_SHARE_UTILISATION: &str = "tollgate_rlqs_share_utilisation";
 
 /// The `decision` label of `tollgate_limit_decisions_total`, and the `event` labels of
 /// `tollgate_reservations_total` and `tollgate_leases_total`: every series a limit has.
@@ -76,6 +81,24 @@ pub struct SpanCounters {
     pub queue_full: IntCounter,
     /// Lost with a batch the collector did not take.
     pub export_failed: IntCounter,
+}
+
+/// Envoy's quota service (RLQS).
+#[derive(Clone)]
+pub struct RlqsMetrics {
+    /// Open `StreamRateLimitQuotas` streams on this instance.
+    pub streams: IntGauge,
+    /// Bucket ids those streams hold.
+    pub buckets: IntGauge,
+    /// Bucket usage reports received.
+    pub reports: IntCounter,
+    /// Assignments sent, by action.
+    pub token_bucket: IntCounter,
+    pub deny_all: IntCounter,
+    pub allow_all: IntCounter,
+    pub abandon: IntCounter,
+    /// Per limit: the part of its rate handed out in the pool last reported to.
+    pub utilisation: GaugeVec,
 }
 
 /// `tollgate_limit_decisions_total` for one limit.
@@ -137,6 +160,7 @@ pub struct Metrics {
     /// Runtime overrides this instance holds, by limit (expired ones until the store drops them).
     pub runtime_overrides: IntGaugeVec,
     pub trace_spans: SpanCounters,
+    pub rlqs: RlqsMetrics,
     tops: Arc<Mutex<HashMap<String, Arc<KeyTop>>>>,
 }
 
@@ -248,9 +272,47 @@ impl Metrics {
             &["result"],
         )
         .expect("valid metric");
+        let rlqs_streams = IntGauge::new(
+            RLQS_STREAMS,
+            "Open StreamRateLimitQuotas streams (Envoy's quota filter) on this instance.",
+        )
+        .expect("valid metric");
+        let rlqs_buckets = IntGauge::new(
+            RLQS_BUCKETS,
+            "Quota bucket ids the open RLQS streams of this instance hold.",
+        )
+        .expect("valid metric");
+        let rlqs_reports = IntCounter::new(
+            RLQS_REPORTS_TOTAL,
+            "Bucket usage reports received from Envoy's quota filter.",
+        )
+        .expect("valid metric");
+        let rlqs_assignments = IntCounterVec::new(
+            Opts::new(
+                RLQS_ASSIGNMENTS_TOTAL,
+                "Bucket actions sent to Envoy's quota filter, by action: token_bucket (a share), \
+                 deny_all, allow_all, abandon.",
+            ),
+            &["action"],
+        )
+        .expect("valid metric");
+        let rlqs_utilisation = GaugeVec::new(
+            Opts::new(
+                RLQS_SHARE_UTILISATION,
+                "Per limit: the part of its rate the Envoys of the pool last reported to may \
+                 hold (shares counted until they expire), 0 to 1.",
+            ),
+            &["limit"],
+        )
+        .expect("valid metric");
 
         for collector in [
             Box::new(checks.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(rlqs_streams.clone()),
+            Box::new(rlqs_buckets.clone()),
+            Box::new(rlqs_reports.clone()),
+            Box::new(rlqs_assignments.clone()),
+            Box::new(rlqs_utilisation.clone()),
             Box::new(limit_decisions.clone()),
             Box::new(reservations.clone()),
             Box::new(leases.clone()),
@@ -307,6 +369,16 @@ impl Metrics {
                 queue_full: trace_spans.with_label_values(&["queue_full"]),
                 export_failed: trace_spans.with_label_values(&["export_failed"]),
             },
+            rlqs: RlqsMetrics {
+                streams: rlqs_streams,
+                buckets: rlqs_buckets,
+                reports: rlqs_reports,
+                token_bucket: rlqs_assignments.with_label_values(&["token_bucket"]),
+                deny_all: rlqs_assignments.with_label_values(&["deny_all"]),
+                allow_all: rlqs_assignments.with_label_values(&["allow_all"]),
+                abandon: rlqs_assignments.with_label_values(&["abandon"]),
+                utilisation: rlqs_utilisation,
+            },
             registry,
         }
     }
@@ -316,6 +388,7 @@ impl Metrics {
         // Every limit shows its runtime override count from the start, 0 until one is set
         // (touching an existing series keeps its value across a reload).
         self.runtime_overrides.with_label_values(&[limit]);
+        self.rlqs.utilisation.with_label_values(&[limit]);
         let [allowed, denied, shadow_denied] =
             DECISIONS.map(|decision| self.limit_decisions.with_label_values(&[limit, decision]));
         let [reservations_opened, reservations_settled, reservations_not_held] =
@@ -358,6 +431,7 @@ impl Metrics {
                 let _ = self.leases.remove_label_values(&[name, event]);
             }
             let _ = self.runtime_overrides.remove_label_values(&[name]);
+            let _ = self.rlqs.utilisation.remove_label_values(&[name]);
             false
         });
     }

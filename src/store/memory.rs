@@ -168,6 +168,8 @@ pub struct MemoryStore<C: Clock = MonotonicClock> {
     /// Unix time (µs) when `clock` read 0: quotas count calendar periods in UTC. Buckets see
     /// only differences, which the shift leaves alone.
     epoch_us: u64,
+    /// RLQS shares ([`super::shares`]).
+    pools: super::shares::Pools,
 }
 
 /// Shard locks held by the caller, with their shard index.
@@ -196,6 +198,7 @@ impl<C: Clock> MemoryStore<C> {
             held: AtomicUsize::new(0),
             clock,
             epoch_us: 0,
+            pools: super::shares::Pools::default(),
         }
     }
 
@@ -641,6 +644,21 @@ fn drop_closest_to_full(shards: &mut [&mut Shard], count: usize) -> usize {
 impl<C: Clock> Store for MemoryStore<C> {
     async fn decide(&self, buckets: &[BucketRequest]) -> Result<StoreDecision, StoreError> {
         Ok(self.decide_sync(buckets))
+    }
+
+    async fn share(
+        &self,
+        request: &super::shares::ShareRequest,
+    ) -> Result<super::shares::Grant, StoreError> {
+        Ok(self.pools.share(request, self.now_us()))
+    }
+
+    async fn shares_of(
+        &self,
+        key: &str,
+    ) -> Result<(u64, Vec<(String, super::shares::Holding)>), StoreError> {
+        let now = self.now_us();
+        Ok((now, self.pools.holders(key, now)))
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

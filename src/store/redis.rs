@@ -29,6 +29,7 @@ pub mod overrides;
 pub mod resets;
 pub mod script;
 mod sentinel;
+mod shares;
 mod wire;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -76,6 +77,8 @@ pub struct RedisStore {
     reset_script: LuaScript,
     release_script: LuaScript,
     settle_script: LuaScript,
+    shares_script: LuaScript,
+    shares_peek_script: LuaScript,
     timeout: Duration,
     breaker: Breaker,
     /// Why the store refuses scripts, while it does: readiness says so even while the
@@ -112,6 +115,8 @@ impl RedisStore {
             reset_script: LuaScript::new(admin::RESET_SCRIPT),
             release_script: LuaScript::new(admin::RELEASE_SCRIPT),
             settle_script: LuaScript::new(admin::SETTLE_SCRIPT),
+            shares_script: LuaScript::new(shares::SHARES_SCRIPT),
+            shares_peek_script: LuaScript::new(shares::SHARES_PEEK_SCRIPT),
             timeout,
             breaker: Breaker::new(metrics.store_up.clone(), "redis", timings.breaker_open_for),
             scripts_refused: ArcSwapOption::empty(),
@@ -477,6 +482,20 @@ impl Store for RedisStore {
             .into_iter()
             .collect::<Option<Vec<_>>>()
             .ok_or_else(|| StoreError::Script("a slot answered for too few reports".into()))
+    }
+
+    async fn share(
+        &self,
+        request: &crate::store::shares::ShareRequest,
+    ) -> Result<crate::store::shares::Grant, StoreError> {
+        self.share_pool(request).await
+    }
+
+    async fn shares_of(
+        &self,
+        key: &str,
+    ) -> Result<(u64, Vec<(String, crate::store::shares::Holding)>), StoreError> {
+        self.shares_at(key).await
     }
 
     async fn peek(&self, bucket: &BucketRequest) -> Result<BucketOutcome, StoreError> {

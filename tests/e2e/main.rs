@@ -26,6 +26,7 @@ mod import_ingress;
 mod ingress_examples;
 mod metrics_exposition;
 mod nginx;
+mod rlqs;
 mod sentinel;
 mod slow_redis;
 mod tracing;

@@ -72,6 +72,29 @@ impl Envoy {
         shipped_config("config/envoy/ratelimit.yaml", app, &replacements)
     }
 
+    /// `config/envoy/rlqs.yaml` (the quota filter → tollgate's RLQS service) with one
+    /// endpoint per tollgate replica's gRPC listener in `grpc`, and the application.
+    pub fn rlqs(grpc: &[SocketAddr], app: SocketAddr) -> Envoy {
+        let indent = "\n              ";
+        let endpoints: Vec<String> = grpc
+            .iter()
+            .map(|addr| {
+                format!(
+                    "- endpoint:{indent}    address:{indent}      {}",
+                    socket_address(*addr)
+                )
+            })
+            .collect();
+        let shipped = format!(
+            "- endpoint:{indent}    address:{indent}      socket_address: {{ address: tollgate, port_value: 8081 }}   # CHANGE"
+        );
+        Envoy::start_shipped(
+            "config/envoy/rlqs.yaml",
+            app,
+            &[(shipped.as_str(), endpoints.join(indent).as_str())],
+        )
+    }
+
     /// The shipped file `relative` with its listener and application addresses templated,
     /// plus `more`.
     fn start_shipped(relative: &str, app: SocketAddr, more: &[(&str, &str)]) -> Envoy {

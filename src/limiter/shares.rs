@@ -1,0 +1,169 @@
+//! Envoy's quota service (RLQS) without gRPC: a key's numbers as the units of its pool of
+//! shares, one report as the store's request, and the store's grant as the token bucket
+//! Envoy enforces. The allocation itself is the store's (`store::shares`), atomic per pool.
+
+use crate::policy::limits::Numbers;
+use crate::policy::rlqs::RlqsRules;
+use crate::store::shares::{Grant, ShareRequest};
+
+/// The fill interval shares are counted in: Envoy refills `tokens_per_fill / fill_interval`
+/// per second continuously, so a long interval only gives shares a finer grain (one unit is
+/// 1/3600 token per second).
+pub const FILL_INTERVAL_S: u64 = 3600;
+/// How long after the store's `now` an assignment is still counted beyond its TTL: Envoy
+/// starts the TTL when the answer arrives.
+pub const HOLD_MARGIN_US: u64 = 1_000_000;
+
+/// A pool's capacity in units.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Units {
+    /// Tokens per fill interval: `floor(rate * fill_interval_s)`.
+    pub rate: u64,
+    /// Bucket size: the burst.
+    pub size: u64,
+    pub fill_interval_s: u64,
+}
+
+/// The units of a key's `numbers`: the fill interval is [`FILL_INTERVAL_S`], or 1 s for a
+/// rate whose hour would not fit Envoy's 32-bit `tokens_per_fill`. Floors only: rounding
+/// never adds capacity.
+#[expect(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_precision_loss,
+    reason = "clamped to u32::MAX, which a f64 holds exactly"
+)]
+pub fn units(numbers: &Numbers) -> Units {
+    let most = f64::from(u32::MAX);
+    let fill_interval_s = if numbers.rate * FILL_INTERVAL_S as f64 <= most {
+        FILL_INTERVAL_S
+    } else {
+        1
+    };
+    let rate = (numbers.rate * fill_interval_s as f64)
+        .floor()
+        .clamp(0.0, most) as u64;
+    Units {
+        rate,
+        size: numbers.burst.min(u64::from(u32::MAX)),
+        fill_interval_s,
+    }
+}
+
+/// The store's request for one report of `holder` to the pool at `key`.
+#[expect(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_precision_loss,
+    reason = "the reserve is a fraction of at most 0.5 of a u32 count"
+)]
+pub fn share_request(
+    key: String,
+    holder: String,
+    requests: u64,
+    units: &Units,
+    rules: &RlqsRules,
+) -> ShareRequest {
+    let reserve = |of: u64| (of as f64 * rules.reserve).floor() as u64;
+    ShareRequest {
+        key,
+        holder,
+        requests,
+        rate_units: units.rate,
+        size_units: units.size,
+        reserve_rate: reserve(units.rate),
+        reserve_size: reserve(units.size),
+        fill_interval_s: units.fill_interval_s,
+        hold_us: rules.assignment_ttl_s * 1_000_000 + HOLD_MARGIN_US,
+    }
+}
+
+/// What Envoy is told to enforce for one bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Assignment {
+    /// Envoy's token bucket: `max_tokens`, refilled with `tokens_per_fill` every
+    /// `fill_interval_s` (continuously, as Envoy 1.40 does).
+    TokenBucket {
+        max_tokens: u32,
+        tokens_per_fill: u32,
+        fill_interval_s: u64,
+    },
+    DenyAll,
+    AllowAll,
+}
+
+/// The assignment for a grant: a token bucket, or deny all when the grant is empty.
+pub fn assignment(grant: &Grant, units: &Units) -> Assignment {
+    match (u32::try_from(grant.size), u32::try_from(grant.rate)) {
+        (Ok(max_tokens), Ok(tokens_per_fill)) if max_tokens > 0 && tokens_per_fill > 0 => {
+            Assignment::TokenBucket {
+                max_tokens,
+                tokens_per_fill,
+                fill_interval_s: units.fill_interval_s,
+            }
+        }
+        _ => Assignment::DenyAll,
+    }
+}
+
+/// The part of the pool's rate its holders may hold after a grant, 0 to 1.
+#[expect(clippy::cast_precision_loss, reason = "a ratio of counts below 2^32")]
+pub fn utilisation(grant: &Grant, units: &Units) -> f64 {
+    if units.rate == 0 {
+        return 0.0;
+    }
+    (grant.counted_rate as f64 / units.rate as f64).min(1.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn numbers(rate: f64, burst: u64) -> Numbers {
+        Numbers {
+            rate,
+            burst,
+            overridden: false,
+        }
+    }
+
+    #[test]
+    fn units_are_floors_in_hours_or_seconds() {
+        assert_eq!(
+            units(&numbers(20.0, 40)),
+            Units {
+                rate: 72_000,
+                size: 40,
+                fill_interval_s: 3600
+            }
+        );
+        assert_eq!(units(&numbers(1.0 / 7.0, 1)).rate, 514);
+        let fast = units(&numbers(2_000_000.0, 10));
+        assert_eq!((fast.rate, fast.fill_interval_s), (2_000_000, 1));
+        assert_eq!(units(&numbers(1e12, u64::MAX)).size, u64::from(u32::MAX));
+    }
+
+    #[test]
+    fn an_empty_grant_denies_all() {
+        let units = units(&numbers(1.0, 1));
+        let grant = Grant {
+            rate: 0,
+            size: 0,
+            ..Grant::default()
+        };
+        assert_eq!(assignment(&grant, &units), Assignment::DenyAll);
+        let grant = Grant {
+            rate: 3,
+            size: 2,
+            ..Grant::default()
+        };
+        assert_eq!(
+            assignment(&grant, &units),
+            Assignment::TokenBucket {
+                max_tokens: 2,
+                tokens_per_fill: 3,
+                fill_interval_s: 3600
+            }
+        );
+    }
+}

@@ -1,0 +1,370 @@
+//! RLQS shares: the allocator (`store::shares::allocate`) against random demand sequences,
+//! and `lua/shares.lua` against its Rust twin on the same pools.
+//!
+//! The bound: at every instant, what every holder of a pool may hold (each assignment counted
+//! until its expiry, even once replaced) sums to at most the pool's rate and size units.
+
+use std::time::Duration;
+
+use proptest::prelude::*;
+
+use crate::support::{redis_store, RedisServer};
+use tollgate::store::memory::{ManualClock, MemoryStore};
+use tollgate::store::redis::{RedisStore, Topology};
+use tollgate::store::shares::{allocate, Grant, Holding, ShareRequest};
+use tollgate::store::Store;
+
+const S: u64 = 1_000_000;
+
+fn request(holder: &str, requests: u64, rate_units: u64, size_units: u64) -> ShareRequest {
+    ShareRequest {
+        key: "pool".into(),
+        holder: holder.into(),
+        requests,
+        rate_units,
+        size_units,
+        reserve_rate: rate_units / 20,
+        reserve_size: size_units / 20,
+        fill_interval_s: 3600,
+        hold_us: 11 * S,
+    }
+}
+
+/// What every holder may hold at `now`, summed.
+fn counted(pool: &[(String, Holding)], now: u64) -> (u64, u64) {
+    pool.iter().fold((0, 0), |(r, s), (_, h)| {
+        let (hr, hs) = h.counted(now);
+        (r + hr, s + hs)
+    })
+}
+
+/// Holders report every 5 s (each at its own phase) with the given demands (requests per
+/// second) for `rounds`; returns the pool and the last grant of each.
+fn steady(demands: &[u64], units: (u64, u64), rounds: u64) -> (Vec<(String, Holding)>, Vec<Grant>) {
+    let mut pool = Vec::new();
+    let mut grants = vec![Grant::default(); demands.len()];
+    for round in 0..rounds {
+        for (i, demand) in demands.iter().enumerate() {
+            let now = 1_000 * S + round * 5 * S + i as u64 * 100_000;
+            let id = format!("h{i}");
+            grants[i] = allocate(&mut pool, &request(&id, demand * 5, units.0, units.1), now);
+            let (r, s) = counted(&pool, now);
+            assert!(
+                r <= units.0 && s <= units.1,
+                "round {round}: {r}/{s} of {units:?}"
+            );
+        }
+    }
+    (pool, grants)
+}
+
+#[test]
+fn a_single_envoy_gets_the_limit_less_the_reserve() {
+    let (_, grants) = steady(&[500], (36_000, 100), 3);
+    assert_eq!((grants[0].rate, grants[0].size), (34_200, 95));
+}
+
+#[test]
+fn shares_follow_an_80_15_5_split_within_two_rounds() {
+    let (_, grants) = steady(&[800, 150, 50], (36_000, 100), 4);
+    let budget = 34_200.0 - 3.0;
+    for (grant, part) in grants.iter().zip([0.80, 0.15, 0.05]) {
+        let want = 1.0 + budget * part;
+        assert!(
+            (grant.rate as f64 - want).abs() <= 2.0,
+            "{} rate units for a {part} share, want about {want}",
+            grant.rate
+        );
+    }
+    let sizes: u64 = grants.iter().map(|g| g.size).sum();
+    assert!(sizes <= 100 && grants[0].size > grants[1].size && grants[1].size > grants[2].size);
+}
+
+#[test]
+fn demand_below_the_limit_gets_demand_and_headroom() {
+    // 10 units per second in all (36,000 per hour); demands of 1 and 2 per second.
+    let (_, grants) = steady(&[1, 2], (36_000, 100), 4);
+    for (grant, demand) in grants.iter().zip([1.0, 2.0]) {
+        assert!(grant.rate as f64 >= demand * 3600.0 * 1.25, "{grant:?}");
+    }
+}
+
+#[test]
+fn more_holders_than_units_deny_the_least_demanding() {
+    let (_, grants) = steady(&[5, 1, 9], (3, 100), 4);
+    // Reserve 0 of 3 units: all three get one.
+    assert!(grants.iter().all(|g| g.rate == 1));
+    let (_, grants) = steady(&[5, 1, 9], (2, 100), 4);
+    assert_eq!(grants[1].rate, 0, "{grants:?}");
+    assert!(grants[0].rate == 1 && grants[2].rate == 1, "{grants:?}");
+}
+
+#[test]
+fn a_departed_envoys_share_counts_until_its_expiry() {
+    let mut pool = Vec::new();
+    allocate(&mut pool, &request("a", 5000, 36_000, 100), 0);
+    let b = allocate(&mut pool, &request("b", 5000, 36_000, 100), S);
+    assert_eq!(
+        b.rate, 900,
+        "half the reserve, all that is free, for a newcomer"
+    );
+    // a stops reporting: its 34,200 count until 11 s.
+    let b = allocate(&mut pool, &request("b", 5000, 36_000, 100), 6 * S);
+    assert_eq!(b.rate, 1800, "no newcomer any more: all that is free");
+    let b = allocate(&mut pool, &request("b", 5000, 36_000, 100), 11 * S);
+    assert_eq!((b.rate, b.holders), (34_200, 1));
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Random holders, demands, gaps, pool numbers (changed midway, as an override does):
+    /// the sums never pass the pool, at the report and at every later report.
+    #[test]
+    fn the_sums_never_pass_the_pool(
+        units in (1u64..5000, 1u64..200),
+        lowered in (1u64..5000, 1u64..200),
+        steps in prop::collection::vec((0usize..6, 0u64..100_000, 0u64..8_000_000), 1..120),
+    ) {
+        let mut pool = Vec::new();
+        let mut now = 1_000 * S;
+        for (i, (holder, requests, gap)) in steps.iter().enumerate() {
+            now += gap;
+            // Halfway the limit changes; the invariant holds from the moment every
+            // assignment made under the old numbers has expired.
+            let (rate_units, size_units) = if i < steps.len() / 2 { units } else { lowered };
+            let changed_at = steps.len() / 2;
+            let grant = allocate(
+                &mut pool,
+                &request(&format!("h{holder}"), *requests, rate_units, size_units),
+                now,
+            );
+            prop_assert!((grant.rate == 0) == (grant.size == 0));
+            prop_assert!(grant.rate <= rate_units && grant.size <= size_units);
+            let (r, s) = counted(&pool, now);
+            prop_assert_eq!((r, s), (grant.counted_rate, grant.counted_size));
+            if i < changed_at {
+                prop_assert!(r <= rate_units && s <= size_units, "{} {} of {:?}", r, s, units);
+            }
+        }
+    }
+
+    /// After a lowered limit, the sums never rise while over the new numbers, and once every
+    /// older assignment has lapsed they fit the new numbers again and keep fitting them.
+    #[test]
+    fn a_lowered_limit_binds_once_older_assignments_lapse(
+        demands in prop::collection::vec(0u64..2000, 1..6),
+        from in (100u64..5000, 10u64..200),
+        to in (1u64..100, 1u64..10),
+    ) {
+        let mut pool = Vec::new();
+        for round in 0..8u64 {
+            let units = if round < 3 { from } else { to };
+            for (i, demand) in demands.iter().enumerate() {
+                let now = 1_000 * S + round * 5 * S + i as u64 * 100_000;
+                let before = counted(&pool, now);
+                allocate(&mut pool, &request(&format!("h{i}"), demand * 5, units.0, units.1), now);
+                // Over the numbers, a report never raises the sum; within them, never past.
+                let after = counted(&pool, now);
+                prop_assert!(after.0 <= before.0.max(units.0) && after.1 <= before.1.max(units.1),
+                    "{:?} -> {:?} with {:?}", before, after, units);
+                if round >= 6 {
+                    let (r, s) = counted(&pool, now);
+                    prop_assert!(r <= to.0 && s <= to.1, "{} {} of {:?}", r, s, to);
+                }
+            }
+        }
+    }
+
+    /// Steady demands: every holder with demand gets a unit when the pool has one per
+    /// holder, and shares are proportional to demand within rounding, capped at demand plus
+    /// headroom.
+    #[test]
+    fn steady_shares_are_proportional_and_never_empty(
+        demands in prop::collection::vec(1u64..2000, 1..6),
+        units in (100u64..100_000, 10u64..500),
+    ) {
+        let (_, grants) = steady(&demands, units, 4);
+        let n = demands.len() as f64;
+        let budget = (units.0 - units.0 / 20) as f64;
+        let total: f64 = demands.iter().map(|d| *d as f64 * 3600.0).sum();
+        for (grant, demand) in grants.iter().zip(&demands) {
+            prop_assert!(grant.rate >= 1 && grant.size >= 1, "{:?}", grant);
+            let wanted = *demand as f64 * 3600.0;
+            let spare = budget - n;
+            let proportional = 1.0 + spare * wanted / total;
+            if total * 1.25 >= spare {
+                prop_assert!((grant.rate as f64 - proportional).abs() <= 2.0,
+                    "{} for {} of {}", grant.rate, wanted, total);
+            } else {
+                prop_assert!(grant.rate as f64 >= wanted * 1.25, "{:?} for {}", grant, wanted);
+            }
+        }
+    }
+}
+
+/// The script and its twin on the same pool: seeded into Redis, the script run, the reporter's
+/// `last_us` read back (the script's `now`), and the twin run on the seed at that instant.
+struct Twin {
+    _server: RedisServer,
+    store: RedisStore,
+    runtime: tokio::runtime::Runtime,
+    raw: std::cell::RefCell<redis::Connection>,
+}
+
+impl Twin {
+    fn start() -> Twin {
+        let server = RedisServer::start();
+        let (store, runtime) = redis_store(
+            &Topology::Single { url: &server.url() },
+            Duration::from_secs(2),
+        );
+        let raw = redis::Client::open(server.url())
+            .and_then(|client| client.get_connection())
+            .expect("a connection to seed pools");
+        Twin {
+            _server: server,
+            store,
+            runtime,
+            raw: std::cell::RefCell::new(raw),
+        }
+    }
+
+    fn redis_now_us(&self) -> u64 {
+        let (s, us): (u64, u64) = redis::cmd("TIME")
+            .query(&mut *self.raw.borrow_mut())
+            .expect("TIME");
+        s * S + us
+    }
+
+    fn seed(&self, key: &str, pool: &[(String, Holding)]) {
+        let mut raw = self.raw.borrow_mut();
+        let _: () = redis::cmd("DEL").arg(key).query(&mut *raw).expect("DEL");
+        for (id, holding) in pool {
+            let _: () = redis::cmd("HSET")
+                .arg(key)
+                .arg(id)
+                .arg(holding.encode())
+                .query(&mut *raw)
+                .expect("HSET");
+        }
+    }
+
+    /// Runs both on `seed` (times relative to Redis's now) and compares.
+    fn compare(&self, key: &str, seed: &[(String, Holding)], report: &ShareRequest) {
+        let base = self.redis_now_us() as i64;
+        let at = |offset: u64| (base + offset as i64 - OFFSET) as u64;
+        let pool: Vec<(String, Holding)> = seed
+            .iter()
+            .map(|(id, h)| {
+                let shift = |steps: &[(u64, u64)]| -> Vec<(u64, u64)> {
+                    steps.iter().map(|(u, t)| (*u, at(*t))).collect()
+                };
+                let h = Holding {
+                    demand_milli: h.demand_milli,
+                    last_us: at(h.last_us),
+                    rate_steps: shift(&h.rate_steps),
+                    size_steps: shift(&h.size_steps),
+                };
+                (id.clone(), h)
+            })
+            .collect();
+        self.seed(key, &pool);
+        let report = ShareRequest {
+            key: key.into(),
+            ..report.clone()
+        };
+        let grant = self
+            .runtime
+            .block_on(self.store.share(&report))
+            .expect("the script runs");
+        let (_, after) = self
+            .runtime
+            .block_on(self.store.shares_of(key))
+            .expect("the pool reads");
+        let now = after
+            .iter()
+            .find(|(id, _)| *id == report.holder)
+            .map_or(0, |(_, h)| h.last_us);
+        let mut twin = pool.clone();
+        let expected = allocate(&mut twin, &report, now);
+        assert_eq!(grant, expected, "grant for {seed:?} / {report:?}");
+        twin.sort_by(|a, b| a.0.cmp(&b.0));
+        assert_eq!(after, twin, "pool after {seed:?} / {report:?}");
+    }
+}
+
+/// Seeds' times are offsets from Redis's now plus this (so they are unsigned).
+const OFFSET: i64 = 1_000_000_000;
+
+#[test]
+fn the_script_and_its_twin_agree_on_random_pools() {
+    let twin = Twin::start();
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig::with_cases(128));
+    // Times are whole tenths of a second from Redis's now and never within 200 ms of it, so
+    // the milliseconds between reading Redis's clock and the script's run change nothing.
+    let tenth = || {
+        (-150i64..150).prop_map(|t| {
+            let t = if (-2..=2).contains(&t) { t + 5 } else { t };
+            (t * 100_000 + OFFSET) as u64
+        })
+    };
+    let steps = || prop::collection::vec((0u64..4000, tenth()), 0..4);
+    let holder = (0u64..3_000_000, tenth(), steps(), steps());
+    let strategy = (
+        prop::collection::vec(holder, 0..6),
+        0usize..7,
+        0u64..20_000,
+        (0u64..5000, 0u64..200),
+    );
+    runner
+        .run(&strategy, |(holders, reporter, requests, units)| {
+            let seed: Vec<(String, Holding)> = holders
+                .into_iter()
+                .enumerate()
+                .map(|(i, (demand_milli, last, rate_steps, size_steps))| {
+                    let holding = Holding {
+                        demand_milli,
+                        // A report in the past.
+                        last_us: last.min(OFFSET as u64 - 300_000),
+                        rate_steps,
+                        size_steps,
+                    };
+                    (format!("h{i}"), holding)
+                })
+                .collect();
+            let report = request(&format!("h{reporter}"), requests, units.0, units.1);
+            twin.compare("tollgate:t:{x}:s", &seed, &report);
+            Ok(())
+        })
+        .expect("the script and its twin agree");
+}
+
+#[test]
+fn the_memory_store_keeps_pools_apart_and_forgets_lapsed_ones() {
+    let clock = std::sync::Arc::new(ManualClock::default());
+    clock.set_us(1_000 * S);
+    let store = MemoryStore::with_clock(100, clock.clone());
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("runtime");
+    let share = |key: &str, holder: &str| {
+        let report = ShareRequest {
+            key: key.into(),
+            ..request(holder, 100, 36_000, 100)
+        };
+        runtime
+            .block_on(store.share(&report))
+            .expect("memory shares")
+    };
+    assert_eq!(share("a", "x").rate, 34_200);
+    assert_eq!(share("b", "x").rate, 34_200, "another pool is untouched");
+    assert_eq!(share("a", "y").rate, 900);
+    clock.set_us(1_012 * S);
+    assert!(runtime
+        .block_on(store.shares_of("a"))
+        .expect("peek")
+        .1
+        .is_empty());
+    assert_eq!(share("a", "y").rate, 34_200);
+}
