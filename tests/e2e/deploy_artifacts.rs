@@ -549,7 +549,10 @@ fn the_sidecar_nginx_conf_hands_tollgate_429_and_headers_to_the_client() {
     // Answered on the same connection: 429, or 200 if the bucket refilled a token (one per
     // 50 ms) before this request reached it.
     let next = client.get("/orders", &[]).unwrap().status;
-    assert!(matches!(next, 429 | 200), "the same connection goes on: {next}");
+    assert!(
+        matches!(next, 429 | 200),
+        "the same connection goes on: {next}"
+    );
     let other = HttpClient::connect(addr)
         .unwrap()
         .get("/orders", &[("x-forwarded-for", "198.51.100.9")])
