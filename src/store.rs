@@ -18,6 +18,7 @@ pub mod shares;
 use std::future::Future;
 
 use crate::base::calendar::Period;
+use crate::base::rate::count_f64;
 
 /// What a store key counts.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -140,6 +141,74 @@ pub struct BucketRequest {
     /// The caller's tag for this bucket (the index of its limit); stores pass it through.
     pub limit: usize,
     pub meter: Meter,
+}
+
+/// Built the way a limit reads: `BucketRequest::bucket(key, 10.0, 20.0).cost(3)`. Each starts
+/// at one token (or one lease) per request, not shadow, tagged with limit 0.
+impl BucketRequest {
+    /// A token bucket: `rate` tokens per second, capacity `burst`.
+    pub fn bucket(key: impl Into<String>, rate: f64, burst: f64) -> BucketRequest {
+        BucketRequest {
+            key: key.into(),
+            rate,
+            burst,
+            cost: 1,
+            shadow: false,
+            limit: 0,
+            meter: Meter::Bucket,
+        }
+    }
+
+    /// At most `count` per calendar `period`.
+    pub fn quota(key: impl Into<String>, period: Period, count: u64) -> BucketRequest {
+        BucketRequest {
+            meter: Meter::Quota(period),
+            ..BucketRequest::bucket(key, 0.0, count_f64(count))
+        }
+    }
+
+    /// At most `count` leases held at once; this request takes `lease`.
+    pub fn lease(key: impl Into<String>, count: u64, lease: Lease) -> BucketRequest {
+        BucketRequest {
+            meter: Meter::Lease(lease),
+            ..BucketRequest::bucket(key, 0.0, count_f64(count))
+        }
+    }
+
+    /// A token bucket whose charge (the estimate, [`BucketRequest::cost`]) is held as
+    /// `reservation` until settled.
+    pub fn reserve(
+        key: impl Into<String>,
+        rate: f64,
+        burst: f64,
+        reservation: Reserve,
+    ) -> BucketRequest {
+        BucketRequest {
+            meter: Meter::Reserve(reservation),
+            ..BucketRequest::bucket(key, rate, burst)
+        }
+    }
+
+    /// Charges `cost` tokens (0: a look that charges nothing).
+    #[must_use]
+    pub fn cost(mut self, cost: u64) -> BucketRequest {
+        self.cost = cost;
+        self
+    }
+
+    /// Reported, never denies.
+    #[must_use]
+    pub fn shadow(mut self) -> BucketRequest {
+        self.shadow = true;
+        self
+    }
+
+    /// Tagged with the index of its limit.
+    #[must_use]
+    pub fn limit(mut self, limit: usize) -> BucketRequest {
+        self.limit = limit;
+        self
+    }
 }
 
 /// A charge known after the response (`POST /report`): always applied. A bucket goes at most

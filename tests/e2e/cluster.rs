@@ -281,7 +281,7 @@ fn cluster_is_exact_across_slots_and_follows_a_master_failover() {
 fn checks_queued_together_are_batched_per_slot_and_stay_exact() {
     use crate::support::redis_store;
     use tollgate::store::redis::Topology;
-    use tollgate::store::{BucketRequest, Meter, Store};
+    use tollgate::store::{BucketRequest, Store};
 
     let cluster = RedisCluster::start();
     let seeds = cluster.seeds();
@@ -291,15 +291,11 @@ fn checks_queued_together_are_batched_per_slot_and_stay_exact() {
     let requests: Vec<Vec<BucketRequest>> = (0..5)
         .flat_map(|_| users.iter())
         .map(|user| {
-            vec![BucketRequest {
-                key: format!("tollgate:per-user:{{{user}}}"),
-                rate: 0.001,
-                burst: 3.0,
-                cost: 1,
-                shadow: false,
-                limit: 0,
-                meter: Meter::Bucket,
-            }]
+            vec![BucketRequest::bucket(
+                format!("tollgate:per-user:{{{user}}}"),
+                0.001,
+                3.0,
+            )]
         })
         .collect();
     // The connection and the slot map first, so that the batch meets a ready Cluster.
@@ -353,7 +349,7 @@ fn checks_queued_together_are_batched_per_slot_and_stay_exact() {
 fn a_lease_spanning_slots_is_refunded_when_another_slot_denies() {
     use crate::support::redis_store;
     use tollgate::store::redis::Topology;
-    use tollgate::store::{BucketRequest, Lease, Meter, Store};
+    use tollgate::store::{BucketRequest, Lease, Store};
 
     let cluster = RedisCluster::start();
     let seeds = cluster.seeds();
@@ -362,24 +358,8 @@ fn a_lease_spanning_slots_is_refunded_when_another_slot_denies() {
     let lease_key = "tollgate:conc:{lease-user}";
     let request = |id: u128| {
         vec![
-            BucketRequest {
-                key: lease_key.into(),
-                rate: 0.0,
-                burst: 2.0,
-                cost: 1,
-                shadow: false,
-                limit: 0,
-                meter: Meter::Lease(Lease { ttl_ms: 60_000, id }),
-            },
-            BucketRequest {
-                key: "tollgate:budget:{other-tenant}".into(),
-                rate: 0.001,
-                burst: 1.0,
-                cost: 1,
-                shadow: false,
-                limit: 1,
-                meter: Meter::Bucket,
-            },
+            BucketRequest::lease(lease_key, 2, Lease { ttl_ms: 60_000, id }),
+            BucketRequest::bucket("tollgate:budget:{other-tenant}", 0.001, 1.0).limit(1),
         ]
     };
     let first = runtime
@@ -415,7 +395,7 @@ fn a_lease_spanning_slots_is_refunded_when_another_slot_denies() {
 fn a_reservation_spanning_slots_is_refunded_when_another_slot_denies() {
     use crate::support::redis_store;
     use tollgate::store::redis::Topology;
-    use tollgate::store::{BucketRequest, Meter, Reserve, Settle, Store};
+    use tollgate::store::{BucketRequest, Reserve, Settle, Store};
 
     let cluster = RedisCluster::start();
     let seeds = cluster.seeds();
@@ -424,28 +404,18 @@ fn a_reservation_spanning_slots_is_refunded_when_another_slot_denies() {
     let bucket_key = "tollgate:tokens:{reserving-user}";
     let request = |id: u128| {
         vec![
-            BucketRequest {
-                key: bucket_key.into(),
-                rate: 0.001,
-                burst: 10.0,
-                cost: 4,
-                shadow: false,
-                limit: 0,
-                meter: Meter::Reserve(Reserve {
+            BucketRequest::reserve(
+                bucket_key,
+                0.001,
+                10.0,
+                Reserve {
                     ttl_ms: 60_000,
                     id,
                     refund: false,
-                }),
-            },
-            BucketRequest {
-                key: "tollgate:budget:{other-tenant}".into(),
-                rate: 0.001,
-                burst: 1.0,
-                cost: 1,
-                shadow: false,
-                limit: 1,
-                meter: Meter::Bucket,
-            },
+                },
+            )
+            .cost(4),
+            BucketRequest::bucket("tollgate:budget:{other-tenant}", 0.001, 1.0).limit(1),
         ]
     };
     let first = runtime
@@ -465,10 +435,7 @@ fn a_reservation_spanning_slots_is_refunded_when_another_slot_denies() {
         "only the admitted one is held"
     );
     let settle = |id: u128, actual: u64| Settle {
-        bucket: BucketRequest {
-            cost: actual,
-            ..request(id)[0].clone()
-        },
+        bucket: request(id)[0].clone().cost(actual),
         estimate: 4,
         max_debt: 0.0,
     };

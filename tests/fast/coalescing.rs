@@ -56,14 +56,11 @@ impl Harness {
 }
 
 fn bucket(key: &str, burst: f64, cost: u64, shadow: bool) -> BucketRequest {
-    BucketRequest {
-        key: key.into(),
-        rate: RATE,
-        burst,
-        cost,
-        shadow,
-        limit: 0,
-        meter: Meter::Bucket,
+    let request = BucketRequest::bucket(key, RATE, burst).cost(cost);
+    if shadow {
+        request.shadow()
+    } else {
+        request
     }
 }
 

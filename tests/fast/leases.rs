@@ -10,7 +10,7 @@ use proptest::prelude::*;
 
 use crate::support::{limit, redis_config, RedisServer, Response, Tollgate};
 use tollgate::store::memory::{ManualClock, MemoryStore};
-use tollgate::store::{BucketRequest, Lease, Meter};
+use tollgate::store::{BucketRequest, Lease};
 
 const TOKEN: &str = "test-admin-token-0123456789";
 
@@ -246,15 +246,7 @@ const N: u64 = 3;
 const TTL_MS: u64 = 1_000;
 
 fn lease_request(key: &str, id: u128) -> BucketRequest {
-    BucketRequest {
-        key: key.into(),
-        rate: 0.0,
-        burst: N as f64,
-        cost: 1,
-        shadow: false,
-        limit: 0,
-        meter: Meter::Lease(Lease { ttl_ms: TTL_MS, id }),
-    }
+    BucketRequest::lease(key, N, Lease { ttl_ms: TTL_MS, id })
 }
 
 #[derive(Debug, Clone)]

@@ -10,7 +10,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use crate::support::{redis_config, RedisServer, Tollgate};
 use tollgate::base::calendar::Period;
 use tollgate::store::memory::{ManualClock, MemoryStore};
-use tollgate::store::{BucketRequest, Meter};
+use tollgate::store::BucketRequest;
 
 use crate::reports::{json, post, TOKEN};
 
@@ -59,15 +59,7 @@ fn boundaries() -> Vec<(&'static str, Period, i64, i64, i64)> {
 const QUOTA: u64 = 3;
 
 fn quota_request(key: &str, period: Period) -> BucketRequest {
-    BucketRequest {
-        key: key.into(),
-        rate: 0.0,
-        burst: QUOTA as f64,
-        cost: 1,
-        shadow: false,
-        limit: 0,
-        meter: Meter::Quota(period),
-    }
+    BucketRequest::quota(key, period, QUOTA)
 }
 
 /// What one charge answered: what is left, seconds until the period ends, its length.

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use crate::support::{redis_config, RedisServer, Response, Tollgate};
 use tollgate::store::memory::{ManualClock, MemoryStore};
-use tollgate::store::{BucketRequest, Meter};
+use tollgate::store::BucketRequest;
 
 use crate::quotas::{bucket_reply, pinned_eval, report_reply, utc};
 
@@ -287,20 +287,9 @@ fn a_reported_bucket_is_used_up_below_one_token_and_admits_from_one_on_both_stor
         .expect("connect to redis");
     let clock = Arc::new(ManualClock::default());
     let memory = MemoryStore::with_clock(100, clock.clone());
-    let check = BucketRequest {
-        key: "tg:r:{k}".into(),
-        rate: 1.0,
-        burst: 100.0,
-        cost: 0,
-        shadow: false,
-        limit: 0,
-        meter: Meter::Bucket,
-    };
+    let check = BucketRequest::bucket("tg:r:{k}", 1.0, 100.0).cost(0);
     let report = |cost: u64| ReportCharge {
-        bucket: BucketRequest {
-            cost,
-            ..check.clone()
-        },
+        bucket: check.clone().cost(cost),
         max_debt: 100.0,
     };
     let t0 = utc(2027, 6, 1, 12, 0, 0) as u64 * 1_000_000;

@@ -23,23 +23,12 @@ const RATE: f64 = 0.001;
 const BURST: f64 = 10.0;
 
 fn reserve(key: &str, id: u128, estimate: u64, ttl_ms: u64, refund: bool) -> BucketRequest {
-    BucketRequest {
-        key: key.into(),
-        rate: RATE,
-        burst: BURST,
-        cost: estimate,
-        shadow: false,
-        limit: 0,
-        meter: Meter::Reserve(Reserve { ttl_ms, id, refund }),
-    }
+    BucketRequest::reserve(key, RATE, BURST, Reserve { ttl_ms, id, refund }).cost(estimate)
 }
 
 fn settle(request: &BucketRequest, estimate: u64, actual: u64) -> Settle {
     Settle {
-        bucket: BucketRequest {
-            cost: actual,
-            ..request.clone()
-        },
+        bucket: request.clone().cost(actual),
         estimate,
         max_debt: BURST,
     }
@@ -195,15 +184,7 @@ fn run_scenarios(store: &dyn Harness, prefix: &str) {
 
     // All or nothing with the other limits: a denied request holds no reservation.
     let tight = format!("{prefix}:tight");
-    let drained = BucketRequest {
-        key: tight,
-        rate: RATE,
-        burst: 1.0,
-        cost: 1,
-        shadow: false,
-        limit: 1,
-        meter: Meter::Bucket,
-    };
+    let drained = BucketRequest::bucket(tight, RATE, 1.0).limit(1);
     assert!(store.decide(std::slice::from_ref(&drained)).0);
     let pair = [
         reserve(&format!("{prefix}:pair"), 0xf, 2, 60_000, false),

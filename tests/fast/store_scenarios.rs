@@ -153,14 +153,15 @@ fn requests(prefix: &str, buckets: &[Bucket]) -> Vec<BucketRequest> {
     buckets
         .iter()
         .enumerate()
-        .map(|(i, &(key, rate, burst, cost, shadow))| BucketRequest {
-            key: format!("{prefix}:{key}"),
-            rate,
-            burst,
-            cost,
-            shadow,
-            limit: i,
-            meter: Default::default(),
+        .map(|(i, &(key, rate, burst, cost, shadow))| {
+            let request = BucketRequest::bucket(format!("{prefix}:{key}"), rate, burst)
+                .cost(cost)
+                .limit(i);
+            if shadow {
+                request.shadow()
+            } else {
+                request
+            }
         })
         .collect()
 }
@@ -340,15 +341,7 @@ fn scenarios_on_redis() {
 }
 
 fn request(key: &str, rate: f64, burst: f64, cost: u64) -> BucketRequest {
-    BucketRequest {
-        key: key.into(),
-        rate,
-        burst,
-        cost,
-        shadow: false,
-        limit: 0,
-        meter: Default::default(),
-    }
+    BucketRequest::bucket(key, rate, burst).cost(cost)
 }
 
 impl Redis {
@@ -449,15 +442,7 @@ fn tokens_in_the_reply_are_exactly_burst_less_the_stored_debt() {
 
 /// One token, refilled in 1000 s: a single allowed check drains it for the whole test.
 fn slow_bucket(key: String) -> BucketRequest {
-    BucketRequest {
-        key,
-        rate: 0.001,
-        burst: 1.0,
-        cost: 1,
-        shadow: false,
-        limit: 0,
-        meter: Default::default(),
-    }
+    BucketRequest::bucket(key, 0.001, 1.0)
 }
 
 /// Drains `count` clients named `<prefix><i>`, then asks each once more and returns how many
@@ -553,14 +538,8 @@ fn concurrent_multi_bucket_decisions_at_the_cap_neither_deadlock_nor_overgrow() 
 #[test]
 fn redis_decides_the_most_extreme_accepted_buckets_and_keeps_their_ttl() {
     let redis = Redis::start();
-    let bucket = |key: &str, rate: f64, burst: f64, cost: u64| BucketRequest {
-        key: key.into(),
-        rate,
-        burst,
-        cost,
-        shadow: false,
-        limit: 0,
-        meter: Default::default(),
+    let bucket = |key: &str, rate: f64, burst: f64, cost: u64| {
+        BucketRequest::bucket(key, rate, burst).cost(cost)
     };
     let pttl = |key: &str| -> i64 { redis.server.cli(&["PTTL", key]).trim().parse().unwrap() };
 
@@ -598,10 +577,7 @@ fn redis_decides_the_most_extreme_accepted_buckets_and_keeps_their_ttl() {
 fn a_quota_peeks_alike_on_redis_and_in_memory() {
     let redis = Redis::start();
     let memory = MemoryStore::new(100);
-    let quota = BucketRequest {
-        meter: tollgate::store::Meter::Quota(tollgate::base::calendar::Period::Day),
-        ..request("peek-quota", 0.0, 3.0, 1)
-    };
+    let quota = BucketRequest::quota("peek-quota", tollgate::base::calendar::Period::Day, 3);
     for _ in 0..2 {
         assert!(redis.decide(std::slice::from_ref(&quota)).allowed);
         assert!(memory.decide_sync(std::slice::from_ref(&quota)).allowed);
