@@ -144,7 +144,7 @@ fn peek_state(
         window: outcome.window,
     };
     match bucket.meter {
-        Meter::Bucket => PeekState::Bucket {
+        Meter::Bucket | Meter::Borrow(_) => PeekState::Bucket {
             tokens: outcome.tokens,
             remaining: state.remaining(),
             burst: bucket.burst,

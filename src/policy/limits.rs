@@ -128,7 +128,7 @@ impl TryFrom<LimitInput<'_>> for Limit {
             descriptor: DescriptorRule::compile(config),
             overrides,
             policy_item: match meter {
-                Meter::Bucket | Meter::Reserve(_) => policy_item(
+                Meter::Bucket | Meter::Reserve(_) | Meter::Borrow(_) => policy_item(
                     &config.name,
                     config.burst,
                     ceil_secs(count_f64(config.burst) / rate),
