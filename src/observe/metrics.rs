@@ -26,6 +26,7 @@ pub const GRPC_REQUESTS_TOTAL: &str = "tollgate_grpc_requests_total";
 pub const GRPC_DURATION_SECONDS: &str = "tollgate_grpc_duration_seconds";
 pub const RUNTIME_OVERRIDES: &str = "tollgate_runtime_overrides";
 pub const TRACE_SPANS_TOTAL: &str = "tollgate_trace_spans_total";
+pub const BORROWED_TOKENS_TOTAL: &str = "tollgate_borrowed_tokens_total";
 
 /// The `decision` label of `tollgate_limit_decisions_total`, and the `event` labels of
 /// `tollgate_reservations_total` and `tollgate_leases_total`: every series a limit has.
@@ -46,6 +47,16 @@ pub struct CheckCounters {
     pub exempt: IntCounter,
     pub error_allowed: IntCounter,
     pub error_denied: IntCounter,
+}
+
+/// `tollgate_borrowed_tokens_total` by event (borrowing limits, all keys together): tokens
+/// taken from the store in slices, spent from slices by checks answered here without a store
+/// call, and given back unused.
+#[derive(Clone)]
+pub struct BorrowCounters {
+    pub borrowed: IntCounter,
+    pub used: IntCounter,
+    pub returned: IntCounter,
 }
 
 /// `tollgate_store_errors_total` by kind.
@@ -137,6 +148,7 @@ pub struct Metrics {
     /// Runtime overrides this instance holds, by limit (expired ones until the store drops them).
     pub runtime_overrides: IntGaugeVec,
     pub trace_spans: SpanCounters,
+    pub borrow: BorrowCounters,
     tops: Arc<Mutex<HashMap<String, Arc<KeyTop>>>>,
 }
 
@@ -248,6 +260,15 @@ impl Metrics {
             &["result"],
         )
         .expect("valid metric");
+        let borrowed = IntCounterVec::new(
+            Opts::new(
+                BORROWED_TOKENS_TOTAL,
+                "Tokens of borrowing limits, by event: borrowed from the store in slices, used \
+                 by checks answered from a slice, returned unused.",
+            ),
+            &["event"],
+        )
+        .expect("valid metric");
 
         for collector in [
             Box::new(checks.clone()) as Box<dyn prometheus::core::Collector>,
@@ -265,6 +286,7 @@ impl Metrics {
             Box::new(grpc_duration.clone()),
             Box::new(runtime_overrides.clone()),
             Box::new(trace_spans.clone()),
+            Box::new(borrowed.clone()),
         ] {
             registry
                 .register(collector)
@@ -295,6 +317,11 @@ impl Metrics {
             reload_success: reloads.with_label_values(&["success"]),
             reload_failure: reloads.with_label_values(&["failure"]),
             tops: Arc::default(),
+            borrow: BorrowCounters {
+                borrowed: borrowed.with_label_values(&["borrowed"]),
+                used: borrowed.with_label_values(&["used"]),
+                returned: borrowed.with_label_values(&["returned"]),
+            },
             grpc: GrpcCounters {
                 ok: grpc_requests.with_label_values(&["ok"]),
                 over_limit: grpc_requests.with_label_values(&["over_limit"]),

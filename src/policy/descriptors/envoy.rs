@@ -687,6 +687,7 @@ fn bucket_limit(
         },
         overrides: Vec::new(),
         overrides_file: None,
+        borrow: None,
     }
 }
 
