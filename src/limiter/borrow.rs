@@ -15,8 +15,9 @@
 //!   what it says was unused is never used afterwards.
 //!
 //! The slice a key asks for follows its local demand: the requests this instance saw for
-//! it in the last horizon (a key that saw fewer than two asks for nothing: cold keys never
-//! borrow), at most half its burst; the store grants at most half of what is left.
+//! it in the last horizon, or in this one so far if more (a key that saw fewer than two
+//! asks for nothing: cold keys never borrow), at most half its burst; the store grants at
+//! most half of what is left.
 //!
 //! Memory is bounded: sharded maps with a cap each; an entry with no slice and no recent
 //! demand is dropped to make room, and a full shard with no such entry stops borrowing for
@@ -239,7 +240,9 @@ impl Lender {
         let asking = holding
             .asking_since_us
             .is_some_and(|since| now.saturating_sub(since) < self.grid_us);
-        let want = if asking || holding.seen_before < 2 {
+        // The key's demand over a horizon: the last whole one's, or this one's so far.
+        let demand = holding.seen.max(holding.seen_before);
+        let want = if asking || demand < 2 {
             0
         } else {
             #[expect(
@@ -248,7 +251,7 @@ impl Lender {
                 reason = "a burst is at most 10^9"
             )]
             let half = (bucket.burst / 2.0).floor() as u64;
-            holding.seen_before.min(half)
+            demand.min(half)
         };
         if want > 0 {
             holding.asking_since_us = Some(now);
@@ -403,16 +406,26 @@ mod tests {
     fn a_cold_key_asks_for_nothing_and_a_hot_one_for_its_last_horizon() {
         let (lender, clock) = lender();
         let b = [bucket("k")];
-        for _ in 0..5 {
-            let (asked, _) = asked(lender.plan(&b, &[true]).0);
-            assert_eq!(want_of(&asked[0]), 0, "no demand known yet");
+        let (first, _) = asked(lender.plan(&b, &[true]).0);
+        assert_eq!(want_of(&first[0]), 0, "one request: a cold key");
+        let (second, sent) = asked(lender.plan(&b, &[true]).0);
+        assert_eq!(want_of(&second[0]), 2, "two so far in this horizon");
+        // Asking: the next calls ask for nothing until it answers.
+        for _ in 0..3 {
+            let (again, _) = asked_again(&lender, &b);
+            assert_eq!(want_of(&again[0]), 0);
         }
+        lender.learn(&second, &[], sent);
         clock.advance_us(100_000);
         let (asked, _) = asked(lender.plan(&b, &[true]).0);
         assert_eq!(want_of(&asked[0]), 5, "five seen in the last horizon");
-        // Asking: the next calls ask for nothing until it answers.
-        let (again, _) = asked_again(&lender, &b);
-        assert_eq!(want_of(&again[0]), 0);
+        clock.advance_us(250_000);
+        let (cold, _) = asked_again(&lender, &b);
+        assert_eq!(
+            want_of(&cold[0]),
+            0,
+            "nothing in the last two horizons: cold again"
+        );
     }
 
     fn asked_again(lender: &Lender, b: &[BucketRequest]) -> (Vec<BucketRequest>, u64) {

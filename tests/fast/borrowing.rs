@@ -279,3 +279,226 @@ fn the_window_check_catches_one_admission_too_many() {
     );
     assert!(spread.admit(9_000_002, 9_000_002).is_err(), "then nothing");
 }
+
+/// A small deterministic generator (xorshift64*), so a failing spread can be replayed.
+struct Xorshift(u64);
+
+impl Xorshift {
+    fn next(&mut self) -> f64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        (self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// Key `i` (from 0) of `n` drawn with weight `1 / (i + 1)^s`: the inverse of the cumulative
+/// weights.
+fn zipf(n: usize, s: f64) -> Vec<f64> {
+    let mut total = 0.0;
+    let mut cumulative: Vec<f64> = (1..=n)
+        .map(|i| {
+            total += 1.0 / (i as f64).powf(s);
+            total
+        })
+        .collect();
+    for c in &mut cumulative {
+        *c /= total;
+    }
+    cumulative
+}
+
+mod instances {
+    use std::collections::HashMap;
+    use std::sync::{Arc, Barrier, Mutex};
+    use std::time::{Duration, Instant};
+
+    use super::{zipf, Xorshift};
+    use crate::support::{limit, redis_config, RedisServer, Tollgate};
+
+    const RATE: f64 = 2_000.0;
+    const BURST: f64 = 200.0;
+
+    /// `clients` threads against the instances round-robin for `duration`, each drawing its
+    /// key from `keys` (cumulative weights); returns the 200s per key, whether any answer was
+    /// neither 200 nor 429, and the time from the first request sent to the last answer.
+    fn hammer(
+        instances: &[Tollgate],
+        clients: usize,
+        duration: Duration,
+        keys: &Arc<Vec<f64>>,
+    ) -> (HashMap<usize, u64>, u64, Duration) {
+        let admitted = Arc::new(Mutex::new(HashMap::new()));
+        let others = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let start = Arc::new(Barrier::new(clients + 1));
+        let threads: Vec<_> = (0..clients)
+            .map(|i| {
+                let mut client = instances[i % instances.len()].client();
+                let (admitted, others, start, keys) = (
+                    admitted.clone(),
+                    others.clone(),
+                    start.clone(),
+                    keys.clone(),
+                );
+                std::thread::spawn(move || {
+                    let mut random = Xorshift(0x9e37_79b9_7f4a_7c15 ^ (i as u64 + 1));
+                    let mut mine: HashMap<usize, u64> = HashMap::new();
+                    start.wait();
+                    let began = Instant::now();
+                    while began.elapsed() < duration {
+                        let draw = random.next();
+                        let key = keys.partition_point(|&c| c < draw).min(keys.len() - 1);
+                        let name = format!("k{key}");
+                        match client.get("/check", &[("x-api-key", &name)]) {
+                            Ok(r) if r.status == 200 => *mine.entry(key).or_default() += 1,
+                            Ok(r) if r.status == 429 => {}
+                            _ => {
+                                others.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            }
+                        }
+                    }
+                    let mut all = admitted.lock().expect("tally");
+                    for (key, count) in mine {
+                        *all.entry(key).or_default() += count;
+                    }
+                })
+            })
+            .collect();
+        let began = Instant::now();
+        start.wait();
+        for thread in threads {
+            thread.join().expect("client thread");
+        }
+        let elapsed = began.elapsed();
+        let admitted = admitted.lock().expect("tally").clone();
+        (
+            admitted,
+            others.load(std::sync::atomic::Ordering::Relaxed),
+            elapsed,
+        )
+    }
+
+    fn borrowing_instances(redis: &RedisServer) -> Vec<Tollgate> {
+        let limits = limit("api", RATE, BURST, &["header:x-api-key"]).set("borrow", true);
+        let config = redis_config(redis, "timeout_ms = 1000\non_error = \"deny\"", &limits);
+        (0..3).map(|_| Tollgate::start(&config)).collect()
+    }
+
+    /// Three instances on one Redis, one hot key and then a Zipf spread (s = 1.1 over 1,000
+    /// keys): per key, the 200s the clients counted never exceed `burst + rate * t`; the hot
+    /// key admits most of what the bucket allows, largely from slices.
+    #[test]
+    fn three_borrowing_instances_never_admit_more_than_the_bucket_allows() {
+        let redis = RedisServer::start();
+        let instances = borrowing_instances(&redis);
+        for (what, keys) in [
+            ("one hot key", Arc::new(vec![1.0])),
+            ("a Zipf spread", Arc::new(zipf(1_000, 1.1))),
+        ] {
+            let (admitted, others, elapsed) = hammer(&instances, 24, Duration::from_secs(3), &keys);
+            assert_eq!(others, 0, "{what}: every answer is 200 or 429");
+            let bound = BURST + RATE * elapsed.as_secs_f64();
+            let hottest = admitted.get(&0).copied().unwrap_or(0) as f64;
+            eprintln!(
+                "borrowing, {what}: hottest key {hottest} admitted in {:.3} s, bound {bound:.1} ({:.1}%), {} keys",
+                elapsed.as_secs_f64(),
+                100.0 * hottest / bound,
+                admitted.len()
+            );
+            for (key, &count) in &admitted {
+                assert!(
+                    count as f64 <= bound + 1.0,
+                    "{what}: key {key} admitted {count} > {bound:.1}"
+                );
+            }
+            if keys.len() == 1 {
+                assert!(hottest >= 0.5 * bound, "{what}: the hot key flowed");
+            }
+        }
+        let used: f64 = instances
+            .iter()
+            .map(|t| t.metric("tollgate_borrowed_tokens_total{event=\"used\"}"))
+            .sum();
+        assert!(used > 0.0, "checks were answered from slices");
+    }
+
+    const TOKEN: &str = "borrow-admin-token";
+
+    /// This instance's unused borrowed tokens of key `k0`, as its peek shows them.
+    fn borrowed_here(tollgate: &Tollgate) -> u64 {
+        let answer = crate::support::http::admin_json(
+            tollgate.admin,
+            "GET",
+            "/v1/buckets/api?key=k0",
+            Some(TOKEN),
+            "",
+        );
+        let peek: serde_json::Value = serde_json::from_str(&answer.body).expect("JSON peek");
+        peek["borrowed_here"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{peek}"))
+    }
+
+    /// With a horizon of 5 s, slices outlive the test's waits: what ends them here is the
+    /// reset (every instance drops the key's slices as it hears it) and the lowered override
+    /// (no slice taken under other numbers is used once an instance knows the new ones).
+    #[test]
+    fn a_reset_and_a_lowered_override_reach_every_instance_s_slices() {
+        let redis = RedisServer::start();
+        let limits = limit("api", RATE, BURST, &["header:x-api-key"]).set("borrow", true);
+        let config = format!(
+            "admin_token = \"{TOKEN}\"\n{}",
+            redis_config(
+                &redis,
+                "timeout_ms = 1000\nborrow_horizon_ms = 5000\noverride_poll_ms = 20",
+                &limits
+            )
+        );
+        let instances: Vec<Tollgate> = (0..3).map(|_| Tollgate::start(&config)).collect();
+        let hot = Arc::new(vec![1.0]);
+        hammer(&instances, 12, Duration::from_millis(600), &hot);
+        assert!(
+            instances.iter().any(|t| borrowed_here(t) > 0),
+            "slices are held after the traffic"
+        );
+        let reset = crate::support::http::admin_json(
+            instances[0].admin,
+            "DELETE",
+            "/v1/buckets/api?key=k0",
+            Some(TOKEN),
+            "",
+        );
+        assert_eq!(reset.status, 200, "{reset:?}");
+        assert!(
+            crate::support::wait_until(Duration::from_secs(2), || instances
+                .iter()
+                .all(|t| borrowed_here(t) == 0)),
+            "every instance dropped its slices when it heard the reset"
+        );
+
+        hammer(&instances, 12, Duration::from_millis(600), &hot);
+        let lowered = crate::support::http::admin_json(
+            instances[0].admin,
+            "PUT",
+            "/v1/overrides/api?key=k0",
+            Some(TOKEN),
+            r#"{"rate": "1/s", "burst": 5}"#,
+        );
+        assert_eq!(lowered.status, 200, "{lowered:?}");
+        let knows = |t: &Tollgate| {
+            t.check(&[("x-api-key", "k0")])
+                .header("ratelimit-policy")
+                .is_some_and(|p| p.contains("q=5"))
+        };
+        assert!(
+            crate::support::wait_until(Duration::from_secs(2), || instances.iter().all(knows)),
+            "every instance applies the override"
+        );
+        let (admitted, _, elapsed) = hammer(&instances, 12, Duration::from_millis(500), &hot);
+        let count = admitted.get(&0).copied().unwrap_or(0) as f64;
+        assert!(
+            count <= 5.0 + elapsed.as_secs_f64() + 1.0,
+            "{count} admitted under burst 5 at 1/s in {elapsed:?}: old slices were used"
+        );
+    }
+}
