@@ -101,16 +101,37 @@ local NUM = setmetatable({}, {__index = function(memo, s)
   return v
 end})
 
+-- BORROW[s]: a borrowing bucket's argument 'B<grid>:<want>:<deadline>:<taken>:<unused>:<rate>'
+-- read into its numbers (taken and unused in micro-tokens), or false when malformed. Cold keys
+-- of one limit share one argument, read once.
+local BORROW = setmetatable({}, {__index = function(memo, s)
+  local grid, want, gd, gx, gr, r = string.match(s, '^B(%d+):(%d+):(%d+):(%d+):(%d+):(.+)$')
+  local v = false
+  if grid and tonumber(r) and tonumber(grid) > 0 then
+    v = {grid = tonumber(grid), want = tonumber(want), gd = tonumber(gd),
+      gx = tonumber(gx) * 1000000, gr = tonumber(gr) * 1000000, rate = tonumber(r)}
+  end
+  memo[s] = v
+  return v
+end})
+
 -- The reply, field by field: every request's fields, requests separated by a "," field.
 local out = {}
 
 -- A borrowing bucket's debt now (see above): reads its groups into lend.g ({deadline,
 -- micro-tokens} pairs), ends those whose deadline has passed, applies the slice given back.
 -- Sets lend.changed when the groups or the debt must be written whatever the decision.
+local NO_GROUPS = {}
 local function lent(lend, debt, at, rate)
   lend.rate = rate
-  local g = {}
   local stored = redis.call('GET', lend.key)
+  if not stored and lend.gx == 0 then
+    -- Nothing held, nothing given back (a cold key, the common case): a plain bucket.
+    lend.g, lend.last = NO_GROUPS, now
+    if not debt then return 0 end
+    return refilled(debt, at, now, rate)
+  end
+  local g = {}
   if stored then
     for d, h in string.gmatch(stored, '(%d+) (%d+)') do
       g[#g + 1] = {tonumber(d), tonumber(h)}
@@ -145,12 +166,19 @@ local function lent(lend, debt, at, rate)
     end
   end
   lend.g = live
+  -- The last live deadline: the key's expiry counts from it even when the groups are not
+  -- rewritten.
+  lend.last = now
+  for _, group in ipairs(live) do
+    if group[2] > 0 and group[1] > lend.last then lend.last = group[1] end
+  end
   return debt
 end
 
 -- Holds `micro` more in the group ending at d: that group, or a free one; false when both
 -- are live with other deadlines.
 local function lend_take(lend, d, micro)
+  if lend.g == NO_GROUPS then lend.g = {} end
   local free
   for _, group in ipairs(lend.g) do
     if group[2] > 0 and group[1] == d then
@@ -245,13 +273,12 @@ local function decide(k, a, n)
       local back = 0
       local lend
       if not rate and string.byte(ARGV[j - 3]) == 66 then
-        -- 'B': a borrowing bucket.
-        local grid, want, gd, gx, gr, r = string.match(ARGV[j - 3],
-          '^B(%d+):(%d+):(%d+):(%d+):(%d+):(.+)$')
-        rate = tonumber(r)
-        if not (grid and rate and tonumber(grid) > 0) then refuse(i, 'borrow') end
-        lend = {key = KEYS[k + i] .. ':b', grid = tonumber(grid), want = tonumber(want),
-          gd = tonumber(gd), gx = tonumber(gx) * 1000000, gr = tonumber(gr) * 1000000}
+        -- 'B': a borrowing bucket (its argument read once per call: BORROW).
+        local b = BORROW[ARGV[j - 3]]
+        if not b then refuse(i, 'borrow') end
+        rate = b.rate
+        lend = {key = KEYS[k + i] .. ':b', grid = b.grid, want = b.want, gd = b.gd, gx = b.gx,
+          gr = b.gr}
         if not lends then lends = {} end
         lends[i] = lend
       end
@@ -357,7 +384,7 @@ local function decide(k, a, n)
       if charged or (olds and olds[i]) or (lend and lend.changed) then
         local debt = NUM[ARGV[j - 2]] * 1000000 - level
         local from = now
-        if lend then from = lend_write(lend) end
+        if lend and lend.changed then from = lend_write(lend) elseif lend then from = lend.last end
         -- Redis deletes the key in the millisecond after the one in which the bucket is full
         -- again (bounded: see lua/bounds.lua).
         redis.call('SET', key, string.format('%d ', debt) .. ts, 'PXAT', full_at(from, debt, rate))
@@ -375,9 +402,12 @@ local function decide(k, a, n)
   end
   if lends then
     for i = 1, n do
-      if lends[i] then
-        out[#out + 1] = string.format('%d', lends[i].took or 0)
-        out[#out + 1] = string.format('%d', lends[i].d or 0)
+      if lends[i] and lends[i].took then
+        out[#out + 1] = string.format('%d', lends[i].took)
+        out[#out + 1] = string.format('%d', lends[i].d)
+      elseif lends[i] then
+        out[#out + 1] = '0'
+        out[#out + 1] = '0'
       end
     end
   end
