@@ -58,12 +58,14 @@ if string.byte(rate) == 82 then
   end
   rate = string.sub(rate, 3)
 end
-local debt, at = read_bucket(KEYS[1], burst)
-if string.byte(rate) == 66 then
-  -- 'B': as token_bucket.lua's lent reads it, without writing.
-  rate = string.sub(rate, 2) + 0
+local debt, at, _, rest = read_bucket(KEYS[1], burst)
+local borrowing = string.byte(rate) == 66
+if borrowing or (rest and rest ~= '' and not reserved) then
+  -- Held groups (a borrowing bucket): as token_bucket.lua's lent reads them, without writing.
+  if borrowing then rate = string.sub(rate, 2) end
+  rate = rate + 0
   local g = {}
-  for d, h in string.gmatch(redis.call('GET', KEYS[1] .. ':b') or '', '(%d+) (%d+)') do
+  for d, h in string.gmatch(rest or '', '(%d+) (%d+)') do
     g[#g + 1] = {tonumber(d), tonumber(h)}
   end
   if #g == 2 and g[2][1] < g[1][1] then g[1], g[2] = g[2], g[1] end
@@ -83,7 +85,9 @@ if string.byte(rate) == 66 then
   end
   debt = refilled(debt, at, now, rate)
   if debt < held then debt = held end
-  return string.format('%.6f %d %d', (burst * 1000000 - debt) / 1000000, held, live)
+  local level = string.format('%.6f', (burst * 1000000 - debt) / 1000000)
+  if borrowing then return level .. string.format(' %d %d', held, live) end
+  return level
 end
 if debt == nil then
   debt = 0

@@ -66,8 +66,9 @@
 -- reservation by a day, or the burst's refill time if longer, so they are found).
 --
 -- A borrowing bucket ('B', docs/DESIGN.md "Borrowed tokens") keeps the tokens instances hold
--- beside it, in KEYS[i] .. ':b' (same hash tag): at most two groups "<deadline> <micro-tokens>",
--- deadlines on a grid of <grid> µs. The held tokens are part of the debt but do not refill:
+-- in its own value, after the debt and ts: at most two groups "<deadline> <micro-tokens>",
+-- deadlines on a grid of <grid> µs. Any check of a bucket that carries groups reads and keeps
+-- them (a plain rate argument then gives nothing back and takes nothing). The held tokens are part of the debt but do not refill:
 -- the debt reads as max(held, refilled debt). A group whose deadline has passed ends (in
 -- deadline order, the debt refilled up to it first): its tokens count as used from then on.
 -- First the slice named by <deadline> is given back, whatever this request decides: its group
@@ -118,22 +119,22 @@ end})
 -- The reply, field by field: every request's fields, requests separated by a "," field.
 local out = {}
 
--- A borrowing bucket's debt now (see above): reads its groups into lend.g ({deadline,
--- micro-tokens} pairs), ends those whose deadline has passed, applies the slice given back.
--- Sets lend.changed when the groups or the debt must be written whatever the decision.
+-- A borrowing bucket's debt now (see above): reads its groups (`rest`, as read_bucket
+-- returns it) into lend.g ({deadline, micro-tokens} pairs), ends those whose deadline has
+-- passed, applies the slice given back. Sets lend.changed when the groups or the debt must be
+-- written whatever the decision.
 local NO_GROUPS = {}
-local function lent(lend, debt, at, rate)
+local function lent(lend, debt, at, rate, rest)
   lend.rate = rate
-  local stored = redis.call('GET', lend.key)
-  if not stored and lend.gx == 0 then
+  if (not rest or rest == '') and lend.gx == 0 then
     -- Nothing held, nothing given back (a cold key, the common case): a plain bucket.
-    lend.g, lend.last = NO_GROUPS, now
+    lend.g = NO_GROUPS
     if not debt then return 0 end
     return refilled(debt, at, now, rate)
   end
   local g = {}
-  if stored then
-    for d, h in string.gmatch(stored, '(%d+) (%d+)') do
+  if rest then
+    for d, h in string.gmatch(rest, '(%d+) (%d+)') do
       g[#g + 1] = {tonumber(d), tonumber(h)}
     end
   end
@@ -166,12 +167,6 @@ local function lent(lend, debt, at, rate)
     end
   end
   lend.g = live
-  -- The last live deadline: the key's expiry counts from it even when the groups are not
-  -- rewritten.
-  lend.last = now
-  for _, group in ipairs(live) do
-    if group[2] > 0 and group[1] > lend.last then lend.last = group[1] end
-  end
   return debt
 end
 
@@ -198,22 +193,19 @@ local function lend_take(lend, d, micro)
   return true
 end
 
--- Writes a borrowing bucket's groups (deletes them when none holds anything); returns the
--- moment its expiry counts from: the last live deadline (or now).
-local function lend_write(lend)
-  local fields, last = {}, now
+-- A borrowing bucket's groups as written after its debt and ts (' <deadline> <micro-tokens>'
+-- for each that holds anything), and the moment its expiry counts from: the last live
+-- deadline (or now).
+local function lend_groups(lend)
+  if lend.g == NO_GROUPS then return '', now end
+  local fields, last = '', now
   for _, group in ipairs(lend.g) do
     if group[2] > 0 then
-      fields[#fields + 1] = string.format('%d %d', group[1], group[2])
+      fields = fields .. string.format(' %d %d', group[1], group[2])
       if group[1] > last then last = group[1] end
     end
   end
-  if #fields == 0 then
-    redis.call('DEL', lend.key)
-  else
-    redis.call('SET', lend.key, table.concat(fields, ' '), 'PXAT', expire_at(last, 0))
-  end
-  return last
+  return fields, last
 end
 
 -- Decides the n keys KEYS[k+1..k+n] with arguments ARGV[a+1..a+4n]; appends its reply to out.
@@ -277,8 +269,7 @@ local function decide(k, a, n)
         local b = BORROW[ARGV[j - 3]]
         if not b then refuse(i, 'borrow') end
         rate = b.rate
-        lend = {key = KEYS[k + i] .. ':b', grid = b.grid, want = b.want, gd = b.gd, gx = b.gx,
-          gr = b.gr}
+        lend = {grid = b.grid, want = b.want, gd = b.gd, gx = b.gx, gr = b.gr, reply = true}
         if not lends then lends = {} end
         lends[i] = lend
       end
@@ -298,9 +289,15 @@ local function decide(k, a, n)
       end
       if not (rate > 0 and burst / rate <= MAX_REFILL_S) then refuse(i, 'rate') end
       -- Micro-tokens from here on: level = burst - debt, all integers.
-      local debt, at, old = read_bucket(KEYS[k + i], burst)
+      local debt, at, old, rest = read_bucket(KEYS[k + i], burst)
+      if not lend and rest and rest ~= '' then
+        -- Tokens of this bucket are held (it borrows): kept, none given back or taken.
+        lend = {grid = 1, want = 0, gd = 0, gx = 0, gr = 0}
+        if not lends then lends = {} end
+        lends[i] = lend
+      end
       if lend then
-        debt = lent(lend, debt, at, rate)
+        debt = lent(lend, debt, at, rate, rest)
       elseif not debt then
         debt = 0
       elseif debt > 0 then
@@ -383,11 +380,12 @@ local function decide(k, a, n)
       end
       if charged or (olds and olds[i]) or (lend and lend.changed) then
         local debt = NUM[ARGV[j - 2]] * 1000000 - level
-        local from = now
-        if lend and lend.changed then from = lend_write(lend) elseif lend then from = lend.last end
+        local groups, from = '', now
+        if lend then groups, from = lend_groups(lend) end
         -- Redis deletes the key in the millisecond after the one in which the bucket is full
-        -- again (bounded: see lua/bounds.lua).
-        redis.call('SET', key, string.format('%d ', debt) .. ts, 'PXAT', full_at(from, debt, rate))
+        -- again (bounded: see lua/bounds.lua), and never before its last group ends.
+        redis.call('SET', key, string.format('%d ', debt) .. ts .. groups, 'PXAT',
+          full_at(from, debt, rate))
       end
       out[p + 2 * i + 1] = string.format('%d', level)
     end
@@ -402,10 +400,10 @@ local function decide(k, a, n)
   end
   if lends then
     for i = 1, n do
-      if lends[i] and lends[i].took then
+      if lends[i] and lends[i].reply and lends[i].took then
         out[#out + 1] = string.format('%d', lends[i].took)
         out[#out + 1] = string.format('%d', lends[i].d)
-      elseif lends[i] then
+      elseif lends[i] and lends[i].reply then
         out[#out + 1] = '0'
         out[#out + 1] = '0'
       end

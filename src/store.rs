@@ -70,11 +70,6 @@ pub struct Slice {
     pub now_us: u64,
 }
 
-/// The key beside bucket `key` holding its borrowed tokens (same Cluster slot).
-pub fn borrowed_key(key: &str) -> String {
-    format!("{key}:b")
-}
-
 /// One reservation a check asks for: its id (unique per check), how long it is held
 /// unsettled, and what happens to its estimate then.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

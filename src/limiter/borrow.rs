@@ -15,9 +15,9 @@
 //!   what it says was unused is never used afterwards.
 //!
 //! The slice a key asks for follows its local demand: the requests this instance saw for
-//! it in the last horizon, or in this one so far if more (a key that saw fewer than two
-//! asks for nothing: cold keys never borrow), at most half its burst; the store grants at
-//! most half of what is left.
+//! it in the last horizon, or in this one so far if more (a key that saw fewer than
+//! [`MIN_DEMAND`] asks for nothing: cold keys never borrow), at most half its burst; the store
+//! grants at most half of what is left.
 //!
 //! Memory is bounded: sharded maps with a cap each; an entry with no slice and no recent
 //! demand is dropped to make room, and a full shard with no such entry stops borrowing for
@@ -32,6 +32,9 @@ use crate::limiter::deny_cache::{DRIFT, MARGIN_US};
 use crate::store::{Borrow, BucketRequest, GiveBack, Meter, Slice};
 
 const SHARDS: usize = 32;
+/// The fewest requests of a key in a horizon for this instance to borrow: a smaller slice
+/// saves fewer store calls than holding it costs the store (measured: docs/BENCHMARKS.md).
+pub const MIN_DEMAND: u64 = 8;
 
 /// A slice this instance holds.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -85,6 +88,7 @@ pub struct Lender {
     hasher: std::hash::RandomState,
     shard_cap: usize,
     grid_us: u64,
+    min_demand: u64,
     clock: Arc<dyn Clock>,
 }
 
@@ -119,8 +123,16 @@ impl Lender {
             hasher: std::hash::RandomState::new(),
             shard_cap: capacity.div_ceil(SHARDS).max(1),
             grid_us: horizon_us.max(1_000),
+            min_demand: MIN_DEMAND,
             clock,
         }
+    }
+
+    /// Borrows for keys that saw at least `requests` in a horizon (at least 2), instead of
+    /// [`MIN_DEMAND`] (tests exercise slices with fewer requests).
+    pub fn with_min_demand(mut self, requests: u64) -> Lender {
+        self.min_demand = requests.max(2);
+        self
     }
 
     pub fn horizon_us(&self) -> u64 {
@@ -168,7 +180,11 @@ impl Lender {
             if lend && matches!(bucket.meter, Meter::Bucket) {
                 let (borrow, returned) = self.ask(&bucket, now);
                 moved.returned += returned;
-                bucket.meter = Meter::Borrow(borrow);
+                // Nothing to give back or ask for: a plain check (the store still reads the
+                // tokens others hold of this bucket).
+                if borrow.want > 0 || borrow.give.is_some() {
+                    bucket.meter = Meter::Borrow(borrow);
+                }
             }
             asked.push(bucket);
         }
@@ -242,7 +258,7 @@ impl Lender {
             .is_some_and(|since| now.saturating_sub(since) < self.grid_us);
         // The key's demand over a horizon: the last whole one's, or this one's so far.
         let demand = holding.seen.max(holding.seen_before);
-        let want = if asking || demand < 2 {
+        let want = if asking || demand < self.min_demand {
             0
         } else {
             #[expect(
@@ -385,7 +401,8 @@ mod tests {
     fn lender() -> (Lender, Arc<ManualClock>) {
         let clock = Arc::new(ManualClock::default());
         clock.set_us(10_000_000);
-        (Lender::with_clock(64, 100_000, clock.clone()), clock)
+        let lender = Lender::with_clock(64, 100_000, clock.clone()).with_min_demand(2);
+        (lender, clock)
     }
 
     fn asked(plan: Plan) -> (Vec<BucketRequest>, u64) {

@@ -45,7 +45,8 @@ struct Shard {
     /// Their expired reservations, open to one late settle until `until` (their expiry and
     /// [`LATE_SETTLE_GRACE_US`]), at most [`MAX_LATE_SETTLES`] per bucket.
     late: HashMap<String, Vec<Reservation>>,
-    /// Borrowing buckets' held groups, by bucket key (`lua/token_bucket.lua`: `<key>:b`).
+    /// Borrowing buckets' held groups, by bucket key (`lua/token_bucket.lua` writes them in
+    /// the bucket's value).
     borrowed: HashMap<String, Groups>,
 }
 
@@ -89,8 +90,13 @@ fn lend(
 ) -> Vec<Slice> {
     let mut slices = Vec::new();
     for (index, request) in requests.iter().enumerate() {
-        let (Meter::Borrow(borrow), Some(lent)) = (request.meter, lent[index].as_mut()) else {
+        let Some(lent) = lent[index].as_mut() else {
             continue;
+        };
+        // A plain check of a bucket that holds borrowed tokens keeps them and takes none.
+        let borrow = match request.meter {
+            Meter::Borrow(borrow) => borrow,
+            _ => super::Borrow::default(),
         };
         let charged = allowed && outcomes[index].enough && request.cost > 0;
         let mut took = false;
@@ -305,7 +311,9 @@ impl<C: Clock> MemoryStore<C> {
                 request.meter,
                 Meter::Lease(_) | Meter::Reserve(_) | Meter::Borrow(_)
             ) {
-                return self.decide_one(request, now);
+                if let Some(decided) = self.decide_one(request, now) {
+                    return decided;
+                }
             }
         }
         let shard_ids: Vec<usize> = requests.iter().map(|r| self.shard_of(&r.key)).collect();
@@ -338,7 +346,14 @@ impl<C: Clock> MemoryStore<C> {
                         bucket::give_back(&mut state, back, now, request.rate);
                         state
                     }
-                    Meter::Borrow(borrow) => {
+                    Meter::Borrow(_) | Meter::Bucket
+                        if matches!(request.meter, Meter::Borrow(_))
+                            || guard.borrowed.contains_key(request.key.as_str()) =>
+                    {
+                        let give = match request.meter {
+                            Meter::Borrow(borrow) => borrow.give,
+                            _ => None,
+                        };
                         let found = stored(guard);
                         let mut groups = guard
                             .borrowed
@@ -346,9 +361,7 @@ impl<C: Clock> MemoryStore<C> {
                             .copied()
                             .unwrap_or_default();
                         let (mut debt, ended) = groups.settle(found, now, request.rate);
-                        let gave = borrow
-                            .give
-                            .is_some_and(|give| groups.give_back(&mut debt, give));
+                        let gave = give.is_some_and(|give| groups.give_back(&mut debt, give));
                         lent[index] = Some(Lent {
                             groups,
                             changed: ended || gave,
@@ -595,7 +608,7 @@ impl<C: Clock> MemoryStore<C> {
             _ => shard.buckets.get(request.key.as_str()).map(|e| e.bucket),
         };
         // A borrowing bucket: its held tokens do not refill, and ended groups count as used.
-        if let Meter::Borrow(_) = request.meter {
+        if matches!(request.meter, Meter::Borrow(_) | Meter::Bucket) {
             let mut groups = shard
                 .borrowed
                 .get(request.key.as_str())
@@ -629,7 +642,7 @@ impl<C: Clock> MemoryStore<C> {
 
     /// The common case of one limit: one lock, one lookup on a hit, and no allocation beyond
     /// the answer (the general path collects shard ids, guards and states into vectors).
-    fn decide_one(&self, request: &BucketRequest, now: u64) -> StoreDecision {
+    fn decide_one(&self, request: &BucketRequest, now: u64) -> Option<StoreDecision> {
         let entry_of = |bucket: Bucket| Entry {
             bucket,
             full_at_us: bucket.forget_at_us(request),
@@ -637,17 +650,21 @@ impl<C: Clock> MemoryStore<C> {
         let requests = std::slice::from_ref(request);
         let index = self.shard_of(&request.key);
         let mut shard = self.lock(index);
+        if shard.borrowed.contains_key(request.key.as_str()) {
+            // Tokens of this bucket are held: the general path reads them.
+            return None;
+        }
         if let Some(existing) = shard.buckets.get_mut(request.key.as_str()) {
             let mut states = [Some(existing.bucket)];
             let (allowed, buckets) = bucket::decide(requests, &mut states, now);
             if let [Some(bucket)] = states {
                 *existing = entry_of(bucket);
             }
-            return StoreDecision {
+            return Some(StoreDecision {
                 allowed,
                 buckets,
                 slices: Vec::new(),
-            };
+            });
         }
         let mut states = [None];
         let (allowed, buckets) = bucket::decide(requests, &mut states, now);
@@ -659,11 +676,11 @@ impl<C: Clock> MemoryStore<C> {
             }
             shard.buckets.insert(request.key.clone(), entry_of(bucket));
         }
-        StoreDecision {
+        Some(StoreDecision {
             allowed,
             buckets,
             slices: Vec::new(),
-        }
+        })
     }
 
     /// Counts a bucket about to be inserted; true when that takes the store past its cap.

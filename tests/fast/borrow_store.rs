@@ -3,7 +3,7 @@
 //! Rust twin (`store::held`) cannot drift apart.
 //!
 //! As in `store_scenarios`, Redis's clock is "advanced" by shifting what is stored back in
-//! time: the bucket's `ts` and its held groups' deadlines.
+//! time: the bucket's `ts` and its held groups' deadlines (both in its value).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -214,6 +214,42 @@ fn a_reset_forgets_the_held_tokens(h: &dyn Harness) {
     assert_eq!(h.held(&request).tokens, 0, "{}: nothing held", h.name());
 }
 
+fn a_plain_check_keeps_the_held_tokens(h: &dyn Harness) {
+    let key = format!("tg:{}:{{plain}}", h.name());
+    let taken = h.decide(&[borrowing(&key, 10.0, 20.0, 8, None)]);
+    assert_eq!(only_slice(h, &taken).tokens, 8);
+    let plain_check = BucketRequest {
+        limit: 0,
+        ..plain(&key, 10.0, 20.0)
+    };
+    let decision = h.decide(std::slice::from_ref(&plain_check));
+    assert!(
+        decision.allowed && decision.slices.is_empty(),
+        "{}",
+        h.name()
+    );
+    close(
+        h,
+        decision.buckets[0].tokens,
+        10.0,
+        "a plain check after a take",
+    );
+    assert_eq!(
+        h.held(&borrowing(&key, 10.0, 20.0, 0, None)).tokens,
+        8,
+        "{}",
+        h.name()
+    );
+    // Half a second refills 5 of the debt of 10: the 8 held stay out, for a plain peek too.
+    h.advance(500, &[&key]);
+    assert_eq!(
+        h.peek(&plain_check).tokens,
+        12.0,
+        "{}: held, not refilled",
+        h.name()
+    );
+}
+
 fn run(h: &dyn Harness) {
     let slice = a_slice_is_taken_beside_the_cost_and_does_not_refill_while_held(h);
     a_give_back_returns_the_unused_and_keeps_the_used_as_debt(h, slice);
@@ -221,6 +257,7 @@ fn run(h: &dyn Harness) {
     a_denied_request_takes_nothing_but_its_give_back_happens(h);
     an_ended_group_counts_as_used_from_its_deadline(h);
     a_reset_forgets_the_held_tokens(h);
+    a_plain_check_keeps_the_held_tokens(h);
 }
 
 struct Memory {
@@ -265,21 +302,17 @@ struct Redis {
     shifted: std::cell::RefCell<std::collections::HashMap<String, u64>>,
 }
 
-/// Moves each bucket's `ts`, and the deadlines of the groups held beside it, ARGV[1] µs back.
+/// Moves each bucket's `ts`, and the deadlines of the groups it holds, ARGV[1] µs back.
 const SHIFT: &str = r"
 for _, key in ipairs(KEYS) do
   local stored = redis.call('GET', key)
   if stored then
-    local debt, at = string.match(stored, '^(%d+) (%d+)$')
-    redis.call('SET', key, debt .. ' ' .. string.format('%d', at - tonumber(ARGV[1])), 'KEEPTTL')
-  end
-  local held = redis.call('GET', key .. ':b')
-  if held then
-    local groups = {}
-    for d, h in string.gmatch(held, '(%d+) (%d+)') do
-      groups[#groups + 1] = string.format('%d %s', d - tonumber(ARGV[1]), h)
+    local debt, at, rest = string.match(stored, '^(%d+) (%d+)(.*)$')
+    local shifted = debt .. ' ' .. string.format('%d', at - tonumber(ARGV[1]))
+    for d, h in string.gmatch(rest, '(%d+) (%d+)') do
+      shifted = shifted .. string.format(' %d %s', d - tonumber(ARGV[1]), h)
     end
-    redis.call('SET', key .. ':b', table.concat(groups, ' '), 'KEEPTTL')
+    redis.call('SET', key, shifted, 'KEEPTTL')
   end
 end
 return 0

@@ -108,7 +108,7 @@ fn simulate(
     let store = MemoryStore::with_clock(10_000, clock.clone());
     let ideal = MemoryStore::with_clock(10_000, clock.clone());
     let lenders: Vec<Lender> = (0..instances)
-        .map(|_| Lender::with_clock(1_000, horizon_ms * 1000, clock.clone()))
+        .map(|_| Lender::with_clock(1_000, horizon_ms * 1000, clock.clone()).with_min_demand(2))
         .collect();
     let mut admitted: Vec<Admitted> = (0..3).map(|_| Admitted::new(rate, burst)).collect();
     let mut run = Run {
@@ -203,7 +203,7 @@ fn on_redis(
     case: usize,
 ) -> Result<(), String> {
     let lenders: Vec<Lender> = (0..instances)
-        .map(|_| Lender::new(1_000, horizon_ms * 1000))
+        .map(|_| Lender::new(1_000, horizon_ms * 1000).with_min_demand(2))
         .collect();
     let origin = Instant::now();
     let micros = |at: Instant| at.duration_since(origin).as_micros() as u64;

@@ -136,11 +136,10 @@ impl RedisStore {
     pub(super) async fn reset_key(&self, key: &str) -> Result<bool, StoreError> {
         let channel = keys::resets_channel_of(key)
             .ok_or_else(|| StoreError::Other("not a bucket key".into()))?;
-        let held = crate::store::borrowed_key(key);
         let reply = self
             .run_script(
                 &self.reset_script,
-                &[key, held.as_str()],
+                &[key],
                 |cmd| {
                     cmd.arg(channel.as_str());
                 },
