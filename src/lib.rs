@@ -27,14 +27,16 @@
 //!   decision's span: the caller's trace context, sampling, the OTLP exporter).
 //! - [`store`]: the [`store::Store`] trait; [`store::memory`] (sharded, bounded) and
 //!   [`store::redis`] (Lua via `EVALSHA`, deadlines, circuit breaker, coalescing; one node,
-//!   Cluster or Sentinel); [`store::bucket`] is the arithmetic twin of the Lua scripts.
+//!   Cluster or Sentinel); [`store::bucket`] is the arithmetic twin of the Lua scripts,
+//!   [`store::held`] that of borrowed tokens.
 //! - [`policy`]: what the operator asked for, compiled into one [`policy::Policy`]:
 //!   [`policy::limits`], [`policy::matcher`], [`policy::exempt`], [`policy::overrides`]
 //!   (files), [`policy::runtime_overrides`] (admin API, kept in the store),
 //!   [`policy::descriptors`] (the gRPC service's rules; [`policy::descriptors::envoy`]:
 //!   envoyproxy/ratelimit's tree, matched as it matches).
 //! - [`limiter`]: the decision without HTTP: one atomic store call, `on_error` fallbacks;
-//!   [`limiter::deny_cache`], [`limiter::decision`] (the verdict as a value),
+//!   [`limiter::deny_cache`], [`limiter::borrow`] (slices of hot keys' tokens, admitted
+//!   from without a store call), [`limiter::decision`] (the verdict as a value),
 //!   [`limiter::report`] (charges known after the response).
 //! - [`answer`]: what an answer says whatever protocol carries it (the quota headers).
 //! - [`state`]: what every handler shares (config, store, limiter, metrics), swapped whole

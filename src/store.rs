@@ -287,7 +287,9 @@ pub trait Store: Send + Sync + 'static {
         async { Err(StoreError::Other("this store holds no reservations".into())) }
     }
 
-    /// The reservations held now beside the reserving bucket `bucket` (peek).
+    /// The reservations held now beside the reserving bucket `bucket` (peek); for a
+    /// borrowing bucket ([`Meter::Borrow`]), the tokens its live slices hold and how many
+    /// groups hold them.
     fn reserved(
         &self,
         bucket: &BucketRequest,

@@ -1,7 +1,7 @@
 //! Borrowed tokens as the store keeps them, the Rust twin of the borrowing part of
 //! `lua/token_bucket.lua` (see `docs/DESIGN.md`, "Borrowed tokens").
 //!
-//! Beside a borrowing bucket sit at most two *groups* of held tokens, each ending at a
+//! A borrowing bucket carries at most two *groups* of held tokens, each ending at a
 //! deadline on a grid of the horizon. Held tokens are part of the debt but do not refill: a
 //! borrow-aware read takes the debt as `max(held, refilled debt)`, so the level never exceeds
 //! `burst - held`. When a group ends, its tokens count as used and refill from its deadline
