@@ -39,6 +39,8 @@ pub const MIN_DEMAND: u64 = 8;
 /// A slice this instance holds.
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Held {
+    /// Which slice of its key this is (a put-back goes to the slice it came from only).
+    id: u64,
     /// Its group's end, on the store's clock (named when it is given back).
     deadline_us: u64,
     taken: u64,
@@ -59,6 +61,8 @@ struct Holding {
     window_us: u64,
     /// A call asking for a slice is in flight since then (others ask for none meanwhile).
     asking_since_us: Option<u64>,
+    /// Slices installed so far (the id of the next one).
+    installed: u64,
 }
 
 impl Holding {
@@ -198,6 +202,8 @@ impl Lender {
     /// Takes one request's cost from each bucket's slice, all or none.
     fn serve(&self, buckets: &[BucketRequest], now: u64) -> Option<Vec<f64>> {
         let mut left = Vec::with_capacity(buckets.len());
+        // The slice each bucket paid from, to put back to that slice only.
+        let mut paid = Vec::with_capacity(buckets.len());
         for (i, bucket) in buckets.iter().enumerate() {
             let mut shard = self.shard(&bucket.key);
             let took = shard.get_mut(bucket.key.as_str()).and_then(|holding| {
@@ -210,17 +216,21 @@ impl Lender {
                     return None;
                 }
                 held.left -= bucket.cost;
-                let left = held.left;
+                let taken = (held.left, held.id);
                 holding.count(now, self.grid_us);
-                Some(left)
+                Some(taken)
             });
             drop(shard);
             match took {
-                Some(tokens) => left.push(count_f64(tokens)),
+                Some((tokens, id)) => {
+                    left.push(count_f64(tokens));
+                    paid.push(id);
+                }
                 None => {
-                    // Put back what the buckets before this one took (to the same slice only).
-                    for earlier in &buckets[..i] {
-                        self.put_back(earlier);
+                    // Put back what the buckets before this one took. A slice replaced since
+                    // (given back with that token counted as used) gets nothing.
+                    for (earlier, &id) in buckets[..i].iter().zip(&paid) {
+                        self.put_back(earlier, id);
                     }
                     return None;
                 }
@@ -229,11 +239,12 @@ impl Lender {
         Some(left)
     }
 
-    fn put_back(&self, bucket: &BucketRequest) {
+    fn put_back(&self, bucket: &BucketRequest, id: u64) {
         let mut shard = self.shard(&bucket.key);
         if let Some(held) = shard
             .get_mut(bucket.key.as_str())
             .and_then(|h| h.slice.as_mut())
+            .filter(|held| held.id == id)
         {
             held.left = (held.left + bucket.cost).min(held.taken);
         }
@@ -316,9 +327,11 @@ impl Lender {
                 continue;
             };
             borrowed += slice.tokens;
+            holding.installed += 1;
             // A slice still here was installed by a concurrent call: it is dropped (its
             // tokens count as used at its deadline), never merged.
             holding.slice = Some(Held {
+                id: holding.installed,
                 deadline_us: slice.deadline_us,
                 taken: slice.tokens,
                 left: slice.tokens,
@@ -509,6 +522,31 @@ mod tests {
             lender.plan(&b, &[true, false]).0,
             Plan::Store { .. }
         ));
+    }
+
+    #[test]
+    fn a_put_back_never_reaches_a_slice_that_replaced_the_one_paid_from() {
+        let (lender, _) = lender();
+        let a = [bucket("a")];
+        let (asked, sent) = asked(lender.plan(&a, &[true]).0);
+        let slice = Slice {
+            bucket: 0,
+            tokens: 4,
+            deadline_us: 1_200_000,
+            now_us: 1_000_000,
+        };
+        lender.learn(&asked, &[slice], sent);
+        // A check of "a" and "b" pays from "a"'s slice; meanwhile "a"'s slice is replaced by
+        // one partly used. "b" cannot pay: the token goes back to the slice it came from only.
+        let id = lender
+            .shard("a")
+            .get("a")
+            .and_then(|h| h.slice)
+            .map(|h| h.id);
+        lender.learn(&asked, &[slice], sent);
+        let _ = lender.serve_all(&a, &[true]);
+        lender.put_back(&a[0], id.unwrap_or_default());
+        assert_eq!(lender.held("a"), 3, "the new slice keeps what it had");
     }
 
     #[test]
