@@ -6,9 +6,15 @@
 # 10,000 keys, 64 connections; Redis CPU from INFO cpu around each load; rounds interleaved,
 # medians.
 #
+# BORROW=1 adds borrowed tokens (limits[].borrow = true, store.borrow_horizon_ms =
+# $HORIZON_MS, default 100) in three shapes: 10,000 uniform keys, a Zipf spread (s = 1.1) over
+# 100,000 keys, and one hot key at 5,000 checks/s; each against the same tollgate without
+# borrowing and ERL's pair over as many keys, and with the script calls per check.
+#
 #   bench/erl_pattern.sh                 # 3 rounds of 8 s
 #   ROUNDS=1 DURATION=3 bench/erl_pattern.sh
 #   BASE_BIN=/path/to/older/tollgate bench/erl_pattern.sh   # and that build's /check, same run
+#   BORROW=1 HORIZON_MS=100 bench/erl_pattern.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,36 +32,81 @@ redis_cpu() { rcli INFO cpu | tr -d '\r' | awk -F: '
 
 start_per_key this target/release/tollgate redis
 [ -z "${BASE_BIN:-}" ] || start_per_key base "$BASE_BIN" redis
+if [ -n "${BORROW:-}" ]; then
+  TOLLGATE_STORE__BORROW_HORIZON_MS=${HORIZON_MS:-100} \
+    start_per_key borrow target/release/tollgate redis "borrow = true"
+fi
 
 # per_core N R0 R1: N operations over the Redis CPU seconds between R0 and R1.
 per_core() { awk -v n="$1" -v a="$2" -v b="$3" 'BEGIN {printf "%.0f", n / (b - a)}'; }
 
-# tollgate_checks PORT: checks per Redis core-second through the tollgate on PORT.
+# script_calls: EVALSHA and EVAL calls Redis has served.
+script_calls() { rcli INFO commandstats | tr -d '\r' | awk -F'[=,:]' '
+  /^cmdstat_(evalsha|eval):/ {s += $3} END {print s + 0}'; }
+
+# tollgate_checks PORT [SCRIPT KEYS]: checks per Redis core-second through the tollgate on
+# PORT, with the wrk script SCRIPT (default bench/random_key.lua) over KEYS keys; the script
+# calls per check go to $WORK/calls.
 tollgate_checks() {
-  local r0 r1 n
+  local r0 r1 c0 c1 n
   rcli FLUSHALL >/dev/null
-  r0=$(redis_cpu)
-  KEYS=$KEYS wrk -t1 -c64 -d"${DURATION}s" -s bench/random_key.lua \
+  r0=$(redis_cpu); c0=$(script_calls)
+  KEYS=${3:-$KEYS} wrk -t1 -c64 -d"${DURATION}s" -s "${2:-bench/random_key.lua}" \
     "http://127.0.0.1:$1/check" >"$WORK/wrk.out"
-  r1=$(redis_cpu)
+  r1=$(redis_cpu); c1=$(script_calls)
   n=$(awk '/ requests in / {print $1}' "$WORK/wrk.out")
+  awk -v c="$((c1 - c0))" -v n="$n" 'BEGIN {printf "%.3f\n", c / n}' >>"$WORK/calls"
   per_core "$n" "$r0" "$r1"
 }
 
-# erl PIPELINE: descriptors (one INCRBY and one EXPIRE each) per Redis core-second.
+# erl PIPELINE [KEYS]: descriptors (one INCRBY and one EXPIRE each) per Redis core-second.
 erl() {
   local r0 r1 n=$((DURATION * 40000))
   rcli FLUSHALL >/dev/null
   r0=$(redis_cpu)
-  redis-benchmark -h 127.0.0.1 -p "$REDIS_PORT" -c 64 -P "$1" -r "$KEYS" -n "$n" -q \
+  redis-benchmark -h 127.0.0.1 -p "$REDIS_PORT" -c 64 -P "$1" -r "${2:-$KEYS}" -n "$n" -q \
     incrby "erl:__rand_int__" 1 >/dev/null
-  redis-benchmark -h 127.0.0.1 -p "$REDIS_PORT" -c 64 -P "$1" -r "$KEYS" -n "$n" -q \
+  redis-benchmark -h 127.0.0.1 -p "$REDIS_PORT" -c 64 -P "$1" -r "${2:-$KEYS}" -n "$n" -q \
     expire "erl:__rand_int__" 60 >/dev/null
   r1=$(redis_cpu)
   per_core "$n" "$r0" "$r1"
 }
 
 : >"$WORK/check"; : >"$WORK/base"; : >"$WORK/p2"; : >"$WORK/p8"
+if [ -n "${BORROW:-}" ]; then
+  # shape NAME SCRIPT KEYS: one round of a shape, without and with borrowing, and ERL's pair
+  # over as many keys; ratios against ERL in the same round.
+  shape() {
+    local plain borrowed p2 p8
+    : >"$WORK/calls"
+    plain=$(tollgate_checks "$PORT_this" "$2" "$3")
+    borrowed=$(tollgate_checks "$PORT_borrow" "$2" "$3")
+    p2=$(erl 2 "$3"); p8=$(erl 8 "$3")
+    echo "$plain" >>"$WORK/$1.plain"; echo "$borrowed" >>"$WORK/$1.borrow"
+    echo "$p2" >>"$WORK/$1.p2"; echo "$p8" >>"$WORK/$1.p8"
+    sed -n 2p "$WORK/calls" >>"$WORK/$1.calls"
+    awk -v b="$borrowed" -v p="$p8" 'BEGIN {printf "%.2f\n", b / p}' >>"$WORK/$1.r8"
+    awk -v b="$borrowed" -v p="$p2" 'BEGIN {printf "%.2f\n", b / p}' >>"$WORK/$1.r2"
+  }
+  for round in $(seq "$ROUNDS"); do
+    echo "borrow round $round/$ROUNDS" >&2
+    shape uniform bench/random_key.lua 10000
+    shape zipf bench/zipf_key.lua 100000
+    RATE=5000 CONNS=64 shape hot bench/hot_key.lua 1
+  done
+  printf '| shape (horizon %s ms) | tollgate | borrow | ERL -P 2 | ERL -P 8 | borrow / -P 2 | borrow / -P 8 | script calls per check, borrow |\n' "${HORIZON_MS:-100}"
+  printf '|---|---|---|---|---|---|---|---|\n'
+  for name in uniform zipf hot; do
+    printf '| %s | %s | %s | %s | %s | %s | %s | %s |\n' "$name" \
+      "$(median <"$WORK/$name.plain")" "$(median <"$WORK/$name.borrow")" \
+      "$(median <"$WORK/$name.p2")" "$(median <"$WORK/$name.p8")" \
+      "$(median <"$WORK/$name.r2")" "$(median <"$WORK/$name.r8")" "$(median <"$WORK/$name.calls")"
+  done
+  for name in uniform zipf hot; do
+    echo "$name rounds: borrow $(paste -sd' ' "$WORK/$name.borrow"); /-P8 $(paste -sd' ' "$WORK/$name.r8"); /-P2 $(paste -sd' ' "$WORK/$name.r2")" >&2
+  done
+  exit 0
+fi
 for round in $(seq "$ROUNDS"); do
   echo "round $round/$ROUNDS" >&2
   tollgate_checks "$PORT_this" >>"$WORK/check"; echo >>"$WORK/check"

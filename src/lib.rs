@@ -27,8 +27,9 @@
 //!   decision's span: the caller's trace context, sampling, the OTLP exporter).
 //! - [`store`]: the [`store::Store`] trait; [`store::memory`] (sharded, bounded) and
 //!   [`store::redis`] (Lua via `EVALSHA`, deadlines, circuit breaker, coalescing; one node,
-//!   Cluster or Sentinel); [`store::bucket`] is the arithmetic twin of the Lua scripts;
-//!   [`store::shares`] the RLQS share allocator, twin of `lua/shares.lua`.
+//!   Cluster or Sentinel); [`store::bucket`] is the arithmetic twin of the Lua scripts,
+//!   [`store::held`] that of borrowed tokens; [`store::shares`] the RLQS share allocator,
+//!   twin of `lua/shares.lua`.
 //! - [`policy`]: what the operator asked for, compiled into one [`policy::Policy`]:
 //!   [`policy::limits`], [`policy::matcher`], [`policy::exempt`], [`policy::overrides`]
 //!   (files), [`policy::runtime_overrides`] (admin API, kept in the store),
@@ -36,7 +37,8 @@
 //!   envoyproxy/ratelimit's tree, matched as it matches), [`policy::rlqs`] (which limit and
 //!   key an Envoy quota bucket id stands for).
 //! - [`limiter`]: the decision without HTTP: one atomic store call, `on_error` fallbacks;
-//!   [`limiter::deny_cache`], [`limiter::decision`] (the verdict as a value),
+//!   [`limiter::deny_cache`], [`limiter::borrow`] (slices of hot keys' tokens, admitted
+//!   from without a store call), [`limiter::decision`] (the verdict as a value),
 //!   [`limiter::report`] (charges known after the response), [`limiter::shares`] (a key's
 //!   numbers as the units of its RLQS pool, a grant as Envoy's token bucket).
 //! - [`answer`]: what an answer says whatever protocol carries it (the quota headers).

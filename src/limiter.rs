@@ -1,6 +1,7 @@
 //! The decision, end to end and without HTTP: which limits apply, one atomic store call, and
 //! what happens when the store fails (`on_error`). Generic over the store, so tests drive it
 //! with a memory store on a manual clock or with a real Redis.
+pub mod borrow;
 pub mod decision;
 pub mod deny_cache;
 pub mod report;
@@ -14,6 +15,7 @@ use arc_swap::ArcSwap;
 
 use crate::base::rate::count_f64;
 use crate::config::OnError;
+use crate::limiter::borrow::{Lender, Plan};
 use crate::limiter::decision::{Decision, LimitState, Verdict};
 use crate::limiter::deny_cache::{CachedDenial, Consult, DenyCache, Probe};
 use crate::observe::denial_log::DenialLog;
@@ -34,6 +36,8 @@ pub struct Limiter<S: Store> {
     instances: AtomicU64,
     /// Denials the store would surely repeat, answered without asking it (remote stores).
     deny_cache: Option<DenyCache>,
+    /// Slices of hot keys' tokens borrowed from the store (remote stores, borrowing limits).
+    lender: Option<Lender>,
     /// `[log] denials = "sampled"`.
     denial_log: Option<DenialLog>,
     metrics: Metrics,
@@ -46,6 +50,8 @@ pub enum DecidedBy {
     Policy,
     Store,
     DenyCache,
+    /// Admitted from slices of borrowed tokens, without a store call.
+    Borrowed,
     /// The store failed; `on_error` decided.
     OnError,
 }
@@ -65,6 +71,7 @@ impl<S: Store> Limiter<S> {
             fallback: (on_error == OnError::Local).then(|| MemoryStore::new(max_buckets)),
             instances: AtomicU64::new(1),
             deny_cache: None,
+            lender: None,
             denial_log: None,
             metrics,
         }
@@ -80,6 +87,16 @@ impl<S: Store> Limiter<S> {
     pub fn with_cache(mut self, cache: DenyCache) -> Self {
         self.deny_cache = Some(cache);
         self
+    }
+
+    /// Borrows tokens for the limits that borrow (`borrow`), through `lender`.
+    pub fn with_lender(mut self, lender: Lender) -> Self {
+        self.lender = Some(lender);
+        self
+    }
+
+    pub fn lender(&self) -> Option<&Lender> {
+        self.lender.as_ref()
     }
 
     /// Logs denials, sampled (`[log] denials = "sampled"`).
@@ -98,6 +115,10 @@ impl<S: Store> Limiter<S> {
     pub fn replace_policy(&self, mut policy: Policy) {
         policy.runtime = self.policy.load().runtime.clone();
         self.policy.store(Arc::new(policy));
+        // Slices taken under the old numbers are dropped (their tokens count as used).
+        if let Some(lender) = &self.lender {
+            lender.forget_all();
+        }
     }
 
     pub fn store(&self) -> &S {
@@ -113,12 +134,18 @@ impl<S: Store> Limiter<S> {
         if let Some(cache) = &self.deny_cache {
             cache.forget(key);
         }
+        if let Some(lender) = &self.lender {
+            lender.forget(key);
+        }
     }
 
     /// Forgets every cached denial: resets may have gone unheard (the reset channel was lost).
     pub fn forget_all_denials(&self) {
         if let Some(cache) = &self.deny_cache {
             cache.forget_all();
+        }
+        if let Some(lender) = &self.lender {
+            lender.forget_all();
         }
     }
 
@@ -188,6 +215,13 @@ impl<S: Store> Limiter<S> {
             self.metrics.checks.allowed.inc();
             return (Verdict::Unlimited, DecidedBy::Policy);
         }
+        let lends = self.lends(policy, buckets);
+        if let (Some(lender), Some(lends)) = (&self.lender, &lends) {
+            if let Some(left) = lender.serve_all(buckets, lends) {
+                let decision = self.record_borrowed(policy, buckets, &left);
+                return (Verdict::Decided(decision), DecidedBy::Borrowed);
+            }
+        }
         let asked = if cache_answers {
             self.consult_cache(policy, buckets).await
         } else {
@@ -203,12 +237,33 @@ impl<S: Store> Limiter<S> {
         // The store's full timeout, even after waiting for a probe (see `deny_cache`); bounded
         // here too then, so the answer comes within the wait plus the timeout whatever the
         // store does.
+        let borrowing = match (&self.lender, &lends) {
+            (Some(lender), Some(lends)) => match lender.ask_store(buckets, lends) {
+                (Plan::Store { buckets, sent_us }, moved) => {
+                    self.metrics.borrow.returned.inc_by(moved.returned);
+                    Some((lender, buckets, sent_us))
+                }
+                (Plan::Local(_), _) => None,
+            },
+            _ => None,
+        };
+        let sent = borrowing
+            .as_ref()
+            .map_or(buckets, |(_, asked, _)| asked.as_slice());
         let decided = match waited {
-            Some(budget) => tokio::time::timeout(budget, self.store.decide(buckets))
+            Some(budget) => tokio::time::timeout(budget, self.store.decide(sent))
                 .await
                 .unwrap_or(Err(StoreError::Timeout)),
-            None => self.store.decide(buckets).await,
+            None => self.store.decide(sent).await,
         };
+        match (&decided, &borrowing) {
+            (Ok(decided), Some((lender, asked, sent_us))) => {
+                let borrowed = lender.learn(asked, &decided.slices, *sent_us);
+                self.metrics.borrow.borrowed.inc_by(borrowed);
+            }
+            (Err(_), Some((lender, asked, _))) => lender.abandon(asked),
+            _ => {}
+        }
         match decided {
             Ok(decided) => {
                 if let Some(probe) = probe {
@@ -222,6 +277,58 @@ impl<S: Store> Limiter<S> {
                 self.on_store_error(policy, buckets, &error),
                 DecidedBy::OnError,
             ),
+        }
+    }
+
+    /// Which buckets of this request borrow (by their limit's `borrow`); none when no limit
+    /// of the request does, or when the store may split it (a Redis Cluster deciding a
+    /// request of several keys per slot refunds what one slot charged, which a slice cannot
+    /// follow: such requests are decided as without borrowing).
+    fn lends(&self, policy: &Policy, buckets: &[BucketRequest]) -> Option<Vec<bool>> {
+        self.lender.as_ref()?;
+        if buckets.len() > 1 && self.store.splits_requests() {
+            return None;
+        }
+        let lends: Vec<bool> = buckets
+            .iter()
+            .map(|b| policy.limits.get(b.limit).is_some_and(|l| l.borrow))
+            .collect();
+        lends.contains(&true).then_some(lends)
+    }
+
+    /// A request admitted from slices: every bucket paid its cost from its slice, which
+    /// then holds `left`; that is what the headers show (what this instance can still admit
+    /// for sure, never more than the bucket would).
+    fn record_borrowed(
+        &self,
+        policy: &Policy,
+        buckets: &[BucketRequest],
+        left: &[f64],
+    ) -> Decision {
+        self.metrics.checks.allowed.inc();
+        let limits = buckets
+            .iter()
+            .zip(left)
+            .map(|(bucket, &tokens)| {
+                policy.limits[bucket.limit].counters.allowed.inc();
+                self.metrics.borrow.used.inc_by(bucket.cost);
+                LimitState {
+                    limit: bucket.limit,
+                    cost: bucket.cost,
+                    rate: bucket.rate,
+                    burst: bucket.burst,
+                    tokens,
+                    enough: true,
+                    window: None,
+                }
+            })
+            .collect();
+        Decision {
+            allowed: true,
+            limits,
+            degraded: false,
+            leases: Vec::new(),
+            reservations: Vec::new(),
         }
     }
 

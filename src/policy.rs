@@ -71,6 +71,8 @@ impl Policy {
             let mut limit = Limit::try_from(LimitInput {
                 config: limit_config,
                 ipv6_prefix: config.client_ip.ipv6_prefix,
+                borrow: config.store.borrow
+                    && config.store.backend == crate::config::Backend::Redis,
             })?;
             if !names.insert(limit_config.name.clone()) {
                 return Err(ConfigError::new(
@@ -97,6 +99,8 @@ impl Policy {
             let mut limit = Limit::try_from(LimitInput {
                 config: limit_config,
                 ipv6_prefix: config.client_ip.ipv6_prefix,
+                borrow: config.store.borrow
+                    && config.store.backend == crate::config::Backend::Redis,
             })
             .map_err(|e| e.within("envoy"))?;
             limit.counters = metrics.limit_counters(&limit.name);

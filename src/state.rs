@@ -9,6 +9,7 @@ use actix_web::web;
 
 use crate::base::timings::Timings;
 use crate::config::{Backend, Config, ConfigError, DenialLogging, OnError, StoreConfig};
+use crate::limiter::borrow::Lender;
 use crate::limiter::Limiter;
 use crate::observe::denial_log::DenialLog;
 use crate::observe::erl_stats::ErlStats;
@@ -98,6 +99,12 @@ pub fn build_state(config: &Config) -> Result<web::Data<AppState>, StartError> {
             config.store.max_buckets,
             Duration::from_millis(config.store.timeout_ms),
         );
+    }
+    if remote {
+        limiter = limiter.with_lender(Lender::new(
+            config.store.max_buckets,
+            config.store.borrow_horizon_ms * 1000,
+        ));
     }
     if config.log.denials == DenialLogging::Sampled {
         limiter = limiter.with_denial_log(DenialLog::default());

@@ -10,6 +10,7 @@
 
 pub mod breaker;
 pub mod bucket;
+pub mod held;
 
 pub mod memory;
 pub mod redis;
@@ -35,6 +36,40 @@ pub enum Meter {
     /// charges the estimate (`cost`) and records it under `id` beside the bucket, so that
     /// [`Store::settle`] can replace it with the actual cost, once.
     Reserve(Reserve),
+    /// A token bucket (as [`Meter::Bucket`]) from which the instance borrows: the check may
+    /// give back a slice and take a new one beside its own cost (`docs/DESIGN.md`).
+    Borrow(Borrow),
+}
+
+/// What a borrowing check asks of its bucket besides its cost.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Borrow {
+    /// The horizon: slices end on a grid of this many µs of the store's clock (> 0).
+    pub grid_us: u64,
+    /// Whole tokens to take beyond the cost, at most (the store grants at most half of what
+    /// is left after the cost).
+    pub want: u64,
+    /// A slice given back first, whatever the decision.
+    pub give: Option<GiveBack>,
+}
+
+/// A slice an instance returns: its group (deadline), what it took and what it did not use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GiveBack {
+    pub deadline_us: u64,
+    pub taken: u64,
+    pub unused: u64,
+}
+
+/// A slice a check took: `tokens` whole tokens held until `deadline_us` of the store's clock,
+/// which read `now_us` when it decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Slice {
+    /// Index of the bucket in the request.
+    pub bucket: usize,
+    pub tokens: u64,
+    pub deadline_us: u64,
+    pub now_us: u64,
 }
 
 /// One reservation a check asks for: its id (unique per check), how long it is held
@@ -247,6 +282,8 @@ pub struct BucketOutcome {
 pub struct StoreDecision {
     pub allowed: bool,
     pub buckets: Vec<BucketOutcome>,
+    /// The slices taken by borrowing buckets (empty without [`Meter::Borrow`]).
+    pub slices: Vec<Slice>,
 }
 
 /// Why the store could not decide.
@@ -325,7 +362,9 @@ pub trait Store: Send + Sync + 'static {
         async { Err(StoreError::Other("this store holds no reservations".into())) }
     }
 
-    /// The reservations held now beside the reserving bucket `bucket` (peek).
+    /// The reservations held now beside the reserving bucket `bucket` (peek); for a
+    /// borrowing bucket ([`Meter::Borrow`]), the tokens its live slices hold and how many
+    /// groups hold them.
     fn reserved(
         &self,
         bucket: &BucketRequest,

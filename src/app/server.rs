@@ -113,7 +113,10 @@ pub fn spawn_duties(config: &Config, state: &web::Data<AppState>) -> Result<(), 
     }
     let poll_every = Duration::from_millis(config.store.override_poll_ms);
     actix_web::rt::spawn(follow_runtime_overrides(state.clone(), poll_every));
-    if config.store.deny_cache {
+    // Resets reach the deny cache and the slices of borrowed tokens at once (slices end
+    // within one horizon anyway).
+    let borrows = config.store.borrow || config.limits.iter().any(|l| l.borrow == Some(true));
+    if config.store.deny_cache || borrows {
         listen_for_resets(&config.store, state.clone())?;
     }
     if config.store.on_error == OnError::Local {

@@ -128,6 +128,11 @@ pub struct StoreConfig {
     /// How often each instance asks Redis whether a runtime override changed: how soon a
     /// change is in force everywhere, against one small script call per instance and period.
     pub override_poll_ms: u64,
+    /// Whether limits borrow tokens when they say nothing (`limits[].borrow`); only the
+    /// Redis store borrows.
+    pub borrow: bool,
+    /// How long an instance admits from a slice of borrowed tokens, at most.
+    pub borrow_horizon_ms: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -296,6 +301,10 @@ pub struct LimitConfig {
     /// path is relative to the config file.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub overrides_file: Option<PathBuf>,
+    /// Take slices of a hot key's tokens and admit from them locally (default: the store's
+    /// `borrow`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub borrow: Option<bool>,
 }
 
 /// What becomes of a reservation nobody settled in time.
@@ -461,6 +470,7 @@ impl Default for Config {
                 matching: MatchConfig::default(),
                 overrides: Vec::new(),
                 overrides_file: None,
+                borrow: None,
             }],
             envoy: ErlConfig::default(),
             tracing: super::trace::TracingConfig::default(),
@@ -487,6 +497,8 @@ impl Default for StoreConfig {
             max_buckets: 100_000,
             deny_cache: true,
             override_poll_ms: 250,
+            borrow: false,
+            borrow_horizon_ms: 100,
             tls: None,
         }
     }

@@ -122,6 +122,9 @@ impl Config {
             if limit.shadow {
                 out.push_str("  shadow");
             }
+            if limit.borrow == Some(true) {
+                out.push_str("  borrows");
+            }
             if limit.charge == Charge::Report {
                 let _ = write!(out, "  charged by /report (max_debt {})", limit.max_debt());
             }
@@ -257,8 +260,13 @@ impl StoreConfig {
                 } else {
                     redact_url(&self.url)
                 };
+                let borrow = if self.borrow {
+                    format!(", borrow on ({} ms)", self.borrow_horizon_ms)
+                } else {
+                    String::new()
+                };
                 format!(
-                    "redis {target} (timeout {} ms, on_error {}, prefix {:?}, deny cache {}; {})",
+                    "redis {target} (timeout {} ms, on_error {}, prefix {:?}, deny cache {}{borrow}; {})",
                     self.timeout_ms,
                     spelled(&self.on_error),
                     self.key_prefix,

@@ -198,6 +198,12 @@ impl StoreConfig {
                 "must be between 10 and 60000",
             ));
         }
+        if !(10..=10_000).contains(&self.borrow_horizon_ms) {
+            return Err(ConfigError::new(
+                "store.borrow_horizon_ms",
+                "must be between 10 and 10000",
+            ));
+        }
         // Braces would become the Redis Cluster hash tag of every key: one slot for all.
         if self.key_prefix.is_empty()
             || self.key_prefix.len() > 64

@@ -59,12 +59,16 @@ fn named<'p>(policy: &'p Policy, name: &str, query: &str) -> Result<Named<'p>, A
         Some(_) => None,
     };
     let numbers = numbers.unwrap_or_else(|| limit.own_numbers());
-    let bucket = limit.bucket(
+    let mut bucket = limit.bucket(
         limit.store_key(&policy.key_prefix, &tail),
         index,
         numbers,
         cost,
     );
+    if limit.borrow {
+        // Read as a borrowing check reads it: held tokens do not refill.
+        bucket.meter = Meter::Borrow(crate::store::Borrow::default());
+    }
     Ok(Named {
         limit,
         values,
@@ -119,6 +123,18 @@ enum PeekState {
         remaining: u64,
         lease_ttl_s: u64,
     },
+    Borrowing {
+        /// Tokens in the bucket now, the borrowed ones taken out.
+        tokens: f64,
+        remaining: u64,
+        burst: f64,
+        rate_per_s: f64,
+        full_in_s: u64,
+        /// Tokens borrowed by every instance and held now (used or not), and this
+        /// instance's share of them still unused.
+        borrowed: u64,
+        borrowed_here: u64,
+    },
     Reserving {
         /// Tokens held now, the reservations' estimates already taken out.
         tokens: f64,
@@ -137,6 +153,7 @@ fn peek_state(
     bucket: &BucketRequest,
     outcome: &BucketOutcome,
     reserved: Option<Reserved>,
+    borrowed_here: u64,
 ) -> PeekState {
     let state = LimitState {
         limit: bucket.limit,
@@ -148,6 +165,15 @@ fn peek_state(
         window: outcome.window,
     };
     match bucket.meter {
+        Meter::Borrow(_) => PeekState::Borrowing {
+            tokens: outcome.tokens,
+            remaining: state.remaining(),
+            burst: bucket.burst,
+            rate_per_s: bucket.rate,
+            full_in_s: state.reset_secs(),
+            borrowed: reserved.map_or(0, |r| r.tokens),
+            borrowed_here,
+        },
         Meter::Bucket => PeekState::Bucket {
             tokens: outcome.tokens,
             remaining: state.remaining(),
@@ -277,7 +303,9 @@ pub async fn peek(
     let _slot = admin::ReadSlot::take(&state.admin_reads)?;
     let outcome = state.limiter.store().peek(&named.bucket).await?;
     let reserved = match named.bucket.meter {
-        Meter::Reserve(_) => Some(state.limiter.store().reserved(&named.bucket).await?),
+        Meter::Reserve(_) | Meter::Borrow(_) => {
+            Some(state.limiter.store().reserved(&named.bucket).await?)
+        }
         _ => None,
     };
     let shared = policy
@@ -295,7 +323,15 @@ pub async fn peek(
     Ok(json(serde_json::to_string_pretty(&Peek {
         limit: &named.limit.name,
         key,
-        state: peek_state(&named.bucket, &outcome, reserved),
+        state: peek_state(
+            &named.bucket,
+            &outcome,
+            reserved,
+            state
+                .limiter
+                .lender()
+                .map_or(0, |lender| lender.held(&named.bucket.key)),
+        ),
         next_check: if outcome.enough { "allowed" } else { "denied" },
         cost: named.bucket.cost,
         own: override_view(named.own),

@@ -85,7 +85,7 @@ impl<'p> From<&'p Limit> for LimitView<'p> {
         LimitView {
             name: &limit.name,
             meter: match limit.meter {
-                Meter::Bucket => MeterView::Bucket {
+                Meter::Bucket | Meter::Borrow(_) => MeterView::Bucket {
                     rate_per_s: limit.rate,
                     burst: limit.burst,
                 },

@@ -31,6 +31,7 @@ pub const RLQS_BUCKETS: &str = "tollgate_rlqs_buckets";
 pub const RLQS_REPORTS_TOTAL: &str = "tollgate_rlqs_reports_total";
 pub const RLQS_ASSIGNMENTS_TOTAL: &str = "tollgate_rlqs_assignments_total";
 pub const RLQS_SHARE_UTILISATION: &str = "tollgate_rlqs_share_utilisation";
+pub const BORROWED_TOKENS_TOTAL: &str = "tollgate_borrowed_tokens_total";
 
 /// The `decision` label of `tollgate_limit_decisions_total`, and the `event` labels of
 /// `tollgate_reservations_total` and `tollgate_leases_total`: every series a limit has.
@@ -51,6 +52,16 @@ pub struct CheckCounters {
     pub exempt: IntCounter,
     pub error_allowed: IntCounter,
     pub error_denied: IntCounter,
+}
+
+/// `tollgate_borrowed_tokens_total` by event (borrowing limits, all keys together): tokens
+/// taken from the store in slices, spent from slices by checks answered here without a store
+/// call, and given back unused.
+#[derive(Clone)]
+pub struct BorrowCounters {
+    pub borrowed: IntCounter,
+    pub used: IntCounter,
+    pub returned: IntCounter,
 }
 
 /// `tollgate_store_errors_total` by kind.
@@ -161,6 +172,7 @@ pub struct Metrics {
     pub runtime_overrides: IntGaugeVec,
     pub trace_spans: SpanCounters,
     pub rlqs: RlqsMetrics,
+    pub borrow: BorrowCounters,
     tops: Arc<Mutex<HashMap<String, Arc<KeyTop>>>>,
 }
 
@@ -305,6 +317,15 @@ impl Metrics {
             &["limit"],
         )
         .expect("valid metric");
+        let borrowed = IntCounterVec::new(
+            Opts::new(
+                BORROWED_TOKENS_TOTAL,
+                "Tokens of borrowing limits, by event: borrowed from the store in slices, used \
+                 by checks answered from a slice, returned unused.",
+            ),
+            &["event"],
+        )
+        .expect("valid metric");
 
         for collector in [
             Box::new(checks.clone()) as Box<dyn prometheus::core::Collector>,
@@ -327,6 +348,7 @@ impl Metrics {
             Box::new(grpc_duration.clone()),
             Box::new(runtime_overrides.clone()),
             Box::new(trace_spans.clone()),
+            Box::new(borrowed.clone()),
         ] {
             registry
                 .register(collector)
@@ -357,6 +379,11 @@ impl Metrics {
             reload_success: reloads.with_label_values(&["success"]),
             reload_failure: reloads.with_label_values(&["failure"]),
             tops: Arc::default(),
+            borrow: BorrowCounters {
+                borrowed: borrowed.with_label_values(&["borrowed"]),
+                used: borrowed.with_label_values(&["used"]),
+                returned: borrowed.with_label_values(&["returned"]),
+            },
             grpc: GrpcCounters {
                 ok: grpc_requests.with_label_values(&["ok"]),
                 over_limit: grpc_requests.with_label_values(&["over_limit"]),

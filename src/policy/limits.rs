@@ -38,6 +38,8 @@ pub struct Limit {
     pub reserve: u64,
     pub reserve_header: Option<String>,
     pub shadow: bool,
+    /// This limit's checks may be answered from slices of borrowed tokens (`limiter::borrow`).
+    pub borrow: bool,
     pub on_missing: OnMissing,
     pub key: Vec<KeyPart>,
     pub matcher: Matcher,
@@ -64,6 +66,8 @@ pub fn policy_item(name: &str, quota: u64, window_secs: u64) -> String {
 pub struct LimitInput<'a> {
     pub config: &'a LimitConfig,
     pub ipv6_prefix: u8,
+    /// Whether a limit that says nothing of `borrow` borrows (the store's default).
+    pub borrow: bool,
 }
 
 impl TryFrom<LimitInput<'_>> for Limit {
@@ -88,6 +92,9 @@ impl TryFrom<LimitInput<'_>> for Limit {
             None => meter,
         };
         let cost_header = header_name(config.cost_header.as_deref(), &at, "cost_header")?;
+        let descriptor = DescriptorRule::compile(config);
+        let borrow = checked_borrow(config, meter, descriptor.is_some(), &at)?
+            .unwrap_or(input.borrow && borrowable(config, meter, descriptor.is_some()).is_ok());
         let reserve_header = header_name(config.reserve_header.as_deref(), &at, "reserve_header")?;
         let key = key_parts(&config.key, &at)?;
         let matcher = Matcher::compile(&config.matching, &format!("{at}.match"))?;
@@ -122,13 +129,14 @@ impl TryFrom<LimitInput<'_>> for Limit {
             reserve: config.reserve.unwrap_or(1),
             reserve_header,
             shadow: config.shadow,
+            borrow,
             on_missing: config.on_missing,
             key,
             matcher,
-            descriptor: DescriptorRule::compile(config),
+            descriptor,
             overrides,
             policy_item: match meter {
-                Meter::Bucket | Meter::Reserve(_) => policy_item(
+                Meter::Bucket | Meter::Reserve(_) | Meter::Borrow(_) => policy_item(
                     &config.name,
                     config.burst,
                     ceil_secs(count_f64(config.burst) / rate),
@@ -400,6 +408,42 @@ fn checked_quota(config: &LimitConfig, at: &str) -> Result<Period, ConfigError> 
         ));
     }
     Ok(period)
+}
+
+/// Why a limit cannot borrow, if it cannot (this round): borrowing serves plain buckets
+/// charged one token per `/check` request.
+fn borrowable(config: &LimitConfig, meter: Meter, descriptor: bool) -> Result<(), &'static str> {
+    if !matches!(meter, Meter::Bucket) {
+        return Err("applies only to a rate limit (not a quota, concurrency or reserving limit)");
+    }
+    if config.charge != Charge::Request {
+        return Err("does not apply to a charge = \"report\" limit");
+    }
+    if config.shadow {
+        return Err("does not apply to a shadow limit");
+    }
+    if config.cost != 1 || config.cost_header.is_some() {
+        return Err("applies only to a cost of one token per request (no cost, no cost_header)");
+    }
+    if descriptor {
+        return Err("does not apply to a limit of Envoy's rate limit service (descriptors)");
+    }
+    Ok(())
+}
+
+/// `borrow` as the limit says it: `true` on a limit that cannot borrow is refused.
+fn checked_borrow(
+    config: &LimitConfig,
+    meter: Meter,
+    descriptor: bool,
+    at: &str,
+) -> Result<Option<bool>, ConfigError> {
+    match config.borrow {
+        Some(true) => borrowable(config, meter, descriptor)
+            .map(|()| Some(true))
+            .map_err(|why| ConfigError::new(format!("{at}.borrow"), why)),
+        other => Ok(other),
+    }
 }
 
 /// What `charge` allows: `max_debt` only with reports, no `cost_header` on a reported limit.

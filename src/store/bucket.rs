@@ -65,7 +65,7 @@ impl Bucket {
     /// from an absent one), a quota when its period ends.
     pub fn forget_at_us(&self, request: &BucketRequest) -> u64 {
         match request.meter {
-            Meter::Bucket | Meter::Reserve(_) => self.full_at_us(request.rate),
+            Meter::Bucket | Meter::Reserve(_) | Meter::Borrow(_) => self.full_at_us(request.rate),
             Meter::Quota(period) => {
                 let (_, end) = period.bounds((self.ts_us / MICROS) as i64);
                 u64::try_from(end).unwrap_or(0) * MICROS
@@ -155,7 +155,7 @@ fn lease_level(stored: Option<Bucket>, burst: f64) -> f64 {
 /// now), or a quota's remainder and window; `enough` says whether `request.cost` could be paid.
 fn find(request: &BucketRequest, stored: Option<Bucket>, now_us: u64) -> (BucketOutcome, u64) {
     match request.meter {
-        Meter::Bucket | Meter::Reserve(_) => {
+        Meter::Bucket | Meter::Reserve(_) | Meter::Borrow(_) => {
             let debt = debt_now(stored, now_us, request.rate);
             let (level, enough) = bucket_level(request, debt);
             let outcome = BucketOutcome {
@@ -222,7 +222,7 @@ pub fn decide(
         if allowed && outcome.enough && request.cost > 0 {
             match request.meter {
                 // A reservation's record is the store's to write (it knows the id).
-                Meter::Bucket | Meter::Reserve(_) => {
+                Meter::Bucket | Meter::Reserve(_) | Meter::Borrow(_) => {
                     let cost = micro(count_f64(request.cost));
                     let (level, _) = bucket_level(request, debt);
                     outcome.tokens = tokens_of(level - cost);
@@ -258,7 +258,7 @@ pub fn decide(
 pub fn report(charge: &ReportCharge, state: &mut Option<Bucket>, now_us: u64) -> BucketOutcome {
     let request = &charge.bucket;
     match request.meter {
-        Meter::Bucket | Meter::Reserve(_) => {
+        Meter::Bucket | Meter::Reserve(_) | Meter::Borrow(_) => {
             let debt = debt_now(*state, now_us, request.rate);
             let charged = charged_debt(debt, request, request.cost, charge.max_debt);
             write_debt(state, debt, charged, now_us);

@@ -19,8 +19,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, TryLockError};
 
 use super::bucket::{self, Bucket};
+use super::held::{self, Groups};
 use super::{
-    BucketOutcome, BucketRequest, Meter, ReportCharge, Reserved, Settle, Settled, Store,
+    BucketOutcome, BucketRequest, Meter, ReportCharge, Reserved, Settle, Settled, Slice, Store,
     StoreDecision, StoreError, LATE_SETTLE_GRACE_US, MAX_LATE_SETTLES,
 };
 
@@ -44,6 +45,82 @@ struct Shard {
     /// Their expired reservations, open to one late settle until `until` (their expiry and
     /// [`LATE_SETTLE_GRACE_US`]), at most [`MAX_LATE_SETTLES`] per bucket.
     late: HashMap<String, Vec<Reservation>>,
+    /// Borrowing buckets' held groups, by bucket key (`lua/token_bucket.lua` writes them in
+    /// the bucket's value).
+    borrowed: HashMap<String, Groups>,
+}
+
+/// The tokens held now by a borrowing bucket's live groups (whole tokens, rounded up), and
+/// how many groups hold them: what [`Store::reserved`] reports for a borrowing bucket.
+fn borrowed_now(groups: Option<&Groups>, now: u64) -> Reserved {
+    let live = groups
+        .into_iter()
+        .flat_map(|g| g.0)
+        .filter(|&(deadline, tokens)| tokens > 0 && deadline > now);
+    Reserved {
+        tokens: live.clone().map(|g| g.1).sum::<u64>().div_ceil(1_000_000),
+        held: live.count() as u64,
+    }
+}
+
+/// A borrowing bucket during a decision.
+#[derive(Debug, Clone, Copy)]
+struct Lent {
+    groups: Groups,
+    /// A group ended or a slice came back: written whatever the decision.
+    changed: bool,
+    /// The bucket as stored before this decision.
+    found: Option<Bucket>,
+}
+
+/// After the decision: each charged borrowing bucket takes its slice, as the script does;
+/// a borrowing bucket that neither changed nor was charged keeps its stored state (only the
+/// script's writes are mirrored, so both round alike). Returns the slices taken.
+#[expect(
+    clippy::cast_precision_loss,
+    reason = "debts and levels stay below 2^53 micro-tokens"
+)]
+fn lend(
+    requests: &[BucketRequest],
+    states: &mut [Option<Bucket>],
+    outcomes: &mut [BucketOutcome],
+    lent: &mut [Option<Lent>],
+    allowed: bool,
+    now: u64,
+) -> Vec<Slice> {
+    let mut slices = Vec::new();
+    for (index, request) in requests.iter().enumerate() {
+        let Some(lent) = lent[index].as_mut() else {
+            continue;
+        };
+        // A plain check of a bucket that holds borrowed tokens keeps them and takes none.
+        let borrow = match request.meter {
+            Meter::Borrow(borrow) => borrow,
+            _ => super::Borrow::default(),
+        };
+        let charged = allowed && outcomes[index].enough && request.cost > 0;
+        let mut took = false;
+        if let (true, Some(state)) = (charged, states[index].as_mut()) {
+            let level = request.burst * 1_000_000.0 - state.debt as f64;
+            let tokens = held::slice(borrow.want, level);
+            let deadline_us = held::deadline(now, borrow.grid_us);
+            if tokens > 0 && lent.groups.take(deadline_us, tokens * 1_000_000) {
+                state.debt += tokens * 1_000_000;
+                outcomes[index].tokens = (request.burst * 1_000_000.0 - state.debt as f64) / 1e6;
+                took = true;
+                slices.push(Slice {
+                    bucket: index,
+                    tokens,
+                    deadline_us,
+                    now_us: now,
+                });
+            }
+        }
+        if !(charged || lent.changed || took) {
+            states[index] = lent.found;
+        }
+    }
+    slices
 }
 
 /// What the reservations of `held` expired by `now_us` had reserved.
@@ -233,8 +310,13 @@ impl<C: Clock> MemoryStore<C> {
     pub fn decide_sync(&self, requests: &[BucketRequest]) -> StoreDecision {
         let now = self.now_us();
         if let [request] = requests {
-            if !matches!(request.meter, Meter::Lease(_) | Meter::Reserve(_)) {
-                return self.decide_one(request, now);
+            if !matches!(
+                request.meter,
+                Meter::Lease(_) | Meter::Reserve(_) | Meter::Borrow(_)
+            ) {
+                if let Some(decided) = self.decide_one(request, now) {
+                    return decided;
+                }
             }
         }
         let shard_ids: Vec<usize> = requests.iter().map(|r| self.shard_of(&r.key)).collect();
@@ -243,10 +325,14 @@ impl<C: Clock> MemoryStore<C> {
         order.dedup();
         let mut guards: Vec<(usize, MutexGuard<'_, Shard>)> =
             order.iter().map(|&i| (i, self.lock(i))).collect();
+        // Borrowing buckets: their groups, whether reading them changed anything (a group
+        // ended, a slice given back), and the state as stored (kept when nothing changed).
+        let mut lent: Vec<Option<Lent>> = vec![None; requests.len()];
         let mut states: Vec<Option<Bucket>> = requests
             .iter()
             .zip(&shard_ids)
-            .map(|(request, shard)| {
+            .enumerate()
+            .map(|(index, (request, shard))| {
                 let guard = &mut guards[order.binary_search(shard).unwrap_or_default()].1;
                 let stored =
                     |guard: &Shard| guard.buckets.get(request.key.as_str()).map(|e| e.bucket);
@@ -263,16 +349,59 @@ impl<C: Clock> MemoryStore<C> {
                         bucket::give_back(&mut state, back, now, request.rate);
                         state
                     }
+                    Meter::Borrow(_) | Meter::Bucket
+                        if matches!(request.meter, Meter::Borrow(_))
+                            || guard.borrowed.contains_key(request.key.as_str()) =>
+                    {
+                        let give = match request.meter {
+                            Meter::Borrow(borrow) => borrow.give,
+                            _ => None,
+                        };
+                        let found = stored(guard);
+                        let mut groups = guard
+                            .borrowed
+                            .get(request.key.as_str())
+                            .copied()
+                            .unwrap_or_default();
+                        let (mut debt, ended) = groups.settle(found, now, request.rate);
+                        let gave = give.is_some_and(|give| groups.give_back(&mut debt, give));
+                        lent[index] = Some(Lent {
+                            groups,
+                            changed: ended || gave,
+                            found,
+                        });
+                        Some(Bucket { debt, ts_us: now })
+                    }
                     _ => stored(guard),
                 }
             })
             .collect();
-        let (allowed, outcomes) = bucket::decide(requests, &mut states, now);
+        let (allowed, mut outcomes) = bucket::decide(requests, &mut states, now);
+        let slices = lend(
+            requests,
+            &mut states,
+            &mut outcomes,
+            &mut lent,
+            allowed,
+            now,
+        );
 
-        for (((request, shard), state), outcome) in
-            requests.iter().zip(&shard_ids).zip(states).zip(&outcomes)
+        for ((((request, shard), state), outcome), lent) in requests
+            .iter()
+            .zip(&shard_ids)
+            .zip(states)
+            .zip(&outcomes)
+            .zip(lent)
         {
             let at = order.binary_search(shard).unwrap_or_default();
+            if let Some(lent) = lent {
+                let shard = &mut guards[at].1;
+                if lent.groups.is_empty() {
+                    shard.borrowed.remove(request.key.as_str());
+                } else {
+                    shard.borrowed.insert(request.key.clone(), lent.groups);
+                }
+            }
             if let Meter::Lease(lease) = request.meter {
                 self.write_lease(
                     &mut guards,
@@ -299,10 +428,11 @@ impl<C: Clock> MemoryStore<C> {
                 }
             }
             let Some(bucket) = state else { continue };
-            let entry = Entry {
-                bucket,
-                full_at_us: bucket.forget_at_us(request),
+            let full_at_us = match lent {
+                Some(lent) => held::forget_at_us(bucket.debt, now, &lent.groups, request.rate),
+                None => bucket.forget_at_us(request),
             };
+            let entry = Entry { bucket, full_at_us };
             if let Some(existing) = guards[at].1.buckets.get_mut(request.key.as_str()) {
                 *existing = entry;
                 continue;
@@ -315,6 +445,7 @@ impl<C: Clock> MemoryStore<C> {
         StoreDecision {
             allowed,
             buckets: outcomes,
+            slices,
         }
     }
 }
@@ -436,6 +567,9 @@ impl<C: Clock> MemoryStore<C> {
     pub fn reserved_now(&self, request: &BucketRequest) -> Reserved {
         let now = self.now_us();
         let shard = self.lock(self.shard_of(&request.key));
+        if let Meter::Borrow(_) = request.meter {
+            return borrowed_now(shard.borrowed.get(request.key.as_str()), now);
+        }
         shard
             .reservations
             .get(request.key.as_str())
@@ -476,6 +610,16 @@ impl<C: Clock> MemoryStore<C> {
             }),
             _ => shard.buckets.get(request.key.as_str()).map(|e| e.bucket),
         };
+        // A borrowing bucket: its held tokens do not refill, and ended groups count as used.
+        if matches!(request.meter, Meter::Borrow(_) | Meter::Bucket) {
+            let mut groups = shard
+                .borrowed
+                .get(request.key.as_str())
+                .copied()
+                .unwrap_or_default();
+            let (debt, _) = groups.settle(stored, now, request.rate);
+            stored = Some(Bucket { debt, ts_us: now });
+        }
         // As the next check finds it: expired reservations given back under `refund`.
         if let (Meter::Reserve(reserve), Some(held)) =
             (request.meter, shard.reservations.get(request.key.as_str()))
@@ -491,6 +635,7 @@ impl<C: Clock> MemoryStore<C> {
     /// Drops one key (absent reads as full); whether it was held.
     pub fn reset_now(&self, key: &str) -> bool {
         let mut shard = self.lock(self.shard_of(key));
+        shard.borrowed.remove(key);
         let removed = shard.buckets.remove(key).is_some() || shard.leases.remove(key).is_some();
         if removed {
             self.held.fetch_sub(1, Ordering::Relaxed);
@@ -500,7 +645,7 @@ impl<C: Clock> MemoryStore<C> {
 
     /// The common case of one limit: one lock, one lookup on a hit, and no allocation beyond
     /// the answer (the general path collects shard ids, guards and states into vectors).
-    fn decide_one(&self, request: &BucketRequest, now: u64) -> StoreDecision {
+    fn decide_one(&self, request: &BucketRequest, now: u64) -> Option<StoreDecision> {
         let entry_of = |bucket: Bucket| Entry {
             bucket,
             full_at_us: bucket.forget_at_us(request),
@@ -508,13 +653,21 @@ impl<C: Clock> MemoryStore<C> {
         let requests = std::slice::from_ref(request);
         let index = self.shard_of(&request.key);
         let mut shard = self.lock(index);
+        if shard.borrowed.contains_key(request.key.as_str()) {
+            // Tokens of this bucket are held: the general path reads them.
+            return None;
+        }
         if let Some(existing) = shard.buckets.get_mut(request.key.as_str()) {
             let mut states = [Some(existing.bucket)];
             let (allowed, buckets) = bucket::decide(requests, &mut states, now);
             if let [Some(bucket)] = states {
                 *existing = entry_of(bucket);
             }
-            return StoreDecision { allowed, buckets };
+            return Some(StoreDecision {
+                allowed,
+                buckets,
+                slices: Vec::new(),
+            });
         }
         let mut states = [None];
         let (allowed, buckets) = bucket::decide(requests, &mut states, now);
@@ -526,7 +679,11 @@ impl<C: Clock> MemoryStore<C> {
             }
             shard.buckets.insert(request.key.clone(), entry_of(bucket));
         }
-        StoreDecision { allowed, buckets }
+        Some(StoreDecision {
+            allowed,
+            buckets,
+            slices: Vec::new(),
+        })
     }
 
     /// Counts a bucket about to be inserted; true when that takes the store past its cap.

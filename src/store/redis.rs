@@ -443,6 +443,7 @@ impl Store for RedisStore {
             return Ok(StoreDecision {
                 allowed: true,
                 buckets: Vec::new(),
+                slices: Vec::new(),
             });
         }
         // One deadline for the whole decision, refunds included.

@@ -455,3 +455,68 @@ fn a_reservation_spanning_slots_is_refunded_when_another_slot_denies() {
         "the refund and the settle gave back all but the cost: {settled:?}"
     );
 }
+
+/// Borrowed tokens on a Cluster: three instances' slices of buckets spread over every
+/// master, each bucket's held tokens in its own slot. Per bucket, the admissions (from slices
+/// and from the store) stay within `burst + rate * t`, and slices did answer checks.
+#[test]
+fn borrowed_tokens_on_a_cluster_stay_within_each_bucket() {
+    use crate::support::redis_store;
+    use tollgate::limiter::borrow::{Lender, Plan};
+    use tollgate::store::redis::Topology;
+    use tollgate::store::{BucketRequest, Meter, Store};
+
+    const RATE: f64 = 200.0;
+    const BURST: f64 = 50.0;
+    let cluster = RedisCluster::start();
+    let seeds = cluster.seeds();
+    let (store, runtime) =
+        redis_store(&Topology::Cluster { seeds: &seeds }, Duration::from_secs(5));
+    let lenders: Vec<Lender> = (0..3)
+        .map(|_| Lender::new(1_000, 100_000).with_min_demand(2))
+        .collect();
+    let keys: Vec<String> = (0..6).map(|i| format!("tollgate:hot:{{k{i}}}")).collect();
+    let bucket = |key: &str| BucketRequest {
+        key: key.to_owned(),
+        rate: RATE,
+        burst: BURST,
+        cost: 1,
+        shadow: false,
+        limit: 0,
+        meter: Meter::Bucket,
+    };
+    runtime
+        .block_on(store.decide(&[bucket(&keys[0])]))
+        .expect("the slot map first");
+    let mut admitted = vec![1.0; 1];
+    admitted.resize(keys.len(), 0.0);
+    let mut local = 0;
+    let began = Instant::now();
+    for i in 0..3_000 {
+        let request = [bucket(&keys[i % keys.len()])];
+        let allowed = match lenders[i % 3].plan(&request, &[true]).0 {
+            Plan::Local(_) => {
+                local += 1;
+                true
+            }
+            Plan::Store { buckets, sent_us } => {
+                let decision = runtime
+                    .block_on(store.decide(&buckets))
+                    .expect("the cluster decides");
+                lenders[i % 3].learn(&buckets, &decision.slices, sent_us);
+                decision.allowed
+            }
+        };
+        if allowed {
+            admitted[i % keys.len()] += 1.0;
+        }
+    }
+    let bound = BURST + RATE * began.elapsed().as_secs_f64();
+    eprintln!(
+        "borrowing on a cluster: {admitted:?} admitted (bound {bound:.1}), {local} from slices"
+    );
+    for (key, count) in keys.iter().zip(&admitted) {
+        assert!(*count <= bound + 1.0, "{key}: {count} > {bound:.1}");
+    }
+    assert!(local > 0, "slices answered checks");
+}

@@ -991,3 +991,28 @@ fn started_as_ratelimit_without_a_subcommand_it_serves() {
     let _ = child.wait();
     assert!(checked, "/check decided by the default limit");
 }
+
+#[test]
+fn borrowing_is_refused_where_it_cannot_be_exact_this_round_naming_the_limit() {
+    let base = "[[limits]]\nname = \"b\"\nkey = [\"ip\"]\nborrow = true\n";
+    for (extra, why) in [
+        ("quota = 10\nperiod = \"day\"\n", "quota"),
+        ("concurrency = 3\n", "concurrency"),
+        ("rate = 1\nburst = 5\ncharge = \"report\"\n", "report"),
+        ("rate = 1\nburst = 5\nshadow = true\n", "shadow"),
+        ("rate = 1\nburst = 5\ncost = 2\n", "cost"),
+        (
+            "rate = 1\nburst = 5\ncost_header = \"x-cost\"\n",
+            "cost_header",
+        ),
+    ] {
+        let output = run(&["validate"], Some(&format!("{base}{extra}")), &[]);
+        assert_refused(&output, "limits.b.borrow");
+        assert!(stderr(&output).contains(why), "{why}: {}", stderr(&output));
+    }
+    let output = run(&["validate"], Some("[store]\nborrow_horizon_ms = 5\n"), &[]);
+    assert_refused(&output, "store.borrow_horizon_ms");
+    let fine = format!("{base}rate = 1\nburst = 5\n");
+    let output = run(&["validate"], Some(&fine), &[]);
+    assert!(output.status.success(), "{}", stderr(&output));
+}

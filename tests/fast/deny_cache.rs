@@ -369,6 +369,7 @@ impl Store for DeniesThenHangs {
             return Ok(StoreDecision {
                 allowed: false,
                 buckets: vec![empty; buckets.len()],
+                slices: Vec::new(),
             });
         }
         std::future::pending().await

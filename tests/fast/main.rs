@@ -15,6 +15,8 @@ mod support;
 mod admin_api;
 mod admin_overrides;
 mod admin_token;
+mod borrow_store;
+mod borrowing;
 mod coalescing;
 mod config_cli;
 mod deny_cache;

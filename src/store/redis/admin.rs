@@ -50,6 +50,7 @@ impl RedisStore {
     async fn peek_reply(&self, request: &BucketRequest) -> Result<Value, StoreError> {
         let first = match request.meter {
             Meter::Bucket => request.rate.to_string(),
+            Meter::Borrow(_) => format!("B{}", request.rate),
             Meter::Quota(period) => period.code().to_owned(),
             Meter::Lease(_) => "L".to_owned(),
             Meter::Reserve(reserve) => {
@@ -173,6 +174,16 @@ fn parse_peek(
     let mut reserved = None;
     let window = match request.meter {
         Meter::Bucket => None,
+        // The tokens held by live slices (micro-tokens), and their groups.
+        Meter::Borrow(_) => {
+            let mut number = || fields.next()?.parse::<u64>().ok();
+            let (micro, groups) = number().zip(number()).ok_or_else(malformed)?;
+            reserved = Some(Reserved {
+                tokens: micro.div_ceil(1_000_000),
+                held: groups,
+            });
+            None
+        }
         Meter::Reserve(_) => {
             let mut number = || fields.next()?.parse::<u64>().ok();
             let (tokens, held) = number().zip(number()).ok_or_else(malformed)?;

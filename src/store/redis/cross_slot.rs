@@ -110,7 +110,11 @@ pub(super) async fn decide(
         .into_iter()
         .collect::<Option<Vec<_>>>()
         .ok_or_else(|| StoreError::Script("a slot group answered for too few buckets".into()))?;
-    Ok(StoreDecision { allowed, buckets })
+    Ok(StoreDecision {
+        allowed,
+        buckets,
+        slices: Vec::new(),
+    })
 }
 
 /// What `lua/refund.lua` needs to find a charge: the charging call's `now` for a bucket; for a

@@ -1,7 +1,9 @@
 //! The wire format of the scripts: a bucket's arguments, and replies parsed into decisions.
 use redis::{Cmd, RedisError, Value};
 
-use crate::store::{BucketOutcome, BucketRequest, Meter, StoreDecision, StoreError, Window};
+use crate::store::{
+    BucketOutcome, BucketRequest, GiveBack, Meter, Slice, StoreDecision, StoreError, Window,
+};
 
 /// One bucket's four script arguments: rate (a quota: its period code), burst (or quota),
 /// cost, and one script-specific value.
@@ -17,6 +19,22 @@ pub(super) fn bucket_args(cmd: &mut Cmd, bucket: &BucketRequest, last: &str) {
             if reserve.refund { 'r' } else { 'k' },
             bucket.rate
         )),
+        Meter::Borrow(borrow) => {
+            let give = borrow.give.unwrap_or(GiveBack {
+                deadline_us: 0,
+                taken: 0,
+                unused: 0,
+            });
+            cmd.arg(format!(
+                "B{}:{}:{}:{}:{}:{}",
+                borrow.grid_us.max(1),
+                borrow.want,
+                give.deadline_us,
+                give.taken,
+                give.unused,
+                bucket.rate
+            ))
+        }
     };
     number_arg(cmd, bucket.burst).arg(bucket.cost).arg(last);
 }
@@ -49,7 +67,7 @@ pub(super) fn windows(items: &[Value], buckets: &[&BucketRequest]) -> Option<Vec
     buckets
         .iter()
         .map(|bucket| match bucket.meter {
-            Meter::Bucket | Meter::Reserve(_) => Some(None),
+            Meter::Bucket | Meter::Reserve(_) | Meter::Borrow(_) => Some(None),
             Meter::Lease(lease) => Some(Some(crate::store::bucket::lease_window(lease))),
             Meter::Quota(_) => {
                 let pair = pairs.next()?;
@@ -90,8 +108,10 @@ pub(super) fn parse_report(
         .collect()
 }
 
-/// `"allowed now level_1 enough_1 ... level_n enough_n t_q1 w_q1 ..."` → [`StoreDecision`]
-/// and `now`; `t_q, w_q` follow for each quota, in order. A bucket's level is in micro-tokens.
+/// `"allowed now level_1 enough_1 ... level_n enough_n t_q1 w_q1 ... s_b1 d_b1 ..."` →
+/// [`StoreDecision`] and `now`; `t_q, w_q` follow for each quota, in order, then `s_b, d_b`
+/// (the slice taken, its deadline) for each borrowing bucket. A bucket's level is in
+/// micro-tokens.
 pub(super) fn parse_decision(
     reply: Value,
     requests: &[&BucketRequest],
@@ -117,7 +137,7 @@ pub(super) fn parse_decision(
             // A bucket's level comes in micro-tokens (an integer, cheaper for the script to
             // print); the quotient is what `%.6f` of it would read back as.
             let tokens = match request.meter {
-                Meter::Bucket | Meter::Reserve(_) => level / 1_000_000.0,
+                Meter::Bucket | Meter::Reserve(_) | Meter::Borrow(_) => level / 1_000_000.0,
                 Meter::Quota(_) | Meter::Lease(_) => level,
             };
             Some(BucketOutcome {
@@ -141,10 +161,32 @@ pub(super) fn parse_decision(
             });
         }
     }
+    let mut slices = Vec::new();
+    for (index, request) in requests.iter().enumerate() {
+        if let Meter::Borrow(_) = request.meter {
+            let mut number = || fields.next()?.parse::<u64>().ok();
+            let (tokens, deadline_us) = number().zip(number()).ok_or_else(malformed)?;
+            if tokens > 0 {
+                slices.push(Slice {
+                    bucket: index,
+                    tokens,
+                    deadline_us,
+                    now_us: now.parse().map_err(|_| malformed())?,
+                });
+            }
+        }
+    }
     if fields.next().is_some() {
         return Err(malformed());
     }
-    Ok((StoreDecision { allowed, buckets }, now))
+    Ok((
+        StoreDecision {
+            allowed,
+            buckets,
+            slices,
+        },
+        now,
+    ))
 }
 
 pub(super) fn as_int(value: &Value) -> Option<i64> {

@@ -1,0 +1,576 @@
+//! Borrowed tokens, the instance's side (`docs/DESIGN.md`, "Borrowed tokens"): the slices
+//! of hot keys this instance took from the store, and the requests it admits from them
+//! without calling the store.
+//!
+//! Exactness rests on these choices:
+//! - a slice's tokens were charged to the bucket (and held there, not refilling) before any
+//!   is used, so every admission from a slice was paid for;
+//! - a slice is used only until `sent + (deadline - now) / 2` on the local monotonic clock
+//!   (`sent`: when the call that took it was sent, no later than when the store decided;
+//!   `now`, `deadline`: the store's clock), padded by the deny cache's [`DRIFT`] and
+//!   [`MARGIN_US`], so never past its group's end, when the store counts it used;
+//! - a slice is used only for the rate and burst it was taken under;
+//! - a request is served locally only when every one of its buckets can be (all-or-nothing,
+//!   as the store decides); a slice given back is emptied here before the call is sent, and
+//!   what it says was unused is never used afterwards.
+//!
+//! The slice a key asks for follows its local demand: the requests this instance saw for
+//! it in the last horizon, or in this one so far if more (a key that saw fewer than
+//! [`MIN_DEMAND`] asks for nothing: cold keys never borrow), at most half its burst; the store
+//! grants at most half of what is left.
+//!
+//! Memory is bounded: sharded maps with a cap each; an entry with no slice and no recent
+//! demand is dropped to make room, and a full shard with no such entry stops borrowing for
+//! new keys. One lock per shard, never two at once.
+use std::collections::HashMap;
+use std::hash::BuildHasher;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::base::clock::{Clock, MonotonicClock};
+use crate::base::rate::count_f64;
+use crate::limiter::deny_cache::{DRIFT, MARGIN_US};
+use crate::store::{Borrow, BucketRequest, GiveBack, Meter, Slice};
+
+const SHARDS: usize = 32;
+/// The fewest requests of a key in a horizon for this instance to borrow: a smaller slice
+/// saves fewer store calls than holding it costs the store (measured: docs/BENCHMARKS.md).
+pub const MIN_DEMAND: u64 = 8;
+
+/// A slice this instance holds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Held {
+    /// Which slice of its key this is (a put-back goes to the slice it came from only).
+    id: u64,
+    /// Its group's end, on the store's clock (named when it is given back).
+    deadline_us: u64,
+    taken: u64,
+    left: u64,
+    /// Used until then, on the local clock.
+    until_us: u64,
+    rate: f64,
+    burst: f64,
+}
+
+/// What this instance knows of one key.
+#[derive(Debug, Clone, Copy, Default)]
+struct Holding {
+    slice: Option<Held>,
+    /// Requests seen in the current window (one horizon, from `window_us`) and the last one.
+    seen: u64,
+    seen_before: u64,
+    window_us: u64,
+    /// A call asking for a slice is in flight since then (others ask for none meanwhile).
+    asking_since_us: Option<u64>,
+    /// Slices installed so far (the id of the next one).
+    installed: u64,
+}
+
+impl Holding {
+    fn count(&mut self, now_us: u64, grid_us: u64) {
+        let age = now_us.saturating_sub(self.window_us);
+        if age >= grid_us {
+            self.seen_before = if age < 2 * grid_us { self.seen } else { 0 };
+            self.seen = 0;
+            self.window_us = now_us;
+        }
+        self.seen += 1;
+    }
+
+    /// Nothing worth keeping: no slice, no demand in the last two horizons, nothing asked.
+    fn idle(&self, now_us: u64, grid_us: u64) -> bool {
+        self.slice.is_none()
+            && self.asking_since_us.is_none()
+            && now_us.saturating_sub(self.window_us) >= 2 * grid_us
+    }
+}
+
+type Map = HashMap<String, Holding>;
+
+/// The borrowed tokens of one instance.
+pub struct Lender {
+    shards: Box<[Mutex<Map>]>,
+    hasher: std::hash::RandomState,
+    shard_cap: usize,
+    grid_us: u64,
+    min_demand: u64,
+    clock: Arc<dyn Clock>,
+}
+
+/// What [`Lender::plan`] decided for one request.
+pub enum Plan {
+    /// Admitted from slices: each bucket's tokens left in its slice, in request order.
+    Local(Vec<f64>),
+    /// Ask the store with these requests (borrowing ones carry their give-back and want).
+    Store {
+        buckets: Vec<BucketRequest>,
+        sent_us: u64,
+    },
+}
+
+/// Tokens a plan or an answer moved, for the metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Moved {
+    pub borrowed: u64,
+    pub returned: u64,
+}
+
+impl Lender {
+    /// Slices of at most about `capacity` keys, on a horizon of `horizon_us`.
+    pub fn new(capacity: usize, horizon_us: u64) -> Lender {
+        Lender::with_clock(capacity, horizon_us, Arc::new(MonotonicClock::default()))
+    }
+
+    /// [`Lender::new`] reading `clock` (tests advance a manual one).
+    pub fn with_clock(capacity: usize, horizon_us: u64, clock: Arc<dyn Clock>) -> Lender {
+        Lender {
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            hasher: std::hash::RandomState::new(),
+            shard_cap: capacity.div_ceil(SHARDS).max(1),
+            grid_us: horizon_us.max(1_000),
+            min_demand: MIN_DEMAND,
+            clock,
+        }
+    }
+
+    /// Borrows for keys that saw at least `requests` in a horizon (at least 2), instead of
+    /// [`MIN_DEMAND`] (tests exercise slices with fewer requests).
+    pub fn with_min_demand(mut self, requests: u64) -> Lender {
+        self.min_demand = requests.max(2);
+        self
+    }
+
+    pub fn horizon_us(&self) -> u64 {
+        self.grid_us
+    }
+
+    fn shard(&self, key: &str) -> MutexGuard<'_, Map> {
+        let index = usize::try_from(self.hasher.hash_one(key) % SHARDS as u64).unwrap_or(0);
+        self.shards[index]
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Serves the request from slices when every bucket can be (`lends[i]`: bucket i's
+    /// limit borrows), else builds the store call: each borrowing bucket gives back its
+    /// slice and asks for a new one. Also counts each borrowing key's demand.
+    pub fn plan(&self, buckets: &[BucketRequest], lends: &[bool]) -> (Plan, Moved) {
+        if let Some(left) = self.serve_all(buckets, lends) {
+            return (Plan::Local(left), Moved::default());
+        }
+        self.ask_store(buckets, lends)
+    }
+
+    /// The request admitted from slices, if every bucket's limit borrows and its slice can
+    /// pay: each bucket's tokens left in its slice.
+    pub fn serve_all(&self, buckets: &[BucketRequest], lends: &[bool]) -> Option<Vec<f64>> {
+        if !buckets
+            .iter()
+            .zip(lends)
+            .all(|(b, &lend)| lend && b.cost > 0)
+        {
+            return None;
+        }
+        self.serve(buckets, self.clock.now_us())
+    }
+
+    /// The store call for a request not served from slices: each borrowing bucket gives back
+    /// its slice and asks for a new one ([`Plan::Store`]).
+    pub fn ask_store(&self, buckets: &[BucketRequest], lends: &[bool]) -> (Plan, Moved) {
+        let now = self.clock.now_us();
+        let mut moved = Moved::default();
+        let mut asked = Vec::with_capacity(buckets.len());
+        for (bucket, &lend) in buckets.iter().zip(lends) {
+            let mut bucket = bucket.clone();
+            if lend && matches!(bucket.meter, Meter::Bucket) {
+                let (borrow, returned) = self.ask(&bucket, now);
+                moved.returned += returned;
+                // Nothing to give back or ask for: a plain check (the store still reads the
+                // tokens others hold of this bucket).
+                if borrow.want > 0 || borrow.give.is_some() {
+                    bucket.meter = Meter::Borrow(borrow);
+                }
+            }
+            asked.push(bucket);
+        }
+        let plan = Plan::Store {
+            buckets: asked,
+            sent_us: now,
+        };
+        (plan, moved)
+    }
+
+    /// Takes one request's cost from each bucket's slice, all or none.
+    fn serve(&self, buckets: &[BucketRequest], now: u64) -> Option<Vec<f64>> {
+        let mut left = Vec::with_capacity(buckets.len());
+        // The slice each bucket paid from, to put back to that slice only.
+        let mut paid = Vec::with_capacity(buckets.len());
+        for (i, bucket) in buckets.iter().enumerate() {
+            let mut shard = self.shard(&bucket.key);
+            let took = shard.get_mut(bucket.key.as_str()).and_then(|holding| {
+                let held = holding.slice.as_mut()?;
+                let usable = held.until_us > now
+                    && held.left >= bucket.cost
+                    && held.rate.to_bits() == bucket.rate.to_bits()
+                    && held.burst.to_bits() == bucket.burst.to_bits();
+                if !usable {
+                    return None;
+                }
+                held.left -= bucket.cost;
+                let taken = (held.left, held.id);
+                holding.count(now, self.grid_us);
+                Some(taken)
+            });
+            drop(shard);
+            match took {
+                Some((tokens, id)) => {
+                    left.push(count_f64(tokens));
+                    paid.push(id);
+                }
+                None => {
+                    // Put back what the buckets before this one took. A slice replaced since
+                    // (given back with that token counted as used) gets nothing.
+                    for (earlier, &id) in buckets[..i].iter().zip(&paid) {
+                        self.put_back(earlier, id);
+                    }
+                    return None;
+                }
+            }
+        }
+        Some(left)
+    }
+
+    fn put_back(&self, bucket: &BucketRequest, id: u64) {
+        let mut shard = self.shard(&bucket.key);
+        if let Some(held) = shard
+            .get_mut(bucket.key.as_str())
+            .and_then(|h| h.slice.as_mut())
+            .filter(|held| held.id == id)
+        {
+            held.left = (held.left + bucket.cost).min(held.taken);
+        }
+    }
+
+    /// The borrow part of a store call for `bucket`: its slice given back (emptied here), and
+    /// what to ask for. Returns the tokens given back unused too.
+    fn ask(&self, bucket: &BucketRequest, now: u64) -> (Borrow, u64) {
+        let mut shard = self.shard(&bucket.key);
+        if !shard.contains_key(bucket.key.as_str()) && !self.make_room(&mut shard, now) {
+            return (self.borrow(0, None), 0);
+        }
+        let holding = shard.entry(bucket.key.clone()).or_default();
+        holding.count(now, self.grid_us);
+        let give = holding.slice.take().map(|held| GiveBack {
+            deadline_us: held.deadline_us,
+            taken: held.taken,
+            unused: held.left,
+        });
+        let asking = holding
+            .asking_since_us
+            .is_some_and(|since| now.saturating_sub(since) < self.grid_us);
+        // The key's demand over a horizon: the last whole one's, or this one's so far.
+        let demand = holding.seen.max(holding.seen_before);
+        let want = if asking || demand < self.min_demand {
+            0
+        } else {
+            #[expect(
+                clippy::cast_possible_truncation,
+                clippy::cast_sign_loss,
+                reason = "a burst is at most 10^9"
+            )]
+            let half = (bucket.burst / 2.0).floor() as u64;
+            demand.min(half)
+        };
+        if want > 0 {
+            holding.asking_since_us = Some(now);
+        }
+        let returned = give.map_or(0, |g| g.unused);
+        (self.borrow(want, give), returned)
+    }
+
+    fn borrow(&self, want: u64, give: Option<GiveBack>) -> Borrow {
+        Borrow {
+            grid_us: self.grid_us,
+            want,
+            give,
+        }
+    }
+
+    /// Drops idle entries of a full shard; whether there is room for one more.
+    fn make_room(&self, shard: &mut Map, now: u64) -> bool {
+        if shard.len() < self.shard_cap {
+            return true;
+        }
+        shard.retain(|_, holding| !holding.idle(now, self.grid_us));
+        shard.len() < self.shard_cap
+    }
+
+    /// The store's answer to a call planned at `sent_us`: installs the slices it took.
+    /// Returns the tokens borrowed.
+    pub fn learn(&self, buckets: &[BucketRequest], slices: &[Slice], sent_us: u64) -> u64 {
+        let mut borrowed = 0;
+        for bucket in buckets {
+            if !matches!(bucket.meter, Meter::Borrow(b) if b.want > 0) {
+                continue;
+            }
+            let mut shard = self.shard(&bucket.key);
+            let Some(holding) = shard.get_mut(bucket.key.as_str()) else {
+                continue;
+            };
+            holding.asking_since_us = None;
+        }
+        for slice in slices {
+            let Some(bucket) = buckets.get(slice.bucket) else {
+                continue;
+            };
+            let mut shard = self.shard(&bucket.key);
+            let Some(holding) = shard.get_mut(bucket.key.as_str()) else {
+                continue;
+            };
+            borrowed += slice.tokens;
+            holding.installed += 1;
+            // A slice still here was installed by a concurrent call: it is dropped (its
+            // tokens count as used at its deadline), never merged.
+            holding.slice = Some(Held {
+                id: holding.installed,
+                deadline_us: slice.deadline_us,
+                taken: slice.tokens,
+                left: slice.tokens,
+                until_us: sent_us + usable_for_us(slice),
+                rate: bucket.rate,
+                burst: bucket.burst,
+            });
+        }
+        borrowed
+    }
+
+    /// The store call planned at `sent_us` failed: no slice came; others may ask again.
+    pub fn abandon(&self, buckets: &[BucketRequest]) {
+        for bucket in buckets {
+            if let Meter::Borrow(_) = bucket.meter {
+                if let Some(holding) = self.shard(&bucket.key).get_mut(bucket.key.as_str()) {
+                    holding.asking_since_us = None;
+                }
+            }
+        }
+    }
+
+    /// Forgets the slices of one key, whose bucket was just reset.
+    pub fn forget(&self, key: &str) {
+        self.shard(key).remove(key);
+    }
+
+    /// Forgets every slice (a reload; resets may have gone unheard). Their tokens count as
+    /// used when their groups end.
+    pub fn forget_all(&self) {
+        for shard in &self.shards {
+            shard
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .clear();
+        }
+    }
+
+    /// Tokens held now, unused, in live slices of `key` (peek).
+    pub fn held(&self, key: &str) -> u64 {
+        let now = self.clock.now_us();
+        self.shard(key)
+            .get(key)
+            .and_then(|h| h.slice)
+            .filter(|held| held.until_us > now)
+            .map_or(0, |held| held.left)
+    }
+}
+
+/// How long, on the local clock, a slice may be used: half the time to its deadline on the
+/// store's clock, less the drift and margin the deny cache allows for.
+#[expect(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_precision_loss,
+    reason = "a horizon in µs, far below 2^53; the result is clamped at 0"
+)]
+fn usable_for_us(slice: &Slice) -> u64 {
+    let half = slice.deadline_us.saturating_sub(slice.now_us) / 2;
+    (half as f64 * (1.0 - DRIFT) - MARGIN_US).max(0.0) as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::base::clock::ManualClock;
+
+    fn bucket(key: &str) -> BucketRequest {
+        BucketRequest {
+            key: key.into(),
+            rate: 100.0,
+            burst: 200.0,
+            cost: 1,
+            shadow: false,
+            limit: 0,
+            meter: Meter::Bucket,
+        }
+    }
+
+    fn lender() -> (Lender, Arc<ManualClock>) {
+        let clock = Arc::new(ManualClock::default());
+        clock.set_us(10_000_000);
+        let lender = Lender::with_clock(64, 100_000, clock.clone()).with_min_demand(2);
+        (lender, clock)
+    }
+
+    fn asked(plan: Plan) -> (Vec<BucketRequest>, u64) {
+        match plan {
+            Plan::Store { buckets, sent_us } => (buckets, sent_us),
+            Plan::Local(_) => panic!("expected a store call"),
+        }
+    }
+
+    fn want_of(request: &BucketRequest) -> u64 {
+        match request.meter {
+            Meter::Borrow(borrow) => borrow.want,
+            _ => 0,
+        }
+    }
+
+    #[test]
+    fn a_cold_key_asks_for_nothing_and_a_hot_one_for_its_last_horizon() {
+        let (lender, clock) = lender();
+        let b = [bucket("k")];
+        let (first, _) = asked(lender.plan(&b, &[true]).0);
+        assert_eq!(want_of(&first[0]), 0, "one request: a cold key");
+        let (second, sent) = asked(lender.plan(&b, &[true]).0);
+        assert_eq!(want_of(&second[0]), 2, "two so far in this horizon");
+        // Asking: the next calls ask for nothing until it answers.
+        for _ in 0..3 {
+            let (again, _) = asked_again(&lender, &b);
+            assert_eq!(want_of(&again[0]), 0);
+        }
+        lender.learn(&second, &[], sent);
+        clock.advance_us(100_000);
+        let (asked, _) = asked(lender.plan(&b, &[true]).0);
+        assert_eq!(want_of(&asked[0]), 5, "five seen in the last horizon");
+        clock.advance_us(250_000);
+        let (cold, _) = asked_again(&lender, &b);
+        assert_eq!(
+            want_of(&cold[0]),
+            0,
+            "nothing in the last two horizons: cold again"
+        );
+    }
+
+    fn asked_again(lender: &Lender, b: &[BucketRequest]) -> (Vec<BucketRequest>, u64) {
+        asked(lender.plan(b, &[true]).0)
+    }
+
+    #[test]
+    fn a_slice_serves_until_half_way_to_its_deadline_then_goes_back() {
+        let (lender, clock) = lender();
+        let b = [bucket("k")];
+        let (asked, sent) = asked(lender.plan(&b, &[true]).0);
+        let slice = Slice {
+            bucket: 0,
+            tokens: 3,
+            deadline_us: 1_200_000,
+            now_us: 1_000_000,
+        };
+        assert_eq!(lender.learn(&asked, &[slice], sent), 3);
+        for left in [2.0, 1.0, 0.0] {
+            match lender.plan(&b, &[true]).0 {
+                Plan::Local(tokens) => assert_eq!(tokens, vec![left]),
+                Plan::Store { .. } => panic!("served from the slice"),
+            }
+        }
+        let (asked, _) = asked_again(&lender, &b);
+        let Meter::Borrow(borrow) = asked[0].meter else {
+            panic!("a borrowing request")
+        };
+        assert_eq!(
+            borrow.give,
+            Some(GiveBack {
+                deadline_us: 1_200_000,
+                taken: 3,
+                unused: 0
+            })
+        );
+        // A new slice, then time passes beyond half the way to its deadline: not used.
+        lender.learn(&asked, &[slice], clock.now_us());
+        clock.advance_us(99_900);
+        assert!(matches!(lender.plan(&b, &[true]).0, Plan::Store { .. }));
+    }
+
+    #[test]
+    fn a_request_is_served_locally_only_when_every_bucket_can_be() {
+        let (lender, _) = lender();
+        let b = [bucket("a"), bucket("b")];
+        let (asked, sent) = asked(lender.plan(&b, &[true, true]).0);
+        let slice = |i| Slice {
+            bucket: i,
+            tokens: 2,
+            deadline_us: 1_200_000,
+            now_us: 1_000_000,
+        };
+        lender.learn(&asked, &[slice(0)], sent);
+        // "a" holds 2, "b" nothing: to the store, "a"'s slice given back whole.
+        let (asked, _) = asked_again(&lender, &b);
+        let Meter::Borrow(borrow) = asked[0].meter else {
+            panic!()
+        };
+        assert_eq!(borrow.give.map(|g| g.unused), Some(2));
+        assert_eq!(lender.held("a"), 0);
+        // A limit that does not borrow sends the whole request to the store.
+        assert!(matches!(
+            lender.plan(&b, &[true, false]).0,
+            Plan::Store { .. }
+        ));
+    }
+
+    #[test]
+    fn a_put_back_never_reaches_a_slice_that_replaced_the_one_paid_from() {
+        let (lender, _) = lender();
+        let a = [bucket("a")];
+        let (asked, sent) = asked(lender.plan(&a, &[true]).0);
+        let slice = Slice {
+            bucket: 0,
+            tokens: 4,
+            deadline_us: 1_200_000,
+            now_us: 1_000_000,
+        };
+        lender.learn(&asked, &[slice], sent);
+        // A check of "a" and "b" pays from "a"'s slice; meanwhile "a"'s slice is replaced by
+        // one partly used. "b" cannot pay: the token goes back to the slice it came from only.
+        let id = lender
+            .shard("a")
+            .get("a")
+            .and_then(|h| h.slice)
+            .map(|h| h.id);
+        lender.learn(&asked, &[slice], sent);
+        let _ = lender.serve_all(&a, &[true]);
+        lender.put_back(&a[0], id.unwrap_or_default());
+        assert_eq!(lender.held("a"), 3, "the new slice keeps what it had");
+    }
+
+    #[test]
+    fn a_changed_rate_or_burst_does_not_use_the_old_slice() {
+        let (lender, _) = lender();
+        let b = [bucket("k")];
+        let (asked, sent) = asked(lender.plan(&b, &[true]).0);
+        let slice = Slice {
+            bucket: 0,
+            tokens: 5,
+            deadline_us: 1_200_000,
+            now_us: 1_000_000,
+        };
+        lender.learn(&asked, &[slice], sent);
+        let lowered = [BucketRequest {
+            burst: 50.0,
+            ..bucket("k")
+        }];
+        assert!(matches!(
+            lender.plan(&lowered, &[true]).0,
+            Plan::Store { .. }
+        ));
+        lender.learn(&asked, &[slice], sent);
+        lender.forget("k");
+        assert!(matches!(lender.plan(&b, &[true]).0, Plan::Store { .. }));
+    }
+}
