@@ -473,11 +473,13 @@ mod instances {
         );
         let instances: Vec<Tollgate> = (0..3).map(|_| Tollgate::start(&config)).collect();
         let hot = Arc::new(vec![1.0]);
-        hammer(&instances, 12, Duration::from_millis(600), &hot);
-        assert!(
-            instances.iter().any(|t| borrowed_here(t) > 0),
-            "slices are held after the traffic"
-        );
+        // A key borrows once it is hot; a starved machine may need more than one burst of
+        // traffic to make it so.
+        let held = (0..5).any(|_| {
+            hammer(&instances, 12, Duration::from_millis(600), &hot);
+            instances.iter().any(|t| borrowed_here(t) > 0)
+        });
+        assert!(held, "slices are held after the traffic");
         let reset = crate::support::http::admin_json(
             instances[0].admin,
             "DELETE",
@@ -487,6 +489,7 @@ mod instances {
         );
         assert_eq!(reset.status, 200, "{reset:?}");
         assert!(
+            // Under the 2.5 s a slice lives at the least: the reset ended them, not time.
             crate::support::wait_until(Duration::from_secs(2), || instances
                 .iter()
                 .all(|t| borrowed_here(t) == 0)),
@@ -508,7 +511,7 @@ mod instances {
                 .is_some_and(|p| p.contains("q=5"))
         };
         assert!(
-            crate::support::wait_until(Duration::from_secs(2), || instances.iter().all(knows)),
+            crate::support::wait_until(Duration::from_secs(10), || instances.iter().all(knows)),
             "every instance applies the override"
         );
         let (admitted, _, elapsed) = hammer(&instances, 12, Duration::from_millis(500), &hot);
