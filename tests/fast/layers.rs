@@ -80,6 +80,8 @@ fn the_reader_sees_the_edges_it_must_judge() {
     assert!(edges_of("limiter").contains("store"));
     assert!(edges_of("config::summary").contains("config"));
     assert!(edges_of("store::memory").contains("store::bucket"));
+    // A module whose tests sit in its folder's `tests.rs` is read from both files.
+    assert!(edges_of("cli::replay").contains("policy"));
     assert!(graph.edges.len() > 50, "{} modules", graph.edges.len());
     // A new top-level module must be given a layer, or the judge would skip it.
     let unranked: Vec<String> = graph
@@ -113,23 +115,23 @@ impl Graph {
         let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
         let mut files = Vec::new();
         collect(&src, &mut files);
-        let modules: BTreeMap<Module, PathBuf> = files
+        // A module may have two files: its own and a `tests.rs` in its folder.
+        let modules: Vec<(Module, &PathBuf)> = files
             .iter()
-            .filter_map(|file| Some((module_of(&src, file)?, file.clone())))
+            .filter_map(|file| Some((module_of(&src, file)?, file)))
             .collect();
-        let known: BTreeSet<Module> = modules.keys().cloned().collect();
-        let edges = modules
-            .iter()
-            .map(|(from, file)| {
-                let text = std::fs::read_to_string(file).expect("read a source file");
-                let targets = paths_in(&text)
-                    .into_iter()
-                    .filter_map(|(inline, path)| resolve(from, inline, &path, &known))
-                    .filter(|to| to != from)
-                    .collect();
-                (from.clone(), targets)
-            })
-            .collect();
+        let known: BTreeSet<Module> = modules.iter().map(|(m, _)| m.clone()).collect();
+        let mut edges: BTreeMap<Module, BTreeSet<Module>> = BTreeMap::new();
+        for (from, file) in &modules {
+            let text = std::fs::read_to_string(file).expect("read a source file");
+            // In a `tests.rs`, as in an inline `mod tests`, `super` is the module itself.
+            let tests_file = file.file_stem().is_some_and(|stem| stem == "tests");
+            let targets = paths_in(&text)
+                .into_iter()
+                .filter_map(|(inline, path)| resolve(from, inline || tests_file, &path, &known))
+                .filter(|to| to != from);
+            edges.entry(from.clone()).or_default().extend(targets);
+        }
         Graph { edges }
     }
 
