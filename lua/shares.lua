@@ -24,6 +24,7 @@ local hold = tonumber(ARGV[8])
 
 local MAX_STEPS = 8
 local MICRO = 1000000
+local TRIP_MARGIN_US = 1000000
 local MAX_FILL_US = 1000000000000000
 
 local function decode(text)
@@ -53,6 +54,13 @@ end
 local function level(steps)
   for _, step in ipairs(steps) do
     if step[2] > now then return step[1] end
+  end
+  return 0
+end
+
+local function level_at(steps, t)
+  for _, step in ipairs(steps) do
+    if step[2] > t then return step[1] end
   end
   return 0
 end
@@ -96,10 +104,11 @@ end
 
 local flat = redis.call('HGETALL', KEYS[1])
 local fresh = #flat == 0
-local ids, holders, previous, escrow = {}, {}, nil, nil
+local ids, holders, previous, escrow, read = {}, {}, nil, nil, {}
 for i = 1, #flat, 2 do
   local id, h = flat[i], nil
   if id ~= 'escrow' then h = decode(flat[i + 1]) end
+  if h then read[#read + 1] = h end
   if id == 'escrow' then
     local e = {}
     for part in string.gmatch(flat[i + 1], '[^ ]+') do e[#e + 1] = tonumber(part) end
@@ -222,22 +231,46 @@ end
 local grant_rate = math.min(rate, free_rate)
 local grant_size = math.min(size, free_size)
 
--- The escrow, refilled since its last update, up to the size nobody counts now.
-local cap = math.max(size_units - used_size - held_size, 0) * MICRO
+-- The escrow, refilled since its last update over the pool as it was then: each stretch
+-- between two step expiries adds the stored free rate, capped at that stretch's free size.
+local function cap_at(t)
+  local used = 0
+  for _, h in ipairs(read) do used = used + level_at(h.size, t) end
+  return math.max(size_units - used, 0) * MICRO
+end
 local tokens
 if escrow then
-  local elapsed = math.max(now - escrow.at, 0)
-  local refill = math.floor(escrow.free * elapsed / math.max(fill, 1))
-  tokens = math.min(escrow.micro + refill, cap)
+  local times, seen = {}, {}
+  for _, h in ipairs(read) do
+    for _, step in ipairs(h.size) do
+      local u = step[2]
+      if u > escrow.at and u < now and not seen[u] then
+        seen[u] = true
+        times[#times + 1] = u
+      end
+    end
+  end
+  table.sort(times)
+  times[#times + 1] = now
+  tokens = escrow.micro
+  local t = escrow.at
+  for _, tau in ipairs(times) do
+    local refill = math.floor(escrow.free * math.max(tau - t, 0) / math.max(fill, 1))
+    tokens = math.min(tokens + refill, cap_at(t))
+    t = tau
+  end
+  tokens = math.min(tokens, cap_at(now))
 elseif fresh then
-  tokens = cap
+  tokens = cap_at(now)
 else
   tokens = 0
 end
 -- A growth past the size last sent needs its tokens from the escrow.
 local last_sent = 0
 local newest = mine.size[#mine.size]
-if newest and newest[2] > now then last_sent = newest[1] end
+-- Envoy surely still applies it when this answer arrives (TTL + 1 s margin from sending,
+-- Envoy's TTL from receipt, the answer's trip at most the margin): else it may start full.
+if newest and newest[2] > now + 2 * TRIP_MARGIN_US then last_sent = newest[1] end
 if grant_size > last_sent then
   grant_size = math.min(grant_size, last_sent + math.floor(tokens / MICRO))
 end

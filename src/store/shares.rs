@@ -67,12 +67,15 @@ impl Holding {
         )
     }
 
-    /// The size last sent to it, if that assignment may still be in force at `now_us` (else
-    /// 0: Envoy's next bucket starts full).
+    /// The size last sent to it, if Envoy surely still applies it when an answer sent at
+    /// `now_us` arrives (else 0: Envoy's next bucket may start full). A step lasts the TTL
+    /// plus [`TRIP_MARGIN_US`] from its sending and Envoy starts the TTL on receipt, so it
+    /// holds the assignment until at least `until − TRIP_MARGIN_US`; the answer takes up to
+    /// [`TRIP_MARGIN_US`] to arrive.
     pub fn last_sent_size(&self, now_us: u64) -> u64 {
         self.size_steps
             .last()
-            .filter(|(_, until)| *until > now_us)
+            .filter(|(_, until)| *until > now_us.saturating_add(2 * TRIP_MARGIN_US))
             .map_or(0, |(units, _)| *units)
     }
 
@@ -122,6 +125,10 @@ impl Holding {
         })
     }
 }
+
+/// The margin for a trip between tollgate and Envoy: an assignment counts for its TTL plus
+/// this from its sending.
+pub const TRIP_MARGIN_US: u64 = 1_000_000;
 
 /// The pool's hash field holding its [`Escrow`] (a holder id always contains a `.`).
 pub const ESCROW_FIELD: &str = "escrow";
@@ -320,7 +327,8 @@ fn eligible(demands: &[u64], units: u64) -> Vec<bool> {
 )]
 pub fn allocate(pool: &mut Pool, request: &ShareRequest, now_us: u64) -> Grant {
     let fresh = pool.holders.is_empty() && pool.escrow.is_none();
-    let escrow = pool.escrow;
+    // The escrow, refilled since its last update over the pool as it was then.
+    let mut tokens = refilled(pool.escrow, fresh, &pool.holders, request, now_us);
     let holders = &mut pool.holders;
     holders.retain(|(id, h)| *id == request.holder || !h.lapsed(now_us, request.hold_us));
     holders.sort_by(|a, b| a.0.cmp(&b.0));
@@ -384,11 +392,6 @@ pub fn allocate(pool: &mut Pool, request: &ShareRequest, now_us: u64) -> Grant {
         free_size = (free_size / 2).max(free_size.min(1));
     }
     let (mut grant_rate, mut grant_size) = (rate.min(free_rate), size.min(free_size));
-    // The escrow, refilled since its last update, up to the size nobody counts now.
-    let unassigned = request
-        .size_units
-        .saturating_sub(used_size.saturating_add(held_size));
-    let mut tokens = refilled(escrow, fresh, unassigned, request, now_us);
     // A growth past the size last sent needs its tokens from the escrow (Envoy keeps a
     // changed bucket's fill fraction and starts a first one full).
     let last_sent = holders[who].1.last_sent_size(now_us);
@@ -422,9 +425,11 @@ pub fn allocate(pool: &mut Pool, request: &ShareRequest, now_us: u64) -> Grant {
     }
 }
 
-/// The escrow's tokens (millionths) at `now_us`: its stored tokens plus the free rate stored
-/// at its last update over the time since, at most `unassigned` tokens; a pool never written
-/// starts full, one written before the escrow existed empty.
+/// The escrow's tokens (millionths) at `now_us`, as a bucket capped at the unassigned size:
+/// from its last update, each stretch between two step expiries of the pool as it was then
+/// (`holders`, as read) adds the free rate stored at that update and is capped at that
+/// stretch's unassigned size (refill past the cap is lost, as in a full bucket). A pool never
+/// written starts full, one written before the escrow existed empty.
 #[expect(
     clippy::cast_precision_loss,
     clippy::cast_possible_truncation,
@@ -434,22 +439,40 @@ pub fn allocate(pool: &mut Pool, request: &ShareRequest, now_us: u64) -> Grant {
 fn refilled(
     escrow: Option<Escrow>,
     fresh: bool,
-    unassigned: u64,
+    holders: &[(String, Holding)],
     request: &ShareRequest,
     now_us: u64,
 ) -> u64 {
-    let cap = unassigned.saturating_mul(MICRO) as f64;
-    let tokens = match escrow {
-        Some(e) => {
-            let elapsed = now_us.saturating_sub(e.at_us) as f64;
-            let fill = request.fill_interval_s.max(1) as f64;
-            let refill = (e.free_rate as f64 * elapsed / fill).floor();
-            (e.micro as f64 + refill).min(cap)
-        }
-        None if fresh => cap,
-        None => 0.0,
+    let cap_at = |t: u64| -> f64 {
+        let used = holders
+            .iter()
+            .map(|(_, h)| level(&h.size_steps, t))
+            .fold(0u64, u64::saturating_add);
+        request
+            .size_units
+            .saturating_sub(used)
+            .saturating_mul(MICRO) as f64
     };
-    tokens as u64
+    let Some(e) = escrow else {
+        return if fresh { cap_at(now_us) as u64 } else { 0 };
+    };
+    let fill = request.fill_interval_s.max(1) as f64;
+    let mut times: Vec<u64> = holders
+        .iter()
+        .flat_map(|(_, h)| h.size_steps.iter().map(|(_, until)| *until))
+        .filter(|until| *until > e.at_us && *until < now_us)
+        .collect();
+    times.sort_unstable();
+    times.dedup();
+    times.push(now_us);
+    let mut tokens = e.micro as f64;
+    let mut t = e.at_us;
+    for tau in times {
+        let refill = (e.free_rate as f64 * tau.saturating_sub(t) as f64 / fill).floor();
+        tokens = (tokens + refill).min(cap_at(t));
+        t = tau;
+    }
+    tokens.min(cap_at(now_us)) as u64
 }
 
 /// When the pool's record may vanish (µs): after every holder's steps and quiet time, plus
