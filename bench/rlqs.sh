@@ -129,7 +129,7 @@ for n in 3 30 300; do
   redis-benchmark -h 127.0.0.1 -p "$REDIS_PORT" -n 20000 -c 1 -q \
     EVALSHA "$SHA" 1 "$key" h1 5 72000 20 3600 1 3600 8000000 >/dev/null
   read -r calls usec < <(stat evalsha)
-  [ "$(rcli HLEN "$key")" = "$n" ] || { echo "the pool of $n lost holders" >&2; exit 1; }
+  [ "$(rcli HLEN "$key")" = "$((n + 1))" ] || { echo "the pool of $n lost holders (or its escrow)" >&2; exit 1; }
   awk -v n="$n" -v c="$calls" -v u="$usec" 'BEGIN {
     printf "redis, lua/shares.lua in a pool of %d holders: %.1f us of Redis CPU per report of one bucket (%d calls)\n", n, u / c, c
   }'

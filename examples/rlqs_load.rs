@@ -83,7 +83,7 @@ fn main() {
             [0, 1, 2].map(|e| self::admitted(&[&seen[e]], warmup, seconds) as f64 / admitted);
         let statics: f64 = demand.iter().map(|d| d.min(rate)).sum::<f64>() / rate;
         println!(
-            "{name}: utilisation {utilisation:.3} over {:.0} s; parts {:.3}/{:.3}/{:.3}; worst excess {:.1}; static copies would admit {statics:.2}x the limit",
+            "{name}: utilisation {utilisation:.3} over {:.0} s; parts {:.3}/{:.3}/{:.3}; worst excess {}; static copies would admit {statics:.2}x the limit",
             seconds - warmup,
             parts[0],
             parts[1],
@@ -108,7 +108,7 @@ fn main() {
     }
     let after = admitted(&all, half + 15.0, seconds) as f64 / (rate * (seconds - half - 15.0));
     println!(
-        "shift: the 80% Envoy had over 70% of what was admitted in round {} after the shift; utilisation {after:.3} from 3 rounds after it; worst excess {:.1}",
+        "shift: the 80% Envoy had over 70% of what was admitted in round {} after the shift; utilisation {after:.3} from 3 rounds after it; worst excess {}",
         rounds.map_or("none".to_string(), |r| r.to_string()),
         worst_excess(&all, seconds, rate, burst)
     );
@@ -239,14 +239,28 @@ fn admitted(seen: &[&Seen], from: f64, to: f64) -> usize {
         .sum()
 }
 
-fn worst_excess(seen: &[&Seen], end: f64, rate: f64, burst: f64) -> f64 {
-    let mut worst = f64::NEG_INFINITY;
+/// The largest `admitted − (burst + rate × W)` over the windows, and where: `(excess, W, start)`.
+fn worst_window(seen: &[&Seen], end: f64, rate: f64, burst: f64) -> (f64, f64, f64) {
+    let mut worst = (f64::NEG_INFINITY, 0.0, 0.0);
     for w in [1.0, 2.0, 5.0, 10.0, 20.0, end] {
         let mut t = 0.0;
         while t + w <= end + 1e-9 {
-            worst = worst.max(admitted(seen, t, t + w) as f64 - (burst + rate * w));
+            let excess = admitted(seen, t, t + w) as f64 - (burst + rate * w);
+            if excess > worst.0 {
+                worst = (excess, w, t);
+            }
             t += 0.25;
         }
     }
     worst
+}
+
+/// [`worst_window`] as printed: the excess, and the window when it is positive.
+fn worst_excess(seen: &[&Seen], end: f64, rate: f64, burst: f64) -> String {
+    let (excess, w, t) = worst_window(seen, end, rate, burst);
+    if excess > 0.0 {
+        format!("{excess:.1} (the {w:.0} s from {t:.2} s)")
+    } else {
+        format!("{excess:.1}")
+    }
 }

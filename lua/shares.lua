@@ -2,7 +2,8 @@
 -- says why each step is there. Arithmetic in the twin's order, so both reach the same integers.
 --
 -- KEYS[1]  the pool: a hash, holder id -> "demand_milli last_us n_rate (units until_us)*n_rate
---          n_size (units until_us)*n_size" (each dimension a staircase, oldest step first)
+--          n_size (units until_us)*n_size" (each dimension a staircase, oldest step first),
+--          and the field "escrow" -> "micro_tokens free_rate at_us" (holder ids contain a '.')
 -- ARGV[1]  the reporting holder's id
 -- ARGV[2]  requests it allowed and denied since its last report
 -- ARGV[3]  rate units of the pool (tokens per fill interval), ARGV[4] its size units (burst)
@@ -22,6 +23,9 @@ local fill = tonumber(ARGV[7])
 local hold = tonumber(ARGV[8])
 
 local MAX_STEPS = 8
+local MICRO = 1000000
+local TRIP_MARGIN_US = 1000000
+local MAX_FILL_US = 1000000000000000
 
 local function decode(text)
   local n = {}
@@ -54,6 +58,13 @@ local function level(steps)
   return 0
 end
 
+local function level_at(steps, t)
+  for _, step in ipairs(steps) do
+    if step[2] > t then return step[1] end
+  end
+  return 0
+end
+
 local function counted(h)
   return level(h.rate), level(h.size)
 end
@@ -72,7 +83,7 @@ local function push(steps, units, until_us)
   for _, step in ipairs(steps) do
     if step[2] > now and step[1] > units then kept[#kept + 1] = step end
   end
-  if units > 0 then kept[#kept + 1] = {units, until_us} end
+  kept[#kept + 1] = {units, until_us}
   if #kept > MAX_STEPS then
     kept[1][2] = kept[2][2]
     table.remove(kept, 2)
@@ -92,10 +103,20 @@ local function encode(h)
 end
 
 local flat = redis.call('HGETALL', KEYS[1])
-local ids, holders, previous = {}, {}, nil
+local fresh = #flat == 0
+local ids, holders, previous, escrow, read = {}, {}, nil, nil, {}
 for i = 1, #flat, 2 do
-  local id, h = flat[i], decode(flat[i + 1])
-  if id == me then
+  local id, h = flat[i], nil
+  if id ~= 'escrow' then h = decode(flat[i + 1]) end
+  if h then read[#read + 1] = h end
+  if id == 'escrow' then
+    local e = {}
+    for part in string.gmatch(flat[i + 1], '[^ ]+') do e[#e + 1] = tonumber(part) end
+    if #e == 3 and e[1] and e[2] and e[3] then
+      escrow = {micro = e[1], free = e[2], at = e[3]}
+      fresh = false
+    end
+  elseif id == me then
     previous = h
   elseif h == nil or lapsed(h) then
     redis.call('HDEL', KEYS[1], id)
@@ -209,7 +230,52 @@ if previous == nil and #ids > 1 then
 end
 local grant_rate = math.min(rate, free_rate)
 local grant_size = math.min(size, free_size)
+
+-- The escrow, refilled since its last update over the pool as it was then: each stretch
+-- between two step expiries adds the stored free rate, capped at that stretch's free size.
+local function cap_at(t)
+  local used = 0
+  for _, h in ipairs(read) do used = used + level_at(h.size, t) end
+  return math.max(size_units - used, 0) * MICRO
+end
+local tokens
+if escrow then
+  local times, seen = {}, {}
+  for _, h in ipairs(read) do
+    for _, step in ipairs(h.size) do
+      local u = step[2]
+      if u > escrow.at and u < now and not seen[u] then
+        seen[u] = true
+        times[#times + 1] = u
+      end
+    end
+  end
+  table.sort(times)
+  times[#times + 1] = now
+  tokens = escrow.micro
+  local t = escrow.at
+  for _, tau in ipairs(times) do
+    local refill = math.floor(escrow.free * math.max(tau - t, 0) / math.max(fill, 1))
+    tokens = math.min(tokens + refill, cap_at(t))
+    t = tau
+  end
+  tokens = math.min(tokens, cap_at(now))
+elseif fresh then
+  tokens = cap_at(now)
+else
+  tokens = 0
+end
+-- A growth past the size last sent needs its tokens from the escrow.
+local last_sent = 0
+local newest = mine.size[#mine.size]
+-- Envoy surely still applies it when this answer arrives (TTL + 1 s margin from sending,
+-- Envoy's TTL from receipt, the answer's trip at most the margin): else it may start full.
+if newest and newest[2] > now + 2 * TRIP_MARGIN_US then last_sent = newest[1] end
+if grant_size > last_sent then
+  grant_size = math.min(grant_size, last_sent + math.floor(tokens / MICRO))
+end
 if grant_rate == 0 or grant_size == 0 then grant_rate = 0; grant_size = 0 end
+tokens = tokens - math.max(grant_size - last_sent, 0) * MICRO
 
 -- The assignments it replaces keep counting until their own expiry.
 mine.rate = push(mine.rate, grant_rate, now + hold)
@@ -225,5 +291,9 @@ for _, id in ipairs(ids) do
   end
   last = math.max(last, h.last + hold)
 end
+local free_after = math.max(rate_units - used_rate - mine_rate, 0)
+redis.call('HSET', KEYS[1], 'escrow', string.format('%d %d %d', tokens, free_after, now))
+local missing = math.max(size_units * MICRO - tokens, 0)
+last = last + math.min(math.ceil(missing * math.max(fill, 1) / math.max(rate_units, 1)), MAX_FILL_US)
 redis.call('PEXPIREAT', KEYS[1], math.floor(last / 1000) + 1)
 return {grant_rate, grant_size, n, used_rate + mine_rate, used_size + mine_size}

@@ -12,7 +12,7 @@ use crate::store::shares::{Grant, ShareRequest};
 pub const FILL_INTERVAL_S: u64 = 3600;
 /// How long after the store's `now` an assignment is still counted beyond its TTL: Envoy
 /// starts the TTL when the answer arrives.
-pub const HOLD_MARGIN_US: u64 = 1_000_000;
+pub const HOLD_MARGIN_US: u64 = crate::store::shares::TRIP_MARGIN_US;
 
 /// A pool's capacity in units.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

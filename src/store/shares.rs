@@ -10,6 +10,11 @@
 //! before the capacity it frees is handed to another holder, and the sums of what the Envoys
 //! may hold never pass the pool's units ([`allocate`]'s invariant, checked by the tests).
 //!
+//! Sums of sizes are not enough for the tokens: Envoy starts a grown bucket at its old fill
+//! fraction and a first one full. So a size grows only with tokens from the pool's
+//! [`Escrow`], the size nobody counts, which refills only at the rate nobody counts: the pool
+//! behaves as one global bucket (DESIGN, "The escrow").
+//!
 //! All arithmetic is on integers or on `f64` operations performed in the same order as the
 //! script's, so both stores reach the same integers.
 
@@ -42,12 +47,11 @@ fn level(steps: &[(u64, u64)], now_us: u64) -> u64 {
         .map_or(0, |(units, _)| *units)
 }
 
-/// A staircase after sending `units` until `until_us` at `now_us`.
+/// A staircase after sending `units` until `until_us` at `now_us`. A denial (0) is kept as
+/// a step too, so the newest step is always what was last sent.
 fn push(steps: &mut Vec<(u64, u64)>, units: u64, until_us: u64, now_us: u64) {
     steps.retain(|(held, until)| *until > now_us && *held > units);
-    if units > 0 {
-        steps.push((units, until_us));
-    }
+    steps.push((units, until_us));
     if steps.len() > MAX_STEPS {
         let (_, later) = steps.remove(1);
         steps[0].1 = later;
@@ -61,6 +65,18 @@ impl Holding {
             level(&self.rate_steps, now_us),
             level(&self.size_steps, now_us),
         )
+    }
+
+    /// The size last sent to it, if Envoy surely still applies it when an answer sent at
+    /// `now_us` arrives (else 0: Envoy's next bucket may start full). A step lasts the TTL
+    /// plus [`TRIP_MARGIN_US`] from its sending and Envoy starts the TTL on receipt, so it
+    /// holds the assignment until at least `until − TRIP_MARGIN_US`; the answer takes up to
+    /// [`TRIP_MARGIN_US`] to arrive.
+    pub fn last_sent_size(&self, now_us: u64) -> u64 {
+        self.size_steps
+            .last()
+            .filter(|(_, until)| *until > now_us.saturating_add(2 * TRIP_MARGIN_US))
+            .map_or(0, |(units, _)| *units)
     }
 
     /// Whether it may be forgotten at `now_us`: nothing it was given counts, and it has not
@@ -108,6 +124,59 @@ impl Holding {
             size_steps,
         })
     }
+}
+
+/// The margin for a trip between tollgate and Envoy: an assignment counts for its TTL plus
+/// this from its sending.
+pub const TRIP_MARGIN_US: u64 = 1_000_000;
+
+/// The pool's hash field holding its [`Escrow`] (a holder id always contains a `.`).
+pub const ESCROW_FIELD: &str = "escrow";
+/// Escrow tokens are counted in millionths.
+pub const MICRO: u64 = 1_000_000;
+/// The longest a pool's record outlives its holders' steps for its escrow to refill (about
+/// 31 years: only a burst refilled at far less than a token an hour reaches it).
+pub const MAX_FILL_US: u64 = 1_000_000_000_000_000;
+
+/// The unassigned part of a pool's size (`E = size_units − Σ counted sizes`) and the tokens
+/// it holds (`micro / MICRO ≤ E`): a growth takes its tokens from here, a cut frees size
+/// empty, and it refills only at the rate nobody counts. See DESIGN, "The escrow".
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Escrow {
+    /// Tokens held, in millionths.
+    pub micro: u64,
+    /// Rate units nobody counted at the last report (tokens per fill interval).
+    pub free_rate: u64,
+    /// When it was last brought up to date (µs, store clock).
+    pub at_us: u64,
+}
+
+impl Escrow {
+    /// The stored form: `micro free_rate at_us`.
+    pub fn encode(&self) -> String {
+        format!("{} {} {}", self.micro, self.free_rate, self.at_us)
+    }
+
+    /// The stored form read back; anything else reads as absent.
+    pub fn decode(text: &str) -> Option<Escrow> {
+        let mut numbers = text.split(' ').map(|n| n.parse::<u64>().ok());
+        let mut next = || numbers.next().flatten();
+        let escrow = Escrow {
+            micro: next()?,
+            free_rate: next()?,
+            at_us: next()?,
+        };
+        next().is_none().then_some(escrow)
+    }
+}
+
+/// One pool as stored: its holders, its escrow (absent in a pool never written, or one
+/// written before the escrow existed), and when the record may vanish (µs).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Pool {
+    pub holders: Vec<(String, Holding)>,
+    pub escrow: Option<Escrow>,
+    pub expires_us: u64,
 }
 
 /// One report of one holder, with the pool's numbers as the policy gives them now.
@@ -245,8 +314,10 @@ fn eligible(demands: &[u64], units: u64) -> Vec<bool> {
 /// One report: updates the reporter's demand, forgets holders whose assignments all lapsed,
 /// and gives the reporter `min(target, free)` in each dimension, where `free` is the pool
 /// less what every other holder may still hold, or what the reporter may hold already if
-/// that is more (a pool whose limit was lowered: cuts go out, nothing grows). `holders` is the pool as stored (any order);
-/// it is updated in place. A grant of 0 in either dimension is a denial (0, 0).
+/// that is more (a pool whose limit was lowered: cuts go out, nothing grows); a size above
+/// the one last sent to the reporter takes the difference from the escrow, and is limited to
+/// what it holds. `pool` is as stored (holders in any order); it is updated in place, its
+/// escrow and expiry included. A grant of 0 in either dimension is a denial (0, 0).
 ///
 /// Invariant: if every holder's counted units summed to at most the pool's before the call,
 /// they do after it, at every later instant (counted units only fall as time passes).
@@ -254,11 +325,11 @@ fn eligible(demands: &[u64], units: u64) -> Vec<bool> {
     clippy::cast_precision_loss,
     reason = "demands in milli-requests per second stay far below 2^53"
 )]
-pub fn allocate(
-    holders: &mut Vec<(String, Holding)>,
-    request: &ShareRequest,
-    now_us: u64,
-) -> Grant {
+pub fn allocate(pool: &mut Pool, request: &ShareRequest, now_us: u64) -> Grant {
+    let fresh = pool.holders.is_empty() && pool.escrow.is_none();
+    // The escrow, refilled since its last update over the pool as it was then.
+    let mut tokens = refilled(pool.escrow, fresh, &pool.holders, request, now_us);
+    let holders = &mut pool.holders;
     holders.retain(|(id, h)| *id == request.holder || !h.lapsed(now_us, request.hold_us));
     holders.sort_by(|a, b| a.0.cmp(&b.0));
     let me = holders.iter().position(|(id, _)| *id == request.holder);
@@ -321,22 +392,115 @@ pub fn allocate(
         free_size = (free_size / 2).max(free_size.min(1));
     }
     let (mut grant_rate, mut grant_size) = (rate.min(free_rate), size.min(free_size));
+    // A growth past the size last sent needs its tokens from the escrow (Envoy keeps a
+    // changed bucket's fill fraction and starts a first one full).
+    let last_sent = holders[who].1.last_sent_size(now_us);
+    if grant_size > last_sent {
+        grant_size = grant_size.min(last_sent.saturating_add(tokens / MICRO));
+    }
     if grant_rate == 0 || grant_size == 0 {
         (grant_rate, grant_size) = (0, 0);
     }
+    tokens -= grant_size.saturating_sub(last_sent) * MICRO;
     let held = &mut holders[who].1;
     // The assignments it replaces keep counting until their own expiry.
     let until = now_us.saturating_add(request.hold_us);
     push(&mut held.rate_steps, grant_rate, until, now_us);
     push(&mut held.size_steps, grant_size, until, now_us);
     let (mine_rate, mine_size) = held.counted(now_us);
+    pool.escrow = Some(Escrow {
+        micro: tokens,
+        free_rate: request
+            .rate_units
+            .saturating_sub(used_rate.saturating_add(mine_rate)),
+        at_us: now_us,
+    });
+    pool.expires_us = expiry(&pool.holders, tokens, request, now_us);
     Grant {
         rate: grant_rate,
         size: grant_size,
-        holders: holders.len() as u64,
+        holders: pool.holders.len() as u64,
         counted_rate: used_rate.saturating_add(mine_rate),
         counted_size: used_size.saturating_add(mine_size),
     }
+}
+
+/// The escrow's tokens (millionths) at `now_us`, as a bucket capped at the unassigned size:
+/// from its last update, each stretch between two step expiries of the pool as it was then
+/// (`holders`, as read) adds the free rate stored at that update and is capped at that
+/// stretch's unassigned size (refill past the cap is lost, as in a full bucket). A pool never
+/// written starts full, one written before the escrow existed empty.
+#[expect(
+    clippy::cast_precision_loss,
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    reason = "the same double operations as the script; the result is capped at the unassigned size"
+)]
+fn refilled(
+    escrow: Option<Escrow>,
+    fresh: bool,
+    holders: &[(String, Holding)],
+    request: &ShareRequest,
+    now_us: u64,
+) -> u64 {
+    let cap_at = |t: u64| -> f64 {
+        let used = holders
+            .iter()
+            .map(|(_, h)| level(&h.size_steps, t))
+            .fold(0u64, u64::saturating_add);
+        request
+            .size_units
+            .saturating_sub(used)
+            .saturating_mul(MICRO) as f64
+    };
+    let Some(e) = escrow else {
+        return if fresh { cap_at(now_us) as u64 } else { 0 };
+    };
+    let fill = request.fill_interval_s.max(1) as f64;
+    let mut times: Vec<u64> = holders
+        .iter()
+        .flat_map(|(_, h)| h.size_steps.iter().map(|(_, until)| *until))
+        .filter(|until| *until > e.at_us && *until < now_us)
+        .collect();
+    times.sort_unstable();
+    times.dedup();
+    times.push(now_us);
+    let mut tokens = e.micro as f64;
+    let mut t = e.at_us;
+    for tau in times {
+        let refill = (e.free_rate as f64 * tau.saturating_sub(t) as f64 / fill).floor();
+        tokens = (tokens + refill).min(cap_at(t));
+        t = tau;
+    }
+    tokens.min(cap_at(now_us)) as u64
+}
+
+/// When the pool's record may vanish (µs): after every holder's steps and quiet time, plus
+/// the time the escrow needs to refill the whole size at the pool's full rate, so an absent
+/// record really means a full escrow (at most [`MAX_FILL_US`] later).
+#[expect(
+    clippy::cast_precision_loss,
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    reason = "the same double operations as the script; capped at MAX_FILL_US"
+)]
+fn expiry(holders: &[(String, Holding)], tokens: u64, request: &ShareRequest, now_us: u64) -> u64 {
+    let mut last = now_us.saturating_add(request.hold_us);
+    for (_, h) in holders {
+        for (_, until) in h.rate_steps.iter().chain(&h.size_steps) {
+            last = last.max(*until);
+        }
+        last = last.max(h.last_us.saturating_add(request.hold_us));
+    }
+    let missing = request
+        .size_units
+        .saturating_mul(MICRO)
+        .saturating_sub(tokens) as f64;
+    let fill_us = (missing * request.fill_interval_s.max(1) as f64
+        / request.rate_units.max(1) as f64)
+        .ceil()
+        .min(MAX_FILL_US as f64);
+    last.saturating_add(fill_us as u64)
 }
 
 /// A size target: at least 1, then `budget` less one per eligible holder in proportion to
@@ -368,23 +532,19 @@ fn size_target(budget: u64, weights: &[f64], eligible: &[bool], who: usize) -> u
 /// every few seconds per Envoy, never a request's path).
 #[derive(Debug, Default)]
 pub struct Pools {
-    pools: std::sync::Mutex<std::collections::HashMap<String, Vec<(String, Holding)>>>,
+    pools: std::sync::Mutex<std::collections::HashMap<String, Pool>>,
 }
 
 impl Pools {
-    /// [`allocate`] on the pool `request.key`; a pool whose holders all lapsed is dropped.
+    /// [`allocate`] on the pool `request.key`; a pool past its expiry is dropped.
     pub fn share(&self, request: &ShareRequest, now_us: u64) -> Grant {
         let mut pools = self
             .pools
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        pools.retain(|_, holders| {
-            holders
-                .iter()
-                .any(|(_, h)| !h.lapsed(now_us, request.hold_us))
-        });
-        let holders = pools.entry(request.key.clone()).or_default();
-        allocate(holders, request, now_us)
+        pools.retain(|_, pool| pool.expires_us > now_us);
+        let pool = pools.entry(request.key.clone()).or_default();
+        allocate(pool, request, now_us)
     }
 
     /// The holders of pool `key` that still hold something at `now_us`, sorted by id.
@@ -395,8 +555,8 @@ impl Pools {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let mut holders: Vec<(String, Holding)> = pools
             .get(key)
-            .map(|holders| {
-                holders
+            .map(|pool| {
+                pool.holders
                     .iter()
                     .filter(|(_, h)| h.counted(now_us) != (0, 0))
                     .cloned()
@@ -428,7 +588,7 @@ mod tests {
 
     #[test]
     fn a_single_envoy_gets_all_but_the_reserve() {
-        let mut pool = Vec::new();
+        let mut pool = Pool::default();
         let grant = allocate(&mut pool, &request("a", 100), 1_000_000);
         assert_eq!((grant.rate, grant.size), (950, 95));
         let grant = allocate(&mut pool, &request("a", 100), 6_000_000);
@@ -437,7 +597,7 @@ mod tests {
 
     #[test]
     fn a_cut_counts_until_the_assignment_it_replaces_expires() {
-        let mut pool = Vec::new();
+        let mut pool = Pool::default();
         allocate(&mut pool, &request("a", 1000), 0);
         // b arrives: only the reserve is free, and a newcomer takes half of it.
         let b = allocate(&mut pool, &request("b", 1000), 1_000_000);

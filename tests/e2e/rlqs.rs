@@ -305,7 +305,7 @@ fn three_envoys_share_limits_across_two_replicas_within_the_bound() {
     let before: Vec<f64> = replicas.iter().map(|(t, _)| streams(t)).collect();
     assert!(
         all_streaming,
-        "one stream per Envoy: {before:?}; Envoys' tollgate cluster: {:?}",
+        "one stream per Envoy: {before:?}; Envoys' tollgate cluster: {:?}; their logs: {:?}",
         envoys
             .iter()
             .map(|e| (
@@ -313,6 +313,15 @@ fn three_envoys_share_limits_across_two_replicas_within_the_bound() {
                 e.stat("cluster.tollgate.upstream_rq_active"),
                 e.stat("cluster.tollgate.health_check.healthy"),
             ))
+            .collect::<Vec<_>>(),
+        envoys
+            .iter()
+            .map(|e| {
+                // From Envoy's crash report on, if it crashed.
+                let log = e.log();
+                let from = log.find("Caught").or(log.find("assert")).unwrap_or(0);
+                log[from..].chars().take(1500).collect::<String>()
+            })
             .collect::<Vec<_>>()
     );
     let victim = usize::from(before[1] > before[0]);

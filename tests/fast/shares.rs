@@ -11,7 +11,7 @@ use proptest::prelude::*;
 use crate::support::{redis_store, RedisServer};
 use tollgate::store::memory::{ManualClock, MemoryStore};
 use tollgate::store::redis::{RedisStore, Topology};
-use tollgate::store::shares::{allocate, Grant, Holding, ShareRequest};
+use tollgate::store::shares::{allocate, Escrow, Grant, Holding, Pool, ShareRequest, ESCROW_FIELD};
 use tollgate::store::Store;
 
 const S: u64 = 1_000_000;
@@ -40,15 +40,29 @@ fn counted(pool: &[(String, Holding)], now: u64) -> (u64, u64) {
 
 /// Holders report every 5 s (each at its own phase) with the given demands (requests per
 /// second) for `rounds`; returns the pool and the last grant of each.
-fn steady(demands: &[u64], units: (u64, u64), rounds: u64) -> (Vec<(String, Holding)>, Vec<Grant>) {
-    let mut pool = Vec::new();
+fn steady(demands: &[u64], units: (u64, u64), rounds: u64) -> (Pool, Vec<Grant>) {
+    steady_filled(demands, units, rounds, 3600)
+}
+
+/// [`steady`] with rate units counted per `fill_interval_s`.
+fn steady_filled(
+    demands: &[u64],
+    units: (u64, u64),
+    rounds: u64,
+    fill_interval_s: u64,
+) -> (Pool, Vec<Grant>) {
+    let mut pool = Pool::default();
     let mut grants = vec![Grant::default(); demands.len()];
     for round in 0..rounds {
         for (i, demand) in demands.iter().enumerate() {
             let now = 1_000 * S + round * 5 * S + i as u64 * 100_000;
             let id = format!("h{i}");
-            grants[i] = allocate(&mut pool, &request(&id, demand * 5, units.0, units.1), now);
-            let (r, s) = counted(&pool, now);
+            let report = ShareRequest {
+                fill_interval_s,
+                ..request(&id, demand * 5, units.0, units.1)
+            };
+            grants[i] = allocate(&mut pool, &report, now);
+            let (r, s) = counted(&pool.holders, now);
             assert!(
                 r <= units.0 && s <= units.1,
                 "round {round}: {r}/{s} of {units:?}"
@@ -91,17 +105,19 @@ fn demand_below_the_limit_gets_demand_and_headroom() {
 
 #[test]
 fn more_holders_than_units_deny_the_least_demanding() {
-    let (_, grants) = steady(&[5, 1, 9], (3, 100), 4);
+    // Units per second, so the escrow refills the sizes the newcomers need within a round
+    // (at 3 units an hour it would take hours: a global bucket's truth).
+    let (_, grants) = steady_filled(&[5, 1, 9], (3, 10), 6, 1);
     // Reserve 0 of 3 units: all three get one.
-    assert!(grants.iter().all(|g| g.rate == 1));
-    let (_, grants) = steady(&[5, 1, 9], (2, 100), 4);
+    assert!(grants.iter().all(|g| g.rate == 1), "{grants:?}");
+    let (_, grants) = steady_filled(&[5, 1, 9], (2, 10), 6, 1);
     assert_eq!(grants[1].rate, 0, "{grants:?}");
     assert!(grants[0].rate == 1 && grants[2].rate == 1, "{grants:?}");
 }
 
 #[test]
 fn a_departed_envoys_share_counts_until_its_expiry() {
-    let mut pool = Vec::new();
+    let mut pool = Pool::default();
     allocate(&mut pool, &request("a", 5000, 36_000, 100), 0);
     let b = allocate(&mut pool, &request("b", 5000, 36_000, 100), S);
     assert_eq!(
@@ -126,7 +142,7 @@ proptest! {
         lowered in (1u64..5000, 1u64..200),
         steps in prop::collection::vec((0usize..6, 0u64..100_000, 0u64..8_000_000), 1..120),
     ) {
-        let mut pool = Vec::new();
+        let mut pool = Pool::default();
         let mut now = 1_000 * S;
         for (i, (holder, requests, gap)) in steps.iter().enumerate() {
             now += gap;
@@ -141,7 +157,7 @@ proptest! {
             );
             prop_assert!((grant.rate == 0) == (grant.size == 0));
             prop_assert!(grant.rate <= rate_units && grant.size <= size_units);
-            let (r, s) = counted(&pool, now);
+            let (r, s) = counted(&pool.holders, now);
             prop_assert_eq!((r, s), (grant.counted_rate, grant.counted_size));
             if i < changed_at {
                 prop_assert!(r <= rate_units && s <= size_units, "{} {} of {:?}", r, s, units);
@@ -157,19 +173,19 @@ proptest! {
         from in (100u64..5000, 10u64..200),
         to in (1u64..100, 1u64..10),
     ) {
-        let mut pool = Vec::new();
+        let mut pool = Pool::default();
         for round in 0..8u64 {
             let units = if round < 3 { from } else { to };
             for (i, demand) in demands.iter().enumerate() {
                 let now = 1_000 * S + round * 5 * S + i as u64 * 100_000;
-                let before = counted(&pool, now);
+                let before = counted(&pool.holders, now);
                 allocate(&mut pool, &request(&format!("h{i}"), demand * 5, units.0, units.1), now);
                 // Over the numbers, a report never raises the sum; within them, never past.
-                let after = counted(&pool, now);
+                let after = counted(&pool.holders, now);
                 prop_assert!(after.0 <= before.0.max(units.0) && after.1 <= before.1.max(units.1),
                     "{:?} -> {:?} with {:?}", before, after, units);
                 if round >= 6 {
-                    let (r, s) = counted(&pool, now);
+                    let (r, s) = counted(&pool.holders, now);
                     prop_assert!(r <= to.0 && s <= to.1, "{} {} of {:?}", r, s, to);
                 }
             }
@@ -178,11 +194,12 @@ proptest! {
 
     /// Steady demands: every holder with demand gets a unit when the pool has one per
     /// holder, and shares are proportional to demand within rounding, capped at demand plus
-    /// headroom.
+    /// headroom. The rate refills the burst at least four times a second, so the escrow
+    /// serves every newcomer's size within a round.
     #[test]
     fn steady_shares_are_proportional_and_never_empty(
         demands in prop::collection::vec(1u64..2000, 1..6),
-        units in (100u64..100_000, 10u64..500),
+        units in (10u64..500).prop_flat_map(|size| (size * 14_400..size * 40_000, Just(size))),
     ) {
         let (_, grants) = steady(&demands, units, 4);
         let n = demands.len() as f64;
@@ -237,9 +254,17 @@ impl Twin {
         s * S + us
     }
 
-    fn seed(&self, key: &str, pool: &[(String, Holding)]) {
+    fn seed(&self, key: &str, pool: &[(String, Holding)], escrow: Option<Escrow>) {
         let mut raw = self.raw.borrow_mut();
         let _: () = redis::cmd("DEL").arg(key).query(&mut *raw).expect("DEL");
+        if let Some(escrow) = escrow {
+            let _: () = redis::cmd("HSET")
+                .arg(key)
+                .arg(ESCROW_FIELD)
+                .arg(escrow.encode())
+                .query(&mut *raw)
+                .expect("HSET");
+        }
         for (id, holding) in pool {
             let _: () = redis::cmd("HSET")
                 .arg(key)
@@ -251,7 +276,22 @@ impl Twin {
     }
 
     /// Runs both on `seed` (times relative to Redis's now) and compares.
-    fn compare(&self, key: &str, seed: &[(String, Holding)], report: &ShareRequest) {
+    fn escrow(&self, key: &str) -> Option<Escrow> {
+        let text: Option<String> = redis::cmd("HGET")
+            .arg(key)
+            .arg(ESCROW_FIELD)
+            .query(&mut *self.raw.borrow_mut())
+            .expect("HGET");
+        text.and_then(|text| Escrow::decode(&text))
+    }
+
+    fn compare(
+        &self,
+        key: &str,
+        seed: &[(String, Holding)],
+        escrow: Option<Escrow>,
+        report: &ShareRequest,
+    ) {
         let base = self.redis_now_us() as i64;
         let at = |offset: u64| (base + offset as i64 - OFFSET) as u64;
         let pool: Vec<(String, Holding)> = seed
@@ -269,7 +309,11 @@ impl Twin {
                 (id.clone(), h)
             })
             .collect();
-        self.seed(key, &pool);
+        let escrow = escrow.map(|e| Escrow {
+            at_us: at(e.at_us),
+            ..e
+        });
+        self.seed(key, &pool, escrow);
         let report = ShareRequest {
             key: key.into(),
             ..report.clone()
@@ -286,11 +330,32 @@ impl Twin {
             .iter()
             .find(|(id, _)| *id == report.holder)
             .map_or(0, |(_, h)| h.last_us);
-        let mut twin = pool.clone();
+        let mut twin = Pool {
+            holders: pool.clone(),
+            escrow,
+            expires_us: 0,
+        };
         let expected = allocate(&mut twin, &report, now);
-        assert_eq!(grant, expected, "grant for {seed:?} / {report:?}");
-        twin.sort_by(|a, b| a.0.cmp(&b.0));
-        assert_eq!(after, twin, "pool after {seed:?} / {report:?}");
+        assert_eq!(
+            grant, expected,
+            "grant for {seed:?} / {escrow:?} / {report:?}"
+        );
+        twin.holders.sort_by(|a, b| a.0.cmp(&b.0));
+        assert_eq!(after, twin.holders, "pool after {seed:?} / {report:?}");
+        assert_eq!(
+            self.escrow(key),
+            twin.escrow,
+            "escrow after {seed:?} / {escrow:?}"
+        );
+        let pttl: i64 = redis::cmd("PTTL")
+            .arg(key)
+            .query(&mut *self.raw.borrow_mut())
+            .expect("PTTL");
+        let expected_ms = (twin.expires_us / 1000 + 1).saturating_sub(now / 1000) as i64;
+        assert!(
+            (expected_ms - pttl).abs() <= 50,
+            "PTTL {pttl} ms, the twin's {expected_ms}"
+        );
     }
 }
 
@@ -316,9 +381,10 @@ fn the_script_and_its_twin_agree_on_random_pools() {
         0usize..7,
         0u64..20_000,
         (0u64..5000, 0u64..200),
+        prop::option::of((0u64..250_000_000, 0u64..5000, tenth())),
     );
     runner
-        .run(&strategy, |(holders, reporter, requests, units)| {
+        .run(&strategy, |(holders, reporter, requests, units, escrow)| {
             let seed: Vec<(String, Holding)> = holders
                 .into_iter()
                 .enumerate()
@@ -334,7 +400,13 @@ fn the_script_and_its_twin_agree_on_random_pools() {
                 })
                 .collect();
             let report = request(&format!("h{reporter}"), requests, units.0, units.1);
-            twin.compare("tollgate:t:{x}:s", &seed, &report);
+            let escrow = escrow.map(|(micro, free_rate, at)| Escrow {
+                micro,
+                free_rate,
+                // An update in the past.
+                at_us: at.min(OFFSET as u64 - 300_000),
+            });
+            twin.compare("tollgate:t:{x}:s", &seed, escrow, &report);
             Ok(())
         })
         .expect("the script and its twin agree");
@@ -367,4 +439,136 @@ fn the_memory_store_keeps_pools_apart_and_forgets_lapsed_ones() {
         .1
         .is_empty());
     assert_eq!(share("a", "y").rate, 34_200);
+}
+
+/// Envoy 1.40's bucket for one holder, as the simulation models it: a token bucket applied on
+/// receipt, a changed one keeping its fill fraction, a first one (or one after a denial)
+/// starting full; an expired assignment denies (Envoy's fallbacks are outside the bound).
+#[derive(Debug, Default, Clone)]
+struct Envoy {
+    /// (tokens per fill interval, max tokens, expiry µs); None: no assignment or deny all.
+    bucket: Option<(u64, u64, u64)>,
+    tokens: f64,
+    at: u64,
+    since_report: u64,
+}
+
+impl Envoy {
+    fn refill(&mut self, now: u64) {
+        if let Some((rate, size, _)) = self.bucket {
+            let gained = rate as f64 / 3600.0 * (now - self.at) as f64 / S as f64;
+            self.tokens = (self.tokens + gained).min(size as f64);
+        }
+        self.at = now;
+    }
+
+    fn apply(&mut self, grant: &Grant, now: u64, ttl_us: u64) {
+        self.refill(now);
+        if grant.size == 0 {
+            self.bucket = None;
+            self.tokens = 0.0;
+            return;
+        }
+        self.tokens = match self.bucket {
+            Some((_, old, until)) if until > now => grant.size as f64 * (self.tokens / old as f64),
+            _ => grant.size as f64,
+        };
+        self.bucket = Some((grant.rate, grant.size, now + ttl_us));
+    }
+
+    /// Up to `wanted` requests at `now`; returns how many were admitted.
+    fn spend(&mut self, wanted: u64, now: u64) -> u64 {
+        self.refill(now);
+        let live = matches!(self.bucket, Some((_, _, until)) if until > now);
+        let mut admitted = 0;
+        while live && admitted < wanted && self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            admitted += 1;
+        }
+        self.since_report += wanted;
+        admitted
+    }
+}
+
+/// The most any window of the admissions `(µs, count)` passes `burst + rate × W` by.
+fn worst_excess(admissions: &[(u64, u64)], rate_per_s: f64, burst: f64) -> f64 {
+    let mut worst = f64::MIN;
+    for (i, (start, _)) in admissions.iter().enumerate() {
+        let mut total = 0;
+        for (end, count) in &admissions[i..] {
+            total += count;
+            let allowed = burst + rate_per_s * (end - start) as f64 / S as f64;
+            worst = worst.max(total as f64 - allowed);
+        }
+    }
+    worst
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    /// Envoys modelled as Envoy 1.40 behaves, random reports, spending, cuts and growths on a
+    /// manual clock: in every window, what they all admitted is at most `burst + rate × W`.
+    #[test]
+    fn simulated_envoys_never_admit_past_the_limit(
+        rate_per_s in 1u64..20,
+        burst in 1u64..60,
+        events in prop::collection::vec((0usize..4, 0u64..4_000_000, any::<bool>(), 0u64..80), 1..160),
+    ) {
+        let ttl_us = 10 * S;
+        let mut pool = Pool::default();
+        let mut envoys = vec![Envoy::default(); 4];
+        let mut admissions = Vec::new();
+        let mut now = 1_000 * S;
+        for (holder, gap, report, wanted) in events {
+            now += gap;
+            let envoy = &mut envoys[holder];
+            if report {
+                let mut ask = request(&format!("h{holder}"), envoy.since_report, rate_per_s * 3600, burst);
+                ask.hold_us = ttl_us + S;
+                let grant = allocate(&mut pool, &ask, now);
+                envoy.since_report = 0;
+                envoy.apply(&grant, now, ttl_us);
+            } else {
+                let admitted = envoy.spend(wanted, now);
+                if admitted > 0 {
+                    admissions.push((now, admitted));
+                }
+            }
+        }
+        let excess = worst_excess(&admissions, rate_per_s as f64, burst as f64);
+        prop_assert!(excess <= 1e-6, "{} past burst + rate × W: {:?}", excess, admissions);
+    }
+}
+
+/// The smallest case the simulation found before the escrow existed: one Envoy spends its
+/// full first bucket; once its assignment expired, the size it held went to a second Envoy
+/// whose first bucket started full: 35 requests in 9.9 s of a 1/s, burst 25 limit.
+#[test]
+fn a_size_freed_by_an_expiry_is_handed_out_empty() {
+    let ttl_us = 10 * S;
+    let mut pool = Pool::default();
+    let mut ask = |holder: &str, now: u64| {
+        let mut ask = request(holder, 0, 3600, 25);
+        ask.hold_us = ttl_us + S;
+        allocate(&mut pool, &ask, now)
+    };
+    let (mut first, mut second) = (Envoy::default(), Envoy::default());
+    let start = 1_000 * S;
+    first.apply(&ask("h3", start), start, ttl_us);
+    let spent = first.spend(24, start + 1_088_799);
+    assert_eq!(spent, 24, "a full bucket of 23 and a token refilled");
+    let later = start + 11 * S;
+    let grant = ask("h2", later);
+    second.apply(&grant, later, ttl_us);
+    let admitted = spent + second.spend(11, later);
+    let window = (later - start - 1_088_799) as f64 / S as f64;
+    assert!(
+        admitted as f64 <= 25.0 + window,
+        "{admitted} admitted in {window} s; the second Envoy was given {grant:?}"
+    );
+    assert!(
+        grant.size >= 1,
+        "the escrow had refilled a token: {grant:?}"
+    );
 }

@@ -7,7 +7,7 @@ use std::time::Instant;
 use redis::Value;
 
 use super::RedisStore;
-use crate::store::shares::{Grant, Holding, ShareRequest};
+use crate::store::shares::{Grant, Holding, ShareRequest, ESCROW_FIELD};
 use crate::store::StoreError;
 
 pub const SHARES_SCRIPT: &str = include_str!("../../../lua/shares.lua");
@@ -87,6 +87,9 @@ impl RedisStore {
             .chunks(2)
             .filter_map(|pair| {
                 let id = text(pair.first()?)?;
+                if id == ESCROW_FIELD {
+                    return None;
+                }
                 let holding = Holding::decode(&text(pair.get(1)?)?)?;
                 Some((id, holding))
             })
