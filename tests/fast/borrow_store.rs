@@ -33,30 +33,17 @@ trait Harness {
 
 fn borrowing(key: &str, rate: f64, burst: f64, want: u64, give: Option<GiveBack>) -> BucketRequest {
     BucketRequest {
-        key: key.into(),
-        rate,
-        burst,
-        cost: 1,
-        shadow: false,
-        limit: 0,
         meter: Meter::Borrow(Borrow {
             grid_us: GRID_US,
             want,
             give,
         }),
+        ..BucketRequest::bucket(key, rate, burst)
     }
 }
 
 fn plain(key: &str, rate: f64, burst: f64) -> BucketRequest {
-    BucketRequest {
-        key: key.into(),
-        rate,
-        burst,
-        cost: 1,
-        shadow: false,
-        limit: 1,
-        meter: Meter::Bucket,
-    }
+    BucketRequest::bucket(key, rate, burst).limit(1)
 }
 
 fn give_back(h: &dyn Harness, key: &str, slice: Slice, unused: u64) -> Option<GiveBack> {

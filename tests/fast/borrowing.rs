@@ -13,18 +13,10 @@ use tollgate::base::clock::{Clock, ManualClock};
 use tollgate::limiter::borrow::{Lender, Plan};
 use tollgate::store::memory::MemoryStore;
 use tollgate::store::redis::{RedisStore, Topology};
-use tollgate::store::{BucketRequest, Meter, Store, StoreDecision};
+use tollgate::store::{BucketRequest, Store, StoreDecision};
 
 fn bucket(key: &str, rate: f64, burst: f64) -> BucketRequest {
-    BucketRequest {
-        key: key.into(),
-        rate,
-        burst,
-        cost: 1,
-        shadow: false,
-        limit: 0,
-        meter: Meter::Bucket,
-    }
+    BucketRequest::bucket(key, rate, burst)
 }
 
 /// Admissions of one key; checks the bound on every window that starts at an admission and
