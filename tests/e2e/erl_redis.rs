@@ -15,6 +15,15 @@ use crate::support::{free_port, redis_cli, wait_until, HttpClient, TempDir, Toll
 /// tollgate started as envoyproxy/ratelimit is, with its variables only: a 2/minute rule on
 /// domain `shop`, key `user`, in the YAML directory, and the store `env` says.
 fn erl_tollgate(env: &[(&str, &str)]) -> (TempDir, Tollgate) {
+    let (root, tollgate, _) = erl_tollgate_logged(env, false);
+    (root, tollgate)
+}
+
+/// [`erl_tollgate`], with its stderr in a file when `logged` (returned).
+fn erl_tollgate_logged(
+    env: &[(&str, &str)],
+    logged: bool,
+) -> (TempDir, Tollgate, Option<std::path::PathBuf>) {
     let root = TempDir::new("erl-redis");
     let dir = root.path().join("ratelimit").join("config");
     std::fs::create_dir_all(&dir).expect("make the YAML directory");
@@ -33,8 +42,11 @@ fn erl_tollgate(env: &[(&str, &str)]) -> (TempDir, Tollgate) {
         ("GRPC_PORT", grpc_port.as_str()),
     ];
     all.extend_from_slice(env);
-    let tollgate = Tollgate::start_with_env("", &all);
-    (root, tollgate)
+    if logged {
+        let (tollgate, log) = Tollgate::start_logged("", &all);
+        return (root, tollgate, Some(log));
+    }
+    (root, Tollgate::start_with_env("", &all), None)
 }
 
 /// envoyproxy/ratelimit's HTTP `POST /json` for `user`: its status (429 when over).
@@ -89,6 +101,38 @@ fn erl_redis_auth_reaches_a_sentinel_managed_master() {
         let (_root, tollgate) = erl_tollgate(&env);
         assert_redis_decides(&tollgate, || setup.master_cli(&["KEYS", "*"]));
     }
+}
+
+/// Sentinels that ask for a password nobody gave (`REDIS_SENTINEL_AUTH` unset): the log and
+/// the store errors name the sentinels' refusal, once, rather than "sentinels not answering",
+/// which sent an operator looking for a network fault.
+#[test]
+fn a_sentinel_password_missing_is_named_in_the_log() {
+    let setup = AuthSentinelSetup::start(true);
+    let url = format!("{MASTER_NAME},127.0.0.1:{}", setup.sentinel_port);
+    let env = [
+        ("REDIS_TYPE", "sentinel"),
+        ("REDIS_URL", url.as_str()),
+        ("REDIS_AUTH", MASTER_PASSWORD),
+    ];
+    let (_root, tollgate, log) = erl_tollgate_logged(&env, true);
+    let log = log.expect("a logged instance");
+    let read = || std::fs::read_to_string(&log).unwrap_or_default();
+    let named = wait_until(Duration::from_secs(10), || {
+        json_status(&tollgate, "alice");
+        read().to_ascii_lowercase().contains("auth")
+    });
+    let text = read();
+    assert!(named, "no line names the sentinels' refusal:\n{text}");
+    let lines = text
+        .lines()
+        .filter(|line| line.contains("sentinel: sentinels gave no master"))
+        .count();
+    assert_eq!(lines, 1, "the same refusal is logged once:\n{text}");
+    assert!(
+        !text.contains("sentinels not answering"),
+        "the old, misleading wording:\n{text}"
+    );
 }
 
 /// envoyproxy/ratelimit's `REDIS_TLS` and `REDIS_TLS_CACERT` with Sentinel: the master (and

@@ -26,6 +26,9 @@ struct Master {
 
 pub struct SentinelMaster {
     current: ArcSwapOption<Master>,
+    /// Why the last discovery found no master (a sentinel's refusal names a missing password),
+    /// for the calls that fail meanwhile.
+    last_failure: ArcSwapOption<String>,
     wake: Notify,
     /// Bumped on every change of master (a new connection).
     generation: AtomicU64,
@@ -41,6 +44,7 @@ impl SentinelMaster {
     ) -> Arc<SentinelMaster> {
         let master = Arc::new(SentinelMaster {
             current: ArcSwapOption::empty(),
+            last_failure: ArcSwapOption::empty(),
             wake: Notify::new(),
             generation: AtomicU64::new(0),
         });
@@ -61,9 +65,13 @@ impl SentinelMaster {
     pub async fn query(&self, cmd: &Cmd) -> RedisResult<Value> {
         let Some(master) = self.current.load_full() else {
             self.wake.notify_one();
+            let why = self.last_failure.load();
+            let why = why
+                .as_deref()
+                .map_or("waiting for the sentinels' first answer", String::as_str);
             return Err(RedisError::from(std::io::Error::new(
                 std::io::ErrorKind::NotConnected,
-                "no master known yet: sentinels not answering",
+                format!("no master known yet: {why}"),
             )));
         };
         let result = cmd.query_async(&mut master.connection.clone()).await;
@@ -73,6 +81,18 @@ impl SentinelMaster {
             }
         }
         result
+    }
+}
+
+impl SentinelMaster {
+    /// Records why a discovery failed; logged once per distinct reason (a missing password
+    /// fails every second the same way), the calls' errors say it meanwhile.
+    fn failed(&self, why: String) {
+        let same = self.last_failure.load().as_deref() == Some(&why);
+        if !same {
+            log::warn!("sentinel: {why}");
+            self.last_failure.store(Some(Arc::new(why)));
+        }
     }
 }
 
@@ -94,6 +114,9 @@ async fn discover_forever(
     loop {
         match tokio::time::timeout(DISCOVERY_TIMEOUT, client.async_get_client()).await {
             Ok(Ok(found)) => {
+                if master.last_failure.load().is_some() {
+                    master.last_failure.store(None);
+                }
                 let addr = found.get_connection_info().addr().to_string();
                 let known = master.current.load();
                 if known.as_ref().map(|m| m.addr.as_str()) != Some(addr.as_str()) {
@@ -109,8 +132,10 @@ async fn discover_forever(
                     }
                 }
             }
-            Ok(Err(error)) => log::debug!("sentinel: no master for {name:?}: {error}"),
-            Err(_) => log::debug!("sentinel: discovery of {name:?} timed out"),
+            Ok(Err(error)) => master.failed(format!("sentinels gave no master {name:?}: {error}")),
+            Err(_) => master.failed(format!(
+                "sentinels did not name master {name:?} within {DISCOVERY_TIMEOUT:?}"
+            )),
         }
         // At most one question every `sentinel_min_gap`, however many calls fail; one every
         // `sentinel_poll_every` even when all is well (a failover may also come without any
