@@ -9,7 +9,10 @@
 # BORROW=1 adds borrowed tokens (limits[].borrow = true, store.borrow_horizon_ms =
 # $HORIZON_MS, default 100) in three shapes: 10,000 uniform keys, a Zipf spread (s = 1.1) over
 # 100,000 keys, and one hot key at 5,000 checks/s; each against the same tollgate without
-# borrowing and ERL's pair over as many keys, and with the script calls per check.
+# borrowing and ERL's pair over as many keys, and with the script calls per check. On the Zipf
+# spread it also compares the borrowing /check's throughput with redis-benchmark running the
+# same script (one plain check per call, uniform over as many keys: redis-benchmark draws no
+# Zipf spread).
 #
 #   bench/erl_pattern.sh                 # 3 rounds of 8 s
 #   ROUNDS=1 DURATION=3 bench/erl_pattern.sh
@@ -19,6 +22,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 DURATION=${DURATION:-8}
+SHAPES=${SHAPES:-uniform zipf hot}   # with BORROW=1: which shapes, of uniform, zipf, hot
 ROUNDS=${ROUNDS:-3}
 KEYS=${KEYS:-10000}
 
@@ -55,8 +59,20 @@ tollgate_checks() {
     "http://127.0.0.1:$1/check" >"$WORK/wrk.out"
   r1=$(redis_cpu); c1=$(script_calls)
   n=$(awk '/ requests in / {print $1}' "$WORK/wrk.out")
+  awk '/^Requests\/sec/ {print $2}' "$WORK/wrk.out" >>"$WORK/rps"
   awk -v c="$((c1 - c0))" -v n="$n" 'BEGIN {printf "%.3f\n", c / n}' >>"$WORK/calls"
   per_core "$n" "$r0" "$r1"
+}
+
+# script_rps KEYS: requests per second of redis-benchmark calling the token bucket script, as
+# tollgate's check of one never-denying bucket would, over KEYS keys (64 clients).
+script_rps() {
+  local sha
+  sha=$(rcli SCRIPT LOAD "$(cat lua/calendar.lua lua/bounds.lua lua/token_bucket.lua)")
+  rcli FLUSHALL >/dev/null
+  redis-benchmark -h 127.0.0.1 -p "$REDIS_PORT" -c 64 -r "$1" -n $((DURATION * 32000)) -q \
+    evalsha "$sha" 1 "tollgate:per-key:{/z__rand_int__}" 1000 1000000 1 0 2>/dev/null \
+    | tr '\r' '\n' | grep -o '[0-9.]* requests per second' | tail -1 | awk '{print $1}'
 }
 
 # erl PIPELINE [KEYS]: descriptors (one INCRBY and one EXPIRE each) per Redis core-second.
@@ -78,31 +94,45 @@ if [ -n "${BORROW:-}" ]; then
   # over as many keys; ratios against ERL in the same round.
   shape() {
     local plain borrowed p2 p8
-    : >"$WORK/calls"
+    : >"$WORK/calls"; : >"$WORK/rps"
     plain=$(tollgate_checks "$PORT_this" "$2" "$3")
     borrowed=$(tollgate_checks "$PORT_borrow" "$2" "$3")
     p2=$(erl 2 "$3"); p8=$(erl 8 "$3")
     echo "$plain" >>"$WORK/$1.plain"; echo "$borrowed" >>"$WORK/$1.borrow"
     echo "$p2" >>"$WORK/$1.p2"; echo "$p8" >>"$WORK/$1.p8"
     sed -n 2p "$WORK/calls" >>"$WORK/$1.calls"
+    if [ "$1" = zipf ]; then
+      sed -n 2p "$WORK/rps" >>"$WORK/zipf.rps"
+      script_rps "$3" >>"$WORK/zipf.rb"
+    fi
     awk -v b="$borrowed" -v p="$p8" 'BEGIN {printf "%.2f\n", b / p}' >>"$WORK/$1.r8"
     awk -v b="$borrowed" -v p="$p2" 'BEGIN {printf "%.2f\n", b / p}' >>"$WORK/$1.r2"
   }
   for round in $(seq "$ROUNDS"); do
     echo "borrow round $round/$ROUNDS" >&2
-    shape uniform bench/random_key.lua 10000
-    shape zipf bench/zipf_key.lua 100000
-    RATE=5000 CONNS=64 shape hot bench/hot_key.lua 1
+    for name in $SHAPES; do
+      case $name in
+        uniform) shape uniform bench/random_key.lua 10000 ;;
+        zipf) shape zipf bench/zipf_key.lua 100000 ;;
+        hot) RATE=5000 CONNS=64 shape hot bench/hot_key.lua 1 ;;
+      esac
+    done
   done
   printf '| shape (horizon %s ms) | tollgate | borrow | ERL -P 2 | ERL -P 8 | borrow / -P 2 | borrow / -P 8 | script calls per check, borrow |\n' "${HORIZON_MS:-100}"
   printf '|---|---|---|---|---|---|---|---|\n'
-  for name in uniform zipf hot; do
+  for name in $SHAPES; do
     printf '| %s | %s | %s | %s | %s | %s | %s | %s |\n' "$name" \
       "$(median <"$WORK/$name.plain")" "$(median <"$WORK/$name.borrow")" \
       "$(median <"$WORK/$name.p2")" "$(median <"$WORK/$name.p8")" \
       "$(median <"$WORK/$name.r2")" "$(median <"$WORK/$name.r8")" "$(median <"$WORK/$name.calls")"
   done
-  for name in uniform zipf hot; do
+  if [[ " $SHAPES " == *" zipf "* ]]; then
+    printf '\n| Zipf spread, borrowing | /check req/s | redis-benchmark EVALSHA req/s | ratio |\n|---|---|---|---|\n'
+    printf '| %s rounds | %s | %s | %s |\n' "$ROUNDS" "$(median <"$WORK/zipf.rps")" \
+      "$(median <"$WORK/zipf.rb")" "$(paste "$WORK/zipf.rps" "$WORK/zipf.rb" \
+        | awk '{printf "%.2f\n", $1 / $2}' | median)"
+  fi
+  for name in $SHAPES; do
     echo "$name rounds: borrow $(paste -sd' ' "$WORK/$name.borrow"); /-P8 $(paste -sd' ' "$WORK/$name.r8"); /-P2 $(paste -sd' ' "$WORK/$name.r2")" >&2
   done
   exit 0
