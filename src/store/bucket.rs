@@ -6,7 +6,7 @@
 //! burst - debt`, so new numbers for a key (an override, a reload) apply at once to what it
 //! owes. The arithmetic is the script's, operation for operation, so both stores reach the same
 //! integers.
-use super::{BucketOutcome, BucketRequest, Lease, Meter, Period, ReportCharge, Settle, Window};
+use super::{BucketOutcome, BucketRequest, Meter, Period, ReportCharge, Settle, Window};
 use crate::base::rate::count_f64;
 
 /// A stored key. A bucket: its `debt` in micro-tokens as of `ts_us`. A quota: `debt` counts
@@ -134,16 +134,6 @@ fn bucket_level(request: &BucketRequest, debt: u64) -> (f64, bool) {
     (level, level >= cost)
 }
 
-/// A concurrency key's window as the headers show it: a slot frees whenever a holder releases,
-/// which no store can foresee, so a denial asks to retry in 1 s; the policy's window is the
-/// lease's lifetime.
-pub fn lease_window(lease: Lease) -> Window {
-    Window {
-        ends_in_s: 1,
-        length_s: lease.ttl_ms.div_ceil(1000),
-    }
-}
-
 /// The free slots of a concurrency key whose leases the store counted as `stored` (absent:
 /// all free).
 #[expect(clippy::cast_precision_loss, reason = "leases held are at most 10^9")]
@@ -180,7 +170,7 @@ fn find(request: &BucketRequest, stored: Option<Bucket>, now_us: u64) -> (Bucket
             let outcome = BucketOutcome {
                 tokens,
                 enough: can_pay(tokens, request.cost),
-                window: Some(lease_window(lease)),
+                window: Some(lease.window()),
             };
             (outcome, 0)
         }
@@ -284,7 +274,7 @@ pub fn report(charge: &ReportCharge, state: &mut Option<Bucket>, now_us: u64) ->
             BucketOutcome {
                 tokens,
                 enough: tokens >= 1.0,
-                window: Some(lease_window(lease)),
+                window: Some(lease.window()),
             }
         }
     }
