@@ -498,7 +498,7 @@ impl<S: Store> Limiter<S> {
             for (bucket, outcome) in buckets.iter().zip(&decided.buckets) {
                 let limit = &policy.limits[bucket.limit];
                 match bucket.meter {
-                    Meter::Lease(lease) if outcome.enough => {
+                    Meter::Concurrency(lease) if outcome.enough => {
                         limit.counters.leases_taken.inc();
                         leases.push(limit.lease_id(&policy.key_prefix, &bucket.key, lease));
                     }

@@ -180,7 +180,7 @@ impl Policy {
         let (limit, tail, member) = self.held_parts(
             id,
             "a lease id (<limit>.<key>.<id>, as X-Tollgate-Lease gives it)",
-            |meter| matches!(meter, Meter::Lease(_)),
+            |meter| matches!(meter, Meter::Concurrency(_)),
             "is not a concurrency limit",
         )?;
         if member.len() != 32 || !member.bytes().all(|b| b.is_ascii_hexdigit()) {

@@ -135,7 +135,7 @@ impl BucketRequest {
     /// At most `count` leases held at once; this request takes `lease`.
     pub fn lease(key: impl Into<String>, count: u64, lease: Lease) -> BucketRequest {
         BucketRequest {
-            meter: Meter::Lease(lease),
+            meter: Meter::Concurrency(lease),
             ..BucketRequest::bucket(key, 0.0, count_f64(count))
         }
     }

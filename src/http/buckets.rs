@@ -188,7 +188,7 @@ fn peek_state(
             period,
             period_ends_in_s: state.reset_secs(),
         },
-        Meter::Lease(lease) => PeekState::Concurrency {
+        Meter::Concurrency(lease) => PeekState::Concurrency {
             concurrency: bucket.burst,
             held: bucket.burst - outcome.tokens,
             remaining: state.remaining(),

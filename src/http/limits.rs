@@ -93,7 +93,7 @@ impl<'p> From<&'p Limit> for LimitView<'p> {
                     quota: limit.burst,
                     period,
                 },
-                Meter::Lease(lease) => MeterView::Concurrency {
+                Meter::Concurrency(lease) => MeterView::Concurrency {
                     concurrency: limit.burst,
                     lease_ttl_s: lease.ttl_ms / 1000,
                 },

@@ -148,7 +148,7 @@ impl TryFrom<LimitInput<'_>> for Limit {
                     config.capacity(),
                     period.fixed_secs().unwrap_or(30 * 86_400),
                 ),
-                Meter::Lease(lease) => {
+                Meter::Concurrency(lease) => {
                     policy_item(&config.name, config.capacity(), lease.ttl_ms / 1000)
                 }
             },
@@ -218,7 +218,7 @@ impl Limit {
     /// A concurrency limit's request carries a fresh lease id: each check takes its own lease.
     pub fn bucket(&self, key: String, index: usize, numbers: Numbers, cost: u64) -> BucketRequest {
         let meter = match self.meter {
-            Meter::Lease(lease) => Meter::Lease(Lease {
+            Meter::Concurrency(lease) => Meter::Concurrency(Lease {
                 id: fresh_lease_id(),
                 ..lease
             }),

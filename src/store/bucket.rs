@@ -70,7 +70,7 @@ impl Bucket {
                 let (_, end) = period.bounds((self.ts_us / MICROS) as i64);
                 u64::try_from(end).unwrap_or(0) * MICROS
             }
-            Meter::Lease(lease) => self.ts_us.saturating_add(lease.ttl_ms * 1000),
+            Meter::Concurrency(lease) => self.ts_us.saturating_add(lease.ttl_ms * 1000),
         }
     }
 
@@ -165,7 +165,7 @@ fn find(request: &BucketRequest, stored: Option<Bucket>, now_us: u64) -> (Bucket
             };
             (outcome, 0)
         }
-        Meter::Lease(lease) => {
+        Meter::Concurrency(lease) => {
             let tokens = lease_level(stored, request.burst);
             let outcome = BucketOutcome {
                 tokens,
@@ -229,7 +229,7 @@ pub fn decide(
                     });
                 }
                 // The store adds the lease to its set itself (it knows the lease's id).
-                Meter::Lease(_) => outcome.tokens -= count_f64(request.cost),
+                Meter::Concurrency(_) => outcome.tokens -= count_f64(request.cost),
             }
         }
         outcomes.push(outcome);
@@ -269,7 +269,7 @@ pub fn report(charge: &ReportCharge, state: &mut Option<Bucket>, now_us: u64) ->
             }
         }
         // Never reported (a concurrency limit is charged by /check only): nothing changes.
-        Meter::Lease(lease) => {
+        Meter::Concurrency(lease) => {
             let tokens = lease_level(*state, request.burst);
             BucketOutcome {
                 tokens,

@@ -5,7 +5,8 @@
 
 use crate::base::calendar::Period;
 
-/// What a store key counts.
+/// What a store key counts. Each kind is named as a limit's config names it: `rate` and
+/// `burst` make a `Bucket`, then `quota`, `concurrency`, `reserve` and `borrow`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Meter {
     /// A token bucket: `rate` per second, capacity `burst`.
@@ -15,7 +16,7 @@ pub enum Meter {
     Quota(Period),
     /// At most `burst` leases held at once (`rate` is unused, the cost is one lease): a set
     /// of lease ids, each expiring `ttl_ms` after it was taken unless released before.
-    Lease(Lease),
+    Concurrency(Lease),
     /// A token bucket (as [`Meter::Bucket`]) whose charge is held as a reservation: the check
     /// charges the estimate (`cost`) and records it under `id` beside the bucket, so that
     /// [`Store::settle`](super::Store::settle) can replace it with the actual cost, once.
@@ -66,7 +67,9 @@ impl Meter {
         match self {
             Meter::Bucket => ScriptArg::Number(rate),
             Meter::Quota(period) => ScriptArg::Code(period.code()),
-            Meter::Lease(lease) => ScriptArg::Text(format!("L{}:{}", lease.ttl_ms, lease.member())),
+            Meter::Concurrency(lease) => {
+                ScriptArg::Text(format!("L{}:{}", lease.ttl_ms, lease.member()))
+            }
             Meter::Reserve(reserve) => ScriptArg::Text(format!(
                 "R{}:{:032x}:{}:{}",
                 reserve.ttl_ms,
@@ -101,7 +104,7 @@ impl Meter {
             Meter::Bucket => ScriptArg::Text(rate.to_string()),
             Meter::Borrow(_) => ScriptArg::Text(format!("B{rate}")),
             Meter::Quota(period) => ScriptArg::Code(period.code()),
-            Meter::Lease(_) => ScriptArg::Code("L"),
+            Meter::Concurrency(_) => ScriptArg::Code("L"),
             Meter::Reserve(reserve) => {
                 ScriptArg::Text(format!("R{}{}", reserve.expiry_code(), rate))
             }
@@ -114,7 +117,7 @@ impl Meter {
     pub fn level_scale(&self) -> f64 {
         match self {
             Meter::Bucket | Meter::Reserve(_) | Meter::Borrow(_) => 1_000_000.0,
-            Meter::Quota(_) | Meter::Lease(_) => 1.0,
+            Meter::Quota(_) | Meter::Concurrency(_) => 1.0,
         }
     }
 
@@ -124,7 +127,7 @@ impl Meter {
     pub fn read_window(&self, mut numbers: impl FnMut() -> Option<u64>) -> Option<Option<Window>> {
         match self {
             Meter::Bucket | Meter::Reserve(_) | Meter::Borrow(_) => Some(None),
-            Meter::Lease(lease) => Some(Some(lease.window())),
+            Meter::Concurrency(lease) => Some(Some(lease.window())),
             Meter::Quota(_) => {
                 let ends_in_s = numbers()?;
                 let length_s = numbers()?;
@@ -229,7 +232,7 @@ mod tests {
             (ScriptArg::Code("d"), ScriptArg::Code("d"))
         );
         assert_eq!(
-            spelled(Meter::Lease(lease)),
+            spelled(Meter::Concurrency(lease)),
             (
                 ScriptArg::Text(format!("L30000:{:032x}", 0xab)),
                 ScriptArg::Code("L")
@@ -270,7 +273,7 @@ mod tests {
             id: 0,
         };
         assert_eq!(
-            Meter::Lease(lease).read_window(|| None),
+            Meter::Concurrency(lease).read_window(|| None),
             Some(Some(Window {
                 ends_in_s: 1,
                 length_s: 2

@@ -109,7 +109,7 @@ pub fn checked_meter(config: &LimitConfig, at: &str) -> Result<(f64, Meter), Con
         ));
     }
     if config.concurrency.is_some() {
-        return Ok((0.0, Meter::Lease(checked_concurrency(config, at)?)));
+        return Ok((0.0, Meter::Concurrency(checked_concurrency(config, at)?)));
     }
     let (rate, meter) = if config.quota.is_some() || config.period.is_some() {
         (0.0, Meter::Quota(checked_quota(config, at)?))

@@ -174,7 +174,7 @@ fn parse_peek(
             let (tokens, held) = number().zip(number()).ok_or_else(malformed)?;
             Some(Reserved { tokens, held })
         }
-        Meter::Bucket | Meter::Quota(_) | Meter::Lease(_) => None,
+        Meter::Bucket | Meter::Quota(_) | Meter::Concurrency(_) => None,
     };
     let window = request.meter.read_window(number).ok_or_else(malformed)?;
     if fields.next().is_some() {
