@@ -8,7 +8,7 @@ use actix_web::http::header::HeaderName;
 
 use crate::config::HeaderFamily;
 use crate::limiter::decision::{Decision, LimitState};
-use crate::policy::{limits, Policy};
+use crate::policy::{limit, Policy};
 use crate::store::Meter;
 
 const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
@@ -124,7 +124,7 @@ fn policy_item<'p>(state: &LimitState, policy: &'p Policy) -> Cow<'p, str> {
     if !(state.has_own_numbers(limit) || reported_month) {
         return Cow::Borrowed(&limit.policy_item);
     }
-    Cow::Owned(limits::policy_item(
+    Cow::Owned(limit::policy_item(
         &limit.name,
         state.capacity(),
         state.window_secs(),

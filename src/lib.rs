@@ -31,7 +31,7 @@
 //!   [`store::held`] that of borrowed tokens; [`store::shares`] the RLQS share allocator,
 //!   twin of `lua/shares.lua`.
 //! - [`policy`]: what the operator asked for, compiled into one [`policy::Policy`]:
-//!   [`policy::limits`], [`policy::matcher`], [`policy::exempt`], [`policy::overrides`]
+//!   [`policy::limit`], [`policy::matcher`], [`policy::exempt`], [`policy::overrides`]
 //!   (files), [`policy::runtime_overrides`] (admin API, kept in the store),
 //!   [`policy::descriptors`] (the gRPC service's rules; [`policy::descriptors::erl`]:
 //!   envoyproxy/ratelimit's tree, matched as it matches), [`policy::rlqs`] (which limit and

@@ -5,7 +5,7 @@
 pub mod descriptors;
 pub mod exempt;
 pub mod header_names;
-pub mod limits;
+pub mod limit;
 pub mod matcher;
 pub mod overrides;
 pub mod rlqs;
@@ -22,7 +22,7 @@ use crate::request::{ClientIpPolicy, OriginalRequest};
 use crate::store::{BucketRequest, Meter, Reserve};
 use descriptors::erl::ErlRules;
 use exempt::{ExemptRule, Exemptions};
-use limits::{Limit, LimitInput};
+use limit::{Limit, LimitInput};
 use runtime_overrides::RuntimeOverrides;
 
 /// Everything a check needs that a reload may change.

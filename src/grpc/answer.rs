@@ -15,7 +15,7 @@ use super::plan::Plan;
 use crate::answer::{each_header, Carrier};
 use crate::base::calendar::Period;
 use crate::limiter::decision::{most_restrictive, Decision, LimitState, Verdict};
-use crate::policy::limits::Limit;
+use crate::policy::limit::Limit;
 use crate::policy::Policy;
 use crate::store::Meter;
 

@@ -19,7 +19,7 @@ use super::admin::{self, AdminError, Caller, NamedKey, Operator};
 use crate::base::calendar::Period;
 use crate::base::redact::Salt;
 use crate::limiter::decision::LimitState;
-use crate::policy::limits::Limit;
+use crate::policy::limit::Limit;
 use crate::policy::overrides::Override;
 use crate::policy::Policy;
 use crate::state::AppState;
@@ -241,7 +241,7 @@ fn shares_view(
     now_us: u64,
     holders: &[(String, crate::store::shares::Holding)],
 ) -> serde_json::Value {
-    let fill = crate::limiter::shares::units(&crate::policy::limits::Numbers {
+    let fill = crate::limiter::shares::units(&crate::policy::limit::Numbers {
         rate: bucket.rate,
         burst: 0,
         overridden: false,

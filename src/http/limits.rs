@@ -12,7 +12,7 @@ use crate::base::calendar::Period;
 use crate::base::redact::Salt;
 use crate::config::{Charge, OnMissing};
 use crate::policy::exempt::ExemptRule;
-use crate::policy::limits::Limit;
+use crate::policy::limit::Limit;
 use crate::policy::matcher::Matcher;
 use crate::policy::Policy;
 use crate::state::AppState;

@@ -14,7 +14,7 @@ use serde_json::{json, Map, Value};
 use super::admin::{find_limit, AdminError, Caller, NamedKey, Operator};
 use crate::base::redact::Salt;
 use crate::config::{OverrideConfig, RateSpec};
-use crate::policy::limits::Limit;
+use crate::policy::limit::Limit;
 use crate::policy::overrides;
 use crate::policy::runtime_overrides::sync::{self, WriteError};
 use crate::policy::runtime_overrides::{Entry, MAX_TTL_S};

@@ -2,7 +2,7 @@
 //! is left. Everything the response headers need is derived here; only `http::response` turns
 //! it into bytes.
 use crate::observe::trace::{Decision as TracedDecision, Outcome};
-use crate::policy::limits::Limit;
+use crate::policy::limit::Limit;
 use crate::policy::Policy;
 use crate::store::Window;
 

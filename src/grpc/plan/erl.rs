@@ -11,7 +11,7 @@ use crate::base::rate::count_f64;
 use crate::config::erl::UNITS;
 use crate::config::OVER_COST;
 use crate::policy::descriptors::erl::{ErlRules, Kind, Rule};
-use crate::policy::limits::Numbers;
+use crate::policy::limit::Numbers;
 use crate::policy::Policy;
 use crate::store::{BucketRequest, Meter};
 
