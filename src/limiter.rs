@@ -24,7 +24,7 @@ use crate::observe::top;
 use crate::policy::Policy;
 use crate::request::OriginalRequest;
 use crate::store::memory::MemoryStore;
-use crate::store::{BucketRequest, Meter, Store, StoreDecision, StoreError};
+use crate::store::{BucketOutcome, BucketRequest, Meter, Store, StoreDecision, StoreError};
 
 pub struct Limiter<S: Store> {
     store: S,
@@ -312,15 +312,12 @@ impl<S: Store> Limiter<S> {
             .map(|(bucket, &tokens)| {
                 policy.limits[bucket.limit].counters.allowed.inc();
                 self.metrics.borrow.used.inc_by(bucket.cost);
-                LimitState {
-                    limit: bucket.limit,
-                    cost: bucket.cost,
-                    rate: bucket.rate,
-                    burst: bucket.burst,
+                let paid = BucketOutcome {
                     tokens,
                     enough: true,
                     window: None,
-                }
+                };
+                LimitState::of(bucket, &paid)
             })
             .collect();
         Decision {
@@ -391,15 +388,12 @@ impl<S: Store> Limiter<S> {
             .enumerate()
             .map(|(index, bucket)| {
                 let denied = index == denial.bucket;
-                let state = LimitState {
-                    limit: bucket.limit,
-                    cost: bucket.cost,
-                    rate: bucket.rate,
-                    burst: bucket.burst,
+                let cached = BucketOutcome {
                     tokens: if denied { denial.tokens } else { bucket.burst },
                     enough: !denied,
                     window: None,
                 };
+                let state = LimitState::of(bucket, &cached);
                 if denied {
                     self.count_denial(policy, bucket, &state);
                 }
@@ -476,15 +470,7 @@ impl<S: Store> Limiter<S> {
             .zip(&decided.buckets)
             .map(|(bucket, outcome)| {
                 let limit = &policy.limits[bucket.limit];
-                let state = LimitState {
-                    limit: bucket.limit,
-                    cost: bucket.cost,
-                    rate: bucket.rate,
-                    burst: bucket.burst,
-                    tokens: outcome.tokens,
-                    enough: outcome.enough,
-                    window: outcome.window,
-                };
+                let state = LimitState::of(bucket, outcome);
                 match (outcome.enough, limit.shadow) {
                     (true, _) => limit.counters.allowed.inc(),
                     (false, true) => limit.counters.shadow_denied.inc(),

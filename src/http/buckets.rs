@@ -155,15 +155,7 @@ fn peek_state(
     reserved: Option<Reserved>,
     borrowed_here: u64,
 ) -> PeekState {
-    let state = LimitState {
-        limit: bucket.limit,
-        cost: bucket.cost,
-        rate: bucket.rate,
-        burst: bucket.burst,
-        tokens: outcome.tokens,
-        enough: outcome.enough,
-        window: outcome.window,
-    };
+    let state = LimitState::of(bucket, outcome);
     match bucket.meter {
         Meter::Borrow(_) => PeekState::Borrowing {
             tokens: outcome.tokens,
