@@ -174,6 +174,13 @@ impl BucketRequest {
         self.limit = limit;
         self
     }
+
+    /// A token bucket this instance borrows from as `borrow` says ([`Meter::Borrow`]).
+    #[must_use]
+    pub fn borrowing(mut self, borrow: Borrow) -> BucketRequest {
+        self.meter = Meter::Borrow(borrow);
+        self
+    }
 }
 
 /// A charge known after the response (`POST /report`): always applied. A bucket goes at most

@@ -119,25 +119,36 @@ impl Limit {
     ///
     /// A concurrency limit's request carries a fresh lease id: each check takes its own lease.
     pub fn bucket(&self, key: String, index: usize, numbers: Numbers, cost: u64) -> BucketRequest {
-        let meter = match self.meter {
-            Meter::Concurrency(lease) => Meter::Concurrency(Lease {
-                id: fresh_lease_id(),
-                ..lease
-            }),
-            Meter::Reserve(reserve) => Meter::Reserve(Reserve {
-                id: fresh_lease_id(),
-                ..reserve
-            }),
-            other => other,
-        };
-        BucketRequest {
-            key,
-            rate: numbers.rate,
-            burst: count_f64(numbers.burst),
-            cost,
-            shadow: self.shadow,
-            limit: index,
-            meter,
+        let (rate, burst) = (numbers.rate, count_f64(numbers.burst));
+        let request = match self.meter {
+            Meter::Bucket => BucketRequest::bucket(key, rate, burst),
+            // A quota's and a concurrency limit's rate is 0, overridden or not.
+            Meter::Quota(period) => BucketRequest::quota(key, period, numbers.burst),
+            Meter::Concurrency(lease) => BucketRequest::lease(
+                key,
+                numbers.burst,
+                Lease {
+                    id: fresh_lease_id(),
+                    ..lease
+                },
+            ),
+            Meter::Reserve(reserve) => BucketRequest::reserve(
+                key,
+                rate,
+                burst,
+                Reserve {
+                    id: fresh_lease_id(),
+                    ..reserve
+                },
+            ),
+            Meter::Borrow(borrow) => BucketRequest::bucket(key, rate, burst).borrowing(borrow),
+        }
+        .cost(cost)
+        .limit(index);
+        if self.shadow {
+            request.shadow()
+        } else {
+            request
         }
     }
 

@@ -358,15 +358,7 @@ mod tests {
     use super::*;
 
     fn request(rate: f64, burst: f64, cost: u64) -> BucketRequest {
-        BucketRequest {
-            key: "k".into(),
-            rate,
-            burst,
-            cost,
-            shadow: false,
-            limit: 0,
-            meter: Meter::Bucket,
-        }
+        BucketRequest::bucket("k", rate, burst).cost(cost)
     }
 
     const SECOND: u64 = 1_000_000;
@@ -547,15 +539,7 @@ mod debt_tests {
     use super::*;
 
     fn request(rate: f64, burst: f64, cost: u64) -> BucketRequest {
-        BucketRequest {
-            key: "k".into(),
-            rate,
-            burst,
-            cost,
-            shadow: false,
-            limit: 0,
-            meter: Meter::Bucket,
-        }
+        BucketRequest::bucket("k", rate, burst).cost(cost)
     }
 
     #[test]

@@ -195,13 +195,8 @@ mod tests {
 
     fn request(meter: Meter) -> BucketRequest {
         BucketRequest {
-            key: "tg:l:{k}".into(),
-            rate: 1.0,
-            burst: 5.0,
-            cost: 1,
-            shadow: false,
-            limit: 0,
             meter,
+            ..BucketRequest::bucket("tg:l:{k}", 1.0, 5.0)
         }
     }
 

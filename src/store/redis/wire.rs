@@ -206,15 +206,7 @@ mod tests {
     use super::*;
 
     fn one_bucket() -> BucketRequest {
-        BucketRequest {
-            key: "k".into(),
-            rate: 1.0,
-            burst: 5.0,
-            cost: 1,
-            shadow: false,
-            limit: 0,
-            meter: Meter::Bucket,
-        }
+        BucketRequest::bucket("k", 1.0, 5.0)
     }
 
     #[test]
