@@ -11,16 +11,8 @@ use tollgate::store::memory::MemoryStore;
 use tollgate::store::BucketRequest;
 
 fn request(key: &str) -> BucketRequest {
-    BucketRequest {
-        key: key.into(),
-        // Never runs dry: the benchmark measures the decision, not denials.
-        rate: 1e12,
-        burst: 1e12,
-        cost: 1,
-        shadow: false,
-        limit: 0,
-        meter: Default::default(),
-    }
+    // Never runs dry: the benchmark measures the decision, not denials.
+    BucketRequest::bucket(key, 1e12, 1e12)
 }
 
 /// `iters` decisions on each of `threads` threads, each on its own existing key.

@@ -13,6 +13,7 @@ use tollgate::limiter::decision::{Decision, LimitState, Verdict};
 use tollgate::observe::metrics::Metrics;
 use tollgate::policy::Policy;
 use tollgate::request::OriginalRequest;
+use tollgate::store::BucketOutcome;
 
 const LIMIT: &str =
     "[[limits]]\nname = \"per-key\"\nrate = 100\nburst = 1000\nkey = [\"header:x-api-key\"]\n";
@@ -45,14 +46,13 @@ fn check(policy: &Policy, map: &HeaderMap) -> usize {
         allowed: true,
         limits: buckets
             .iter()
-            .map(|b| LimitState {
-                limit: b.limit,
-                cost: b.cost,
-                rate: b.rate,
-                burst: b.burst,
-                tokens: b.burst - 1.0,
-                enough: true,
-                window: None,
+            .map(|b| {
+                let paid = BucketOutcome {
+                    tokens: b.burst - 1.0,
+                    enough: true,
+                    window: None,
+                };
+                LimitState::of(b, &paid)
             })
             .collect(),
         degraded: false,

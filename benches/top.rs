@@ -10,16 +10,8 @@ use tollgate::store::memory::MemoryStore;
 use tollgate::store::BucketRequest;
 
 fn denied_request(key: &str) -> [BucketRequest; 1] {
-    [BucketRequest {
-        key: key.into(),
-        // Drained after the first call: every later decision is a denial.
-        rate: 1e-6,
-        burst: 1.0,
-        cost: 1,
-        shadow: false,
-        limit: 0,
-        meter: Default::default(),
-    }]
+    // Drained after the first call: every later decision is a denial.
+    [BucketRequest::bucket(key, 1e-6, 1.0)]
 }
 
 fn bench(c: &mut Criterion) {

@@ -1,14 +1,14 @@
-//! What an answer says, whatever protocol carries it: the quota headers of the configured
-//! families and `Retry-After`, rendered once for `/check` (HTTP) and for the gRPC service's
-//! `response_headers_to_add`.
+//! What an answer says, whatever protocol carries it: whether and why the request is refused
+//! ([`Refusal`]), and the quota headers of the configured families and `Retry-After`, rendered
+//! once for `/check` (HTTP) and for the gRPC service's `response_headers_to_add`.
 
 use std::borrow::Cow;
 
 use actix_web::http::header::HeaderName;
 
 use crate::config::HeaderFamily;
-use crate::limiter::decision::{Decision, LimitState};
-use crate::policy::{limits, Policy};
+use crate::limiter::decision::{Decision, LimitState, Verdict};
+use crate::policy::{limit, Policy};
 use crate::store::Meter;
 
 const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
@@ -17,6 +17,50 @@ const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit
 const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
 const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 const RETRY_AFTER: HeaderName = actix_web::http::header::RETRY_AFTER;
+
+/// Why a request is refused, whatever protocol answers. Each protocol maps a kind onto its own
+/// form: HTTP a status (`response.deny_status`, or 503 when the store failed) and a problem
+/// body, gRPC `OVER_LIMIT`; both send the `Retry-After` it gives.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Refusal<'v> {
+    /// Limits denied it; the decision says which and for how long.
+    OverLimit(&'v Decision),
+    /// The key of limit `limit` (its index in the policy) is missing, and the limit says
+    /// `on_missing = "deny"`.
+    MissingKey { limit: usize },
+    /// The store failed and `on_error = "deny"`: the service is unavailable for a moment.
+    StoreFailed,
+}
+
+/// How long a client refused because the store failed is asked to wait: the breaker tries the
+/// store again within a second.
+pub const STORE_FAILED_RETRY_AFTER_S: u64 = 1;
+
+impl<'v> Refusal<'v> {
+    /// The refusal `verdict` is, or `None` when it admits the request (a shadow limit's denial
+    /// admits: the decision's `allowed` says).
+    pub fn of(verdict: &'v Verdict) -> Option<Refusal<'v>> {
+        match verdict {
+            Verdict::Unlimited | Verdict::Exempt | Verdict::StoreFailed { allow: true } => None,
+            Verdict::Decided(decision) => {
+                (!decision.allowed).then_some(Refusal::OverLimit(decision))
+            }
+            Verdict::MissingKey { limit } => Some(Refusal::MissingKey { limit: *limit }),
+            Verdict::StoreFailed { allow: false } => Some(Refusal::StoreFailed),
+        }
+    }
+
+    /// `Retry-After` in seconds: a denial's longest wait among its denying limits (none when
+    /// one of them can never pass), none for a missing key (waiting does not bring it),
+    /// [`STORE_FAILED_RETRY_AFTER_S`] when the store failed.
+    pub fn retry_after(self, policy: &Policy) -> Option<u64> {
+        match self {
+            Refusal::OverLimit(decision) => decision.retry_after(policy),
+            Refusal::MissingKey { .. } => None,
+            Refusal::StoreFailed => Some(STORE_FAILED_RETRY_AFTER_S),
+        }
+    }
+}
 
 /// A header value: a number, or text built for this answer.
 pub enum QuotaValue {
@@ -124,7 +168,7 @@ fn policy_item<'p>(state: &LimitState, policy: &'p Policy) -> Cow<'p, str> {
     if !(state.has_own_numbers(limit) || reported_month) {
         return Cow::Borrowed(&limit.policy_item);
     }
-    Cow::Owned(limits::policy_item(
+    Cow::Owned(limit::policy_item(
         &limit.name,
         state.capacity(),
         state.window_secs(),

@@ -17,7 +17,7 @@
 //! - `rlqs`: `[rlqs]`, Envoy's quota service and its bucket rules.
 //!
 //! Limits and exemptions are checked once, where they are built from their tables
-//! (`crate::policy::limits`, `crate::policy::exempt`).
+//! (`crate::policy::limit`, `crate::policy::exempt`).
 
 pub mod erl;
 pub mod erl_metrics;

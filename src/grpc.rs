@@ -22,6 +22,7 @@ pub use plan::{MAX_DESCRIPTORS, MAX_ENTRIES};
 pub use service::RateLimitService;
 
 use crate::limiter::decision::Verdict;
+use crate::limiter::CacheMay;
 use crate::observe::trace::{attribute, Decision, Span};
 use crate::state::AppState;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
@@ -36,13 +37,9 @@ impl ShouldRateLimit {
         ShouldRateLimit { state }
     }
 
-    /// Decides one request: the plan, then one store call for all its buckets.
-    pub async fn decide(&self, request: &RateLimitRequest) -> Result<RateLimitResponse, Status> {
-        self.decide_traced(request, None).await
-    }
-
-    /// [`ShouldRateLimit::decide`], the decision also set on `span`.
-    pub async fn decide_traced(
+    /// Decides one request: the plan, then one store call for all its buckets; the decision
+    /// also set on `span`, when the call is traced.
+    pub async fn decide(
         &self,
         request: &RateLimitRequest,
         span: Option<&mut Span>,
@@ -70,9 +67,9 @@ impl ShouldRateLimit {
             None => {
                 self.state
                     .limiter
-                    .decide_showing_all(&policy, &plan.buckets)
+                    .decide(&policy, &plan.buckets, CacheMay::AnswerAlone)
                     .await
-                    .0
+                    .verdict
             }
         };
         if let Some(stats) = erl_stats {

@@ -27,11 +27,13 @@
 //!   decision's span: the caller's trace context, sampling, the OTLP exporter).
 //! - [`store`]: the [`store::Store`] trait; [`store::memory`] (sharded, bounded) and
 //!   [`store::redis`] (Lua via `EVALSHA`, deadlines, circuit breaker, coalescing; one node,
-//!   Cluster or Sentinel); [`store::bucket`] is the arithmetic twin of the Lua scripts,
+//!   Cluster or Sentinel); [`store::meter`] (what a key counts, and how each kind is spelled
+//!   to the scripts and read back); [`store::bucket`] is the arithmetic twin of the Lua scripts,
 //!   [`store::held`] that of borrowed tokens; [`store::shares`] the RLQS share allocator,
 //!   twin of `lua/shares.lua`.
 //! - [`policy`]: what the operator asked for, compiled into one [`policy::Policy`]:
-//!   [`policy::limits`], [`policy::matcher`], [`policy::exempt`], [`policy::overrides`]
+//!   [`policy::limit`] (a limit as it runs; `limit/build`: built from its config and
+//!   checked), [`policy::matcher`], [`policy::exempt`], [`policy::overrides`]
 //!   (files), [`policy::runtime_overrides`] (admin API, kept in the store),
 //!   [`policy::descriptors`] (the gRPC service's rules; [`policy::descriptors::erl`]:
 //!   envoyproxy/ratelimit's tree, matched as it matches), [`policy::rlqs`] (which limit and
@@ -41,7 +43,8 @@
 //!   from without a store call), [`limiter::decision`] (the verdict as a value),
 //!   [`limiter::report`] (charges known after the response), [`limiter::shares`] (a key's
 //!   numbers as the units of its RLQS pool, a grant as Envoy's token bucket).
-//! - [`answer`]: what an answer says whatever protocol carries it (the quota headers).
+//! - [`answer`]: what an answer says whatever protocol carries it (a refusal and why, the
+//!   quota headers).
 //! - [`state`]: what every handler shares (config, store, limiter, metrics), swapped whole
 //!   on reload.
 //! - [`http`] and [`grpc`]: the protocols: `/check`, probes, metrics and the admin API;

@@ -24,7 +24,7 @@ use crate::observe::top;
 use crate::policy::Policy;
 use crate::request::OriginalRequest;
 use crate::store::memory::MemoryStore;
-use crate::store::{BucketRequest, Meter, Store, StoreDecision, StoreError};
+use crate::store::{BucketOutcome, BucketRequest, Meter, Store, StoreDecision, StoreError};
 
 pub struct Limiter<S: Store> {
     store: S,
@@ -43,7 +43,34 @@ pub struct Limiter<S: Store> {
     metrics: Metrics,
 }
 
-/// Who decided a check; tests use it to prove the deny cache exact.
+/// What a check or a decision came to, and who decided it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outcome {
+    pub verdict: Verdict,
+    /// Who decided; tests use it to prove the deny cache exact.
+    pub by: DecidedBy,
+}
+
+impl Outcome {
+    fn new(verdict: Verdict, by: DecidedBy) -> Outcome {
+        Outcome { verdict, by }
+    }
+}
+
+/// When the deny cache may answer a decision in place of the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheMay {
+    /// Whatever the request (`/check`): a cached denial carries the denying bucket's level
+    /// and reports the others able to pay, which the headers of a denial never show.
+    Answer,
+    /// Only a request of one bucket. For a caller that shows every bucket's level (the gRPC
+    /// answer reports each descriptor's `limit_remaining`): the cache knows only the denying
+    /// bucket, so a request of several goes to the store and a denial reports what the others
+    /// really hold.
+    AnswerAlone,
+}
+
+/// Who decided a check.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DecidedBy {
     /// No store call was needed (exempt, no limit applies, or a key is missing).
@@ -158,68 +185,46 @@ impl<S: Store> Limiter<S> {
         self.instances.load(Ordering::Relaxed)
     }
 
-    pub async fn check(&self, policy: &Policy, request: &OriginalRequest<'_>) -> Verdict {
-        self.check_traced(policy, request).await.0
-    }
-
-    /// [`Limiter::check`], also saying who decided.
-    pub async fn check_traced(
-        &self,
-        policy: &Policy,
-        request: &OriginalRequest<'_>,
-    ) -> (Verdict, DecidedBy) {
+    /// Decides one `/check` request: exemptions, the applicable limits, then [`Limiter::decide`]
+    /// with the deny cache free to answer.
+    pub async fn check(&self, policy: &Policy, request: &OriginalRequest<'_>) -> Outcome {
         if let Some(rule) = policy.exempt(request) {
             rule.counter.inc();
             self.metrics.checks.exempt.inc();
-            return (Verdict::Exempt, DecidedBy::Policy);
+            return Outcome::new(Verdict::Exempt, DecidedBy::Policy);
         }
         let buckets = match policy.applicable(request) {
             Ok(buckets) => buckets,
             Err(limit) => {
                 self.metrics.checks.denied.inc();
-                return (Verdict::MissingKey { limit }, DecidedBy::Policy);
+                return Outcome::new(Verdict::MissingKey { limit }, DecidedBy::Policy);
             }
         };
-        self.decide_traced(policy, &buckets).await
+        self.decide(policy, &buckets, CacheMay::Answer).await
     }
 
-    /// Decides buckets that the caller found applicable (the gRPC path builds them from
-    /// descriptors): deny cache, one atomic store call, `on_error`, exactly as for `/check`.
-    pub async fn decide_traced(
+    /// Decides buckets that the caller found applicable (`/check` through [`Limiter::check`];
+    /// the gRPC path builds them from descriptors): borrowed slices, the deny cache as `cache`
+    /// allows, one atomic store call, `on_error`.
+    pub async fn decide(
         &self,
         policy: &Policy,
         buckets: &[BucketRequest],
-    ) -> (Verdict, DecidedBy) {
-        self.decide_with(policy, buckets, true).await
-    }
-
-    /// [`Limiter::decide_traced`] for a caller that shows every bucket's level (the gRPC
-    /// answer reports each descriptor's `limit_remaining`): the deny cache, which knows only
-    /// the denying bucket, answers only a request of one bucket; any other goes to the store,
-    /// so a denied request reports what the other buckets really hold.
-    pub async fn decide_showing_all(
-        &self,
-        policy: &Policy,
-        buckets: &[BucketRequest],
-    ) -> (Verdict, DecidedBy) {
-        self.decide_with(policy, buckets, buckets.len() <= 1).await
-    }
-
-    async fn decide_with(
-        &self,
-        policy: &Policy,
-        buckets: &[BucketRequest],
-        cache_answers: bool,
-    ) -> (Verdict, DecidedBy) {
+        cache: CacheMay,
+    ) -> Outcome {
+        let cache_answers = match cache {
+            CacheMay::Answer => true,
+            CacheMay::AnswerAlone => buckets.len() <= 1,
+        };
         if buckets.is_empty() {
             self.metrics.checks.allowed.inc();
-            return (Verdict::Unlimited, DecidedBy::Policy);
+            return Outcome::new(Verdict::Unlimited, DecidedBy::Policy);
         }
         let lends = self.lends(policy, buckets);
         if let (Some(lender), Some(lends)) = (&self.lender, &lends) {
             if let Some(left) = lender.serve_all(buckets, lends) {
                 let decision = self.record_borrowed(policy, buckets, &left);
-                return (Verdict::Decided(decision), DecidedBy::Borrowed);
+                return Outcome::new(Verdict::Decided(decision), DecidedBy::Borrowed);
             }
         }
         let asked = if cache_answers {
@@ -231,7 +236,7 @@ impl<S: Store> Limiter<S> {
             Ok(asked) => asked,
             Err(denial) => {
                 let decision = self.record_cached_denial(policy, buckets, denial);
-                return (Verdict::Decided(decision), DecidedBy::DenyCache);
+                return Outcome::new(Verdict::Decided(decision), DecidedBy::DenyCache);
             }
         };
         // The store's full timeout, even after waiting for a probe (see `deny_cache`); bounded
@@ -270,10 +275,10 @@ impl<S: Store> Limiter<S> {
                     probe.learn(&decided.buckets);
                 }
                 let decision = self.record(policy, buckets, decided, false);
-                (Verdict::Decided(decision), DecidedBy::Store)
+                Outcome::new(Verdict::Decided(decision), DecidedBy::Store)
             }
             // The probe, if any, is dropped unanswered: abandoned, its waiters woken.
-            Err(error) => (
+            Err(error) => Outcome::new(
                 self.on_store_error(policy, buckets, &error),
                 DecidedBy::OnError,
             ),
@@ -312,15 +317,12 @@ impl<S: Store> Limiter<S> {
             .map(|(bucket, &tokens)| {
                 policy.limits[bucket.limit].counters.allowed.inc();
                 self.metrics.borrow.used.inc_by(bucket.cost);
-                LimitState {
-                    limit: bucket.limit,
-                    cost: bucket.cost,
-                    rate: bucket.rate,
-                    burst: bucket.burst,
+                let paid = BucketOutcome {
                     tokens,
                     enough: true,
                     window: None,
-                }
+                };
+                LimitState::of(bucket, &paid)
             })
             .collect();
         Decision {
@@ -391,15 +393,12 @@ impl<S: Store> Limiter<S> {
             .enumerate()
             .map(|(index, bucket)| {
                 let denied = index == denial.bucket;
-                let state = LimitState {
-                    limit: bucket.limit,
-                    cost: bucket.cost,
-                    rate: bucket.rate,
-                    burst: bucket.burst,
+                let cached = BucketOutcome {
                     tokens: if denied { denial.tokens } else { bucket.burst },
                     enough: !denied,
                     window: None,
                 };
+                let state = LimitState::of(bucket, &cached);
                 if denied {
                     self.count_denial(policy, bucket, &state);
                 }
@@ -476,15 +475,7 @@ impl<S: Store> Limiter<S> {
             .zip(&decided.buckets)
             .map(|(bucket, outcome)| {
                 let limit = &policy.limits[bucket.limit];
-                let state = LimitState {
-                    limit: bucket.limit,
-                    cost: bucket.cost,
-                    rate: bucket.rate,
-                    burst: bucket.burst,
-                    tokens: outcome.tokens,
-                    enough: outcome.enough,
-                    window: outcome.window,
-                };
+                let state = LimitState::of(bucket, outcome);
                 match (outcome.enough, limit.shadow) {
                     (true, _) => limit.counters.allowed.inc(),
                     (false, true) => limit.counters.shadow_denied.inc(),
@@ -498,7 +489,7 @@ impl<S: Store> Limiter<S> {
             for (bucket, outcome) in buckets.iter().zip(&decided.buckets) {
                 let limit = &policy.limits[bucket.limit];
                 match bucket.meter {
-                    Meter::Lease(lease) if outcome.enough => {
+                    Meter::Concurrency(lease) if outcome.enough => {
                         limit.counters.leases_taken.inc();
                         leases.push(limit.lease_id(&policy.key_prefix, &bucket.key, lease));
                     }

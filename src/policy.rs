@@ -5,7 +5,7 @@
 pub mod descriptors;
 pub mod exempt;
 pub mod header_names;
-pub mod limits;
+pub mod limit;
 pub mod matcher;
 pub mod overrides;
 pub mod rlqs;
@@ -22,7 +22,7 @@ use crate::request::{ClientIpPolicy, OriginalRequest};
 use crate::store::{BucketRequest, Meter, Reserve};
 use descriptors::erl::ErlRules;
 use exempt::{ExemptRule, Exemptions};
-use limits::{Limit, LimitInput};
+use limit::{Limit, LimitInput};
 use runtime_overrides::RuntimeOverrides;
 
 /// Everything a check needs that a reload may change.
@@ -180,7 +180,7 @@ impl Policy {
         let (limit, tail, member) = self.held_parts(
             id,
             "a lease id (<limit>.<key>.<id>, as X-Tollgate-Lease gives it)",
-            |meter| matches!(meter, Meter::Lease(_)),
+            |meter| matches!(meter, Meter::Concurrency(_)),
             "is not a concurrency limit",
         )?;
         if member.len() != 32 || !member.bytes().all(|b| b.is_ascii_hexdigit()) {

@@ -11,6 +11,7 @@
 pub mod breaker;
 pub mod bucket;
 pub mod held;
+pub mod meter;
 
 pub mod memory;
 pub mod redis;
@@ -21,45 +22,7 @@ use std::future::Future;
 use crate::base::calendar::Period;
 use crate::base::rate::count_f64;
 
-/// What a store key counts.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum Meter {
-    /// A token bucket: `rate` per second, capacity `burst`.
-    #[default]
-    Bucket,
-    /// At most `burst` per calendar period (UTC on the store's clock); `rate` is unused.
-    Quota(Period),
-    /// At most `burst` leases held at once (`rate` is unused, the cost is one lease): a set
-    /// of lease ids, each expiring `ttl_ms` after it was taken unless released before.
-    Lease(Lease),
-    /// A token bucket (as [`Meter::Bucket`]) whose charge is held as a reservation: the check
-    /// charges the estimate (`cost`) and records it under `id` beside the bucket, so that
-    /// [`Store::settle`] can replace it with the actual cost, once.
-    Reserve(Reserve),
-    /// A token bucket (as [`Meter::Bucket`]) from which the instance borrows: the check may
-    /// give back a slice and take a new one beside its own cost (`docs/DESIGN.md`).
-    Borrow(Borrow),
-}
-
-/// What a borrowing check asks of its bucket besides its cost.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Borrow {
-    /// The horizon: slices end on a grid of this many µs of the store's clock (> 0).
-    pub grid_us: u64,
-    /// Whole tokens to take beyond the cost, at most (the store grants at most half of what
-    /// is left after the cost).
-    pub want: u64,
-    /// A slice given back first, whatever the decision.
-    pub give: Option<GiveBack>,
-}
-
-/// A slice an instance returns: its group (deadline), what it took and what it did not use.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct GiveBack {
-    pub deadline_us: u64,
-    pub taken: u64,
-    pub unused: u64,
-}
+pub use meter::{Borrow, GiveBack, Lease, Meter, Reserve, Window};
 
 /// A slice a check took: `tokens` whole tokens held until `deadline_us` of the store's clock,
 /// which read `now_us` when it decided.
@@ -70,25 +33,6 @@ pub struct Slice {
     pub tokens: u64,
     pub deadline_us: u64,
     pub now_us: u64,
-}
-
-/// One reservation a check asks for: its id (unique per check), how long it is held
-/// unsettled, and what happens to its estimate then.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Reserve {
-    pub ttl_ms: u64,
-    pub id: u128,
-    /// An unsettled reservation's estimate is given back when it expires (else it is kept:
-    /// the request is taken to have cost its estimate).
-    pub refund: bool,
-}
-
-impl Reserve {
-    /// The reservation as stored beside its bucket: `<id in 32 hex digits>:<estimate>`. The
-    /// estimate is part of the member, so a settle names exactly what was held.
-    pub fn member(&self, estimate: u64) -> String {
-        format!("{:032x}:{estimate}", self.id)
-    }
 }
 
 /// The key beside bucket `key` holding its RLQS shares (same Cluster slot).
@@ -146,20 +90,6 @@ pub struct Settled {
     pub outcome: BucketOutcome,
 }
 
-/// One lease a check asks for: its id (unique per check), and how long it lives unreleased.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Lease {
-    pub ttl_ms: u64,
-    pub id: u128,
-}
-
-impl Lease {
-    /// The id as stored (a member of the key's set): 32 lower-case hex digits.
-    pub fn member(&self) -> String {
-        format!("{:032x}", self.id)
-    }
-}
-
 /// One bucket to draw from.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BucketRequest {
@@ -205,7 +135,7 @@ impl BucketRequest {
     /// At most `count` leases held at once; this request takes `lease`.
     pub fn lease(key: impl Into<String>, count: u64, lease: Lease) -> BucketRequest {
         BucketRequest {
-            meter: Meter::Lease(lease),
+            meter: Meter::Concurrency(lease),
             ..BucketRequest::bucket(key, 0.0, count_f64(count))
         }
     }
@@ -244,6 +174,13 @@ impl BucketRequest {
         self.limit = limit;
         self
     }
+
+    /// A token bucket this instance borrows from as `borrow` says ([`Meter::Borrow`]).
+    #[must_use]
+    pub fn borrowing(mut self, borrow: Borrow) -> BucketRequest {
+        self.meter = Meter::Borrow(borrow);
+        self
+    }
 }
 
 /// A charge known after the response (`POST /report`): always applied. A bucket goes at most
@@ -253,15 +190,6 @@ pub struct ReportCharge {
     /// `key`, `rate`, `burst`, `meter` and `cost` as for a check; `shadow` is ignored.
     pub bucket: BucketRequest,
     pub max_debt: f64,
-}
-
-/// Where a quota's period stands after a decision.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Window {
-    /// Whole seconds until the period ends (at least 1).
-    pub ends_in_s: u64,
-    /// The period's length in seconds (a month's depends on the month).
-    pub length_s: u64,
 }
 
 /// One bucket after a decision.

@@ -87,6 +87,18 @@ pub fn civil_from_days(days: i64) -> (i64, i64, i64) {
     (year, month, day)
 }
 
+/// Days from 1970-01-01 to a civil date (proleptic Gregorian): the inverse of
+/// [`civil_from_days`].
+pub fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (month + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
 fn days_in_month(year: i64, month: i64) -> i64 {
     match month {
         4 | 6 | 9 | 11 => 30,
@@ -122,6 +134,7 @@ mod tests {
         for day in 0..(400 * 366) {
             assert_eq!(civil_from_days(day), expected, "day {day}");
             let (y, m, d) = expected;
+            assert_eq!(days_from_civil(y, m, d), day, "{expected:?}");
             expected = if d < days_in_month(y, m) {
                 (y, m, d + 1)
             } else if m < 12 {

@@ -12,10 +12,10 @@ use envoy_types::pb::google::protobuf::Duration;
 mod erl;
 
 use super::plan::Plan;
-use crate::answer::{each_header, Carrier};
+use crate::answer::{each_header, Carrier, Refusal};
 use crate::base::calendar::Period;
 use crate::limiter::decision::{most_restrictive, Decision, LimitState, Verdict};
-use crate::policy::limits::Limit;
+use crate::policy::limit::Limit;
 use crate::policy::Policy;
 use crate::store::Meter;
 
@@ -31,17 +31,25 @@ pub fn respond(
             return erl::respond(verdict, plan, policy, request);
         }
     }
-    match verdict {
-        // No exemption applies to descriptors (exemptions describe HTTP requests).
-        Verdict::Unlimited | Verdict::Exempt | Verdict::StoreFailed { allow: true } => {
-            uniform(Code::Ok, descriptors, Vec::new())
+    // Every refusal is OVER_LIMIT; a decision's descriptors each have their own status.
+    match Refusal::of(verdict) {
+        None => match verdict {
+            Verdict::Decided(decision) => decided(decision, plan, policy),
+            // No exemption applies to descriptors (exemptions describe HTTP requests).
+            _ => uniform(Code::Ok, descriptors, Vec::new()),
+        },
+        Some(Refusal::OverLimit(decision)) => decided(decision, plan, policy),
+        Some(refusal @ Refusal::StoreFailed) => {
+            let retry_after = refusal
+                .retry_after(policy)
+                .map(|seconds| header("retry-after", seconds.to_string()));
+            uniform(
+                Code::OverLimit,
+                descriptors,
+                retry_after.into_iter().collect(),
+            )
         }
-        Verdict::StoreFailed { allow: false } => uniform(
-            Code::OverLimit,
-            descriptors,
-            vec![header("retry-after", "1".to_owned())],
-        ),
-        Verdict::MissingKey { .. } => {
+        Some(Refusal::MissingKey { .. }) => {
             let mut response = uniform(Code::Ok, descriptors, Vec::new());
             response.overall_code = Code::OverLimit.into();
             if let Some((index, _)) = plan.missing {
@@ -49,7 +57,6 @@ pub fn respond(
             }
             response
         }
-        Verdict::Decided(decision) => decided(decision, plan, policy),
     }
 }
 

@@ -30,7 +30,7 @@ async fn decide(state: web::Data<AppState>, body: web::Bytes) -> HttpResponse {
     else {
         return HttpResponse::BadRequest().body("Bad Request\n");
     };
-    match ShouldRateLimit::new(state).decide(&request).await {
+    match ShouldRateLimit::new(state).decide(&request, None).await {
         Ok(response) => {
             let mut answer = if response.overall_code == i32::from(Code::OverLimit) {
                 HttpResponse::TooManyRequests()

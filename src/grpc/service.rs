@@ -95,7 +95,7 @@ impl UnaryService<RateLimitRequest> for Call {
         Box::pin(async move {
             let started = Instant::now();
             let mut span = span;
-            let answer = handler.decide_traced(&request, span.as_deref_mut()).await;
+            let answer = handler.decide(&request, span.as_deref_mut()).await;
             if let (Some(tracer), Some(span)) = (&handler.state.tracer, span) {
                 tracer.finish(*span);
             }

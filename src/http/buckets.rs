@@ -19,7 +19,7 @@ use super::admin::{self, AdminError, Caller, NamedKey, Operator};
 use crate::base::calendar::Period;
 use crate::base::redact::Salt;
 use crate::limiter::decision::LimitState;
-use crate::policy::limits::Limit;
+use crate::policy::limit::Limit;
 use crate::policy::overrides::Override;
 use crate::policy::Policy;
 use crate::state::AppState;
@@ -155,15 +155,7 @@ fn peek_state(
     reserved: Option<Reserved>,
     borrowed_here: u64,
 ) -> PeekState {
-    let state = LimitState {
-        limit: bucket.limit,
-        cost: bucket.cost,
-        rate: bucket.rate,
-        burst: bucket.burst,
-        tokens: outcome.tokens,
-        enough: outcome.enough,
-        window: outcome.window,
-    };
+    let state = LimitState::of(bucket, outcome);
     match bucket.meter {
         Meter::Borrow(_) => PeekState::Borrowing {
             tokens: outcome.tokens,
@@ -188,7 +180,7 @@ fn peek_state(
             period,
             period_ends_in_s: state.reset_secs(),
         },
-        Meter::Lease(lease) => PeekState::Concurrency {
+        Meter::Concurrency(lease) => PeekState::Concurrency {
             concurrency: bucket.burst,
             held: bucket.burst - outcome.tokens,
             remaining: state.remaining(),
@@ -241,7 +233,7 @@ fn shares_view(
     now_us: u64,
     holders: &[(String, crate::store::shares::Holding)],
 ) -> serde_json::Value {
-    let fill = crate::limiter::shares::units(&crate::policy::limits::Numbers {
+    let fill = crate::limiter::shares::units(&crate::policy::limit::Numbers {
         rate: bucket.rate,
         burst: 0,
         overridden: false,

@@ -30,7 +30,7 @@ pub async fn check(request: HttpRequest, state: web::Data<AppState>) -> HttpResp
         path_tail,
         client_ip,
     );
-    let verdict = state.limiter.check(&policy, &original).await;
+    let verdict = state.limiter.check(&policy, &original).await.verdict;
     let form = response::DenyForm::requested(request.headers());
     let response = response::render_as(&verdict, &policy, form);
     if let (Some(tracer), Some(mut span)) = (&state.tracer, span) {

@@ -12,7 +12,7 @@ use crate::base::calendar::Period;
 use crate::base::redact::Salt;
 use crate::config::{Charge, OnMissing};
 use crate::policy::exempt::ExemptRule;
-use crate::policy::limits::Limit;
+use crate::policy::limit::Limit;
 use crate::policy::matcher::Matcher;
 use crate::policy::Policy;
 use crate::state::AppState;
@@ -93,7 +93,7 @@ impl<'p> From<&'p Limit> for LimitView<'p> {
                     quota: limit.burst,
                     period,
                 },
-                Meter::Lease(lease) => MeterView::Concurrency {
+                Meter::Concurrency(lease) => MeterView::Concurrency {
                     concurrency: limit.burst,
                     lease_ttl_s: lease.ttl_ms / 1000,
                 },

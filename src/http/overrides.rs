@@ -14,7 +14,7 @@ use serde_json::{json, Map, Value};
 use super::admin::{find_limit, AdminError, Caller, NamedKey, Operator};
 use crate::base::redact::Salt;
 use crate::config::{OverrideConfig, RateSpec};
-use crate::policy::limits::Limit;
+use crate::policy::limit::Limit;
 use crate::policy::overrides;
 use crate::policy::runtime_overrides::sync::{self, WriteError};
 use crate::policy::runtime_overrides::{Entry, MAX_TTL_S};
@@ -51,7 +51,7 @@ pub async fn put(
 ) -> Result<HttpResponse, AdminError> {
     let policy = state.limiter.policy();
     let target = target(&policy, &name, request.query_string())?;
-    if let crate::store::Meter::Lease(_) = target.limit.meter {
+    if let crate::store::Meter::Concurrency(_) = target.limit.meter {
         return Err(AdminError::Conflict(format!(
             "limit {:?} is a concurrency limit: overrides are not supported on it",
             target.limit.name

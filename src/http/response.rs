@@ -8,7 +8,7 @@ use actix_web::http::StatusCode;
 use actix_web::{HttpResponse, HttpResponseBuilder};
 use serde::Serialize;
 
-use crate::answer::{each_header, Carrier, QuotaValue};
+use crate::answer::{each_header, Carrier, QuotaValue, Refusal};
 use crate::limiter::decision::{Decision, Verdict};
 use crate::policy::Policy;
 
@@ -20,6 +20,7 @@ pub const X_TOLLGATE_LEASE: HeaderName = HeaderName::from_static("x-tollgate-lea
 /// The reservations an allowed check took, comma-separated: what `POST /report` settles.
 pub const X_TOLLGATE_RESERVATION: HeaderName = HeaderName::from_static("x-tollgate-reservation");
 const X_TOLLGATE_DENY_STATUS: HeaderName = HeaderName::from_static("x-tollgate-deny-status");
+const RETRY_AFTER: HeaderName = actix_web::http::header::RETRY_AFTER;
 
 /// How a refusal (a denial, or failing closed) is answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,30 +52,18 @@ pub fn render(verdict: &Verdict, policy: &Policy) -> HttpResponse {
 
 /// The answer to a check, refusals in `form`.
 pub fn render_as(verdict: &Verdict, policy: &Policy, form: DenyForm) -> HttpResponse {
-    match verdict {
-        // Empty 200: nginx keeps its keep-alive connection to tollgate only without a body.
-        Verdict::Unlimited | Verdict::Exempt | Verdict::StoreFailed { allow: true } => {
-            HttpResponse::Ok().finish()
-        }
-        Verdict::Decided(decision) if decision.allowed => {
-            let mut response = HttpResponse::Ok();
-            answer_headers(&mut response, decision, policy, false);
-            if !decision.leases.is_empty() {
-                response.insert_header((X_TOLLGATE_LEASE, decision.leases.join(",")));
-            }
-            if !decision.reservations.is_empty() {
-                response.insert_header((X_TOLLGATE_RESERVATION, decision.reservations.join(",")));
-            }
-            response.finish()
-        }
-        Verdict::Decided(decision) => denied(decision, policy, form),
-        Verdict::MissingKey { limit } => {
-            let status = deny_status(policy);
-            let mut response = refusal(status, form);
+    let Some(refusal) = Refusal::of(verdict) else {
+        return admitted(verdict, policy);
+    };
+    let status = status_of(refusal, policy);
+    let mut response = refusal_start(status, form);
+    match refusal {
+        Refusal::OverLimit(decision) => denied(response, status, decision, policy, form),
+        Refusal::MissingKey { limit } => {
             if form == DenyForm::Forbidden {
                 return response.finish();
             }
-            let name = &policy.limits[*limit].name;
+            let name = &policy.limits[limit].name;
             problem(
                 &mut response,
                 status,
@@ -84,10 +73,11 @@ pub fn render_as(verdict: &Verdict, policy: &Policy, form: DenyForm) -> HttpResp
                 None,
             )
         }
-        Verdict::StoreFailed { allow: false } => {
-            let status = StatusCode::SERVICE_UNAVAILABLE;
-            let mut response = refusal(status, form);
-            response.insert_header((actix_web::http::header::RETRY_AFTER, "1"));
+        Refusal::StoreFailed => {
+            let retry_after = refusal.retry_after(policy);
+            if let Some(seconds) = retry_after {
+                response.insert_header((RETRY_AFTER, seconds));
+            }
             if form == DenyForm::Forbidden {
                 return response.finish();
             }
@@ -97,18 +87,42 @@ pub fn render_as(verdict: &Verdict, policy: &Policy, form: DenyForm) -> HttpResp
                 "about:blank",
                 "the rate-limit store is unavailable".into(),
                 Vec::new(),
-                Some(1),
+                retry_after,
             )
         }
     }
 }
 
-fn deny_status(policy: &Policy) -> StatusCode {
-    StatusCode::from_u16(policy.response.deny_status).unwrap_or(StatusCode::TOO_MANY_REQUESTS)
+/// An admitted request: an empty 200 (nginx keeps its keep-alive connection to tollgate only
+/// without a body), with a decision's quota headers and the ids of what it took.
+fn admitted(verdict: &Verdict, policy: &Policy) -> HttpResponse {
+    let mut response = HttpResponse::Ok();
+    if let Verdict::Decided(decision) = verdict {
+        answer_headers(&mut response, decision, policy, false);
+        if !decision.leases.is_empty() {
+            response.insert_header((X_TOLLGATE_LEASE, decision.leases.join(",")));
+        }
+        if !decision.reservations.is_empty() {
+            response.insert_header((X_TOLLGATE_RESERVATION, decision.reservations.join(",")));
+        }
+    }
+    response.finish()
+}
+
+/// A refusal's status: `response.deny_status` (429 unless configured) for a denial or a
+/// missing key, 503 when the store failed.
+fn status_of(refusal: Refusal<'_>, policy: &Policy) -> StatusCode {
+    match refusal {
+        Refusal::OverLimit(_) | Refusal::MissingKey { .. } => {
+            StatusCode::from_u16(policy.response.deny_status)
+                .unwrap_or(StatusCode::TOO_MANY_REQUESTS)
+        }
+        Refusal::StoreFailed => StatusCode::SERVICE_UNAVAILABLE,
+    }
 }
 
 /// The start of a refusal with `status`, in the form the caller asked for.
-fn refusal(status: StatusCode, form: DenyForm) -> HttpResponseBuilder {
+fn refusal_start(status: StatusCode, form: DenyForm) -> HttpResponseBuilder {
     match form {
         DenyForm::AsIs => HttpResponse::build(status),
         DenyForm::Forbidden => {
@@ -119,9 +133,13 @@ fn refusal(status: StatusCode, form: DenyForm) -> HttpResponseBuilder {
     }
 }
 
-fn denied(decision: &Decision, policy: &Policy, form: DenyForm) -> HttpResponse {
-    let status = deny_status(policy);
-    let mut response = refusal(status, form);
+fn denied(
+    mut response: HttpResponseBuilder,
+    status: StatusCode,
+    decision: &Decision,
+    policy: &Policy,
+    form: DenyForm,
+) -> HttpResponse {
     let retry_after = answer_headers(&mut response, decision, policy, true);
     if form == DenyForm::Forbidden {
         return response.finish();

@@ -400,15 +400,7 @@ mod tests {
     use crate::base::clock::ManualClock;
 
     fn bucket(key: &str) -> BucketRequest {
-        BucketRequest {
-            key: key.into(),
-            rate: 100.0,
-            burst: 200.0,
-            cost: 1,
-            shadow: false,
-            limit: 0,
-            meter: Meter::Bucket,
-        }
+        BucketRequest::bucket(key, 100.0, 200.0)
     }
 
     fn lender() -> (Lender, Arc<ManualClock>) {

@@ -2,9 +2,9 @@
 //! is left. Everything the response headers need is derived here; only `http::response` turns
 //! it into bytes.
 use crate::observe::trace::{Decision as TracedDecision, Outcome};
-use crate::policy::limits::Limit;
+use crate::policy::limit::Limit;
 use crate::policy::Policy;
-use crate::store::Window;
+use crate::store::{BucketOutcome, BucketRequest, Window};
 
 /// One applicable limit after the decision.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -57,6 +57,20 @@ pub use crate::base::rate::{ceil_secs, MAX_SF_INTEGER};
 use crate::base::rate::{count_f64, whole};
 
 impl LimitState {
+    /// The bucket `bucket` after the store's `outcome`: the numbers it was decided with and
+    /// what is left.
+    pub fn of(bucket: &BucketRequest, outcome: &BucketOutcome) -> LimitState {
+        LimitState {
+            limit: bucket.limit,
+            cost: bucket.cost,
+            rate: bucket.rate,
+            burst: bucket.burst,
+            tokens: outcome.tokens,
+            enough: outcome.enough,
+            window: outcome.window,
+        }
+    }
+
     /// Whole tokens left, as `RateLimit: r=` and `X-RateLimit-Remaining` show them.
     pub fn remaining(&self) -> u64 {
         whole(self.tokens)

@@ -7,7 +7,7 @@ use serde_json::{Map, Value};
 use crate::base::rate::{count_f64, whole};
 use crate::config::{Charge, MAX_COST};
 use crate::limiter::decision::ceil_secs;
-use crate::policy::limits::Limit;
+use crate::policy::limit::Limit;
 use crate::policy::Policy;
 use crate::store::{BucketOutcome, Meter, ReportCharge, Settle};
 

@@ -2,7 +2,7 @@
 //! shares, one report as the store's request, and the store's grant as the token bucket
 //! Envoy enforces. The allocation itself is the store's (`store::shares`), atomic per pool.
 
-use crate::policy::limits::Numbers;
+use crate::policy::limit::Numbers;
 use crate::policy::rlqs::RlqsRules;
 use crate::store::shares::{Grant, ShareRequest};
 

@@ -6,7 +6,7 @@
 //! burst - debt`, so new numbers for a key (an override, a reload) apply at once to what it
 //! owes. The arithmetic is the script's, operation for operation, so both stores reach the same
 //! integers.
-use super::{BucketOutcome, BucketRequest, Lease, Meter, Period, ReportCharge, Settle, Window};
+use super::{BucketOutcome, BucketRequest, Meter, Period, ReportCharge, Settle, Window};
 use crate::base::rate::count_f64;
 
 /// A stored key. A bucket: its `debt` in micro-tokens as of `ts_us`. A quota: `debt` counts
@@ -70,7 +70,7 @@ impl Bucket {
                 let (_, end) = period.bounds((self.ts_us / MICROS) as i64);
                 u64::try_from(end).unwrap_or(0) * MICROS
             }
-            Meter::Lease(lease) => self.ts_us.saturating_add(lease.ttl_ms * 1000),
+            Meter::Concurrency(lease) => self.ts_us.saturating_add(lease.ttl_ms * 1000),
         }
     }
 
@@ -134,16 +134,6 @@ fn bucket_level(request: &BucketRequest, debt: u64) -> (f64, bool) {
     (level, level >= cost)
 }
 
-/// A concurrency key's window as the headers show it: a slot frees whenever a holder releases,
-/// which no store can foresee, so a denial asks to retry in 1 s; the policy's window is the
-/// lease's lifetime.
-pub fn lease_window(lease: Lease) -> Window {
-    Window {
-        ends_in_s: 1,
-        length_s: lease.ttl_ms.div_ceil(1000),
-    }
-}
-
 /// The free slots of a concurrency key whose leases the store counted as `stored` (absent:
 /// all free).
 #[expect(clippy::cast_precision_loss, reason = "leases held are at most 10^9")]
@@ -175,12 +165,12 @@ fn find(request: &BucketRequest, stored: Option<Bucket>, now_us: u64) -> (Bucket
             };
             (outcome, 0)
         }
-        Meter::Lease(lease) => {
+        Meter::Concurrency(lease) => {
             let tokens = lease_level(stored, request.burst);
             let outcome = BucketOutcome {
                 tokens,
                 enough: can_pay(tokens, request.cost),
-                window: Some(lease_window(lease)),
+                window: Some(lease.window()),
             };
             (outcome, 0)
         }
@@ -239,7 +229,7 @@ pub fn decide(
                     });
                 }
                 // The store adds the lease to its set itself (it knows the lease's id).
-                Meter::Lease(_) => outcome.tokens -= count_f64(request.cost),
+                Meter::Concurrency(_) => outcome.tokens -= count_f64(request.cost),
             }
         }
         outcomes.push(outcome);
@@ -279,12 +269,12 @@ pub fn report(charge: &ReportCharge, state: &mut Option<Bucket>, now_us: u64) ->
             }
         }
         // Never reported (a concurrency limit is charged by /check only): nothing changes.
-        Meter::Lease(lease) => {
+        Meter::Concurrency(lease) => {
             let tokens = lease_level(*state, request.burst);
             BucketOutcome {
                 tokens,
                 enough: tokens >= 1.0,
-                window: Some(lease_window(lease)),
+                window: Some(lease.window()),
             }
         }
     }
@@ -368,15 +358,7 @@ mod tests {
     use super::*;
 
     fn request(rate: f64, burst: f64, cost: u64) -> BucketRequest {
-        BucketRequest {
-            key: "k".into(),
-            rate,
-            burst,
-            cost,
-            shadow: false,
-            limit: 0,
-            meter: Meter::Bucket,
-        }
+        BucketRequest::bucket("k", rate, burst).cost(cost)
     }
 
     const SECOND: u64 = 1_000_000;
@@ -557,15 +539,7 @@ mod debt_tests {
     use super::*;
 
     fn request(rate: f64, burst: f64, cost: u64) -> BucketRequest {
-        BucketRequest {
-            key: "k".into(),
-            rate,
-            burst,
-            cost,
-            shadow: false,
-            limit: 0,
-            meter: Meter::Bucket,
-        }
+        BucketRequest::bucket("k", rate, burst).cost(cost)
     }
 
     #[test]

@@ -117,7 +117,7 @@ impl<C: Clock> MemoryStore<C> {
         if let [request] = requests {
             if !matches!(
                 request.meter,
-                Meter::Lease(_) | Meter::Reserve(_) | Meter::Borrow(_)
+                Meter::Concurrency(_) | Meter::Reserve(_) | Meter::Borrow(_)
             ) {
                 if let Some(decided) = self.decide_one(request, now) {
                     return decided;
@@ -142,7 +142,7 @@ impl<C: Clock> MemoryStore<C> {
                 let stored =
                     |guard: &Shard| guard.buckets.get(request.key.as_str()).map(|e| e.bucket);
                 match request.meter {
-                    Meter::Lease(_) => Some(Bucket {
+                    Meter::Concurrency(_) => Some(Bucket {
                         debt: guard.held_leases(&request.key, now) as u64,
                         ts_us: now,
                     }),
@@ -207,7 +207,7 @@ impl<C: Clock> MemoryStore<C> {
                     shard.borrowed.insert(request.key.clone(), lent.groups);
                 }
             }
-            if let Meter::Lease(lease) = request.meter {
+            if let Meter::Concurrency(lease) = request.meter {
                 self.write_lease(
                     &mut guards,
                     at,
@@ -409,7 +409,7 @@ impl<C: Clock> MemoryStore<C> {
         let now = self.now_us();
         let shard = self.lock(self.shard_of(&request.key));
         let mut stored = match request.meter {
-            Meter::Lease(_) => Some(Bucket {
+            Meter::Concurrency(_) => Some(Bucket {
                 debt: shard.held_leases(&request.key, now) as u64,
                 ts_us: now,
             }),

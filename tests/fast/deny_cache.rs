@@ -11,7 +11,7 @@ use tollgate::base::clock::ManualClock;
 use tollgate::config::{Config, OnError};
 use tollgate::limiter::decision::Verdict;
 use tollgate::limiter::deny_cache::{DenyCache, MAX_PROBE_WAIT};
-use tollgate::limiter::{DecidedBy, Limiter};
+use tollgate::limiter::{DecidedBy, Limiter, Outcome};
 use tollgate::observe::metrics::Metrics;
 use tollgate::policy::Policy;
 use tollgate::request::OriginalRequest;
@@ -152,7 +152,7 @@ async fn flood(
         // replay at `asked_at` can only fail on a wrong denial (an instant read after the
         // call could land after a refill and fail a right one).
         let asked_at = wall_us();
-        let (verdict, by) = limiter.check_traced(&policy, &original).await;
+        let Outcome { verdict, by } = limiter.check(&policy, &original).await;
         match by {
             DecidedBy::Store => tally.store += 1,
             DecidedBy::DenyCache => {
@@ -397,7 +397,7 @@ async fn a_check_waiting_for_a_hanging_probe_still_answers_within_the_timeout() 
         let map = HeaderMap::new();
         let original = OriginalRequest::new(&map, "GET", "/", IpAddr::V4(Ipv4Addr::LOCALHOST));
         let policy = limiter.policy();
-        limiter.check_traced(&policy, &original).await.1
+        limiter.check(&policy, &original).await.by
     };
     assert_eq!(check(limiter.clone()).await, DecidedBy::Store);
     assert_eq!(check(limiter.clone()).await, DecidedBy::DenyCache);
@@ -623,7 +623,7 @@ async fn cached_on_a_splitting_store(limits: &str) -> usize {
     let mut cached = 0;
     for _ in 0..60 {
         let original = OriginalRequest::new(&map, "GET", "/", IpAddr::V4(Ipv4Addr::LOCALHOST));
-        let (_, by) = limiter.check_traced(&policy, &original).await;
+        let by = limiter.check(&policy, &original).await.by;
         cached += usize::from(by == DecidedBy::DenyCache);
     }
     cached

@@ -405,7 +405,7 @@ fn one_case(seed: u64, case: u64, policy: &Policy, limiter: &Limiter<AnyStore>, 
         }
     }
     // The memory store answers at once, so polling the future once decides.
-    let verdict = block_on(limiter.check(policy, &original));
+    let verdict = block_on(limiter.check(policy, &original)).verdict;
     let response = tollgate::http::response::render(&verdict, policy);
     assert!(
         [200, 429].contains(&response.status().as_u16()),

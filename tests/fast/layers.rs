@@ -204,7 +204,7 @@ fn collect(dir: &Path, files: &mut Vec<PathBuf>) {
     }
 }
 
-/// `src/policy/limits.rs` -> `policy::limits`; `lib.rs` and `main.rs` are no layer's.
+/// `src/policy/limit.rs` -> `policy::limit`; `lib.rs` and `main.rs` are no layer's.
 /// A `tests.rs` beside its module's folder is part of that module.
 fn module_of(src: &Path, file: &Path) -> Option<Module> {
     let relative = file.strip_prefix(src).ok()?.with_extension("");

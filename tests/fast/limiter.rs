@@ -58,7 +58,7 @@ fn check<S: Store>(limiter: &Limiter<S>, pairs: &[(&str, &str)]) -> Verdict {
     let policy = limiter.policy();
     let map = headers(pairs);
     let request = OriginalRequest::new(&map, "GET", "/", "192.0.2.1".parse().unwrap());
-    block_on(limiter.check(&policy, &request))
+    block_on(limiter.check(&policy, &request)).verdict
 }
 
 fn memory_limiter(limits: &str) -> (Limiter<MemoryStore<Arc<ManualClock>>>, Arc<ManualClock>) {

@@ -163,7 +163,7 @@ fn replay_decides_each_request_as_check_does_on_the_memory_store() {
             let ip: IpAddr = ip.parse().unwrap();
             let request = OriginalRequest::new(&headers, "GET", "/", ip);
             let policy = limiter.policy();
-            match runtime.block_on(limiter.check(&policy, &request)) {
+            match runtime.block_on(limiter.check(&policy, &request)).verdict {
                 Verdict::Decided(decision) => decision.allowed,
                 Verdict::Exempt | Verdict::Unlimited => true,
                 other => panic!("unexpected {other:?}"),

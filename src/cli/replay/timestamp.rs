@@ -1,5 +1,7 @@
 //! Log timestamps as Unix microseconds: nginx's `$time_local`, `$time_iso8601` and `$msec`.
 
+use crate::base::calendar::days_from_civil;
+
 /// A log timestamp as Unix µs: `$time_local` (`10/Oct/2000:13:55:36 -0700`),
 /// `$time_iso8601` (`2000-10-10T13:55:36-07:00`, fractions and `Z` accepted) or `$msec`
 /// (`971211336.123`).
@@ -28,17 +30,6 @@ fn month(b: &[u8]) -> Option<i64> {
     ];
     let position = MONTHS.iter().position(|m| m.as_slice() == b)?;
     i64::try_from(position).ok().map(|m| m + 1)
-}
-
-/// Days from 1970-01-01 to a civil date (proleptic Gregorian).
-fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
-    let y = if month <= 2 { year - 1 } else { year };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (month + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
 }
 
 fn to_us(

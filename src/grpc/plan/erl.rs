@@ -11,9 +11,9 @@ use crate::base::rate::count_f64;
 use crate::config::erl::UNITS;
 use crate::config::OVER_COST;
 use crate::policy::descriptors::erl::{ErlRules, Kind, Rule};
-use crate::policy::limits::Numbers;
+use crate::policy::limit::Numbers;
 use crate::policy::Policy;
-use crate::store::{BucketRequest, Meter};
+use crate::store::BucketRequest;
 
 /// What one descriptor is decided by.
 #[derive(Debug, Clone, PartialEq)]
@@ -166,11 +166,13 @@ pub fn plan(
                             same
                         }
                         None => {
-                            plan.buckets.push(BucketRequest {
-                                shadow,
-                                meter: Meter::Bucket,
-                                ..limit_ref.bucket(key, limit, numbers, cost)
-                            });
+                            // A plain bucket whatever the limit, with the rule's shadow.
+                            let bucket =
+                                BucketRequest::bucket(key, numbers.rate, count_f64(numbers.burst))
+                                    .cost(cost)
+                                    .limit(limit);
+                            plan.buckets
+                                .push(if shadow { bucket.shadow() } else { bucket });
                             plan.buckets.len() - 1
                         }
                     };

@@ -10,6 +10,7 @@ use actix_web::http::StatusCode;
 use actix_web::{web, FromRequest, HttpRequest, HttpResponse, ResponseError};
 
 use super::{problem, Caller};
+use crate::answer::STORE_FAILED_RETRY_AFTER_S;
 use crate::state::AppState;
 use crate::store::StoreError;
 
@@ -76,14 +77,18 @@ impl ResponseError for AdminError {
         };
         let mut response = problem(self.status_code(), self.to_string(), field);
         let extra = match self {
-            AdminError::Unauthorized => Some((header::WWW_AUTHENTICATE, "Bearer")),
-            AdminError::Unavailable(_) => Some((header::RETRY_AFTER, "1")),
+            AdminError::Unauthorized => {
+                Some((header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer")))
+            }
+            // As a check refused because the store failed.
+            AdminError::Unavailable(_) => Some((
+                header::RETRY_AFTER,
+                HeaderValue::from(STORE_FAILED_RETRY_AFTER_S),
+            )),
             _ => None,
         };
         if let Some((name, value)) = extra {
-            response
-                .headers_mut()
-                .insert(name, HeaderValue::from_static(value));
+            response.headers_mut().insert(name, value);
         }
         response
     }

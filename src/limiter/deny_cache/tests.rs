@@ -2,15 +2,7 @@ use super::*;
 use crate::base::clock::ManualClock;
 
 fn bucket(key: &str, rate: f64, burst: f64, cost: u64) -> BucketRequest {
-    BucketRequest {
-        key: key.into(),
-        rate,
-        burst,
-        cost,
-        shadow: false,
-        limit: 0,
-        meter: Default::default(),
-    }
+    BucketRequest::bucket(key, rate, burst).cost(cost)
 }
 
 fn drained(tokens: f64) -> BucketOutcome {
@@ -38,10 +30,7 @@ fn answer(cache: &DenyCache, buckets: &[BucketRequest], outcomes: &[BucketOutcom
 #[test]
 fn a_quota_or_a_reported_limit_is_never_cached() {
     let (cache, _) = cache(100);
-    let quota = BucketRequest {
-        meter: Meter::Quota(crate::base::calendar::Period::Month),
-        ..bucket("q", 0.0, 3.0, 1)
-    };
+    let quota = BucketRequest::quota("q", crate::base::calendar::Period::Month, 3);
     let reported = bucket("r", 1.0, 5.0, 0);
     for request in [quota, reported] {
         let requests = [request];

@@ -2,15 +2,7 @@ use super::*;
 use std::sync::Arc;
 
 fn request(key: &str) -> BucketRequest {
-    BucketRequest {
-        key: key.into(),
-        rate: 1.0,
-        burst: 2.0,
-        cost: 1,
-        shadow: false,
-        limit: 0,
-        meter: Meter::Bucket,
-    }
+    BucketRequest::bucket(key, 1.0, 2.0)
 }
 
 #[test]

@@ -12,7 +12,7 @@ use super::wire::as_float;
 use super::RedisStore;
 use crate::base::keys;
 use crate::store::{
-    bucket, BucketOutcome, BucketRequest, Meter, Reserved, Settle, Settled, StoreError, Window,
+    bucket, BucketOutcome, BucketRequest, Meter, Reserved, Settle, Settled, StoreError,
 };
 
 /// `lua/peek.lua` as shipped, calendar and bounds included.
@@ -48,24 +48,12 @@ impl RedisStore {
     }
 
     async fn peek_reply(&self, request: &BucketRequest) -> Result<Value, StoreError> {
-        let first = match request.meter {
-            Meter::Bucket => request.rate.to_string(),
-            Meter::Borrow(_) => format!("B{}", request.rate),
-            Meter::Quota(period) => period.code().to_owned(),
-            Meter::Lease(_) => "L".to_owned(),
-            Meter::Reserve(reserve) => {
-                format!(
-                    "R{}{}",
-                    if reserve.refund { 'r' } else { 'k' },
-                    request.rate
-                )
-            }
-        };
         self.run_script(
             &self.peek_script,
             &[request.key.as_str()],
             |cmd| {
-                cmd.arg(first.as_str()).arg(request.burst);
+                super::wire::script_arg(cmd, request.meter.peek_arg(request.rate))
+                    .arg(request.burst);
             },
             Instant::now() + self.timeout,
         )
@@ -90,7 +78,7 @@ impl RedisStore {
                         .arg(bucket.cost)
                         .arg(settle.max_debt)
                         .arg(reserve.member(settle.estimate))
-                        .arg(if reserve.refund { "r" } else { "k" });
+                        .arg(reserve.expiry_code());
                 },
                 Instant::now() + self.timeout,
             )
@@ -171,35 +159,24 @@ fn parse_peek(
         .next()
         .and_then(|f| as_float(&Value::SimpleString(f.into())))
         .ok_or_else(malformed)?;
-    let mut reserved = None;
-    let window = match request.meter {
-        Meter::Bucket => None,
+    let mut number = || fields.next()?.parse::<u64>().ok();
+    // Beside a reserving or borrowing bucket: what is held aside, and by how many.
+    let reserved = match request.meter {
         // The tokens held by live slices (micro-tokens), and their groups.
         Meter::Borrow(_) => {
-            let mut number = || fields.next()?.parse::<u64>().ok();
             let (micro, groups) = number().zip(number()).ok_or_else(malformed)?;
-            reserved = Some(Reserved {
+            Some(Reserved {
                 tokens: micro.div_ceil(1_000_000),
                 held: groups,
-            });
-            None
-        }
-        Meter::Reserve(_) => {
-            let mut number = || fields.next()?.parse::<u64>().ok();
-            let (tokens, held) = number().zip(number()).ok_or_else(malformed)?;
-            reserved = Some(Reserved { tokens, held });
-            None
-        }
-        Meter::Lease(lease) => Some(bucket::lease_window(lease)),
-        Meter::Quota(_) => {
-            let mut number = || fields.next()?.parse::<u64>().ok();
-            let (ends_in_s, length_s) = number().zip(number()).ok_or_else(malformed)?;
-            Some(Window {
-                ends_in_s: ends_in_s.max(1),
-                length_s,
             })
         }
+        Meter::Reserve(_) => {
+            let (tokens, held) = number().zip(number()).ok_or_else(malformed)?;
+            Some(Reserved { tokens, held })
+        }
+        Meter::Bucket | Meter::Quota(_) | Meter::Concurrency(_) => None,
     };
+    let window = request.meter.read_window(number).ok_or_else(malformed)?;
     if fields.next().is_some() {
         return Err(malformed());
     }
@@ -218,13 +195,8 @@ mod tests {
 
     fn request(meter: Meter) -> BucketRequest {
         BucketRequest {
-            key: "tg:l:{k}".into(),
-            rate: 1.0,
-            burst: 5.0,
-            cost: 1,
-            shadow: false,
-            limit: 0,
             meter,
+            ..BucketRequest::bucket("tg:l:{k}", 1.0, 5.0)
         }
     }
 

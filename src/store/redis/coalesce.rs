@@ -265,21 +265,12 @@ fn fail(batch: Vec<Pending>, error: &StoreError) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::Meter;
 
     fn pending(keys: &[&str]) -> (Pending, oneshot::Receiver<Result<Value, StoreError>>) {
         let (answer, receiver) = oneshot::channel();
         let buckets = keys
             .iter()
-            .map(|key| BucketRequest {
-                key: (*key).to_string(),
-                rate: 2.0,
-                burst: 5.0,
-                cost: 1,
-                shadow: false,
-                limit: 0,
-                meter: Meter::Bucket,
-            })
+            .map(|key| BucketRequest::bucket(*key, 2.0, 5.0))
             .collect();
         let pending = Pending {
             buckets,

@@ -135,15 +135,7 @@ mod tests {
     use super::*;
 
     fn bucket(key: &str) -> BucketRequest {
-        BucketRequest {
-            key: key.into(),
-            rate: 1.0,
-            burst: 1.0,
-            cost: 1,
-            shadow: false,
-            limit: 0,
-            meter: Default::default(),
-        }
+        BucketRequest::bucket(key, 1.0, 1.0)
     }
 
     #[test]

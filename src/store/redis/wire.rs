@@ -1,42 +1,24 @@
 //! The wire format of the scripts: a bucket's arguments, and replies parsed into decisions.
 use redis::{Cmd, RedisError, Value};
 
-use crate::store::{
-    BucketOutcome, BucketRequest, GiveBack, Meter, Slice, StoreDecision, StoreError, Window,
-};
+use crate::store::meter::ScriptArg;
+use crate::store::{BucketOutcome, BucketRequest, Meter, Slice, StoreDecision, StoreError, Window};
 
-/// One bucket's four script arguments: rate (a quota: its period code), burst (or quota),
-/// cost, and one script-specific value.
+/// One bucket's four script arguments: its meter's ([`Meter::script_arg`]: the rate, a
+/// quota's period code, or the kind's fields), burst (or quota), cost, and one
+/// script-specific value.
 pub(super) fn bucket_args(cmd: &mut Cmd, bucket: &BucketRequest, last: &str) {
-    match bucket.meter {
-        Meter::Bucket => number_arg(cmd, bucket.rate),
-        Meter::Quota(period) => cmd.arg(period.code()),
-        Meter::Lease(lease) => cmd.arg(format!("L{}:{}", lease.ttl_ms, lease.member())),
-        Meter::Reserve(reserve) => cmd.arg(format!(
-            "R{}:{:032x}:{}:{}",
-            reserve.ttl_ms,
-            reserve.id,
-            if reserve.refund { 'r' } else { 'k' },
-            bucket.rate
-        )),
-        Meter::Borrow(borrow) => {
-            let give = borrow.give.unwrap_or(GiveBack {
-                deadline_us: 0,
-                taken: 0,
-                unused: 0,
-            });
-            cmd.arg(format!(
-                "B{}:{}:{}:{}:{}:{}",
-                borrow.grid_us.max(1),
-                borrow.want,
-                give.deadline_us,
-                give.taken,
-                give.unused,
-                bucket.rate
-            ))
-        }
-    };
+    script_arg(cmd, bucket.meter.script_arg(bucket.rate));
     number_arg(cmd, bucket.burst).arg(bucket.cost).arg(last);
+}
+
+/// A meter's argument, written as a script reads it.
+pub(super) fn script_arg(cmd: &mut Cmd, arg: ScriptArg) -> &mut Cmd {
+    match arg {
+        ScriptArg::Number(x) => number_arg(cmd, x),
+        ScriptArg::Code(code) => cmd.arg(code),
+        ScriptArg::Text(text) => cmd.arg(text),
+    }
 }
 
 /// A number for a script: a whole one (rates and bursts almost always are) as an integer,
@@ -63,20 +45,11 @@ pub(super) fn windows(items: &[Value], buckets: &[&BucketRequest]) -> Option<Vec
     if items.len() != 2 * quotas {
         return None;
     }
-    let mut pairs = items.chunks_exact(2);
+    let mut numbers = items.iter();
+    let mut number = || u64::try_from(as_int(numbers.next()?)?).ok();
     buckets
         .iter()
-        .map(|bucket| match bucket.meter {
-            Meter::Bucket | Meter::Reserve(_) | Meter::Borrow(_) => Some(None),
-            Meter::Lease(lease) => Some(Some(crate::store::bucket::lease_window(lease))),
-            Meter::Quota(_) => {
-                let pair = pairs.next()?;
-                Some(Some(Window {
-                    ends_in_s: u64::try_from(as_int(&pair[0])?).ok()?.max(1),
-                    length_s: u64::try_from(as_int(&pair[1])?).ok()?,
-                }))
-            }
-        })
+        .map(|bucket| bucket.meter.read_window(&mut number))
         .collect()
 }
 
@@ -134,14 +107,8 @@ pub(super) fn parse_decision(
         .iter()
         .map(|request| {
             let level: f64 = fields.next()?.parse().ok()?;
-            // A bucket's level comes in micro-tokens (an integer, cheaper for the script to
-            // print); the quotient is what `%.6f` of it would read back as.
-            let tokens = match request.meter {
-                Meter::Bucket | Meter::Reserve(_) | Meter::Borrow(_) => level / 1_000_000.0,
-                Meter::Quota(_) | Meter::Lease(_) => level,
-            };
             Some(BucketOutcome {
-                tokens,
+                tokens: level / request.meter.level_scale(),
                 enough: flag(fields.next())?,
                 window: None,
             })
@@ -149,17 +116,8 @@ pub(super) fn parse_decision(
         .collect::<Option<Vec<_>>>()
         .ok_or_else(malformed)?;
     for (outcome, request) in buckets.iter_mut().zip(requests) {
-        if let Meter::Lease(lease) = request.meter {
-            outcome.window = Some(crate::store::bucket::lease_window(lease));
-        }
-        if let Meter::Quota(_) = request.meter {
-            let mut number = || fields.next()?.parse::<u64>().ok();
-            let (ends_in_s, length_s) = number().zip(number()).ok_or_else(malformed)?;
-            outcome.window = Some(Window {
-                ends_in_s: ends_in_s.max(1),
-                length_s,
-            });
-        }
+        let number = || fields.next()?.parse::<u64>().ok();
+        outcome.window = request.meter.read_window(number).ok_or_else(malformed)?;
     }
     let mut slices = Vec::new();
     for (index, request) in requests.iter().enumerate() {
@@ -248,15 +206,7 @@ mod tests {
     use super::*;
 
     fn one_bucket() -> BucketRequest {
-        BucketRequest {
-            key: "k".into(),
-            rate: 1.0,
-            burst: 5.0,
-            cost: 1,
-            shadow: false,
-            limit: 0,
-            meter: Meter::Bucket,
-        }
+        BucketRequest::bucket("k", 1.0, 5.0)
     }
 
     #[test]

@@ -1,15 +1,116 @@
-//! Checking a limit's config and building its parts (its meter, its numbers, its key parts,
-//! its headers): each refusal names the key at fault, so building a [`super::Limit`] is the
-//! one place a limit is checked.
+//! Building a [`Limit`] from its config, and checking it: one function per meter kind
+//! (`checked_bucket`, `checked_quota`, `checked_concurrency`, `checked_reservation`), then its
+//! charge, headers and key parts. Each refusal names the key at fault, so building a
+//! [`Limit`] is the one place a limit is checked.
 
+use super::{policy_item, Limit};
 use crate::base::calendar::Period;
 use crate::base::keys::KeyPart;
+use crate::base::rate::{ceil_secs, count_f64};
 use crate::config::{
-    check_refill, Charge, ConfigError, LimitConfig, RateSpec, ReservationExpiry,
+    check_refill, valid_name, Charge, ConfigError, LimitConfig, RateSpec, ReservationExpiry,
     DEFAULT_LEASE_TTL_S, DEFAULT_RESERVATION_TTL_S, MAX_BURST, MAX_LEASE_TTL_S,
 };
+use crate::observe::metrics::LimitCounters;
 use crate::policy::descriptors::DescriptorRule;
+use crate::policy::matcher::Matcher;
+use crate::policy::overrides::{Base, Overrides};
 use crate::store::{Lease, Meter, Reserve};
+
+/// What building a limit takes: its table, and how an IPv6 client is keyed (an override's
+/// `ip` value is keyed the same way).
+#[derive(Clone, Copy)]
+pub struct LimitInput<'a> {
+    pub config: &'a LimitConfig,
+    pub ipv6_prefix: u8,
+    /// Whether a limit that says nothing of `borrow` borrows (the store's default).
+    pub borrow: bool,
+}
+
+impl TryFrom<LimitInput<'_>> for Limit {
+    type Error = ConfigError;
+
+    fn try_from(input: LimitInput<'_>) -> Result<Limit, ConfigError> {
+        let config = input.config;
+        if !valid_name(&config.name) {
+            return Err(ConfigError::new(
+                "limits.name",
+                format!(
+                    "{:?} must match [a-z0-9_-]+ (at most 64 characters)",
+                    config.name
+                ),
+            ));
+        }
+        let at = format!("limits.{}", config.name);
+        let (rate, meter) = checked_meter(config, &at)?;
+        check_charge(config, &at)?;
+        let meter = match checked_reservation(config, &at)? {
+            Some(reserve) => Meter::Reserve(reserve),
+            None => meter,
+        };
+        let cost_header = header_name(config.cost_header.as_deref(), &at, "cost_header")?;
+        let descriptor = DescriptorRule::compile(config);
+        let borrow = checked_borrow(config, meter, descriptor.is_some(), &at)?
+            .unwrap_or(input.borrow && borrowable(config, meter, descriptor.is_some()).is_ok());
+        let reserve_header = header_name(config.reserve_header.as_deref(), &at, "reserve_header")?;
+        let key = key_parts(&config.key, &at)?;
+        let matcher = Matcher::compile(&config.matching, &format!("{at}.match"))?;
+        DescriptorRule::check(config, &at)?;
+        let base = Base {
+            rate,
+            burst: config.capacity(),
+            cost: config.cost,
+            debt: match config.charge {
+                Charge::Report => config.max_debt(),
+                Charge::Request => 0,
+            },
+            ipv6_prefix: input.ipv6_prefix,
+            quota: matches!(meter, Meter::Quota(_)),
+        };
+        let overrides = Overrides::compile(
+            &config.overrides,
+            config.overrides_file.as_deref(),
+            &key,
+            base,
+            &at,
+        )?;
+        Ok(Limit {
+            name: config.name.clone(),
+            rate,
+            burst: config.capacity(),
+            meter,
+            charge: config.charge,
+            max_debt: config.max_debt(),
+            cost: config.cost,
+            cost_header,
+            reserve: config.reserve.unwrap_or(1),
+            reserve_header,
+            shadow: config.shadow,
+            borrow,
+            on_missing: config.on_missing,
+            key,
+            matcher,
+            descriptor,
+            overrides,
+            policy_item: match meter {
+                Meter::Bucket | Meter::Reserve(_) | Meter::Borrow(_) => policy_item(
+                    &config.name,
+                    config.burst,
+                    ceil_secs(count_f64(config.burst) / rate),
+                ),
+                Meter::Quota(period) => policy_item(
+                    &config.name,
+                    config.capacity(),
+                    period.fixed_secs().unwrap_or(30 * 86_400),
+                ),
+                Meter::Concurrency(lease) => {
+                    policy_item(&config.name, config.capacity(), lease.ttl_ms / 1000)
+                }
+            },
+            counters: LimitCounters::detached(),
+        })
+    }
+}
 
 /// A header name as the request reader looks it up (lower case), or a refusal naming `field`.
 pub fn header_name(
@@ -109,7 +210,7 @@ pub fn checked_meter(config: &LimitConfig, at: &str) -> Result<(f64, Meter), Con
         ));
     }
     if config.concurrency.is_some() {
-        return Ok((0.0, Meter::Lease(checked_concurrency(config, at)?)));
+        return Ok((0.0, Meter::Concurrency(checked_concurrency(config, at)?)));
     }
     let (rate, meter) = if config.quota.is_some() || config.period.is_some() {
         (0.0, Meter::Quota(checked_quota(config, at)?))

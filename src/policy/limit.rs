@@ -1,13 +1,13 @@
-//! One limit built from the config, and what it decides for one key: match rules, the bucket
-//! key, per-key numbers (overrides), the cost, `on_missing`. The compiled set of limits is a
+//! One limit as it runs, and what it decides for one key: match rules, the bucket key, per-key
+//! numbers (overrides), the cost, `on_missing`. The compiled set of limits is a
 //! [`Policy`](crate::policy::Policy).
 //!
-//! Building a [`Limit`] from its [`LimitConfig`] is the one place a limit is checked: what
-//! exists is valid, and nothing parses the config twice.
+//! Building a [`Limit`] from its [`LimitConfig`](crate::config::LimitConfig) (`build`) is the
+//! one place a limit is checked: what exists is valid, and nothing parses the config twice.
 
 use crate::base::keys::{self, KeyPart, Source};
-use crate::base::rate::{ceil_secs, count_f64};
-use crate::config::{valid_name, Charge, ConfigError, LimitConfig, OnMissing, MAX_COST, OVER_COST};
+use crate::base::rate::count_f64;
+use crate::config::{Charge, OnMissing, MAX_COST, OVER_COST};
 use crate::observe::metrics::LimitCounters;
 use crate::policy::descriptors::DescriptorRule;
 use crate::policy::matcher::Matcher;
@@ -18,10 +18,7 @@ use crate::store::{BucketRequest, Lease, Meter, Reserve};
 
 mod build;
 
-use build::{
-    borrowable, check_charge, checked_borrow, checked_meter, checked_reservation, header_name,
-    key_parts,
-};
+pub use build::LimitInput;
 
 /// One configured limit, ready for the hot path.
 pub struct Limit {
@@ -60,101 +57,6 @@ pub struct Limit {
 /// of it, for the precomputed item of each limit and for a key with numbers of its own.
 pub fn policy_item(name: &str, quota: u64, window_secs: u64) -> String {
     format!("\"{name}\";q={quota};w={window_secs}")
-}
-
-/// What building a limit takes: its table, and how an IPv6 client is keyed (an override's
-/// `ip` value is keyed the same way).
-#[derive(Clone, Copy)]
-pub struct LimitInput<'a> {
-    pub config: &'a LimitConfig,
-    pub ipv6_prefix: u8,
-    /// Whether a limit that says nothing of `borrow` borrows (the store's default).
-    pub borrow: bool,
-}
-
-impl TryFrom<LimitInput<'_>> for Limit {
-    type Error = ConfigError;
-
-    fn try_from(input: LimitInput<'_>) -> Result<Limit, ConfigError> {
-        let config = input.config;
-        if !valid_name(&config.name) {
-            return Err(ConfigError::new(
-                "limits.name",
-                format!(
-                    "{:?} must match [a-z0-9_-]+ (at most 64 characters)",
-                    config.name
-                ),
-            ));
-        }
-        let at = format!("limits.{}", config.name);
-        let (rate, meter) = checked_meter(config, &at)?;
-        check_charge(config, &at)?;
-        let meter = match checked_reservation(config, &at)? {
-            Some(reserve) => Meter::Reserve(reserve),
-            None => meter,
-        };
-        let cost_header = header_name(config.cost_header.as_deref(), &at, "cost_header")?;
-        let descriptor = DescriptorRule::compile(config);
-        let borrow = checked_borrow(config, meter, descriptor.is_some(), &at)?
-            .unwrap_or(input.borrow && borrowable(config, meter, descriptor.is_some()).is_ok());
-        let reserve_header = header_name(config.reserve_header.as_deref(), &at, "reserve_header")?;
-        let key = key_parts(&config.key, &at)?;
-        let matcher = Matcher::compile(&config.matching, &format!("{at}.match"))?;
-        DescriptorRule::check(config, &at)?;
-        let base = Base {
-            rate,
-            burst: config.capacity(),
-            cost: config.cost,
-            debt: match config.charge {
-                Charge::Report => config.max_debt(),
-                Charge::Request => 0,
-            },
-            ipv6_prefix: input.ipv6_prefix,
-            quota: matches!(meter, Meter::Quota(_)),
-        };
-        let overrides = Overrides::compile(
-            &config.overrides,
-            config.overrides_file.as_deref(),
-            &key,
-            base,
-            &at,
-        )?;
-        Ok(Limit {
-            name: config.name.clone(),
-            rate,
-            burst: config.capacity(),
-            meter,
-            charge: config.charge,
-            max_debt: config.max_debt(),
-            cost: config.cost,
-            cost_header,
-            reserve: config.reserve.unwrap_or(1),
-            reserve_header,
-            shadow: config.shadow,
-            borrow,
-            on_missing: config.on_missing,
-            key,
-            matcher,
-            descriptor,
-            overrides,
-            policy_item: match meter {
-                Meter::Bucket | Meter::Reserve(_) | Meter::Borrow(_) => policy_item(
-                    &config.name,
-                    config.burst,
-                    ceil_secs(count_f64(config.burst) / rate),
-                ),
-                Meter::Quota(period) => policy_item(
-                    &config.name,
-                    config.capacity(),
-                    period.fixed_secs().unwrap_or(30 * 86_400),
-                ),
-                Meter::Lease(lease) => {
-                    policy_item(&config.name, config.capacity(), lease.ttl_ms / 1000)
-                }
-            },
-            counters: LimitCounters::detached(),
-        })
-    }
 }
 
 impl Limit {
@@ -217,25 +119,36 @@ impl Limit {
     ///
     /// A concurrency limit's request carries a fresh lease id: each check takes its own lease.
     pub fn bucket(&self, key: String, index: usize, numbers: Numbers, cost: u64) -> BucketRequest {
-        let meter = match self.meter {
-            Meter::Lease(lease) => Meter::Lease(Lease {
-                id: fresh_lease_id(),
-                ..lease
-            }),
-            Meter::Reserve(reserve) => Meter::Reserve(Reserve {
-                id: fresh_lease_id(),
-                ..reserve
-            }),
-            other => other,
-        };
-        BucketRequest {
-            key,
-            rate: numbers.rate,
-            burst: count_f64(numbers.burst),
-            cost,
-            shadow: self.shadow,
-            limit: index,
-            meter,
+        let (rate, burst) = (numbers.rate, count_f64(numbers.burst));
+        let request = match self.meter {
+            Meter::Bucket => BucketRequest::bucket(key, rate, burst),
+            // A quota's and a concurrency limit's rate is 0, overridden or not.
+            Meter::Quota(period) => BucketRequest::quota(key, period, numbers.burst),
+            Meter::Concurrency(lease) => BucketRequest::lease(
+                key,
+                numbers.burst,
+                Lease {
+                    id: fresh_lease_id(),
+                    ..lease
+                },
+            ),
+            Meter::Reserve(reserve) => BucketRequest::reserve(
+                key,
+                rate,
+                burst,
+                Reserve {
+                    id: fresh_lease_id(),
+                    ..reserve
+                },
+            ),
+            Meter::Borrow(borrow) => BucketRequest::bucket(key, rate, burst).borrowing(borrow),
+        }
+        .cost(cost)
+        .limit(index);
+        if self.shadow {
+            request.shadow()
+        } else {
+            request
         }
     }
 
