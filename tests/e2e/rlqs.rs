@@ -6,12 +6,9 @@
 //! - `skew`: 80/15/5 of five times the limit: the shares follow demand;
 //! - `shift`: equal demand, then 80/15/5 from 15 s on: the share moves within rounds;
 //! - `stop`: one Envoy stops sending: its share goes to the others after its TTL;
-//! - `lower`: an override lowers the limit: every Envoy is cut within one round.
-//!
-//! Not here: a replica killed while it holds streams. With Envoy 1.40 it was not reliable
-//! (an Envoy sometimes crashed in its quota filter, and Envoys that came back as new
-//! holders regained their size only as fast as the pool's escrow refilled); DESIGN states
-//! the bound for it.
+//! - `lower`: an override lowers the limit: every Envoy is cut within one round;
+//! - `kill`: the replica holding streams is killed at 30 s: the streams move to the other,
+//!   every Envoy is served again and the bound holds throughout.
 //!
 //! The bound checked everywhere: what all Envoys admit in any window of W seconds is at most
 //! `burst + rate × W` (the shipped `no_assignment_behavior` denies until tollgate's first
@@ -28,7 +25,7 @@ use std::time::{Duration, Instant};
 use crate::support::envoy::Envoy;
 use crate::support::http::admin_json;
 use crate::support::proxies::backend::Backend;
-use crate::support::{redis_config, RedisServer, Tollgate};
+use crate::support::{redis_config, wait_until, RedisServer, Tollgate};
 
 const TOKEN: &str = "rlqs-e2e-admin-token";
 const RATE: f64 = 20.0;
@@ -280,6 +277,18 @@ fn three_envoys_share_limits_across_two_replicas_within_the_bound() {
         start,
         &mut threads,
     );
+    let (killed_at, kill_end) = (30.0, 55.0);
+    let kill = Tenant::start(
+        "kill",
+        &addrs,
+        [
+            vec![(0.0, kill_end, 20.0)],
+            vec![(0.0, kill_end, 20.0)],
+            vec![(0.0, kill_end, 20.0)],
+        ],
+        start,
+        &mut threads,
+    );
 
     // At 12 s, the limit of tenant "lower" drops to 4/s, burst 4, through one replica.
     let lowered_at = 12.0;
@@ -295,6 +304,33 @@ fn three_envoys_share_limits_across_two_replicas_within_the_bound() {
     );
     assert_eq!(put.status, 200, "{put:?}");
 
+    // At 30 s, the replica holding streams is killed.
+    std::thread::sleep(
+        (start + Duration::from_secs_f64(killed_at)).saturating_duration_since(Instant::now()),
+    );
+    let streams = |tollgate: &Tollgate| tollgate.metric("tollgate_rlqs_streams");
+    // One stream per Envoy (a stream that ended is opened again at the Envoy's next report).
+    let all_streaming = wait_until(Duration::from_secs(10), || {
+        replicas.iter().map(|(t, _)| streams(t)).sum::<f64>() == 3.0
+    });
+    let before: Vec<f64> = replicas.iter().map(|(t, _)| streams(t)).collect();
+    assert!(
+        all_streaming,
+        "one stream per Envoy: {before:?}; Envoys alive: {:?}",
+        envoys.iter_mut().map(Envoy::exited).collect::<Vec<_>>()
+    );
+    let victim = usize::from(before[1] > before[0]);
+    let mut replicas = replicas;
+    let (mut killed, _) = replicas.remove(victim);
+    killed.signal("KILL");
+    killed.wait_exit(Duration::from_secs(5));
+    let survivor = &replicas[0].0;
+    assert!(
+        wait_until(Duration::from_secs(15), || streams(survivor) == 3.0),
+        "every Envoy's stream moved to the surviving replica: {}",
+        streams(survivor)
+    );
+
     for thread in threads {
         thread.join().expect("a load thread");
     }
@@ -309,7 +345,7 @@ fn three_envoys_share_limits_across_two_replicas_within_the_bound() {
             );
         }
     }
-    for tenant in [&skew, &shift, &stop, &lower] {
+    for tenant in [&skew, &shift, &stop, &lower, &kill] {
         for (i, seen) in tenant.seen.iter().enumerate() {
             let seen = seen.lock().unwrap();
             let unanswered = seen.iter().filter(|(_, s)| *s == NO_ANSWER).count();
@@ -342,6 +378,7 @@ fn three_envoys_share_limits_across_two_replicas_within_the_bound() {
     check_bound(&shift, end, RATE, BURST);
     check_bound(&stop, end, RATE, BURST);
     check_bound(&lower, end, RATE, BURST);
+    check_bound(&kill, kill_end, RATE, BURST);
 
     // skew: once the three Envoys have reported their demand and the first Envoy's share,
     // handed out before the others arrived, has expired (three rounds), each Envoy's part
@@ -379,5 +416,17 @@ fn three_envoys_share_limits_across_two_replicas_within_the_bound() {
     eprintln!("lower: {lowered} admitted in [{after}, {end}) against {bound}");
     assert!(lowered as f64 <= bound + 3.0, "lower: {lowered} > {bound}");
 
+    // kill: the streams moved; once the assignments made before the move have lapsed, every
+    // Envoy is served. An Envoy whose stream first went to the dead replica again reopens it
+    // a report later (5 s), and one that reopened first may hold most of the limit for an
+    // assignment's life (TTL + 1 s) as the only holder: the last 10 s leave room for both.
+    let rounds = kill.rounds(killed_at - 5.0, kill_end);
+    eprintln!("kill rounds from {}: {rounds:?}", killed_at - 5.0);
+    for e in 0..3 {
+        assert!(
+            kill.of(e, kill_end - 10.0, kill_end) > 0,
+            "kill: Envoy {e} was served after the move: {rounds:?}"
+        );
+    }
     drop(envoys);
 }
