@@ -232,30 +232,43 @@ local grant_rate = math.min(rate, free_rate)
 local grant_size = math.min(size, free_size)
 
 -- The escrow, refilled since its last update over the pool as it was then: each stretch
--- between two step expiries adds the stored free rate, capped at that stretch's free size.
+-- between two step expiries adds the rate no Envoy can be refilling then (the pool's rate,
+-- the smaller of now's and the stored one's, less the counted rates of holders whose counted
+-- size is above 0), capped at that stretch's free size.
 local function cap_at(t)
   local used = 0
   for _, h in ipairs(read) do used = used + level_at(h.size, t) end
   return math.max(size_units - used, 0) * MICRO
 end
+local function rate_at(t, refilling_only)
+  local sum = 0
+  for _, h in ipairs(read) do
+    if not refilling_only or level_at(h.size, t) > 0 then sum = sum + level_at(h.rate, t) end
+  end
+  return sum
+end
 local tokens
 if escrow then
   local times, seen = {}, {}
   for _, h in ipairs(read) do
-    for _, step in ipairs(h.size) do
-      local u = step[2]
-      if u > escrow.at and u < now and not seen[u] then
-        seen[u] = true
-        times[#times + 1] = u
+    for _, dim in ipairs({'rate', 'size'}) do
+      for _, step in ipairs(h[dim]) do
+        local u = step[2]
+        if u > escrow.at and u < now and not seen[u] then
+          seen[u] = true
+          times[#times + 1] = u
+        end
       end
     end
   end
   table.sort(times)
   times[#times + 1] = now
+  local ceiling = math.min(escrow.free + rate_at(escrow.at, false), rate_units)
   tokens = escrow.micro
   local t = escrow.at
   for _, tau in ipairs(times) do
-    local refill = math.floor(escrow.free * math.max(tau - t, 0) / math.max(fill, 1))
+    local free = math.max(ceiling - rate_at(t, true), 0)
+    local refill = math.floor(free * math.max(tau - t, 0) / math.max(fill, 1))
     tokens = math.min(tokens + refill, cap_at(t))
     t = tau
   end

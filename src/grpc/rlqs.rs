@@ -86,7 +86,8 @@ impl RateLimitQuotaService for RlqsService {
         let (answers, queued) = mpsc::channel(QUEUED_ANSWERS);
         let number = self.streams.fetch_add(1, Ordering::Relaxed);
         let id = format!("{:016x}.{number:x}", self.instance);
-        let mut stream = report::Stream::new(self.state.clone(), id);
+        log::debug!("rlqs: stream {id} opened");
+        let mut stream = report::Stream::new(self.state.clone(), id.clone());
         let mut stopping = self.stopping.clone();
         let notice = self.state.timings.close_notice;
         let leave = async move {
@@ -105,9 +106,12 @@ impl RateLimitQuotaService for RlqsService {
                 };
                 let reports = match message {
                     Ok(Some(reports)) => reports,
-                    Ok(None) => break,
+                    Ok(None) => {
+                        log::debug!("rlqs: stream {id} ended by Envoy");
+                        break;
+                    }
                     Err(status) => {
-                        log::debug!("rlqs: stream ended: {status}");
+                        log::debug!("rlqs: stream {id} ended: {status}");
                         break;
                     }
                 };

@@ -427,9 +427,17 @@ pub fn allocate(pool: &mut Pool, request: &ShareRequest, now_us: u64) -> Grant {
 
 /// The escrow's tokens (millionths) at `now_us`, as a bucket capped at the unassigned size:
 /// from its last update, each stretch between two step expiries of the pool as it was then
-/// (`holders`, as read) adds the free rate stored at that update and is capped at that
-/// stretch's unassigned size (refill past the cap is lost, as in a full bucket). A pool never
-/// written starts full, one written before the escrow existed empty.
+/// (`holders`, as read; nothing was sent in between) adds the rate no Envoy can be refilling
+/// in that stretch, and is capped at that stretch's unassigned size (refill past the cap is
+/// lost, as in a full bucket). A pool never written starts full, one written before the
+/// escrow existed empty.
+///
+/// The rate of a stretch is the pool's rate less the counted rates of the holders whose
+/// counted size is above 0: an Envoy applies at most what its holder counts, so one whose
+/// counted size is 0 holds no token and refills none, and a rate step that expired refills
+/// nothing from then on. The pool's rate is the smaller of the one given now and the one the
+/// stored free rate was computed with (free plus what was counted then), so a changed limit
+/// never credits the past stretches with more than either.
 #[expect(
     clippy::cast_precision_loss,
     clippy::cast_possible_truncation,
@@ -456,10 +464,23 @@ fn refilled(
     let Some(e) = escrow else {
         return if fresh { cap_at(now_us) as u64 } else { 0 };
     };
+    // Rate units counted at `t`: all of them, or only those of holders that may hold a token.
+    let rate_at = |t: u64, refilling_only: bool| -> u64 {
+        holders
+            .iter()
+            .filter(|(_, h)| !refilling_only || level(&h.size_steps, t) > 0)
+            .map(|(_, h)| level(&h.rate_steps, t))
+            .fold(0u64, u64::saturating_add)
+    };
+    let ceiling = e
+        .free_rate
+        .saturating_add(rate_at(e.at_us, false))
+        .min(request.rate_units);
     let fill = request.fill_interval_s.max(1) as f64;
     let mut times: Vec<u64> = holders
         .iter()
-        .flat_map(|(_, h)| h.size_steps.iter().map(|(_, until)| *until))
+        .flat_map(|(_, h)| h.rate_steps.iter().chain(&h.size_steps))
+        .map(|(_, until)| *until)
         .filter(|until| *until > e.at_us && *until < now_us)
         .collect();
     times.sort_unstable();
@@ -468,7 +489,8 @@ fn refilled(
     let mut tokens = e.micro as f64;
     let mut t = e.at_us;
     for tau in times {
-        let refill = (e.free_rate as f64 * tau.saturating_sub(t) as f64 / fill).floor();
+        let free = ceiling.saturating_sub(rate_at(t, true));
+        let refill = (free as f64 * tau.saturating_sub(t) as f64 / fill).floor();
         tokens = (tokens + refill).min(cap_at(t));
         t = tau;
     }

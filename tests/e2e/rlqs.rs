@@ -6,16 +6,16 @@
 //! - `skew`: 80/15/5 of five times the limit: the shares follow demand;
 //! - `shift`: equal demand, then 80/15/5 from 15 s on: the share moves within rounds;
 //! - `stop`: one Envoy stops sending: its share goes to the others after its TTL;
-//! - `lower`: an override lowers the limit: every Envoy is cut within one round.
-//!
-//! Not here: a replica killed while it holds streams. With Envoy 1.40 it was not reliable
-//! (an Envoy sometimes crashed in its quota filter, and Envoys that came back as new
-//! holders regained their size only as fast as the pool's escrow refilled); DESIGN states
-//! the bound for it.
+//! - `lower`: an override lowers the limit: every Envoy is cut within one round;
+//! - `kill`: the replica holding streams is killed at 30 s: the streams move to the other,
+//!   every Envoy is served again and the bound holds throughout.
 //!
 //! The bound checked everywhere: what all Envoys admit in any window of W seconds is at most
-//! `burst + rate × W`, plus what the first round of each (Envoy, bucket) may pass on the
-//! shipped `no_assignment_behavior` (1 token, 1 per second) before tollgate's first answer.
+//! `burst + rate × W` (the shipped `no_assignment_behavior` denies until tollgate's first
+//! answer), give or take one request for timing responses at the client.
+//!
+//! An Envoy that crashes or stops answering fails the test with that said plainly, never as
+//! tollgate admitting too little.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -25,14 +25,14 @@ use std::time::{Duration, Instant};
 use crate::support::envoy::Envoy;
 use crate::support::http::admin_json;
 use crate::support::proxies::backend::Backend;
-use crate::support::{redis_config, RedisServer, Tollgate};
+use crate::support::{redis_config, wait_until, RedisServer, Tollgate};
 
 const TOKEN: &str = "rlqs-e2e-admin-token";
 const RATE: f64 = 20.0;
 const BURST: f64 = 20.0;
-/// What the first round of one (Envoy, bucket) may pass beyond the bound: the fallback's one
-/// token, and its refill while tollgate's first answer travels (well under a second).
-const FIRST_ROUND: f64 = 2.0;
+/// Responses are timed when the client reads them: a window there may hold what Envoy admitted
+/// in one a few milliseconds longer (at 20/s, 50 ms make one request).
+const CLIENT_TIMING: f64 = 1.0;
 
 fn config(redis: &RedisServer) -> String {
     let limits = format!(
@@ -56,8 +56,12 @@ key = ["descriptor:tenant"]
     )
 }
 
-/// One response: seconds since the start, and whether it was admitted.
-type Seen = (f64, bool);
+/// One request: seconds since the start, and its status (200 admitted, 429 the quota's denial,
+/// [`NO_ANSWER`] when Envoy gave no HTTP answer at all).
+type Seen = (f64, u16);
+
+/// The status recorded for a request Envoy did not answer (refused, reset or timed out).
+const NO_ANSWER: u16 = 0;
 
 /// One tenant's traffic through one Envoy: `rate` requests per second from `from` to `to`
 /// seconds after `start`, paced, over one keep-alive connection.
@@ -82,22 +86,20 @@ fn drive(
                     std::thread::sleep(wait);
                 }
                 sent += 1;
-                if let Some(admitted) = request(&mut connection, envoy, tenant) {
-                    let t = start.elapsed().as_secs_f64();
-                    seen.lock().unwrap().push((t, admitted));
-                }
+                let status = request(&mut connection, envoy, tenant).unwrap_or(NO_ANSWER);
+                let t = start.elapsed().as_secs_f64();
+                seen.lock().unwrap().push((t, status));
             }
         }
     })
 }
 
-/// One GET with `X-Tenant`, reconnecting if need be: `Some(true)` for 200, `Some(false)` for
-/// the quota's 429.
+/// One GET with `X-Tenant`, reconnecting if need be: its status, if Envoy answered.
 fn request(
     connection: &mut Option<(TcpStream, BufReader<TcpStream>)>,
     envoy: SocketAddr,
     tenant: &str,
-) -> Option<bool> {
+) -> Option<u16> {
     for _ in 0..2 {
         if connection.is_none() {
             let stream = TcpStream::connect(envoy).ok()?;
@@ -112,7 +114,7 @@ fn request(
             continue;
         }
         match read_status(reader) {
-            Some(status) => return Some(status == 200),
+            Some(status) => return Some(status),
             None => *connection = None,
         }
     }
@@ -150,7 +152,7 @@ fn admitted(seen: &[&Arc<Mutex<Vec<Seen>>>], from: f64, to: f64) -> usize {
             s.lock()
                 .unwrap()
                 .iter()
-                .filter(|(t, ok)| *ok && *t >= from && *t < to)
+                .filter(|(t, status)| *status == 200 && *t >= from && *t < to)
                 .count()
         })
         .sum()
@@ -212,12 +214,11 @@ impl Tenant {
     }
 }
 
-/// Ignored by default: on this suite's 2-core machines one of the three Envoys sometimes
-/// admits nothing for the whole run (in 3 of the last 6 runs, twice without CPU burners), and
-/// Envoy 1.40 was seen to crash in its quota filter. Until that is understood the suite would
-/// be red for it; run it with `cargo test --features e2e --test e2e rlqs:: -- --ignored`.
+/// Until the shipped config stopped using a token bucket for `no_assignment_behavior`, an
+/// Envoy 1.40 crashed here in about half the runs (a null token bucket in its quota filter:
+/// see `config/envoy/rlqs.yaml`); a crash is now named as such, never counted as tollgate
+/// admitting too little.
 #[test]
-#[ignore = "an Envoy 1.40 sometimes admits nothing or crashes; run with --ignored"]
 fn three_envoys_share_limits_across_two_replicas_within_the_bound() {
     let redis = RedisServer::start();
     let app = Backend::start();
@@ -226,7 +227,7 @@ fn three_envoys_share_limits_across_two_replicas_within_the_bound() {
         .map(|_| crate::support::grpc::tollgate(&config))
         .collect();
     let grpc: Vec<SocketAddr> = replicas.iter().map(|(_, grpc)| *grpc).collect();
-    let envoys: Vec<Envoy> = (0..3).map(|_| Envoy::rlqs(&grpc, app.addr)).collect();
+    let mut envoys: Vec<Envoy> = (0..3).map(|_| Envoy::rlqs(&grpc, app.addr)).collect();
     let addrs = [envoys[0].addr, envoys[1].addr, envoys[2].addr];
 
     let start = Instant::now();
@@ -276,6 +277,18 @@ fn three_envoys_share_limits_across_two_replicas_within_the_bound() {
         start,
         &mut threads,
     );
+    let (killed_at, kill_end) = (30.0, 55.0);
+    let kill = Tenant::start(
+        "kill",
+        &addrs,
+        [
+            vec![(0.0, kill_end, 20.0)],
+            vec![(0.0, kill_end, 20.0)],
+            vec![(0.0, kill_end, 20.0)],
+        ],
+        start,
+        &mut threads,
+    );
 
     // At 12 s, the limit of tenant "lower" drops to 4/s, burst 4, through one replica.
     let lowered_at = 12.0;
@@ -291,8 +304,64 @@ fn three_envoys_share_limits_across_two_replicas_within_the_bound() {
     );
     assert_eq!(put.status, 200, "{put:?}");
 
+    // At 30 s, the replica holding streams is killed.
+    std::thread::sleep(
+        (start + Duration::from_secs_f64(killed_at)).saturating_duration_since(Instant::now()),
+    );
+    let streams = |tollgate: &Tollgate| tollgate.metric("tollgate_rlqs_streams");
+    // One stream per Envoy (a stream that ended is opened again at the Envoy's next report).
+    let all_streaming = wait_until(Duration::from_secs(10), || {
+        replicas.iter().map(|(t, _)| streams(t)).sum::<f64>() == 3.0
+    });
+    let before: Vec<f64> = replicas.iter().map(|(t, _)| streams(t)).collect();
+    assert!(
+        all_streaming,
+        "one stream per Envoy: {before:?}; Envoys alive: {:?}",
+        envoys.iter_mut().map(Envoy::exited).collect::<Vec<_>>()
+    );
+    let victim = usize::from(before[1] > before[0]);
+    let mut replicas = replicas;
+    let (mut killed, _) = replicas.remove(victim);
+    killed.signal("KILL");
+    killed.wait_exit(Duration::from_secs(5));
+    let survivor = &replicas[0].0;
+    assert!(
+        wait_until(Duration::from_secs(15), || streams(survivor) == 3.0),
+        "every Envoy's stream moved to the surviving replica: {}",
+        streams(survivor)
+    );
+
     for thread in threads {
         thread.join().expect("a load thread");
+    }
+    // An Envoy that crashed or stopped answering admits nothing: that is Envoy's failure, not
+    // an admission of tollgate's, and is named as such before any figure is checked.
+    for (i, envoy) in envoys.iter_mut().enumerate() {
+        if let Some(status) = envoy.exited() {
+            panic!(
+                "Envoy {i} crashed during the run ({status}), so the figures say nothing of \
+                 tollgate's shares: {}",
+                envoy.crash_report().unwrap_or_else(|| envoy.log())
+            );
+        }
+    }
+    for tenant in [&skew, &shift, &stop, &lower, &kill] {
+        for (i, seen) in tenant.seen.iter().enumerate() {
+            let seen = seen.lock().unwrap();
+            let unanswered = seen.iter().filter(|(_, s)| *s == NO_ANSWER).count();
+            let other = seen
+                .iter()
+                .filter(|(_, s)| ![NO_ANSWER, 200, 429].contains(s))
+                .count();
+            assert!(
+                unanswered == 0 && other == 0,
+                "Envoy {i} left {unanswered} of tenant {}'s requests unanswered and answered \
+                 {other} with neither 200 nor 429: Envoy's or the network's failure, not \
+                 tollgate's shares; its log: {}",
+                tenant.name,
+                envoys[i].log()
+            );
+        }
     }
 
     let mut report = String::new();
@@ -300,7 +369,7 @@ fn three_envoys_share_limits_across_two_replicas_within_the_bound() {
         let excess = worst_excess(&tenant.all(), end, rate, burst);
         report.push_str(&format!("{}: worst excess {excess:.0}; ", tenant.name));
         assert!(
-            excess <= 3.0 * FIRST_ROUND,
+            excess <= CLIENT_TIMING,
             "{}: a window admitted {excess} over burst + rate × W",
             tenant.name
         );
@@ -309,6 +378,7 @@ fn three_envoys_share_limits_across_two_replicas_within_the_bound() {
     check_bound(&shift, end, RATE, BURST);
     check_bound(&stop, end, RATE, BURST);
     check_bound(&lower, end, RATE, BURST);
+    check_bound(&kill, kill_end, RATE, BURST);
 
     // skew: once the three Envoys have reported their demand and the first Envoy's share,
     // handed out before the others arrived, has expired (three rounds), each Envoy's part
@@ -346,5 +416,17 @@ fn three_envoys_share_limits_across_two_replicas_within_the_bound() {
     eprintln!("lower: {lowered} admitted in [{after}, {end}) against {bound}");
     assert!(lowered as f64 <= bound + 3.0, "lower: {lowered} > {bound}");
 
+    // kill: the streams moved; once the assignments made before the move have lapsed, every
+    // Envoy is served. An Envoy whose stream first went to the dead replica again reopens it
+    // a report later (5 s), and one that reopened first may hold most of the limit for an
+    // assignment's life (TTL + 1 s) as the only holder: the last 10 s leave room for both.
+    let rounds = kill.rounds(killed_at - 5.0, kill_end);
+    eprintln!("kill rounds from {}: {rounds:?}", killed_at - 5.0);
+    for e in 0..3 {
+        assert!(
+            kill.of(e, kill_end - 10.0, kill_end) > 0,
+            "kill: Envoy {e} was served after the move: {rounds:?}"
+        );
+    }
     drop(envoys);
 }

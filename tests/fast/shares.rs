@@ -451,6 +451,9 @@ struct Envoy {
     tokens: f64,
     at: u64,
     since_report: u64,
+    /// How often its stream was opened again (on another replica): each stream is a new
+    /// holder, while Envoy keeps its bucket and the assignment it applies.
+    stream: u32,
 }
 
 impl Envoy {
@@ -507,24 +510,29 @@ fn worst_excess(admissions: &[(u64, u64)], rate_per_s: f64, burst: f64) -> f64 {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(512))]
 
-    /// Envoys modelled as Envoy 1.40 behaves, random reports, spending, cuts and growths on a
-    /// manual clock: in every window, what they all admitted is at most `burst + rate × W`.
+    /// Envoys modelled as Envoy 1.40 behaves, random reports, spending, cuts, growths and
+    /// streams opened again (a replica died: the Envoy reports as a new holder while it keeps
+    /// its bucket) on a manual clock: in every window, what they all admitted is at most
+    /// `burst + rate × W`.
     #[test]
     fn simulated_envoys_never_admit_past_the_limit(
         rate_per_s in 1u64..20,
         burst in 1u64..60,
-        events in prop::collection::vec((0usize..4, 0u64..4_000_000, any::<bool>(), 0u64..80), 1..160),
+        events in prop::collection::vec((0usize..4, 0u64..4_000_000, 0u8..9, 0u64..80), 1..160),
     ) {
         let ttl_us = 10 * S;
         let mut pool = Pool::default();
         let mut envoys = vec![Envoy::default(); 4];
         let mut admissions = Vec::new();
         let mut now = 1_000 * S;
-        for (holder, gap, report, wanted) in events {
+        for (holder, gap, kind, wanted) in events {
             now += gap;
             let envoy = &mut envoys[holder];
-            if report {
-                let mut ask = request(&format!("h{holder}"), envoy.since_report, rate_per_s * 3600, burst);
+            if kind == 0 {
+                envoy.stream += 1;
+            } else if kind < 5 {
+                let id = format!("h{holder}.{}", envoy.stream);
+                let mut ask = request(&id, envoy.since_report, rate_per_s * 3600, burst);
                 ask.hold_us = ttl_us + S;
                 let grant = allocate(&mut pool, &ask, now);
                 envoy.since_report = 0;
@@ -570,5 +578,70 @@ fn a_size_freed_by_an_expiry_is_handed_out_empty() {
     assert!(
         grant.size >= 1,
         "the escrow had refilled a token: {grant:?}"
+    );
+}
+
+/// The rate of an assignment that expired refills the escrow from its expiry on, not from the
+/// next report: an Envoy whose assignment expired refills nothing, so the pool's rate is all
+/// the escrow's again. Here one holder held all but the reserve until 1,009 s; a newcomer
+/// reporting at 1,012 s finds the 3 s since filled at the whole rate (20/s, capped at the
+/// burst), where the reserve's 1/s (the rate free at the last report) would give it 4 tokens.
+#[test]
+fn an_expired_rate_refills_the_escrow_at_once() {
+    let ask = |holder: &str| ShareRequest {
+        hold_us: 9 * S,
+        ..request(holder, 100, 72_000, 20)
+    };
+    let mut pool = Pool::default();
+    let first = allocate(&mut pool, &ask("a.0"), 1_000 * S);
+    assert_eq!((first.rate, first.size), (68_400, 19));
+    // a's Envoy spends its 19 tokens; its stream ends (its replica died) and it never reports
+    // again. The escrow holds 1 token and refills at the reserve's 1/s while a counts.
+    let newcomer = allocate(&mut pool, &ask("b.0"), 1_012 * S);
+    assert_eq!(
+        newcomer.size, 19,
+        "the escrow refilled at 20/s once a's assignment expired at 1,009 s: {newcomer:?}"
+    );
+}
+
+/// A replica dies: three Envoys at equal demand open their streams again on the other
+/// replica as new holders while their old assignments still count (9 s from their last
+/// report). No new holder is denied: the first to report takes what the reserve refilled,
+/// and each old assignment that expires before the others report frees its rate into the
+/// escrow at that instant (counted only from the next report, the third Envoy was denied for
+/// a round: sizes `[1, 1, 0]`). From the first report after every old one expired, each has
+/// at least a third of the burst less rounding.
+#[test]
+fn holders_on_a_new_stream_are_served_and_regain_their_sizes() {
+    let ask = |holder: &str| ShareRequest {
+        hold_us: 9 * S,
+        ..request(holder, 100, 72_000, 20)
+    };
+    let mut pool = Pool::default();
+    let envoys = ["a", "b", "c"];
+    for round in 0..4u64 {
+        for (i, envoy) in envoys.iter().enumerate() {
+            let now = 1_000 * S + round * 5 * S + i as u64 * 1_700_000;
+            allocate(&mut pool, &ask(&format!("{envoy}.0")), now);
+        }
+    }
+    // The old assignments were sent by 1,018.4 s: they count until 1,027.4 s at most.
+    let mut sizes = Vec::new();
+    for round in 0..4u64 {
+        let mut of_round = Vec::new();
+        for (i, envoy) in envoys.iter().enumerate() {
+            let now = 1_021 * S + round * 5 * S + i as u64 * 1_700_000;
+            of_round.push(allocate(&mut pool, &ask(&format!("{envoy}.1")), now).size);
+        }
+        sizes.push(of_round);
+    }
+    assert!(
+        sizes.iter().flatten().all(|s| *s >= 1),
+        "a new holder was denied: sizes per round after the move {sizes:?}"
+    );
+    // Reports from 1,031 s on come after every old assignment expired.
+    assert!(
+        sizes[2].iter().all(|s| *s >= 5),
+        "sizes per round after the move: {sizes:?}"
     );
 }

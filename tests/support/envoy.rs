@@ -123,6 +123,9 @@ impl Envoy {
             .args(["--disable-hot-restart", "--use-dynamic-base-id"])
             // Two cores are shared by every test: one worker is plenty.
             .args(["--concurrency", "1", "--log-level", "warning"])
+            // `TOLLGATE_TEST_ENVOY_LOG=rate_limit_quota:debug` (Envoy's
+            // `--component-log-level`) to see what a component does, e.g. the quota filter.
+            .args(component_log_level())
             .stdout(Stdio::null())
             .stderr(Stdio::from(log))
             .spawn()
@@ -185,6 +188,19 @@ impl Envoy {
             .unwrap_or(0)
     }
 
+    /// How Envoy exited, if it did (it never exits by itself while a test runs: an exit is a
+    /// crash, e.g. `signal: 11` for a segmentation fault).
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
+    /// The crash report Envoy logged (from its `Caught ...` line on), if any.
+    pub fn crash_report(&self) -> Option<String> {
+        let log = self.log();
+        let from = log.find("Caught ")?;
+        Some(log[from..].chars().take(4000).collect())
+    }
+
     /// What Envoy logged so far (warnings and errors), for failure messages.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.log_path()).unwrap_or_default()
@@ -229,6 +245,14 @@ fn shipped_config(relative: &str, app: SocketAddr, more: &[(&str, &str)]) -> (So
     ];
     replacements.extend_from_slice(more);
     (addr, template(&read_shipped(relative), &replacements))
+}
+
+/// `--component-log-level` from `TOLLGATE_TEST_ENVOY_LOG`, if set.
+fn component_log_level() -> Vec<String> {
+    match std::env::var("TOLLGATE_TEST_ENVOY_LOG") {
+        Ok(levels) if !levels.is_empty() => vec!["--component-log-level".into(), levels],
+        _ => Vec::new(),
+    }
 }
 
 /// A `socket_address` in the flow style the shipped files use.

@@ -164,6 +164,20 @@ impl Stream {
                     limit,
                 } => match store.share(&request).await {
                     Ok(grant) => {
+                        log::debug!(
+                            "rlqs: {} in {}: {} requests, granted rate {} size {} \
+                             ({} holders, {}/{} rate and {}/{} size counted)",
+                            request.holder,
+                            request.key,
+                            request.requests,
+                            grant.rate,
+                            grant.size,
+                            grant.holders,
+                            grant.counted_rate,
+                            units.rate,
+                            grant.counted_size,
+                            units.size,
+                        );
                         if let Some(limit) = policy.limits.get(limit) {
                             metrics
                                 .utilisation
