@@ -50,18 +50,19 @@ impl Reloader {
         let installed = match compiled {
             Ok((rules, policy)) => {
                 self.state.limiter.replace_policy(policy);
+                self.forget_removed_limits();
                 metrics.reload_success.inc();
                 self.count_erl_load(true);
                 *self.fed.lock().unwrap_or_else(|p| p.into_inner()) = Some(rules);
                 Ok(())
             }
             Err(error) => {
+                self.forget_removed_limits();
                 metrics.reload_failure.inc();
                 self.count_erl_load(false);
                 Err(error)
             }
         };
-        self.forget_removed_limits();
         installed
     }
 
@@ -74,7 +75,8 @@ impl Reloader {
     }
 
     /// Drops the metric series of the limits the running policy does not have: those a swap
-    /// removed, and those a refused compile made on its way.
+    /// removed, and those a refused compile made on its way. Called before the reload is
+    /// counted, so a scrape that sees the count never sees the removed limits' series.
     fn forget_removed_limits(&self) {
         let policy = self.state.limiter.policy();
         self.state
@@ -123,6 +125,7 @@ impl Reloader {
                 };
                 *self.watched.lock().unwrap_or_else(|p| p.into_inner()) = watched;
                 self.state.limiter.replace_policy(policy);
+                self.forget_removed_limits();
                 metrics.reload_success.inc();
                 self.count_erl_load(true);
                 log::info!("reload: {} limit(s) active", config.limits.len());
@@ -141,12 +144,12 @@ impl Reloader {
                         *seen = fingerprint;
                     }
                 }
+                self.forget_removed_limits();
                 metrics.reload_failure.inc();
                 self.count_erl_load(false);
                 log::error!("reload refused, keeping the running limits: {error}");
             }
         }
-        self.forget_removed_limits();
     }
 }
 
