@@ -66,14 +66,21 @@ fn an_acl_without_scripting_is_said_plainly_never_ready_and_recovers_when_grante
     assert_eq!(status, 503, "never ready, even with on_error allow: {body}");
     assert!(body.contains("+@scripting"), "the remedy is named: {body}");
 
+    // Another worker's warm-up or the override poll may still add its own line (a WARN) on
+    // a loaded machine; a line per check would add ten.
     let (_, lines_before) = refused_lines(&log);
-    for _ in 0..5 {
+    let checks = 10;
+    for _ in 0..checks {
         assert_eq!(tollgate.check(&[]).status, 200, "on_error allow");
     }
-    assert!(tollgate.metric("tollgate_checks_total{result=\"error_allowed\"}") >= 5.0);
+    assert!(tollgate.metric("tollgate_checks_total{result=\"error_allowed\"}") >= 10.0);
     let (errors, lines) = refused_lines(&log);
     assert_eq!(errors, 1, "one line names the cause and the remedy");
-    assert_eq!(lines, lines_before, "no line per check");
+    assert!(
+        lines - lines_before < checks / 2,
+        "a line per check: {lines_before} before {checks} checks, {lines} after:\n{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
 
     // Granted: the next probes run a script, and the store decides again.
     redis.cli(&["ACL", "SETUSER", "tollgate", "+@scripting"]);
