@@ -246,11 +246,7 @@ impl Limit {
     /// A reserving limit's estimate: the `reserve_header` value when it is an integer above
     /// `reserve`, else `reserve` (as [`Limit::check_cost`] reads a cost header).
     fn estimate_of(&self, request: &OriginalRequest<'_>) -> u64 {
-        self.reserve_header
-            .as_deref()
-            .and_then(|name| request.header(name))
-            .and_then(header_cost)
-            .map_or(self.reserve, |estimate| estimate.max(self.reserve))
+        at_least(request, self.reserve_header.as_deref(), self.reserve)
     }
 
     /// The cost of this request: the `cost_header` value when it is an integer above the
@@ -258,12 +254,16 @@ impl Limit {
     /// nor a malformed header makes a request cheaper. An integer above [`MAX_COST`] (however
     /// many digits) is [`OVER_COST`]: above every burst, so denied, never charged.
     fn cost_of(&self, request: &OriginalRequest<'_>) -> u64 {
-        self.cost_header
-            .as_deref()
-            .and_then(|name| request.header(name))
-            .and_then(header_cost)
-            .map_or(self.cost, |cost| cost.max(self.cost))
+        at_least(request, self.cost_header.as_deref(), self.cost)
     }
+}
+
+/// The integer in the header `name` when it is above `floor`, else `floor` (no header, a
+/// smaller or a malformed value: never below what the limit configures).
+fn at_least(request: &OriginalRequest<'_>, name: Option<&str>, floor: u64) -> u64 {
+    name.and_then(|name| request.header(name))
+        .and_then(header_cost)
+        .map_or(floor, |value| value.max(floor))
 }
 
 /// A lease id no other check draws: 128 random bits (from the OS; should it fail, from a
