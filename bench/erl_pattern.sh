@@ -7,7 +7,8 @@
 # medians.
 #
 # BORROW=1 adds borrowed tokens (limits[].borrow = true, store.borrow_horizon_ms =
-# $HORIZON_MS, default 100) in three shapes: 10,000 uniform keys, a Zipf spread (s = 1.1) over
+# $HORIZON_MS, default 100, and store.borrow_longest_horizon_ms = $LONGEST_MS, default 10000:
+# slower keys borrow on horizons ten times longer, up to that) in three shapes: 10,000 uniform keys, a Zipf spread (s = 1.1) over
 # 100,000 keys, and one hot key at 5,000 checks/s; each against the same tollgate without
 # borrowing and ERL's pair over as many keys, and with the script calls per check. On the Zipf
 # spread it also compares the borrowing /check's throughput with redis-benchmark running the
@@ -18,6 +19,7 @@
 #   ROUNDS=1 DURATION=3 bench/erl_pattern.sh
 #   BASE_BIN=/path/to/older/tollgate bench/erl_pattern.sh   # and that build's /check, same run
 #   BORROW=1 HORIZON_MS=100 bench/erl_pattern.sh
+#   BORROW=1 LONGEST_MS=100 bench/erl_pattern.sh             # one horizon for every key
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -38,6 +40,7 @@ start_per_key this target/release/tollgate redis
 [ -z "${BASE_BIN:-}" ] || start_per_key base "$BASE_BIN" redis
 if [ -n "${BORROW:-}" ]; then
   TOLLGATE_STORE__BORROW_HORIZON_MS=${HORIZON_MS:-100} \
+    TOLLGATE_STORE__BORROW_LONGEST_HORIZON_MS=${LONGEST_MS:-10000} \
     start_per_key borrow target/release/tollgate redis "borrow = true"
 fi
 
@@ -48,19 +51,24 @@ per_core() { awk -v n="$1" -v a="$2" -v b="$3" 'BEGIN {printf "%.0f", n / (b - a
 script_calls() { rcli INFO commandstats | tr -d '\r' | awk -F'[=,:]' '
   /^cmdstat_(evalsha|eval):/ {s += $3} END {print s + 0}'; }
 
+# bucket_reads: GET calls Redis has served (the script reads each bucket it decides once).
+bucket_reads() { rcli INFO commandstats | tr -d '\r' | awk -F'[=,:]' '
+  /^cmdstat_get:/ {s += $3} END {print s + 0}'; }
+
 # tollgate_checks PORT [SCRIPT KEYS]: checks per Redis core-second through the tollgate on
 # PORT, with the wrk script SCRIPT (default bench/random_key.lua) over KEYS keys; the script
-# calls per check go to $WORK/calls.
+# calls per check go to $WORK/calls, the buckets the script decided per check to $WORK/reads.
 tollgate_checks() {
-  local r0 r1 c0 c1 n
+  local r0 r1 c0 c1 g0 g1 n
   rcli FLUSHALL >/dev/null
-  r0=$(redis_cpu); c0=$(script_calls)
+  r0=$(redis_cpu); c0=$(script_calls); g0=$(bucket_reads)
   KEYS=${3:-$KEYS} wrk -t1 -c64 -d"${DURATION}s" -s "${2:-bench/random_key.lua}" \
     "http://127.0.0.1:$1/check" >"$WORK/wrk.out"
-  r1=$(redis_cpu); c1=$(script_calls)
+  r1=$(redis_cpu); c1=$(script_calls); g1=$(bucket_reads)
   n=$(awk '/ requests in / {print $1}' "$WORK/wrk.out")
   awk '/^Requests\/sec/ {print $2}' "$WORK/wrk.out" >>"$WORK/rps"
   awk -v c="$((c1 - c0))" -v n="$n" 'BEGIN {printf "%.3f\n", c / n}' >>"$WORK/calls"
+  awk -v g="$((g1 - g0))" -v n="$n" 'BEGIN {printf "%.3f\n", g / n}' >>"$WORK/reads"
   per_core "$n" "$r0" "$r1"
 }
 
@@ -94,13 +102,14 @@ if [ -n "${BORROW:-}" ]; then
   # over as many keys; ratios against ERL in the same round.
   shape() {
     local plain borrowed p2 p8
-    : >"$WORK/calls"; : >"$WORK/rps"
+    : >"$WORK/calls"; : >"$WORK/rps"; : >"$WORK/reads"
     plain=$(tollgate_checks "$PORT_this" "$2" "$3")
     borrowed=$(tollgate_checks "$PORT_borrow" "$2" "$3")
     p2=$(erl 2 "$3"); p8=$(erl 8 "$3")
     echo "$plain" >>"$WORK/$1.plain"; echo "$borrowed" >>"$WORK/$1.borrow"
     echo "$p2" >>"$WORK/$1.p2"; echo "$p8" >>"$WORK/$1.p8"
     sed -n 2p "$WORK/calls" >>"$WORK/$1.calls"
+    sed -n 2p "$WORK/reads" >>"$WORK/$1.reads"
     if [ "$1" = zipf ]; then
       sed -n 2p "$WORK/rps" >>"$WORK/zipf.rps"
       script_rps "$3" >>"$WORK/zipf.rb"
@@ -118,13 +127,14 @@ if [ -n "${BORROW:-}" ]; then
       esac
     done
   done
-  printf '| shape (horizon %s ms) | tollgate | borrow | ERL -P 2 | ERL -P 8 | borrow / -P 2 | borrow / -P 8 | script calls per check, borrow |\n' "${HORIZON_MS:-100}"
-  printf '|---|---|---|---|---|---|---|---|\n'
+  printf '| shape (horizons %s to %s ms) | tollgate | borrow | ERL -P 2 | ERL -P 8 | borrow / -P 2 | borrow / -P 8 | script calls per check, borrow | buckets Redis decided per check, borrow |\n' "${HORIZON_MS:-100}" "${LONGEST_MS:-10000}"
+  printf '|---|---|---|---|---|---|---|---|---|\n'
   for name in $SHAPES; do
-    printf '| %s | %s | %s | %s | %s | %s | %s | %s |\n' "$name" \
+    printf '| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n' "$name" \
       "$(median <"$WORK/$name.plain")" "$(median <"$WORK/$name.borrow")" \
       "$(median <"$WORK/$name.p2")" "$(median <"$WORK/$name.p8")" \
-      "$(median <"$WORK/$name.r2")" "$(median <"$WORK/$name.r8")" "$(median <"$WORK/$name.calls")"
+      "$(median <"$WORK/$name.r2")" "$(median <"$WORK/$name.r8")" "$(median <"$WORK/$name.calls")" \
+      "$(median <"$WORK/$name.reads")"
   done
   if [[ " $SHAPES " == *" zipf "* ]]; then
     printf '\n| Zipf spread, borrowing | /check req/s | redis-benchmark EVALSHA req/s | ratio |\n|---|---|---|---|\n'

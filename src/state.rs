@@ -101,10 +101,13 @@ pub fn build_state(config: &Config) -> Result<web::Data<AppState>, StartError> {
         );
     }
     if remote {
-        limiter = limiter.with_lender(Lender::new(
-            config.store.max_buckets,
-            config.store.borrow_horizon_ms * 1000,
-        ));
+        limiter = limiter.with_lender(
+            Lender::new(
+                config.store.max_buckets,
+                config.store.borrow_horizon_ms * 1000,
+            )
+            .with_longest_horizon(config.store.borrow_longest_horizon_ms * 1000),
+        );
     }
     if config.log.denials == DenialLogging::Sampled {
         limiter = limiter.with_denial_log(DenialLog::default());

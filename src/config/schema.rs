@@ -133,6 +133,9 @@ pub struct StoreConfig {
     pub borrow: bool,
     /// How long an instance admits from a slice of borrowed tokens, at most.
     pub borrow_horizon_ms: u64,
+    /// The longest horizon a key too slow for `borrow_horizon_ms` may borrow for (rungs ten
+    /// times apart); equal to `borrow_horizon_ms`: one horizon for every key.
+    pub borrow_longest_horizon_ms: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -499,6 +502,7 @@ impl Default for StoreConfig {
             override_poll_ms: 250,
             borrow: false,
             borrow_horizon_ms: 100,
+            borrow_longest_horizon_ms: 10_000,
             tls: None,
         }
     }

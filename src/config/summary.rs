@@ -261,7 +261,10 @@ impl StoreConfig {
                     redact_url(&self.url)
                 };
                 let borrow = if self.borrow {
-                    format!(", borrow on ({} ms)", self.borrow_horizon_ms)
+                    format!(
+                        ", borrow on ({} to {} ms)",
+                        self.borrow_horizon_ms, self.borrow_longest_horizon_ms
+                    )
                 } else {
                     String::new()
                 };

@@ -204,6 +204,12 @@ impl StoreConfig {
                 "must be between 10 and 10000",
             ));
         }
+        if !(self.borrow_horizon_ms..=60_000).contains(&self.borrow_longest_horizon_ms) {
+            return Err(ConfigError::new(
+                "store.borrow_longest_horizon_ms",
+                "must be between store.borrow_horizon_ms and 60000",
+            ));
+        }
         // Braces would become the Redis Cluster hash tag of every key: one slot for all.
         if self.key_prefix.is_empty()
             || self.key_prefix.len() > 64

@@ -17,7 +17,10 @@
 //! The slice a key asks for follows its local demand: the requests this instance saw for
 //! it in the last horizon, or in this one so far if more (a key that saw fewer than
 //! [`MIN_DEMAND`] asks for nothing: cold keys never borrow), at most half its burst; the store
-//! grants at most half of what is left.
+//! grants at most half of what is left. A key too slow for the horizon may borrow for a
+//! longer one: the horizons are rungs ten times apart, up to the longest configured, and a key
+//! borrows on the shortest rung over which it saw [`MIN_DEMAND`] requests (a slow key's slice
+//! lasts as long as it takes the key to use it).
 //!
 //! Memory is bounded: sharded maps with a cap each; an entry with no slice and no recent
 //! demand is dropped to make room, and a full shard with no such entry stops borrowing for
@@ -35,6 +38,10 @@ const SHARDS: usize = 32;
 /// The fewest requests of a key in a horizon for this instance to borrow: a smaller slice
 /// saves fewer store calls than holding it costs the store (measured: docs/BENCHMARKS.md).
 pub const MIN_DEMAND: u64 = 8;
+/// Most horizons a lender borrows on (the configured one and longer rungs).
+const MAX_RUNGS: usize = 4;
+/// How much longer each rung's horizon is than the one before.
+const RUNG_STEP: u64 = 10;
 
 /// A slice this instance holds.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -51,14 +58,38 @@ struct Held {
     burst: f64,
 }
 
+/// A key's requests over one rung's horizon: in the current window (from `start_us`) and
+/// the last one.
+#[derive(Debug, Clone, Copy, Default)]
+struct Window {
+    seen: u64,
+    seen_before: u64,
+    start_us: u64,
+}
+
+impl Window {
+    fn count(&mut self, now_us: u64, grid_us: u64) {
+        let age = now_us.saturating_sub(self.start_us);
+        if age >= grid_us {
+            self.seen_before = if age < 2 * grid_us { self.seen } else { 0 };
+            self.seen = 0;
+            self.start_us = now_us;
+        }
+        self.seen += 1;
+    }
+
+    /// The demand over a horizon: the last whole one's, or this one's so far.
+    fn demand(&self) -> u64 {
+        self.seen.max(self.seen_before)
+    }
+}
+
 /// What this instance knows of one key.
 #[derive(Debug, Clone, Copy, Default)]
 struct Holding {
     slice: Option<Held>,
-    /// Requests seen in the current window (one horizon, from `window_us`) and the last one.
-    seen: u64,
-    seen_before: u64,
-    window_us: u64,
+    /// Requests seen over each rung's horizon (the lender's `grids`).
+    windows: [Window; MAX_RUNGS],
     /// A call asking for a slice is in flight since then (others ask for none meanwhile).
     asking_since_us: Option<u64>,
     /// Slices installed so far (the id of the next one).
@@ -66,21 +97,18 @@ struct Holding {
 }
 
 impl Holding {
-    fn count(&mut self, now_us: u64, grid_us: u64) {
-        let age = now_us.saturating_sub(self.window_us);
-        if age >= grid_us {
-            self.seen_before = if age < 2 * grid_us { self.seen } else { 0 };
-            self.seen = 0;
-            self.window_us = now_us;
+    fn count(&mut self, now_us: u64, grids: &[u64]) {
+        for (window, &grid_us) in self.windows.iter_mut().zip(grids) {
+            window.count(now_us, grid_us);
         }
-        self.seen += 1;
     }
 
-    /// Nothing worth keeping: no slice, no demand in the last two horizons, nothing asked.
+    /// Nothing worth keeping: no slice, no demand in the last two (shortest) horizons,
+    /// nothing asked. A full shard drops such entries first, slow keys' counts with them.
     fn idle(&self, now_us: u64, grid_us: u64) -> bool {
         self.slice.is_none()
             && self.asking_since_us.is_none()
-            && now_us.saturating_sub(self.window_us) >= 2 * grid_us
+            && now_us.saturating_sub(self.windows[0].start_us) >= 2 * grid_us
     }
 }
 
@@ -91,7 +119,9 @@ pub struct Lender {
     shards: Box<[Mutex<Map>]>,
     hasher: std::hash::RandomState,
     shard_cap: usize,
-    grid_us: u64,
+    /// The rungs' horizons, shortest first: `grids[..rungs]`.
+    grids: [u64; MAX_RUNGS],
+    rungs: usize,
     min_demand: u64,
     clock: Arc<dyn Clock>,
 }
@@ -115,7 +145,8 @@ pub struct Moved {
 }
 
 impl Lender {
-    /// Slices of at most about `capacity` keys, on a horizon of `horizon_us`.
+    /// Slices of at most about `capacity` keys, on a horizon of `horizon_us` (only: see
+    /// [`Lender::with_longest_horizon`]).
     pub fn new(capacity: usize, horizon_us: u64) -> Lender {
         Lender::with_clock(capacity, horizon_us, Arc::new(MonotonicClock::default()))
     }
@@ -126,7 +157,8 @@ impl Lender {
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             hasher: std::hash::RandomState::new(),
             shard_cap: capacity.div_ceil(SHARDS).max(1),
-            grid_us: horizon_us.max(1_000),
+            grids: [horizon_us.max(1_000); MAX_RUNGS],
+            rungs: 1,
             min_demand: MIN_DEMAND,
             clock,
         }
@@ -139,8 +171,26 @@ impl Lender {
         self
     }
 
+    /// Lets keys too slow for the horizon borrow for longer: rungs ten times longer each, the
+    /// last at most `longest_us` (the longest is a rung of its own when the steps miss it).
+    pub fn with_longest_horizon(mut self, longest_us: u64) -> Lender {
+        let mut rungs = 1;
+        while rungs < MAX_RUNGS && self.grids[rungs - 1] < longest_us {
+            self.grids[rungs] = self.grids[rungs - 1]
+                .saturating_mul(RUNG_STEP)
+                .min(longest_us);
+            rungs += 1;
+        }
+        self.rungs = rungs;
+        self
+    }
+
     pub fn horizon_us(&self) -> u64 {
-        self.grid_us
+        self.grids[0]
+    }
+
+    fn grids(&self) -> &[u64] {
+        &self.grids[..self.rungs]
     }
 
     fn shard(&self, key: &str) -> MutexGuard<'_, Map> {
@@ -217,7 +267,7 @@ impl Lender {
                 }
                 held.left -= bucket.cost;
                 let taken = (held.left, held.id);
-                holding.count(now, self.grid_us);
+                holding.count(now, &self.grids[..self.rungs]);
                 Some(taken)
             });
             drop(shard);
@@ -255,10 +305,15 @@ impl Lender {
     fn ask(&self, bucket: &BucketRequest, now: u64) -> (Borrow, u64) {
         let mut shard = self.shard(&bucket.key);
         if !shard.contains_key(bucket.key.as_str()) && !self.make_room(&mut shard, now) {
-            return (self.borrow(0, None), 0);
+            let plain = Borrow {
+                grid_us: self.grids[0],
+                want: 0,
+                give: None,
+            };
+            return (plain, 0);
         }
         let holding = shard.entry(bucket.key.clone()).or_default();
-        holding.count(now, self.grid_us);
+        holding.count(now, self.grids());
         let give = holding.slice.take().map(|held| GiveBack {
             deadline_us: held.deadline_us,
             taken: held.taken,
@@ -266,33 +321,35 @@ impl Lender {
         });
         let asking = holding
             .asking_since_us
-            .is_some_and(|since| now.saturating_sub(since) < self.grid_us);
-        // The key's demand over a horizon: the last whole one's, or this one's so far.
-        let demand = holding.seen.max(holding.seen_before);
-        let want = if asking || demand < self.min_demand {
-            0
-        } else {
-            #[expect(
-                clippy::cast_possible_truncation,
-                clippy::cast_sign_loss,
-                reason = "a burst is at most 10^9"
-            )]
-            let half = (bucket.burst / 2.0).floor() as u64;
-            demand.min(half)
+            .is_some_and(|since| now.saturating_sub(since) < self.grids[0]);
+        // The shortest rung over which the key saw enough requests, and that demand.
+        let rung = holding.windows[..self.rungs]
+            .iter()
+            .zip(self.grids())
+            .map(|(window, &grid_us)| (window.demand(), grid_us))
+            .find(|&(demand, _)| demand >= self.min_demand);
+        let (want, grid_us) = match rung {
+            Some((demand, grid_us)) if !asking => {
+                #[expect(
+                    clippy::cast_possible_truncation,
+                    clippy::cast_sign_loss,
+                    reason = "a burst is at most 10^9"
+                )]
+                let half = (bucket.burst / 2.0).floor() as u64;
+                (demand.min(half), grid_us)
+            }
+            _ => (0, self.grids[0]),
         };
         if want > 0 {
             holding.asking_since_us = Some(now);
         }
         let returned = give.map_or(0, |g| g.unused);
-        (self.borrow(want, give), returned)
-    }
-
-    fn borrow(&self, want: u64, give: Option<GiveBack>) -> Borrow {
-        Borrow {
-            grid_us: self.grid_us,
+        let borrow = Borrow {
+            grid_us,
             want,
             give,
-        }
+        };
+        (borrow, returned)
     }
 
     /// Drops idle entries of a full shard; whether there is room for one more.
@@ -300,7 +357,7 @@ impl Lender {
         if shard.len() < self.shard_cap {
             return true;
         }
-        shard.retain(|_, holding| !holding.idle(now, self.grid_us));
+        shard.retain(|_, holding| !holding.idle(now, self.grids[0]));
         shard.len() < self.shard_cap
     }
 
@@ -452,6 +509,59 @@ mod tests {
 
     fn asked_again(lender: &Lender, b: &[BucketRequest]) -> (Vec<BucketRequest>, u64) {
         asked(lender.plan(b, &[true]).0)
+    }
+
+    fn grid_of(request: &BucketRequest) -> Option<u64> {
+        match request.meter {
+            Meter::Borrow(borrow) if borrow.want > 0 => Some(borrow.grid_us),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn rungs_are_ten_times_apart_up_to_the_longest() {
+        let clock = Arc::new(ManualClock::default());
+        let rungs = |horizon_us, longest_us| {
+            Lender::with_clock(64, horizon_us, clock.clone())
+                .with_longest_horizon(longest_us)
+                .grids()
+                .to_vec()
+        };
+        assert_eq!(rungs(100_000, 100_000), [100_000]);
+        assert_eq!(rungs(100_000, 10_000_000), [100_000, 1_000_000, 10_000_000]);
+        assert_eq!(rungs(100_000, 5_000_000), [100_000, 1_000_000, 5_000_000]);
+        assert_eq!(
+            rungs(10_000, 60_000_000),
+            [10_000, 100_000, 1_000_000, 10_000_000],
+            "at most four"
+        );
+    }
+
+    #[test]
+    fn a_key_too_slow_for_the_horizon_borrows_on_the_shortest_rung_it_fills() {
+        let clock = Arc::new(ManualClock::default());
+        clock.set_us(10_000_000);
+        let lender = Lender::with_clock(64, 100_000, clock.clone())
+            .with_longest_horizon(10_000_000)
+            .with_min_demand(3);
+        let b = [bucket("slow")];
+        // One request every 200 ms: never 3 in 100 ms, 3 in a second by the third.
+        let mut grids = Vec::new();
+        for _ in 0..4 {
+            let (call, sent) = asked(lender.plan(&b, &[true]).0);
+            grids.push(grid_of(&call[0]));
+            lender.learn(&call, &[], sent);
+            clock.advance_us(200_000);
+        }
+        assert_eq!(grids, [None, None, Some(1_000_000), Some(1_000_000)]);
+        // The same key, now hot: three in one short horizon borrow on it.
+        for _ in 0..2 {
+            let (call, sent) = asked(lender.plan(&b, &[true]).0);
+            lender.learn(&call, &[], sent);
+        }
+        let (call, _) = asked(lender.plan(&b, &[true]).0);
+        assert_eq!(grid_of(&call[0]), Some(100_000));
+        assert_eq!(want_of(&call[0]), 3, "its demand over the short horizon");
     }
 
     #[test]

@@ -90,11 +90,11 @@ struct Run {
 }
 
 /// `arrivals`: (gap in µs, instance, key). Every instance, the store and the ideal bucket
-/// read one manual clock.
+/// read one manual clock. Slow keys may borrow on rungs up to `longest_ms`.
 fn simulate(
     arrivals: &[(u64, usize, usize)],
     instances: usize,
-    horizon_ms: u64,
+    (horizon_ms, longest_ms): (u64, u64),
     rate: f64,
     burst: f64,
 ) -> Result<Run, String> {
@@ -103,7 +103,11 @@ fn simulate(
     let store = MemoryStore::with_clock(10_000, clock.clone());
     let ideal = MemoryStore::with_clock(10_000, clock.clone());
     let lenders: Vec<Lender> = (0..instances)
-        .map(|_| Lender::with_clock(1_000, horizon_ms * 1000, clock.clone()).with_min_demand(2))
+        .map(|_| {
+            Lender::with_clock(1_000, horizon_ms * 1000, clock.clone())
+                .with_longest_horizon(longest_ms * 1000)
+                .with_min_demand(2)
+        })
         .collect();
     let mut admitted: Vec<Admitted> = (0..3).map(|_| Admitted::new(rate, burst)).collect();
     let mut run = Run {
@@ -141,9 +145,10 @@ fn simulate(
 
 /// Bursts and pauses: mostly back-to-back arrivals, sometimes a pause of up to `max_pause_us`
 /// (long enough for a bucket to refill while slices are still held: the case held tokens
-/// must not refill for).
+/// must not refill for), and stretches of a few ms apart (keys too slow for the shortest
+/// horizon, which borrow on longer rungs).
 fn arrivals(max_pause_us: u64) -> impl Strategy<Value = Vec<(u64, usize, usize)>> {
-    let gap = prop_oneof![8 => 0..200u64, 1 => 0..max_pause_us];
+    let gap = prop_oneof![8 => 0..200u64, 1 => 0..max_pause_us, 4 => 1_000..30_000u64];
     prop::collection::vec((gap, 0..5usize, 0..3usize), 1..400)
 }
 
@@ -158,11 +163,13 @@ proptest! {
         arrivals in arrivals(300_000),
         instances in 1..5usize,
         horizon_ms in 10..300u64,
+        rungs in prop::sample::select(vec![1u64, 10, 30]),
         rate in 1.0..2000.0f64,
         burst in 1..60u32,
     ) {
         let burst = f64::from(burst);
-        let run = simulate(&arrivals, instances, horizon_ms, rate, burst)
+        let horizons = (horizon_ms, horizon_ms * rungs);
+        let run = simulate(&arrivals, instances, horizons, rate, burst)
             .map_err(TestCaseError::fail)?;
         // Per episode, the slices held then (one per instance, at most half a burst), lost
         // at most twice: used but not refilling, or unused when their group ended.
@@ -177,6 +184,27 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    /// Keys too slow for the shortest horizon (a few ms apart, about 17 a second each,
+    /// against a rate they mostly exceed): they borrow on longer rungs, and no window ever
+    /// admits more than the bucket allows.
+    #[test]
+    fn slow_keys_on_longer_rungs_never_exceed_the_bucket_on_any_window(
+        arrivals in prop::collection::vec((1_000..40_000u64, 0..5usize, 0..3usize), 20..400),
+        instances in 1..5usize,
+        horizon_ms in 10..100u64,
+        rungs in prop::sample::select(vec![10u64, 30, 100]),
+        rate in 0.5..20.0f64,
+        burst in 2..40u32,
+    ) {
+        let horizons = (horizon_ms, horizon_ms * rungs);
+        simulate(&arrivals, instances, horizons, rate, f64::from(burst))
+            .map_err(TestCaseError::fail)?;
+    }
+}
+
 /// A hot key far from its limit: most checks are answered from slices; at the limit the
 /// decisions are the store's. Prints the figures the benchmarks note quotes.
 #[test]
@@ -186,7 +214,7 @@ fn a_hot_key_is_decided_mostly_from_slices_and_admits_what_an_ideal_bucket_does(
     // shortfall is the first drain's (see docs/DESIGN.md), at most the tokens held then.
     for (rate, what) in [(10_000.0, "far from the limit"), (4_000.0, "at the limit")] {
         let arrivals: Vec<(u64, usize, usize)> = (0..50_000).map(|i| (200, i % 3, 0)).collect();
-        let run = simulate(&arrivals, 3, 100, rate, 1_000.0).expect("never over");
+        let run = simulate(&arrivals, 3, (100, 10_000), rate, 1_000.0).expect("never over");
         let ratio = run.admitted as f64 / run.ideal as f64;
         let calls = run.store_calls as f64 / arrivals.len() as f64;
         eprintln!(
@@ -207,12 +235,16 @@ fn on_redis(
     runtime: &tokio::runtime::Runtime,
     arrivals: &[(u64, usize, usize)],
     instances: usize,
-    horizon_ms: u64,
+    (horizon_ms, longest_ms): (u64, u64),
     (rate, burst): (f64, f64),
     case: usize,
 ) -> Result<(), String> {
     let lenders: Vec<Lender> = (0..instances)
-        .map(|_| Lender::new(1_000, horizon_ms * 1000).with_min_demand(2))
+        .map(|_| {
+            Lender::new(1_000, horizon_ms * 1000)
+                .with_longest_horizon(longest_ms * 1000)
+                .with_min_demand(2)
+        })
         .collect();
     let origin = Instant::now();
     let micros = |at: Instant| at.duration_since(origin).as_micros() as u64;
@@ -248,20 +280,21 @@ fn borrowing_instances_on_redis_never_exceed_the_bucket_on_any_window() {
         prop::collection::vec((0..3_000u64, 0..5usize, 0..3usize), 50..300),
         1..5usize,
         10..200u64,
+        prop::sample::select(vec![1u64, 10]),
         200.0..5000.0f64,
         2..60u32,
     );
     runner
         .run(
             &strategy,
-            |(arrivals, instances, horizon_ms, rate, burst)| {
+            |(arrivals, instances, horizon_ms, rungs, rate, burst)| {
                 case.set(case.get() + 1);
                 on_redis(
                     &store,
                     &runtime,
                     &arrivals,
                     instances,
-                    horizon_ms,
+                    (horizon_ms, horizon_ms * rungs),
                     (rate, f64::from(burst)),
                     case.get(),
                 )

@@ -1012,6 +1012,12 @@ fn borrowing_is_refused_where_it_cannot_be_exact_this_round_naming_the_limit() {
     }
     let output = run(&["validate"], Some("[store]\nborrow_horizon_ms = 5\n"), &[]);
     assert_refused(&output, "store.borrow_horizon_ms");
+    for longest in ["50", "60001"] {
+        let toml =
+            format!("[store]\nborrow_horizon_ms = 100\nborrow_longest_horizon_ms = {longest}\n");
+        let output = run(&["validate"], Some(&toml), &[]);
+        assert_refused(&output, "store.borrow_longest_horizon_ms");
+    }
     let fine = format!("{base}rate = 1\nburst = 5\n");
     let output = run(&["validate"], Some(&fine), &[]);
     assert!(output.status.success(), "{}", stderr(&output));
