@@ -228,6 +228,33 @@ fn a_hot_key_is_decided_mostly_from_slices_and_admits_what_an_ideal_bucket_does(
     }
 }
 
+/// Slow keys (3 a second on each of 3 instances, too slow for the 100 ms horizon) borrow on
+/// the 10 s rung: far from their limit few checks reach the store, and at their limit the
+/// instances admit what an ideal bucket does but for the stated shortfall. Prints the figures
+/// the benchmarks note quotes.
+#[test]
+fn slow_keys_borrow_on_a_longer_rung_and_admit_what_an_ideal_bucket_does() {
+    // 3 keys at 9 checks/s each, spread over 3 instances, for 60 s of simulated time.
+    let arrivals: Vec<(u64, usize, usize)> =
+        (0..1_620).map(|i| (37_037, (i / 3) % 3, i % 3)).collect();
+    for (rate, burst, what) in [
+        (20.0, 40.0, "far from the limit"),
+        (6.0, 20.0, "at the limit"),
+    ] {
+        let run = simulate(&arrivals, 3, (100, 10_000), rate, burst).expect("never over");
+        let ratio = run.admitted as f64 / run.ideal as f64;
+        let calls = run.store_calls as f64 / arrivals.len() as f64;
+        eprintln!(
+            "simulation, slow keys {what}: admitted {} / ideal {} = {ratio:.4}; {calls:.3} store calls per check",
+            run.admitted, run.ideal
+        );
+        assert!(ratio >= 0.99, "{what}: admitted / ideal = {ratio}");
+        if rate > 9.0 {
+            assert!(calls < 0.5, "{what}: {calls} store calls per check");
+        }
+    }
+}
+
 /// Several lenders (instances) on one real Redis, each reading the real clock: every
 /// admission is counted between the moment its check began and the moment it was answered.
 fn on_redis(
