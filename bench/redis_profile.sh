@@ -25,12 +25,22 @@
 #   bench/redis_profile.sh              # 4,000 calls per shape
 #   CALLS=1000 bench/redis_profile.sh   # a quick look
 #   PROFILES=DIR bench/redis_profile.sh  # keeps the profiles (SHAPE.out.1) for callgrind_annotate
+#   BASELINE=REV bench/redis_profile.sh  # also batch-before and one-before: the same two shapes
+#                                        # with lua/ as of git revision REV, in the same run
+#   SHAPES="batch one" bench/redis_profile.sh  # only these shapes
+#   RATE=0.01 BURST=1000 bench/redis_profile.sh  # every check's bucket (rate 1000/s and burst
+#             # 1,000,000 by default, full again within a millisecond: absent when checked)
+#             # stays in debt for 100 s, so most checks read and refill a stored value
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 CALLS=${CALLS:-4000}
 BATCH=${BATCH:-11}
 KEYS=${KEYS:-10000}
+RATE=${RATE:-1000}
+BURST=${BURST:-1000000}
+SHAPES=${SHAPES:-batch floor one one-floor function function-one erl}
+if [ -n "${BASELINE:-}" ]; then SHAPES="batch-before one-before $SHAPES"; fi
 
 . bench/lib.sh
 require valgrind:valgrind redis-server:redis-server redis-benchmark:redis-tools
@@ -65,12 +75,12 @@ checks() {
   local keys=() args=() i
   if [ "${ONE:-0}" = 1 ]; then
     redis-benchmark -h 127.0.0.1 -p "$REDIS_PORT" -c 8 -r "$KEYS" -n "$((CALLS * BATCH))" -q \
-      "$1" "$2" 1 "tollgate:per-key:{k__rand_int__}" 1000 1000000 1 0 >/dev/null
+      "$1" "$2" 1 "tollgate:per-key:{k__rand_int__}" "$RATE" "$BURST" 1 0 >/dev/null
     return
   fi
   for i in $(seq "$BATCH"); do
     keys+=("tollgate:per-key:{k__rand_int__}")
-    args+=(1 1000 1000000 1 0)
+    args+=(1 "$RATE" "$BURST" 1 0)
   done
   redis-benchmark -h 127.0.0.1 -p "$REDIS_PORT" -c 8 -r "$KEYS" -n "$CALLS" -q \
     "$1" "$2" "$BATCH" "${keys[@]}" '*' "${args[@]}" >/dev/null
@@ -79,6 +89,16 @@ checks() {
 script_calls() { checks evalsha "$(rcli SCRIPT LOAD "$(cat "$@")")"; }
 batch() { script_calls lua/calendar.lua lua/bounds.lua lua/token_bucket.lua; }
 one() { ONE=1 batch; }
+# batch_before, one_before: the same with the scripts as of git revision $BASELINE.
+batch_before() {
+  local f
+  mkdir -p "$WORK/before"
+  for f in calendar bounds token_bucket; do
+    git show "$BASELINE:lua/$f.lua" >"$WORK/before/$f.lua"
+  done
+  script_calls "$WORK/before/calendar.lua" "$WORK/before/bounds.lua" "$WORK/before/token_bucket.lua"
+}
+one_before() { ONE=1 batch_before; }
 # fcalls: the checks through FCALL of the same script loaded as a function library.
 fcalls() {
   {
@@ -125,13 +145,17 @@ inclusive() {
     }'
 }
 
-profile batch batch
-profile floor floor
-profile one one
-profile one-floor one_floor
-profile function fcalls
-profile function-one function_one
-profile erl erl
+for shape in $SHAPES; do
+  case $shape in
+    batch | floor | one | erl) profile "$shape" "$shape" ;;
+    batch-before) profile "$shape" batch_before ;;
+    one-before) profile "$shape" one_before ;;
+    one-floor) profile "$shape" one_floor ;;
+    function) profile "$shape" fcalls ;;
+    function-one) profile "$shape" function_one ;;
+    *) echo "unknown shape: $shape" >&2; exit 2 ;;
+  esac
+done
 if [ -n "${PROFILES:-}" ]; then
   mkdir -p "$PROFILES" && cp "$WORK"/*.out.1 "$PROFILES"/
 fi
@@ -143,7 +167,7 @@ fi
 counted=$((CALLS * BATCH))
 printf '| shape | instructions per check | parsing requests | commands | script | of which number <-> text | other |\n'
 printf '|---|---|---|---|---|---|---|\n'
-for shape in batch floor one one-floor function function-one erl; do
+for shape in $SHAPES; do
   inclusive "$WORK/$shape.out.1" | awk -v shape="$shape" -v n="$counted" '
     {v[$1] = $2}
     END {

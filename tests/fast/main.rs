@@ -47,6 +47,7 @@ mod reports;
 mod reservations;
 mod rlqs;
 mod routes;
+mod script_bytes;
 mod security;
 mod shares;
 mod single_node;
