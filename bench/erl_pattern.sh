@@ -50,13 +50,13 @@ fi
 # per_core N R0 R1: N operations over the Redis CPU seconds between R0 and R1.
 per_core() { awk -v n="$1" -v a="$2" -v b="$3" 'BEGIN {printf "%.0f", n / (b - a)}'; }
 
-# script_calls: EVALSHA and EVAL calls Redis has served.
-script_calls() { rcli INFO commandstats | tr -d '\r' | awk -F'[=,:]' '
-  /^cmdstat_(evalsha|eval):/ {s += $3} END {print s + 0}'; }
-
-# bucket_reads: GET calls Redis has served (the script reads each bucket it decides once).
-bucket_reads() { rcli INFO commandstats | tr -d '\r' | awk -F'[=,:]' '
-  /^cmdstat_get:/ {s += $3} END {print s + 0}'; }
+# served REGEX: calls Redis has served of the commands whose names match REGEX.
+served() { rcli INFO commandstats | tr -d '\r' | awk -F'[=,:]' -v re="^cmdstat_($1)$" '
+  $1 ~ re {s += $3} END {print s + 0}'; }
+# script_calls: EVALSHA and EVAL calls; bucket_reads: GET calls (the script reads each bucket
+# it decides once).
+script_calls() { served 'evalsha|eval'; }
+bucket_reads() { served get; }
 
 # tollgate_checks PORT [SCRIPT KEYS]: checks per Redis core-second through the tollgate on
 # PORT, with the wrk script SCRIPT (default bench/random_key.lua) over KEYS keys; the script

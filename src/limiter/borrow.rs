@@ -267,7 +267,7 @@ impl Lender {
                 }
                 held.left -= bucket.cost;
                 let taken = (held.left, held.id);
-                holding.count(now, &self.grids[..self.rungs]);
+                holding.count(now, self.grids());
                 Some(taken)
             });
             drop(shard);
@@ -323,7 +323,8 @@ impl Lender {
             .asking_since_us
             .is_some_and(|since| now.saturating_sub(since) < self.grids[0]);
         // The shortest rung over which the key saw enough requests, and that demand.
-        let rung = holding.windows[..self.rungs]
+        let rung = holding
+            .windows
             .iter()
             .zip(self.grids())
             .map(|(window, &grid_us)| (window.demand(), grid_us))

@@ -205,6 +205,24 @@ proptest! {
     }
 }
 
+/// `arrivals` on 3 instances with the shipped rungs (100 ms to 10 s), never over: admitted ÷
+/// the ideal bucket's admissions, and store calls per check, printed for the benchmarks note.
+fn against_ideal(
+    what: &str,
+    arrivals: &[(u64, usize, usize)],
+    rate: f64,
+    burst: f64,
+) -> (f64, f64) {
+    let run = simulate(arrivals, 3, (100, 10_000), rate, burst).expect("never over");
+    let ratio = run.admitted as f64 / run.ideal as f64;
+    let calls = run.store_calls as f64 / arrivals.len() as f64;
+    eprintln!(
+        "simulation, {what}: admitted {} / ideal {} = {ratio:.4}; {calls:.3} store calls per check",
+        run.admitted, run.ideal
+    );
+    (ratio, calls)
+}
+
 /// A hot key far from its limit: most checks are answered from slices; at the limit the
 /// decisions are the store's. Prints the figures the benchmarks note quotes.
 #[test]
@@ -212,15 +230,9 @@ fn a_hot_key_is_decided_mostly_from_slices_and_admits_what_an_ideal_bucket_does(
     // 5,000 checks/s over 3 instances for 10 s of simulated time, limit 10,000/s burst
     // 1,000: far from the limit. Then against a limit of 4,000/s: at the limit, where the
     // shortfall is the first drain's (see docs/DESIGN.md), at most the tokens held then.
+    let arrivals: Vec<(u64, usize, usize)> = (0..50_000).map(|i| (200, i % 3, 0)).collect();
     for (rate, what) in [(10_000.0, "far from the limit"), (4_000.0, "at the limit")] {
-        let arrivals: Vec<(u64, usize, usize)> = (0..50_000).map(|i| (200, i % 3, 0)).collect();
-        let run = simulate(&arrivals, 3, (100, 10_000), rate, 1_000.0).expect("never over");
-        let ratio = run.admitted as f64 / run.ideal as f64;
-        let calls = run.store_calls as f64 / arrivals.len() as f64;
-        eprintln!(
-            "simulation, {what}: admitted {} / ideal {} = {ratio:.4}; {calls:.3} store calls per check",
-            run.admitted, run.ideal
-        );
+        let (ratio, calls) = against_ideal(what, &arrivals, rate, 1_000.0);
         assert!(ratio >= 0.99, "{what}: admitted / ideal = {ratio}");
         if rate > 5_000.0 {
             assert!(calls < 0.2, "{what}: {calls} store calls per check");
@@ -241,13 +253,7 @@ fn slow_keys_borrow_on_a_longer_rung_and_admit_what_an_ideal_bucket_does() {
         (20.0, 40.0, "far from the limit"),
         (6.0, 20.0, "at the limit"),
     ] {
-        let run = simulate(&arrivals, 3, (100, 10_000), rate, burst).expect("never over");
-        let ratio = run.admitted as f64 / run.ideal as f64;
-        let calls = run.store_calls as f64 / arrivals.len() as f64;
-        eprintln!(
-            "simulation, slow keys {what}: admitted {} / ideal {} = {ratio:.4}; {calls:.3} store calls per check",
-            run.admitted, run.ideal
-        );
+        let (ratio, calls) = against_ideal(&format!("slow keys {what}"), &arrivals, rate, burst);
         assert!(ratio >= 0.99, "{what}: admitted / ideal = {ratio}");
         if rate > 9.0 {
             assert!(calls < 0.5, "{what}: {calls} store calls per check");
