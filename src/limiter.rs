@@ -40,6 +40,9 @@ pub struct Limiter<S: Store> {
     lender: Option<Lender>,
     /// `[log] denials = "sampled"`.
     denial_log: Option<DenialLog>,
+    /// Store calls deciding RLQS reports in flight on this instance, at most
+    /// [`shares::CALLS_IN_FLIGHT`].
+    share_calls: tokio::sync::Semaphore,
     metrics: Metrics,
 }
 
@@ -100,6 +103,7 @@ impl<S: Store> Limiter<S> {
             deny_cache: None,
             lender: None,
             denial_log: None,
+            share_calls: tokio::sync::Semaphore::new(shares::CALLS_IN_FLIGHT),
             metrics,
         }
     }

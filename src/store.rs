@@ -18,6 +18,7 @@ pub mod redis;
 pub mod shares;
 
 use std::future::Future;
+use std::time::Instant;
 
 use crate::base::calendar::Period;
 use crate::base::rate::count_f64;
@@ -301,13 +302,20 @@ pub trait Store: Send + Sync + 'static {
         async { Err(StoreError::Other("this store holds no reservations".into())) }
     }
 
-    /// One holder's report to a pool of RLQS shares ([`shares::allocate`], atomically).
+    /// Reports of holders to pools of RLQS shares ([`shares::allocate`], each pool
+    /// atomically), one result per request, in order, decided by `deadline` (RLQS's own,
+    /// behind a breaker of its own: a report never spends a check's deadline or breaker).
     fn share(
         &self,
-        request: &shares::ShareRequest,
-    ) -> impl Future<Output = Result<shares::Grant, StoreError>> {
-        let _ = request;
-        async { Err(StoreError::Other("this store holds no shares".into())) }
+        requests: &[shares::ShareRequest],
+        deadline: Instant,
+    ) -> impl Future<Output = Vec<Result<shares::Grant, StoreError>>> {
+        let _ = deadline;
+        let refused = requests
+            .iter()
+            .map(|_| Err(StoreError::Other("this store holds no shares".into())))
+            .collect();
+        async { refused }
     }
 
     /// The holders of a pool of shares as stored (peek), sorted by id, and the store's now
@@ -400,10 +408,14 @@ impl Store for AnyStore {
         }
     }
 
-    async fn share(&self, request: &shares::ShareRequest) -> Result<shares::Grant, StoreError> {
+    async fn share(
+        &self,
+        requests: &[shares::ShareRequest],
+        deadline: Instant,
+    ) -> Vec<Result<shares::Grant, StoreError>> {
         match self {
-            AnyStore::Memory(store) => store.share(request).await,
-            AnyStore::Redis(store) => store.share(request).await,
+            AnyStore::Memory(store) => store.share(requests, deadline).await,
+            AnyStore::Redis(store) => store.share(requests, deadline).await,
         }
     }
 

@@ -19,6 +19,9 @@ pub struct RlqsConfig {
     pub assignment_ttl_s: u64,
     /// The part of a limit never handed out by demand, so a newcomer is served at once.
     pub reserve: f64,
+    /// How long one message's reports may take in the store, waiting for their turn
+    /// included; RLQS's own deadline, apart from a check's `store.timeout_ms`.
+    pub timeout_ms: u64,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub buckets: Vec<RlqsBucketConfig>,
 }
@@ -30,6 +33,7 @@ impl Default for RlqsConfig {
             abandon_after_s: 300,
             assignment_ttl_s: 8,
             reserve: 0.05,
+            timeout_ms: 1000,
             buckets: Vec::new(),
         }
     }
@@ -57,6 +61,9 @@ pub enum Unmatched {
     Allow,
     Deny,
 }
+
+/// The longest one message's reports may take in the store (`rlqs.timeout_ms`).
+pub const MAX_TIMEOUT_MS: u64 = 5000;
 
 /// The longest TTL an assignment may have (an hour): a departed Envoy's share counts that long.
 pub const MAX_ASSIGNMENT_TTL_S: u64 = 3600;
@@ -86,6 +93,15 @@ impl RlqsConfig {
             return Err(ConfigError::new(
                 "rlqs.reserve",
                 "must be between 0 and 0.5 (a fraction of each limit)",
+            ));
+        }
+        if !(1..=MAX_TIMEOUT_MS).contains(&self.timeout_ms) {
+            return Err(ConfigError::new(
+                "rlqs.timeout_ms",
+                format!(
+                    "must be between 1 and {MAX_TIMEOUT_MS} (Envoy reports every 5 s: a message \
+                     is answered within this)"
+                ),
             ));
         }
         if !self.buckets.is_empty() && !grpc_listen {

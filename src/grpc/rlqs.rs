@@ -10,9 +10,11 @@
 mod action;
 mod report;
 
+use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use actix_web::web;
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::{
@@ -25,7 +27,10 @@ use futures_util::Stream;
 use tokio::sync::{mpsc, watch};
 use tonic::{Request, Response, Status, Streaming};
 
-pub use report::{MAX_BUCKETS_PER_MESSAGE, MAX_BUCKETS_PER_STREAM};
+pub use report::{
+    MAX_BUCKETS_PER_MESSAGE, MAX_BUCKETS_PER_STREAM, MAX_BUCKET_ID_BYTES, MAX_MEMBERS_PER_POOL,
+    MAX_TRACKED_BYTES,
+};
 
 use crate::state::AppState;
 
@@ -34,6 +39,9 @@ pub const SERVICE_NAME: &str = "envoy.service.rate_limit_quota.v3.RateLimitQuota
 
 /// Answers a stream may have queued for Envoy before its reports wait.
 const QUEUED_ANSWERS: usize = 4;
+/// The most quota streams one connection may hold open: Envoy opens one per (server, domain),
+/// and each stream tracks up to `report::MAX_TRACKED_BYTES`.
+pub const MAX_STREAMS_PER_CONNECTION: usize = 8;
 
 /// The service, for [`tonic::transport::Server::add_service`] (see [`RlqsService::server`]).
 #[derive(Clone)]
@@ -42,6 +50,8 @@ pub struct RlqsService {
     /// This instance's streams are told apart from every other replica's by it.
     instance: u64,
     streams: Arc<AtomicU64>,
+    /// Open streams per connection (by the peer's address).
+    per_connection: Arc<Mutex<HashMap<SocketAddr, usize>>>,
     /// True once a shutdown began: streams end after the close notice, so each Envoy opens
     /// its stream again on another replica while its assignments still hold.
     stopping: watch::Receiver<bool>,
@@ -53,6 +63,7 @@ impl RlqsService {
             state,
             instance: random_id(),
             streams: Arc::default(),
+            per_connection: Arc::default(),
             stopping,
         }
     }
@@ -82,6 +93,14 @@ impl RateLimitQuotaService for RlqsService {
         &self,
         request: Request<Streaming<RateLimitQuotaUsageReports>>,
     ) -> Result<Response<Answers>, Status> {
+        let place = match request.remote_addr() {
+            Some(peer) => Some(Place::take(&self.per_connection, peer).ok_or_else(|| {
+                Status::resource_exhausted(format!(
+                    "at most {MAX_STREAMS_PER_CONNECTION} quota streams per connection"
+                ))
+            })?),
+            None => None,
+        };
         let mut inbound = request.into_inner();
         let (answers, queued) = mpsc::channel(QUEUED_ANSWERS);
         let number = self.streams.fetch_add(1, Ordering::Relaxed);
@@ -97,6 +116,7 @@ impl RateLimitQuotaService for RlqsService {
         // Messages are answered in order, one at a time: a share is decided before the next
         // report of the same bucket is read.
         tokio::spawn(async move {
+            let _place = place;
             tokio::pin!(leave);
             loop {
                 let message = tokio::select! {
@@ -125,5 +145,39 @@ impl RateLimitQuotaService for RlqsService {
             queued.recv().await.map(|next| (next, queued))
         });
         Ok(Response::new(Box::pin(out)))
+    }
+}
+
+/// One stream's place among its connection's, given back when the stream ends.
+struct Place {
+    counts: Arc<Mutex<HashMap<SocketAddr, usize>>>,
+    peer: SocketAddr,
+}
+
+impl Place {
+    /// A place for a new stream of `peer`'s connection, if it has fewer than the most.
+    fn take(counts: &Arc<Mutex<HashMap<SocketAddr, usize>>>, peer: SocketAddr) -> Option<Place> {
+        let mut open = counts.lock().unwrap_or_else(PoisonError::into_inner);
+        let count = open.entry(peer).or_default();
+        if *count >= MAX_STREAMS_PER_CONNECTION {
+            return None;
+        }
+        *count += 1;
+        Some(Place {
+            counts: Arc::clone(counts),
+            peer,
+        })
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        let mut open = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(count) = open.get_mut(&self.peer) {
+            *count -= 1;
+            if *count == 0 {
+                open.remove(&self.peer);
+            }
+        }
     }
 }

@@ -1,10 +1,95 @@
 //! Envoy's quota service (RLQS) without gRPC: a key's numbers as the units of its pool of
-//! shares, one report as the store's request, and the store's grant as the token bucket
-//! Envoy enforces. The allocation itself is the store's (`store::shares`), atomic per pool.
+//! shares, one report as the store's request, the store's grant as the token buckets Envoy
+//! enforces, and the door through which reports reach the store ([`Limiter::share`]). The
+//! allocation itself is the store's (`store::shares`), atomic per pool.
 
+use std::time::Instant;
+
+use futures_util::stream::FuturesOrdered;
+use futures_util::StreamExt;
+
+use super::Limiter;
+use crate::base::rate::count_f64;
+use crate::config::OnError;
 use crate::policy::limit::Numbers;
 use crate::policy::rlqs::RlqsRules;
-use crate::store::shares::{Grant, ShareRequest};
+use crate::store::shares::{Grant, Member, ShareRequest};
+use crate::store::{Store, StoreError};
+
+/// Store calls deciding RLQS reports in flight on one instance, whatever the streams: a
+/// flood of reports queues here, never in the store ahead of the checks.
+pub const CALLS_IN_FLIGHT: usize = 4;
+/// Store calls in flight for one message (one stream: its messages are answered in order).
+pub const CALLS_PER_MESSAGE: usize = 2;
+/// The most pools one store call decides.
+pub const POOLS_PER_CALL: usize = 32;
+/// The most members one store call carries beyond a single pool's: a call's Lua runs for
+/// at most about a millisecond, so the checks queued behind it wait no longer.
+pub const MEMBERS_PER_CALL: usize = 512;
+
+impl<S: Store> Limiter<S> {
+    /// Decides `requests` (reports of one message, one per pool) by `deadline`: in calls of
+    /// at most [`POOLS_PER_CALL`] pools, [`CALLS_PER_MESSAGE`] at a time and at most
+    /// [`CALLS_IN_FLIGHT`] on the instance. A call still waiting for its turn at the deadline
+    /// is not sent. One result per request, in order.
+    pub async fn share(
+        &self,
+        requests: &[ShareRequest],
+        deadline: Instant,
+    ) -> Vec<Result<Grant, StoreError>> {
+        let mut batches = batches(requests).into_iter();
+        let mut calls = FuturesOrdered::new();
+        for batch in batches.by_ref().take(CALLS_PER_MESSAGE) {
+            calls.push_back(self.share_batch(batch, deadline));
+        }
+        let mut results = Vec::with_capacity(requests.len());
+        while let Some(grants) = calls.next().await {
+            results.extend(grants);
+            if let Some(batch) = batches.next() {
+                calls.push_back(self.share_batch(batch, deadline));
+            }
+        }
+        results
+    }
+
+    /// One store call for `batch`, once the instance has room for it.
+    async fn share_batch(
+        &self,
+        batch: &[ShareRequest],
+        deadline: Instant,
+    ) -> Vec<Result<Grant, StoreError>> {
+        let turn = tokio::time::timeout_at(
+            tokio::time::Instant::from_std(deadline),
+            self.share_calls.acquire(),
+        )
+        .await;
+        match turn {
+            Ok(Ok(_permit)) => self.store.share(batch, deadline).await,
+            // Not sent: no store failure, only no time left (or a closed semaphore, never).
+            _ => batch.iter().map(|_| Err(StoreError::Timeout)).collect(),
+        }
+    }
+}
+
+/// `requests` in consecutive batches of at most [`POOLS_PER_CALL`] pools and, past the first
+/// pool of a batch, [`MEMBERS_PER_CALL`] members.
+fn batches(requests: &[ShareRequest]) -> Vec<&[ShareRequest]> {
+    let mut batches = Vec::new();
+    let (mut start, mut members) = (0, 0);
+    for (i, request) in requests.iter().enumerate() {
+        let full =
+            i - start == POOLS_PER_CALL || members + request.members.len() > MEMBERS_PER_CALL;
+        if i > start && full {
+            batches.push(&requests[start..i]);
+            (start, members) = (i, 0);
+        }
+        members += request.members.len();
+    }
+    if start < requests.len() {
+        batches.push(&requests[start..]);
+    }
+    batches
+}
 
 /// The fill interval shares are counted in: Envoy refills `tokens_per_fill / fill_interval`
 /// per second continuously, so a long interval only gives shares a finer grain (one unit is
@@ -50,7 +135,7 @@ pub fn units(numbers: &Numbers) -> Units {
     }
 }
 
-/// The store's request for one report of `holder` to the pool at `key`.
+/// The store's request for one report of `holder` (its `members`) to the pool at `key`.
 #[expect(
     clippy::cast_possible_truncation,
     clippy::cast_sign_loss,
@@ -60,7 +145,7 @@ pub fn units(numbers: &Numbers) -> Units {
 pub fn share_request(
     key: String,
     holder: String,
-    requests: u64,
+    members: Vec<Member>,
     units: &Units,
     rules: &RlqsRules,
 ) -> ShareRequest {
@@ -68,7 +153,7 @@ pub fn share_request(
     ShareRequest {
         key,
         holder,
-        requests,
+        members,
         rate_units: units.rate,
         size_units: units.size,
         reserve_rate: reserve(units.rate),
@@ -92,9 +177,10 @@ pub enum Assignment {
     AllowAll,
 }
 
-/// The assignment for a grant: a token bucket, or deny all when the grant is empty.
-pub fn assignment(grant: &Grant, units: &Units) -> Assignment {
-    match (u32::try_from(grant.size), u32::try_from(grant.rate)) {
+/// The assignment for a member's part `(rate, size)`: a token bucket, or deny all when it is
+/// empty.
+pub fn assignment((rate, size): (u64, u64), units: &Units) -> Assignment {
+    match (u32::try_from(size), u32::try_from(rate)) {
         (Ok(max_tokens), Ok(tokens_per_fill)) if max_tokens > 0 && tokens_per_fill > 0 => {
             Assignment::TokenBucket {
                 max_tokens,
@@ -103,6 +189,25 @@ pub fn assignment(grant: &Grant, units: &Units) -> Assignment {
             }
         }
         _ => Assignment::DenyAll,
+    }
+}
+
+/// What a bucket never served is told when its pool could not be decided: what `on_error`
+/// answers a check (`allow`: allow all; `deny`: deny all; `local`: the key's numbers divided
+/// among the instances sharing the store, at least one token, as a check's fallback does).
+pub fn on_error(on_error: OnError, numbers: &Numbers, instances: u64) -> Assignment {
+    match on_error {
+        OnError::Allow => Assignment::AllowAll,
+        OnError::Deny => Assignment::DenyAll,
+        OnError::Local => {
+            let n = instances.max(1);
+            let local = units(&Numbers {
+                rate: numbers.rate / count_f64(n),
+                burst: (numbers.burst / n).max(1),
+                overridden: numbers.overridden,
+            });
+            assignment((local.rate, local.size), &local)
+        }
     }
 }
 
@@ -146,19 +251,9 @@ mod tests {
     #[test]
     fn an_empty_grant_denies_all() {
         let units = units(&numbers(1.0, 1));
-        let grant = Grant {
-            rate: 0,
-            size: 0,
-            ..Grant::default()
-        };
-        assert_eq!(assignment(&grant, &units), Assignment::DenyAll);
-        let grant = Grant {
-            rate: 3,
-            size: 2,
-            ..Grant::default()
-        };
+        assert_eq!(assignment((0, 0), &units), Assignment::DenyAll);
         assert_eq!(
-            assignment(&grant, &units),
+            assignment((3, 2), &units),
             Assignment::TokenBucket {
                 max_tokens: 2,
                 tokens_per_fill: 3,

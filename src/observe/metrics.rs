@@ -31,6 +31,9 @@ pub const RLQS_BUCKETS: &str = "tollgate_rlqs_buckets";
 pub const RLQS_REPORTS_TOTAL: &str = "tollgate_rlqs_reports_total";
 pub const RLQS_ASSIGNMENTS_TOTAL: &str = "tollgate_rlqs_assignments_total";
 pub const RLQS_SHARE_UTILISATION: &str = "tollgate_rlqs_share_utilisation";
+pub const RLQS_STORE_UP: &str = "tollgate_rlqs_store_up";
+pub const RLQS_STORE_ERRORS_TOTAL: &str = "tollgate_rlqs_store_errors_total";
+pub const RLQS_UNTRACKED_TOTAL: &str = "tollgate_rlqs_untracked_total";
 pub const BORROWED_TOKENS_TOTAL: &str = "tollgate_borrowed_tokens_total";
 
 /// The `decision` label of `tollgate_limit_decisions_total`, and the `event` labels of
@@ -110,6 +113,12 @@ pub struct RlqsMetrics {
     pub abandon: IntCounter,
     /// Per limit: the part of its rate handed out in the pool last reported to.
     pub utilisation: GaugeVec,
+    /// 1 while the store decides reports, 0 while their own breaker is open.
+    pub store_up: IntGauge,
+    /// Store calls for reports that failed (timed out, refused, broken).
+    pub store_errors: IntCounter,
+    /// Reported bucket ids a stream did not track (too large, or past its caps).
+    pub untracked: IntCounter,
 }
 
 /// `tollgate_limit_decisions_total` for one limit.
@@ -317,6 +326,23 @@ impl Metrics {
             &["limit"],
         )
         .expect("valid metric");
+        let rlqs_store_up = IntGauge::new(
+            RLQS_STORE_UP,
+            "1 while the store decides RLQS reports, 0 while their own circuit breaker is open.",
+        )
+        .expect("valid metric");
+        rlqs_store_up.set(1);
+        let rlqs_store_errors = IntCounter::new(
+            RLQS_STORE_ERRORS_TOTAL,
+            "Store calls deciding RLQS reports that failed (timed out, refused, broken).",
+        )
+        .expect("valid metric");
+        let rlqs_untracked = IntCounter::new(
+            RLQS_UNTRACKED_TOTAL,
+            "Reported quota bucket ids a stream did not track: larger than 4 KiB, or past the \
+             stream's caps (answered without a share).",
+        )
+        .expect("valid metric");
         let borrowed = IntCounterVec::new(
             Opts::new(
                 BORROWED_TOKENS_TOTAL,
@@ -334,6 +360,9 @@ impl Metrics {
             Box::new(rlqs_reports.clone()),
             Box::new(rlqs_assignments.clone()),
             Box::new(rlqs_utilisation.clone()),
+            Box::new(rlqs_store_up.clone()),
+            Box::new(rlqs_store_errors.clone()),
+            Box::new(rlqs_untracked.clone()),
             Box::new(limit_decisions.clone()),
             Box::new(reservations.clone()),
             Box::new(leases.clone()),
@@ -405,6 +434,9 @@ impl Metrics {
                 allow_all: rlqs_assignments.with_label_values(&["allow_all"]),
                 abandon: rlqs_assignments.with_label_values(&["abandon"]),
                 utilisation: rlqs_utilisation,
+                store_up: rlqs_store_up,
+                store_errors: rlqs_store_errors,
+                untracked: rlqs_untracked,
             },
             registry,
         }

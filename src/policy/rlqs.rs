@@ -18,6 +18,8 @@ pub struct RlqsRules {
     pub abandon_after_s: u64,
     pub assignment_ttl_s: u64,
     pub reserve: f64,
+    /// How long one message's reports may take in the store (`rlqs.timeout_ms`).
+    pub timeout: std::time::Duration,
 }
 
 /// One `[[rlqs.buckets]]`.
@@ -96,6 +98,7 @@ impl RlqsRules {
             abandon_after_s: config.abandon_after_s,
             assignment_ttl_s: config.assignment_ttl_s,
             reserve: config.reserve,
+            timeout: std::time::Duration::from_millis(config.timeout_ms),
         })
     }
 

@@ -545,9 +545,11 @@ impl<C: Clock> Store for MemoryStore<C> {
 
     async fn share(
         &self,
-        request: &super::shares::ShareRequest,
-    ) -> Result<super::shares::Grant, StoreError> {
-        Ok(self.pools.share(request, self.now_us()))
+        requests: &[super::shares::ShareRequest],
+        _deadline: std::time::Instant,
+    ) -> Vec<Result<super::shares::Grant, StoreError>> {
+        let grants = self.pools.share(requests, self.now_us());
+        grants.into_iter().map(Ok).collect()
     }
 
     async fn shares_of(

@@ -52,6 +52,17 @@ use super::{
 use crate::base::timings::Timings;
 use crate::observe::metrics::Metrics;
 
+/// Which calls a script call belongs to, and so which breaker admits it and learns from it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Lane {
+    /// Checks, reports and the admin's reads: the breaker `tollgate_store_up` mirrors, whose
+    /// opening renews the connection and answers checks per `on_error`.
+    Checks,
+    /// RLQS's reports: a breaker of their own. A flood of them that times out opens only it;
+    /// they never renew the connection or count in the checks' latency and error metrics.
+    Shares,
+}
+
 /// A script call admitted by the breaker.
 struct Call {
     started: Instant,
@@ -81,6 +92,8 @@ pub struct RedisStore {
     shares_peek_script: LuaScript,
     timeout: Duration,
     breaker: Breaker,
+    /// RLQS's reports' breaker (see [`Lane::Shares`]).
+    shares_breaker: Breaker,
     /// Why the store refuses scripts, while it does: readiness says so even while the
     /// breaker keeps calls away.
     scripts_refused: ArcSwapOption<String>,
@@ -119,6 +132,11 @@ impl RedisStore {
             shares_peek_script: LuaScript::new(shares::SHARES_PEEK_SCRIPT),
             timeout,
             breaker: Breaker::new(metrics.store_up.clone(), "redis", timings.breaker_open_for),
+            shares_breaker: Breaker::new(
+                metrics.rlqs.store_up.clone(),
+                "redis (RLQS reports)",
+                timings.breaker_open_for,
+            ),
             scripts_refused: ArcSwapOption::empty(),
             // No epoch yet: the first probe asks.
             scripts_ran_in: AtomicU64::new(u64::MAX),
@@ -175,7 +193,23 @@ impl RedisStore {
         args: impl Fn(&mut Cmd),
         deadline: Instant,
     ) -> Result<Value, StoreError> {
-        let call = self.begin(script)?;
+        self.run_script_in(Lane::Checks, script, keys, args, deadline)
+            .await
+    }
+
+    /// [`RedisStore::run_script`] through `lane`'s breaker.
+    async fn run_script_in(
+        &self,
+        lane: Lane,
+        script: &LuaScript,
+        keys: &[&str],
+        args: impl Fn(&mut Cmd),
+        deadline: Instant,
+    ) -> Result<Value, StoreError> {
+        let call = match lane {
+            Lane::Checks => self.begin(script)?,
+            Lane::Shares => self.begin_share(script)?,
+        };
         let result = deadline::until(deadline, async {
             // On a Cluster both commands are routed by their first key: the script is loaded
             // on the node that owns the slot, which is where it runs next time.
@@ -200,7 +234,44 @@ impl RedisStore {
             Ok(Err(e)) => Err(classify(&e)),
             Err(_elapsed) => Err(StoreError::Timeout),
         };
-        self.finish(script, &call, result)
+        match lane {
+            Lane::Checks => self.finish(script, &call, result),
+            Lane::Shares => self.finish_share(script, &call, result),
+        }
+    }
+
+    /// Admits an RLQS report through its own breaker.
+    fn begin_share(&self, script: &LuaScript) -> Result<Call, StoreError> {
+        if self.shares_breaker.admit() == Admission::Reject {
+            return Err(StoreError::Unavailable);
+        }
+        let epoch = self.epoch();
+        Ok(Call {
+            started: Instant::now(),
+            epoch,
+            whole: script.loaded_in.load(Ordering::Acquire) != epoch,
+        })
+    }
+
+    /// Accounts for an RLQS report's result in its own breaker and error counter only. A
+    /// connection it found broken is the checks' to renew: they meet it too.
+    fn finish_share(
+        &self,
+        script: &LuaScript,
+        call: &Call,
+        result: Result<Value, StoreError>,
+    ) -> Result<Value, StoreError> {
+        match &result {
+            Ok(_) => {
+                script.loaded_in.store(call.epoch, Ordering::Release);
+                self.shares_breaker.on_success();
+            }
+            Err(e) => {
+                self.metrics.rlqs.store_errors.inc();
+                self.shares_breaker.on_failure(e);
+            }
+        }
+        result
     }
 
     /// Admits a call through the breaker and notes how to send `script` on this epoch.
@@ -487,9 +558,10 @@ impl Store for RedisStore {
 
     async fn share(
         &self,
-        request: &crate::store::shares::ShareRequest,
-    ) -> Result<crate::store::shares::Grant, StoreError> {
-        self.share_pool(request).await
+        requests: &[crate::store::shares::ShareRequest],
+        deadline: Instant,
+    ) -> Vec<Result<crate::store::shares::Grant, StoreError>> {
+        self.share_pools(requests, deadline).await
     }
 
     async fn shares_of(

@@ -4,19 +4,26 @@
 //!
 //! A *pool* is one (limit, key). Its capacity is counted in whole *units*: `rate_units`
 //! tokens per fill interval (a rate share of `u` units is `u / fill_interval_s` tokens per
-//! second) and `size_units` tokens of bucket size. A *holder* is one Envoy's stream. Every
+//! second) and `size_units` tokens of bucket size. A *holder* is one Envoy stream's share of a
+//! pool; its *members* are that Envoy's buckets whose ids map to the pool (ids that differ only
+//! in entries the rule does not key on), each enforcing its part of the holder's share. Every
 //! assignment sent to a holder counts against the pool until its expiry (the TTL sent, plus
 //! a margin for the trip to Envoy), even after a smaller one replaced it: so a cut is in force
 //! before the capacity it frees is handed to another holder, and the sums of what the Envoys
 //! may hold never pass the pool's units ([`allocate`]'s invariant, checked by the tests).
 //!
 //! Sums of sizes are not enough for the tokens: Envoy starts a grown bucket at its old fill
-//! fraction and a first one full. So a size grows only with tokens from the pool's
+//! fraction and a first one full. So a member's size grows only with tokens from the pool's
 //! [`Escrow`], the size nobody counts, which refills only at the rate nobody counts: the pool
 //! behaves as one global bucket (DESIGN, "The escrow").
 //!
 //! All arithmetic is on integers or on `f64` operations performed in the same order as the
 //! script's, so both stores reach the same integers.
+
+mod escrow;
+mod pools;
+
+pub use pools::Pools;
 
 /// The most steps one holder's staircase keeps (see [`Holding`]); past it the two oldest
 /// merge, conservatively (the larger value, the later expiry).
@@ -65,18 +72,6 @@ impl Holding {
             level(&self.rate_steps, now_us),
             level(&self.size_steps, now_us),
         )
-    }
-
-    /// The size last sent to it, if Envoy surely still applies it when an answer sent at
-    /// `now_us` arrives (else 0: Envoy's next bucket may start full). A step lasts the TTL
-    /// plus [`TRIP_MARGIN_US`] from its sending and Envoy starts the TTL on receipt, so it
-    /// holds the assignment until at least `until − TRIP_MARGIN_US`; the answer takes up to
-    /// [`TRIP_MARGIN_US`] to arrive.
-    pub fn last_sent_size(&self, now_us: u64) -> u64 {
-        self.size_steps
-            .last()
-            .filter(|(_, until)| *until > now_us.saturating_add(2 * TRIP_MARGIN_US))
-            .map_or(0, |(units, _)| *units)
     }
 
     /// Whether it may be forgotten at `now_us`: nothing it was given counts, and it has not
@@ -179,15 +174,33 @@ pub struct Pool {
     pub expires_us: u64,
 }
 
+/// What a member (one Envoy bucket) was last sent: rate and size units, and until when that
+/// assignment counts (µs, store clock; 0 for nothing sent).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Sent {
+    pub rate: u64,
+    pub size: u64,
+    pub until_us: u64,
+}
+
+/// One member of the reporting holder, as its stream knows it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Member {
+    /// It reported in this message: it is sent a new part of the share. A member that did
+    /// not keeps what it was sent, which counts within the holder's share until it expires.
+    pub reported: bool,
+    /// Requests it allowed and denied since its last report.
+    pub requests: u64,
+    pub last: Sent,
+}
+
 /// One report of one holder, with the pool's numbers as the policy gives them now.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ShareRequest {
     /// The pool's store key.
     pub key: String,
-    /// The reporting holder (its stream's id).
+    /// The reporting holder (one stream's share of the pool).
     pub holder: String,
-    /// Requests it allowed and denied since its last report.
-    pub requests: u64,
     /// Tokens per fill interval of the whole limit: `floor(rate * fill_interval_s)`.
     pub rate_units: u64,
     /// The limit's burst: `floor(burst)`.
@@ -199,20 +212,39 @@ pub struct ShareRequest {
     pub fill_interval_s: u64,
     /// How long the assignment counts from now (its TTL plus the margin), in µs.
     pub hold_us: u64,
+    /// The holder's members: every bucket of the stream mapped to this pool.
+    pub members: Vec<Member>,
+}
+
+impl ShareRequest {
+    /// Requests its reporting members allowed and denied, as the holder's demand counts them.
+    fn requests(&self) -> u64 {
+        self.members
+            .iter()
+            .filter(|m| m.reported)
+            .map(|m| m.requests.min(MAX_REQUESTS))
+            .fold(0, u64::saturating_add)
+            .min(MAX_REQUESTS)
+    }
 }
 
 /// What the reporting holder is given, and the pool afterwards.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Grant {
-    /// Rate units (tokens per fill interval); 0 with `size` 0: deny all.
+    /// What the holder's members may hold now, all of them (rate units per fill interval and
+    /// size units): the holder's new step.
     pub rate: u64,
-    /// Bucket size in tokens.
     pub size: u64,
     /// Holders in the pool (the reporter included).
     pub holders: u64,
     /// What every holder may hold now, summed (the reporter's grant included).
     pub counted_rate: u64,
     pub counted_size: u64,
+    /// The store's now (µs): the members' new assignments count until `now_us + hold_us`.
+    pub now_us: u64,
+    /// Each reporting member's part (rate units, size units), in the order of the request's
+    /// members; (0, 0) is a denial.
+    pub members: Vec<(u64, u64)>,
 }
 
 /// The largest request count one report is taken at (9 million in 5 s: 1.8 million requests
@@ -221,19 +253,31 @@ pub struct Grant {
 pub const MAX_REQUESTS: u64 = 9_000_000;
 /// The reporting interval a first report's requests are spread over (Envoy reports every 5 s).
 pub const FIRST_REPORT_MS: u64 = 5_000;
+/// No holder's demand counts for more than this many times the pool's rate: an Envoy that
+/// reports far more than any limit could use (a bug, or a lie) cannot starve the others.
+pub const DEMAND_CAP: u64 = 4;
+/// A member's weight in its holder's split is its requests plus one, up to this: the products
+/// of the split stay exact in a double.
+pub const MAX_WEIGHT: u64 = 1_000_000;
 
 /// The reporter's demand in milli-requests per second: its requests over the time since its
 /// last report on the store's clock; a newcomer's is the mean of the others' (or its first
-/// report's requests over [`FIRST_REPORT_MS`] when alone or larger).
+/// report's requests over [`FIRST_REPORT_MS`] when alone or larger); at most [`DEMAND_CAP`]
+/// times the pool's rate.
 #[expect(
     clippy::cast_precision_loss,
     clippy::cast_possible_truncation,
     clippy::cast_sign_loss,
     reason = "requests are capped at MAX_REQUESTS so the product is exact; the quotient floors"
 )]
-fn demand(previous: Option<&Holding>, requests: u64, now_us: u64, others: &[&Holding]) -> u64 {
-    let requests = requests.min(MAX_REQUESTS) as f64;
-    match previous {
+fn demand(
+    previous: Option<&Holding>,
+    request: &ShareRequest,
+    now_us: u64,
+    others: &[&Holding],
+) -> u64 {
+    let requests = request.requests() as f64;
+    let demand = match previous {
         Some(held) if now_us > held.last_us => {
             let elapsed_ms = ((now_us - held.last_us) / 1000).max(1);
             (requests * 1_000_000.0 / elapsed_ms as f64).floor() as u64
@@ -242,15 +286,20 @@ fn demand(previous: Option<&Holding>, requests: u64, now_us: u64, others: &[&Hol
         None => {
             let own = (requests * 1_000_000.0 / FIRST_REPORT_MS as f64).floor() as u64;
             if others.is_empty() {
-                return own;
+                own
+            } else {
+                let sum: u64 = others
+                    .iter()
+                    .map(|h| h.demand_milli)
+                    .fold(0, u64::saturating_add);
+                own.max(sum / others.len() as u64)
             }
-            let sum: u64 = others
-                .iter()
-                .map(|h| h.demand_milli)
-                .fold(0, u64::saturating_add);
-            own.max(sum / others.len() as u64)
         }
-    }
+    };
+    let cap = (DEMAND_CAP as f64 * 1000.0 * request.rate_units as f64
+        / request.fill_interval_s.max(1) as f64)
+        .floor() as u64;
+    demand.min(cap)
 }
 
 /// The targets of every holder (sorted by id), given their demands: at least one unit each
@@ -292,15 +341,15 @@ fn rate_targets(budget: u64, demands: &[f64], eligible: &[bool]) -> Vec<u64> {
         .collect()
 }
 
-/// Which holders (sorted by id) get at least one unit: all when `units` allow, else the
-/// `units` with the highest demand (ties: the lower id).
-fn eligible(demands: &[u64], units: u64) -> Vec<bool> {
-    let n = demands.len();
+/// Which entries get at least one unit: all when `units` allow, else the `units` with the
+/// highest `weights` (ties: the first).
+fn heaviest(weights: &[u64], units: u64) -> Vec<bool> {
+    let n = weights.len();
     if (n as u64) <= units {
         return vec![true; n];
     }
     let mut order: Vec<usize> = (0..n).collect();
-    order.sort_by(|a, b| demands[*b].cmp(&demands[*a]).then(a.cmp(b)));
+    order.sort_by(|a, b| weights[*b].cmp(&weights[*a]).then(a.cmp(b)));
     let mut chosen = vec![false; n];
     for index in order
         .into_iter()
@@ -311,13 +360,45 @@ fn eligible(demands: &[u64], units: u64) -> Vec<bool> {
     chosen
 }
 
+/// `budget` split by `weights` (each at least 1): one unit each, then the spare in
+/// proportion; with fewer units than weights, one unit each to the heaviest. The running sum
+/// is held to the budget, whatever a quotient rounded to.
+#[expect(
+    clippy::cast_precision_loss,
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    reason = "spare < 2^33 and weights <= MAX_WEIGHT keep the products exact; quotients floor"
+)]
+fn split(budget: u64, weights: &[u64]) -> Vec<u64> {
+    let k = weights.len() as u64;
+    if budget < k {
+        return heaviest(weights, budget)
+            .into_iter()
+            .map(u64::from)
+            .collect();
+    }
+    let total = weights.iter().sum::<u64>() as f64;
+    let spare = (budget - k) as f64;
+    let mut given = 0u64;
+    weights
+        .iter()
+        .map(|w| {
+            let part = (1 + (spare * *w as f64 / total).floor() as u64).min(budget - given);
+            given += part;
+            part
+        })
+        .collect()
+}
+
 /// One report: updates the reporter's demand, forgets holders whose assignments all lapsed,
 /// and gives the reporter `min(target, free)` in each dimension, where `free` is the pool
 /// less what every other holder may still hold, or what the reporter may hold already if
-/// that is more (a pool whose limit was lowered: cuts go out, nothing grows); a size above
-/// the one last sent to the reporter takes the difference from the escrow, and is limited to
-/// what it holds. `pool` is as stored (holders in any order); it is updated in place, its
-/// escrow and expiry included. A grant of 0 in either dimension is a denial (0, 0).
+/// that is more (a pool whose limit was lowered: cuts go out, nothing grows). That grant,
+/// less what its members that did not report still hold, is split among the members that
+/// did, in proportion to their requests; a member's size above the one it surely still
+/// applies takes the difference from the escrow, and is limited to what it holds. `pool` is
+/// as stored (holders in any order); it is updated in place, its escrow and expiry included.
+/// A member's part of 0 in either dimension is a denial (0, 0).
 ///
 /// Invariant: if every holder's counted units summed to at most the pool's before the call,
 /// they do after it, at every later instant (counted units only fall as time passes).
@@ -328,7 +409,7 @@ fn eligible(demands: &[u64], units: u64) -> Vec<bool> {
 pub fn allocate(pool: &mut Pool, request: &ShareRequest, now_us: u64) -> Grant {
     let fresh = pool.holders.is_empty() && pool.escrow.is_none();
     // The escrow, refilled since its last update over the pool as it was then.
-    let mut tokens = refilled(pool.escrow, fresh, &pool.holders, request, now_us);
+    let mut tokens = escrow::refilled(pool.escrow, fresh, &pool.holders, request, now_us);
     let holders = &mut pool.holders;
     holders.retain(|(id, h)| *id == request.holder || !h.lapsed(now_us, request.hold_us));
     holders.sort_by(|a, b| a.0.cmp(&b.0));
@@ -339,7 +420,7 @@ pub fn allocate(pool: &mut Pool, request: &ShareRequest, now_us: u64) -> Grant {
         .filter(|(id, _)| *id != request.holder)
         .map(|(_, h)| h)
         .collect();
-    let demand_milli = demand(previous.as_ref(), request.requests, now_us, &others);
+    let demand_milli = demand(previous.as_ref(), request, now_us, &others);
     let alone = others.is_empty();
     let newcomer = previous.is_none();
     let (mut used_rate, mut used_size) = (0u64, 0u64);
@@ -368,7 +449,7 @@ pub fn allocate(pool: &mut Pool, request: &ShareRequest, now_us: u64) -> Grant {
     let demands: Vec<u64> = holders.iter().map(|(_, h)| h.demand_milli).collect();
     let rate_budget = request.rate_units.saturating_sub(request.reserve_rate);
     let size_budget = request.size_units.saturating_sub(request.reserve_size);
-    let chosen = eligible(&demands, rate_budget.min(size_budget));
+    let chosen = heaviest(&demands, rate_budget.min(size_budget));
     let scale = request.fill_interval_s as f64 / 1000.0;
     let rate_demands: Vec<f64> = demands.iter().map(|d| *d as f64 * scale).collect();
     let targets = rate_targets(rate_budget, &rate_demands, &chosen);
@@ -391,22 +472,14 @@ pub fn allocate(pool: &mut Pool, request: &ShareRequest, now_us: u64) -> Grant {
         free_rate = (free_rate / 2).max(free_rate.min(1));
         free_size = (free_size / 2).max(free_size.min(1));
     }
-    let (mut grant_rate, mut grant_size) = (rate.min(free_rate), size.min(free_size));
-    // A growth past the size last sent needs its tokens from the escrow (Envoy keeps a
-    // changed bucket's fill fraction and starts a first one full).
-    let last_sent = holders[who].1.last_sent_size(now_us);
-    if grant_size > last_sent {
-        grant_size = grant_size.min(last_sent.saturating_add(tokens / MICRO));
-    }
-    if grant_rate == 0 || grant_size == 0 {
-        (grant_rate, grant_size) = (0, 0);
-    }
-    tokens -= grant_size.saturating_sub(last_sent) * MICRO;
+    let (grant_rate, grant_size) = (rate.min(free_rate), size.min(free_size));
+    let (parts, total_rate, total_size) =
+        members_parts(request, grant_rate, grant_size, &mut tokens, now_us);
     let held = &mut holders[who].1;
     // The assignments it replaces keep counting until their own expiry.
     let until = now_us.saturating_add(request.hold_us);
-    push(&mut held.rate_steps, grant_rate, until, now_us);
-    push(&mut held.size_steps, grant_size, until, now_us);
+    push(&mut held.rate_steps, total_rate, until, now_us);
+    push(&mut held.size_steps, total_size, until, now_us);
     let (mine_rate, mine_size) = held.counted(now_us);
     pool.escrow = Some(Escrow {
         micro: tokens,
@@ -415,114 +488,68 @@ pub fn allocate(pool: &mut Pool, request: &ShareRequest, now_us: u64) -> Grant {
             .saturating_sub(used_rate.saturating_add(mine_rate)),
         at_us: now_us,
     });
-    pool.expires_us = expiry(&pool.holders, tokens, request, now_us);
+    pool.expires_us = escrow::expiry(&pool.holders, tokens, request, now_us);
     Grant {
-        rate: grant_rate,
-        size: grant_size,
+        rate: total_rate,
+        size: total_size,
         holders: pool.holders.len() as u64,
         counted_rate: used_rate.saturating_add(mine_rate),
         counted_size: used_size.saturating_add(mine_size),
+        now_us,
+        members: parts,
     }
 }
 
-/// The escrow's tokens (millionths) at `now_us`, as a bucket capped at the unassigned size:
-/// from its last update, each stretch between two step expiries of the pool as it was then
-/// (`holders`, as read; nothing was sent in between) adds the rate no Envoy can be refilling
-/// in that stretch, and is capped at that stretch's unassigned size (refill past the cap is
-/// lost, as in a full bucket). A pool never written starts full, one written before the
-/// escrow existed empty.
-///
-/// The rate of a stretch is the pool's rate less the counted rates of the holders whose
-/// counted size is above 0: an Envoy applies at most what its holder counts, so one whose
-/// counted size is 0 holds no token and refills none, and a rate step that expired refills
-/// nothing from then on. The pool's rate is the smaller of the one given now and the one the
-/// stored free rate was computed with (free plus what was counted then), so a changed limit
-/// never credits the past stretches with more than either.
-#[expect(
-    clippy::cast_precision_loss,
-    clippy::cast_possible_truncation,
-    clippy::cast_sign_loss,
-    reason = "the same double operations as the script; the result is capped at the unassigned size"
-)]
-fn refilled(
-    escrow: Option<Escrow>,
-    fresh: bool,
-    holders: &[(String, Holding)],
+/// The holder's grant split among its reporting members (their parts, and the holder's new
+/// totals: the parts plus what the silent members still hold). A member whose size grows
+/// past the one it surely still applies takes the growth from the escrow's `tokens`: Envoy
+/// keeps a changed bucket's fill fraction and starts a first one full.
+fn members_parts(
     request: &ShareRequest,
+    grant_rate: u64,
+    grant_size: u64,
+    tokens: &mut u64,
     now_us: u64,
-) -> u64 {
-    let cap_at = |t: u64| -> f64 {
-        let used = holders
-            .iter()
-            .map(|(_, h)| level(&h.size_steps, t))
-            .fold(0u64, u64::saturating_add);
-        request
-            .size_units
-            .saturating_sub(used)
-            .saturating_mul(MICRO) as f64
-    };
-    let Some(e) = escrow else {
-        return if fresh { cap_at(now_us) as u64 } else { 0 };
-    };
-    // Rate units counted at `t`: all of them, or only those of holders that may hold a token.
-    let rate_at = |t: u64, refilling_only: bool| -> u64 {
-        holders
-            .iter()
-            .filter(|(_, h)| !refilling_only || level(&h.size_steps, t) > 0)
-            .map(|(_, h)| level(&h.rate_steps, t))
-            .fold(0u64, u64::saturating_add)
-    };
-    let ceiling = e
-        .free_rate
-        .saturating_add(rate_at(e.at_us, false))
-        .min(request.rate_units);
-    let fill = request.fill_interval_s.max(1) as f64;
-    let mut times: Vec<u64> = holders
-        .iter()
-        .flat_map(|(_, h)| h.rate_steps.iter().chain(&h.size_steps))
-        .map(|(_, until)| *until)
-        .filter(|until| *until > e.at_us && *until < now_us)
-        .collect();
-    times.sort_unstable();
-    times.dedup();
-    times.push(now_us);
-    let mut tokens = e.micro as f64;
-    let mut t = e.at_us;
-    for tau in times {
-        let free = ceiling.saturating_sub(rate_at(t, true));
-        let refill = (free as f64 * tau.saturating_sub(t) as f64 / fill).floor();
-        tokens = (tokens + refill).min(cap_at(t));
-        t = tau;
-    }
-    tokens.min(cap_at(now_us)) as u64
-}
-
-/// When the pool's record may vanish (µs): after every holder's steps and quiet time, plus
-/// the time the escrow needs to refill the whole size at the pool's full rate, so an absent
-/// record really means a full escrow (at most [`MAX_FILL_US`] later).
-#[expect(
-    clippy::cast_precision_loss,
-    clippy::cast_possible_truncation,
-    clippy::cast_sign_loss,
-    reason = "the same double operations as the script; capped at MAX_FILL_US"
-)]
-fn expiry(holders: &[(String, Holding)], tokens: u64, request: &ShareRequest, now_us: u64) -> u64 {
-    let mut last = now_us.saturating_add(request.hold_us);
-    for (_, h) in holders {
-        for (_, until) in h.rate_steps.iter().chain(&h.size_steps) {
-            last = last.max(*until);
+) -> (Vec<(u64, u64)>, u64, u64) {
+    let (mut silent_rate, mut silent_size) = (0u64, 0u64);
+    let mut weights = Vec::with_capacity(request.members.len());
+    for member in &request.members {
+        if member.reported {
+            weights.push(member.requests.min(MAX_WEIGHT - 1) + 1);
+        } else if member.last.until_us > now_us {
+            silent_rate = silent_rate.saturating_add(member.last.rate);
+            silent_size = silent_size.saturating_add(member.last.size);
         }
-        last = last.max(h.last_us.saturating_add(request.hold_us));
     }
-    let missing = request
-        .size_units
-        .saturating_mul(MICRO)
-        .saturating_sub(tokens) as f64;
-    let fill_us = (missing * request.fill_interval_s.max(1) as f64
-        / request.rate_units.max(1) as f64)
-        .ceil()
-        .min(MAX_FILL_US as f64);
-    last.saturating_add(fill_us as u64)
+    let rates = split(grant_rate.saturating_sub(silent_rate), &weights);
+    let sizes = split(grant_size.saturating_sub(silent_size), &weights);
+    let (mut total_rate, mut total_size) = (silent_rate, silent_size);
+    let reported = request.members.iter().filter(|m| m.reported);
+    let parts = reported
+        .zip(rates.into_iter().zip(sizes))
+        .map(|(member, (mut rate, mut size))| {
+            // Envoy surely still applies it when this answer arrives: it lasts the TTL plus
+            // [`TRIP_MARGIN_US`] from its sending and Envoy starts the TTL on receipt, so it
+            // holds until at least `until − TRIP_MARGIN_US`; the answer takes up to
+            // [`TRIP_MARGIN_US`] to arrive. Else it may start full.
+            let last = if member.last.until_us > now_us.saturating_add(2 * TRIP_MARGIN_US) {
+                member.last.size
+            } else {
+                0
+            };
+            if size > last {
+                size = size.min(last.saturating_add(*tokens / MICRO));
+            }
+            if rate == 0 || size == 0 {
+                (rate, size) = (0, 0);
+            }
+            *tokens -= size.saturating_sub(last) * MICRO;
+            total_rate = total_rate.saturating_add(rate);
+            total_size = total_size.saturating_add(size);
+            (rate, size)
+        })
+        .collect();
+    (parts, total_rate, total_size)
 }
 
 /// A size target: at least 1, then `budget` less one per eligible holder in proportion to
@@ -550,88 +577,5 @@ fn size_target(budget: u64, weights: &[f64], eligible: &[bool], who: usize) -> u
     1 + extra as u64
 }
 
-/// The memory store's pools: each behind one lock taken once per report (a report message
-/// every few seconds per Envoy, never a request's path).
-#[derive(Debug, Default)]
-pub struct Pools {
-    pools: std::sync::Mutex<std::collections::HashMap<String, Pool>>,
-}
-
-impl Pools {
-    /// [`allocate`] on the pool `request.key`; a pool past its expiry is dropped.
-    pub fn share(&self, request: &ShareRequest, now_us: u64) -> Grant {
-        let mut pools = self
-            .pools
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        pools.retain(|_, pool| pool.expires_us > now_us);
-        let pool = pools.entry(request.key.clone()).or_default();
-        allocate(pool, request, now_us)
-    }
-
-    /// The holders of pool `key` that still hold something at `now_us`, sorted by id.
-    pub fn holders(&self, key: &str, now_us: u64) -> Vec<(String, Holding)> {
-        let pools = self
-            .pools
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let mut holders: Vec<(String, Holding)> = pools
-            .get(key)
-            .map(|pool| {
-                pool.holders
-                    .iter()
-                    .filter(|(_, h)| h.counted(now_us) != (0, 0))
-                    .cloned()
-                    .collect()
-            })
-            .unwrap_or_default();
-        holders.sort_by(|a, b| a.0.cmp(&b.0));
-        holders
-    }
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn request(holder: &str, requests: u64) -> ShareRequest {
-        ShareRequest {
-            key: "pool".into(),
-            holder: holder.into(),
-            requests,
-            rate_units: 1000,
-            size_units: 100,
-            reserve_rate: 50,
-            reserve_size: 5,
-            fill_interval_s: 100,
-            hold_us: 11_000_000,
-        }
-    }
-
-    #[test]
-    fn a_single_envoy_gets_all_but_the_reserve() {
-        let mut pool = Pool::default();
-        let grant = allocate(&mut pool, &request("a", 100), 1_000_000);
-        assert_eq!((grant.rate, grant.size), (950, 95));
-        let grant = allocate(&mut pool, &request("a", 100), 6_000_000);
-        assert_eq!((grant.rate, grant.size), (950, 95));
-    }
-
-    #[test]
-    fn a_cut_counts_until_the_assignment_it_replaces_expires() {
-        let mut pool = Pool::default();
-        allocate(&mut pool, &request("a", 1000), 0);
-        // b arrives: only the reserve is free, and a newcomer takes half of it.
-        let b = allocate(&mut pool, &request("b", 1000), 1_000_000);
-        assert_eq!((b.rate, b.size), (25, 2));
-        // a reports: its target is half; it is cut at once...
-        let a = allocate(&mut pool, &request("a", 1000), 5_000_000);
-        assert_eq!(a.rate, 475);
-        // ...but its old 950 counts until 11 s: b cannot grow before.
-        let b = allocate(&mut pool, &request("b", 1000), 6_000_000);
-        assert_eq!(b.rate, 50);
-        let b = allocate(&mut pool, &request("b", 1000), 11_000_001);
-        assert_eq!(b.rate, 475);
-        assert!(b.counted_rate <= 1000);
-    }
-}
+mod tests;

@@ -27,6 +27,7 @@ mod ingress_examples;
 mod metrics_exposition;
 mod nginx;
 mod rlqs;
+mod rlqs_flood;
 mod sentinel;
 mod slow_redis;
 mod tracing;

@@ -46,6 +46,7 @@ mod report_numbers;
 mod reports;
 mod reservations;
 mod rlqs;
+mod rlqs_bounds;
 mod routes;
 mod script_bytes;
 mod security;

@@ -11,16 +11,24 @@ use proptest::prelude::*;
 use crate::support::{redis_store, RedisServer};
 use tollgate::store::memory::{ManualClock, MemoryStore};
 use tollgate::store::redis::{RedisStore, Topology};
-use tollgate::store::shares::{allocate, Escrow, Grant, Holding, Pool, ShareRequest, ESCROW_FIELD};
+use tollgate::store::shares::{
+    Escrow, Grant, Holding, Member, Pool, Sent, ShareRequest, ESCROW_FIELD,
+};
 use tollgate::store::Store;
 
 const S: u64 = 1_000_000;
 
+/// A report of one bucket (the holder's only member); [`allocate`] fills in what it was last
+/// sent.
 fn request(holder: &str, requests: u64, rate_units: u64, size_units: u64) -> ShareRequest {
     ShareRequest {
         key: "pool".into(),
         holder: holder.into(),
-        requests,
+        members: vec![Member {
+            reported: true,
+            requests,
+            last: Sent::default(),
+        }],
         rate_units,
         size_units,
         reserve_rate: rate_units / 20,
@@ -28,6 +36,33 @@ fn request(holder: &str, requests: u64, rate_units: u64, size_units: u64) -> Sha
         fill_interval_s: 3600,
         hold_us: 11 * S,
     }
+}
+
+/// `tollgate`'s allocator, for a one-bucket holder whose stream remembers what it was last
+/// sent: the newest steps of its holding.
+fn allocate(pool: &mut Pool, request: &ShareRequest, now: u64) -> Grant {
+    let mut request = request.clone();
+    if let [member] = &mut request.members[..] {
+        member.last = last_sent(pool, &request.holder);
+    }
+    tollgate::store::shares::allocate(pool, &request, now)
+}
+
+/// What a one-bucket holder was last sent, read from its newest steps.
+fn last_sent(pool: &Pool, holder: &str) -> Sent {
+    pool.holders
+        .iter()
+        .find(|(id, _)| id == holder)
+        .and_then(|(_, h)| {
+            let (rate, _) = *h.rate_steps.last()?;
+            let (size, until_us) = *h.size_steps.last()?;
+            Some(Sent {
+                rate,
+                size,
+                until_us,
+            })
+        })
+        .unwrap_or_default()
 }
 
 /// What every holder may hold at `now`, summed.
@@ -80,7 +115,8 @@ fn a_single_envoy_gets_the_limit_less_the_reserve() {
 
 #[test]
 fn shares_follow_an_80_15_5_split_within_two_rounds() {
-    let (_, grants) = steady(&[800, 150, 50], (36_000, 100), 4);
+    // 10 per second in all; 40 per second asked, 80/15/5.
+    let (_, grants) = steady(&[32, 6, 2], (36_000, 100), 4);
     let budget = 34_200.0 - 3.0;
     for (grant, part) in grants.iter().zip([0.80, 0.15, 0.05]) {
         let want = 1.0 + budget * part;
@@ -113,6 +149,26 @@ fn more_holders_than_units_deny_the_least_demanding() {
     let (_, grants) = steady_filled(&[5, 1, 9], (2, 10), 6, 1);
     assert_eq!(grants[1].rate, 0, "{grants:?}");
     assert!(grants[0].rate == 1 && grants[2].rate == 1, "{grants:?}");
+}
+
+/// An Envoy reporting far more requests than the limit could admit (a bug, or a lie) counts
+/// as four times the limit: an Envoy with real demand beside it keeps a share in proportion.
+#[test]
+fn a_lying_envoy_cannot_starve_the_others() {
+    let mut pool = Pool::default();
+    let mut honest = Grant::default();
+    for round in 0..6u64 {
+        let now = 1_000 * S + round * 5 * S;
+        allocate(&mut pool, &request("liar", u64::MAX, 72_000, 100), now);
+        // 10 requests per second, half the limit of 20.
+        honest = allocate(&mut pool, &request("honest", 50, 72_000, 100), now + S);
+    }
+    // 10 against 80 (the liar's 1.8 million per second, capped): a ninth of the budget.
+    let budget = 72_000 - 3600;
+    assert!(
+        honest.rate >= budget / 10 && honest.size >= 5,
+        "the honest Envoy's share: {honest:?}"
+    );
 }
 
 #[test]
@@ -198,8 +254,13 @@ proptest! {
     /// serves every newcomer's size within a round.
     #[test]
     fn steady_shares_are_proportional_and_never_empty(
-        demands in prop::collection::vec(1u64..2000, 1..6),
-        units in (10u64..500).prop_flat_map(|size| (size * 14_400..size * 40_000, Just(size))),
+        (units, demands) in (10u64..500)
+            .prop_flat_map(|size| (size * 14_400..size * 40_000, Just(size)))
+            .prop_flat_map(|units| {
+                // Demands up to the cap, four times the pool's rate: proportions hold below it.
+                let most = units.0 * 4 / 3600;
+                (Just(units), prop::collection::vec(1u64..most, 1..6))
+            }),
     ) {
         let (_, grants) = steady(&demands, units, 4);
         let n = demands.len() as f64;
@@ -314,28 +375,40 @@ impl Twin {
             ..e
         });
         self.seed(key, &pool, escrow);
-        let report = ShareRequest {
+        let mut report = ShareRequest {
             key: key.into(),
             ..report.clone()
         };
+        for member in &mut report.members {
+            if member.last.until_us != 0 {
+                member.last.until_us = at(member.last.until_us);
+            }
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
         let grant = self
             .runtime
-            .block_on(self.store.share(&report))
+            .block_on(self.store.share(std::slice::from_ref(&report), deadline))
+            .remove(0)
             .expect("the script runs");
         let (_, after) = self
             .runtime
             .block_on(self.store.shares_of(key))
             .expect("the pool reads");
-        let now = after
-            .iter()
-            .find(|(id, _)| *id == report.holder)
-            .map_or(0, |(_, h)| h.last_us);
+        let now = grant.now_us;
+        assert_eq!(
+            after
+                .iter()
+                .find(|(id, _)| *id == report.holder)
+                .map(|(_, h)| h.last_us),
+            Some(now),
+            "the reporter's last report is the script's now"
+        );
         let mut twin = Pool {
             holders: pool.clone(),
             escrow,
             expires_us: 0,
         };
-        let expected = allocate(&mut twin, &report, now);
+        let expected = tollgate::store::shares::allocate(&mut twin, &report, now);
         assert_eq!(
             grant, expected,
             "grant for {seed:?} / {escrow:?} / {report:?}"
@@ -376,15 +449,21 @@ fn the_script_and_its_twin_agree_on_random_pools() {
     };
     let steps = || prop::collection::vec((0u64..4000, tenth()), 0..4);
     let holder = (0u64..3_000_000, tenth(), steps(), steps());
+    // A holder's buckets: whether each reported, its requests, and what it was last sent.
+    let member = (
+        any::<bool>(),
+        0u64..20_000,
+        (0u64..4000, 0u64..200, prop::option::of(tenth())),
+    );
     let strategy = (
         prop::collection::vec(holder, 0..6),
         0usize..7,
-        0u64..20_000,
+        prop::collection::vec(member, 1..5),
         (0u64..5000, 0u64..200),
         prop::option::of((0u64..250_000_000, 0u64..5000, tenth())),
     );
     runner
-        .run(&strategy, |(holders, reporter, requests, units, escrow)| {
+        .run(&strategy, |(holders, reporter, members, units, escrow)| {
             let seed: Vec<(String, Holding)> = holders
                 .into_iter()
                 .enumerate()
@@ -399,7 +478,23 @@ fn the_script_and_its_twin_agree_on_random_pools() {
                     (format!("h{i}"), holding)
                 })
                 .collect();
-            let report = request(&format!("h{reporter}"), requests, units.0, units.1);
+            let report = ShareRequest {
+                members: members
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, (reported, requests, (rate, size, until)))| Member {
+                        // At least one bucket reports: a holder is decided for those.
+                        reported: reported || i == 0,
+                        requests,
+                        last: Sent {
+                            rate,
+                            size,
+                            until_us: until.unwrap_or(0),
+                        },
+                    })
+                    .collect(),
+                ..request(&format!("h{reporter}"), 0, units.0, units.1)
+            };
             let escrow = escrow.map(|(micro, free_rate, at)| Escrow {
                 micro,
                 free_rate,
@@ -425,8 +520,10 @@ fn the_memory_store_keeps_pools_apart_and_forgets_lapsed_ones() {
             key: key.into(),
             ..request(holder, 100, 36_000, 100)
         };
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
         runtime
-            .block_on(store.share(&report))
+            .block_on(store.share(std::slice::from_ref(&report), deadline))
+            .remove(0)
             .expect("memory shares")
     };
     assert_eq!(share("a", "x").rate, 34_200);

@@ -19,6 +19,7 @@ pub mod latency;
 #[cfg(feature = "e2e")]
 pub mod otlp;
 pub mod proxies;
+pub mod rlqs;
 // A real statsd daemon: a process of its own per test, so only the second tier starts one.
 #[cfg(feature = "e2e")]
 pub mod statsd;

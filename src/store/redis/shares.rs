@@ -1,12 +1,13 @@
-//! RLQS shares in Redis: `lua/shares.lua` decides one holder's report on Redis's clock, in
-//! one atomic call per pool, so replicas never hand out the same capacity; `lua/shares_peek.lua`
-//! reads a pool. Both go through the breaker, deadline and script loading of a check.
+//! RLQS shares in Redis: `lua/shares.lua` decides holders' reports on Redis's clock, each pool
+//! atomically, several pools per call, so replicas never hand out the same capacity;
+//! `lua/shares_peek.lua` reads a pool. Reports go through RLQS's own breaker and deadline
+//! ([`Lane::Shares`]): a flood of reports never opens the checks' breaker.
 
 use std::time::Instant;
 
-use redis::Value;
+use redis::{Cmd, Value};
 
-use super::RedisStore;
+use super::{cross_slot, Lane, RedisStore};
 use crate::store::shares::{Grant, Holding, ShareRequest, ESCROW_FIELD};
 use crate::store::StoreError;
 
@@ -14,46 +15,72 @@ pub const SHARES_SCRIPT: &str = include_str!("../../../lua/shares.lua");
 pub const SHARES_PEEK_SCRIPT: &str = include_str!("../../../lua/shares_peek.lua");
 
 impl RedisStore {
-    pub(super) async fn share_pool(&self, request: &ShareRequest) -> Result<Grant, StoreError> {
+    /// The reports decided, one result per request. On a Cluster one call per slot, one after
+    /// the other (the caller bounds the calls in flight).
+    pub(super) async fn share_pools(
+        &self,
+        requests: &[ShareRequest],
+        deadline: Instant,
+    ) -> Vec<Result<Grant, StoreError>> {
+        let groups = if self.connection.is_cluster() {
+            cross_slot::group_keys_by_slot(requests.iter().map(|r| r.key.as_str()))
+        } else {
+            vec![(0..requests.len()).collect()]
+        };
+        let mut results: Vec<Option<Result<Grant, StoreError>>> = vec![None; requests.len()];
+        for group in groups {
+            let members: Vec<&ShareRequest> = group.iter().map(|&i| &requests[i]).collect();
+            match self.share_slot(&members, deadline).await {
+                Ok(grants) => {
+                    for (&i, grant) in group.iter().zip(grants) {
+                        results[i] = Some(grant);
+                    }
+                }
+                Err(error) => {
+                    for &i in &group {
+                        results[i] = Some(Err(error.clone()));
+                    }
+                }
+            }
+        }
+        results
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(StoreError::Script("no share decided".into()))))
+            .collect()
+    }
+
+    /// One `lua/shares.lua` call for `requests` (on a Cluster they share a slot).
+    async fn share_slot(
+        &self,
+        requests: &[&ShareRequest],
+        deadline: Instant,
+    ) -> Result<Vec<Result<Grant, StoreError>>, StoreError> {
+        let keys: Vec<&str> = requests.iter().map(|r| r.key.as_str()).collect();
+        let args = |cmd: &mut Cmd| {
+            for request in requests {
+                share_args(cmd, request);
+            }
+        };
         let reply = self
-            .run_script(
-                &self.shares_script,
-                &[request.key.as_str()],
-                |cmd| {
-                    cmd.arg(request.holder.as_str())
-                        .arg(request.requests)
-                        .arg(request.rate_units)
-                        .arg(request.size_units)
-                        .arg(request.reserve_rate)
-                        .arg(request.reserve_size)
-                        .arg(request.fill_interval_s)
-                        .arg(request.hold_us);
-                },
-                Instant::now() + self.timeout,
-            )
+            .run_script_in(Lane::Shares, &self.shares_script, &keys, args, deadline)
             .await?;
-        let malformed = || StoreError::Script(format!("unexpected shares reply {reply:?}"));
-        let Value::Array(items) = &reply else {
-            return Err(malformed());
+        let Value::Array(replies) = reply else {
+            return Err(StoreError::Script(format!(
+                "unexpected shares reply {reply:?}"
+            )));
         };
-        let numbers: Vec<u64> = items
+        if replies.len() != requests.len() {
+            return Err(StoreError::Script(format!(
+                "{} shares replies to {} reports",
+                replies.len(),
+                requests.len()
+            )));
+        }
+        Ok(replies
             .iter()
-            .map(|item| match item {
-                Value::Int(n) => u64::try_from(*n).ok(),
-                _ => None,
-            })
-            .collect::<Option<_>>()
-            .ok_or_else(malformed)?;
-        let [rate, size, holders, counted_rate, counted_size] = numbers[..] else {
-            return Err(malformed());
-        };
-        Ok(Grant {
-            rate,
-            size,
-            holders,
-            counted_rate,
-            counted_size,
-        })
+            .zip(requests)
+            .map(|(reply, request)| parse_grant(reply, request))
+            .collect())
     }
 
     pub(super) async fn shares_at(
@@ -97,4 +124,57 @@ impl RedisStore {
         holders.sort_by(|a, b| a.0.cmp(&b.0));
         Ok((now, holders))
     }
+}
+
+/// One pool's arguments, as `lua/shares.lua` reads them.
+fn share_args(cmd: &mut Cmd, request: &ShareRequest) {
+    cmd.arg(request.holder.as_str())
+        .arg(request.rate_units)
+        .arg(request.size_units)
+        .arg(request.reserve_rate)
+        .arg(request.reserve_size)
+        .arg(request.fill_interval_s)
+        .arg(request.hold_us)
+        .arg(request.members.len());
+    for member in &request.members {
+        cmd.arg(u8::from(member.reported))
+            .arg(member.requests)
+            .arg(member.last.rate)
+            .arg(member.last.size)
+            .arg(member.last.until_us);
+    }
+}
+
+/// One pool's reply: `{rate, size, holders, counted_rate, counted_size, now_us, (rate, size)
+/// per reporting member}`.
+fn parse_grant(reply: &Value, request: &ShareRequest) -> Result<Grant, StoreError> {
+    let malformed = || StoreError::Script(format!("unexpected shares reply {reply:?}"));
+    let Value::Array(items) = reply else {
+        return Err(malformed());
+    };
+    let numbers: Vec<u64> = items
+        .iter()
+        .map(|item| match item {
+            Value::Int(n) => u64::try_from(*n).ok(),
+            _ => None,
+        })
+        .collect::<Option<_>>()
+        .ok_or_else(malformed)?;
+    let reported = request.members.iter().filter(|m| m.reported).count();
+    let [rate, size, holders, counted_rate, counted_size, now_us, ref parts @ ..] = numbers[..]
+    else {
+        return Err(malformed());
+    };
+    if parts.len() != 2 * reported {
+        return Err(malformed());
+    }
+    Ok(Grant {
+        rate,
+        size,
+        holders,
+        counted_rate,
+        counted_size,
+        now_us,
+        members: parts.chunks(2).map(|pair| (pair[0], pair[1])).collect(),
+    })
 }
