@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 
+use crate::base::clock::{Clock, MonotonicClock};
 use crate::base::rate::count_f64;
 use crate::config::OnError;
 use crate::limiter::borrow::{Lender, Plan};
@@ -43,6 +44,8 @@ pub struct Limiter<S: Store> {
     /// Store calls deciding RLQS reports in flight on this instance, at most
     /// [`shares::CALLS_IN_FLIGHT`].
     share_calls: tokio::sync::Semaphore,
+    /// The time the limiter's own bookkeeping reads (µs; tests advance a manual one).
+    clock: Arc<dyn Clock>,
     metrics: Metrics,
 }
 
@@ -104,8 +107,20 @@ impl<S: Store> Limiter<S> {
             lender: None,
             denial_log: None,
             share_calls: tokio::sync::Semaphore::new(shares::CALLS_IN_FLIGHT),
+            clock: Arc::new(MonotonicClock::default()),
             metrics,
         }
+    }
+
+    /// Reads `clock` instead of the monotonic one.
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Now on the limiter's clock (µs since an arbitrary origin).
+    pub fn now_us(&self) -> u64 {
+        self.clock.now_us()
     }
 
     /// Answers denials the store would surely repeat locally, remembering up to `capacity`

@@ -27,10 +27,7 @@ use futures_util::Stream;
 use tokio::sync::{mpsc, watch};
 use tonic::{Request, Response, Status, Streaming};
 
-pub use report::{
-    MAX_BUCKETS_PER_MESSAGE, MAX_BUCKETS_PER_STREAM, MAX_BUCKET_ID_BYTES, MAX_MEMBERS_PER_POOL,
-    MAX_TRACKED_BYTES,
-};
+pub use report::MAX_BUCKETS_PER_MESSAGE;
 
 use crate::state::AppState;
 

@@ -1,19 +1,28 @@
-//! Envoy's quota service (RLQS) without gRPC: a key's numbers as the units of its pool of
-//! shares, one report as the store's request, the store's grant as the token buckets Envoy
-//! enforces, and the door through which reports reach the store ([`Limiter::share`]). The
-//! allocation itself is the store's (`store::shares`), atomic per pool.
+//! Envoy's quota service (RLQS) without gRPC: the door through which a stream's reports reach
+//! the store ([`Limiter::share`]): a key's numbers as the units of its pool, each pool's
+//! report as the store's request, the store's grant as the token buckets Envoy enforces, and
+//! what a bucket is told when its pool cannot be decided. The allocation itself is the
+//! store's (`store::shares`), atomic per pool.
+
+mod book;
 
 use std::time::Instant;
 
 use futures_util::stream::FuturesOrdered;
 use futures_util::StreamExt;
 
+pub use book::{
+    Book, BucketKey, Tracking, MAX_BUCKETS_PER_STREAM, MAX_BUCKET_ID_BYTES, MAX_MEMBERS_PER_POOL,
+    MAX_TRACKED_BYTES,
+};
+
 use super::Limiter;
 use crate::base::rate::count_f64;
 use crate::config::OnError;
 use crate::policy::limit::Numbers;
 use crate::policy::rlqs::RlqsRules;
-use crate::store::shares::{Grant, Member, ShareRequest};
+use crate::policy::Policy;
+use crate::store::shares::{Grant, Member, Sent, ShareRequest};
 use crate::store::{Store, StoreError};
 
 /// Store calls deciding RLQS reports in flight on one instance, whatever the streams: a
@@ -27,12 +36,116 @@ pub const POOLS_PER_CALL: usize = 32;
 /// at most about a millisecond, so the checks queued behind it wait no longer.
 pub const MEMBERS_PER_CALL: usize = 512;
 
+/// One pool a stream reports to in one message: the stream's holder of it, the limit (its
+/// index in the policy) and the key's numbers now, and the holder's members (those that
+/// reported first).
+#[derive(Debug, Clone)]
+pub struct PoolReport {
+    /// The pool's store key.
+    pub key: String,
+    pub holder: String,
+    pub limit: usize,
+    pub numbers: Numbers,
+    pub members: Vec<Member>,
+}
+
+/// The store key of the pool of the limit at `limit` in `policy` for the key `tail`.
+pub fn pool_key(policy: &Policy, limit: usize, tail: &[u8]) -> Option<String> {
+    let limit = policy.limits.get(limit)?;
+    Some(crate::store::shares_key(
+        &limit.store_key(&policy.key_prefix, tail),
+    ))
+}
+
+/// What a pool's reporting members are told.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PoolAnswer {
+    /// Each reporting member's assignment and what it was sent, in the order of the report.
+    Shared(Vec<(Assignment, Sent)>),
+    /// The store did not decide: a member the stream served keeps its assignment (until its
+    /// TTL, then Envoy's `expired_assignment_behavior`); one never served is told `unserved`,
+    /// what `store.on_error` answers a check.
+    Undecided { unserved: Assignment },
+}
+
 impl<S: Store> Limiter<S> {
+    /// One message's reports, one per pool, decided by `deadline` (see [`Limiter::decide_shares`]).
+    pub async fn share(
+        &self,
+        policy: &Policy,
+        pools: &[PoolReport],
+        deadline: Instant,
+    ) -> Vec<PoolAnswer> {
+        let rules = &policy.rlqs;
+        let asks: Vec<(Units, ShareRequest)> = pools
+            .iter()
+            .map(|pool| {
+                let units = units(&pool.numbers);
+                let request = share_request(
+                    pool.key.clone(),
+                    pool.holder.clone(),
+                    pool.members.clone(),
+                    &units,
+                    rules,
+                );
+                (units, request)
+            })
+            .collect();
+        let requests: Vec<ShareRequest> = asks.iter().map(|(_, r)| r.clone()).collect();
+        let decided = self.decide_shares(&requests, deadline).await;
+        let metrics = &self.metrics.rlqs;
+        pools
+            .iter()
+            .zip(asks)
+            .zip(decided)
+            .map(|((pool, (units, request)), result)| match result {
+                Ok(grant) => {
+                    log::debug!(
+                        "rlqs: {} in {}: {} bucket(s), share rate {} size {} ({} holders, \
+                         {}/{} rate and {}/{} size counted)",
+                        request.holder,
+                        request.key,
+                        grant.members.len(),
+                        grant.rate,
+                        grant.size,
+                        grant.holders,
+                        grant.counted_rate,
+                        units.rate,
+                        grant.counted_size,
+                        units.size,
+                    );
+                    if let Some(limit) = policy.limits.get(pool.limit) {
+                        metrics
+                            .utilisation
+                            .with_label_values(&[limit.name.as_str()])
+                            .set(utilisation(&grant, &units));
+                    }
+                    let until_us = grant.now_us.saturating_add(request.hold_us);
+                    let parts = grant.members.iter().map(|&(rate, size)| {
+                        let sent = Sent {
+                            rate,
+                            size,
+                            until_us,
+                        };
+                        (assignment((rate, size), &units), sent)
+                    });
+                    PoolAnswer::Shared(parts.collect())
+                }
+                Err(error) => {
+                    log::debug!("rlqs: no share decided for {}: {error}", pool.key);
+                    PoolAnswer::Undecided {
+                        unserved: on_error(self.on_error, &pool.numbers, self.instances()),
+                    }
+                }
+            })
+            .collect()
+    }
+
     /// Decides `requests` (reports of one message, one per pool) by `deadline`: in calls of
     /// at most [`POOLS_PER_CALL`] pools, [`CALLS_PER_MESSAGE`] at a time and at most
     /// [`CALLS_IN_FLIGHT`] on the instance. A call still waiting for its turn at the deadline
     /// is not sent. One result per request, in order.
-    pub async fn share(
+    pub async fn decide_shares(
         &self,
         requests: &[ShareRequest],
         deadline: Instant,
