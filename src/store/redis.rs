@@ -42,7 +42,9 @@ use redis::{Cmd, TlsCertificates, Value};
 use self::coalesce::Coalescer;
 use self::connection::Connection;
 pub use self::connection::{certificates, Topology};
-use self::script::{LuaScript, BUCKET_SCRIPT, INSTANCES_SCRIPT, REFUND_SCRIPT, REPORT_SCRIPT};
+use self::script::{
+    call_script, LuaScript, BUCKET_SCRIPT, INSTANCES_SCRIPT, REFUND_SCRIPT, REPORT_SCRIPT,
+};
 use self::wire::{as_float, bucket_args, classify, parse_decision, parse_report};
 use super::breaker::{Admission, Breaker, Failure};
 use super::{
@@ -210,24 +212,12 @@ impl RedisStore {
             Lane::Checks => self.begin(script)?,
             Lane::Shares => self.begin_share(script)?,
         };
-        let result = deadline::until(deadline, async {
-            // On a Cluster both commands are routed by their first key: the script is loaded
-            // on the node that owns the slot, which is where it runs next time.
-            match self
-                .connection
-                .query(&script.command(call.whole, keys, &args))
-                .await
-            {
-                Err(e)
-                    if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
-                {
-                    self.connection
-                        .query(&script.command(true, keys, &args))
-                        .await
-                }
-                other => other,
-            }
-        })
+        let result = deadline::until(
+            deadline,
+            call_script(&self.connection, call.whole, |whole| {
+                script.command(whole, keys, &args)
+            }),
+        )
         .await;
         let result = match result {
             Ok(Ok(value)) => Ok(value),

@@ -25,7 +25,7 @@ use redis::{Cmd, Value};
 use tokio::sync::oneshot;
 
 use super::connection::Connection;
-use super::script::{script_call, LuaScript};
+use super::script::{call_script, script_command, LuaScript};
 use super::wire::{bucket_args, classify};
 use crate::store::{BucketRequest, StoreError};
 
@@ -184,14 +184,10 @@ async fn call(connection: &Connection, script: &LuaScript, batch: Vec<Pending>) 
         .map(|p| p.deadline)
         .max()
         .unwrap_or_else(Instant::now);
-    let result = super::deadline::until(deadline, async {
-        match connection.query(&command(script, whole, &batch)).await {
-            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-                connection.query(&command(script, true, &batch)).await
-            }
-            other => other,
-        }
-    })
+    let result = super::deadline::until(
+        deadline,
+        call_script(connection, whole, |whole| command(script, whole, &batch)),
+    )
     .await;
     match result {
         Ok(Ok(reply)) => hand_out(reply, batch),
@@ -203,7 +199,7 @@ async fn call(connection: &Connection, script: &LuaScript, batch: Vec<Pending>) 
 /// `EVALSHA` (or `EVAL`, when `whole`) of the batch: one request alone goes in the script's
 /// single form, several in its batch form.
 fn command(script: &LuaScript, whole: bool, batch: &[Pending]) -> Cmd {
-    let mut cmd = script_call(script.source, &script.sha, whole);
+    let mut cmd = script_command(script.source, &script.sha, whole);
     let keys: usize = batch.iter().map(|p| p.buckets.len()).sum();
     cmd.arg(keys);
     for bucket in batch.iter().flat_map(|p| &p.buckets) {

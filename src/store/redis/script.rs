@@ -3,7 +3,9 @@
 
 use std::sync::atomic::AtomicU64;
 
-use redis::Cmd;
+use redis::{Cmd, Value};
+
+use super::connection::Connection;
 
 /// `lua/token_bucket.lua` as shipped: prefixed with the calendar arithmetic and the bounds
 /// (`lua/bounds.lua`) it uses.
@@ -50,7 +52,7 @@ impl LuaScript {
         keys: &[&str],
         args: impl FnOnce(&mut Cmd),
     ) -> Cmd {
-        let mut cmd = script_call(self.source, &self.sha, by_source);
+        let mut cmd = script_command(self.source, &self.sha, by_source);
         cmd.arg(keys.len());
         for key in keys {
             cmd.arg(*key);
@@ -62,7 +64,7 @@ impl LuaScript {
 
 /// `EVAL source` when `by_source`, else `EVALSHA sha`: a script call without its keys and
 /// arguments.
-pub(super) fn script_call(source: &str, sha: &str, by_source: bool) -> Cmd {
+pub(super) fn script_command(source: &str, sha: &str, by_source: bool) -> Cmd {
     if by_source {
         let mut cmd = redis::cmd("EVAL");
         cmd.arg(source);
@@ -71,6 +73,24 @@ pub(super) fn script_call(source: &str, sha: &str, by_source: bool) -> Cmd {
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(sha);
         cmd
+    }
+}
+
+/// Sends `command(whole)` (the script whole when `whole`, else by its SHA1); a `NOSCRIPT`
+/// (a node restarted, flushed or promoted behind the same connection) is answered by sending
+/// it whole, once, to the same node (on a Cluster the command is routed by its first key).
+pub(super) async fn call_script(
+    connection: &Connection,
+    whole: bool,
+    command: impl Fn(bool) -> Cmd,
+) -> redis::RedisResult<Value> {
+    match connection.query(&command(whole)).await {
+        Err(e)
+            if !whole && e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+        {
+            connection.query(&command(true)).await
+        }
+        other => other,
     }
 }
 
