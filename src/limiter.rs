@@ -4,6 +4,7 @@
 pub mod borrow;
 pub mod decision;
 pub mod deny_cache;
+mod overrides;
 pub mod report;
 pub mod shares;
 

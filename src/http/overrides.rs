@@ -16,7 +16,7 @@ use crate::base::redact::Salt;
 use crate::config::{OverrideConfig, RateSpec};
 use crate::policy::limit::Limit;
 use crate::policy::overrides;
-use crate::policy::runtime_overrides::sync::{self, WriteError};
+use crate::policy::runtime_overrides::sync::WriteError;
 use crate::policy::runtime_overrides::{Entry, MAX_TTL_S};
 use crate::policy::Policy;
 use crate::state::AppState;
@@ -59,17 +59,17 @@ pub async fn put(
     }
     let (entry, ttl_s) = parse_body(&body, target.limit, &target.values, &policy)
         .map_err(|(field, reason)| AdminError::bad(field.clone(), format!("{field} {reason}")))?;
-    sync::put(
-        state.limiter.store(),
-        &policy.runtime,
-        &policy.key_prefix,
-        &target.limit.name,
-        target.tail,
-        entry.clone(),
-        ttl_s * 1000,
-    )
-    .await
-    .map_err(write_failed)?;
+    state
+        .limiter
+        .put_override(
+            &policy,
+            &target.limit.name,
+            target.tail,
+            entry.clone(),
+            ttl_s * 1000,
+        )
+        .await
+        .map_err(write_failed)?;
     let mut shown = render(&entry, &policy.salt, Caller::Operator, 0);
     if ttl_s > 0 {
         shown["ttl_s"] = json!(ttl_s);
@@ -88,15 +88,11 @@ pub async fn delete(
 ) -> Result<HttpResponse, AdminError> {
     let policy = state.limiter.policy();
     let target = target(&policy, &name, request.query_string())?;
-    let removed = sync::delete(
-        state.limiter.store(),
-        &policy.runtime,
-        &policy.key_prefix,
-        &target.limit.name,
-        &target.tail,
-    )
-    .await
-    .map_err(write_failed)?;
+    let removed = state
+        .limiter
+        .delete_override(&policy, &target.limit.name, &target.tail)
+        .await
+        .map_err(write_failed)?;
     if !removed {
         return Err(AdminError::NotFound {
             detail: "no runtime override for this key".into(),

@@ -9,7 +9,6 @@ use serde::Deserialize;
 
 use super::admin::{AdminError, Operator};
 use crate::state::AppState;
-use crate::store::Store;
 
 /// `{"lease": "<id>[,<id>...]"}`: the header's value as it came.
 #[derive(Deserialize)]
@@ -41,8 +40,7 @@ pub async fn release(
     for (limit, key, member) in &leases {
         let held = state
             .limiter
-            .store()
-            .release(key, member)
+            .release(&policy, *limit, key, member)
             .await
             .map_err(|error| {
                 AdminError::Unavailable(format!(
@@ -50,9 +48,6 @@ pub async fn release(
                 ))
             })?;
         released += usize::from(held);
-        if held {
-            policy.limits[*limit].counters.leases_released.inc();
-        }
     }
     let answer = serde_json::json!({ "leases": leases.len(), "released": released });
     Ok(HttpResponse::Ok()

@@ -4,11 +4,10 @@
 use actix_web::{web, HttpRequest, HttpResponse, ResponseError};
 
 use super::admin::{AdminError, Operator};
-use crate::limiter::report::{self, Item, Others, ReportError, Reports};
+use crate::limiter::report::{self, Item, ReportError, Reports};
 use crate::observe::trace::{self, attribute, Kind, Span};
 use crate::policy::Policy;
 use crate::state::AppState;
-use crate::store::Store;
 
 pub async fn report(
     operator: Operator,
@@ -57,23 +56,11 @@ async fn record(
     if let Some(span) = span {
         span.set_strs(attribute::LIMITS, limits_named(&reports, &policy));
     }
-    let outcomes = if reports.charges.is_empty() {
-        Vec::new()
-    } else {
-        state
-            .limiter
-            .store()
-            .report(&reports.charges)
-            .await
-            .map_err(|error| {
-                log::warn!("a report was not recorded (answered 503): {error}");
-                AdminError::Unavailable(format!(
-                    "the store did not record the report ({error}); nothing was charged for certain: retry"
-                ))
-            })?
-    };
-    let others = settle_and_release(state, &policy, &reports).await?;
-    let charged = report::answer(&policy, &reports, &outcomes, &others);
+    let charged = state
+        .limiter
+        .report(&policy, &reports)
+        .await
+        .map_err(|error| AdminError::Unavailable(error.to_string()))?;
     let body = match (reports.listed, charged.as_slice()) {
         (false, [one]) => serde_json::to_string(one),
         _ => serde_json::to_string(&charged),
@@ -98,44 +85,4 @@ fn limits_named<'p>(reports: &Reports, policy: &'p Policy) -> Vec<&'p str> {
         }
     }
     names
-}
-
-/// The settles and releases of a report body, each its own atomic store call (each is
-/// idempotent by id, so a retry after a 503 never charges or gives back twice).
-async fn settle_and_release(
-    state: &AppState,
-    policy: &Policy,
-    reports: &Reports,
-) -> Result<Others, AdminError> {
-    let store = state.limiter.store();
-    let unavailable = |error: crate::store::StoreError| {
-        log::warn!("a settle or release was not recorded (answered 503): {error}");
-        AdminError::Unavailable(format!(
-            "the store did not answer ({error}): retry (a settle or release is idempotent)"
-        ))
-    };
-    let mut others = Others::default();
-    for item in &reports.items {
-        match item {
-            Item::Settle(settle) => {
-                let done = store.settle(settle).await.map_err(unavailable)?;
-                let counters = &policy.limits[settle.bucket.limit].counters;
-                if done.held {
-                    counters.reservations_settled.inc();
-                } else {
-                    counters.reservations_not_held.inc();
-                }
-                others.settled.push(done);
-            }
-            Item::Release { limit, key, member } => {
-                let held = store.release(key, member).await.map_err(unavailable)?;
-                if held {
-                    policy.limits[*limit].counters.leases_released.inc();
-                }
-                others.released.push(held);
-            }
-            Item::Charge(_) | Item::Unlimited { .. } => {}
-        }
-    }
-    Ok(others)
 }

@@ -4,12 +4,13 @@
 use serde::Serialize;
 use serde_json::{Map, Value};
 
+use super::Limiter;
 use crate::base::rate::{count_f64, whole};
 use crate::config::{Charge, MAX_COST};
 use crate::limiter::decision::ceil_secs;
 use crate::policy::limit::Limit;
 use crate::policy::Policy;
-use crate::store::{BucketOutcome, Meter, ReportCharge, Settle};
+use crate::store::{BucketOutcome, Meter, ReportCharge, Settle, Store, StoreError};
 
 /// Most charges one request may carry: a body is answered in one store round trip per slot.
 pub const MAX_CHARGES: usize = 1_000;
@@ -293,14 +294,85 @@ pub struct Charged {
 /// What the store said to the items that are not charges, in body order: each settle's and
 /// each release's answer.
 #[derive(Debug, Clone, Default)]
-pub struct Others {
-    pub settled: Vec<crate::store::Settled>,
-    pub released: Vec<bool>,
+struct Others {
+    settled: Vec<crate::store::Settled>,
+    released: Vec<bool>,
+}
+
+/// Why a report body was not recorded (each answered 503: the caller retries).
+#[derive(Debug, thiserror::Error)]
+pub enum Unrecorded {
+    #[error("the store did not record the report ({0}); nothing was charged for certain: retry")]
+    Charges(StoreError),
+    #[error("the store did not answer ({0}): retry (a settle or release is idempotent)")]
+    Others(StoreError),
+}
+
+impl<S: Store> Limiter<S> {
+    /// Records a parsed report body: its charges in one store call (not atomic across keys:
+    /// nothing is ever refused), then each settle and release in its own atomic call (each
+    /// idempotent by id, so a retry after a failure never charges or gives back twice).
+    /// Returns each reported limit's state afterwards, in body order.
+    pub async fn report(
+        &self,
+        policy: &Policy,
+        reports: &Reports,
+    ) -> Result<Vec<Charged>, Unrecorded> {
+        let outcomes = if reports.charges.is_empty() {
+            Vec::new()
+        } else {
+            self.store.report(&reports.charges).await.map_err(|error| {
+                log::warn!("a report was not recorded (answered 503): {error}");
+                Unrecorded::Charges(error)
+            })?
+        };
+        let unrecorded = |error: StoreError| {
+            log::warn!("a settle or release was not recorded (answered 503): {error}");
+            Unrecorded::Others(error)
+        };
+        let mut others = Others::default();
+        for item in &reports.items {
+            match item {
+                Item::Settle(settle) => {
+                    let done = self.store.settle(settle).await.map_err(unrecorded)?;
+                    let counters = &policy.limits[settle.bucket.limit].counters;
+                    if done.held {
+                        counters.reservations_settled.inc();
+                    } else {
+                        counters.reservations_not_held.inc();
+                    }
+                    others.settled.push(done);
+                }
+                Item::Release { limit, key, member } => {
+                    let held = self.release(policy, *limit, key, member).await;
+                    others.released.push(held.map_err(unrecorded)?);
+                }
+                Item::Charge(_) | Item::Unlimited { .. } => {}
+            }
+        }
+        Ok(answer(policy, reports, &outcomes, &others))
+    }
+
+    /// Gives back the lease `member` of the concurrency key `key` of the limit at `limit`;
+    /// whether it was held (releasing is idempotent).
+    pub async fn release(
+        &self,
+        policy: &Policy,
+        limit: usize,
+        key: &str,
+        member: &str,
+    ) -> Result<bool, StoreError> {
+        let held = self.store.release(key, member).await?;
+        if held {
+            policy.limits[limit].counters.leases_released.inc();
+        }
+        Ok(held)
+    }
 }
 
 /// The state of each reported limit after its report, in body order; `outcomes` are the
 /// store's answers to `reports.charges`, `others` to the settles and releases.
-pub fn answer(
+fn answer(
     policy: &Policy,
     reports: &Reports,
     outcomes: &[BucketOutcome],
