@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Benchmarks /check against the targets of docs/BENCHMARKS.md and prints a table.
+# Benchmarks /check against the targets of docs/benchmarks/redis-store.md and prints a table.
 #
 # Starts its own redis-server on a free loopback port and release-built tollgate instances
 # with generated configs; installs wrk, redis-server/redis-tools (apt-get) and oha

@@ -8,7 +8,7 @@
 //! with a single-threaded runtime that serves it to the end, as actix's workers do for HTTP.
 //! A call, its Redis batch (batches gather per thread) and that thread's Redis connection then
 //! stay on one core. On one multi-threaded runtime, where tasks move between workers, a gRPC
-//! call cost a third more CPU, most of it waking threads (docs/BENCHMARKS.md).
+//! call cost a third more CPU, most of it waking threads (docs/benchmarks/grpc.md).
 
 use std::sync::Arc;
 use std::thread::JoinHandle;

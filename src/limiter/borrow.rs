@@ -36,7 +36,8 @@ use crate::store::{Borrow, BucketRequest, GiveBack, Meter, Slice};
 
 const SHARDS: usize = 32;
 /// The fewest requests of a key in a horizon for this instance to borrow: a smaller slice
-/// saves fewer store calls than holding it costs the store (measured: docs/BENCHMARKS.md).
+/// saves fewer store calls than holding it costs the store (measured:
+/// docs/benchmarks/borrowing.md).
 pub const MIN_DEMAND: u64 = 8;
 /// Most horizons a lender borrows on (the configured one and longer rungs).
 const MAX_RUNGS: usize = 4;

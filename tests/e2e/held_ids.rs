@@ -149,8 +149,9 @@ fn envoy_ext_authz_passes_the_ids_the_app_gives_back() {
 }
 
 /// nginx's `post_action` (the one core directive that runs after the response, undocumented
-/// in nginx's reference) gives the lease back as docs/INGRESS.md shows: with one slot,
-/// requests one after another are all admitted; without it the second is refused.
+/// in nginx's reference) gives the lease back as docs/ingress/leases-and-reservations.md
+/// shows: with one slot, requests one after another are all admitted; without it the second
+/// is refused.
 #[test]
 fn nginx_post_action_releases_the_lease_after_the_response() {
     let redis = RedisServer::start();

@@ -154,10 +154,34 @@ fn the_envoy_config_has_the_ext_authz_filter_tollgate_needs() {
     assert!(clusters.contains(&cluster), "{cluster} not in {clusters:?}");
 }
 
-/// The fenced code blocks of `lang` in docs/INGRESS.md, in order: those at the start of a line.
-/// An indented block (inside a list item) is an illustration, not a shipped config.
+/// The ingress docs: the index, then each proxy's page in the order it lists them, which is
+/// the order of the code blocks the test below expects.
+const INGRESS_DOCS: [&str; 9] = [
+    "docs/INGRESS.md",
+    "docs/ingress/nginx.md",
+    "docs/ingress/traefik.md",
+    "docs/ingress/ingress-nginx.md",
+    "docs/ingress/envoy-ext-authz.md",
+    "docs/ingress/envoy-ratelimit.md",
+    "docs/ingress/envoy-rlqs.md",
+    "docs/ingress/envoy-gateway.md",
+    "docs/ingress/leases-and-reservations.md",
+];
+
+/// The fenced code blocks of `lang` in the ingress docs, in order: those at the start of a
+/// line. An indented block (inside a list item) is an illustration, not a shipped config.
 fn doc_blocks(lang: &str) -> Vec<String> {
-    let doc = read_shipped("docs/INGRESS.md");
+    for entry in std::fs::read_dir(crate::support::proxies::repo_path("docs/ingress"))
+        .expect("docs/ingress/")
+    {
+        let name = entry.expect("a page").file_name();
+        let page = format!("docs/ingress/{}", name.to_string_lossy());
+        assert!(
+            INGRESS_DOCS.contains(&page.as_str()),
+            "{page} is not in INGRESS_DOCS"
+        );
+    }
+    let doc = INGRESS_DOCS.map(read_shipped).join("\n");
     let fence = format!("\n```{lang}\n");
     doc.split(&fence)
         .skip(1)
@@ -182,7 +206,7 @@ fn assert_doc_lines_are_shipped(doc_block: &str, shipped: &str) {
     for line in directive_lines(doc_block) {
         assert!(
             shipped.contains(&line),
-            "docs/INGRESS.md shows {line:?}, which is not in the shipped file"
+            "the ingress docs show {line:?}, which is not in the shipped file"
         );
     }
 }
