@@ -36,7 +36,7 @@ pub struct Shard {
 pub fn borrowed_now(groups: Option<&Groups>, now: u64) -> Reserved {
     let live = groups
         .into_iter()
-        .flat_map(|g| g.0)
+        .flat_map(|g| g.slots)
         .filter(|&(deadline, tokens)| tokens > 0 && deadline > now);
     Reserved {
         tokens: live.clone().map(|g| g.1).sum::<u64>().div_ceil(1_000_000),
@@ -85,7 +85,7 @@ pub fn lend(
             let level = request.burst * 1_000_000.0 - state.debt as f64;
             let tokens = held::slice(borrow.want, level);
             let deadline_us = held::deadline(now, borrow.grid_us);
-            if tokens > 0 && lent.groups.take(deadline_us, tokens * 1_000_000) {
+            if tokens > 0 && lent.groups.take(deadline_us, tokens * 1_000_000, now) {
                 state.debt += tokens * 1_000_000;
                 outcomes[index].tokens = (request.burst * 1_000_000.0 - state.debt as f64) / 1e6;
                 took = true;
@@ -94,6 +94,7 @@ pub fn lend(
                     tokens,
                     deadline_us,
                     now_us: now,
+                    incarnation: lent.groups.incarnation.unwrap_or(now),
                 });
             }
         }
