@@ -50,9 +50,11 @@
 -- '<id>:<estimate>') to `late`, its expired reservations, and returns the tokens to give back:
 -- the sum of their estimates when `refund`, else 0 (the estimate is kept: the request is taken
 -- to have cost it). A request may outlive its reservation; its late settle (lua/settle.lua)
--- still applies the difference once, for LATE_GRACE_US after the expiry. `late` holds the same
--- members scored by the end of that grace (and lives as long as its last one), at most MAX_LATE per bucket (the oldest go first:
--- one dropped keeps what its expiry did, so nothing is ever given back twice).
+-- still applies the difference once, for LATE_GRACE_US after the expiry. `late` holds them as
+-- '<id>:<estimate>:r' when their estimates were given back, '<id>:<estimate>:k' when kept (the
+-- settle applies what the expiry did, whatever mode the settling instance runs now), scored by
+-- the end of that grace (and lives as long as its last one), at most MAX_LATE per bucket (the
+-- oldest go first: one dropped keeps what its expiry did, so nothing is ever given back twice).
 -- A reservations set outlives its last member by LATE_GRACE_US at least, so that an expired
 -- reservation is still found, and moved, by the next check or settle.
 
@@ -138,6 +140,7 @@ local function sweep(key, late, now, refund)
   local gone = redis.call('ZRANGEBYSCORE', key, '-inf', now, 'WITHSCORES')
   if #gone == 0 then return 0 end
   local back = 0
+  local flag = refund and ':r' or ':k'
   redis.call('ZREMRANGEBYSCORE', late, '-inf', now)
   -- ZADD in slices: Lua's stack takes a few thousand arguments.
   for first = 1, #gone, 2000 do
@@ -145,7 +148,7 @@ local function sweep(key, late, now, refund)
     for i = first, math.min(first + 1998, #gone - 1), 2 do
       if refund then back = back + (tonumber(string.match(gone[i], ':(%d+)$')) or 0) end
       args[#args + 1] = string.format('%d', tonumber(gone[i + 1]) + LATE_GRACE_US)
-      args[#args + 1] = gone[i]
+      args[#args + 1] = gone[i] .. flag
     end
     redis.call('ZADD', late, unpack(args))
   end

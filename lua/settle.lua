@@ -3,13 +3,15 @@
 --
 -- KEYS[1]  the bucket, as lua/token_bucket.lua keeps it
 -- KEYS[2]  its reservations (KEYS[1] .. ':r'): members '<id>:<estimate>' scored by expiry
--- KEYS[3]  its expired reservations (KEYS[1] .. ':x'), as lua/bounds.lua's sweep moves them
+-- KEYS[3]  its expired reservations (KEYS[1] .. ':x'), as lua/bounds.lua's sweep moves them:
+--          members '<id>:<estimate>:<r|k>', the flag saying what the expiry did
 -- ARGV[1]  the bucket's rate, tokens per second
 -- ARGV[2]  its burst
 -- ARGV[3]  the actual cost
 -- ARGV[4]  its max_debt: a further charge stops at -max_debt
 -- ARGV[5]  the reservation, '<id>:<estimate>'
 -- ARGV[6]  'r' when expired reservations give their estimates back, 'k' when they keep them
+--          (what this call's sweep does to those expiring now)
 --
 -- Returns "held tokens": held 1 when the reservation is settled by this call, 0 when it was
 -- settled before or is unknown (then nothing changes for it: a retried settle never charges
@@ -17,11 +19,14 @@
 --
 -- A held reservation is settled as its check charged it: the difference given back, or
 -- charged into debt. An expired one (the request outlived the ttl) is settled late, once, while
--- lua/bounds.lua keeps it: under 'k' its estimate was kept, so the difference applies as
--- above; under 'r' its estimate was given back, so the whole actual cost is charged. Either way
--- the bucket ends as if the request had cost `actual` (down to -max_debt at most), never
--- given back more than its check charged. Expired reservations are moved on the way, as a
--- check moves them.
+-- lua/bounds.lua keeps it, as its expiry left it (its flag, not ARGV[6]: the mode may have
+-- changed since, by a reload or on another instance): kept ('k'), the difference applies as
+-- above; given back ('r'), the whole actual cost is charged. Either way the bucket ends as if
+-- the request had cost `actual` (down to -max_debt at most), never given back more than its
+-- check charged. A member without a flag (moved there by an earlier release, which did not
+-- record what it did) settles as given back: the whole actual cost, nothing returned. That can
+-- charge a kept estimate and the actual cost both, once, but never gives an estimate back
+-- twice. Expired reservations are moved on the way, as a check moves them.
 
 local t = redis.call('TIME')
 local now = t[1] * 1000000 + t[2]
@@ -35,9 +40,12 @@ local refund = ARGV[6] == 'r'
 local back = sweep(KEYS[2], KEYS[3], string.format('%d', now), refund)
 local held = redis.call('ZREM', KEYS[2], ARGV[5])
 if held == 0 then
-  held = redis.call('ZREM', KEYS[3], ARGV[5])
-  -- Settled late under 'r': its estimate was given back at expiry.
-  if held == 1 and refund then estimate = 0 end
+  held = redis.call('ZREM', KEYS[3], ARGV[5] .. ':k')
+  if held == 0 then
+    -- Its estimate was given back at expiry (or, unflagged, may have been).
+    held = math.min(1, redis.call('ZREM', KEYS[3], ARGV[5] .. ':r', ARGV[5]))
+    estimate = 0
+  end
 end
 if held == 1 and actual < estimate then back = back + estimate - actual end
 

@@ -12,7 +12,8 @@
 --             'h' hour, 'd' day, 'w' ISO week (from Monday), 'm' calendar month (UTC); or a
 --             lease to take, 'L<ttl in ms>:<lease id in hex>'; or a bucket whose charge is held
 --             as a reservation, 'R<ttl in ms>:<id in hex>:<k|r>:<rate>' (below); or a
---             borrowing bucket, 'B<grid µs>:<want>:<deadline>:<taken>:<unused>:<rate>' (below)
+--             borrowing bucket, 'B<grid µs>:<want>:<deadline>:<taken>:<unused>:<incarnation>:<rate>'
+--             (below)
 -- ARGV[4i-2]  a bucket's burst: its capacity (>= 1); or the quota: at most this per period;
 --             or the most leases held at once
 -- ARGV[4i-1]  cost to charge key i (>= 0; 0 asks only that the key is not used up: a
@@ -31,8 +32,9 @@
 --   enough_i  1 when key i held its cost (a cost of 0: one whole request)
 --   t_q, w_q  for each quota key, in KEYS order: seconds until its period ends, and the
 --             period's length in seconds
---   s_b, d_b  then for each borrowing key, in KEYS order: the whole tokens it took beyond its
---             cost, and the deadline (µs of TIME) of the group holding them (0 0: none)
+--   s_b, d_b, i_b  then for each borrowing key, in KEYS order: the whole tokens it took beyond
+--             its cost, the deadline (µs of TIME) of the group holding them and the groups'
+--             incarnation (0 0 0: none)
 --
 -- A batch (ARGV[1] is "*", which no rate or period is): requests one after another, KEYS
 -- holding every request's keys in order and ARGV, after the "*", for each request its key
@@ -67,12 +69,17 @@
 --
 -- A borrowing bucket ('B', docs/DESIGN.md "Borrowed tokens") keeps the tokens instances hold
 -- in its own value, after the debt and ts: at most two groups "<deadline> <micro-tokens>",
--- deadlines on a grid of <grid> µs. Any check of a bucket that carries groups reads and keeps
--- them (a plain rate argument then gives nothing back and takes nothing). The held tokens are part of the debt but do not refill:
+-- deadlines on a grid of <grid> µs, then " i<incarnation>": TIME (µs) when a group was taken
+-- while none was live, which names this life of the groups. Any check of a bucket that carries
+-- groups reads and keeps them (a plain rate argument then gives nothing back and takes
+-- nothing). The held tokens are part of the debt but do not refill:
 -- the debt reads as max(held, refilled debt). A group whose deadline has passed ends (in
 -- deadline order, the debt refilled up to it first): its tokens count as used from then on.
--- First the slice named by <deadline> is given back, whatever this request decides: its group
--- loses <taken> tokens, the debt <unused> of them (nothing when that group has ended). Then,
+-- First the slice named by <deadline> and <incarnation> is given back, whatever this request
+-- decides: its group loses <taken> tokens, the debt <unused> of them (nothing when that group
+-- has ended, or when the groups are another incarnation: the bucket was deleted since, by
+-- FLUSHALL or DEL, and held again, so the group of that deadline is another slice's; nothing
+-- either when the value names no incarnation, written by an earlier build). Then,
 -- when the key is charged, it takes min(<want>, half of what is left after its cost) whole
 -- tokens more into the group ending at (floor(now / grid) + 2) * grid (none when fewer than
 -- two are left, or when both groups are live with other deadlines). The bucket is written
@@ -207,24 +214,27 @@ if not NUM then NUM = setmetatable({}, {__index = num}) end
 
 local PERIOD = {h = true, d = true, w = true, m = true}
 
--- BORROW[s]: a borrowing bucket's argument 'B<grid>:<want>:<deadline>:<taken>:<unused>:<rate>'
--- read into its numbers (taken and unused in micro-tokens), or false when malformed. Cold keys
--- of one limit share one argument, read once.
+-- BORROW[s]: a borrowing bucket's argument
+-- 'B<grid>:<want>:<deadline>:<taken>:<unused>:<incarnation>:<rate>' read into its numbers
+-- (taken and unused in micro-tokens), or false when malformed. Cold keys of one limit share
+-- one argument, read once.
 local BORROW = setmetatable({}, {__index = function(memo, s)
-  local grid, want, gd, gx, gr, r = string.match(s, '^B(%d+):(%d+):(%d+):(%d+):(%d+):(.+)$')
+  local grid, want, gd, gx, gr, gi, r =
+    string.match(s, '^B(%d+):(%d+):(%d+):(%d+):(%d+):(%d+):(.+)$')
   local v = false
   if grid and tonumber(r) and tonumber(grid) > 0 then
     v = {grid = tonumber(grid), want = tonumber(want), gd = tonumber(gd),
-      gx = tonumber(gx) * 1000000, gr = tonumber(gr) * 1000000, rate = tonumber(r)}
+      gx = tonumber(gx) * 1000000, gr = tonumber(gr) * 1000000, gi = tonumber(gi),
+      rate = tonumber(r)}
   end
   memo[s] = v
   return v
 end})
 
 -- A borrowing bucket's debt now (see above): reads its groups (`rest`, as read_bucket
--- returns it) into lend.g ({deadline, micro-tokens} pairs), ends those whose deadline has
--- passed, applies the slice given back. Sets lend.changed when the groups or the debt must be
--- written whatever the decision.
+-- returns it) into lend.g ({deadline, micro-tokens} pairs) and their incarnation into lend.inc
+-- (nil when none is live), ends those whose deadline has passed, applies the slice given back.
+-- Sets lend.changed when the groups or the debt must be written whatever the decision.
 local NO_GROUPS = {}
 local function lent(lend, debt, at, rate, rest)
   lend.rate = rate
@@ -234,11 +244,12 @@ local function lent(lend, debt, at, rate, rest)
     if not debt then return 0 end
     return refilled(debt, at, now, rate)
   end
-  local g = {}
+  local g, inc = {}, nil
   if rest then
     for d, h in string.gmatch(rest, '(%d+) (%d+)') do
       g[#g + 1] = {tonumber(d), tonumber(h)}
     end
+    inc = tonumber(string.match(rest, ' i(%d+)$'))
   end
   if #g == 2 and g[2][1] < g[1][1] then g[1], g[2] = g[2], g[1] end
   local held = 0
@@ -259,8 +270,9 @@ local function lent(lend, debt, at, rate, rest)
   end
   debt = refilled(debt, at, now, rate)
   if debt < held then debt = held end
+  if #live > 0 then lend.inc = inc end
   for _, group in ipairs(live) do
-    if group[1] == lend.gd and lend.gx > 0 then
+    if group[1] == lend.gd and lend.gx > 0 and lend.gi == inc then
       local taken = math.min(lend.gx, group[2])
       group[2] = group[2] - taken
       debt = debt - math.min(lend.gr, taken)
@@ -272,8 +284,8 @@ local function lent(lend, debt, at, rate, rest)
   return debt
 end
 
--- Holds `micro` more in the group ending at d: that group, or a free one; false when both
--- are live with other deadlines.
+-- Holds `micro` more in the group ending at d: that group, or a free one (a new incarnation
+-- when none is under way); false when both are live with other deadlines.
 local function lend_take(lend, d, micro)
   if lend.g == NO_GROUPS then lend.g = {} end
   local free
@@ -281,6 +293,7 @@ local function lend_take(lend, d, micro)
     if group[2] > 0 and group[1] == d then
       group[2] = group[2] + micro
       lend.changed = true
+      lend.inc = lend.inc or now
       return true
     end
     if group[2] == 0 then free = group end
@@ -292,12 +305,13 @@ local function lend_take(lend, d, micro)
   if not free then return false end
   free[1], free[2] = d, micro
   lend.changed = true
+  lend.inc = lend.inc or now
   return true
 end
 
 -- A borrowing bucket's groups as written after its debt and ts (' <deadline> <micro-tokens>'
--- for each that holds anything), and the moment its expiry counts from: the last live
--- deadline (or now).
+-- for each that holds anything, then ' i<incarnation>' when known), and the moment its expiry
+-- counts from: the last live deadline (or now).
 local function lend_groups(lend)
   if lend.g == NO_GROUPS then return '', now end
   local fields, last = '', now
@@ -307,6 +321,7 @@ local function lend_groups(lend)
       if group[1] > last then last = group[1] end
     end
   end
+  if fields ~= '' and lend.inc then fields = fields .. string.format(' i%d', lend.inc) end
   return fields, last
 end
 
@@ -371,7 +386,8 @@ local function decide(k, a, n)
         local b = BORROW[ARGV[j - 3]]
         if not b then refuse(i, 'borrow') end
         rate = b.rate
-        lend = {grid = b.grid, want = b.want, gd = b.gd, gx = b.gx, gr = b.gr, reply = true}
+        lend = {grid = b.grid, want = b.want, gd = b.gd, gx = b.gx, gr = b.gr, gi = b.gi,
+          reply = true}
         if not lends then lends = {} end
         lends[i] = lend
       end
@@ -505,7 +521,9 @@ local function decide(k, a, n)
       if lends[i] and lends[i].reply and lends[i].took then
         out[#out + 1] = string.format('%d', lends[i].took)
         out[#out + 1] = string.format('%d', lends[i].d)
+        out[#out + 1] = string.format('%d', lends[i].inc)
       elseif lends[i] and lends[i].reply then
+        out[#out + 1] = '0'
         out[#out + 1] = '0'
         out[#out + 1] = '0'
       end

@@ -34,6 +34,9 @@ pub struct Slice {
     pub tokens: u64,
     pub deadline_us: u64,
     pub now_us: u64,
+    /// Which life of the bucket's held groups it went into: the store's clock (µs) when the
+    /// first of them was taken after none was held. Its give-back names it.
+    pub incarnation: u64,
 }
 
 /// The key beside bucket `key` holding its RLQS shares (same Cluster slot).

@@ -51,15 +51,19 @@ impl Drop for ReadSlot<'_> {
     }
 }
 
+/// Paths of the admin listener any `Host` may reach: the probes and `/metrics`, spelled as is.
+const UNGUARDED: [&str; 3] = ["/healthz", "/readyz", "/metrics"];
+
 /// Refuses the admin API (`/v1/...`, `/report`, `/release`) to a request whose `Host` is not an IP
 /// literal, `localhost` or a name in `admin_hosts`: a web page that rebinds its own DNS name
-/// to this address then cannot read it from a browser. Probes and `/metrics` are not checked.
+/// to this address then cannot read it from a browser. Every path but the probes and `/metrics`
+/// is checked, as sent: the router matches the decoded path, so a list of guarded paths would
+/// miss their percent-encoded spellings (`/%761/limits` is `/v1/limits`).
 pub async fn host_guard(
     request: ServiceRequest,
     next: Next<impl MessageBody + 'static>,
 ) -> Result<ServiceResponse<EitherBody<impl MessageBody>>, actix_web::Error> {
-    let path = request.path();
-    if path.starts_with("/v1/") || path == "/report" || path == "/release" {
+    if !UNGUARDED.contains(&request.path()) {
         let allowed = match request.app_data::<web::Data<AppState>>() {
             Some(state) => {
                 let policy = state.limiter.policy();

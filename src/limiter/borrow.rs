@@ -49,8 +49,10 @@ const RUNG_STEP: u64 = 10;
 struct Held {
     /// Which slice of its key this is (a put-back goes to the slice it came from only).
     id: u64,
-    /// Its group's end, on the store's clock (named when it is given back).
+    /// Its group's end, on the store's clock, and the groups' incarnation (both named when it
+    /// is given back).
     deadline_us: u64,
+    incarnation: u64,
     taken: u64,
     left: u64,
     /// Used until then, on the local clock.
@@ -319,6 +321,7 @@ impl Lender {
             deadline_us: held.deadline_us,
             taken: held.taken,
             unused: held.left,
+            incarnation: held.incarnation,
         });
         let asking = holding
             .asking_since_us
@@ -392,6 +395,7 @@ impl Lender {
             holding.slice = Some(Held {
                 id: holding.installed,
                 deadline_us: slice.deadline_us,
+                incarnation: slice.incarnation,
                 taken: slice.tokens,
                 left: slice.tokens,
                 until_us: sent_us + usable_for_us(slice),
@@ -576,6 +580,7 @@ mod tests {
             tokens: 3,
             deadline_us: 1_200_000,
             now_us: 1_000_000,
+            incarnation: 900_000,
         };
         assert_eq!(lender.learn(&asked, &[slice], sent), 3);
         for left in [2.0, 1.0, 0.0] {
@@ -593,7 +598,8 @@ mod tests {
             Some(GiveBack {
                 deadline_us: 1_200_000,
                 taken: 3,
-                unused: 0
+                unused: 0,
+                incarnation: 900_000,
             })
         );
         // A new slice, then time passes beyond half the way to its deadline: not used.
@@ -612,6 +618,7 @@ mod tests {
             tokens: 2,
             deadline_us: 1_200_000,
             now_us: 1_000_000,
+            incarnation: 900_000,
         };
         lender.learn(&asked, &[slice(0)], sent);
         // "a" holds 2, "b" nothing: to the store, "a"'s slice given back whole.
@@ -638,6 +645,7 @@ mod tests {
             tokens: 4,
             deadline_us: 1_200_000,
             now_us: 1_000_000,
+            incarnation: 900_000,
         };
         lender.learn(&asked, &[slice], sent);
         // A check of "a" and "b" pays from "a"'s slice; meanwhile "a"'s slice is replaced by
@@ -663,6 +671,7 @@ mod tests {
             tokens: 5,
             deadline_us: 1_200_000,
             now_us: 1_000_000,
+            incarnation: 900_000,
         };
         lender.learn(&asked, &[slice], sent);
         let lowered = [BucketRequest {

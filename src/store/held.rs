@@ -11,14 +11,21 @@ use super::GiveBack;
 
 const MICRO: u64 = 1_000_000;
 
-/// The held groups of one bucket: `(deadline in µs, micro-tokens held)`, an empty one `(0, 0)`.
+/// The held groups of one bucket.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Groups(pub [(u64, u64); 2]);
+pub struct Groups {
+    /// `(deadline in µs, micro-tokens held)`, an empty one `(0, 0)`.
+    pub slots: [(u64, u64); 2],
+    /// Which life of them this is: the store's clock when a group was taken while none was
+    /// live (the script writes it after them as `i<µs>`). A give-back naming another one is
+    /// of a slice taken before the bucket was deleted (`FLUSHALL`, `DEL`) and does nothing.
+    pub incarnation: Option<u64>,
+}
 
 impl Groups {
     /// Micro-tokens held by the groups still live.
     pub fn held(&self) -> u64 {
-        self.0.iter().map(|g| g.1).sum()
+        self.slots.iter().map(|g| g.1).sum()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -27,12 +34,13 @@ impl Groups {
 
     /// The last deadline of a live group.
     pub fn last_deadline(&self) -> Option<u64> {
-        self.0.iter().filter(|g| g.1 > 0).map(|g| g.0).max()
+        self.slots.iter().filter(|g| g.1 > 0).map(|g| g.0).max()
     }
 
     /// The debt of `stored` at `now_us` for a borrowing read: the groups ended by `now_us`
     /// are dropped in deadline order, each ending after the debt refilled up to its deadline,
-    /// never below what was held then. Returns the debt and whether a group ended.
+    /// never below what was held then; with none left live, their incarnation ends. Returns the
+    /// debt and whether a group ended.
     pub fn settle(&mut self, stored: Option<Bucket>, now_us: u64, rate: f64) -> (u64, bool) {
         let mut state = stored.unwrap_or(Bucket {
             debt: 0,
@@ -40,9 +48,9 @@ impl Groups {
         });
         let mut ended = false;
         let mut order = [0, 1];
-        order.sort_by_key(|&i| self.0[i].0);
+        order.sort_by_key(|&i| self.slots[i].0);
         for i in order {
-            let (deadline, tokens) = self.0[i];
+            let (deadline, tokens) = self.slots[i];
             if tokens == 0 || deadline > now_us {
                 continue;
             }
@@ -51,17 +59,24 @@ impl Groups {
                 debt,
                 ts_us: deadline.max(state.ts_us),
             };
-            self.0[i] = (0, 0);
+            self.slots[i] = (0, 0);
             ended = true;
+        }
+        if self.is_empty() {
+            self.incarnation = None;
         }
         (debt_now(Some(state), now_us, rate).max(self.held()), ended)
     }
 
-    /// Applies a give-back to the group it names (none when that group has ended): the group
-    /// loses what was taken, the debt what was not used. Whether anything changed.
+    /// Applies a give-back to the group it names (none when that group has ended, or when
+    /// these groups are another incarnation): the group loses what was taken, the debt what was
+    /// not used. Whether anything changed.
     pub fn give_back(&mut self, debt: &mut u64, give: GiveBack) -> bool {
+        if self.incarnation != Some(give.incarnation) {
+            return false;
+        }
         let Some(group) = self
-            .0
+            .slots
             .iter_mut()
             .find(|g| g.1 > 0 && g.0 == give.deadline_us)
         else {
@@ -80,17 +95,23 @@ impl Groups {
         true
     }
 
-    /// Holds `tokens` more (micro-tokens) in the group ending at `deadline_us`; false when
-    /// both groups are live with other deadlines (then nothing is taken).
-    pub fn take(&mut self, deadline_us: u64, tokens: u64) -> bool {
-        let slot = match self.0.iter().position(|g| g.1 > 0 && g.0 == deadline_us) {
+    /// Holds `tokens` more (micro-tokens) in the group ending at `deadline_us`, at `now_us`
+    /// (a new incarnation when none is under way); false when both groups are live with other
+    /// deadlines (then nothing is taken).
+    pub fn take(&mut self, deadline_us: u64, tokens: u64, now_us: u64) -> bool {
+        let slot = match self
+            .slots
+            .iter()
+            .position(|g| g.1 > 0 && g.0 == deadline_us)
+        {
             Some(i) => i,
-            None => match self.0.iter().position(|g| g.1 == 0) {
+            None => match self.slots.iter().position(|g| g.1 == 0) {
                 Some(i) => i,
                 None => return false,
             },
         };
-        self.0[slot] = (deadline_us, self.0[slot].1 + tokens);
+        self.slots[slot] = (deadline_us, self.slots[slot].1 + tokens);
+        self.incarnation.get_or_insert(now_us);
         true
     }
 }
@@ -131,9 +152,37 @@ pub fn forget_at_us(debt: u64, now_us: u64, groups: &Groups, rate: f64) -> u64 {
 mod tests {
     use super::*;
 
+    /// Groups taken at 7 µs.
+    fn live(slots: [(u64, u64); 2]) -> Groups {
+        Groups {
+            slots,
+            incarnation: Some(7),
+        }
+    }
+
+    #[test]
+    fn a_give_back_to_another_incarnation_does_nothing() {
+        let mut groups = live([(2_000_000, 50 * MICRO), (0, 0)]);
+        let mut debt = 50 * MICRO;
+        let stale = GiveBack {
+            deadline_us: 2_000_000,
+            taken: 50,
+            unused: 50,
+            incarnation: 6,
+        };
+        assert!(!groups.give_back(&mut debt, stale));
+        assert_eq!((debt, groups.held()), (50 * MICRO, 50 * MICRO));
+        // Once none is live, the next take starts another.
+        let mut fresh = Groups::default();
+        assert!(fresh.take(2_000_000, MICRO, 9));
+        assert_eq!(fresh.incarnation, Some(9));
+        let (_, ended) = fresh.settle(None, 2_000_000, 1.0);
+        assert!(ended && fresh.incarnation.is_none());
+    }
+
     #[test]
     fn held_tokens_do_not_refill_while_their_group_lives() {
-        let mut groups = Groups([(2_000_000, 50 * MICRO), (0, 0)]);
+        let mut groups = live([(2_000_000, 50 * MICRO), (0, 0)]);
         let stored = Some(Bucket {
             debt: 60 * MICRO,
             ts_us: 0,
@@ -146,7 +195,7 @@ mod tests {
 
     #[test]
     fn an_ended_group_counts_as_used_and_refills_from_its_deadline() {
-        let mut groups = Groups([(1_000_000, 50 * MICRO), (0, 0)]);
+        let mut groups = live([(1_000_000, 50 * MICRO), (0, 0)]);
         let stored = Some(Bucket {
             debt: 50 * MICRO,
             ts_us: 0,
@@ -158,12 +207,13 @@ mod tests {
 
     #[test]
     fn a_give_back_returns_the_unused_and_keeps_the_used_as_debt() {
-        let mut groups = Groups([(2_000_000, 50 * MICRO), (0, 0)]);
+        let mut groups = live([(2_000_000, 50 * MICRO), (0, 0)]);
         let mut debt = 50 * MICRO;
         let give = GiveBack {
             deadline_us: 2_000_000,
             taken: 50,
             unused: 30,
+            incarnation: 7,
         };
         assert!(groups.give_back(&mut debt, give));
         assert_eq!((debt, groups.held()), (20 * MICRO, 0));
@@ -174,10 +224,11 @@ mod tests {
 
     #[test]
     fn a_third_deadline_finds_no_group_and_takes_nothing() {
-        let mut groups = Groups([(2, 1), (3, 1)]);
-        assert!(!groups.take(4, 1));
-        assert!(groups.take(3, 1));
-        assert_eq!(groups.0[1], (3, 2));
+        let mut groups = live([(2, 1), (3, 1)]);
+        assert!(!groups.take(4, 1, 1));
+        assert!(groups.take(3, 1, 1));
+        assert_eq!(groups.slots[1], (3, 2));
+        assert_eq!(groups.incarnation, Some(7), "the same life goes on");
     }
 
     #[test]

@@ -149,7 +149,7 @@ impl<C: Clock> MemoryStore<C> {
                     // Expired reservations go first, their estimates given back under
                     // `refund`, as the script does before it decides.
                     Meter::Reserve(reserve) => {
-                        let back = guard.sweep(&request.key, now, reserve.refund);
+                        let back = guard.sweep(&request.key, now, |_| reserve.refund);
                         let mut state = stored(guard);
                         bucket::give_back(&mut state, back, now, request.rate);
                         state
@@ -229,6 +229,7 @@ impl<C: Clock> MemoryStore<C> {
                             id: reserve.id,
                             estimate: request.cost,
                             until: now.saturating_add(reserve.ttl_ms.saturating_mul(1000)),
+                            refund: reserve.refund,
                         });
                 }
             }
@@ -318,26 +319,31 @@ impl<C: Clock> MemoryStore<C> {
         };
         let index = self.shard_of(&request.key);
         let mut shard = self.lock(index);
-        let back = shard.sweep(&request.key, now, reserve.refund);
+        let back = shard.sweep(&request.key, now, |_| reserve.refund);
         let held = shard.drop_reservations(&request.key, |r| {
             r.id == reserve.id && r.estimate == settle.estimate
         });
-        let late = !held && shard.take_late(&request.key, reserve.id, settle.estimate, now);
+        let late = if held {
+            None
+        } else {
+            shard.take_late(&request.key, reserve.id, settle.estimate, now)
+        };
         let mut state = shard.buckets.get(request.key.as_str()).map(|e| e.bucket);
         bucket::give_back(&mut state, back, now, request.rate);
-        let outcome = if late && reserve.refund {
-            // Its estimate was given back at expiry: the whole actual cost is charged.
+        let outcome = if late == Some(true) {
+            // Its estimate was given back at expiry (whatever this settle's mode): the whole
+            // actual cost is charged.
             let unreserved = Settle {
                 estimate: 0,
                 ..settle.clone()
             };
             bucket::settle(&unreserved, true, &mut state, now)
         } else {
-            bucket::settle(settle, held || late, &mut state, now)
+            bucket::settle(settle, held || late.is_some(), &mut state, now)
         };
         self.write_one(index, shard, request, state, now);
         Settled {
-            held: held || late,
+            held: held || late.is_some(),
             outcome,
         }
     }

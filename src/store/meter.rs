@@ -38,12 +38,16 @@ pub struct Borrow {
     pub give: Option<GiveBack>,
 }
 
-/// A slice an instance returns: its group (deadline), what it took and what it did not use.
+/// A slice an instance returns: its group (deadline and incarnation), what it took and what
+/// it did not use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GiveBack {
     pub deadline_us: u64,
     pub taken: u64,
     pub unused: u64,
+    /// The incarnation of the groups it was taken into ([`crate::store::Slice`]): a bucket
+    /// deleted and held again since (`FLUSHALL`) has another, and the give-back does nothing.
+    pub incarnation: u64,
 }
 
 /// One bucket's first argument to a script, as [`Meter::script_arg`] and [`Meter::peek_arg`]
@@ -82,14 +86,16 @@ impl Meter {
                     deadline_us: 0,
                     taken: 0,
                     unused: 0,
+                    incarnation: 0,
                 });
                 ScriptArg::Text(format!(
-                    "B{}:{}:{}:{}:{}:{}",
+                    "B{}:{}:{}:{}:{}:{}:{}",
                     borrow.grid_us.max(1),
                     borrow.want,
                     give.deadline_us,
                     give.taken,
                     give.unused,
+                    give.incarnation,
                     rate
                 ))
             }
@@ -248,7 +254,7 @@ mod tests {
         assert_eq!(
             spelled(Meter::Borrow(borrow)),
             (
-                ScriptArg::Text("B1:4:0:0:0:2.5".into()),
+                ScriptArg::Text("B1:4:0:0:0:0:2.5".into()),
                 ScriptArg::Text("B2.5".into())
             )
         );

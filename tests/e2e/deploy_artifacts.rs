@@ -435,6 +435,51 @@ fn the_kubernetes_tollgate_toml_passes_tollgate_validate() {
     assert!(text(&output).contains("per-ip"), "{}", text(&output));
 }
 
+/// The shared Deployment is called by ingress pods: with the base config's loopback alone,
+/// every client would be keyed on an ingress pod's address. Its container names whose
+/// `X-Forwarded-For` to believe with a placeholder on which tollgate refuses to start, naming
+/// the key, until the operator writes the ingress pods' CIDR there.
+#[test]
+fn the_standalone_deployment_starts_only_once_told_whom_to_trust() {
+    let objects = k8s_objects();
+    let standalone = find(&objects, "Deployment", "tollgate");
+    let container = &standalone["spec"]["template"]["spec"]["containers"][0];
+    let placeholder = container["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "TOLLGATE_CLIENT_IP__TRUSTED_PROXIES")
+        .and_then(|e| e["value"].as_str())
+        .expect("the standalone container sets whom to trust");
+    let validate = |trusted: &str| {
+        run(
+            crate::support::tollgate_command()
+                .args(["validate", "--config"])
+                .arg(repo_path("k8s/base/tollgate.toml"))
+                .env(
+                    "TOLLGATE_STORE__URL",
+                    "redis://:secret@redis.example.internal:6379/0",
+                )
+                .env("TOLLGATE_CLIENT_IP__TRUSTED_PROXIES", trusted),
+            "",
+        )
+    };
+    let refused = validate(placeholder);
+    assert_eq!(refused.status.code(), Some(2), "{}", text(&refused));
+    assert!(
+        text(&refused).contains("client_ip.trusted_proxies"),
+        "{}",
+        text(&refused)
+    );
+    let replaced = validate(&placeholder.replace("REPLACE-WITH-INGRESS-POD-CIDR", "10.244.0.0/16"));
+    assert!(replaced.status.success(), "{}", text(&replaced));
+    assert!(
+        text(&replaced).contains(r#"trusted ["10.244.0.0/16"]"#),
+        "{}",
+        text(&replaced)
+    );
+}
+
 /// An nginx owned by one test, stopped on drop; its scratch directory goes after it.
 struct Nginx {
     child: Child,

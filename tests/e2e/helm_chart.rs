@@ -11,6 +11,19 @@ use crate::support::deploy::{assert_kubernetes_valid, repo_path, run, text, yaml
 use crate::support::TempDir;
 use serde_json::{json, Value};
 
+/// The ingress pods' CIDR the standalone mode is given, as `k8s/standalone` spells its
+/// placeholder (the overlay's container and the chart's are compared).
+const INGRESS_CIDR: &str = "REPLACE-WITH-INGRESS-POD-CIDR";
+
+/// The standalone mode's values but for `more`: the one value it cannot render without.
+fn standalone(more: Value) -> Value {
+    let mut values = json!({"clientIp": {"trustedProxies": [INGRESS_CIDR]}});
+    for (key, value) in more.as_object().expect("a map") {
+        values[key] = value.clone();
+    }
+    values
+}
+
 /// A rule file for the ratelimit mode, as envoyproxy/ratelimit reads it.
 const ERL_RULES: &str = "domain: edge\ndescriptors:\n  - key: tenant\n    rate_limit:\n      unit: minute\n      requests_per_unit: 2\n";
 
@@ -52,16 +65,16 @@ fn every_mode() -> Vec<(&'static str, Value)> {
         "dashboard": {"enabled": true},
     });
     vec![
-        ("standalone (defaults)", json!({})),
+        ("standalone (defaults)", standalone(json!({}))),
         (
             "standalone, everything on",
-            json!({
+            standalone(json!({
                 "grpc": {"enabled": true},
                 "adminToken": {"existingSecret": "tollgate-admin"},
                 "autoscaling": {"enabled": true},
                 "networkPolicy": {"enabled": true, "from": [{"podSelector": {"matchLabels": {"app": "ingress"}}}]},
                 "monitoring": {"serviceMonitor": {"enabled": true}, "prometheusRule": {"enabled": true}, "dashboard": {"enabled": true}},
-            }),
+            })),
         ),
         (
             "ratelimit",
@@ -102,6 +115,76 @@ fn the_chart_lints_strictly_in_every_mode() {
             .collect();
         assert!(findings.is_empty(), "{mode}: {findings:?}");
     }
+}
+
+/// The chart's output for `values`, or why it refused them: (succeeded, stdout and stderr).
+fn try_render(values: &Value) -> (bool, String) {
+    let output = run(
+        Command::new("python3")
+            .arg(repo_path("tests/python/helm_chart.py"))
+            .arg(repo_path("charts/tollgate"))
+            .arg(values.to_string()),
+        "",
+    );
+    (output.status.success(), text(&output))
+}
+
+/// Behind an ingress, tollgate's caller is an ingress pod: trusting only loopback (the
+/// chart's config) would key every client on that pod's address, one `per-ip` bucket for
+/// all. The standalone mode refuses to render until told whom to trust, unless the config
+/// is the user's own; the sidecar mode (called over loopback) renders as it is.
+#[test]
+fn the_standalone_mode_refuses_to_trust_only_loopback_behind_an_ingress() {
+    let (rendered, says) = try_render(&json!({}));
+    assert!(!rendered, "the defaults rendered");
+    assert!(
+        says.contains("clientIp.trustedProxies") && says.contains("CIDR"),
+        "{says}"
+    );
+    for own in [
+        json!({"config": {"existingConfigMap": "mine"}}),
+        json!({"config": {"toml": "[client_ip]\nfrom = \"peer\"\n"}}),
+        json!({"mode": "sidecar"}),
+    ] {
+        let (rendered, says) = try_render(&own);
+        assert!(rendered, "{own}: {says}");
+    }
+
+    let cidr = ["10.244.0.0/16", "fd00:10:244::/56"];
+    let rendered = render(&json!({"clientIp": {"trustedProxies": cidr}}));
+    let deployment = find(&rendered.objects, "Deployment");
+    let container = tollgate_in(&deployment["spec"]["template"]["spec"], "containers");
+    let env = container["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "TOLLGATE_CLIENT_IP__TRUSTED_PROXIES")
+        .expect("the CIDRs given to the container");
+    let value = env["value"].as_str().unwrap();
+    assert!(
+        rendered.notes.contains("10.244.0.0/16"),
+        "the notes say whom it trusts: {}",
+        rendered.notes
+    );
+    // tollgate reads them so, over the config's loopback.
+    let toml = find(&rendered.objects, "ConfigMap")["data"]["tollgate.toml"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let dir = TempDir::new("helm-trusted");
+    let output = run(
+        crate::support::tollgate_command()
+            .args(["validate", "--config"])
+            .arg(dir.write("tollgate.toml", &toml))
+            .env("TOLLGATE_CLIENT_IP__TRUSTED_PROXIES", value),
+        "",
+    );
+    assert!(output.status.success(), "{}", text(&output));
+    assert!(
+        text(&output).contains(r#"trusted ["10.244.0.0/16", "fd00:10:244::/56"]"#),
+        "{}",
+        text(&output)
+    );
 }
 
 #[test]
@@ -195,7 +278,7 @@ fn tollgate_in(pod_spec: &Value, list: &str) -> Value {
 
 #[test]
 fn the_standalone_mode_renders_what_the_kustomize_overlay_renders() {
-    let chart = render(&json!({})).objects;
+    let chart = render(&standalone(json!({}))).objects;
     let kustomized = kustomize("k8s/standalone");
     let ours = find(&chart, "Deployment");
     let theirs = find(&kustomized, "Deployment");
@@ -279,9 +362,9 @@ fn the_sidecar_notes_carry_the_kustomize_sidecar_container() {
 
 #[test]
 fn the_alerts_and_dashboard_are_the_kustomize_ones() {
-    let rendered = render(
-        &json!({"monitoring": {"prometheusRule": {"enabled": true}, "dashboard": {"enabled": true}}}),
-    );
+    let rendered = render(&standalone(
+        json!({"monitoring": {"prometheusRule": {"enabled": true}, "dashboard": {"enabled": true}}}),
+    ));
     let rule = yaml_documents(&repo_path("k8s/monitoring/prometheusrule.yaml")).remove(0);
     assert_eq!(
         find(&rendered.objects, "PrometheusRule")["spec"],
@@ -305,7 +388,7 @@ fn the_alerts_and_dashboard_are_the_kustomize_ones() {
 #[test]
 fn the_rendered_configs_pass_tollgate_validate() {
     // standalone: tollgate.toml with the URL the Secret gives.
-    let rendered = render(&json!({}));
+    let rendered = render(&standalone(json!({})));
     let toml = find(&rendered.objects, "ConfigMap")["data"]["tollgate.toml"]
         .as_str()
         .unwrap()

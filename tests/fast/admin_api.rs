@@ -661,7 +661,19 @@ fn with_host(tollgate: &Tollgate, path: &str, host: &str) -> crate::support::Res
 #[test]
 fn the_admin_api_refuses_a_host_that_is_not_an_address_or_a_configured_name() {
     let plain = Tollgate::in_process(LIMITS);
-    for path in ["/v1/limits", "/v1/top", "/v1/overrides/per-key"] {
+    // The router matches the decoded path: a percent-encoded spelling is the same endpoint.
+    for path in [
+        "/v1/limits",
+        "/v1/top",
+        "/v1/overrides/per-key",
+        "/%761/limits",
+        "/v%31/limits",
+        "/%76%31/top?window=1m",
+        "/%761/buckets/per-key?key=k",
+        "/%761/overrides/per-key",
+        "/v1%2Flimits",
+        "//v1/limits",
+    ] {
         let refused = with_host(&plain, path, "rebind.evil.example");
         assert_eq!(refused.status, 421, "{path}: {}", refused.body);
         assert!(refused.body.contains("admin_hosts"), "{}", refused.body);
@@ -703,7 +715,13 @@ fn report_and_release_refuse_a_host_that_is_not_an_address_or_a_configured_name(
             })
             .unwrap_or_else(|e| panic!("POST {path}: {e}"))
     };
-    for path in ["/release", "/report"] {
+    for path in [
+        "/release",
+        "/report",
+        "/rel%65ase",
+        "/r%65port",
+        "/%72eport",
+    ] {
         let refused = post(path, "rebind.evil.example");
         assert_eq!(refused.status, 421, "{path}: {}", refused.body);
         assert!(refused.body.contains("admin_hosts"), "{}", refused.body);

@@ -24,6 +24,8 @@ trait Harness {
     /// The tokens held beside a borrowing bucket.
     fn held(&self, bucket: &BucketRequest) -> Reserved;
     fn reset(&self, key: &str);
+    /// Deletes the bucket behind the store's back: no reset message (`FLUSHALL`, `DEL`).
+    fn flush(&self, key: &str);
     fn advance(&self, ms: i64, keys: &[&str]);
     /// A slice's deadline as stored now (Redis's groups move back with each advance).
     fn stored_deadline(&self, key: &str, slice: Slice) -> u64;
@@ -51,6 +53,7 @@ fn give_back(h: &dyn Harness, key: &str, slice: Slice, unused: u64) -> Option<Gi
         deadline_us: h.stored_deadline(key, slice),
         taken: slice.tokens,
         unused,
+        incarnation: slice.incarnation,
     })
 }
 
@@ -237,6 +240,90 @@ fn a_plain_check_keeps_the_held_tokens(h: &dyn Harness) {
     );
 }
 
+/// The bucket deleted under live slices (`FLUSHALL`, an operator's `DEL`: no reset message, so
+/// instances keep their slices), then a slice taken again into a group of the same deadline:
+/// a give-back of a slice from before the deletion names that group but not its incarnation,
+/// and does nothing. Before, it un-held the new slice's tokens and returned its own unused
+/// ones to a bucket that never lent them.
+fn a_give_back_from_before_a_flush_does_nothing(h: &dyn Harness) {
+    const LONG_GRID_US: u64 = 10_000_000;
+    let take = |key: &str, give| BucketRequest {
+        meter: Meter::Borrow(Borrow {
+            grid_us: LONG_GRID_US,
+            want: 40,
+            give,
+        }),
+        ..BucketRequest::bucket(key, 1.0, 100.0)
+    };
+    // Both takes must fall in one grid step for their groups to share a deadline; on Redis's
+    // real clock a step may end between them, then the next key tries again.
+    for attempt in 0..3 {
+        let key = format!("tg:{}:{{flushed{attempt}}}", h.name());
+        let stale = only_slice(h, &h.decide(&[take(&key, None)]));
+        assert_eq!(stale.tokens, 40, "{}", h.name());
+        h.flush(&key);
+        let live = only_slice(h, &h.decide(&[take(&key, None)]));
+        if live.deadline_us != stale.deadline_us {
+            continue;
+        }
+        let give = GiveBack {
+            deadline_us: stale.deadline_us,
+            taken: 40,
+            unused: 40,
+            incarnation: stale.incarnation,
+        };
+        let request = BucketRequest {
+            meter: Meter::Borrow(Borrow {
+                grid_us: LONG_GRID_US,
+                want: 0,
+                give: Some(give),
+            }),
+            ..BucketRequest::bucket(&key, 1.0, 100.0)
+        };
+        let decision = h.decide(std::slice::from_ref(&request));
+        assert!(decision.allowed, "{}", h.name());
+        // 100 - 1 - 40 held by the live slice - 1 for this check.
+        close(
+            h,
+            decision.buckets[0].tokens,
+            58.0,
+            "the stale give-back returns nothing",
+        );
+        assert_eq!(
+            h.held(&request).tokens,
+            40,
+            "{}: the live slice is still held",
+            h.name()
+        );
+        // The live slice's own give-back still works.
+        let own = GiveBack {
+            deadline_us: live.deadline_us,
+            taken: 40,
+            unused: 40,
+            incarnation: live.incarnation,
+        };
+        let decision = h.decide(&[BucketRequest {
+            meter: Meter::Borrow(Borrow {
+                grid_us: LONG_GRID_US,
+                want: 0,
+                give: Some(own),
+            }),
+            ..BucketRequest::bucket(&key, 1.0, 100.0)
+        }]);
+        close(
+            h,
+            decision.buckets[0].tokens,
+            97.0,
+            "the live slice given back",
+        );
+        return;
+    }
+    panic!(
+        "{}: three grid steps of 10 s ended between two calls",
+        h.name()
+    );
+}
+
 fn run(h: &dyn Harness) {
     let slice = a_slice_is_taken_beside_the_cost_and_does_not_refill_while_held(h);
     a_give_back_returns_the_unused_and_keeps_the_used_as_debt(h, slice);
@@ -245,6 +332,7 @@ fn run(h: &dyn Harness) {
     an_ended_group_counts_as_used_from_its_deadline(h);
     a_reset_forgets_the_held_tokens(h);
     a_plain_check_keeps_the_held_tokens(h);
+    a_give_back_from_before_a_flush_does_nothing(h);
 }
 
 struct Memory {
@@ -264,6 +352,11 @@ impl Harness for Memory {
     }
     fn reset(&self, key: &str) {
         self.store.reset_now(key);
+    }
+    fn flush(&self, key: &str) {
+        self.store.reset_now(key);
+        // Redis's clock moves on between two calls; the manual one must be moved.
+        self.advance(1, &[]);
     }
     fn advance(&self, ms: i64, _keys: &[&str]) {
         let now = self.clock.now_us() as i64;
@@ -299,7 +392,8 @@ for _, key in ipairs(KEYS) do
     for d, h in string.gmatch(rest, '(%d+) (%d+)') do
       shifted = shifted .. string.format(' %d %s', d - tonumber(ARGV[1]), h)
     end
-    redis.call('SET', key, shifted, 'KEEPTTL')
+    -- The groups' incarnation: a name, not a time to shift.
+    redis.call('SET', key, shifted .. (string.match(rest, ' i%d+$') or ''), 'KEEPTTL')
   end
 end
 return 0
@@ -325,6 +419,12 @@ impl Harness for Redis {
         self.runtime
             .block_on(self.store.reset(key))
             .expect("redis resets");
+    }
+    fn flush(&self, _key: &str) {
+        let _: () = redis::cmd("FLUSHALL")
+            .query(&mut *self.shifter.borrow_mut())
+            .expect("flushed");
+        self.shifted.borrow_mut().clear();
     }
     fn stored_deadline(&self, key: &str, slice: Slice) -> u64 {
         slice.deadline_us - self.shifted.borrow().get(key).copied().unwrap_or(0)

@@ -68,6 +68,24 @@ fn the_shipped_example_config_is_valid() {
     );
 }
 
+/// The image runs `config/tollgate.toml` as it is (`TOLLGATE_CONFIG`, the chart's
+/// `mode=ratelimit`, `docker run`): no example key may be live in it, least of all one that
+/// lifts a limit for whoever sends it.
+#[test]
+fn the_shipped_example_config_grants_no_example_key_anything() {
+    let dir = TempDir::new("example");
+    let path = dir.write("tollgate.toml", include_str!("../../config/tollgate.toml"));
+    let config = tollgate::config::Config::load(Some(&path)).expect("valid");
+    for limit in &config.limits {
+        assert!(
+            limit.overrides.is_empty() && limit.overrides_file.is_none(),
+            "{}: {:?}",
+            limit.name,
+            limit.overrides
+        );
+    }
+}
+
 #[test]
 fn the_plans_example_of_the_readme_is_valid_and_warns_about_nothing() {
     let output = run(

@@ -84,7 +84,7 @@ impl Harness for Memory {
 }
 
 struct Redis {
-    _server: RedisServer,
+    server: RedisServer,
     store: tollgate::store::redis::RedisStore,
     runtime: tokio::runtime::Runtime,
 }
@@ -257,6 +257,45 @@ fn run_scenarios(store: &dyn Harness, prefix: &str) {
     assert_eq!(whole(store.peek(&cheap)), 9.0);
 }
 
+/// A late settle applies what the expiry did, whatever mode the settling instance (reloaded
+/// since, or another instance) runs: given back at expiry, the whole actual cost is charged;
+/// kept, the difference applies. Never the estimate back a second time, never kept twice.
+fn late_settles_follow_what_the_expiry_did(store: &dyn Harness, prefix: &str) {
+    let step = |request: &BucketRequest| {
+        let (allowed, tokens) = store.decide(std::slice::from_ref(request));
+        (allowed, whole(tokens[0]))
+    };
+    // Given back under 'refund', settled under 'keep'.
+    let key = format!("{prefix}:refunded-then-keep");
+    let first = reserve(&key, 0x20, 4, 40, true);
+    assert_eq!(step(&first), (true, 6.0));
+    store.pass(40);
+    // The next check sweeps the first: 4 back, 4 taken.
+    assert_eq!(step(&reserve(&key, 0x21, 4, 60_000, true)), (true, 6.0));
+    let kept_now = reserve(&key, 0x20, 4, 40, false);
+    let late = store.settle(&settle(&kept_now, 4, 1));
+    assert!(late.held, "settled late");
+    assert_eq!(
+        whole(late.outcome.tokens),
+        5.0,
+        "1 charged: the estimate was given back at expiry, not again now"
+    );
+    // Kept under 'keep', settled under 'refund'.
+    let key = format!("{prefix}:kept-then-refund");
+    let first = reserve(&key, 0x22, 4, 40, false);
+    assert_eq!(step(&first), (true, 6.0));
+    store.pass(40);
+    assert_eq!(step(&reserve(&key, 0x23, 4, 60_000, false)), (true, 2.0));
+    let refund_now = reserve(&key, 0x22, 4, 40, true);
+    let late = store.settle(&settle(&refund_now, 4, 1));
+    assert!(late.held, "settled late");
+    assert_eq!(
+        whole(late.outcome.tokens),
+        5.0,
+        "3 of the kept 4 given back: the request cost 1, not 5"
+    );
+}
+
 /// A bucket keeps at most MAX_LATE_SETTLES expired reservations for a late settle, the
 /// oldest dropped first: settling one of those changes nothing (its expiry's outcome stands).
 fn late_settles_are_bounded_per_bucket(store: &dyn Harness, prefix: &str) {
@@ -300,7 +339,39 @@ fn reservations_on_the_memory_store() {
         clock,
     };
     run_scenarios(&harness, "mem");
+    late_settles_follow_what_the_expiry_did(&harness, "mem");
     late_settles_are_bounded_per_bucket(&harness, "mem");
+}
+
+/// An expired reservation filed by an earlier release, without the flag saying what its expiry
+/// did, settles as given back: the whole actual cost is charged and nothing is returned, so an
+/// estimate that may have come back already never comes back twice.
+fn unflagged_late_settles_charge_the_actual_cost(store: &Redis) {
+    let key = "redis:unflagged";
+    let first = reserve(key, 0x30, 4, 40, false);
+    assert!(store.decide(std::slice::from_ref(&first)).0);
+    store.pass(40);
+    // A check sweeps the first (kept): 10 - 4 - 4.
+    assert!(store.decide(&[reserve(key, 0x31, 4, 60_000, false)]).0);
+    let late = format!("{key}:x");
+    let member = format!("{:032x}:4", 0x30);
+    let filed = store.server.cli(&["ZSCORE", &late, &format!("{member}:k")]);
+    let score = filed.trim();
+    assert!(score.parse::<f64>().is_ok(), "filed as kept: {filed:?}");
+    // As the earlier release filed it.
+    store.server.cli(&["ZREM", &late, &format!("{member}:k")]);
+    store.server.cli(&["ZADD", &late, score, &member]);
+    let settled = store.settle(&settle(&first, 4, 1));
+    assert!(
+        settled.held,
+        "an unflagged expired reservation still settles"
+    );
+    assert_eq!(
+        whole(settled.outcome.tokens),
+        1.0,
+        "its actual cost charged, nothing given back"
+    );
+    assert!(!store.settle(&settle(&first, 4, 1)).held, "once");
 }
 
 #[test]
@@ -313,11 +384,13 @@ fn reservations_on_redis() {
         Duration::from_secs(30),
     );
     let harness = Redis {
-        _server: server,
+        server,
         store,
         runtime,
     };
     run_scenarios(&harness, "redis");
+    late_settles_follow_what_the_expiry_did(&harness, "redis");
+    unflagged_late_settles_charge_the_actual_cost(&harness);
     late_settles_are_bounded_per_bucket(&harness, "redis");
 }
 
@@ -527,35 +600,120 @@ fn a_request_that_outlives_its_reservation_still_pays() {
     }
 }
 
+/// A reserving limit whose reservations expire after a second, `on_reservation_expiry = mode`;
+/// its refill (one token an hour) moves nothing a test reads.
+fn expiring(mode: &str) -> String {
+    format!(
+        "[[limits]]\nname = \"llm\"\nrate = \"1/h\"\nburst = 100\ncharge = \"report\"\nreserve = 10\nreservation_ttl_s = 1\non_reservation_expiry = \"{mode}\"\nkey = [\"header:x-user\"]\n"
+    )
+}
+
+/// A reservation expires and is given back by `sweeper` (under `refund`); the user then spends
+/// the whole bucket; `between` runs; `settler` settles the expired reservation late at cost 0.
+/// Its estimate came back once already: the bucket stays empty and the next check is denied.
+fn settle_late_across(sweeper: &Tollgate, settler: &Tollgate, between: impl FnOnce()) {
+    let user = [("x-user", "ada")];
+    let first = sweeper.check(&user);
+    assert_eq!(first.status, 200, "{}", first.body);
+    let expired = first
+        .header("x-tollgate-reservation")
+        .expect("an id")
+        .to_owned();
+    std::thread::sleep(Duration::from_millis(1_500));
+    // Sweeps the first (its 10 back) and reserves 10 more.
+    assert_eq!(sweeper.check(&user).status, 200);
+    let spent = json(&report(
+        sweeper,
+        &serde_json::json!({ "limit": "llm", "key": ["ada"], "cost": 90 }),
+    ));
+    assert_eq!(spent["remaining"], 0, "{spent}");
+    between();
+    let late = json(&report(
+        settler,
+        &serde_json::json!({ "reservation": expired, "cost": 0 }),
+    ));
+    assert_eq!(late["settled"], true, "{late}");
+    assert_eq!(
+        late["remaining"], 0,
+        "the estimate was given back at expiry, never again: {late}"
+    );
+    let next = settler.check(&user);
+    assert_eq!(next.status, 429, "{}", next.body);
+}
+
+/// `on_reservation_expiry` changed from `refund` to `keep` by a reload between a reservation's
+/// expiry and its late settle.
+#[test]
+fn a_late_settle_across_a_reload_of_the_expiry_mode_gives_back_once() {
+    let redis = RedisServer::start();
+    let tollgate = start(&redis, &expiring("refund"));
+    settle_late_across(&tollgate, &tollgate, || {
+        let text = std::fs::read_to_string(&tollgate.config_path).expect("config");
+        std::fs::write(
+            &tollgate.config_path,
+            text.replace("\"refund\"", "\"keep\""),
+        )
+        .expect("rewrite config");
+        tollgate.signal("HUP");
+        assert!(crate::support::wait_until(Duration::from_secs(5), || {
+            tollgate.metric("tollgate_config_reloads_total{result=\"success\"}") == 1.0
+        }));
+    });
+}
+
+/// Two instances on one Redis, one on `refund` (which expired the reservation) and one on
+/// `keep` (which settles it): a rollout changing the mode.
+#[test]
+fn a_late_settle_on_an_instance_with_another_expiry_mode_gives_back_once() {
+    let redis = RedisServer::start();
+    let refunding = start(&redis, &expiring("refund"));
+    let keeping = start(&redis, &expiring("keep"));
+    settle_late_across(&refunding, &keeping, || {});
+}
+
 /// One step of a random interleaving: a check reserving `estimate`, a settle of the n-th
-/// open reservation at `actual`, or time passing.
+/// open reservation at `actual`, or time passing. A check or settle comes from an instance
+/// whose `on_reservation_expiry` is `refund` when its flag says so (in the mixed runs).
 #[derive(Debug, Clone)]
 enum Op {
-    Check(u64),
-    Settle(usize, u64),
+    Check(u64, bool),
+    Settle(usize, u64, bool),
     Pass(u64),
 }
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        (1u64..=6).prop_map(Op::Check),
-        (0usize..8, 0u64..=8).prop_map(|(n, actual)| Op::Settle(n, actual)),
+        (1u64..=6, any::<bool>()).prop_map(|(estimate, refund)| Op::Check(estimate, refund)),
+        (0usize..8, 0u64..=8, any::<bool>())
+            .prop_map(|(n, actual, refund)| Op::Settle(n, actual, refund)),
         (1u64..=3_000).prop_map(Op::Pass),
     ]
+}
+
+/// Where an unsettled reservation stands.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Expiry {
+    Live,
+    /// Expired, not yet moved by a check or settle: its estimate still charged.
+    Due,
+    Kept,
+    GivenBack,
 }
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(300))]
 
-    /// Whatever checks, settles (retried, late or not), expiries and refunds interleave: a
-    /// check is admitted exactly when the bucket holds its estimate, a settle finds its
-    /// reservation exactly when it was never settled (live, or expired and settled late), and
-    /// what is held, settled and kept never exceeds burst + rate × t (max_debt 0: a settle
-    /// above its estimate charges only down to 0).
+    /// Whatever checks, settles (retried, late or not), expiries and refunds interleave, on
+    /// instances with one expiry mode or each with its own: a check is admitted exactly when
+    /// the bucket holds its estimate, a settle finds its reservation exactly when it was never
+    /// settled (live, or expired and settled late), and what is held, settled and kept never
+    /// exceeds burst + rate × t (max_debt 0: a settle above its estimate charges only down to
+    /// 0).
     #[test]
     fn held_and_settled_never_exceed_the_bound(
         ops in proptest::collection::vec(op(), 1..60),
-        refund in any::<bool>(),
+        // 0: every instance keeps, 1: every one refunds, 2: each op's own.
+        modes in 0u8..3,
     ) {
         const RATE_PER_S: f64 = 1.0;
         const BURST: f64 = 8.0;
@@ -563,7 +721,12 @@ proptest! {
         let clock = Arc::new(ManualClock::default());
         clock.set_us(1_000_000_000_000);
         let store = MemoryStore::with_clock(1_000, clock.clone());
-        let request = |estimate: u64, id: u128| BucketRequest {
+        let mode = |own: bool| match modes {
+            0 => false,
+            1 => true,
+            _ => own,
+        };
+        let request = |estimate: u64, id: u128, refund: bool| BucketRequest {
             key: "k".into(),
             rate: RATE_PER_S,
             burst: BURST,
@@ -572,80 +735,98 @@ proptest! {
             limit: 0,
             meter: Meter::Reserve(Reserve { ttl_ms: TTL_MS, id, refund }),
         };
-        // Unsettled reservations: (request, estimate, taken at ms, expired); and the settled
-        // ones. `spent` is what was taken for good: settled costs as charged, estimates kept
-        // at expiry.
-        let mut open: Vec<(BucketRequest, u64, u64, bool)> = Vec::new();
-        let mut settled: Vec<(BucketRequest, u64)> = Vec::new();
+        // A check or settle first moves the due ones, as its own mode says.
+        let sweep = |open: &mut Vec<(u128, u64, u64, Expiry)>, spent: &mut f64, refund: bool| {
+            for (_, estimate, _, expiry) in open.iter_mut() {
+                if *expiry == Expiry::Due {
+                    *expiry = if refund {
+                        *spent -= *estimate as f64;
+                        Expiry::GivenBack
+                    } else {
+                        Expiry::Kept
+                    };
+                }
+            }
+        };
+        // Unsettled reservations: (id, estimate, taken at ms, where it stands); and the
+        // settled ones (id, estimate). `spent` is what was taken for good: settled costs as
+        // charged, estimates expired and not given back.
+        let mut open: Vec<(u128, u64, u64, Expiry)> = Vec::new();
+        let mut settled: Vec<(u128, u64)> = Vec::new();
         let mut spent = 0.0;
         let mut now_ms = 0u64;
         let mut next_id = 1u128;
         for op in ops {
             match op {
-                Op::Check(estimate) => {
-                    let asked = request(estimate, next_id);
+                Op::Check(estimate, own) => {
+                    let asked = request(estimate, next_id, mode(own));
                     next_id += 1;
                     let before = store.peek_now(&asked).tokens;
                     let decided = store.decide_sync(std::slice::from_ref(&asked));
                     prop_assert_eq!(decided.allowed, before >= estimate as f64);
+                    sweep(&mut open, &mut spent, mode(own));
                     if decided.allowed {
-                        open.push((asked, estimate, now_ms, false));
+                        open.push((next_id - 1, estimate, now_ms, Expiry::Live));
                     }
                 }
-                Op::Settle(n, actual) => {
+                Op::Settle(n, actual, own) => {
                     // An unsettled one, or (one time in three) one settled before: a retry.
                     let retry = n % 3 == 2 && !settled.is_empty();
-                    let (asked, estimate, expired) = if retry {
-                        let (asked, estimate) = settled[n % settled.len()].clone();
-                        (asked, estimate, false)
-                    } else if let Some((asked, estimate, _, expired)) =
-                        open.get(n % open.len().max(1))
-                    {
-                        (asked.clone(), *estimate, *expired)
+                    let (id, estimate) = if retry {
+                        settled[n % settled.len()]
+                    } else if let Some((id, estimate, _, _)) = open.get(n % open.len().max(1)) {
+                        (*id, *estimate)
                     } else {
                         continue;
                     };
+                    let asked = request(estimate, id, mode(own));
                     let before = store.peek_now(&asked).tokens;
                     let done = store.settle_now(&Settle {
-                        bucket: BucketRequest { cost: actual, ..asked.clone() },
+                        bucket: BucketRequest { cost: actual, ..asked },
                         estimate,
                         max_debt: 0.0,
                     });
                     prop_assert_eq!(done.held, !retry);
+                    sweep(&mut open, &mut spent, mode(own));
                     if done.held {
+                        let expiry = open
+                            .iter()
+                            .find(|(open_id, ..)| *open_id == id)
+                            .map(|(.., expiry)| *expiry);
                         // What the check's charge stands for now: the estimate, unless it was
-                        // given back at expiry.
-                        let standing = if expired && refund { 0 } else { estimate };
-                        if expired && !refund {
+                        // given back at expiry (whatever this settle's mode).
+                        let standing = match expiry {
+                            Some(Expiry::GivenBack) => 0,
+                            _ => estimate,
+                        };
+                        if expiry == Some(Expiry::Kept) {
                             spent -= estimate as f64;
                         }
                         let extra = (actual.saturating_sub(standing) as f64).min(before.max(0.0));
                         spent += actual.min(standing) as f64 + extra;
-                        open.retain(|(r, _, _, _)| r != &asked);
-                        settled.push((asked, estimate));
+                        open.retain(|(open_id, ..)| *open_id != id);
+                        settled.push((id, estimate));
                     }
                 }
                 Op::Pass(ms) => {
                     clock.advance_ms(ms);
                     now_ms += ms;
-                    // Expired ones are kept (they cost their estimate) or given back, until a
-                    // late settle replaces that by the actual cost.
-                    for (_, estimate, at, expired) in &mut open {
-                        if !*expired && *at + TTL_MS <= now_ms {
-                            *expired = true;
-                            if !refund {
-                                spent += *estimate as f64;
-                            }
+                    // Expired ones cost their estimate until a check or settle gives it back
+                    // (under `refund`) or a late settle replaces it by the actual cost.
+                    for (_, estimate, at, expiry) in &mut open {
+                        if *expiry == Expiry::Live && *at + TTL_MS <= now_ms {
+                            *expiry = Expiry::Due;
+                            spent += *estimate as f64;
                         }
                     }
                 }
             }
             let held: u64 = open
                 .iter()
-                .filter(|(_, _, _, expired)| !expired)
+                .filter(|(.., expiry)| *expiry == Expiry::Live)
                 .map(|(_, estimate, _, _)| estimate)
                 .sum();
-            prop_assert_eq!(store.reserved_now(&request(1, 0)).tokens, held);
+            prop_assert_eq!(store.reserved_now(&request(1, 0, false)).tokens, held);
             let bound = BURST + RATE_PER_S * now_ms as f64 / 1000.0;
             prop_assert!(
                 held as f64 + spent <= bound + 1e-6,

@@ -116,6 +116,11 @@ env:
         name: {{ . }}
         key: {{ $v.adminToken.secretKey }}
 {{- end }}
+{{- with $v.clientIp.trustedProxies }}
+  # Whose X-Forwarded-For tollgate believes, over the config's [client_ip].trusted_proxies.
+  - name: TOLLGATE_CLIENT_IP__TRUSTED_PROXIES
+    value: {{ toJson . | quote }}
+{{- end }}
 {{- with $v.extraEnv }}
 {{ toYaml . | indent 2 }}
 {{- end }}
@@ -184,4 +189,18 @@ volumeMounts:
     mountPath: /etc/tollgate
     readOnly: true
 {{- end }}
+{{- end -}}
+
+{{/*
+The standalone mode is called by other pods (an ingress): with the chart's config, which
+trusts only loopback, every client would be keyed on the calling pod's address, and share
+one per-ip bucket. Refused until clientIp.trustedProxies says whom to trust, unless the
+config is the user's own.
+*/}}
+{{- define "tollgate.checkTrustedProxies" -}}
+{{- $v := .Values -}}
+{{- $loopbackOnly := contains "trusted_proxies = [\"127.0.0.0/8\", \"::1/128\"]" $v.config.toml -}}
+{{- if and (eq $v.mode "standalone") (not $v.clientIp.trustedProxies) (not $v.config.existingConfigMap) $loopbackOnly -}}
+{{- fail "clientIp.trustedProxies: the standalone mode is called by your ingress pods, and config.toml trusts X-Forwarded-For from loopback only, so every client would share the ingress pod's per-ip bucket. Set the ingress pods' CIDR (their pod network; add any load balancer in front that adds X-Forwarded-For), e.g. --set 'clientIp.trustedProxies={10.244.0.0/16}', or give config.toml a [client_ip] of your own." -}}
+{{- end -}}
 {{- end -}}

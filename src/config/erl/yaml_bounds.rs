@@ -2,6 +2,11 @@
 //! parser scans nested flow collections (`[[[...`) in quadratic time before its own recursion
 //! limit applies, so a small hostile file could hold a reload (or `import`) for minutes.
 
+use std::marker::PhantomData;
+use std::mem::MaybeUninit;
+
+use unsafe_libyaml as unsafe_yaml;
+
 /// The largest file served or imported; real rule files are a few kB.
 pub const MAX_YAML_MIB: u64 = 1;
 
@@ -23,86 +28,103 @@ pub fn check(text: &str) -> Result<(), String> {
     check_depth(text)
 }
 
-/// Refuses `text` when it nests collections deeper than [`MAX_YAML_DEPTH`]. A cheap scan, not
-/// a parser: block depth counts the open indentation levels (a compact `- ` opens one more),
-/// flow depth the open brackets outside quotes and comments. It may count a level too many for
-/// a bracket inside a plain scalar, never one too few.
+/// Refuses `text` when it nests collections deeper than [`MAX_YAML_DEPTH`], as the YAML
+/// parser's own scanner reads it (libyaml's, which the parser runs): a scan of our own that
+/// guessed where quotes, comments, plain and block scalars begin and end could be led to take
+/// real brackets for text (`[x:', [[[...` is a plain scalar `x:'` and then real nesting). The
+/// scanner alone is linear while the nesting is bounded, and it stops at the first level past
+/// the bound. It counts the collections it opens a token for; the parser opens a few more
+/// (a sequence indented no deeper than its key, a single pair in a flow sequence), so nothing
+/// the parser accepts is refused here. What the scanner cannot read is left to the parser,
+/// which stops there too.
 pub fn check_depth(text: &str) -> Result<(), String> {
-    let mut indents: Vec<usize> = Vec::new();
-    let mut flow = 0usize;
-    let mut quote: Option<char> = None;
-    for line in text.lines() {
-        if flow == 0 && quote.is_none() {
-            let body = line.trim_start_matches(' ');
-            if body.is_empty() || body.starts_with('#') {
-                continue;
+    let mut depth = 0usize;
+    for token in Tokens::new(text) {
+        match token {
+            unsafe_yaml::YAML_FLOW_SEQUENCE_START_TOKEN
+            | unsafe_yaml::YAML_FLOW_MAPPING_START_TOKEN
+            | unsafe_yaml::YAML_BLOCK_SEQUENCE_START_TOKEN
+            | unsafe_yaml::YAML_BLOCK_MAPPING_START_TOKEN => {
+                depth += 1;
+                if depth > MAX_YAML_DEPTH {
+                    return Err(too_deep());
+                }
             }
-            let mut column = line.len() - body.len();
-            open_block(&mut indents, column);
-            // `- - key: v`: each compact sequence entry is one level deeper.
-            let mut rest = body;
-            while let Some(after) = rest.strip_prefix("- ").or_else(|| rest.strip_prefix("-\t")) {
-                let trimmed = after.trim_start();
-                column += rest.len() - trimmed.len();
-                open_block(&mut indents, column);
-                rest = trimmed;
-            }
-        }
-        flow = scan_flow(line, flow, &mut quote, indents.len())?;
-        if indents.len() > MAX_YAML_DEPTH {
-            return Err(too_deep());
+            unsafe_yaml::YAML_FLOW_SEQUENCE_END_TOKEN
+            | unsafe_yaml::YAML_FLOW_MAPPING_END_TOKEN
+            | unsafe_yaml::YAML_BLOCK_END_TOKEN => depth = depth.saturating_sub(1),
+            _ => {}
         }
     }
     Ok(())
 }
 
-fn open_block(indents: &mut Vec<usize>, column: usize) {
-    while indents.last().is_some_and(|&open| open >= column) {
-        indents.pop();
-    }
-    indents.push(column);
+/// The kinds of libyaml's tokens for a text, up to the end of the stream or the first error.
+struct Tokens<'t> {
+    /// Boxed: the parser points at itself once given its input, so it must not move.
+    parser: Box<MaybeUninit<unsafe_yaml::yaml_parser_t>>,
+    initialized: bool,
+    done: bool,
+    _text: PhantomData<&'t str>,
 }
 
-/// The flow depth after `line`, from `flow` before it; refuses a depth past the bound with the
-/// `block` levels around it. A bracket inside a plain scalar (`a[b`) opens nothing.
-fn scan_flow(
-    line: &str,
-    mut flow: usize,
-    quote: &mut Option<char>,
-    block: usize,
-) -> Result<usize, String> {
-    let mut plain = false;
-    let mut chars = line.chars().peekable();
-    while let Some(c) = chars.next() {
-        match (*quote, c) {
-            (Some('"'), '\\') => {
-                chars.next();
+impl<'t> Tokens<'t> {
+    fn new(text: &'t str) -> Tokens<'t> {
+        let mut parser = Box::new(MaybeUninit::<unsafe_yaml::yaml_parser_t>::uninit());
+        let raw = parser.as_mut_ptr();
+        // SAFETY: `raw` is valid for writes and initialized here before any other use; the
+        // input is `text`, which outlives `self` ('t), with its own length.
+        let initialized = unsafe {
+            let initialized = unsafe_yaml::yaml_parser_initialize(raw).ok;
+            if initialized {
+                unsafe_yaml::yaml_parser_set_encoding(raw, unsafe_yaml::YAML_UTF8_ENCODING);
+                unsafe_yaml::yaml_parser_set_input_string(raw, text.as_ptr(), text.len() as u64);
             }
-            // `''` inside single quotes is a quote, not the end.
-            (Some('\''), '\'') if chars.peek() == Some(&'\'') => {
-                chars.next();
-            }
-            (Some(open), c) if c == open => *quote = None,
-            (Some(_), _) => {}
-            (None, '#') if !plain => break,
-            (None, c) if c.is_whitespace() => plain = false,
-            (None, ',' | ':') => plain = false,
-            (None, '-' | '?') => {}
-            (None, '"' | '\'') if !plain => *quote = Some(c),
-            (None, '[' | '{') if !plain => {
-                flow += 1;
-                if block + flow > MAX_YAML_DEPTH {
-                    return Err(too_deep());
-                }
-            }
-            (None, ']' | '}') => {
-                flow = flow.saturating_sub(1);
-                plain = false;
-            }
-            (None, _) => plain = true,
+            initialized
+        };
+        Tokens {
+            parser,
+            initialized,
+            done: !initialized,
+            _text: PhantomData,
         }
     }
-    Ok(flow)
+}
+
+impl Iterator for Tokens<'_> {
+    type Item = unsafe_yaml::yaml_token_type_t;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done {
+            return None;
+        }
+        let mut token = MaybeUninit::<unsafe_yaml::yaml_token_t>::uninit();
+        // SAFETY: the parser was initialized with its input (`done` is false); the scanner
+        // writes a whole token (zeroed first) or fails, and a token written is freed once here.
+        let kind = unsafe {
+            if unsafe_yaml::yaml_parser_scan(self.parser.as_mut_ptr(), token.as_mut_ptr()).fail {
+                None
+            } else {
+                let kind = (*token.as_ptr()).type_;
+                unsafe_yaml::yaml_token_delete(token.as_mut_ptr());
+                Some(kind)
+            }
+        };
+        self.done = matches!(
+            kind,
+            None | Some(unsafe_yaml::YAML_STREAM_END_TOKEN | unsafe_yaml::YAML_NO_TOKEN)
+        );
+        kind
+    }
+}
+
+impl Drop for Tokens<'_> {
+    fn drop(&mut self) {
+        if self.initialized {
+            // SAFETY: initialized in `new`, deleted once.
+            unsafe { unsafe_yaml::yaml_parser_delete(self.parser.as_mut_ptr()) }
+        }
+    }
 }
 
 fn too_deep() -> String {
@@ -140,6 +162,53 @@ mod tests {
             format!("domain: d\nvalue: 'it''s {deep}'\n"),
         ] {
             assert!(check_depth(&yaml).is_ok(), "{yaml}");
+        }
+        // What looks like a quote, a comment or a block scalar to a scan that is not YAML's
+        // own, but is not one to the parser: the brackets after it are real.
+        let nested = format!("{deep}{}", "]".repeat(300));
+        for yaml in [
+            format!("domain: d\nmetadata: [x:', {nested}]\n"),
+            format!("domain: d\nmetadata: [x:\", {nested}]\n"),
+            format!("domain: d\nmetadata: [x:#, {nested}]\n"),
+            format!("domain: d\nnote: x:'y\nmetadata: {nested}\n"),
+            format!("domain: d\nnote: x\n  'y\nmetadata: {nested}\n"),
+            format!("domain: d\nnote: -'y\nmetadata: {nested}\n"),
+            format!("domain: d\nnote: !t'y\nmetadata: {nested}\n"),
+            format!("domain: d\nnote: |\n  'y\nmetadata: {nested}\n"),
+            format!("domain: d\nmetadata: [a,#b\n  {nested}]\n"),
+        ] {
+            assert!(check_depth(&yaml).is_err(), "{yaml}");
+        }
+    }
+
+    /// Every YAML file this repository ships or tests with (rule files, Envoy, Traefik and
+    /// Kubernetes configs; not Helm templates, which are not YAML until rendered).
+    #[test]
+    fn the_repository_s_own_yaml_passes() {
+        fn walk(dir: &std::path::Path, found: &mut Vec<std::path::PathBuf>) {
+            for entry in std::fs::read_dir(dir).expect("a directory").flatten() {
+                let path = entry.path();
+                if path.is_dir() {
+                    if !path.ends_with("templates") {
+                        walk(&path, found);
+                    }
+                } else if path
+                    .extension()
+                    .is_some_and(|ext| ext == "yaml" || ext == "yml")
+                {
+                    found.push(path);
+                }
+            }
+        }
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let mut files = Vec::new();
+        for dir in ["tests/fixtures", "config", "k8s", "charts", "examples"] {
+            walk(&root.join(dir), &mut files);
+        }
+        assert!(files.len() > 20, "{files:?}");
+        for file in files {
+            let text = std::fs::read_to_string(&file).expect("readable");
+            assert_eq!(check(&text), Ok(()), "{}", file.display());
         }
     }
 

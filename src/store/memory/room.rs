@@ -26,7 +26,7 @@ pub fn drop_refilled(shards: &mut [&mut Shard], now_us: u64) -> usize {
             .map(|(key, _)| key.clone())
             .collect();
         for key in idle {
-            shard.sweep(&key, now_us, false);
+            shard.sweep(&key, now_us, |r| r.refund);
         }
         shard.late.retain(|_, set| {
             set.retain(|r| r.until > now_us);

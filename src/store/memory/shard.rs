@@ -36,7 +36,7 @@ pub struct Shard {
 pub fn borrowed_now(groups: Option<&Groups>, now: u64) -> Reserved {
     let live = groups
         .into_iter()
-        .flat_map(|g| g.0)
+        .flat_map(|g| g.slots)
         .filter(|&(deadline, tokens)| tokens > 0 && deadline > now);
     Reserved {
         tokens: live.clone().map(|g| g.1).sum::<u64>().div_ceil(1_000_000),
@@ -85,7 +85,7 @@ pub fn lend(
             let level = request.burst * 1_000_000.0 - state.debt as f64;
             let tokens = held::slice(borrow.want, level);
             let deadline_us = held::deadline(now, borrow.grid_us);
-            if tokens > 0 && lent.groups.take(deadline_us, tokens * 1_000_000) {
+            if tokens > 0 && lent.groups.take(deadline_us, tokens * 1_000_000, now) {
                 state.debt += tokens * 1_000_000;
                 outcomes[index].tokens = (request.burst * 1_000_000.0 - state.debt as f64) / 1e6;
                 took = true;
@@ -94,6 +94,7 @@ pub fn lend(
                     tokens,
                     deadline_us,
                     now_us: now,
+                    incarnation: lent.groups.incarnation.unwrap_or(now),
                 });
             }
         }
@@ -113,31 +114,34 @@ pub fn expired_estimates(held: &[Reservation], now_us: u64) -> u64 {
 }
 
 /// A reservation held beside its bucket (`lua/token_bucket.lua` keeps `<id>:<estimate>` scored
-/// by `until`).
+/// by `until`; `lua/bounds.lua`'s sweep files an expired one as `<id>:<estimate>:<r|k>`).
 #[derive(Debug, Clone, Copy)]
 pub struct Reservation {
     pub id: u128,
     pub estimate: u64,
     pub until: u64,
+    /// Held: whether the check that took it gives expired estimates back (what an idle sweep
+    /// applies, with no check to ask). Expired: whether its expiry gave the estimate back, what
+    /// its late settle goes by.
+    pub refund: bool,
 }
 
 impl Shard {
-    /// Moves the expired reservations of bucket `key` to its late ones; the tokens to give
-    /// back (their estimates when `refund`, else 0), as `sweep` in `lua/bounds.lua`.
-    pub fn sweep(&mut self, key: &str, now_us: u64, refund: bool) -> u64 {
+    /// Moves the expired reservations of bucket `key` to its late ones, each given back when
+    /// `refund` says so, as `sweep` in `lua/bounds.lua`; the tokens given back.
+    pub fn sweep(&mut self, key: &str, now_us: u64, refund: impl Fn(&Reservation) -> bool) -> u64 {
         let Some(held) = self.reservations.get_mut(key) else {
             return 0;
         };
-        let (gone, live): (Vec<Reservation>, Vec<Reservation>) =
+        let (mut gone, live): (Vec<Reservation>, Vec<Reservation>) =
             held.iter().partition(|r| r.until <= now_us);
         if gone.is_empty() {
             return 0;
         }
-        let back = if refund {
-            expired_estimates(&gone, now_us)
-        } else {
-            0
-        };
+        for r in &mut gone {
+            r.refund = refund(r);
+        }
+        let back = gone.iter().filter(|r| r.refund).map(|r| r.estimate).sum();
         if live.is_empty() {
             self.reservations.remove(key);
         } else {
@@ -157,17 +161,14 @@ impl Shard {
     }
 
     /// Settles the late reservation `id` of bucket `key` (expired, within its grace, not
-    /// settled before): whether it was there.
-    pub fn take_late(&mut self, key: &str, id: u128, estimate: u64, now_us: u64) -> bool {
-        let Some(late) = self.late.get_mut(key) else {
-            return false;
-        };
+    /// settled before): `None` when it is not there, else whether its expiry gave it back.
+    pub fn take_late(&mut self, key: &str, id: u128, estimate: u64, now_us: u64) -> Option<bool> {
+        let late = self.late.get_mut(key)?;
         late.retain(|r| r.until > now_us);
         let found = late
             .iter()
             .position(|r| r.id == id && r.estimate == estimate)
-            .map(|at| late.swap_remove(at))
-            .is_some();
+            .map(|at| late.swap_remove(at).refund);
         if late.is_empty() {
             self.late.remove(key);
         }

@@ -124,12 +124,14 @@ pub(super) fn parse_decision(
         if let Meter::Borrow(_) = request.meter {
             let mut number = || fields.next()?.parse::<u64>().ok();
             let (tokens, deadline_us) = number().zip(number()).ok_or_else(malformed)?;
+            let incarnation = number().ok_or_else(malformed)?;
             if tokens > 0 {
                 slices.push(Slice {
                     bucket: index,
                     tokens,
                     deadline_us,
                     now_us: now.parse().map_err(|_| malformed())?,
+                    incarnation,
                 });
             }
         }
