@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use crate::support::grpc::{self, ask, descriptor, request, OK, OVER_LIMIT};
 use crate::support::http::HttpClient;
 use crate::support::{
-    free_port, metric_value, redis_config, tollgate_command, RedisServer, TempDir,
+    free_port, metric_value, redis_config, tollgate_command, RedisServer, TempDir, Tollgate,
 };
 
 /// A gateway's rule as Envoy Gateway writes it: a route's level, then the client's masked
@@ -173,4 +173,119 @@ fn stats_variables_envoyproxy_ratelimit_or_tollgate_cannot_honour_are_refused() 
         .unwrap();
     assert_eq!(output.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&output.stderr).contains("envoy.metrics.prometheus_path"));
+}
+
+/// A tollgate in envoyproxy/ratelimit's environment: its runtime directory holds `yaml`
+/// (domain files under `<dir>/rl/config`), its store is `redis`, plus `more` variables.
+fn erl_tollgate(dir: &TempDir, yaml: &str, redis: &RedisServer, more: &[(&str, &str)]) -> Tollgate {
+    let config = dir.path().join("rl").join("config");
+    std::fs::create_dir_all(&config).unwrap();
+    std::fs::write(config.join("rules.yaml"), yaml).unwrap();
+    let root = dir.path().display().to_string();
+    let redis_url = format!("127.0.0.1:{}", redis.port);
+    let grpc_port = free_port().to_string();
+    let mut env = vec![
+        ("RUNTIME_ROOT", root.as_str()),
+        ("RUNTIME_SUBDIRECTORY", "rl"),
+        ("REDIS_SOCKET_TYPE", "tcp"),
+        ("REDIS_URL", redis_url.as_str()),
+        ("GRPC_HOST", "127.0.0.1"),
+        ("GRPC_PORT", grpc_port.as_str()),
+        ("TOLLGATE_STORE__TIMEOUT_MS", "2000"),
+    ];
+    env.extend_from_slice(more);
+    Tollgate::start_with_env("", &env)
+}
+
+/// envoyproxy/ratelimit's `POST /json` with `body`; its status.
+fn post_json(http: &mut HttpClient, body: &str) -> u16 {
+    let raw = format!(
+        "POST /json HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    http.send_raw(raw.as_bytes()).expect("/json answers").status
+}
+
+/// A descriptor value carrying newlines (and a `\r`, a NUL, a DEL) must not forge statsd lines:
+/// every byte below 0x20 and 0x7f becomes `_` in the stats key, so what a UDP statsd receives
+/// is one well-formed `name:N|c` line per counter, none of them another domain's.
+#[test]
+fn control_characters_in_a_value_forge_no_statsd_line() {
+    let redis = RedisServer::start();
+    let dir = TempDir::new("erl-statsd-forge");
+    let statsd = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    statsd
+        .set_read_timeout(Some(std::time::Duration::from_millis(200)))
+        .unwrap();
+    let port = statsd.local_addr().unwrap().port().to_string();
+    let yaml = "domain: d\ndescriptors:\n  - key: user\n    detailed_metric: true\n    \
+                rate_limit: {unit: minute, requests_per_unit: 5}\n";
+    let tollgate = erl_tollgate(
+        &dir,
+        yaml,
+        &redis,
+        &[
+            ("STATSD_PROTOCOL", "udp"),
+            ("STATSD_HOST", "127.0.0.1"),
+            ("STATSD_PORT", port.as_str()),
+            ("STATS_FLUSH_INTERVAL", "100ms"),
+        ],
+    );
+    let forged = "x\\nratelimit.service.rate_limit.prod.checkout.over_limit:999999|c\\n\
+                  ratelimit.service.rate_limit.prod.checkout\\r\\u0000\\u007f\\u001b";
+    let body = format!(
+        r#"{{"domain":"d","descriptors":[{{"entries":[{{"key":"user","value":"{forged}"}}]}}]}}"#
+    );
+    let mut http = tollgate.client();
+    let statuses: Vec<u16> = (0..6).map(|_| post_json(&mut http, &body)).collect();
+    assert_eq!(statuses, [200, 200, 200, 200, 200, 429]);
+
+    // Every line received until the key's sixth hit has arrived.
+    let mut lines: Vec<String> = Vec::new();
+    let mut hits = 0;
+    let arrived = crate::support::wait_until(std::time::Duration::from_secs(10), || {
+        let mut buf = [0u8; 65_536];
+        while let Ok(n) = statsd.recv(&mut buf) {
+            let text = String::from_utf8_lossy(&buf[..n]).into_owned();
+            for line in text.split('\n').filter(|l| !l.is_empty()) {
+                if line.contains(".total_hits:") {
+                    hits += line
+                        .rsplit_once(':')
+                        .and_then(|(_, n)| n.strip_suffix("|c")?.parse::<u32>().ok())
+                        .unwrap_or(0);
+                }
+                lines.push(line.to_string());
+            }
+        }
+        hits >= 6
+    });
+    assert!(arrived, "six hits not received: {lines:#?}");
+    for line in &lines {
+        let (name, value) = line
+            .rsplit_once(':')
+            .unwrap_or_else(|| panic!("not a statsd line (forged by a newline): {line:?}"));
+        assert!(
+            value
+                .strip_suffix("|c")
+                .is_some_and(|n| n.parse::<u64>().is_ok()),
+            "not a counter line: {line:?}"
+        );
+        assert!(
+            !name.contains(':')
+                && !name.contains('|')
+                && !name.bytes().any(|b| b < 0x20 || b == 0x7f),
+            "a forged or raw line: {line:?}"
+        );
+        assert!(
+            !name.starts_with("ratelimit.service.rate_limit.prod."),
+            "another domain's counter forged: {line:?}"
+        );
+    }
+    let key = "ratelimit.service.rate_limit.d.user_x_ratelimit.service.rate_limit.prod.\
+               checkout.over_limit_999999_c_ratelimit.service.rate_limit.prod.checkout____";
+    assert!(
+        lines.contains(&format!("{key}.over_limit:1|c")),
+        "{key}.over_limit missing: {lines:#?}"
+    );
 }

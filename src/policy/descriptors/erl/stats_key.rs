@@ -9,7 +9,8 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descri
 /// path, `key_value` or `key` as the configuration spells the node, except where its
 /// `value_to_metric` (a key-only or wildcard node) or the rule's `detailed_metric` put the
 /// request's value in; `share_threshold` keeps the wildcard pattern. Sanitized as it
-/// sanitizes stat names (`:` and `|`, and the dots of IPv4 addresses, become `_`).
+/// sanitizes stat names (`:` and `|`, and the dots of IPv4 addresses, become `_`), and
+/// control characters too (see [`sanitize`]).
 #[derive(Debug, Clone, PartialEq)]
 pub enum StatsKey {
     /// The same for every request: built once, sanitized.
@@ -80,14 +81,19 @@ pub fn request_limit_stats_key(domain: &str, entries: &[Entry], into: &mut Strin
 
 /// envoyproxy/ratelimit's stat name sanitizing: `:` and `|` become `_`, and so do the dots of
 /// anything shaped as an IPv4 address (four runs of 1 to 3 digits joined by dots, found left
-/// to right), so such a value stays one segment of the name.
+/// to right), so such a value stays one segment of the name. Every ASCII control character
+/// (below 0x20, and DEL) becomes `_` too: a newline in a client's value would otherwise end
+/// the statsd line and start one of the client's choosing.
 pub fn sanitize(name: &mut String) {
-    if !name.bytes().any(|b| matches!(b, b':' | b'|' | b'.')) {
+    if !name
+        .bytes()
+        .any(|b| matches!(b, b':' | b'|' | b'.') || b.is_ascii_control())
+    {
         return;
     }
     let mut bytes = std::mem::take(name).into_bytes();
     for b in &mut bytes {
-        if matches!(*b, b':' | b'|') {
+        if matches!(*b, b':' | b'|') || b.is_ascii_control() {
             *b = b'_';
         }
     }

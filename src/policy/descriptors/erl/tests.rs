@@ -300,6 +300,14 @@ fn stats_keys_are_sanitized_as_stat_names() {
     assert_eq!(sanitized("d.v_1234.5.6.7"), "d.v_1234_5_6_7");
     assert_eq!(sanitized("d.v_1.2.3"), "d.v_1.2.3");
     assert_eq!(sanitized("1.2.3.4.5.6.7.8"), "1_2_3_4.5_6_7_8");
+    // Control characters would end a statsd line inside the key.
+    assert_eq!(
+        sanitized("d.k_a\nb\rc\0d\x1be\x7ff\tg"),
+        "d.k_a_b_c_d_e_f_g"
+    );
+    assert_eq!(sanitized("d.k_\n"), "d.k__");
+    // Other characters stay as they are, multi-byte ones whole.
+    assert_eq!(sanitized("d.k_é\u{85}~"), "d.k_é\u{85}~");
     let mut own = String::new();
     request_limit_stats_key("d", &entries(&[("ip", "10.0.0.1"), ("k", "")]), &mut own);
     assert_eq!(own, "d.ip_10_0_0_1.k");
