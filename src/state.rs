@@ -114,7 +114,7 @@ pub fn build_state(config: &Config) -> Result<web::Data<AppState>, StartError> {
     }
     let erl = &config.envoy.metrics;
     let erl_stats = erl.enabled().then(|| {
-        let stats = ErlStats::new(erl.near_limit_ratio, erl.response_time_ms);
+        let stats = ErlStats::new(erl.near_limit_ratio, erl.response_time_ms, erl.max_keys);
         if !limiter.policy().erl.awaiting_config {
             stats.config_loaded(true);
         }

@@ -313,6 +313,62 @@ fn stats_keys_are_sanitized_as_stat_names() {
     assert_eq!(own, "d.ip_10_0_0_1.k");
 }
 
+/// A request's value (a descriptor limit's key too) longer than 64 bytes is spelled by a
+/// short hash, the same everywhere; a rule whose key carries values has an overflow key.
+#[test]
+fn long_values_are_hashed_and_rules_of_request_values_have_an_overflow_key() {
+    let tree = tree(
+        "domain: d
+descriptors:
+  - key: user
+    detailed_metric: true
+    rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: route
+    value_to_metric: true
+    descriptors:
+      - key: method
+        value: GET
+        rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: plain
+    rate_limit: {unit: minute, requests_per_unit: 5}
+",
+    );
+    let long = "v".repeat(MAX_SPELLED_BYTES + 1);
+    let edge = "v".repeat(MAX_SPELLED_BYTES);
+    // sha256("v" x 65) starts 0e50f229ffa7efab.
+    assert_eq!(
+        stats_key(&tree, "d", &[("user", &long)]),
+        "d.user_h_0e50f229ffa7efab"
+    );
+    assert_eq!(
+        stats_key(&tree, "d", &[("user", &edge)]),
+        format!("d.user_{edge}")
+    );
+    assert_eq!(
+        stats_key(&tree, "d", &[("route", &long), ("method", "GET")]),
+        "d.route_h_0e50f229ffa7efab.method_GET"
+    );
+    let overflow = |pairs: &[(&str, &str)]| {
+        let found = tree.lookup("d", &entries(pairs)).unwrap();
+        let stats = &tree.rules[found.rule.unwrap()].stats;
+        stats.overflow().map(str::to_string)
+    };
+    assert_eq!(
+        overflow(&[("user", "u")]).as_deref(),
+        Some("d.user.overflow")
+    );
+    assert_eq!(
+        overflow(&[("route", "r"), ("method", "GET")]).as_deref(),
+        Some("d.route.method_GET.overflow")
+    );
+    assert_eq!(overflow(&[("plain", "p")]), None);
+    let mut own = String::new();
+    request_limit_stats_key("d", &entries(&[(&long, &long), ("k", "v")]), &mut own);
+    assert_eq!(own, "d.h_0e50f229ffa7efab_h_0e50f229ffa7efab.k_v");
+    request_limit_overflow_key("d", &mut own);
+    assert_eq!(own, "d.overflow");
+}
+
 #[test]
 fn limit_names_are_the_rules_own_else_the_path() {
     let (_, rules) = from_yaml("t.yaml", BASIC).unwrap();
