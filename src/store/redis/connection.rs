@@ -232,6 +232,12 @@ impl Connection {
         matches!(self, Connection::Cluster(_))
     }
 
+    /// Whether calls wait for the sentinels to name a first master: their failures are the
+    /// discovery's at start, not the store's.
+    pub fn discovering(&self) -> bool {
+        matches!(self, Connection::Sentinel(master) if master.awaiting_first())
+    }
+
     /// Sends one command (to the node owning its first key, on a Cluster).
     pub async fn query(&self, cmd: &Cmd) -> RedisResult<Value> {
         match self {
