@@ -22,7 +22,10 @@ pub fn count(
     policy: &Policy,
     request: &RateLimitRequest,
 ) {
-    let failed = matches!(verdict, Verdict::StoreFailed { .. });
+    let failed = matches!(
+        verdict,
+        Verdict::StoreFailed { .. } | Verdict::StoreError { .. }
+    );
     if failed && !plan.erl.is_empty() {
         stats.store_error();
     }
