@@ -8,8 +8,8 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descri
 use sha2::{Digest, Sha256};
 
 /// The longest request value (or, in a descriptor's own limit, key) a stats key spells as it
-/// is; a longer one is spelled by its hash ([`push_part`]), so a key stays short whatever a
-/// client sends.
+/// is; a longer one is spelled by its hash (`h_` and 16 hex digits), so a key stays short
+/// whatever a client sends.
 pub const MAX_SPELLED_BYTES: usize = 64;
 
 /// The last segment of the key a rule's metrics count into once the stats keys that carry
