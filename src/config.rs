@@ -31,6 +31,7 @@ mod schema;
 pub mod store_links;
 pub mod store_tls;
 mod summary;
+pub mod tls_files;
 pub mod trace;
 mod validate;
 pub mod xds;

@@ -166,7 +166,7 @@ pub(crate) fn redis_tls(store: &StoreConfig) -> Result<Option<TlsCertificates>, 
     store
         .tls
         .as_ref()
-        .map(|tls| tls.load().map(certificates))
+        .map(|tls| crate::config::store_tls::load(tls).map(certificates))
         .transpose()
 }
 

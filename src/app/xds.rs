@@ -225,11 +225,11 @@ fn endpoint(settings: &XdsConfig) -> Result<Endpoint, XdsError> {
             source,
         })
     };
-    let mut tls = match &settings.ca_file {
+    let mut tls = match &settings.files.ca_file {
         Some(ca) => ClientTlsConfig::new().ca_certificate(Certificate::from_pem(read(ca)?)),
         None => ClientTlsConfig::new().with_native_roots(),
     };
-    if let (Some(cert), Some(key)) = (&settings.cert_file, &settings.key_file) {
+    if let (Some(cert), Some(key)) = (&settings.files.cert_file, &settings.files.key_file) {
         tls = tls.identity(Identity::from_pem(read(cert)?, read(key)?));
     }
     let host = settings

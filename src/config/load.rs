@@ -165,10 +165,10 @@ impl Config {
             *path = dir.join(&*path);
         }
         if let Some(xds) = self.envoy.xds.as_mut() {
-            xds.resolve_paths(dir);
+            xds.files.resolve_paths(dir);
         }
         if let Some(tls) = self.grpc_tls.as_mut() {
-            tls.resolve_paths(dir);
+            tls.files.resolve_paths(dir);
         }
         if let Some(tls) = self.store.tls.as_mut() {
             tls.resolve_paths(dir);

@@ -114,7 +114,7 @@ pub struct StoreConfig {
     pub sentinel: Option<SentinelConfig>,
     /// A CA of one's own and a client certificate for `rediss://` (see `store_tls`).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub tls: Option<super::store_tls::StoreTlsConfig>,
+    pub tls: Option<super::tls_files::TlsFiles>,
     pub timeout_ms: u64,
     pub key_prefix: String,
     pub on_error: OnError,

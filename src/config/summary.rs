@@ -25,12 +25,17 @@ impl Config {
             let _ = writeln!(out, "grpc_listen   {grpc}");
         }
         if let Some(tls) = &self.grpc_tls {
-            let clients = match (&tls.client_ca_file, &tls.client_san) {
+            let clients = match (&tls.files.ca_file, &tls.client_san) {
                 (None, _) => "any client".to_string(),
                 (Some(_), None) => "clients with a certificate of client_ca_file".to_string(),
                 (Some(_), Some(san)) => format!("clients with a certificate for {san}"),
             };
-            let _ = writeln!(out, "grpc_tls      {}, {clients}", tls.cert_file.display());
+            let cert = tls
+                .files
+                .cert_file
+                .as_ref()
+                .map(|f| f.display().to_string());
+            let _ = writeln!(out, "grpc_tls      {}, {clients}", cert.unwrap_or_default());
         }
         let _ = writeln!(out, "store         {}", self.store.describe());
         let _ = writeln!(out, "tracing       {}", self.tracing.describe());

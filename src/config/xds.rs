@@ -7,6 +7,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+use super::tls_files::{TlsFiles, TlsKeys};
 use super::ConfigError;
 use crate::base::go;
 
@@ -19,44 +20,100 @@ const DEFAULT_MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
 
 /// `[envoy] xds`: where the management server is and who this client is.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(from = "XdsToml", into = "XdsToml")]
 pub struct XdsConfig {
     /// `host:port` of the management server.
-    #[serde(default = "default_server")]
     pub server: String,
     /// The `Node.id` sent: the management server picks the snapshot by it.
-    #[serde(default = "default_node_id")]
     pub node_id: String,
     /// String fields of the `Node.metadata` sent.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub node_metadata: BTreeMap<String, String>,
     /// gRPC metadata sent with the stream (lower-case names).
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub headers: BTreeMap<String, String>,
     /// The pause before connecting again after a failed connection or a broken stream.
-    #[serde(default = "default_retry_ms")]
     pub retry_ms: u64,
     /// Ready (`/readyz`, `/healthcheck`, gRPC health) before the first configuration
     /// arrives; by default not, as envoyproxy/ratelimit does not serve before it.
-    #[serde(default, skip_serializing_if = "is_false")]
     pub ready_before_config: bool,
     /// The largest response accepted, in bytes (gRPC's default: 4 MiB).
-    #[serde(default = "default_max_message_bytes")]
     pub max_message_bytes: usize,
-    /// TLS to the server: its certificate checked against `ca_file` (else the system's
-    /// roots), and with `cert_file` and `key_file`, this client's certificate shown (mutual
-    /// TLS, as Envoy Gateway's server asks).
-    #[serde(default, skip_serializing_if = "is_false")]
+    /// TLS to the server: its certificate checked against `files.ca_file` (else the system's
+    /// roots), and with a certificate and key, this client's certificate shown (mutual TLS,
+    /// as Envoy Gateway's server asks).
     pub tls: bool,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ca_file: Option<PathBuf>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cert_file: Option<PathBuf>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub key_file: Option<PathBuf>,
+    pub files: TlsFiles,
     /// The name the server's certificate must carry, when not the host of `server`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub server_name: Option<String>,
+}
+
+/// `[envoy] xds` as the TOML spells it: the TLS files beside the other keys.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct XdsToml {
+    #[serde(default = "default_server")]
+    server: String,
+    #[serde(default = "default_node_id")]
+    node_id: String,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    node_metadata: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    headers: BTreeMap<String, String>,
+    #[serde(default = "default_retry_ms")]
+    retry_ms: u64,
+    #[serde(default, skip_serializing_if = "is_false")]
+    ready_before_config: bool,
+    #[serde(default = "default_max_message_bytes")]
+    max_message_bytes: usize,
+    #[serde(default, skip_serializing_if = "is_false")]
+    tls: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    ca_file: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    cert_file: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    key_file: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    server_name: Option<String>,
+}
+
+impl From<XdsToml> for XdsConfig {
+    fn from(toml: XdsToml) -> XdsConfig {
+        XdsConfig {
+            server: toml.server,
+            node_id: toml.node_id,
+            node_metadata: toml.node_metadata,
+            headers: toml.headers,
+            retry_ms: toml.retry_ms,
+            ready_before_config: toml.ready_before_config,
+            max_message_bytes: toml.max_message_bytes,
+            tls: toml.tls,
+            files: TlsFiles {
+                ca_file: toml.ca_file,
+                cert_file: toml.cert_file,
+                key_file: toml.key_file,
+            },
+            server_name: toml.server_name,
+        }
+    }
+}
+
+impl From<XdsConfig> for XdsToml {
+    fn from(config: XdsConfig) -> XdsToml {
+        XdsToml {
+            server: config.server,
+            node_id: config.node_id,
+            node_metadata: config.node_metadata,
+            headers: config.headers,
+            retry_ms: config.retry_ms,
+            ready_before_config: config.ready_before_config,
+            max_message_bytes: config.max_message_bytes,
+            tls: config.tls,
+            ca_file: config.files.ca_file,
+            cert_file: config.files.cert_file,
+            key_file: config.files.key_file,
+            server_name: config.server_name,
+        }
+    }
 }
 
 fn is_false(value: &bool) -> bool {
@@ -74,9 +131,7 @@ impl Default for XdsConfig {
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
             ready_before_config: false,
             tls: false,
-            ca_file: None,
-            cert_file: None,
-            key_file: None,
+            files: TlsFiles::default(),
             server_name: None,
         }
     }
@@ -97,6 +152,13 @@ fn default_retry_ms() -> u64 {
 fn default_max_message_bytes() -> usize {
     DEFAULT_MAX_MESSAGE_BYTES
 }
+
+/// The keys of the TLS files of `[envoy] xds`.
+pub const KEYS: TlsKeys = TlsKeys {
+    ca: "envoy.xds.ca_file",
+    cert: "envoy.xds.cert_file",
+    key: "envoy.xds.key_file",
+};
 
 impl XdsConfig {
     /// What cannot work: a server that is not `host:port`, an empty node id, a pause of zero
@@ -151,34 +213,16 @@ impl XdsConfig {
     /// The TLS settings: only with `tls`, a certificate with its key, every file readable
     /// now (they are read again at each connection, so a renewed certificate is used).
     fn check_tls(&self) -> Result<(), ConfigError> {
-        let files = [
-            ("envoy.xds.ca_file", &self.ca_file),
-            ("envoy.xds.cert_file", &self.cert_file),
-            ("envoy.xds.key_file", &self.key_file),
-        ];
         if !self.tls {
-            let set = files
-                .iter()
-                .find(|(_, file)| file.is_some())
-                .map(|(key, _)| *key);
+            let set = self.files.named(KEYS).map(|(key, _)| key).next();
             let set = set.or(self.server_name.as_ref().map(|_| "envoy.xds.server_name"));
             return match set {
                 Some(key) => Err(ConfigError::new(key, "applies only with tls = true")),
                 None => Ok(()),
             };
         }
-        if self.cert_file.is_some() != self.key_file.is_some() {
-            return Err(ConfigError::new(
-                "envoy.xds.cert_file",
-                "cert_file and key_file go together",
-            ));
-        }
-        for (key, file) in files {
-            if let Some(path) = file {
-                std::fs::metadata(path)
-                    .map_err(|e| ConfigError::new(key, format!("{}: {e}", path.display())))?;
-            }
-        }
+        self.files.identity(KEYS)?;
+        self.files.check_readable(KEYS)?;
         if self.server_name.as_ref().is_some_and(String::is_empty) {
             return Err(ConfigError::new(
                 "envoy.xds.server_name",
@@ -186,15 +230,6 @@ impl XdsConfig {
             ));
         }
         Ok(())
-    }
-
-    /// Makes relative certificate paths relative to `dir` (the config file's).
-    pub fn resolve_paths(&mut self, dir: &std::path::Path) {
-        for file in [&mut self.ca_file, &mut self.cert_file, &mut self.key_file] {
-            if let Some(path) = file.as_mut().filter(|p| p.is_relative()) {
-                *path = dir.join(&*path);
-            }
-        }
     }
 }
 
@@ -239,9 +274,9 @@ pub fn from_erl_env(var: impl Fn(&str) -> Option<String>) -> Result<XdsConfig, C
     }
     if xds.tls {
         let set = |name: &str| var(name).filter(|value| !value.is_empty());
-        xds.ca_file = set(TLS_FILES[0].1).map(PathBuf::from);
-        xds.cert_file = set(TLS_FILES[1].1).map(PathBuf::from);
-        xds.key_file = set(TLS_FILES[2].1).map(PathBuf::from);
+        xds.files.ca_file = set(TLS_FILES[0].1).map(PathBuf::from);
+        xds.files.cert_file = set(TLS_FILES[1].1).map(PathBuf::from);
+        xds.files.key_file = set(TLS_FILES[2].1).map(PathBuf::from);
         xds.server_name = set(TLS_FILES[3].1);
     }
     if let Some(server) = var("CONFIG_GRPC_XDS_SERVER_URL") {
@@ -304,9 +339,9 @@ const TLS: &str = "CONFIG_GRPC_XDS_SERVER_USE_TLS";
 
 /// The TLS keys and the variables that set them.
 const TLS_FILES: [(&str, &str); 4] = [
-    ("envoy.xds.ca_file", "CONFIG_GRPC_XDS_SERVER_TLS_CACERT"),
-    ("envoy.xds.cert_file", "CONFIG_GRPC_XDS_CLIENT_TLS_CERT"),
-    ("envoy.xds.key_file", "CONFIG_GRPC_XDS_CLIENT_TLS_KEY"),
+    (KEYS.ca, "CONFIG_GRPC_XDS_SERVER_TLS_CACERT"),
+    (KEYS.cert, "CONFIG_GRPC_XDS_CLIENT_TLS_CERT"),
+    (KEYS.key, "CONFIG_GRPC_XDS_CLIENT_TLS_KEY"),
     ("envoy.xds.server_name", "CONFIG_GRPC_XDS_SERVER_TLS_SAN"),
 ];
 

@@ -37,7 +37,7 @@ fn envoyproxy_ratelimit_variables_set_the_client_as_it_reads_them() {
     assert_eq!(xds.retry_ms, 61_500);
     assert_eq!(xds.headers["x-tenant"], "blue");
     assert_eq!(xds.headers["x-b"], "1:2");
-    assert_eq!((xds.tls, xds.ca_file), (false, None));
+    assert_eq!((xds.tls, xds.files.ca_file), (false, None));
     assert_eq!(xds.max_message_bytes, 10_000_000);
     let tls = from_erl_env(env(&[
         ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
@@ -64,14 +64,20 @@ fn envoyproxy_ratelimit_variables_set_the_client_as_it_reads_them() {
     };
     assert!(forced("false"));
     assert!(!forced("true"));
-    assert_eq!(tls.ca_file, None, "empty is unset: the system's roots");
+    assert_eq!(
+        tls.files.ca_file, None,
+        "empty is unset: the system's roots"
+    );
     assert_eq!(tls.server_name.as_deref(), Some("eg.example"));
 }
 
 #[test]
 fn tls_files_apply_only_with_tls() {
     let xds = XdsConfig {
-        ca_file: Some("ca.pem".into()),
+        files: TlsFiles {
+            ca_file: Some("ca.pem".into()),
+            ..TlsFiles::default()
+        },
         ..XdsConfig::default()
     };
     assert_eq!(xds.check().unwrap_err().key, "envoy.xds.ca_file");
