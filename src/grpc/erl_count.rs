@@ -4,21 +4,20 @@
 
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 
-use super::plan::Plan;
+use super::plan::ErlPlan;
 use crate::limiter::decision::Verdict;
 use crate::observe::erl_stats::{ErlStats, Hits, StatsName};
 use crate::policy::descriptors::erl::{request_limit_overflow_key, request_limit_stats_key, Kind};
 use crate::policy::Policy;
 
-/// Counts a request of a domain of envoyproxy/ratelimit rules (nothing for other domains).
-/// Descriptors without a limit (none, unlimited, replaced, or only looking) count nothing, as
+/// Counts a request of a domain of envoyproxy/ratelimit rules. Descriptors without a limit (none, unlimited, replaced, or only looking) count nothing, as
 /// there. A bucket's counter before the request is what its level says was used: tollgate
 /// charges all or nothing, so a descriptor not charged because another was over stood where
 /// its level shows.
 pub fn count(
     stats: &ErlStats,
     verdict: &Verdict,
-    plan: &Plan,
+    plan: &ErlPlan,
     policy: &Policy,
     request: &RateLimitRequest,
 ) {
@@ -26,7 +25,7 @@ pub fn count(
         verdict,
         Verdict::StoreFailed { .. } | Verdict::StoreError { .. }
     );
-    if failed && !plan.erl.is_empty() {
+    if failed {
         stats.store_error();
     }
     let decision = match verdict {
@@ -35,7 +34,7 @@ pub fn count(
     };
     let mut scratch = String::new();
     let mut own_overflow = String::new();
-    for (descriptor, wanted) in plan.erl.iter().zip(&request.descriptors) {
+    for (descriptor, wanted) in plan.descriptors.iter().zip(&request.descriptors) {
         if !matches!(descriptor.kind, Kind::Bucket | Kind::Zero) || descriptor.hits == 0 {
             continue;
         }

@@ -17,26 +17,24 @@ use envoy_types::pb::google::protobuf::{Duration, ListValue, Struct, Value};
 
 use super::header;
 use crate::answer::{each_header, Carrier};
-use crate::grpc::plan::{ErlDescriptor, Plan};
-use crate::limiter::decision::{Decision, Verdict};
+use crate::grpc::plan::{ErlDescriptor, ErlPlan};
+use crate::limiter::decision::Decision;
 use crate::policy::descriptors::erl::{Kind as RuleKind, UNLIMITED_REMAINING};
 use crate::policy::Policy;
 
+/// The answer to a request of `plan` that its rules decided (`decision`), or that none
+/// limited (`None`).
 pub fn respond(
-    verdict: &Verdict,
-    plan: &Plan,
+    decision: Option<&Decision>,
+    plan: &ErlPlan,
     policy: &Policy,
     request: &RateLimitRequest,
 ) -> RateLimitResponse {
-    let decision = match verdict {
-        Verdict::Decided(decision) => Some(decision),
-        _ => None,
-    };
     let mut rate_over = 0;
     let mut quota_over = 0;
     let mut quotas = 0;
     let statuses: Vec<DescriptorStatus> = plan
-        .erl
+        .descriptors
         .iter()
         .map(|descriptor| {
             let (status, over) = status(descriptor, decision, policy);
@@ -100,7 +98,7 @@ fn list(values: Vec<Value>) -> Value {
 /// of a key kept.
 fn metadata(
     request: &RateLimitRequest,
-    plan: &Plan,
+    plan: &ErlPlan,
     statuses: &[DescriptorStatus],
     policy: &Policy,
 ) -> Struct {
@@ -143,7 +141,7 @@ fn metadata(
         );
     }
     let mut passed = Struct::default();
-    for (descriptor, status) in plan.erl.iter().zip(statuses) {
+    for (descriptor, status) in plan.descriptors.iter().zip(statuses) {
         if descriptor.kind == RuleKind::Unlimited || status.code == i32::from(Code::OverLimit) {
             continue;
         }

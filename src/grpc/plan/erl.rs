@@ -5,15 +5,24 @@
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use tonic::Status;
 
-use super::Plan;
 use crate::base::keys::{self, Source};
 use crate::base::rate::count_f64;
 use crate::config::erl::UNITS;
 use crate::config::OVER_COST;
 use crate::policy::descriptors::erl::{ErlRules, Kind, Rule};
+use crate::policy::descriptors::hits_of;
 use crate::policy::limit::Numbers;
 use crate::policy::Policy;
 use crate::store::BucketRequest;
+
+/// The plan of a request of a domain of envoyproxy/ratelimit rules.
+#[derive(Debug, Default)]
+pub struct ErlPlan {
+    /// One bucket per distinct key, as in any plan.
+    pub buckets: Vec<BucketRequest>,
+    /// What decides each descriptor of the request, in its order.
+    pub descriptors: Vec<ErlDescriptor>,
+}
 
 /// What one descriptor is decided by.
 #[derive(Debug, Clone, PartialEq)]
@@ -28,7 +37,7 @@ pub struct ErlDescriptor {
     pub quota: bool,
     /// What the descriptor charges (0: looks only).
     pub hits: u64,
-    /// Its bucket in [`Plan::buckets`], for [`Kind::Bucket`].
+    /// Its bucket in [`ErlPlan::buckets`], for [`Kind::Bucket`].
     pub bucket: usize,
 }
 
@@ -53,16 +62,19 @@ impl ErlDescriptor {
     }
 }
 
-/// Fills `plan` for a domain of `rules`.
+/// The plan of `request`, of a domain of `rules`.
 pub fn plan(
     policy: &Policy,
     rules: &ErlRules,
     request: &RateLimitRequest,
-    plan: &mut Plan,
-) -> Result<(), Status> {
+) -> Result<ErlPlan, Status> {
+    let mut plan = ErlPlan {
+        buckets: Vec::new(),
+        descriptors: Vec::with_capacity(request.descriptors.len()),
+    };
     let mut found = Vec::with_capacity(request.descriptors.len());
     for (i, descriptor) in request.descriptors.iter().enumerate() {
-        let hits = super::hits_of(request, descriptor);
+        let hits = hits_of(request.hits_addend, descriptor);
         let mut chosen = ErlDescriptor {
             hits,
             quota: rules.quota_mode,
@@ -176,13 +188,12 @@ pub fn plan(
                             plan.buckets.len() - 1
                         }
                     };
-                    plan.per_descriptor[index].push(chosen.bucket);
                 }
             }
         }
-        plan.erl.push(chosen);
+        plan.descriptors.push(chosen);
     }
-    Ok(())
+    Ok(plan)
 }
 
 /// A named rule that another rule of the request `replaces` applies to nothing.
