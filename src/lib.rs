@@ -17,9 +17,8 @@
 //!   fingerprints), [`base::timings`] (every interval of the background duties, in one value
 //!   handed down from start-up), [`base::read`] (an operator's file read up to a cap).
 //! - [`config`]: defaults < TOML file < `TOLLGATE_*` environment: schema, loading, validation,
-//!   the summary `validate` prints; envoyproxy/ratelimit's YAML and environment
-//!   ([`config::erl`]; [`config::erl::yaml_bounds`]: YAML refused before parsing), its xDS source's settings ([`config::xds`]) and resources
-//!   ([`config::xds_rules`]).
+//!   the summary `validate` prints; [`config::tls_files`] (a TLS triple, as the store, xDS and
+//!   the gRPC listener name it).
 //! - [`request`]: what a check reads: original method, path, host, client IP (XFF walk),
 //!   normalised the way the proxies route.
 //! - [`observe`]: [`observe::metrics`] (every metric name in one place), [`observe::top`] (the
@@ -56,12 +55,17 @@
 //! - [`cli`]: [`cli::import`] (envoyproxy/ratelimit YAML to TOML), [`cli::ingress_nginx`]
 //!   (its annotations to TOML), [`cli::replay`] (an access log against a config),
 //!   [`cli::top_view`] (`tollgate top`).
+//!
+//! Beside the layers, one wing: [`erl`], envoyproxy/ratelimit's compatibility. Each of its
+//! parts is named after the layer it belongs to ([`erl::config`] is of `config`) and is held
+//! to that layer's imports.
 
 pub mod answer;
 pub mod app;
 pub mod base;
 pub mod cli;
 pub mod config;
+pub mod erl;
 pub mod grpc;
 pub mod http;
 pub mod limiter;

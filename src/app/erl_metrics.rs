@@ -16,7 +16,7 @@ use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpStream, UdpSocket};
 
-use crate::config::erl_metrics::{ErlMetricsConfig, StatsdProtocol};
+use crate::erl::config::metrics::{ErlMetricsConfig, StatsdProtocol};
 use crate::observe::erl_stats::ErlStats;
 
 /// What fits one datagram without fragmenting on a common path (statsd clients' choice).

@@ -22,8 +22,8 @@ use tonic::metadata::{AsciiMetadataKey, AsciiMetadataValue};
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 
 use crate::app::reload::Reloader;
-use crate::config::xds::XdsConfig;
-use crate::config::xds_rules::{rules_from_resources, RESOURCE_TYPE};
+use crate::erl::config::xds::XdsConfig;
+use crate::erl::config::xds_rules::{rules_from_resources, RESOURCE_TYPE};
 
 /// A server gone silent (no FIN: a partition, a node lost) is found out within this plus
 /// [`KEEPALIVE_TIMEOUT`], not only when the kernel gives up on the connection.

@@ -14,8 +14,8 @@ use std::collections::{BTreeMap, HashSet};
 use std::fmt::Write as _;
 use std::path::Path;
 
-use crate::config::erl::{self, RuleConfig};
 use crate::config::{Config, ConfigError};
+use crate::erl::config::{self as erl, RuleConfig};
 use crate::policy::descriptors::erl::ErlRules;
 
 /// A file that could not be read, parsed or accepted: its path and why.

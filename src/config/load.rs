@@ -139,8 +139,8 @@ impl Config {
             config.fingerprint_salt = Some(Secret(salt));
         }
         let var = |name: &str| std::env::var(name).ok();
-        super::erl::apply_erl_env(&mut config, var)?;
-        if !on_error_given && super::erl::in_erl_env(var) {
+        crate::erl::config::env::apply_erl_env(&mut config, var)?;
+        if !on_error_given && crate::erl::config::env::in_erl_env(var) {
             // envoyproxy/ratelimit answers a Redis error with an error status, which Envoy's
             // `failure_mode_deny` decides on: so does tollgate in its environment, unless told.
             config.store.on_error = super::OnError::Error;

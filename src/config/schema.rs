@@ -7,9 +7,10 @@ use std::path::PathBuf;
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
-use super::{ErlConfig, RateSpec};
+use super::RateSpec;
 use crate::base::calendar::Period;
 use crate::base::timings::Timings;
+use crate::erl::config::ErlConfig;
 
 /// Allowed `client_ip.ipv6_prefix`: shorter than /32 would put whole providers in one bucket.
 pub const IPV6_PREFIXES: std::ops::RangeInclusive<u8> = 32..=128;

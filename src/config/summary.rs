@@ -166,7 +166,7 @@ impl Config {
             out.push('\n');
         }
         if !self.envoy.is_empty() {
-            let rules = super::erl::all_rules(&self.envoy).unwrap_or_default();
+            let rules = crate::erl::config::all_rules(&self.envoy).unwrap_or_default();
             let mut domains: Vec<&str> = rules.iter().map(|r| r.domain.as_str()).collect();
             domains.sort_unstable();
             domains.dedup();

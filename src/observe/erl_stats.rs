@@ -619,7 +619,7 @@ fn escape(into: &mut String, value: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::erl_metrics::{MAX_KEYS, NEAR_LIMIT_RATIO};
+    use crate::erl::config::metrics::{MAX_KEYS, NEAR_LIMIT_RATIO};
 
     fn counts(stats: &ErlStats, key: &str) -> [u64; 5] {
         let shard = stats.shards[shard_of(key)].read().unwrap();

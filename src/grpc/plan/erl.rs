@@ -7,8 +7,8 @@ use tonic::Status;
 
 use crate::base::keys::{self, Source};
 use crate::base::rate::count_f64;
-use crate::config::erl::UNITS;
 use crate::config::OVER_COST;
+use crate::erl::config::UNITS;
 use crate::policy::descriptors::erl::{ErlRules, Kind, Rule};
 use crate::policy::descriptors::hits_of;
 use crate::policy::limit::Numbers;

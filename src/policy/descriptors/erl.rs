@@ -18,8 +18,8 @@ use std::sync::Arc;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::google::protobuf::Struct;
 
-use crate::config::erl::{unit, RuleConfig, Step};
 use crate::config::{ConfigError, LimitConfig};
+use crate::erl::config::{unit, RuleConfig, Step};
 
 mod limits;
 mod metadata;

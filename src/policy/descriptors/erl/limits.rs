@@ -3,10 +3,10 @@
 
 use std::collections::{HashMap, HashSet};
 
-use crate::config::erl::{RuleConfig, Step};
 use crate::config::{
     valid_name, Charge, ConfigError, LimitConfig, MatchConfig, OnMissing, RateSpec,
 };
+use crate::erl::config::{RuleConfig, Step};
 
 /// The limit name of a rule with a bucket: its `limit`, else its own name, else its domain and
 /// path, spelled as a limit name.

@@ -1,5 +1,5 @@
 use super::*;
-use crate::config::erl::from_yaml;
+use crate::erl::config::from_yaml;
 
 fn tree(yaml: &str) -> ErlRules {
     let (_, rules) = from_yaml("t.yaml", yaml).expect("valid yaml");

@@ -12,8 +12,8 @@ use envoy_types::pb::ratelimit::config::ratelimit::v3::{
 };
 use prost::Message as _;
 
-use super::erl::{check, RateLimitConfig, RuleConfig, Step};
-use super::ConfigError;
+use super::{check, RateLimitConfig, RuleConfig, Step};
+use crate::config::ConfigError;
 
 /// The type of the resources asked for and accepted.
 pub const RESOURCE_TYPE: &str = "type.googleapis.com/ratelimit.config.ratelimit.v3.RateLimitConfig";

@@ -3,8 +3,8 @@
 //! set to ask for that, naming it, rather than ignored. (Its tuning variables, whose absence
 //! changes no answer, are ignored; docs/REFERENCE.md lists both.)
 
-use super::ConfigError;
 use crate::base::go::parse_bool;
+use crate::config::ConfigError;
 
 /// Refuses the first of these variables set to what tollgate cannot do.
 pub(super) fn refuse_unsupported(var: &impl Fn(&str) -> Option<String>) -> Result<(), ConfigError> {

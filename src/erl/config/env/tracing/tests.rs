@@ -11,7 +11,7 @@ fn env(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Optio
 
 fn applied(
     pairs: &'static [(&'static str, &'static str)],
-) -> Result<super::super::TracingConfig, ConfigError> {
+) -> Result<crate::config::trace::TracingConfig, ConfigError> {
     let mut config = Config::default();
     apply(&mut config, &env(pairs))?;
     Ok(config.tracing)

@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use serde::{Deserialize, Serialize};
 use serde_yaml::{Mapping, Value};
 
-use super::ConfigError;
+use crate::config::ConfigError;
 
 /// envoyproxy/ratelimit's default `NEAR_LIMIT_RATIO`.
 pub const NEAR_LIMIT_RATIO: f32 = 0.8;

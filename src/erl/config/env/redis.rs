@@ -16,8 +16,8 @@
 //! Anything tollgate cannot honour exits 2 naming the variable: never a quieter store or a
 //! weaker connection than the operator asked for.
 
-use super::{Backend, Config, ConfigError, SentinelConfig, StoreConfig};
 use crate::base::go::parse_bool;
+use crate::config::{Backend, Config, ConfigError, SentinelConfig, StoreConfig};
 
 /// Sets `[store]` from the `REDIS_*` variables (see the module docs).
 pub(super) fn apply(
@@ -48,7 +48,7 @@ pub(super) fn apply(
              REDIS_SOCKET_TYPE=tcp, or a socket path)",
         ));
     };
-    let tls_files = super::store_tls::from_erl_env(var, tls)?;
+    let tls_files = crate::config::store_tls::from_erl_env(var, tls)?;
     let auth = credentials(var, "REDIS_AUTH")?;
     let kind = var("REDIS_TYPE").unwrap_or_else(|| "SINGLE".into());
     let store = &mut config.store;
@@ -89,7 +89,7 @@ pub(super) fn apply(
                 urls,
                 master_tls: Some(tls),
                 master_username: username.flatten(),
-                master_password: password.map(super::Secret),
+                master_password: password.map(crate::config::Secret),
             });
         }
         _ => {

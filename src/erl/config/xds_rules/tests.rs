@@ -1,7 +1,7 @@
 use envoy_types::pb::ratelimit::config::ratelimit::v3::{RateLimitPolicy, RateLimitReplace};
 
 use super::*;
-use crate::config::erl::from_yaml;
+use crate::erl::config::from_yaml;
 
 fn node(key: &str, value: &str, limit: Option<RateLimitPolicy>) -> RateLimitDescriptor {
     RateLimitDescriptor {

@@ -7,9 +7,9 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use super::tls_files::{TlsFiles, TlsKeys};
-use super::ConfigError;
 use crate::base::go;
+use crate::config::tls_files::{TlsFiles, TlsKeys};
+use crate::config::ConfigError;
 
 const DEFAULT_SERVER: &str = "localhost:18000";
 const DEFAULT_NODE_ID: &str = "default";

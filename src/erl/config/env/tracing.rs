@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use super::Protocol;
+use crate::config::trace::Protocol;
 use crate::config::{Config, ConfigError, Secret};
 
 /// The service name envoyproxy/ratelimit reports when `TRACING_SERVICE_NAME` is unset.
