@@ -8,7 +8,6 @@
 //! `grpc.health.v1.Health`) is the running process's: `app::grpc_server`.
 
 mod answer;
-mod erl_count;
 pub mod json;
 mod plan;
 pub mod rlqs;
@@ -21,15 +20,17 @@ use tonic::Status;
 pub use plan::{MAX_DESCRIPTORS, MAX_ENTRIES};
 pub use service::RateLimitService;
 
+use crate::erl::grpc::plan::ErlPlan;
+use crate::erl::grpc::{answer as erl_answer, count};
+use crate::erl::observe::ErlStats;
 use crate::limiter::decision::Verdict;
 use crate::limiter::CacheMay;
-use crate::observe::erl_stats::ErlStats;
 use crate::observe::trace::{attribute, Decision, Span};
 use crate::policy::Policy;
 use crate::state::AppState;
 use crate::store::BucketRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
-use plan::{ErlPlan, Plan, RulesPlan};
+use plan::{Plan, RulesPlan};
 
 /// The handler of `ShouldRateLimit` (over gRPC, and envoyproxy/ratelimit's `/json`).
 pub struct ShouldRateLimit {
@@ -175,7 +176,7 @@ impl Shape for ErlPlan {
         policy: &Policy,
         request: &RateLimitRequest,
     ) {
-        erl_count::count(stats, verdict, self, policy, request);
+        count::count(stats, verdict, self, policy, request);
     }
 
     fn respond(
@@ -186,9 +187,9 @@ impl Shape for ErlPlan {
     ) -> RateLimitResponse {
         match verdict {
             Verdict::Decided(decision) => {
-                answer::erl::respond(Some(decision), self, policy, request)
+                erl_answer::respond(Some(decision), self, policy, request)
             }
-            Verdict::Unlimited => answer::erl::respond(None, self, policy, request),
+            Verdict::Unlimited => erl_answer::respond(None, self, policy, request),
             // What no rule decided is answered alike in every domain.
             _ => answer::undecided(verdict, self.descriptors.len(), policy),
         }

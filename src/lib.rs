@@ -34,8 +34,7 @@
 //!   [`policy::limit`] (a limit as it runs; `limit/build`: built from its config and
 //!   checked), [`policy::matcher`], [`policy::exempt`], [`policy::overrides`]
 //!   (files), [`policy::runtime_overrides`] (admin API, kept in the store),
-//!   [`policy::descriptors`] (the gRPC service's rules; [`policy::descriptors::erl`]:
-//!   envoyproxy/ratelimit's tree, matched as it matches), [`policy::rlqs`] (which limit and
+//!   [`policy::descriptors`] (the gRPC service's rules), [`policy::rlqs`] (which limit and
 //!   key an Envoy quota bucket id stands for).
 //! - [`limiter`]: the decision without HTTP: one atomic store call, `on_error` fallbacks;
 //!   [`limiter::deny_cache`], [`limiter::borrow`] (slices of hot keys' tokens, admitted
@@ -50,8 +49,7 @@
 //!   Envoy's `ShouldRateLimit` (and envoyproxy/ratelimit's `/json`, `/healthcheck`);
 //!   [`grpc::rlqs`], Envoy's quota service (`StreamRateLimitQuotas`).
 //! - [`app`]: the running process: [`app::server`] (the listeners),
-//!   [`app::signals`], [`app::reload`], [`app::drain`], [`app::heartbeat`],
-//!   [`app::xds`] (envoyproxy/ratelimit's xDS config source).
+//!   [`app::signals`], [`app::reload`], [`app::drain`], [`app::heartbeat`].
 //! - [`cli`]: [`cli::import`] (envoyproxy/ratelimit YAML to TOML), [`cli::ingress_nginx`]
 //!   (its annotations to TOML), [`cli::replay`] (an access log against a config),
 //!   [`cli::top_view`] (`tollgate top`).

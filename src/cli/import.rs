@@ -16,7 +16,7 @@ use std::path::Path;
 
 use crate::config::{Config, ConfigError};
 use crate::erl::config::{self as erl, RuleConfig};
-use crate::policy::descriptors::erl::ErlRules;
+use crate::erl::policy::ErlRules;
 
 /// A file that could not be read, parsed or accepted: its path and why.
 #[derive(Debug, thiserror::Error)]

@@ -3,7 +3,7 @@
 //! `dir`). Both are checked here against what envoyproxy/ratelimit refuses when it loads a
 //! configuration, so a file it would not load is not served here either. Beside them: its
 //! metrics' settings ([`metrics`]), its xDS source's ([`xds`]) and what that source sends
-//! ([`xds_rules`]), and its environment ([`env`]).
+//! ([`xds_rules`]), and its environment ([`env`](mod@env)).
 //!
 //! A rule is one node: the domain, the path of entries from the root to the node (each a key
 //! and, unless the node matches every value, a value that may hold `*` wildcards), and the
@@ -121,7 +121,7 @@ pub struct RuleConfig {
     #[serde(default, skip_serializing_if = "is_false")]
     pub share_threshold: bool,
     /// envoyproxy/ratelimit's metrics of this rule are named by the request's values (see
-    /// `policy::descriptors::erl::StatsKey`); tollgate's own metrics never are.
+    /// `erl::policy::StatsKey`); tollgate's own metrics never are.
     #[serde(default, skip_serializing_if = "is_false")]
     pub detailed_metric: bool,
     /// This key-only or wildcard node's level of that name is the request's value.

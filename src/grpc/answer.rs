@@ -9,8 +9,6 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use envoy_types::pb::google::protobuf::Duration;
 
-pub mod erl;
-
 use super::plan::RulesPlan;
 use crate::answer::{each_header, Carrier, Refusal};
 use crate::base::calendar::Period;

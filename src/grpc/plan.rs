@@ -1,11 +1,8 @@
 //! A `RateLimitRequest` turned into the buckets to decide. Its domain says how: a domain of
-//! envoyproxy/ratelimit rules is planned as it plans ([`erl`]); any other draws every
+//! envoyproxy/ratelimit rules is planned as it plans (`crate::erl::grpc::plan`); any other draws every
 //! applicable `[[limits]]` of every descriptor, keyed through [`crate::base::keys`], with a
 //! descriptor's buckets remembered so the answer can report each descriptor. Malformed
 //! requests are refused here with a gRPC status.
-mod erl;
-
-pub use erl::{ErlDescriptor, ErlPlan};
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
@@ -13,6 +10,7 @@ use tonic::Status;
 
 use crate::base::keys::{self, KeyPart, Source};
 use crate::config::{Charge, OnMissing, OVER_COST};
+use crate::erl::grpc::plan::{self as erl, ErlPlan};
 use crate::policy::descriptors::{hits_of, value_of};
 use crate::policy::Policy;
 use crate::store::BucketRequest;

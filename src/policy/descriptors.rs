@@ -4,8 +4,6 @@
 //! keys are exactly the limit's descriptor parts plus the required keys: the nested
 //! descriptors of envoyproxy/ratelimit match the same way, one limit per full path.
 
-pub mod erl;
-
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 

@@ -309,7 +309,7 @@ fn not_built_in(file: &str) -> ConfigError {
 }
 
 /// envoyproxy/ratelimit's built-in statsd-to-Prometheus mapping, the response time's scale
-/// left out (see [`mapper_in_milliseconds`]); what [`crate::observe::erl_stats`] serves.
+/// left out (see [`mapper_in_milliseconds`]); what [`crate::erl::observe`] serves.
 fn built_in_mapping() -> Value {
     let map = |pairs: &[(&str, Value)]| {
         Value::Mapping(

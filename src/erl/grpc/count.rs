@@ -1,13 +1,13 @@
 //! What one decided request adds to envoyproxy/ratelimit's counters
-//! ([`crate::observe::erl_stats`]): per descriptor its rule's stats key and how its hits
+//! ([`crate::erl::observe`]): per descriptor its rule's stats key and how its hits
 //! stood against the limit, read from the verdict.
 
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 
 use super::plan::ErlPlan;
+use crate::erl::observe::{ErlStats, Hits, StatsName};
+use crate::erl::policy::{request_limit_overflow_key, request_limit_stats_key, Kind};
 use crate::limiter::decision::Verdict;
-use crate::observe::erl_stats::{ErlStats, Hits, StatsName};
-use crate::policy::descriptors::erl::{request_limit_overflow_key, request_limit_stats_key, Kind};
 use crate::policy::Policy;
 
 /// Counts a request of a domain of envoyproxy/ratelimit rules. Descriptors without a limit (none, unlimited, replaced, or only looking) count nothing, as

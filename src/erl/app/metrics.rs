@@ -17,7 +17,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpStream, UdpSocket};
 
 use crate::erl::config::metrics::{ErlMetricsConfig, StatsdProtocol};
-use crate::observe::erl_stats::ErlStats;
+use crate::erl::observe::ErlStats;
 
 /// What fits one datagram without fragmenting on a common path (statsd clients' choice).
 const DATAGRAM: usize = 1432;

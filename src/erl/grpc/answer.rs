@@ -5,6 +5,7 @@
 //! descriptor that is not in quota mode is over, or when every quota-mode descriptor is, and
 //! never in global shadow mode.
 
+use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     Code, DescriptorStatus, RateLimit,
 };
@@ -15,11 +16,10 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimit
 use envoy_types::pb::google::protobuf::value::Kind;
 use envoy_types::pb::google::protobuf::{Duration, ListValue, Struct, Value};
 
-use super::header;
+use super::plan::{ErlDescriptor, ErlPlan};
 use crate::answer::{each_header, Carrier};
-use crate::grpc::plan::{ErlDescriptor, ErlPlan};
+use crate::erl::policy::{Kind as RuleKind, UNLIMITED_REMAINING};
 use crate::limiter::decision::Decision;
-use crate::policy::descriptors::erl::{Kind as RuleKind, UNLIMITED_REMAINING};
 use crate::policy::Policy;
 
 /// The answer to a request of `plan` that its rules decided (`decision`), or that none
@@ -66,6 +66,14 @@ pub fn respond(
         response_headers_to_add: headers,
         dynamic_metadata,
         ..RateLimitResponse::default()
+    }
+}
+
+fn header(name: &str, value: String) -> HeaderValue {
+    HeaderValue {
+        key: name.to_owned(),
+        value,
+        ..HeaderValue::default()
     }
 }
 

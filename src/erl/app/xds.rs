@@ -21,9 +21,15 @@ use tokio::sync::mpsc;
 use tonic::metadata::{AsciiMetadataKey, AsciiMetadataValue};
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 
-use crate::app::reload::Reloader;
+use crate::config::ConfigError;
 use crate::erl::config::xds::XdsConfig;
 use crate::erl::config::xds_rules::{rules_from_resources, RESOURCE_TYPE};
+use crate::erl::config::RuleConfig;
+
+/// What installs the rules a response carries (or its refusal of them) with the running
+/// configuration, and says whether they were installed: the running process's reload.
+pub type Install =
+    Arc<dyn Fn(Result<Vec<RuleConfig>, ConfigError>) -> Result<(), ConfigError> + Send + Sync>;
 
 /// A server gone silent (no FIN: a partition, a node lost) is found out within this plus
 /// [`KEEPALIVE_TIMEOUT`], not only when the kernel gives up on the connection.
@@ -62,12 +68,12 @@ fn with_causes(error: &dyn std::error::Error) -> String {
 
 /// Follows the management server for as long as the instance runs. Dropped with the
 /// runtime at shutdown: nothing waits for it.
-pub async fn follow(settings: XdsConfig, reloader: Arc<Reloader>) {
+pub async fn follow(settings: XdsConfig, install: Install) {
     let retry = Duration::from_millis(settings.retry_ms);
     let mut client = Client {
         node: node(&settings),
         accepted: String::new(),
-        reloader,
+        install,
         connected: false,
     };
     let mut last_error = String::new();
@@ -95,7 +101,7 @@ struct Client {
     /// The version of the last installed response: sent with every answer until a newer one
     /// is installed, and on reconnection.
     accepted: String,
-    reloader: Arc<Reloader>,
+    install: Install,
     /// Whether the current session opened its stream.
     connected: bool,
 }
@@ -156,21 +162,21 @@ impl Client {
             ..
         } = response;
         let domains = resources.len();
-        let reloader = Arc::clone(&self.reloader);
+        let install = Arc::clone(&self.install);
         let installed = tokio::task::spawn_blocking(move || {
             let fed = if type_url == RESOURCE_TYPE {
                 rules_from_resources(&resources)
             } else {
-                Err(crate::config::ConfigError::new(
+                Err(ConfigError::new(
                     "xds",
                     format!("type {type_url:?} was not asked for"),
                 ))
             };
-            reloader.install_fed(fed)
+            install(fed)
         })
         .await
         .unwrap_or_else(|error| {
-            Err(crate::config::ConfigError::new(
+            Err(ConfigError::new(
                 "xds",
                 format!("the compile failed: {error}"),
             ))

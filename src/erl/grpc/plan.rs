@@ -9,7 +9,7 @@ use crate::base::keys::{self, Source};
 use crate::base::rate::count_f64;
 use crate::config::OVER_COST;
 use crate::erl::config::UNITS;
-use crate::policy::descriptors::erl::{ErlRules, Kind, Rule};
+use crate::erl::policy::{ErlRules, Kind, Rule};
 use crate::policy::descriptors::hits_of;
 use crate::policy::limit::Numbers;
 use crate::policy::Policy;
