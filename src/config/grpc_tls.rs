@@ -1,7 +1,8 @@
 //! `grpc_tls`: TLS on the gRPC listener, and mutual TLS with a client CA (optionally one
 //! subject name the client's certificate must carry); from TOML or from envoyproxy/ratelimit's
-//! `GRPC_SERVER_*`/`GRPC_CLIENT_TLS_*` variables. The files are read and parsed here, at
-//! start (a bad one is refused with the key that names it) and again when they change.
+//! `GRPC_SERVER_*`/`GRPC_CLIENT_TLS_*` variables (`crate::erl::config::env`). The files are
+//! read and parsed here, at start (a bad one is refused with the key that names it) and again
+//! when they change.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -113,44 +114,3 @@ impl GrpcTlsConfig {
         })
     }
 }
-
-/// envoyproxy/ratelimit's variables, as it reads them: with `GRPC_SERVER_USE_TLS` true,
-/// `GRPC_SERVER_TLS_CERT` and `GRPC_SERVER_TLS_KEY`; `GRPC_CLIENT_TLS_CACERT` asks for and
-/// verifies a client certificate; `GRPC_CLIENT_TLS_SAN` names what it must carry (an empty
-/// variable is unset, as there). Refusals name the variable.
-pub fn from_erl_env(
-    var: impl Fn(&str) -> Option<String>,
-    use_tls: bool,
-) -> Result<Option<GrpcTlsConfig>, ConfigError> {
-    if !use_tls {
-        return Ok(None);
-    }
-    let set = |name: &str| var(name).filter(|value| !value.is_empty());
-    let required = |name: &str| {
-        set(name).map(PathBuf::from).ok_or_else(|| {
-            ConfigError::new(
-                name,
-                "must name a PEM file when GRPC_SERVER_USE_TLS is true",
-            )
-        })
-    };
-    let tls = GrpcTlsConfig {
-        files: TlsFiles {
-            cert_file: Some(required(ENV[1].1)?),
-            key_file: Some(required(ENV[2].1)?),
-            ca_file: set(ENV[0].1).map(PathBuf::from),
-        },
-        client_san: set(ENV[3].1),
-    };
-    tls.load()
-        .map_err(|e| e.as_variable(&ENV, "GRPC_SERVER_USE_TLS"))?;
-    Ok(Some(tls))
-}
-
-/// The keys and the variables that set them.
-const ENV: [(&str, &str); 4] = [
-    (KEYS.ca, "GRPC_CLIENT_TLS_CACERT"),
-    (KEYS.cert, "GRPC_SERVER_TLS_CERT"),
-    (KEYS.key, "GRPC_SERVER_TLS_KEY"),
-    (SAN, "GRPC_CLIENT_TLS_SAN"),
-];

@@ -41,20 +41,6 @@ impl ConfigError {
         }
     }
 
-    /// The same error in the words of the environment variables that set the keys:
-    /// `variables` pairs each key with its variable; a key not among them is `fallback`.
-    pub fn as_variable(self, variables: &[(&str, &str)], fallback: &str) -> Self {
-        let name = variables
-            .iter()
-            .find(|(key, _)| *key == self.key)
-            .map_or(fallback, |(_, name)| *name);
-        // The reason may name a key too.
-        let reason = variables
-            .iter()
-            .fold(self.reason, |reason, (key, name)| reason.replace(key, name));
-        ConfigError::new(name, reason)
-    }
-
     /// The same error for a key relative to `at` (`""` names `at` itself).
     pub fn within(mut self, at: &str) -> Self {
         self.key = if self.key.is_empty() {

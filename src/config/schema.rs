@@ -91,6 +91,11 @@ pub struct Config {
     /// `TOLLGATE_TEST_TIMINGS_SCALE` divides them.
     #[serde(skip)]
     pub timings: Timings,
+    /// The variables of envoyproxy/ratelimit's environment read at load, each with the key it
+    /// set (never its value: some are passwords): what `validate` shows of that environment.
+    /// Not a key.
+    #[serde(skip)]
+    pub erl_env_read: Vec<(&'static str, &'static str)>,
 }
 
 /// A value that must never reach a log line or `validate` output.
@@ -487,6 +492,7 @@ impl Default for Config {
             fingerprint_salt: None,
             fingerprint_salt_file: None,
             timings: Timings::default(),
+            erl_env_read: Vec::new(),
         }
     }
 }

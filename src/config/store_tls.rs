@@ -1,6 +1,5 @@
 //! `store.tls`: a CA of the operator's own and a client certificate for `rediss://`, from TOML
-//! or from envoyproxy/ratelimit's `REDIS_TLS_CACERT`, `REDIS_TLS_CLIENT_CERT` and
-//! `REDIS_TLS_CLIENT_KEY`. The files are read and checked at start, so a bad one is refused
+//! or from envoyproxy/ratelimit's `REDIS_TLS_*` (`crate::erl::config::env`). The files are read and checked at start, so a bad one is refused
 //! with the key that names it, not met at every store call.
 
 use super::tls_files::{TlsFiles, TlsKeys};
@@ -42,31 +41,4 @@ pub fn load(files: &TlsFiles) -> Result<StoreTlsMaterial, ConfigError> {
         ));
     }
     Ok(StoreTlsMaterial { ca, identity })
-}
-
-/// envoyproxy/ratelimit's variables, read as it does: only with `REDIS_TLS` true, an empty
-/// one unset. None set: `None`. The files are checked here, refusals naming the variable.
-pub fn from_erl_env(
-    var: impl Fn(&str) -> Option<String>,
-    use_tls: bool,
-) -> Result<Option<TlsFiles>, ConfigError> {
-    if !use_tls {
-        return Ok(None);
-    }
-    let env = KEYS.with_variables([
-        "REDIS_TLS_CACERT",
-        "REDIS_TLS_CLIENT_CERT",
-        "REDIS_TLS_CLIENT_KEY",
-    ]);
-    let file = |name: &str| var(name).filter(|v| !v.is_empty()).map(Into::into);
-    let tls = TlsFiles {
-        ca_file: file(env[0].1),
-        cert_file: file(env[1].1),
-        key_file: file(env[2].1),
-    };
-    if tls.is_empty() {
-        return Ok(None);
-    }
-    load(&tls).map_err(|e| e.as_variable(&env, "REDIS_TLS"))?;
-    Ok(Some(tls))
 }

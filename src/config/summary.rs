@@ -200,6 +200,21 @@ impl Config {
             out.push('\n');
             out.push_str(&self.envoy.metrics.describe());
         }
+        if !self.erl_env_read.is_empty() {
+            let _ = writeln!(
+                out,
+                "envoyproxy/ratelimit environment  {} variables read",
+                self.erl_env_read.len()
+            );
+            for (name, key) in &self.erl_env_read {
+                let key = if key.is_empty() {
+                    "(nothing: refused if it asks)"
+                } else {
+                    key
+                };
+                let _ = writeln!(out, "  {name:<44} {key}");
+            }
+        }
         if !self.rlqs.buckets.is_empty() {
             let rlqs = &self.rlqs;
             let _ = writeln!(

@@ -38,17 +38,6 @@ pub struct TlsKeys {
     pub key: &'static str,
 }
 
-impl TlsKeys {
-    /// Each key with the variable that sets it (`ca`, `cert`, `key` in that order), for
-    /// [`ConfigError::as_variable`].
-    pub fn with_variables(
-        self,
-        [ca, cert, key]: [&'static str; 3],
-    ) -> [(&'static str, &'static str); 3] {
-        [(self.ca, ca), (self.cert, cert), (self.key, key)]
-    }
-}
-
 impl TlsFiles {
     pub fn is_empty(&self) -> bool {
         *self == TlsFiles::default()

@@ -1,5 +1,6 @@
 //! `[envoy] xds`: the settings of the client of envoyproxy/ratelimit's xDS config source (its
-//! `CONFIG_TYPE=GRPC_XDS_SOTW`), from TOML or from its `CONFIG_GRPC_XDS_*` variables. What
+//! `CONFIG_TYPE=GRPC_XDS_SOTW`), from TOML or from its `CONFIG_GRPC_XDS_*` variables
+//! (`super::env`). What
 //! the server sends becomes rules in [`super::xds_rules`].
 
 use std::collections::BTreeMap;
@@ -7,7 +8,6 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::base::go;
 use crate::config::tls_files::{TlsFiles, TlsKeys};
 use crate::config::ConfigError;
 
@@ -244,111 +244,5 @@ fn is_host_port(text: &str) -> bool {
     host_ok && port.parse::<u16>().is_ok_and(|p| p != 0)
 }
 
-/// envoyproxy/ratelimit's `CONFIG_GRPC_XDS_*` variables, as it reads them:
-/// `CONFIG_GRPC_XDS_SERVER_URL`, `CONFIG_GRPC_XDS_NODE_ID`, `CONFIG_GRPC_XDS_NODE_METADATA`
-/// (`k1=v1,k2=v2`: entries without `=` are skipped, as there),
-/// `CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL` (a Go duration: `3s`, `500ms`, `1m30s`),
-/// `CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS` (`k1:v1,k2:v2`),
-/// `XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES`, `FORCE_START_WITHOUT_INITIAL_CONFIG` and
-/// `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED` (readiness before the first configuration); with
-/// `CONFIG_GRPC_XDS_SERVER_USE_TLS` true, `CONFIG_GRPC_XDS_SERVER_TLS_CACERT`,
-/// `CONFIG_GRPC_XDS_CLIENT_TLS_CERT`, `CONFIG_GRPC_XDS_CLIENT_TLS_KEY` and
-/// `CONFIG_GRPC_XDS_SERVER_TLS_SAN` (an empty one is unset, as there).
-pub fn from_erl_env(var: impl Fn(&str) -> Option<String>) -> Result<XdsConfig, ConfigError> {
-    let mut xds = XdsConfig::default();
-    let flag = |name: &str| {
-        var(name).map_or(Ok(false), |text| {
-            go::parse_bool(&text)
-                .ok_or_else(|| ConfigError::new(name, format!("{text:?} is not a bool")))
-        })
-    };
-    // Without FORCE_START_WITHOUT_INITIAL_CONFIG it serves nothing until the first
-    // configuration; with it, it is healthy unless HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED.
-    // Both read before either counts: a bad value stops ERL whatever the other says.
-    let force_start = flag("FORCE_START_WITHOUT_INITIAL_CONFIG")?;
-    let healthy_with_config = flag("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED")?;
-    xds.ready_before_config = force_start && !healthy_with_config;
-    if let Some(tls) = var(TLS) {
-        xds.tls = go::parse_bool(&tls)
-            .ok_or_else(|| ConfigError::new(TLS, format!("{tls:?} is not a bool")))?;
-    }
-    if xds.tls {
-        let set = |name: &str| var(name).filter(|value| !value.is_empty());
-        xds.files.ca_file = set(TLS_FILES[0].1).map(PathBuf::from);
-        xds.files.cert_file = set(TLS_FILES[1].1).map(PathBuf::from);
-        xds.files.key_file = set(TLS_FILES[2].1).map(PathBuf::from);
-        xds.server_name = set(TLS_FILES[3].1);
-    }
-    if let Some(server) = var("CONFIG_GRPC_XDS_SERVER_URL") {
-        xds.server = server;
-    }
-    if let Some(node_id) = var("CONFIG_GRPC_XDS_NODE_ID") {
-        xds.node_id = node_id;
-    }
-    for entry in var("CONFIG_GRPC_XDS_NODE_METADATA")
-        .unwrap_or_default()
-        .split(',')
-    {
-        if let Some((key, value)) = entry.split_once('=') {
-            xds.node_metadata.insert(key.into(), value.into());
-        }
-    }
-    const RETRY: &str = "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL";
-    if let Some(text) = var(RETRY) {
-        xds.retry_ms = go_duration_ms(&text)
-            .ok_or_else(|| ConfigError::new(RETRY, format!("{text:?} is not a duration")))?;
-    }
-    const MAX_SIZE: &str = "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES";
-    // Unset or 0 there leaves gRPC's default.
-    if let Some(text) = var(MAX_SIZE).filter(|t| !t.is_empty() && t != "0") {
-        xds.max_message_bytes = text
-            .parse()
-            .map_err(|_| ConfigError::new(MAX_SIZE, format!("{text:?} is not a size in bytes")))?;
-    }
-    const HEADERS: &str = "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS";
-    for entry in var(HEADERS).unwrap_or_default().split(',') {
-        if entry.is_empty() {
-            continue;
-        }
-        let Some((name, value)) = entry.split_once(':') else {
-            return Err(ConfigError::new(
-                HEADERS,
-                format!("{entry:?} is not name:value"),
-            ));
-        };
-        xds.headers
-            .insert(name.trim().to_ascii_lowercase(), value.trim().into());
-    }
-    xds.check().map_err(|e| {
-        let key = match e.key.as_str() {
-            "envoy.xds.server" => "CONFIG_GRPC_XDS_SERVER_URL",
-            "envoy.xds.node_id" => "CONFIG_GRPC_XDS_NODE_ID",
-            "envoy.xds.retry_ms" => RETRY,
-            key if key.starts_with("envoy.xds.headers") => HEADERS,
-            key => TLS_FILES
-                .iter()
-                .find(|(toml, _)| *toml == key)
-                .map_or(TLS, |(_, env)| *env),
-        };
-        ConfigError::new(key, e.reason)
-    })?;
-    Ok(xds)
-}
-
-const TLS: &str = "CONFIG_GRPC_XDS_SERVER_USE_TLS";
-
-/// The TLS keys and the variables that set them.
-const TLS_FILES: [(&str, &str); 4] = [
-    (KEYS.ca, "CONFIG_GRPC_XDS_SERVER_TLS_CACERT"),
-    (KEYS.cert, "CONFIG_GRPC_XDS_CLIENT_TLS_CERT"),
-    (KEYS.key, "CONFIG_GRPC_XDS_CLIENT_TLS_KEY"),
-    ("envoy.xds.server_name", "CONFIG_GRPC_XDS_SERVER_TLS_SAN"),
-];
-
-/// Go's `time.ParseDuration`, in whole milliseconds rounded up (so `1us` is not zero).
-pub fn go_duration_ms(text: &str) -> Option<u64> {
-    let nanos = go::parse_duration(text)?.as_nanos();
-    u64::try_from(nanos.div_ceil(1_000_000)).ok()
-}
 #[cfg(test)]
 mod tests;

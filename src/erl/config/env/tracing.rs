@@ -3,22 +3,20 @@
 
 use std::collections::BTreeMap;
 
+use super::{
+    in_words_of, ErlEnv, Var, OTEL_EXPORTER_OTLP_CERTIFICATE,
+    OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE, OTEL_EXPORTER_OTLP_CLIENT_KEY,
+    OTEL_EXPORTER_OTLP_COMPRESSION, OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_EXPORTER_OTLP_HEADERS,
+    OTEL_EXPORTER_OTLP_INSECURE, OTEL_EXPORTER_OTLP_TIMEOUT, OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE,
+    OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE, OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY,
+    OTEL_EXPORTER_OTLP_TRACES_COMPRESSION, OTEL_EXPORTER_OTLP_TRACES_ENDPOINT,
+    OTEL_EXPORTER_OTLP_TRACES_HEADERS, OTEL_EXPORTER_OTLP_TRACES_INSECURE,
+    OTEL_EXPORTER_OTLP_TRACES_TIMEOUT, TRACING_ENABLED, TRACING_EXPORTER_PROTOCOL,
+    TRACING_SAMPLING_RATE, TRACING_SERVICE_INSTANCE_ID, TRACING_SERVICE_NAME,
+    TRACING_SERVICE_NAMESPACE,
+};
 use crate::config::trace::Protocol;
 use crate::config::{Config, ConfigError, Secret};
-
-/// The service name envoyproxy/ratelimit reports when `TRACING_SERVICE_NAME` is unset.
-const ERL_SERVICE_NAME: &str = "RateLimit";
-
-/// Variables of the OpenTelemetry SDK that ask for what tollgate cannot do: TLS to the
-/// collector, compressed exports.
-const REFUSED: &[(&str, &str)] = &[
-    ("CERTIFICATE", "TLS to the collector is not supported"),
-    (
-        "CLIENT_CERTIFICATE",
-        "TLS to the collector is not supported",
-    ),
-    ("CLIENT_KEY", "TLS to the collector is not supported"),
-];
 
 /// Applies `TRACING_ENABLED` and, when it is true, the rest: `TRACING_SERVICE_NAME` (default
 /// `RateLimit`), `TRACING_SERVICE_NAMESPACE`, `TRACING_SERVICE_INSTANCE_ID`,
@@ -26,114 +24,120 @@ const REFUSED: &[(&str, &str)] = &[
 /// `TRACING_EXPORTER_PROTOCOL` (`http` or `grpc`), and `OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT`,
 /// `_HEADERS`, `_TIMEOUT`, `_COMPRESSION`, `_INSECURE`. A value tollgate cannot honour is
 /// refused, naming the variable.
-pub fn apply(
-    config: &mut Config,
-    var: &impl Fn(&str) -> Option<String>,
-) -> Result<(), ConfigError> {
-    let Some(enabled) = var("TRACING_ENABLED") else {
+pub(super) fn apply(config: &mut Config, env: &ErlEnv) -> Result<(), ConfigError> {
+    // Unset, the file's `[tracing]` stands.
+    if env.get(&TRACING_ENABLED).is_none() {
         return Ok(());
-    };
-    config.tracing.enabled = crate::base::go::parse_bool(&enabled)
-        .ok_or_else(|| ConfigError::new("TRACING_ENABLED", format!("{enabled:?} is not a bool")))?;
+    }
+    config.tracing.enabled = env.flag(&TRACING_ENABLED)?;
     if !config.tracing.enabled {
         return Ok(());
     }
     let tracing = &mut config.tracing;
-    tracing.service_name = var("TRACING_SERVICE_NAME").unwrap_or_else(|| ERL_SERVICE_NAME.into());
-    tracing.service_namespace = var("TRACING_SERVICE_NAMESPACE").filter(|n| !n.is_empty());
-    tracing.service_instance_id = var("TRACING_SERVICE_INSTANCE_ID").filter(|i| !i.is_empty());
-    if let Some(rate) = var("TRACING_SAMPLING_RATE") {
-        tracing.sampling_rate = sampling_rate(&rate)?;
+    tracing.service_name = env.or_default(&TRACING_SERVICE_NAME).to_string();
+    tracing.service_namespace = env.set(&TRACING_SERVICE_NAMESPACE).map(String::from);
+    tracing.service_instance_id = env.set(&TRACING_SERVICE_INSTANCE_ID).map(String::from);
+    if let Some(rate) = env.get(&TRACING_SAMPLING_RATE) {
+        tracing.sampling_rate = sampling_rate(rate)?;
     }
-    tracing.protocol = match var("TRACING_EXPORTER_PROTOCOL").as_deref() {
+    tracing.protocol = match env.get(&TRACING_EXPORTER_PROTOCOL) {
         None | Some("http" | "") => Protocol::Http,
         Some("grpc") => Protocol::Grpc,
         Some(other) => {
-            return Err(ConfigError::new(
-                "TRACING_EXPORTER_PROTOCOL",
-                format!("{other:?} is neither http nor grpc"),
-            ))
+            return Err(
+                TRACING_EXPORTER_PROTOCOL.refuse(format!("{other:?} is neither http nor grpc"))
+            )
         }
     };
     // The signal's own variable wins over the general one, as in every OpenTelemetry SDK.
-    let otlp = |name: &str| {
-        let traces = format!("OTEL_EXPORTER_OTLP_TRACES_{name}");
-        var(&traces).map(|value| (traces, value)).or_else(|| {
-            var(&format!("OTEL_EXPORTER_OTLP_{name}"))
-                .map(|value| (format!("OTEL_EXPORTER_OTLP_{name}"), value))
-        })
+    let otlp = |traces: &'static Var, general: &'static Var| {
+        env.get(traces)
+            .map(|value| (traces, value))
+            .or_else(|| env.get(general).map(|value| (general, value)))
     };
-    for (name, reason) in REFUSED {
-        if let Some((variable, _)) = otlp(name).filter(|(_, value)| !value.is_empty()) {
-            return Err(ConfigError::new(variable, *reason));
+    for (traces, general) in [
+        (
+            &OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE,
+            &OTEL_EXPORTER_OTLP_CERTIFICATE,
+        ),
+        (
+            &OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE,
+            &OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE,
+        ),
+        (
+            &OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY,
+            &OTEL_EXPORTER_OTLP_CLIENT_KEY,
+        ),
+    ] {
+        if let Some((row, _)) = otlp(traces, general) {
+            env.refuse_if_asked(row)?;
         }
     }
-    if let Some((variable, value)) = otlp("COMPRESSION") {
+    let compression = otlp(
+        &OTEL_EXPORTER_OTLP_TRACES_COMPRESSION,
+        &OTEL_EXPORTER_OTLP_COMPRESSION,
+    );
+    if let Some((row, value)) = compression {
         if !value.is_empty() && value != "none" {
-            return Err(ConfigError::new(
-                variable,
-                format!("{value:?}: exports are not compressed (none is supported)"),
-            ));
+            return Err(row.refuse(format!(
+                "{value:?}: exports are not compressed (none is supported)"
+            )));
         }
     }
-    let insecure = match otlp("INSECURE") {
+    let insecure = match otlp(
+        &OTEL_EXPORTER_OTLP_TRACES_INSECURE,
+        &OTEL_EXPORTER_OTLP_INSECURE,
+    ) {
         None => false,
-        Some((variable, value)) => crate::base::go::parse_bool(&value)
-            .ok_or_else(|| ConfigError::new(variable, format!("{value:?} is not a bool")))?,
+        Some((row, _)) => env.flag(row)?,
     };
-    let signal = var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT");
-    let endpoint_variable = if signal.is_some() {
-        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
-    } else {
-        "OTEL_EXPORTER_OTLP_ENDPOINT"
-    };
-    if let Some(endpoint) = signal.or_else(|| var("OTEL_EXPORTER_OTLP_ENDPOINT")) {
-        let endpoint = with_scheme(&endpoint, insecure)
-            .ok_or_else(|| ConfigError::new(endpoint_variable, format!("{endpoint:?}: without http://, the SDK would use TLS, which is not supported (set OTEL_EXPORTER_OTLP_INSECURE=true or an http:// URL)")))?;
+    let endpoint = otlp(
+        &OTEL_EXPORTER_OTLP_TRACES_ENDPOINT,
+        &OTEL_EXPORTER_OTLP_ENDPOINT,
+    );
+    let endpoint_row = endpoint.map_or(&OTEL_EXPORTER_OTLP_ENDPOINT, |(row, _)| row);
+    if let Some((row, endpoint)) = endpoint {
+        let endpoint = with_scheme(endpoint, insecure).ok_or_else(|| row.refuse(format!("{endpoint:?}: without http://, the SDK would use TLS, which is not supported (set OTEL_EXPORTER_OTLP_INSECURE=true or an http:// URL)")))?;
         // The general variable is the collector's base URL: OTLP/HTTP posts to its
         // `/v1/traces`. The signal's own is the whole URL.
         tracing.endpoint = Some(
-            if tracing.protocol == Protocol::Http
-                && endpoint_variable == "OTEL_EXPORTER_OTLP_ENDPOINT"
-            {
+            if tracing.protocol == Protocol::Http && *row == OTEL_EXPORTER_OTLP_ENDPOINT {
                 format!("{}/v1/traces", endpoint.trim_end_matches('/'))
             } else {
                 endpoint
             },
         );
     }
-    if let Some((variable, value)) = otlp("HEADERS") {
-        tracing.headers = headers(&value).ok_or_else(|| {
-            ConfigError::new(
-                variable,
-                "is not a list of key=value pairs separated by commas",
-            )
-        })?;
+    if let Some((row, value)) = otlp(
+        &OTEL_EXPORTER_OTLP_TRACES_HEADERS,
+        &OTEL_EXPORTER_OTLP_HEADERS,
+    ) {
+        tracing.headers = headers(value)
+            .ok_or_else(|| row.refuse("is not a list of key=value pairs separated by commas"))?;
     }
-    if let Some((variable, value)) = otlp("TIMEOUT") {
-        tracing.timeout_ms = value.trim().parse().map_err(|_| {
-            ConfigError::new(
-                variable,
-                format!("{value:?} is not a number of milliseconds"),
-            )
-        })?;
+    if let Some((row, value)) = otlp(
+        &OTEL_EXPORTER_OTLP_TRACES_TIMEOUT,
+        &OTEL_EXPORTER_OTLP_TIMEOUT,
+    ) {
+        tracing.timeout_ms = value
+            .trim()
+            .parse()
+            .map_err(|_| row.refuse(format!("{value:?} is not a number of milliseconds")))?;
     }
-    tracing.validate().map_err(|error| {
-        error.as_variable(
-            &[
-                ("tracing.endpoint", endpoint_variable),
-                ("tracing.timeout_ms", "OTEL_EXPORTER_OTLP_TIMEOUT"),
-                ("tracing.service_name", "TRACING_SERVICE_NAME"),
-            ],
-            "OTEL_EXPORTER_OTLP_HEADERS",
-        )
-    })
+    let rows = [
+        endpoint_row,
+        &OTEL_EXPORTER_OTLP_TIMEOUT,
+        &TRACING_SERVICE_NAME,
+    ];
+    tracing
+        .validate()
+        .map_err(|error| in_words_of(error, &rows, &OTEL_EXPORTER_OTLP_HEADERS))
 }
 
 /// Go's `strconv.ParseFloat`, then what the SDK's ratio sampler makes of it: at least 1
 /// samples all, at most 0 none. NaN, which it cannot order, is refused.
 fn sampling_rate(text: &str) -> Result<f64, ConfigError> {
-    let refuse = || ConfigError::new("TRACING_SAMPLING_RATE", format!("{text:?} is not a number"));
+    let refuse = || TRACING_SAMPLING_RATE.refuse(format!("{text:?} is not a number"));
     let rate: f64 = text.parse().map_err(|_| refuse())?;
     if rate.is_nan() {
         return Err(refuse());

@@ -1,12 +1,7 @@
 use super::*;
 
-fn env(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
-    move |name| {
-        pairs
-            .iter()
-            .find(|(key, _)| *key == name)
-            .map(|(_, value)| value.to_string())
-    }
+fn env(pairs: &[(&str, &str)]) -> ErlEnv {
+    ErlEnv::of(pairs)
 }
 
 fn applied(
