@@ -7,9 +7,9 @@ use std::borrow::Cow;
 use actix_web::http::header::HeaderName;
 
 use crate::config::HeaderFamily;
+use crate::kinds::Meter;
 use crate::limiter::decision::{Decision, LimitState, Verdict};
 use crate::policy::{limit, Policy};
-use crate::store::Meter;
 
 const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
 const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");

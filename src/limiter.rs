@@ -17,6 +17,7 @@ use arc_swap::ArcSwap;
 use crate::base::clock::{Clock, MonotonicClock};
 use crate::base::rate::count_f64;
 use crate::config::OnError;
+use crate::kinds::{BucketOutcome, BucketRequest, Meter};
 use crate::limiter::borrow::{Lender, Plan};
 use crate::limiter::decision::{Decision, LimitState, Verdict};
 use crate::limiter::deny_cache::{CachedDenial, Consult, DenyCache, Probe};
@@ -26,7 +27,7 @@ use crate::observe::top;
 use crate::policy::Policy;
 use crate::request::OriginalRequest;
 use crate::store::memory::MemoryStore;
-use crate::store::{BucketOutcome, BucketRequest, Meter, Store, StoreDecision, StoreError};
+use crate::store::{Store, StoreDecision, StoreError};
 
 pub struct Limiter<S: Store> {
     store: S,

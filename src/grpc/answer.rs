@@ -14,10 +14,10 @@ mod erl;
 use super::plan::Plan;
 use crate::answer::{each_header, Carrier, Refusal};
 use crate::base::calendar::Period;
+use crate::kinds::Meter;
 use crate::limiter::decision::{most_restrictive, Decision, LimitState, Verdict};
 use crate::policy::limit::Limit;
 use crate::policy::Policy;
-use crate::store::Meter;
 
 pub fn respond(
     verdict: &Verdict,

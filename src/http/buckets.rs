@@ -18,12 +18,13 @@ use serde_json::json;
 use super::admin::{self, AdminError, Caller, NamedKey, Operator};
 use crate::base::calendar::Period;
 use crate::base::redact::Salt;
+use crate::kinds::{BucketOutcome, BucketRequest, Meter, Reserved};
 use crate::limiter::decision::LimitState;
 use crate::policy::limit::Limit;
 use crate::policy::overrides::Override;
 use crate::policy::Policy;
 use crate::state::AppState;
-use crate::store::{BucketOutcome, BucketRequest, Meter, Reserved, Store};
+use crate::store::Store;
 
 /// The bucket a request names.
 struct Named<'p> {
@@ -67,7 +68,7 @@ fn named<'p>(policy: &'p Policy, name: &str, query: &str) -> Result<Named<'p>, A
     );
     if limit.borrow {
         // Read as a borrowing check reads it: held tokens do not refill.
-        bucket.meter = Meter::Borrow(crate::store::Borrow::default());
+        bucket.meter = Meter::Borrow(crate::kinds::borrow::Borrow::default());
     }
     Ok(Named {
         limit,

@@ -11,12 +11,12 @@ use super::admin::Caller;
 use crate::base::calendar::Period;
 use crate::base::redact::Salt;
 use crate::config::{Charge, OnMissing};
+use crate::kinds::Meter;
 use crate::policy::exempt::ExemptRule;
 use crate::policy::limit::Limit;
 use crate::policy::matcher::Matcher;
 use crate::policy::Policy;
 use crate::state::AppState;
-use crate::store::Meter;
 
 #[derive(Serialize)]
 struct Limits<'p> {

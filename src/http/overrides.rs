@@ -51,7 +51,7 @@ pub async fn put(
 ) -> Result<HttpResponse, AdminError> {
     let policy = state.limiter.policy();
     let target = target(&policy, &name, request.query_string())?;
-    if let crate::store::Meter::Concurrency(_) = target.limit.meter {
+    if let crate::kinds::Meter::Concurrency(_) = target.limit.meter {
         return Err(AdminError::Conflict(format!(
             "limit {:?} is a concurrency limit: overrides are not supported on it",
             target.limit.name

@@ -31,8 +31,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::base::clock::{Clock, MonotonicClock};
 use crate::base::rate::count_f64;
+use crate::kinds::borrow::{Borrow, GiveBack};
+use crate::kinds::{BucketRequest, Meter, Slice};
 use crate::limiter::deny_cache::{DRIFT, MARGIN_US};
-use crate::store::{Borrow, BucketRequest, GiveBack, Meter, Slice};
 
 const SHARDS: usize = 32;
 /// The fewest requests of a key in a horizon for this instance to borrow: a smaller slice

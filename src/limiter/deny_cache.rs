@@ -45,7 +45,7 @@ use tokio::sync::Notify;
 
 use crate::base::clock::{Clock, MonotonicClock};
 use crate::base::rate::count_f64;
-use crate::store::{BucketOutcome, BucketRequest, Meter};
+use crate::kinds::{BucketOutcome, BucketRequest, Meter};
 
 const SHARDS: usize = 32;
 /// Padding added to every elapsed time: the store's clock ticks in whole µs (two truncated

@@ -7,10 +7,12 @@ use serde_json::{Map, Value};
 use super::Limiter;
 use crate::base::rate::{count_f64, whole};
 use crate::config::{Charge, MAX_COST};
+use crate::kinds::reserve::{Settle, Settled};
+use crate::kinds::{BucketOutcome, BucketRequest, Meter, ReportCharge};
 use crate::limiter::decision::ceil_secs;
 use crate::policy::limit::Limit;
 use crate::policy::Policy;
-use crate::store::{BucketOutcome, Meter, ReportCharge, Settle, Store, StoreError};
+use crate::store::{Store, StoreError};
 
 /// Most charges one request may carry: a body is answered in one store round trip per slot.
 pub const MAX_CHARGES: usize = 1_000;
@@ -295,7 +297,7 @@ pub struct Charged {
 /// each release's answer.
 #[derive(Debug, Clone, Default)]
 struct Others {
-    settled: Vec<crate::store::Settled>,
+    settled: Vec<Settled>,
     released: Vec<bool>,
 }
 
@@ -432,11 +434,7 @@ fn answer(
 }
 
 /// What is left of `bucket` after a charge or a settle, and when to retry if nothing is.
-fn charged(
-    policy: &Policy,
-    bucket: &crate::store::BucketRequest,
-    outcome: &BucketOutcome,
-) -> Charged {
+fn charged(policy: &Policy, bucket: &BucketRequest, outcome: &BucketOutcome) -> Charged {
     let retry_after = (!outcome.enough).then(|| {
         let wait = match outcome.window {
             Some(window) => window.ends_in_s,

@@ -7,8 +7,8 @@ use std::collections::HashMap;
 use crate::base::keys::KeyPart;
 use crate::config::rlqs::{RlqsConfig, Unmatched};
 use crate::config::ConfigError;
+use crate::kinds::Meter;
 use crate::policy::limit::Limit;
-use crate::store::Meter;
 
 /// The rules and settings of Envoy's quota service.
 #[derive(Debug, Clone, Default)]

@@ -47,11 +47,10 @@ use self::script::{
 };
 use self::wire::{as_float, bucket_args, classify, parse_decision, parse_report};
 use super::breaker::{Admission, Breaker, Failure};
-use super::{
-    BucketOutcome, BucketRequest, ReportCharge, Reserved, Settle, Settled, Store, StoreDecision,
-    StoreError,
-};
+use super::{Store, StoreDecision, StoreError};
 use crate::base::timings::Timings;
+use crate::kinds::reserve::{Settle, Settled};
+use crate::kinds::{BucketOutcome, BucketRequest, ReportCharge, Reserved};
 use crate::observe::metrics::Metrics;
 
 /// Which calls a script call belongs to, and so which breaker admits it and learns from it.

@@ -10,10 +10,11 @@ use proptest::prelude::*;
 
 use crate::support::{redis_store, RedisServer};
 use tollgate::base::clock::{Clock, ManualClock};
+use tollgate::kinds::BucketRequest;
 use tollgate::limiter::borrow::{Lender, Plan};
 use tollgate::store::memory::MemoryStore;
 use tollgate::store::redis::{RedisStore, Topology};
-use tollgate::store::{BucketRequest, Store, StoreDecision};
+use tollgate::store::{Store, StoreDecision};
 
 fn bucket(key: &str, rate: f64, burst: f64) -> BucketRequest {
     BucketRequest::bucket(key, rate, burst)

@@ -11,9 +11,9 @@ use redis::Value;
 use super::wire::as_float;
 use super::RedisStore;
 use crate::base::keys;
-use crate::store::{
-    bucket, BucketOutcome, BucketRequest, Meter, Reserved, Settle, Settled, StoreError,
-};
+use crate::kinds::reserve::{Settle, Settled};
+use crate::kinds::{can_pay, BucketOutcome, BucketRequest, Reserved};
+use crate::store::StoreError;
 
 /// `lua/peek.lua` as shipped, calendar and bounds included.
 pub const PEEK_SCRIPT: &str = concat!(
@@ -52,7 +52,7 @@ impl RedisStore {
             &self.peek_script,
             &[request.key.as_str()],
             |cmd| {
-                super::wire::script_arg(cmd, request.meter.peek_arg(request.rate))
+                super::wire::script_arg(cmd, request.meter.kind().peek_arg(request.rate))
                     .arg(request.burst);
             },
             Instant::now() + self.timeout,
@@ -62,7 +62,7 @@ impl RedisStore {
 
     /// `lua/settle.lua`: one reservation settled, at most once, late too.
     pub(super) async fn settle_reservation(&self, settle: &Settle) -> Result<Settled, StoreError> {
-        let Meter::Reserve(reserve) = settle.bucket.meter else {
+        let Some(reserve) = settle.bucket.meter.reserve() else {
             return Err(StoreError::Other("not a reservation".into()));
         };
         let bucket = &settle.bucket;
@@ -89,16 +89,7 @@ impl RedisStore {
             Value::SimpleString(text) => text.as_str(),
             _ => return Err(malformed()),
         };
-        let (held, tokens) = text.split_once(' ').ok_or_else(malformed)?;
-        let tokens: f64 = tokens.parse().map_err(|_| malformed())?;
-        Ok(Settled {
-            held: held == "1",
-            outcome: BucketOutcome {
-                tokens,
-                enough: tokens >= 1.0,
-                window: None,
-            },
-        })
+        Settled::read(text).ok_or_else(malformed)
     }
 
     /// `lua/release.lua`: one lease given back; whether it was held.
@@ -143,7 +134,8 @@ impl RedisStore {
     }
 }
 
-/// `"level"` (a bucket) or `"level t w"` (a quota) → the key's state before any charge.
+/// `"level"` (a bucket), `"level t w"` (a quota), `"level tokens held"` (a reserving or
+/// borrowing bucket) → the key's state before any charge, and what is held aside.
 fn parse_peek(
     reply: &Value,
     request: &BucketRequest,
@@ -160,29 +152,15 @@ fn parse_peek(
         .and_then(|f| as_float(&Value::SimpleString(f.into())))
         .ok_or_else(malformed)?;
     let mut number = || fields.next()?.parse::<u64>().ok();
-    // Beside a reserving or borrowing bucket: what is held aside, and by how many.
-    let reserved = match request.meter {
-        // The tokens held by live slices (micro-tokens), and their groups.
-        Meter::Borrow(_) => {
-            let (micro, groups) = number().zip(number()).ok_or_else(malformed)?;
-            Some(Reserved {
-                tokens: micro.div_ceil(1_000_000),
-                held: groups,
-            })
-        }
-        Meter::Reserve(_) => {
-            let (tokens, held) = number().zip(number()).ok_or_else(malformed)?;
-            Some(Reserved { tokens, held })
-        }
-        Meter::Bucket | Meter::Quota(_) | Meter::Concurrency(_) => None,
-    };
-    let window = request.meter.read_window(number).ok_or_else(malformed)?;
+    let kind = request.meter.kind();
+    let reserved = kind.read_held(&mut number).ok_or_else(malformed)?;
+    let window = kind.read_window(&mut number).ok_or_else(malformed)?;
     if fields.next().is_some() {
         return Err(malformed());
     }
     let outcome = BucketOutcome {
         tokens,
-        enough: bucket::can_pay(tokens, request.cost),
+        enough: can_pay(tokens, request.cost),
         window,
     };
     Ok((outcome, reserved))
@@ -192,6 +170,7 @@ fn parse_peek(
 mod tests {
     use super::*;
     use crate::base::calendar::Period;
+    use crate::kinds::Meter;
 
     fn request(meter: Meter) -> BucketRequest {
         BucketRequest {
