@@ -17,7 +17,7 @@ use arc_swap::ArcSwap;
 use crate::base::clock::{Clock, MonotonicClock};
 use crate::base::rate::count_f64;
 use crate::config::OnError;
-use crate::kinds::{BucketOutcome, BucketRequest, Meter};
+use crate::kinds::{BucketOutcome, BucketRequest};
 use crate::limiter::borrow::{Lender, Plan};
 use crate::limiter::decision::{Decision, LimitState, Verdict};
 use crate::limiter::deny_cache::{CachedDenial, Consult, DenyCache, Probe};
@@ -509,21 +509,20 @@ impl<S: Store> Limiter<S> {
         if decided.allowed {
             for (bucket, outcome) in buckets.iter().zip(&decided.buckets) {
                 let limit = &policy.limits[bucket.limit];
-                match bucket.meter {
-                    Meter::Concurrency(lease) if outcome.enough => {
-                        limit.counters.leases_taken.inc();
-                        leases.push(limit.lease_id(&policy.key_prefix, &bucket.key, lease));
-                    }
-                    Meter::Reserve(reserve) if outcome.enough && bucket.cost > 0 => {
-                        limit.counters.reservations_opened.inc();
-                        reservations.push(limit.reservation_id(
-                            &policy.key_prefix,
-                            &bucket.key,
-                            reserve,
-                            bucket.cost,
-                        ));
-                    }
-                    _ => {}
+                if let (Some(lease), true) = (bucket.meter.lease(), outcome.enough) {
+                    limit.counters.leases_taken.inc();
+                    leases.push(limit.lease_id(&policy.key_prefix, &bucket.key, lease));
+                }
+                if let (Some(reserve), true) =
+                    (bucket.meter.reserve(), outcome.enough && bucket.cost > 0)
+                {
+                    limit.counters.reservations_opened.inc();
+                    reservations.push(limit.reservation_id(
+                        &policy.key_prefix,
+                        &bucket.key,
+                        reserve,
+                        bucket.cost,
+                    ));
                 }
             }
         }

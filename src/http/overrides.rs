@@ -51,9 +51,9 @@ pub async fn put(
 ) -> Result<HttpResponse, AdminError> {
     let policy = state.limiter.policy();
     let target = target(&policy, &name, request.query_string())?;
-    if let crate::kinds::Meter::Concurrency(_) = target.limit.meter {
+    if let Some(why) = target.limit.meter.kind().refuses_overrides() {
         return Err(AdminError::Conflict(format!(
-            "limit {:?} is a concurrency limit: overrides are not supported on it",
+            "limit {:?} {why}: overrides are not supported on it",
             target.limit.name
         )));
     }

@@ -65,6 +65,12 @@ impl Reserve {
     }
 }
 
+impl From<Reserve> for Meter {
+    fn from(reserve: Reserve) -> Meter {
+        Meter::Reserve(reserve)
+    }
+}
+
 /// A reserving limit's reservation (its id is drawn per check), after checking that the limit
 /// is a `charge = "report"` bucket of `/check` (`descriptor`: it applies to Envoy's rate limit
 /// service instead) and the estimate fits its burst; `None` when the limit reserves nothing.

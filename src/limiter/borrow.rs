@@ -32,7 +32,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use crate::base::clock::{Clock, MonotonicClock};
 use crate::base::rate::count_f64;
 use crate::kinds::borrow::{Borrow, GiveBack};
-use crate::kinds::{BucketRequest, Meter, Slice};
+use crate::kinds::{BucketRequest, Slice};
 use crate::limiter::deny_cache::{DRIFT, MARGIN_US};
 
 const SHARDS: usize = 32;
@@ -235,13 +235,13 @@ impl Lender {
         let mut asked = Vec::with_capacity(buckets.len());
         for (bucket, &lend) in buckets.iter().zip(lends) {
             let mut bucket = bucket.clone();
-            if lend && matches!(bucket.meter, Meter::Bucket) {
+            if lend && bucket.meter.is_plain_bucket() {
                 let (borrow, returned) = self.ask(&bucket, now);
                 moved.returned += returned;
                 // Nothing to give back or ask for: a plain check (the store still reads the
                 // tokens others hold of this bucket).
                 if borrow.want > 0 || borrow.give.is_some() {
-                    bucket.meter = Meter::Borrow(borrow);
+                    bucket = bucket.borrowing(borrow);
                 }
             }
             asked.push(bucket);
@@ -372,7 +372,7 @@ impl Lender {
     pub fn learn(&self, buckets: &[BucketRequest], slices: &[Slice], sent_us: u64) -> u64 {
         let mut borrowed = 0;
         for bucket in buckets {
-            if !matches!(bucket.meter, Meter::Borrow(b) if b.want > 0) {
+            if bucket.meter.borrow().is_none_or(|b| b.want == 0) {
                 continue;
             }
             let mut shard = self.shard(&bucket.key);
@@ -410,7 +410,7 @@ impl Lender {
     /// The store call planned at `sent_us` failed: no slice came; others may ask again.
     pub fn abandon(&self, buckets: &[BucketRequest]) {
         for bucket in buckets {
-            if let Meter::Borrow(_) = bucket.meter {
+            if bucket.meter.borrow().is_some() {
                 if let Some(holding) = self.shard(&bucket.key).get_mut(bucket.key.as_str()) {
                     holding.asking_since_us = None;
                 }
@@ -482,10 +482,7 @@ mod tests {
     }
 
     fn want_of(request: &BucketRequest) -> u64 {
-        match request.meter {
-            Meter::Borrow(borrow) => borrow.want,
-            _ => 0,
-        }
+        request.meter.borrow().map_or(0, |borrow| borrow.want)
     }
 
     #[test]
@@ -519,10 +516,8 @@ mod tests {
     }
 
     fn grid_of(request: &BucketRequest) -> Option<u64> {
-        match request.meter {
-            Meter::Borrow(borrow) if borrow.want > 0 => Some(borrow.grid_us),
-            _ => None,
-        }
+        let borrow = request.meter.borrow()?;
+        (borrow.want > 0).then_some(borrow.grid_us)
     }
 
     #[test]
@@ -591,7 +586,7 @@ mod tests {
             }
         }
         let (asked, _) = asked_again(&lender, &b);
-        let Meter::Borrow(borrow) = asked[0].meter else {
+        let Some(borrow) = asked[0].meter.borrow() else {
             panic!("a borrowing request")
         };
         assert_eq!(
@@ -624,7 +619,7 @@ mod tests {
         lender.learn(&asked, &[slice(0)], sent);
         // "a" holds 2, "b" nothing: to the store, "a"'s slice given back whole.
         let (asked, _) = asked_again(&lender, &b);
-        let Meter::Borrow(borrow) = asked[0].meter else {
+        let Some(borrow) = asked[0].meter.borrow() else {
             panic!()
         };
         assert_eq!(borrow.give.map(|g| g.unused), Some(2));

@@ -8,7 +8,7 @@ use super::Limiter;
 use crate::base::rate::{count_f64, whole};
 use crate::config::{Charge, MAX_COST};
 use crate::kinds::reserve::{Settle, Settled};
-use crate::kinds::{BucketOutcome, BucketRequest, Meter, ReportCharge};
+use crate::kinds::{BucketOutcome, BucketRequest, ReportCharge};
 use crate::limiter::decision::ceil_secs;
 use crate::policy::limit::Limit;
 use crate::policy::Policy;
@@ -182,9 +182,7 @@ fn charge(item: &Map<String, Value>, at: &str, policy: &Policy) -> Result<Item, 
     );
     // A reserving limit charged by key: a request that holds no reservation (its check failed
     // open, or it came by another way) still pays, as a debt like any report.
-    if let Meter::Reserve(_) = bucket.meter {
-        bucket.meter = Meter::Bucket;
-    }
+    bucket.meter = bucket.meter.reported();
     Ok(Item::Charge(ReportCharge {
         bucket,
         max_debt: count_f64(limit.max_debt),
@@ -247,7 +245,7 @@ fn settle(item: &Map<String, Value>, at: &str, policy: &Policy) -> Result<Item, 
         numbers,
         cost,
     );
-    bucket.meter = Meter::Reserve(found.reserve);
+    bucket.meter = found.reserve.into();
     Ok(Item::Settle(Settle {
         bucket,
         estimate: found.estimate,

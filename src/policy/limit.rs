@@ -219,7 +219,7 @@ impl Limit {
     /// reserves, the estimate.
     pub fn check_cost(&self, request: &OriginalRequest<'_>) -> u64 {
         match (self.charge, self.meter) {
-            (Charge::Report, Meter::Reserve(_)) => self.estimate_of(request),
+            (Charge::Report, meter) if meter.reserve().is_some() => self.estimate_of(request),
             (Charge::Report, _) => 0,
             (Charge::Request, _) => self.cost_of(request),
         }

@@ -7,7 +7,6 @@ use std::collections::HashMap;
 use crate::base::keys::KeyPart;
 use crate::config::rlqs::{RlqsConfig, Unmatched};
 use crate::config::ConfigError;
-use crate::kinds::Meter;
 use crate::policy::limit::Limit;
 
 /// The rules and settings of Envoy's quota service.
@@ -52,7 +51,7 @@ impl RlqsRules {
                 ));
             };
             let limit = &limits[index];
-            if limit.meter != Meter::Bucket {
+            if !limit.meter.is_plain_bucket() {
                 return Err(ConfigError::new(
                     at("limit"),
                     format!(

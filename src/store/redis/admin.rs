@@ -170,30 +170,23 @@ fn parse_peek(
 mod tests {
     use super::*;
     use crate::base::calendar::Period;
-    use crate::kinds::Meter;
 
-    fn request(meter: Meter) -> BucketRequest {
-        BucketRequest {
-            meter,
-            ..BucketRequest::bucket("tg:l:{k}", 1.0, 5.0)
-        }
+    fn bucket() -> BucketRequest {
+        BucketRequest::bucket("tg:l:{k}", 1.0, 5.0)
     }
 
     #[test]
     fn peek_replies_parse_and_malformed_ones_are_errors() {
         let text = |t: &str| Value::BulkString(t.as_bytes().to_vec());
-        let (peeked, _) = parse_peek(&text("0.5"), &request(Meter::Bucket)).unwrap();
+        let (peeked, _) = parse_peek(&text("0.5"), &bucket()).unwrap();
         assert_eq!(peeked.tokens, 0.5);
         assert!(!peeked.enough);
-        let quota = request(Meter::Quota(Period::Day));
+        let quota = BucketRequest::quota("tg:l:{k}", Period::Day, 5);
         let (peeked, _) = parse_peek(&text("3 60 86400"), &quota).unwrap();
         assert_eq!(peeked.tokens, 3.0);
         assert_eq!(peeked.window.map(|w| w.ends_in_s), Some(60));
         for bad in ["", "x", "1 2"] {
-            assert!(
-                parse_peek(&text(bad), &request(Meter::Bucket)).is_err(),
-                "{bad:?}"
-            );
+            assert!(parse_peek(&text(bad), &bucket()).is_err(), "{bad:?}");
         }
         assert!(parse_peek(&text("3 60"), &quota).is_err());
     }

@@ -223,10 +223,7 @@ mod tests {
         let reply =
             Value::BulkString(b"1 1764669600123456 4500000 1 -2500001 0 7 1 60 3600".to_vec());
         let bucket = one_bucket();
-        let quota = BucketRequest {
-            meter: crate::kinds::Meter::Quota(crate::base::calendar::Period::Hour),
-            ..one_bucket()
-        };
+        let quota = BucketRequest::quota("k", crate::base::calendar::Period::Hour, 5);
         let (decision, now) = parse_decision(reply, &[&bucket, &bucket, &quota]).unwrap();
         assert!(decision.allowed);
         assert_eq!(now, "1764669600123456");
