@@ -236,6 +236,12 @@ pub trait Kind {
         now_us: u64,
     ) -> BucketOutcome;
 
+    /// Whether a key of this kind holds anything aside (reservations, borrowed tokens), which
+    /// a peek reads too ([`Kind::held_in`], [`Kind::read_held`]).
+    fn holds_aside(&self) -> bool {
+        false
+    }
+
     /// What the memory store holds aside beside `key` now (a peek).
     fn held_in(&self, key: &str, beside: &Beside, now_us: u64) -> Reserved {
         let _ = (key, beside, now_us);

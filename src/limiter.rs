@@ -5,6 +5,7 @@ pub mod borrow;
 pub mod decision;
 pub mod deny_cache;
 mod overrides;
+pub mod peek;
 pub mod report;
 pub mod shares;
 

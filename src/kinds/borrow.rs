@@ -121,6 +121,10 @@ impl Kind for Borrow {
         }))
     }
 
+    fn holds_aside(&self) -> bool {
+        true
+    }
+
     /// The tokens held by live slices (micro-tokens, shown rounded up), and their groups.
     fn read_held(&self, numbers: &mut dyn FnMut() -> Option<u64>) -> Option<Option<Reserved>> {
         let micro = numbers()?;

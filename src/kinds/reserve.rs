@@ -198,6 +198,10 @@ impl Kind for Reserve {
         Some(None)
     }
 
+    fn holds_aside(&self) -> bool {
+        true
+    }
+
     /// Its reservations' estimates and how many hold them.
     fn read_held(&self, numbers: &mut dyn FnMut() -> Option<u64>) -> Option<Option<Reserved>> {
         let tokens = numbers()?;

@@ -218,10 +218,21 @@ impl Limit {
     /// `charge = "report"` limit nothing (0 admits while it is not used up), or, when it
     /// reserves, the estimate.
     pub fn check_cost(&self, request: &OriginalRequest<'_>) -> u64 {
-        match (self.charge, self.meter) {
-            (Charge::Report, meter) if meter.reserve().is_some() => self.estimate_of(request),
-            (Charge::Report, _) => 0,
-            (Charge::Request, _) => self.cost_of(request),
+        match self.charge {
+            Charge::Report if self.meter.reserve().is_some() => self.estimate_of(request),
+            Charge::Report => 0,
+            Charge::Request => self.cost_of(request),
+        }
+    }
+
+    /// What a peek asks the key to hold (`GET /v1/buckets`): the configured cost; for a
+    /// `charge = "report"` limit nothing (a check asks one whole request), or, when it
+    /// reserves, what the least estimate would reserve.
+    pub fn peek_cost(&self) -> u64 {
+        match self.charge {
+            Charge::Report if self.meter.reserve().is_some() => self.reserve,
+            Charge::Report => 0,
+            Charge::Request => self.cost,
         }
     }
 
