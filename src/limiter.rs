@@ -19,7 +19,7 @@ use crate::base::clock::{Clock, MonotonicClock};
 use crate::base::rate::count_f64;
 use crate::config::OnError;
 use crate::kinds::{BucketOutcome, BucketRequest};
-use crate::limiter::borrow::{Lender, Plan};
+use crate::limiter::borrow::{Asking, Lender};
 use crate::limiter::decision::{Decision, LimitState, Verdict};
 use crate::limiter::deny_cache::{CachedDenial, Consult, DenyCache, Probe};
 use crate::observe::denial_log::DenialLog;
@@ -261,35 +261,29 @@ impl<S: Store> Limiter<S> {
                 return Outcome::new(Verdict::Decided(decision), DecidedBy::DenyCache);
             }
         };
+        // Borrowing buckets give back their slices and ask for new ones; the ask learns the
+        // answer, or is abandoned when dropped unanswered (a store error, a cancelled check).
+        let asking = match (&self.lender, &lends) {
+            (Some(lender), Some(lends)) => {
+                let (asking, moved) = lender.ask_store(buckets, lends);
+                self.metrics.borrow.returned.inc_by(moved.returned);
+                Some(asking)
+            }
+            _ => None,
+        };
+        let sent = asking.as_ref().map_or(buckets, Asking::buckets);
         // The store's full timeout, even after waiting for a probe (see `deny_cache`); bounded
         // here too then, so the answer comes within the wait plus the timeout whatever the
         // store does.
-        let borrowing = match (&self.lender, &lends) {
-            (Some(lender), Some(lends)) => match lender.ask_store(buckets, lends) {
-                (Plan::Store { buckets, sent_us }, moved) => {
-                    self.metrics.borrow.returned.inc_by(moved.returned);
-                    Some((lender, buckets, sent_us))
-                }
-                (Plan::Local(_), _) => None,
-            },
-            _ => None,
-        };
-        let sent = borrowing
-            .as_ref()
-            .map_or(buckets, |(_, asked, _)| asked.as_slice());
         let decided = match waited {
             Some(budget) => tokio::time::timeout(budget, self.store.decide(sent))
                 .await
                 .unwrap_or(Err(StoreError::Timeout)),
             None => self.store.decide(sent).await,
         };
-        match (&decided, &borrowing) {
-            (Ok(decided), Some((lender, asked, sent_us))) => {
-                let borrowed = lender.learn(asked, &decided.slices, *sent_us);
-                self.metrics.borrow.borrowed.inc_by(borrowed);
-            }
-            (Err(_), Some((lender, asked, _))) => lender.abandon(asked),
-            _ => {}
+        if let (Ok(decided), Some(asking)) = (&decided, asking) {
+            let borrowed = asking.learn(&decided.slices);
+            self.metrics.borrow.borrowed.inc_by(borrowed);
         }
         match decided {
             Ok(decided) => {

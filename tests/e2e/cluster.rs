@@ -505,11 +505,11 @@ fn borrowed_tokens_on_a_cluster_stay_within_each_bucket() {
                 local += 1;
                 true
             }
-            Plan::Store { buckets, sent_us } => {
+            Plan::Store(asking) => {
                 let decision = runtime
-                    .block_on(store.decide(&buckets))
+                    .block_on(store.decide(asking.buckets()))
                     .expect("the cluster decides");
-                lenders[i % 3].learn(&buckets, &decision.slices, sent_us);
+                asking.learn(&decision.slices);
                 decision.allowed
             }
         };

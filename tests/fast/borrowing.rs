@@ -73,9 +73,9 @@ fn check<F: FnOnce(&[BucketRequest]) -> StoreDecision>(
 ) -> bool {
     match lender.plan(request, &[true]).0 {
         Plan::Local(_) => true,
-        Plan::Store { buckets, sent_us } => {
-            let decision = decide(&buckets);
-            lender.learn(&buckets, &decision.slices, sent_us);
+        Plan::Store(asking) => {
+            let decision = decide(asking.buckets());
+            asking.learn(&decision.slices);
             decision.allowed
         }
     }
