@@ -27,7 +27,8 @@ pub enum Refusal<'v> {
     /// The key of limit `limit` (its index in the policy) is missing, and the limit says
     /// `on_missing = "deny"`.
     MissingKey { limit: usize },
-    /// The store failed and `on_error = "deny"`: the service is unavailable for a moment.
+    /// The store failed and `on_error` is `deny` (or `error`, which HTTP answers alike): the
+    /// service is unavailable for a moment.
     StoreFailed,
 }
 
@@ -45,7 +46,9 @@ impl<'v> Refusal<'v> {
                 (!decision.allowed).then_some(Refusal::OverLimit(decision))
             }
             Verdict::MissingKey { limit } => Some(Refusal::MissingKey { limit: *limit }),
-            Verdict::StoreFailed { allow: false } => Some(Refusal::StoreFailed),
+            Verdict::StoreFailed { allow: false } | Verdict::StoreError { .. } => {
+                Some(Refusal::StoreFailed)
+            }
         }
     }
 

@@ -75,6 +75,18 @@ impl ShouldRateLimit {
         if let Some(stats) = erl_stats {
             erl_count::count(stats, &verdict, &plan, &policy, request);
         }
+        if let Verdict::StoreError { why } = &verdict {
+            // As envoyproxy/ratelimit answers a Redis error: an error status with the error,
+            // for Envoy's `failure_mode_deny` to decide on.
+            let status = Status::unknown(why.clone());
+            if let Some(span) = span {
+                span.set_str(attribute::DOMAIN, request.domain.as_str());
+                verdict.outcome(&policy).record(span);
+                span.set_int(attribute::GRPC_STATUS, i64::from(i32::from(status.code())));
+                span.fail(status.message());
+            }
+            return Err(status);
+        }
         let response = answer::respond(&verdict, &plan, &policy, request);
         if let Some(span) = span {
             let mut outcome = verdict.outcome(&policy);

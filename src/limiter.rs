@@ -449,6 +449,12 @@ impl<S: Store> Limiter<S> {
                 self.metrics.checks.error_denied.inc();
                 Verdict::StoreFailed { allow: false }
             }
+            (_, OnError::Error) => {
+                self.metrics.checks.error.inc();
+                Verdict::StoreError {
+                    why: error.to_string(),
+                }
+            }
             _ => {
                 self.metrics.checks.error_allowed.inc();
                 Verdict::StoreFailed { allow: true }

@@ -36,21 +36,43 @@ pub struct AppState {
     pub tracer: Option<Tracer>,
 }
 
+/// What readiness says, and why.
+#[derive(Debug)]
+pub enum Readiness {
+    /// The store answers.
+    Ready,
+    /// The store fails, but it answered before and `on_error` decides without it.
+    Degraded(StoreError),
+    NotReady(String),
+}
+
 impl AppState {
-    /// Whether tollgate can decide now: the store answers, or `on_error` decides without it;
-    /// and rules fed by xDS have arrived (unless `envoy.xds.ready_before_config`).
-    /// What every readiness answer reports (`/readyz`, gRPC health, `/healthcheck`).
-    /// A store that refuses scripts is never ready, whatever `on_error`: it cannot heal by
-    /// itself, and a rollout should stop rather than go on failing open.
-    pub async fn can_decide(&self) -> bool {
+    /// Whether tollgate can decide now: the store answers, or it answered before and
+    /// `on_error` decides without it; and rules fed by xDS have arrived (unless
+    /// `envoy.xds.ready_before_config`). What every readiness answer reports (`/readyz`, gRPC
+    /// health, `/healthcheck`). Never ready before the store first answered (under Sentinel:
+    /// before the master is known), as envoyproxy/ratelimit serves only once Redis answers;
+    /// nor while the store refuses scripts, whatever `on_error`: that cannot heal by itself,
+    /// and a rollout should stop rather than go on failing open.
+    pub async fn readiness(&self) -> Readiness {
         if self.unready_for_config() {
-            return false;
+            return Readiness::NotReady("no configuration from the xDS server yet".into());
         }
-        match self.limiter.store().ping().await {
-            Ok(()) => true,
-            Err(StoreError::ScriptsRefused(_)) => false,
-            Err(_) => self.limiter.on_error() != OnError::Deny,
+        let store = self.limiter.store();
+        match store.ping().await {
+            Ok(()) => Readiness::Ready,
+            Err(error @ StoreError::ScriptsRefused(_)) => Readiness::NotReady(error.to_string()),
+            Err(error) if !store.has_answered() => {
+                Readiness::NotReady(format!("the store has not answered yet ({error})"))
+            }
+            Err(error) if self.limiter.on_error() != OnError::Deny => Readiness::Degraded(error),
+            Err(error) => Readiness::NotReady(error.to_string()),
         }
+    }
+
+    /// [`AppState::readiness`] as yes or no.
+    pub async fn can_decide(&self) -> bool {
+        !matches!(self.readiness().await, Readiness::NotReady(_))
     }
 
     /// Rules fed by xDS have not arrived, and the instance is not ready until they do.
@@ -114,7 +136,7 @@ pub fn build_state(config: &Config) -> Result<web::Data<AppState>, StartError> {
     }
     let erl = &config.envoy.metrics;
     let erl_stats = erl.enabled().then(|| {
-        let stats = ErlStats::new(erl.near_limit_ratio, erl.response_time_ms);
+        let stats = ErlStats::new(erl.near_limit_ratio, erl.response_time_ms, erl.max_keys);
         if !limiter.policy().erl.awaiting_config {
             stats.config_loaded(true);
         }

@@ -84,6 +84,12 @@ pub trait Store: Send + Sync + 'static {
     /// Whether the store answers now (readiness).
     fn ping(&self) -> impl Future<Output = Result<(), StoreError>>;
 
+    /// Whether the store has answered since start: until it has, tollgate is not ready,
+    /// whatever `on_error` says.
+    fn has_answered(&self) -> bool {
+        true
+    }
+
     /// Applies charges known after the response, each unconditionally; returns every key's
     /// state afterwards, in order. Not atomic across keys (nothing is ever refused).
     fn report(
@@ -197,6 +203,13 @@ impl Store for AnyStore {
         match self {
             AnyStore::Memory(store) => store.ping().await,
             AnyStore::Redis(store) => store.ping().await,
+        }
+    }
+
+    fn has_answered(&self) -> bool {
+        match self {
+            AnyStore::Memory(store) => store.has_answered(),
+            AnyStore::Redis(store) => store.has_answered(),
         }
     }
 

@@ -1,6 +1,7 @@
 //! envoyproxy/ratelimit's metrics leaving the process: the Prometheus listener of
 //! `envoy.metrics.prometheus_listen` (its port and path, as Envoy Gateway scrapes them) and the
-//! statsd duty, which sends the counters' increases every `flush_interval_ms`.
+//! metrics duty, which every `flush_interval_ms` sends the counters' increases to statsd (when
+//! `envoy.metrics.statsd` is set) and then drops the idle stats keys ([`ErlStats::sweep`]).
 //!
 //! statsd is sent to whatever answers: over UDP nothing is known of the receiver, and over
 //! TCP a refused or broken connection drops that flush and is tried again at the next one
@@ -69,75 +70,78 @@ async fn exposition(
         .body(stats.render())
 }
 
-/// Starts the statsd duty when `metrics.statsd` is set and the metrics are kept.
-pub fn spawn_statsd(metrics: &ErlMetricsConfig, stats: Option<&Arc<ErlStats>>) {
-    let (Some(address), Some(stats)) = (&metrics.statsd, stats) else {
+/// Starts the metrics duty when the metrics are kept.
+pub fn spawn_duty(metrics: &ErlMetricsConfig, stats: Option<&Arc<ErlStats>>) {
+    let Some(stats) = stats else {
         return;
     };
-    log::info!(
-        "sending envoyproxy/ratelimit's metrics to statsd at {address} ({:?}) every {} ms",
-        metrics.statsd_protocol,
-        metrics.flush_interval_ms
-    );
-    actix_web::rt::spawn(send_statsd(
-        Arc::clone(stats),
-        address.clone(),
-        metrics.statsd_protocol,
-        Duration::from_millis(metrics.flush_interval_ms),
-    ));
+    let every = Duration::from_millis(metrics.flush_interval_ms);
+    let sender = metrics.statsd.as_ref().map(|address| {
+        log::info!(
+            "sending envoyproxy/ratelimit's metrics to statsd at {address} ({:?}) every {} ms",
+            metrics.statsd_protocol,
+            metrics.flush_interval_ms
+        );
+        Sender {
+            address: address.clone(),
+            protocol: metrics.statsd_protocol,
+            tcp: None,
+            udp: None,
+            failing: false,
+        }
+    });
+    actix_web::rt::spawn(duty(Arc::clone(stats), sender, every));
 }
 
-/// Every `every`, sends what the counters gained since the last flush.
-async fn send_statsd(
-    stats: Arc<ErlStats>,
-    address: String,
-    protocol: StatsdProtocol,
-    every: Duration,
-) {
+/// Every `every`: sends what the counters gained since the last flush (with a `sender`), then
+/// drops the idle keys: after the flush, so a dropped key's last increase was sent.
+async fn duty(stats: Arc<ErlStats>, mut sender: Option<Sender>, every: Duration) {
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
-    let mut sender = Sender {
-        address,
-        protocol,
-        tcp: None,
-        udp: None,
-        failing: false,
-    };
     loop {
         tick.tick().await;
-        // Lines end with a newline; a datagram holds whole lines only.
-        let mut packets: Vec<String> = Vec::new();
-        stats.statsd_lines(|line| {
-            let fits = packets.last().is_some_and(|packet| {
-                protocol == StatsdProtocol::Tcp || packet.len() + line.len() < DATAGRAM
-            });
-            if !fits {
-                packets.push(String::new());
-            }
-            if let Some(packet) = packets.last_mut() {
-                packet.push_str(line);
-                packet.push('\n');
-            }
+        if let Some(sender) = &mut sender {
+            flush(&stats, sender).await;
+        }
+        stats.sweep();
+    }
+}
+
+/// Sends what the counters gained since the last flush.
+async fn flush(stats: &ErlStats, sender: &mut Sender) {
+    let protocol = sender.protocol;
+    // Lines end with a newline; a datagram holds whole lines only.
+    let mut packets: Vec<String> = Vec::new();
+    stats.statsd_lines(|line| {
+        let fits = packets.last().is_some_and(|packet| {
+            protocol == StatsdProtocol::Tcp || packet.len() + line.len() < DATAGRAM
         });
-        if packets.is_empty() {
-            continue;
+        if !fits {
+            packets.push(String::new());
         }
-        match sender.send(&packets).await {
-            Ok(()) if sender.failing => {
-                log::info!("statsd: {} takes the metrics again", sender.address);
-                sender.failing = false;
-            }
-            Ok(()) => {}
-            Err(error) if !sender.failing => {
-                log::warn!(
-                    "statsd: cannot send to {}, dropping the metrics until it can: {error}",
-                    sender.address
-                );
-                sender.failing = true;
-            }
-            Err(_) => {}
+        if let Some(packet) = packets.last_mut() {
+            packet.push_str(line);
+            packet.push('\n');
         }
+    });
+    if packets.is_empty() {
+        return;
+    }
+    match sender.send(&packets).await {
+        Ok(()) if sender.failing => {
+            log::info!("statsd: {} takes the metrics again", sender.address);
+            sender.failing = false;
+        }
+        Ok(()) => {}
+        Err(error) if !sender.failing => {
+            log::warn!(
+                "statsd: cannot send to {}, dropping the metrics until it can: {error}",
+                sender.address
+            );
+            sender.failing = true;
+        }
+        Err(_) => {}
     }
 }
 

@@ -91,7 +91,7 @@ pub async fn start(
         log::warn!("{warning}");
     }
     spawn_duties(&config, &state)?;
-    erl_metrics::spawn_statsd(&config.envoy.metrics, state.erl_stats.as_ref());
+    erl_metrics::spawn_duty(&config.envoy.metrics, state.erl_stats.as_ref());
     let watch_every = config.timings.watch_every;
     let xds = config.envoy.xds.clone();
     let reloader = Arc::new(Reloader::new(config_path, config, state.clone()));

@@ -496,6 +496,16 @@ pub fn with_fed(config: &ErlConfig, fed: &[RuleConfig]) -> Result<Vec<RuleConfig
     Ok(rules)
 }
 
+/// Whether tollgate runs in envoyproxy/ratelimit's environment (see [`apply_erl_env`]).
+pub fn in_erl_env(var: impl Fn(&str) -> Option<String>) -> bool {
+    // CONFIG_TYPE counts only with one of its own values: another program's variable of that
+    // name must not turn this on.
+    // Spelled exactly, as ERL compares them: `file` stops it.
+    let erl_config_type =
+        var("CONFIG_TYPE").is_some_and(|kind| kind == "FILE" || kind == "GRPC_XDS_SOTW");
+    var("RUNTIME_ROOT").is_some() || var("RUNTIME_SUBDIRECTORY").is_some() || erl_config_type
+}
+
 /// envoyproxy/ratelimit's environment, read when `RUNTIME_ROOT` or `RUNTIME_SUBDIRECTORY` is
 /// set, or `CONFIG_TYPE` is `FILE` or `GRPC_XDS_SOTW` (deployments fed over xDS often set no
 /// `RUNTIME_*`); never otherwise, so that a generic `PORT` never moves a tollgate that is not
@@ -505,7 +515,9 @@ pub fn with_fed(config: &ErlConfig, fed: &[RuleConfig]) -> Result<Vec<RuleConfig
 ///   `RUNTIME_APPDIRECTORY` (default `config`): `envoy.config_dir`, unless the file sets it;
 /// - `GRPC_HOST`/`GRPC_PORT` (default `0.0.0.0:8081`): `grpc_listen`; `HOST`/`PORT`: `listen`;
 /// - `REDIS_*`: the store, as envoyproxy/ratelimit reads them (see `config::erl_redis`);
-///   an unset `REDIS_URL` is refused.
+///   an unset `REDIS_URL` is refused. A store failure answers an error, as there
+///   (`store.on_error = "error"`), unless the file or `TOLLGATE_STORE__ON_ERROR` says
+///   otherwise (`Config::load` knows what they said).
 ///
 /// - `SHADOW_MODE`, `QUOTA_MODE`: `envoy.shadow_mode`, `envoy.quota_mode`.
 /// - `CONFIG_TYPE=GRPC_XDS_SOTW` and its `CONFIG_GRPC_XDS_*`: `envoy.xds` instead of
@@ -524,12 +536,7 @@ pub fn apply_erl_env(
     config: &mut super::Config,
     var: impl Fn(&str) -> Option<String>,
 ) -> Result<(), ConfigError> {
-    // CONFIG_TYPE counts only with one of its own values: another program's variable of that
-    // name must not turn this on.
-    // Spelled exactly, as ERL compares them: `file` stops it.
-    let erl_config_type =
-        var("CONFIG_TYPE").is_some_and(|kind| kind == "FILE" || kind == "GRPC_XDS_SOTW");
-    if var("RUNTIME_ROOT").is_none() && var("RUNTIME_SUBDIRECTORY").is_none() && !erl_config_type {
+    if !in_erl_env(&var) {
         return Ok(());
     }
     // ERL reads its booleans with Go's strconv.ParseBool: anything else stops it, so it

@@ -13,6 +13,9 @@ use super::ConfigError;
 /// envoyproxy/ratelimit's default `NEAR_LIMIT_RATIO`.
 pub const NEAR_LIMIT_RATIO: f32 = 0.8;
 
+/// The default of `max_keys`: stats keys carrying request values held at once.
+pub const MAX_KEYS: usize = 10_000;
+
 /// `[envoy.metrics]`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -33,6 +36,9 @@ pub struct ErlMetricsConfig {
     pub flush_interval_ms: u64,
     /// What part of a limit counts as near it (`near_limit`).
     pub near_limit_ratio: f32,
+    /// The most stats keys carrying request values (`detailed_metric`, `value_to_metric`, a
+    /// descriptor's own `limit`) held at once; past it a rule counts in its overflow key.
+    pub max_keys: usize,
 }
 
 /// How the statsd lines travel.
@@ -55,6 +61,7 @@ impl Default for ErlMetricsConfig {
             statsd_protocol: StatsdProtocol::Tcp,
             flush_interval_ms: 10_000,
             near_limit_ratio: NEAR_LIMIT_RATIO,
+            max_keys: MAX_KEYS,
         }
     }
 }
@@ -101,6 +108,12 @@ impl ErlMetricsConfig {
         if self.flush_interval_ms == 0 {
             return Err(ConfigError::new(
                 "envoy.metrics.flush_interval_ms",
+                "must be at least 1",
+            ));
+        }
+        if self.max_keys == 0 {
+            return Err(ConfigError::new(
+                "envoy.metrics.max_keys",
                 "must be at least 1",
             ));
         }

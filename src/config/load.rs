@@ -103,6 +103,8 @@ impl Config {
     /// Loads defaults, then `file` (if any), then the `TOLLGATE_*` environment, and validates.
     pub fn load(file: Option<&Path>) -> Result<Config, ConfigError> {
         let mut figment = Figment::from(Serialized::defaults(Config::default()));
+        // What the file and the environment say, without the defaults.
+        let mut given = Figment::new();
         if let Some(path) = file {
             if !path.is_file() {
                 return Err(ConfigError::new(
@@ -111,10 +113,15 @@ impl Config {
                 ));
             }
             figment = figment.merge(Toml::file_exact(path));
+            given = given.merge(Toml::file_exact(path));
         }
         let env = Env::prefixed("TOLLGATE_")
             .split("__")
             .filter(|key| !is_kubernetes_or_cli_env(&key.as_str().to_ascii_lowercase()));
+        let on_error_given = given
+            .merge(env.clone())
+            .find_value("store.on_error")
+            .is_ok();
         let mut config: Config = figment.merge(env).extract()?;
         if let Some(token) = std::env::var_os("TOLLGATE_ADMIN_TOKEN") {
             let token = token.into_string().map_err(|_| {
@@ -131,7 +138,13 @@ impl Config {
             })?;
             config.fingerprint_salt = Some(Secret(salt));
         }
-        super::erl::apply_erl_env(&mut config, |name| std::env::var(name).ok())?;
+        let var = |name: &str| std::env::var(name).ok();
+        super::erl::apply_erl_env(&mut config, var)?;
+        if !on_error_given && super::erl::in_erl_env(var) {
+            // envoyproxy/ratelimit answers a Redis error with an error status, which Envoy's
+            // `failure_mode_deny` decides on: so does tollgate in its environment, unless told.
+            config.store.on_error = super::OnError::Error;
+        }
         config.timings = test_timings()?;
         config.resolve_paths(file);
         config.validate()?;

@@ -170,6 +170,9 @@ pub enum OnError {
     Allow,
     Deny,
     Local,
+    /// An error, for the caller to decide on: gRPC an error status (Envoy's
+    /// `failure_mode_deny` decides, as with envoyproxy/ratelimit), HTTP a 503.
+    Error,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -6,8 +6,8 @@ use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 
 use super::plan::Plan;
 use crate::limiter::decision::Verdict;
-use crate::observe::erl_stats::{ErlStats, Hits};
-use crate::policy::descriptors::erl::{request_limit_stats_key, Kind};
+use crate::observe::erl_stats::{ErlStats, Hits, StatsName};
+use crate::policy::descriptors::erl::{request_limit_overflow_key, request_limit_stats_key, Kind};
 use crate::policy::Policy;
 
 /// Counts a request of a domain of envoyproxy/ratelimit rules (nothing for other domains).
@@ -22,7 +22,10 @@ pub fn count(
     policy: &Policy,
     request: &RateLimitRequest,
 ) {
-    let failed = matches!(verdict, Verdict::StoreFailed { .. });
+    let failed = matches!(
+        verdict,
+        Verdict::StoreFailed { .. } | Verdict::StoreError { .. }
+    );
     if failed && !plan.erl.is_empty() {
         stats.store_error();
     }
@@ -31,21 +34,29 @@ pub fn count(
         _ => None,
     };
     let mut scratch = String::new();
+    let mut own_overflow = String::new();
     for (descriptor, wanted) in plan.erl.iter().zip(&request.descriptors) {
         if !matches!(descriptor.kind, Kind::Bucket | Kind::Zero) || descriptor.hits == 0 {
             continue;
         }
-        let key = match descriptor.rule {
-            Some(rule) => policy.erl.rules[rule]
-                .stats
-                .spell(&wanted.entries, &mut scratch),
+        let name = match descriptor.rule {
+            Some(rule) => {
+                let stats = &policy.erl.rules[rule].stats;
+                StatsName {
+                    key: stats.spell(&wanted.entries, &mut scratch),
+                    overflow: stats.overflow(),
+                }
+            }
             None => {
                 request_limit_stats_key(&request.domain, &wanted.entries, &mut scratch);
-                scratch.as_str()
+                if own_overflow.is_empty() {
+                    request_limit_overflow_key(&request.domain, &mut own_overflow);
+                }
+                StatsName::from_request(&scratch, &own_overflow)
             }
         };
         if failed {
-            stats.count_undecided(key, descriptor.hits);
+            stats.count_undecided(name, descriptor.hits);
             continue;
         }
         let state = decision.and_then(|d| d.limits.get(descriptor.bucket));
@@ -64,7 +75,7 @@ pub fn count(
             _ => (u64::from(descriptor.requests_per_unit), 0),
         };
         stats.count(
-            key,
+            name,
             Hits {
                 limit,
                 before,

@@ -1,7 +1,9 @@
 //! envoyproxy/ratelimit's HTTP endpoints on the public listener: `POST /json` takes a
 //! `RateLimitRequest` in protobuf's JSON form and answers the `RateLimitResponse` in the same
 //! form (429 when OVER_LIMIT, 400 for a request that cannot be read or decided), as its
-//! `/json` does; `GET /healthcheck` answers `OK` while tollgate can decide, 500 otherwise.
+//! `/json` does, except that a store failure under `on_error = "error"` is a 503 (it answers
+//! 400 for every error); `GET /healthcheck` answers `OK` while tollgate can decide, 500
+//! otherwise.
 
 use actix_web::{web, HttpResponse};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
@@ -15,6 +17,7 @@ use envoy_types::pb::google::protobuf::UInt64Value;
 use serde_json::{json, Map, Value};
 
 use super::ShouldRateLimit;
+use crate::answer::STORE_FAILED_RETRY_AFTER_S;
 use crate::state::AppState;
 
 /// The two routes, for the public listener.
@@ -41,6 +44,10 @@ async fn decide(state: web::Data<AppState>, body: web::Bytes) -> HttpResponse {
                 .content_type("application/json")
                 .body(response_json(&response).to_string())
         }
+        // The store failed (`on_error = "error"`): not the request's fault.
+        Err(status) if status.code() == tonic::Code::Unknown => HttpResponse::ServiceUnavailable()
+            .insert_header(("retry-after", STORE_FAILED_RETRY_AFTER_S.to_string()))
+            .body(format!("{}\n", status.message())),
         Err(_) => HttpResponse::BadRequest().body("Bad Request\n"),
     }
 }

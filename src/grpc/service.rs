@@ -105,6 +105,8 @@ impl UnaryService<RateLimitRequest> for Call {
                     counters.over_limit.inc();
                 }
                 Ok(_) => counters.ok.inc(),
+                // Only a store failure under `on_error = "error"` answers UNKNOWN.
+                Err(status) if status.code() == tonic::Code::Unknown => counters.error.inc(),
                 Err(_) => counters.invalid.inc(),
             }
             let elapsed = started.elapsed();

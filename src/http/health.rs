@@ -2,40 +2,28 @@
 
 use actix_web::{web, HttpResponse};
 
-use crate::config::OnError;
-use crate::state::AppState;
-use crate::store::{Store, StoreError};
+use crate::state::{AppState, Readiness};
 
 /// Liveness: never looks at the store, so a Redis outage cannot restart tollgate.
 pub async fn healthz() -> HttpResponse {
     HttpResponse::Ok().content_type("text/plain").body("ok\n")
 }
 
-/// Readiness: tollgate can decide, i.e. the store answers, or `on_error` lets it decide
-/// without the store (`allow`, or `local` with its in-memory fallback); and the rules of an
-/// xDS server have arrived (unless `envoy.xds.ready_before_config`). A store that refuses
-/// scripts is never ready.
+/// Readiness: tollgate can decide (see [`AppState::readiness`]); 503 with the reason
+/// otherwise.
 pub async fn readyz(state: web::Data<AppState>) -> HttpResponse {
-    if state.unready_for_config() {
-        return HttpResponse::ServiceUnavailable()
-            .content_type("text/plain")
-            .body("not ready: no configuration from the xDS server yet\n");
-    }
-    match state.limiter.store().ping().await {
-        Ok(()) => HttpResponse::Ok()
-            .content_type("text/plain")
-            .body("ready\n"),
-        // Whatever on_error says: this does not heal by itself.
-        Err(error @ StoreError::ScriptsRefused(_)) => HttpResponse::ServiceUnavailable()
-            .content_type("text/plain")
-            .body(format!("not ready: {error}\n")),
-        Err(error) if state.limiter.on_error() != OnError::Deny => HttpResponse::Ok()
-            .content_type("text/plain")
-            .body(format!("ready (degraded, store failing: {error})\n")),
-        Err(error) => HttpResponse::ServiceUnavailable()
-            .content_type("text/plain")
-            .body(format!("not ready: {error}\n")),
-    }
+    let (mut answer, text) = match state.readiness().await {
+        Readiness::Ready => (HttpResponse::Ok(), "ready\n".to_string()),
+        Readiness::Degraded(error) => (
+            HttpResponse::Ok(),
+            format!("ready (degraded, store failing: {error})\n"),
+        ),
+        Readiness::NotReady(why) => (
+            HttpResponse::ServiceUnavailable(),
+            format!("not ready: {why}\n"),
+        ),
+    };
+    answer.content_type("text/plain").body(text)
 }
 
 pub async fn metrics(state: web::Data<AppState>) -> HttpResponse {

@@ -37,6 +37,9 @@ pub enum Verdict {
     MissingKey { limit: usize },
     /// The store failed and `on_error` is `allow` or `deny`.
     StoreFailed { allow: bool },
+    /// The store failed and `on_error = "error"`: the caller is told, `why` being the store's
+    /// error (gRPC: an error status; HTTP: as `deny`).
+    StoreError { why: String },
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -172,6 +175,7 @@ impl Verdict {
             Verdict::StoreFailed { allow } => {
                 (TracedDecision::from_allowed(*allow), Vec::new(), None, true)
             }
+            Verdict::StoreError { .. } => (TracedDecision::Denied, Vec::new(), None, true),
             Verdict::Decided(decision) => (
                 TracedDecision::from_allowed(decision.allowed),
                 decision

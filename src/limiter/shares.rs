@@ -64,8 +64,8 @@ pub enum PoolAnswer {
     Shared(Vec<(Assignment, Sent)>),
     /// The store did not decide: a member the stream served keeps its assignment (until its
     /// TTL, then Envoy's `expired_assignment_behavior`); one never served is told `unserved`,
-    /// what `store.on_error` answers a check.
-    Undecided { unserved: Assignment },
+    /// what `store.on_error` answers a check (nothing for `error`).
+    Undecided { unserved: Option<Assignment> },
 }
 
 impl<S: Store> Limiter<S> {
@@ -307,9 +307,12 @@ pub fn assignment((rate, size): (u64, u64), units: &Units) -> Assignment {
 
 /// What a bucket never served is told when its pool could not be decided: what `on_error`
 /// answers a check (`allow`: allow all; `deny`: deny all; `local`: the key's numbers divided
-/// among the instances sharing the store, at least one token, as a check's fallback does).
-pub fn on_error(on_error: OnError, numbers: &Numbers, instances: u64) -> Assignment {
-    match on_error {
+/// among the instances sharing the store, at least one token, as a check's fallback does;
+/// `error`: nothing, so Envoy's `no_assignment_behavior` decides, as its
+/// `failure_mode_deny` decides a check's error).
+pub fn on_error(on_error: OnError, numbers: &Numbers, instances: u64) -> Option<Assignment> {
+    Some(match on_error {
+        OnError::Error => return None,
         OnError::Allow => Assignment::AllowAll,
         OnError::Deny => Assignment::DenyAll,
         OnError::Local => {
@@ -321,7 +324,7 @@ pub fn on_error(on_error: OnError, numbers: &Numbers, instances: u64) -> Assignm
             });
             assignment((local.rate, local.size), &local)
         }
-    }
+    })
 }
 
 /// The part of the pool's rate its holders may hold after a grant, 0 to 1.

@@ -55,6 +55,8 @@ pub struct CheckCounters {
     pub exempt: IntCounter,
     pub error_allowed: IntCounter,
     pub error_denied: IntCounter,
+    /// The store failed and `on_error = "error"` answered an error (the caller decides).
+    pub error: IntCounter,
 }
 
 /// `tollgate_borrowed_tokens_total` by event (borrowing limits, all keys together): tokens
@@ -82,8 +84,10 @@ pub struct StoreErrorCounters {
 pub struct GrpcCounters {
     pub ok: IntCounter,
     pub over_limit: IntCounter,
-    /// Refused with a gRPC error status (a malformed request).
+    /// Refused with a gRPC error status (a malformed request, no configuration yet).
     pub invalid: IntCounter,
+    /// Answered an error status because the store failed (`on_error = "error"`).
+    pub error: IntCounter,
     pub duration: Histogram,
 }
 
@@ -391,6 +395,7 @@ impl Metrics {
                 exempt: checks.with_label_values(&["exempt"]),
                 error_allowed: checks.with_label_values(&["error_allowed"]),
                 error_denied: checks.with_label_values(&["error_denied"]),
+                error: checks.with_label_values(&["error"]),
             },
             limit_decisions,
             reservations,
@@ -417,6 +422,7 @@ impl Metrics {
                 ok: grpc_requests.with_label_values(&["ok"]),
                 over_limit: grpc_requests.with_label_values(&["over_limit"]),
                 invalid: grpc_requests.with_label_values(&["invalid"]),
+                error: grpc_requests.with_label_values(&["error"]),
                 duration: grpc_duration,
             },
             runtime_overrides,

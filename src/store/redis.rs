@@ -32,7 +32,7 @@ mod sentinel;
 mod shares;
 mod wire;
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -101,6 +101,8 @@ pub struct RedisStore {
     /// The connection epoch in which the store last ran a script (a probe's or a call's): a
     /// probe in a newer one asks again.
     scripts_ran_in: AtomicU64,
+    /// Set by the first call or probe the store answered: not ready until then.
+    answered: AtomicBool,
     metrics: Metrics,
 }
 
@@ -141,6 +143,7 @@ impl RedisStore {
             scripts_refused: ArcSwapOption::empty(),
             // No epoch yet: the first probe asks.
             scripts_ran_in: AtomicU64::new(u64::MAX),
+            answered: AtomicBool::new(false),
             metrics,
         })
     }
@@ -312,6 +315,7 @@ impl RedisStore {
 
     /// A call or probe that ran a script in `epoch` (or, for a probe, found it known to run).
     fn on_success(&self, epoch: u64) {
+        self.answered.store(true, Ordering::Release);
         self.scripts_ran_in.store(epoch, Ordering::Release);
         if self.scripts_refused.swap(None).is_some() {
             log::info!("redis runs tollgate's scripts again");
@@ -325,6 +329,12 @@ impl RedisStore {
     /// (a handshake takes several round trips, a call one), and replacing it at every probe
     /// would start each probe from nothing, never to recover from a far Redis.
     fn on_failure(&self, error: &StoreError) {
+        if self.connection.discovering() {
+            // The sentinels have not named a first master yet: no failure of the store, so the
+            // breaker does not open ahead of it.
+            self.note_failure(error);
+            return;
+        }
         let failure = match error {
             // No retry helps: the circuit opens at once, and stays open until a probe runs a
             // script.
@@ -617,5 +627,9 @@ impl Store for RedisStore {
             Err(e) => self.on_failure(e),
         }
         result
+    }
+
+    fn has_answered(&self) -> bool {
+        self.answered.load(Ordering::Acquire)
     }
 }

@@ -261,15 +261,22 @@ fn envoy_gateways_environment(
     ]
 }
 
-/// Envoy on tests/fixtures/envoy-gateway/envoy.yaml, pointed at `tollgate` and `app`.
+/// Envoy on tests/fixtures/envoy-gateway/envoy.yaml, pointed at `tollgate` and `app`;
+/// `fail_open`: as with `rateLimit.failClosed` false (the fixture fails closed).
 fn envoy_as_envoy_gateway_configures_it(
     mounts: &Mounts,
     tollgate: &Swapped,
     app: &Backend,
+    fail_open: bool,
 ) -> Envoy {
     let listener = free_port();
-    let text = std::fs::read_to_string(repo_path("tests/fixtures/envoy-gateway/envoy.yaml"))
+    let mut text = std::fs::read_to_string(repo_path("tests/fixtures/envoy-gateway/envoy.yaml"))
         .expect("read the Envoy Gateway fixture");
+    if fail_open {
+        let closed = "failure_mode_deny: true";
+        assert!(text.contains(closed), "the fixture lost {closed}");
+        text = text.replace(closed, "failure_mode_deny: false");
+    }
     let filled = [
         ("{{LISTENER_PORT}}", listener.to_string()),
         ("{{APP_PORT}}", app.addr.port().to_string()),
@@ -302,6 +309,11 @@ impl Install {
     /// rules yet; then the rules are served, and the install is ready once tollgate
     /// acknowledged them.
     fn start(added: &[(&str, &str)]) -> Install {
+        Install::start_with(added, false)
+    }
+
+    /// [`Install::start`], Envoy failing open when `fail_open`.
+    fn start_with(added: &[(&str, &str)], fail_open: bool) -> Install {
         let mounts = Mounts::make();
         let redis = RedisServer::start();
         let xds = XdsServer::start_tls(&mounts.dir.path().join("certs"));
@@ -313,7 +325,7 @@ impl Install {
         assert_eq!(ack.error_detail, None, "the snapshot was refused");
         assert_eq!(ack.version_info, "1");
         let app = Backend::start();
-        let envoy = envoy_as_envoy_gateway_configures_it(&mounts, &tollgate, &app);
+        let envoy = envoy_as_envoy_gateway_configures_it(&mounts, &tollgate, &app, fail_open);
         Install {
             envoy,
             app,
@@ -459,18 +471,30 @@ fn tollgates_own_headers_on_grpc_answers_are_one_variable_away() {
     assert_eq!(install.get("two").status, 200);
 }
 
-/// Proves what Envoy Gateway's `rateLimit.failClosed` covers once tollgate runs: Envoy's
-/// `failure_mode_deny`, for calls that get no answer. With Redis gone, tollgate does answer:
-/// by default `store.on_error = "allow"` admits (200), where envoyproxy/ratelimit answers an
-/// error and Envoy, failing closed, refuses; with `TOLLGATE_STORE__ON_ERROR=deny` added to the
-/// container, tollgate refuses (429, `Retry-After: 1`) and the application is not called.
+/// Proves that Envoy Gateway's `rateLimit.failClosed` decides what a Redis failure does, as
+/// with envoyproxy/ratelimit: in its environment tollgate answers a store failure with an
+/// error status (`store.on_error = "error"`), and Envoy's `failure_mode_deny` decides. Failing
+/// closed, the request is refused (Envoy's 500) and the application not called; failing
+/// open, it passes. `TOLLGATE_STORE__ON_ERROR=deny` added to the container refuses whatever
+/// Envoy says (429, `Retry-After: 1`).
 #[test]
-fn with_redis_gone_on_error_decides_not_envoys_fail_closed() {
-    let mut allowing = Install::start(&[]);
-    allowing.redis.kill();
-    let admitted = allowing.get("one");
-    assert_eq!(admitted.status, 200, "on_error allow: {admitted:?}");
-    assert_eq!(allowing.app.count(), 1);
+fn with_redis_gone_envoys_fail_closed_decides_as_with_envoyproxy_ratelimit() {
+    let mut closed = Install::start(&[]);
+    closed.redis.kill();
+    let refused = closed.get("one");
+    assert_eq!(refused.status, 500, "failing closed: {refused:?}");
+    assert_eq!(closed.app.count(), 0);
+    let metrics = closed.tollgate.admin_metrics();
+    assert!(
+        metric_value(&metrics, "tollgate_grpc_requests_total{code=\"error\"}") >= 1.0,
+        "{metrics}"
+    );
+
+    let mut open = Install::start_with(&[], true);
+    open.redis.kill();
+    let admitted = open.get("one");
+    assert_eq!(admitted.status, 200, "failing open: {admitted:?}");
+    assert_eq!(open.app.count(), 1);
 
     let mut denying = Install::start(&[("TOLLGATE_STORE__ON_ERROR", "deny")]);
     denying.redis.kill();

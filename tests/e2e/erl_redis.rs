@@ -6,11 +6,14 @@
 
 use std::time::Duration;
 
+use crate::support::chaos::Proxy;
 use crate::support::cluster::{
     AuthSentinelSetup, RedisCluster, TlsSentinelSetup, MASTER_NAME, MASTER_PASSWORD,
     SENTINEL_PASSWORD,
 };
-use crate::support::{free_port, redis_cli, wait_until, HttpClient, TempDir, Tollgate};
+use crate::support::{
+    free_port, redis_cli, wait_until, HttpClient, RedisServer, TempDir, Tollgate,
+};
 
 /// tollgate started as envoyproxy/ratelimit is, with its variables only: a 2/minute rule on
 /// domain `shop`, key `user`, in the YAML directory, and the store `env` says.
@@ -204,4 +207,73 @@ fn erl_redis_auth_reaches_every_cluster_node() {
             "master {port} holds some of the buckets"
         );
     }
+}
+
+/// A Kubernetes Service whose endpoint moved from a master demoted to a replica to the
+/// replica promoted in its place (played by a proxy: established connections stay on the old
+/// pod, new ones reach the new): the connection answered `READONLY` is dropped and the address
+/// resolved again at once, as envoyproxy/ratelimit does, so checks are decided by the store
+/// again within a check or two, without a restart. Before, three `READONLY` answers opened the
+/// breaker, and checks were answered per `on_error` while it stayed open.
+#[test]
+fn a_readonly_answer_renews_the_connection_behind_a_plain_url() {
+    let a = RedisServer::start();
+    let a_port = a.port.to_string();
+    let b = RedisServer::start_with(&["--replicaof", "127.0.0.1", &a_port]);
+    assert!(
+        wait_until(Duration::from_secs(10), || b
+            .cli(&["INFO", "replication"])
+            .contains("master_link_status:up")),
+        "the replica did not sync"
+    );
+    let service = Proxy::start(a.port);
+    let url = format!("127.0.0.1:{}", service.port);
+    let (_root, tollgate) = erl_tollgate(&[
+        ("REDIS_SOCKET_TYPE", "tcp"),
+        ("REDIS_URL", url.as_str()),
+        // Undecided checks are told apart: 503.
+        ("TOLLGATE_STORE__ON_ERROR", "deny"),
+    ]);
+    // Every worker on a connection to A (distinct users: each first hit is a 200).
+    let mut user = 0;
+    let mut next = || {
+        user += 1;
+        json_status(&tollgate, &format!("u{user}"))
+    };
+    assert!(
+        wait_until(Duration::from_secs(10), || next() == 200),
+        "no decision reached Redis"
+    );
+    for _ in 0..10 {
+        assert_eq!(next(), 200);
+    }
+
+    b.cli(&["REPLICAOF", "NO", "ONE"]);
+    a.cli(&["REPLICAOF", "127.0.0.1", &b.port.to_string()]);
+    service.redirect(b.port);
+    assert!(
+        wait_until(Duration::from_secs(10), || a
+            .cli(&["INFO", "replication"])
+            .contains("role:slave")),
+        "A was not demoted"
+    );
+    let mut undecided = 0;
+    let decided = wait_until(Duration::from_secs(10), || {
+        let status = next();
+        undecided += u32::from(status != 200);
+        status == 200
+    });
+    assert!(
+        decided,
+        "not decided by the store again: {undecided} checks undecided"
+    );
+    assert!(
+        undecided <= 2,
+        "{undecided} checks undecided after the move"
+    );
+    for _ in 0..20 {
+        assert_eq!(next(), 200, "a check undecided after the store came back");
+    }
+    assert!(b.cli(&["KEYS", "*"]).contains("u"), "no bucket on B");
+    assert_eq!(tollgate.metric("tollgate_store_up"), 1.0);
 }

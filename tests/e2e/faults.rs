@@ -50,6 +50,7 @@ impl Expected for OnError {
             OnError::Allow => "allow",
             OnError::Deny => "deny",
             OnError::Local => "local",
+            OnError::Error => "error",
         }
     }
 
@@ -59,13 +60,14 @@ impl Expected for OnError {
     fn store_decided(self, sample: &Sample) -> bool {
         match self {
             OnError::Allow | OnError::Local => sample.quota_headers,
-            OnError::Deny => sample.status != 503,
+            // `/check` answers `error` as `deny`.
+            OnError::Deny | OnError::Error => sample.status != 503,
         }
     }
 
     fn allowed_statuses(self) -> &'static [u16] {
         match self {
-            OnError::Deny => &[200, 429, 503],
+            OnError::Deny | OnError::Error => &[200, 429, 503],
             OnError::Allow | OnError::Local => &[200, 429],
         }
     }

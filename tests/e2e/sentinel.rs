@@ -4,8 +4,10 @@
 
 use std::time::{Duration, Instant};
 
+use crate::support::chaos::Proxy;
 use crate::support::cluster::{SentinelSetup, TlsSentinelSetup, MASTER_NAME};
-use crate::support::{free_port, redis_cli, wait_until, HttpClient, Tollgate};
+use crate::support::latency::LatencyProxy;
+use crate::support::{free_port, redis_cli, wait_until, HttpClient, Tollgate, SHORT_TIMINGS};
 
 const ALLOWED: &str = "tollgate_checks_total{result=\"allowed\"}";
 const ERROR_ALLOWED: &str = "tollgate_checks_total{result=\"error_allowed\"}";
@@ -363,4 +365,79 @@ fn store_tls_reaches_a_sentinel_managed_master_that_asks_for_certificates() {
         !wait_until(Duration::from_secs(2), || decided(&ca_only)),
         "the master asks for a client certificate: without one nothing is decided"
     );
+}
+
+/// The status and body of `/readyz`.
+fn readyz(tollgate: &Tollgate) -> (u16, String) {
+    let answer = HttpClient::connect(tollgate.admin)
+        .and_then(|mut c| c.get("/readyz", &[]))
+        .expect("readyz answered");
+    (answer.status, answer.body)
+}
+
+/// As envoyproxy/ratelimit, which serves only once Redis answers: while the sentinels have
+/// named no master, tollgate is not ready (whatever `on_error`), the checks that come anyway
+/// are answered per `on_error` without opening the breaker, and once the master is known the
+/// first check is the store's, not `on_error`'s.
+#[test]
+fn not_ready_until_the_master_is_known_and_the_first_check_is_the_stores() {
+    let setup = SentinelSetup::start();
+    // The sentinels' address leads nowhere until the proxy is pointed at one.
+    let sentinel = Proxy::start(free_port());
+    let config = format!(
+        "[store]\nbackend = \"redis\"\ntimeout_ms = 200\non_error = \"allow\"\n\
+         sentinel = {{ master = \"{MASTER_NAME}\", urls = [\"redis://127.0.0.1:{}\"] }}\n\n\
+         [[limits]]\nname = \"per-user\"\nrate = 10\nburst = 100000\nkey = [\"header:x-user\"]\n",
+        sentinel.port
+    );
+    let (tollgate, log) = Tollgate::start_logged(&config, &[SHORT_TIMINGS]);
+    let read = || std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        wait_until(Duration::from_secs(10), || read()
+            .contains("sentinels gave no master")),
+        "no discovery failed: {}",
+        read()
+    );
+    let (status, body) = readyz(&tollgate);
+    assert_eq!(status, 503, "ready before the master is known: {body}");
+    // Checks meanwhile: on_error answers them, and the breaker stays closed (no store failed).
+    for _ in 0..5 {
+        let r = tollgate.check(&[("x-user", "early")]);
+        assert_eq!((r.status, r.header("ratelimit")), (200, None));
+    }
+    assert_eq!(tollgate.metric("tollgate_store_up"), 1.0);
+    assert!(!read().contains("circuit open"), "{}", read());
+
+    sentinel.redirect(setup.sentinel_ports[0]);
+    assert!(
+        wait_until(Duration::from_secs(10), || readyz(&tollgate).0 == 200),
+        "never ready: {:?}",
+        readyz(&tollgate)
+    );
+    let errors = tollgate.metric(ERROR_ALLOWED);
+    assert!(
+        decided(&tollgate),
+        "the first check once ready was on_error's"
+    );
+    assert_eq!(tollgate.metric(ERROR_ALLOWED), errors);
+    assert_eq!(tollgate.metric(ALLOWED), 1.0);
+}
+
+/// A check that comes while the sentinels are still being asked for the first time waits for
+/// their answer (within `timeout_ms`) and is decided by the store: the sentinel is behind a
+/// link of 50 ms each way, so the first discovery takes some hundreds of milliseconds, and
+/// the check is sent as soon as tollgate serves.
+#[test]
+fn a_check_before_the_first_discovery_waits_for_the_master() {
+    let setup = SentinelSetup::start();
+    let slow = LatencyProxy::start(setup.sentinel_ports[0], Duration::from_millis(50));
+    let config = format!(
+        "[store]\nbackend = \"redis\"\ntimeout_ms = 3000\non_error = \"allow\"\n\
+         sentinel = {{ master = \"{MASTER_NAME}\", urls = [\"redis://127.0.0.1:{}\"] }}\n\n\
+         [[limits]]\nname = \"per-user\"\nrate = 10\nburst = 100000\nkey = [\"header:x-user\"]\n",
+        slow.port
+    );
+    let tollgate = Tollgate::start(&config);
+    assert!(decided(&tollgate), "the first check was on_error's");
+    assert_eq!(tollgate.metric(ERROR_ALLOWED), 0.0);
 }

@@ -858,26 +858,29 @@ fn erl_redis_variables_give_each_connection_what_envoyproxy_ratelimit_gives_it()
     let table: Vec<(Variables<'_>, Result<&str, &str>)> = vec![
         // The password is the master's, not the sentinels'.
         (with(&sentinel, &[("REDIS_AUTH", "masterpw")]),
-         Ok("via [redis://127.0.0.1:26379] (timeout 50 ms, on_error allow, prefix \"tollgate\", \
+         Ok("via [redis://127.0.0.1:26379] (timeout 50 ms, on_error error, prefix \"tollgate\", \
              deny cache on; master: plaintext, password set; sentinels: plaintext, no password)")),
         (with(&sentinel, &[("REDIS_AUTH", "masterpw"), ("REDIS_SENTINEL_AUTH", "sentpw")]),
-         Ok("via [redis://:***@127.0.0.1:26379] (timeout 50 ms, on_error allow, prefix \
+         Ok("via [redis://:***@127.0.0.1:26379] (timeout 50 ms, on_error error, prefix \
              \"tollgate\", deny cache on; master: plaintext, password set; sentinels: \
              plaintext, password set)")),
+        // A store failure is the error envoyproxy/ratelimit answers, unless told otherwise.
+        (with(&tcp, &[("TOLLGATE_STORE__ON_ERROR", "allow")]),
+         Ok("on_error allow")),
         // TLS and its CA go to the master and to the sentinels.
         (with(&sentinel, &ca_env),
          Ok("via [rediss://127.0.0.1:26379]")),
         (with(&sentinel, &ca_env),
          Ok(both_tls.as_str())),
         (with(&tcp, &[("REDIS_AUTH", "pw"), ("REDIS_TLS", "True")]),
-         Ok("redis rediss://:***@127.0.0.1:6380 (timeout 50 ms, on_error allow, prefix \
+         Ok("redis rediss://:***@127.0.0.1:6380 (timeout 50 ms, on_error error, prefix \
              \"tollgate\", deny cache on; node: TLS, CA the system's, client certificate none, \
              password set)")),
         (with(&[("REDIS_TYPE", "CLUSTER"), ("REDIS_URL", "10.0.0.1:7000,10.0.0.2:7001")],
               &[("REDIS_AUTH", "app:pw")]),
          Ok("cluster [redis://app:***@10.0.0.1:7000, redis://app:***@10.0.0.2:7001]")),
         (with(&[("REDIS_URL", "/var/run/redis.sock")], &[("REDIS_AUTH", "pw")]),
-         Ok("redis redis+unix:///var/run/redis.sock?pass=*** (timeout 50 ms, on_error allow, \
+         Ok("redis redis+unix:///var/run/redis.sock?pass=*** (timeout 50 ms, on_error error, \
              prefix \"tollgate\", deny cache on; node: plaintext, password set)")),
         // Refused, naming the variable: never the memory store, nor another meaning.
         (with(&[], &[]), Err("REDIS_URL")),

@@ -850,3 +850,149 @@ unlimited = true
     assert_eq!(answer.status, 200, "{answer:?}");
     assert_eq!(run_length(&mut client, || user("carol"), 10).await, 6);
 }
+
+/// Whether an answer is the bucket's: its descriptor shows the limit (`on_error`'s does not).
+fn by_the_bucket(
+    answer: &envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse,
+) -> bool {
+    answer
+        .statuses
+        .first()
+        .and_then(|s| s.current_limit.as_ref())
+        .is_some()
+}
+
+/// Asks until an answer is the bucket's: a starved machine may take a first call past its
+/// budget.
+async fn until_decided(client: &mut grpc::Client, ask_one: impl Fn() -> RateLimitRequest) {
+    for _ in 0..50 {
+        if let Ok(answer) = client.should_rate_limit(ask_one()).await {
+            if by_the_bucket(&answer.into_inner()) {
+                return;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("never decided by the bucket while Redis lived");
+}
+
+/// `on_error = "error"` answers a store failure as envoyproxy/ratelimit answers a Redis
+/// error: a gRPC error status (UNKNOWN, the error as its message), which Envoy's
+/// `failure_mode_deny` decides on; `/check` answers it 503 with `Retry-After: 1`. Counted as
+/// `result="error"` and `code="error"`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_failure_is_an_error_status_under_on_error_error() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let mut redis = RedisServer::start();
+    let limits = limit("u", 10, 10, &["descriptor:user"]) + limit("h", 10, 10, &["header:x-user"]);
+    let config = redis_config(&redis, "on_error = \"error\"\ndeny_cache = false", &limits);
+    let (tollgate, addr) = grpc::tollgate(&config);
+    let mut client = grpc::client(addr).await;
+    let ask_one = || request("edge", vec![descriptor(&[("user", "eve")])]);
+    until_decided(&mut client, ask_one).await;
+
+    redis.kill();
+    for _ in 0..5 {
+        let status = client
+            .should_rate_limit(ask_one())
+            .await
+            .expect_err("an error status");
+        assert_eq!(status.code(), Code::Unknown, "{status:?}");
+        assert!(status.message().contains("store"), "{status:?}");
+        let check = tollgate.check(&[("x-user", "eve")]);
+        assert_eq!(check.status, 503);
+        assert_eq!(check.header("retry-after"), Some("1"));
+    }
+    assert_eq!(
+        tollgate.metric(r#"tollgate_grpc_requests_total{code="error"}"#),
+        5.0
+    );
+    assert_eq!(
+        tollgate.metric(r#"tollgate_checks_total{result="error"}"#),
+        10.0
+    );
+    assert_eq!(
+        tollgate.metric(r#"tollgate_checks_total{result="error_allowed"}"#),
+        0.0
+    );
+}
+
+/// In envoyproxy/ratelimit's environment a store failure is the error it answers, by default:
+/// gRPC UNKNOWN, and `/json` a 503 (it answers 400 to every error); its counter
+/// `should_rate_limit.redis_error` counts it. `TOLLGATE_STORE__ON_ERROR` still chooses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_envoyproxy_ratelimits_environment_a_store_failure_is_an_error_status() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let mut redis = RedisServer::start();
+    let dir = crate::support::TempDir::new("erl-on-error");
+    let rules = dir.path().join("rl").join("config");
+    std::fs::create_dir_all(&rules).unwrap();
+    std::fs::write(
+        rules.join("shop.yaml"),
+        "domain: shop\ndescriptors:\n  - key: user\n    \
+         rate_limit: {unit: minute, requests_per_unit: 100}\n",
+    )
+    .unwrap();
+    let root = dir.path().display().to_string();
+    let redis_url = format!("127.0.0.1:{}", redis.port);
+    let metrics = format!("127.0.0.1:{}", crate::support::free_port());
+    let start = |more: &[(&str, &str)]| {
+        let grpc_port = crate::support::free_port().to_string();
+        let mut env = vec![
+            ("RUNTIME_ROOT", root.as_str()),
+            ("RUNTIME_SUBDIRECTORY", "rl"),
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_URL", redis_url.as_str()),
+            ("GRPC_HOST", "127.0.0.1"),
+            ("GRPC_PORT", grpc_port.as_str()),
+            ("TOLLGATE_STORE__TIMEOUT_MS", "2000"),
+        ];
+        env.extend_from_slice(more);
+        let tollgate = crate::support::Tollgate::start_with_env("", &env);
+        let addr: std::net::SocketAddr = format!("127.0.0.1:{grpc_port}").parse().unwrap();
+        (tollgate, addr)
+    };
+    let (erl, erl_addr) = start(&[
+        ("USE_STATSD", "false"),
+        ("USE_PROMETHEUS", "true"),
+        ("PROMETHEUS_ADDR", metrics.as_str()),
+    ]);
+    let (allowing, allowing_addr) = start(&[("TOLLGATE_STORE__ON_ERROR", "allow")]);
+    let ask_one = || request("shop", vec![descriptor(&[("user", "eve")])]);
+    let mut client = grpc::client(erl_addr).await;
+    let mut allowing_client = grpc::client(allowing_addr).await;
+    until_decided(&mut client, ask_one).await;
+    until_decided(&mut allowing_client, ask_one).await;
+
+    redis.kill();
+    let status = client
+        .should_rate_limit(ask_one())
+        .await
+        .expect_err("an error status, as envoyproxy/ratelimit answers");
+    assert_eq!(status.code(), Code::Unknown, "{status:?}");
+    let body = r#"{"domain":"shop","descriptors":[{"entries":[{"key":"user","value":"eve"}]}]}"#;
+    let raw = format!(
+        "POST /json HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let json = erl.client().send_raw(raw.as_bytes()).unwrap();
+    assert_eq!(json.status, 503, "{}", json.body);
+    let exposition = crate::support::HttpClient::connect(metrics.parse().unwrap())
+        .and_then(|mut c| c.get("/metrics", &[]))
+        .unwrap()
+        .body;
+    assert_eq!(
+        crate::support::metric_value(
+            &exposition,
+            r#"ratelimit_service_should_rate_limit_error{err_type="redis_error"}"#
+        ),
+        2.0,
+        "{exposition}"
+    );
+    // Told otherwise, it admits.
+    let admitted = ask(&mut allowing_client, ask_one()).await;
+    assert_eq!(admitted.overall_code, OK);
+    assert!(!by_the_bucket(&admitted), "on_error's answer");
+    drop(allowing);
+}

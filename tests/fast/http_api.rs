@@ -532,6 +532,40 @@ fn redis_store_decides_and_renders_like_the_memory_store() {
     assert_eq!(keys, ["tollgate:per-key:{k1}", "tollgate:per-key:{k2}"]);
 }
 
+/// Not ready until the store has answered once, whatever `on_error`: an instance that never
+/// reached Redis takes no traffic. Once it has, `on_error = "allow"` keeps it ready (degraded)
+/// through an outage.
+#[test]
+fn not_ready_until_the_store_first_answers() {
+    let port = crate::support::free_port();
+    let config = format!(
+        "[store]\nbackend = \"redis\"\nurl = \"redis://127.0.0.1:{port}/0\"\n\
+         timeout_ms = 200\non_error = \"allow\"\n{API_KEY_LIMIT}"
+    );
+    let tollgate = Tollgate::in_process(&config);
+    let readyz = || tollgate.client().get("/readyz", &[]).unwrap();
+    let first = readyz();
+    assert_eq!(first.status, 503, "{}", first.body);
+    assert!(
+        first.body.contains("has not answered yet"),
+        "{}",
+        first.body
+    );
+    let mut redis = crate::support::chaos::redis_on_port(port, &[]);
+    assert!(
+        crate::support::wait_until(std::time::Duration::from_secs(10), || readyz().status
+            == 200),
+        "never ready: {}",
+        readyz().body
+    );
+    redis.kill();
+    let degraded = crate::support::wait_until(std::time::Duration::from_secs(5), || {
+        let r = readyz();
+        r.status == 200 && r.body.contains("degraded")
+    });
+    assert!(degraded, "{}", readyz().body);
+}
+
 #[test]
 fn redis_readiness_follows_the_store_when_failing_closed() {
     let mut redis = RedisServer::start();

@@ -6,7 +6,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -28,6 +28,8 @@ pub fn redis_on_port(port: u16, extra_args: &[&str]) -> RedisServer {
 /// A loopback TCP proxy in front of Redis. `freeze` makes it a black hole: established
 /// connections stop carrying bytes for good (no FIN, no RST, like a host that lost power) and new
 /// connections are accepted and never answered. `thaw` forwards new connections again.
+/// `redirect` sends new connections to another port while established ones keep theirs, as a
+/// Kubernetes Service does when its endpoint moves to another pod.
 pub struct Proxy {
     pub port: u16,
     shared: Arc<ProxyShared>,
@@ -35,7 +37,7 @@ pub struct Proxy {
 }
 
 struct ProxyShared {
-    upstream: u16,
+    upstream: AtomicU16,
     frozen: AtomicBool,
     /// Bumped by every freeze; a connection older than the last freeze stays dead.
     generation: AtomicU64,
@@ -49,7 +51,7 @@ impl Proxy {
         let port = listener.local_addr().expect("proxy addr").port();
         listener.set_nonblocking(true).expect("nonblocking");
         let shared = Arc::new(ProxyShared {
-            upstream,
+            upstream: AtomicU16::new(upstream),
             frozen: AtomicBool::new(false),
             generation: AtomicU64::new(0),
             stop: AtomicBool::new(false),
@@ -76,6 +78,11 @@ impl Proxy {
     pub fn thaw(&self) {
         self.shared.frozen.store(false, Ordering::SeqCst);
     }
+
+    /// New connections go to `upstream` from now on; established ones stay where they are.
+    pub fn redirect(&self, upstream: u16) {
+        self.shared.upstream.store(upstream, Ordering::SeqCst);
+    }
 }
 
 impl Drop for Proxy {
@@ -97,7 +104,8 @@ fn accept_loop(listener: TcpListener, shared: Arc<ProxyShared>) {
                     shared.held.lock().unwrap().push(client);
                     continue;
                 }
-                let Ok(server) = TcpStream::connect(("127.0.0.1", shared.upstream)) else {
+                let upstream = shared.upstream.load(Ordering::SeqCst);
+                let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)) else {
                     continue; // dropping the client: a refused upstream looks like a reset
                 };
                 let generation = shared.generation.load(Ordering::SeqCst);

@@ -93,13 +93,16 @@ impl Stream {
                         actions.push(action::assign(bucket, assignment, ttl, metrics));
                     }
                 }
-                PoolAnswer::Undecided { unserved } => {
+                PoolAnswer::Undecided {
+                    unserved: Some(unserved),
+                } => {
                     for (key, bucket, _) in ask.reported {
                         if !self.book.served(&key) {
                             actions.push(action::assign(bucket, unserved, ttl, metrics));
                         }
                     }
                 }
+                PoolAnswer::Undecided { unserved: None } => {}
             }
         }
         let tracked = i64::try_from(self.book.len()).unwrap_or(i64::MAX);

@@ -27,7 +27,10 @@ mod stats_key;
 
 use limits::{bucket_limit, limit_name, unique};
 use metadata::struct_of;
-pub use stats_key::{request_limit_stats_key, sanitize, Segment, StatsKey};
+pub use stats_key::{
+    request_limit_overflow_key, request_limit_stats_key, sanitize, Segment, StatsKey,
+    MAX_SPELLED_BYTES, OVERFLOW_SEGMENT,
+};
 
 /// What `limit_remaining` shows for an unlimited descriptor, as envoyproxy/ratelimit does.
 pub const UNLIMITED_REMAINING: u32 = u32::MAX;
@@ -317,9 +320,11 @@ impl ErlRules {
             sanitize(&mut key);
             return StatsKey::Fixed(Arc::from(key));
         }
+        let configured: Vec<String> = config.path.iter().map(RuleConfig::composite).collect();
         StatsKey::PerRequest {
             domain: config.domain.clone(),
             segments,
+            overflow: stats_key::rule_overflow_key(&config.domain, &configured),
         }
     }
 

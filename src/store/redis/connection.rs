@@ -14,7 +14,10 @@ use redis::io::tcp::TcpSettings;
 use redis::sentinel::{
     SentinelClient, SentinelClientBuilder, SentinelNodeConnectionInfo, SentinelServerType,
 };
-use redis::{ClientTlsConfig, Cmd, IntoConnectionInfo, RedisResult, TlsCertificates, Value};
+use redis::{
+    ClientTlsConfig, Cmd, ErrorKind, IntoConnectionInfo, RedisResult, ServerErrorKind,
+    TlsCertificates, Value,
+};
 
 use super::sentinel::SentinelMaster;
 use crate::base::timings::Timings;
@@ -232,10 +235,16 @@ impl Connection {
         matches!(self, Connection::Cluster(_))
     }
 
+    /// Whether calls wait for the sentinels to name a first master: their failures are the
+    /// discovery's at start, not the store's.
+    pub fn discovering(&self) -> bool {
+        matches!(self, Connection::Sentinel(master) if master.awaiting_first())
+    }
+
     /// Sends one command (to the node owning its first key, on a Cluster).
     pub async fn query(&self, cmd: &Cmd) -> RedisResult<Value> {
         match self {
-            Connection::Single(node) => cmd.query_async(&mut node.current()?).await,
+            Connection::Single(node) => node.query(cmd).await,
             Connection::Cluster(connection) => cmd.query_async(&mut connection.clone()).await,
             Connection::Sentinel(master) => master.query(cmd).await,
         }
@@ -326,11 +335,28 @@ impl SingleNode {
         })
     }
 
-    /// This thread's connection, made (lazily: it connects on first use) when the thread has
-    /// none for this node on this runtime at this generation.
-    fn current(&self) -> RedisResult<ConnectionManager> {
+    /// Sends `cmd` on this thread's connection. A `READONLY` answer means the address now
+    /// leads to a replica (a master demoted; a Kubernetes Service keeps established
+    /// connections on the old pod while new ones reach the promoted one): every connection
+    /// is then replaced, so the next call connects again, resolving the address again.
+    async fn query(&self, cmd: &Cmd) -> RedisResult<Value> {
+        let (mut manager, generation) = self.current()?;
+        let result = cmd.query_async(&mut manager).await;
+        if let Err(error) = &result {
+            if error.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly)
+                && self.renew_from(generation)
+            {
+                log::warn!("redis answered READONLY (a replica now): connecting again");
+            }
+        }
+        result
+    }
+
+    /// This thread's connection and its generation, made (lazily: it connects on first use)
+    /// when the thread has none for this node on this runtime at this generation.
+    fn current(&self) -> RedisResult<(ConnectionManager, u64)> {
         let runtime = tokio::runtime::Handle::try_current()
-            .map_err(|_| redis::RedisError::from((redis::ErrorKind::Client, "no Tokio runtime")))?
+            .map_err(|_| redis::RedisError::from((ErrorKind::Client, "no Tokio runtime")))?
             .id();
         let generation = self.generation.load(Ordering::Acquire);
         let node = Arc::as_ptr(&self.alive);
@@ -339,7 +365,7 @@ impl SingleNode {
                 .iter()
                 .find(|s| s.node.as_ptr() == node && s.runtime == runtime);
             if let Some(slot) = found.filter(|s| s.generation == generation) {
-                return Ok(ConnectionManager::clone(&slot.manager));
+                return Ok((ConnectionManager::clone(&slot.manager), generation));
             }
             let manager = Arc::new(ConnectionManager::new_lazy_with_config(
                 self.client.clone(),
@@ -355,7 +381,7 @@ impl SingleNode {
                 generation,
                 manager: Arc::clone(&manager),
             });
-            Ok(ConnectionManager::clone(&manager))
+            Ok((ConnectionManager::clone(&manager), generation))
         })
     }
 
@@ -406,6 +432,20 @@ impl SingleNode {
 
     fn renew(&self) {
         self.generation.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// [`SingleNode::renew`], unless the connections were renewed since `generation` (the
+    /// calls in flight on them all fail alike, and one renewal serves them all); whether it
+    /// renewed.
+    fn renew_from(&self, generation: u64) -> bool {
+        self.generation
+            .compare_exchange(
+                generation,
+                generation.wrapping_add(1),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_ok()
     }
 }
 

@@ -2,7 +2,10 @@
 //! the master (and checks its `ROLE`) at start, every `sentinel_poll_every` (see [`Timings`]),
 //! and at once when a call fails in a way a failover explains (connection lost, timeout,
 //! `READONLY` from a demoted master). When the address changes, calls move to a new
-//! connection; until a master is known, calls fail fast and tollgate answers per `on_error`.
+//! connection. Until the first master is known, a call waits for the sentinels' answer under
+//! way (within its own deadline) rather than failing at once: the first checks are decided by
+//! the store, not by `on_error`, only because the sentinels had not answered yet. A call that
+//! saw that answer name no master fails with its reason.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -30,6 +33,8 @@ pub struct SentinelMaster {
     /// for the calls that fail meanwhile.
     last_failure: ArcSwapOption<String>,
     wake: Notify,
+    /// Woken at the end of every discovery, for the calls waiting for a first master.
+    settled: Notify,
     /// Bumped on every change of master (a new connection).
     generation: AtomicU64,
 }
@@ -46,6 +51,7 @@ impl SentinelMaster {
             current: ArcSwapOption::empty(),
             last_failure: ArcSwapOption::empty(),
             wake: Notify::new(),
+            settled: Notify::new(),
             generation: AtomicU64::new(0),
         });
         tokio::spawn(discover_forever(
@@ -62,17 +68,37 @@ impl SentinelMaster {
         self.generation.load(Ordering::Acquire)
     }
 
+    /// Whether no master was ever known: the sentinels are still being asked for the first.
+    pub fn awaiting_first(&self) -> bool {
+        self.current.load().is_none()
+    }
+
+    /// Sends `cmd` to the master. Before the first one is known, waits for the discovery under
+    /// way (the caller's deadline bounds the wait), asking the sentinels at once; if it named
+    /// no master, fails with its reason.
     pub async fn query(&self, cmd: &Cmd) -> RedisResult<Value> {
-        let Some(master) = self.current.load_full() else {
+        let mut waited = false;
+        let master = loop {
+            let settled = self.settled.notified();
+            tokio::pin!(settled);
+            // Registered before looking, so a discovery ending in between still wakes it.
+            settled.as_mut().enable();
+            if let Some(master) = self.current.load_full() {
+                break master;
+            }
+            if waited {
+                let why = self.last_failure.load();
+                let why = why
+                    .as_deref()
+                    .map_or("the sentinels named none", String::as_str);
+                return Err(RedisError::from(std::io::Error::new(
+                    std::io::ErrorKind::NotConnected,
+                    format!("no master known yet: {why}"),
+                )));
+            }
             self.wake.notify_one();
-            let why = self.last_failure.load();
-            let why = why
-                .as_deref()
-                .map_or("waiting for the sentinels' first answer", String::as_str);
-            return Err(RedisError::from(std::io::Error::new(
-                std::io::ErrorKind::NotConnected,
-                format!("no master known yet: {why}"),
-            )));
+            settled.await;
+            waited = true;
         };
         let result = cmd.query_async(&mut master.connection.clone()).await;
         if let Err(error) = &result {
@@ -137,6 +163,7 @@ async fn discover_forever(
                 "sentinels did not name master {name:?} within {DISCOVERY_TIMEOUT:?}"
             )),
         }
+        master.settled.notify_waiters();
         // At most one question every `sentinel_min_gap`, however many calls fail; one every
         // `sentinel_poll_every` even when all is well (a failover may also come without any
         // failed call, e.g. `SENTINEL FAILOVER` while idle).

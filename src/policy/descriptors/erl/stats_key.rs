@@ -1,15 +1,27 @@
 //! envoyproxy/ratelimit's stats keys: what its metrics of a rule are named by, spelled and
 //! sanitized as it spells them.
 
+use std::fmt::Write as _;
 use std::sync::Arc;
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use sha2::{Digest, Sha256};
+
+/// The longest request value (or, in a descriptor's own limit, key) a stats key spells as it
+/// is; a longer one is spelled by its hash (`h_` and 16 hex digits), so a key stays short
+/// whatever a client sends.
+pub const MAX_SPELLED_BYTES: usize = 64;
+
+/// The last segment of the key a rule's metrics count into once the stats keys that carry
+/// request values are at their cap (see `observe::erl_stats`).
+pub const OVERFLOW_SEGMENT: &str = "overflow";
 
 /// envoyproxy/ratelimit's stats key of a rule: `domain.` and one segment per level of its
 /// path, `key_value` or `key` as the configuration spells the node, except where its
 /// `value_to_metric` (a key-only or wildcard node) or the rule's `detailed_metric` put the
 /// request's value in; `share_threshold` keeps the wildcard pattern. Sanitized as it
-/// sanitizes stat names (`:` and `|`, and the dots of IPv4 addresses, become `_`).
+/// sanitizes stat names (`:` and `|`, and the dots of IPv4 addresses, become `_`), and
+/// control characters too (see [`sanitize`]).
 #[derive(Debug, Clone, PartialEq)]
 pub enum StatsKey {
     /// The same for every request: built once, sanitized.
@@ -18,6 +30,9 @@ pub enum StatsKey {
     PerRequest {
         domain: String,
         segments: Vec<Segment>,
+        /// `domain.<the rule's path as configured>.overflow`, sanitized: where the rule counts
+        /// once the keys carrying request values are at their cap.
+        overflow: Arc<str>,
     },
 }
 
@@ -36,7 +51,9 @@ impl StatsKey {
     pub fn spell<'a>(&'a self, entries: &[Entry], scratch: &'a mut String) -> &'a str {
         match self {
             StatsKey::Fixed(key) => key,
-            StatsKey::PerRequest { domain, segments } => {
+            StatsKey::PerRequest {
+                domain, segments, ..
+            } => {
                 scratch.clear();
                 scratch.push_str(domain);
                 for (segment, entry) in segments.iter().zip(entries) {
@@ -47,7 +64,7 @@ impl StatsKey {
                             scratch.push_str(&entry.key);
                             if *underscore || !entry.value.is_empty() {
                                 scratch.push('_');
-                                scratch.push_str(&entry.value);
+                                push_part(scratch, &entry.value);
                             }
                         }
                     }
@@ -57,10 +74,58 @@ impl StatsKey {
             }
         }
     }
+
+    /// Where this rule counts once the keys carrying request values are at their cap; `None`
+    /// for a key the configuration spells alone (one per rule: never capped).
+    pub fn overflow(&self) -> Option<&str> {
+        match self {
+            StatsKey::Fixed(_) => None,
+            StatsKey::PerRequest { overflow, .. } => Some(overflow),
+        }
+    }
+}
+
+/// The overflow key of a rule of `domain` whose levels the configuration spells `path`:
+/// `domain.<path joined by dots>.overflow`, sanitized.
+pub fn rule_overflow_key(domain: &str, path: &[String]) -> Arc<str> {
+    let mut key = domain.to_string();
+    for level in path {
+        key.push('.');
+        key.push_str(level);
+    }
+    key.push('.');
+    key.push_str(OVERFLOW_SEGMENT);
+    sanitize(&mut key);
+    Arc::from(key)
+}
+
+/// The overflow key of descriptors carrying their own `limit` in `domain`:
+/// `domain.overflow`, sanitized.
+pub fn request_limit_overflow_key(domain: &str, into: &mut String) {
+    into.clear();
+    into.push_str(domain);
+    into.push('.');
+    into.push_str(OVERFLOW_SEGMENT);
+    sanitize(into);
+}
+
+/// A request's `part` as a stats key spells it: as it is up to [`MAX_SPELLED_BYTES`]; longer,
+/// `h_` and the first 16 hex digits of its SHA-256, the same on every instance and release.
+fn push_part(into: &mut String, part: &str) {
+    if part.len() <= MAX_SPELLED_BYTES {
+        into.push_str(part);
+        return;
+    }
+    let digest = Sha256::digest(part.as_bytes());
+    into.push_str("h_");
+    for byte in &digest[..8] {
+        let _ = write!(into, "{byte:02x}");
+    }
 }
 
 /// The stats key of a descriptor decided by its own `limit` (sent by Envoy): every entry's
-/// `key_value` (`key` for an empty value), as envoyproxy/ratelimit keys it.
+/// `key_value` (`key` for an empty value), as envoyproxy/ratelimit keys it; a key or value
+/// longer than [`MAX_SPELLED_BYTES`] by its hash.
 pub fn request_limit_stats_key(domain: &str, entries: &[Entry], into: &mut String) {
     into.clear();
     into.push_str(domain);
@@ -69,10 +134,10 @@ pub fn request_limit_stats_key(domain: &str, entries: &[Entry], into: &mut Strin
         if i > 0 {
             into.push('.');
         }
-        into.push_str(&entry.key);
+        push_part(into, &entry.key);
         if !entry.value.is_empty() {
             into.push('_');
-            into.push_str(&entry.value);
+            push_part(into, &entry.value);
         }
     }
     sanitize(into);
@@ -80,14 +145,19 @@ pub fn request_limit_stats_key(domain: &str, entries: &[Entry], into: &mut Strin
 
 /// envoyproxy/ratelimit's stat name sanitizing: `:` and `|` become `_`, and so do the dots of
 /// anything shaped as an IPv4 address (four runs of 1 to 3 digits joined by dots, found left
-/// to right), so such a value stays one segment of the name.
+/// to right), so such a value stays one segment of the name. Every ASCII control character
+/// (below 0x20, and DEL) becomes `_` too: a newline in a client's value would otherwise end
+/// the statsd line and start one of the client's choosing.
 pub fn sanitize(name: &mut String) {
-    if !name.bytes().any(|b| matches!(b, b':' | b'|' | b'.')) {
+    if !name
+        .bytes()
+        .any(|b| matches!(b, b':' | b'|' | b'.') || b.is_ascii_control())
+    {
         return;
     }
     let mut bytes = std::mem::take(name).into_bytes();
     for b in &mut bytes {
-        if matches!(*b, b':' | b'|') {
+        if matches!(*b, b':' | b'|') || b.is_ascii_control() {
             *b = b'_';
         }
     }

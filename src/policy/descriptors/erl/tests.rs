@@ -300,9 +300,73 @@ fn stats_keys_are_sanitized_as_stat_names() {
     assert_eq!(sanitized("d.v_1234.5.6.7"), "d.v_1234_5_6_7");
     assert_eq!(sanitized("d.v_1.2.3"), "d.v_1.2.3");
     assert_eq!(sanitized("1.2.3.4.5.6.7.8"), "1_2_3_4.5_6_7_8");
+    // Control characters would end a statsd line inside the key.
+    assert_eq!(
+        sanitized("d.k_a\nb\rc\0d\x1be\x7ff\tg"),
+        "d.k_a_b_c_d_e_f_g"
+    );
+    assert_eq!(sanitized("d.k_\n"), "d.k__");
+    // Other characters stay as they are, multi-byte ones whole.
+    assert_eq!(sanitized("d.k_é\u{85}~"), "d.k_é\u{85}~");
     let mut own = String::new();
     request_limit_stats_key("d", &entries(&[("ip", "10.0.0.1"), ("k", "")]), &mut own);
     assert_eq!(own, "d.ip_10_0_0_1.k");
+}
+
+/// A request's value (a descriptor limit's key too) longer than 64 bytes is spelled by a
+/// short hash, the same everywhere; a rule whose key carries values has an overflow key.
+#[test]
+fn long_values_are_hashed_and_rules_of_request_values_have_an_overflow_key() {
+    let tree = tree(
+        "domain: d
+descriptors:
+  - key: user
+    detailed_metric: true
+    rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: route
+    value_to_metric: true
+    descriptors:
+      - key: method
+        value: GET
+        rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: plain
+    rate_limit: {unit: minute, requests_per_unit: 5}
+",
+    );
+    let long = "v".repeat(MAX_SPELLED_BYTES + 1);
+    let edge = "v".repeat(MAX_SPELLED_BYTES);
+    // sha256("v" x 65) starts 0e50f229ffa7efab.
+    assert_eq!(
+        stats_key(&tree, "d", &[("user", &long)]),
+        "d.user_h_0e50f229ffa7efab"
+    );
+    assert_eq!(
+        stats_key(&tree, "d", &[("user", &edge)]),
+        format!("d.user_{edge}")
+    );
+    assert_eq!(
+        stats_key(&tree, "d", &[("route", &long), ("method", "GET")]),
+        "d.route_h_0e50f229ffa7efab.method_GET"
+    );
+    let overflow = |pairs: &[(&str, &str)]| {
+        let found = tree.lookup("d", &entries(pairs)).unwrap();
+        let stats = &tree.rules[found.rule.unwrap()].stats;
+        stats.overflow().map(str::to_string)
+    };
+    assert_eq!(
+        overflow(&[("user", "u")]).as_deref(),
+        Some("d.user.overflow")
+    );
+    assert_eq!(
+        overflow(&[("route", "r"), ("method", "GET")]).as_deref(),
+        Some("d.route.method_GET.overflow")
+    );
+    assert_eq!(overflow(&[("plain", "p")]), None);
+    let mut own = String::new();
+    request_limit_stats_key("d", &entries(&[(&long, &long), ("k", "v")]), &mut own);
+    assert_eq!(own, "d.h_0e50f229ffa7efab_h_0e50f229ffa7efab.k_v");
+    request_limit_overflow_key("d", &mut own);
+    assert_eq!(own, "d.overflow");
 }
 
 #[test]
