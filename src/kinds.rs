@@ -118,8 +118,10 @@ impl Meter {
 }
 
 /// What every kind answers, by topic: the policy's questions, the scripts' spelling, the
-/// arithmetic, the memory twin's step, the peek. A new kind implements it in its own file and
-/// adds a variant to [`Meter`]; nothing else asks which kind a key is.
+/// arithmetic, the memory twin's step, the peek. A new kind implements it in a file of its
+/// own, adds a variant to [`Meter`] (an arm to [`Meter::kind`]) and to the views it shows
+/// ([`LimitView`], [`PeekView`]), and its choice from the config to [`build`]; the stores,
+/// the policy and the admin API then ask it as they ask the others.
 pub trait Kind {
     /// A token bucket at heart: `rate` and `burst`, refilling with time, its level in
     /// micro-tokens. Quotas and concurrency keys count whole requests and ignore the rate.

@@ -9,6 +9,7 @@ use super::{
     can_pay, BucketOutcome, BucketRequest, Configured, Kind, LimitView, Meter, PeekView, Peeked,
     ReportCharge, ScriptArg, Window,
 };
+use crate::base::rate::count_f64;
 use crate::config::{
     Charge, ConfigError, LimitConfig, RateSpec, DEFAULT_LEASE_TTL_S, MAX_BURST, MAX_LEASE_TTL_S,
 };
@@ -192,7 +193,7 @@ impl Kind for Lease {
         _state: &mut Option<Stored>,
         _now_us: u64,
     ) {
-        outcome.tokens -= crate::base::rate::count_f64(request.cost);
+        outcome.tokens -= count_f64(request.cost);
     }
 
     /// Never reported (a concurrency limit is charged by /check only): nothing changes.

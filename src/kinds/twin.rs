@@ -71,7 +71,7 @@ pub(super) struct Lent {
 }
 
 /// A key as a check found it in the memory store ([`super::Kind::find_in`]).
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy)]
 pub struct Found {
     /// Its state as the decision reads it.
     pub state: Option<Stored>,
