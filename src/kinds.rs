@@ -10,8 +10,8 @@
 //! - [`reserve`]: a token bucket whose charge is held as a reservation until settled;
 //! - [`borrow`]: a token bucket from which instances borrow slices of tokens.
 //!
-//! [`Meter`] names a key's kind and hands every question to it in one place
-//! ([`Meter::kind`]); [`Kind`] lists what a kind answers, all a new kind has to fill in, and
+//! [`Meter`] names a key's kind and hands every question to it in one place ([`meter`], one
+//! match); [`Kind`] lists what a kind answers, all a new kind has to fill in, and
 //! [`build`] chooses a limit's kind from its config. Shared by the kinds: [`tokens`], the
 //! token-bucket arithmetic of the plain, reserving and borrowing buckets; [`twin`], what the
 //! memory store keeps beside its keys' levels and how it decides several keys at once.
@@ -23,6 +23,7 @@ pub mod borrow;
 pub mod bucket;
 pub mod build;
 pub mod concurrency;
+pub mod meter;
 pub mod quota;
 pub mod reserve;
 pub mod tokens;
@@ -55,71 +56,9 @@ pub enum Meter {
     Borrow(Borrow),
 }
 
-impl Meter {
-    /// The kind that answers for this meter: every question about a key's kind is handed on
-    /// here, to its file.
-    pub fn kind(&self) -> &dyn Kind {
-        match self {
-            Meter::Bucket => &bucket::Bucket,
-            Meter::Quota(period) => period,
-            Meter::Concurrency(lease) => lease,
-            Meter::Reserve(reserve) => reserve,
-            Meter::Borrow(borrow) => borrow,
-        }
-    }
-
-    /// A plain token bucket: no reservation, no borrowing. Only such a bucket is raised by
-    /// time alone (what the deny cache needs), shared among Envoys (RLQS) or lent.
-    pub fn is_plain_bucket(&self) -> bool {
-        matches!(self, Meter::Bucket)
-    }
-
-    /// A quota's period.
-    pub fn period(&self) -> Option<Period> {
-        match self {
-            Meter::Quota(period) => Some(*period),
-            _ => None,
-        }
-    }
-
-    /// A concurrency key's lease.
-    pub fn lease(&self) -> Option<Lease> {
-        match self {
-            Meter::Concurrency(lease) => Some(*lease),
-            _ => None,
-        }
-    }
-
-    /// A reserving bucket's reservation.
-    pub fn reserve(&self) -> Option<Reserve> {
-        match self {
-            Meter::Reserve(reserve) => Some(*reserve),
-            _ => None,
-        }
-    }
-
-    /// What a borrowing bucket asks besides its cost.
-    pub fn borrow(&self) -> Option<Borrow> {
-        match self {
-            Meter::Borrow(borrow) => Some(*borrow),
-            _ => None,
-        }
-    }
-
-    /// The meter of a charge reported by key (`POST /report`): a reserving bucket holds no
-    /// reservation for it and pays as a plain bucket, in debt like any report.
-    #[must_use]
-    pub fn reported(self) -> Meter {
-        match self {
-            Meter::Reserve(_) => Meter::Bucket,
-            other => other,
-        }
-    }
-}
-
 /// What every kind answers, by topic: the policy's questions, the scripts' spelling, the
 /// arithmetic, the memory twin's step, the peek. A new kind implements it in a file of its
-/// own, adds a variant to [`Meter`] (an arm to [`Meter::kind`]) and to the views it shows
+/// own, adds a variant to [`Meter`] (an arm to [`meter`]'s match) and to the views it shows
 /// ([`LimitView`], [`PeekView`]), and its choice from the config to [`build`]; the stores,
 /// the policy and the admin API then ask it as they ask the others.
 pub trait Kind {
@@ -311,11 +250,7 @@ impl BucketRequest {
 
     /// A key of `meter`'s kind with `rate` (ignored unless a token bucket) and `burst`.
     pub fn of(key: impl Into<String>, meter: Meter, rate: f64, burst: f64) -> BucketRequest {
-        let rate = if meter.kind().is_token_bucket() {
-            rate
-        } else {
-            0.0
-        };
+        let rate = if meter.is_token_bucket() { rate } else { 0.0 };
         BucketRequest {
             meter,
             ..BucketRequest::bucket(key, rate, burst)

@@ -10,7 +10,7 @@ use serde::Serialize;
 use super::admin::Caller;
 use crate::base::redact::Salt;
 use crate::config::{Charge, OnMissing};
-use crate::kinds::{Configured, LimitView as KindView};
+use crate::kinds::{Configured, Kind, LimitView as KindView};
 use crate::policy::exempt::ExemptRule;
 use crate::policy::limit::Limit;
 use crate::policy::matcher::Matcher;
@@ -57,7 +57,7 @@ impl<'p> From<&'p Limit> for LimitView<'p> {
     fn from(limit: &'p Limit) -> Self {
         LimitView {
             name: &limit.name,
-            kind: limit.meter.kind().limit_view(&Configured {
+            kind: limit.meter.limit_view(&Configured {
                 rate: limit.rate,
                 burst: limit.burst,
                 reserve: limit.reserve,

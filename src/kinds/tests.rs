@@ -16,7 +16,7 @@ fn each_kind_is_spelled_to_the_scripts_as_they_split_it() {
         want: 4,
         give: None,
     };
-    let spelled = |meter: Meter| (meter.kind().script_arg(2.5), meter.kind().peek_arg(2.5));
+    let spelled = |meter: Meter| (meter.script_arg(2.5), meter.peek_arg(2.5));
     assert_eq!(
         spelled(Meter::Bucket),
         (ScriptArg::Number(2.5), ScriptArg::Text("2.5".into()))
@@ -51,9 +51,7 @@ fn each_kind_is_spelled_to_the_scripts_as_they_split_it() {
 #[test]
 fn only_a_quota_reads_its_window_from_the_reply() {
     let mut numbers = [0_u64, 3600, 7].into_iter();
-    let window = Meter::Quota(Period::Hour)
-        .kind()
-        .read_window(&mut || numbers.next());
+    let window = Meter::Quota(Period::Hour).read_window(&mut || numbers.next());
     assert_eq!(
         window,
         Some(Some(Window {
@@ -62,12 +60,9 @@ fn only_a_quota_reads_its_window_from_the_reply() {
         }))
     );
     assert_eq!(numbers.next(), Some(7), "two numbers read, no more");
+    assert_eq!(Meter::Quota(Period::Hour).read_window(&mut || None), None);
     assert_eq!(
-        Meter::Quota(Period::Hour).kind().read_window(&mut || None),
-        None
-    );
-    assert_eq!(
-        Meter::Bucket.kind().read_window(&mut || panic!("read")),
+        Meter::Bucket.read_window(&mut || panic!("read")),
         Some(None)
     );
     let lease = Lease {
@@ -75,7 +70,7 @@ fn only_a_quota_reads_its_window_from_the_reply() {
         id: 0,
     };
     assert_eq!(
-        Meter::Concurrency(lease).kind().read_window(&mut || None),
+        Meter::Concurrency(lease).read_window(&mut || None),
         Some(Some(Window {
             ends_in_s: 1,
             length_s: 2

@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 
-use super::{BucketOutcome, BucketRequest, Slice};
+use super::{BucketOutcome, BucketRequest, Kind, Slice};
 
 /// A stored key. A bucket: its `debt` in micro-tokens as of `ts_us`. A quota: `debt` counts
 /// what was used in the period that starts at `ts_us`. A concurrency key, as the store counted
@@ -142,7 +142,7 @@ pub fn decide(
     let found: Vec<(BucketOutcome, u64)> = requests
         .iter()
         .zip(states.iter())
-        .map(|(request, state)| request.meter.kind().find(request, *state, now_us))
+        .map(|(request, state)| request.meter.find(request, *state, now_us))
         .collect();
     let allowed = requests
         .iter()
@@ -154,7 +154,6 @@ pub fn decide(
         if allowed && outcome.enough && request.cost > 0 {
             request
                 .meter
-                .kind()
                 .charge(request, debt, &mut outcome, state, now_us);
         }
         outcomes.push(outcome);

@@ -7,7 +7,7 @@
 use super::decision::LimitState;
 use super::Limiter;
 use crate::kinds::borrow::Borrow;
-use crate::kinds::{BucketRequest, PeekView, Peeked};
+use crate::kinds::{BucketRequest, Kind, PeekView, Peeked};
 use crate::policy::limit::Numbers;
 use crate::policy::overrides::Override;
 use crate::policy::Policy;
@@ -79,9 +79,8 @@ impl<S: Store> Limiter<S> {
     /// `target`'s bucket as the next check would find it, charging nothing.
     pub async fn peek(&self, policy: &Policy, target: &Target) -> Result<Peek, Unanswered> {
         let bucket = &target.bucket;
-        let kind = bucket.meter.kind();
         let outcome = self.store.peek(bucket).await?;
-        let held = if kind.holds_aside() {
+        let held = if bucket.meter.holds_aside() {
             Some(self.store.reserved(bucket).await?)
         } else {
             None
@@ -107,7 +106,7 @@ impl<S: Store> Limiter<S> {
             borrowed_here: self.lender.as_ref().map_or(0, |l| l.held(&bucket.key)),
         };
         Ok(Peek {
-            state: kind.peek_view(bucket, &peeked),
+            state: bucket.meter.peek_view(bucket, &peeked),
             allowed: outcome.enough,
             cost: bucket.cost,
             shares,

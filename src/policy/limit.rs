@@ -10,7 +10,7 @@ use crate::base::rate::count_f64;
 use crate::config::{Charge, OnMissing, MAX_COST, OVER_COST};
 use crate::kinds::concurrency::Lease;
 use crate::kinds::reserve::Reserve;
-use crate::kinds::{BucketRequest, Meter};
+use crate::kinds::{BucketRequest, Kind, Meter};
 use crate::observe::metrics::LimitCounters;
 use crate::policy::descriptors::DescriptorRule;
 use crate::policy::matcher::Matcher;
@@ -123,7 +123,7 @@ impl Limit {
     /// reservation id: each check takes its own. A quota's and a concurrency limit's rate is 0,
     /// overridden or not.
     pub fn bucket(&self, key: String, index: usize, numbers: Numbers, cost: u64) -> BucketRequest {
-        let meter = self.meter.kind().for_check();
+        let meter = self.meter.for_check();
         let request = BucketRequest::of(key, meter, numbers.rate, count_f64(numbers.burst))
             .cost(cost)
             .limit(index);

@@ -20,7 +20,7 @@ use std::sync::{Mutex, MutexGuard, TryLockError};
 use super::{Store, StoreDecision, StoreError};
 use crate::kinds::reserve::{self, Settle, Settled};
 use crate::kinds::twin::{self, Found, Keep, Stored};
-use crate::kinds::{BucketOutcome, BucketRequest, ReportCharge, Reserved};
+use crate::kinds::{BucketOutcome, BucketRequest, Kind, ReportCharge, Reserved};
 
 const SHARDS: usize = 64;
 
@@ -133,7 +133,6 @@ impl<C: Clock> MemoryStore<C> {
                 let stored = shard.buckets.get(request.key.as_str()).map(|e| e.bucket);
                 request
                     .meter
-                    .kind()
                     .find_in(request, stored, &mut shard.beside, now)
             })
             .collect();
@@ -151,7 +150,7 @@ impl<C: Clock> MemoryStore<C> {
                 outcome: &mut outcomes[index],
                 now_us: now,
             };
-            let kept = request.meter.kind().keep_in(keep, &mut guards[at].1.beside);
+            let kept = request.meter.keep_in(keep, &mut guards[at].1.beside);
             slices.extend(kept.slice);
             if kept.key_went {
                 self.held.fetch_sub(1, Ordering::Relaxed);
@@ -223,7 +222,7 @@ impl<C: Clock> MemoryStore<C> {
         let Some(bucket) = state else { return };
         let entry = Entry {
             bucket,
-            full_at_us: request.meter.kind().forget_at_us(&bucket, request.rate),
+            full_at_us: request.meter.forget_at_us(&bucket, request.rate),
         };
         if let Some(existing) = shard.buckets.get_mut(request.key.as_str()) {
             *existing = entry;
@@ -242,10 +241,7 @@ impl<C: Clock> MemoryStore<C> {
     pub fn reserved_now(&self, request: &BucketRequest) -> Reserved {
         let now = self.now_us();
         let shard = self.lock(self.shard_of(&request.key));
-        request
-            .meter
-            .kind()
-            .held_in(&request.key, &shard.beside, now)
+        request.meter.held_in(&request.key, &shard.beside, now)
     }
 
     /// Applies reports one key at a time (each under its shard's lock).
@@ -258,7 +254,7 @@ impl<C: Clock> MemoryStore<C> {
                 let index = self.shard_of(&request.key);
                 let shard = self.lock(index);
                 let mut state = shard.buckets.get(request.key.as_str()).map(|e| e.bucket);
-                let outcome = request.meter.kind().report(charge, &mut state, now);
+                let outcome = request.meter.report(charge, &mut state, now);
                 self.write_one(index, shard, request, state, now);
                 outcome
             })
@@ -270,10 +266,7 @@ impl<C: Clock> MemoryStore<C> {
         let now = self.now_us();
         let shard = self.lock(self.shard_of(&request.key));
         let stored = shard.buckets.get(request.key.as_str()).map(|e| e.bucket);
-        request
-            .meter
-            .kind()
-            .peek_in(request, stored, &shard.beside, now)
+        request.meter.peek_in(request, stored, &shard.beside, now)
     }
 
     /// Drops one key (absent reads as full); whether it was held.
@@ -292,15 +285,15 @@ impl<C: Clock> MemoryStore<C> {
     /// ids, guards and states into vectors). `None` when the key's kind keeps something
     /// beside it.
     fn decide_one(&self, request: &BucketRequest, now: u64) -> Option<StoreDecision> {
-        let kind = request.meter.kind();
+        let meter = &request.meter;
         let entry_of = |bucket: Stored| Entry {
             bucket,
-            full_at_us: kind.forget_at_us(&bucket, request.rate),
+            full_at_us: meter.forget_at_us(&bucket, request.rate),
         };
         let requests = std::slice::from_ref(request);
         let index = self.shard_of(&request.key);
         let mut shard = self.lock(index);
-        if !kind.alone(&request.key, &shard.beside) {
+        if !meter.alone(&request.key, &shard.beside) {
             return None;
         }
         if let Some(existing) = shard.buckets.get_mut(request.key.as_str()) {

@@ -125,7 +125,7 @@ fn a_peek_finds_what_the_next_decision_finds_and_writes_nothing() {
     for &(name, stored, rate, burst, cost, allowed, after) in CASES {
         let stored = stored.map(|(tokens, age)| stored_at(burst, tokens, now, age));
         let request = request(rate, burst, cost);
-        let peeked = request.meter.kind().find(&request, stored, now).0;
+        let peeked = request.meter.find(&request, stored, now).0;
         assert_eq!(peeked.enough, allowed, "{name}: enough");
         let charged = if allowed { count_f64(cost) } else { 0.0 };
         assert!(

@@ -5,7 +5,7 @@
 use super::{policy_item, Limit};
 use crate::base::keys::KeyPart;
 use crate::config::{valid_name, Charge, ConfigError, LimitConfig};
-use crate::kinds::{self, Meter};
+use crate::kinds::{self, Kind, Meter};
 use crate::observe::metrics::LimitCounters;
 use crate::policy::descriptors::DescriptorRule;
 use crate::policy::matcher::Matcher;
@@ -85,7 +85,7 @@ impl TryFrom<LimitInput<'_>> for Limit {
             policy_item: policy_item(
                 &config.name,
                 config.capacity(),
-                meter.kind().policy_window_secs(rate, config.capacity()),
+                meter.policy_window_secs(rate, config.capacity()),
             ),
             counters: LimitCounters::detached(),
         })

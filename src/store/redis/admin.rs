@@ -12,7 +12,7 @@ use super::wire::as_float;
 use super::RedisStore;
 use crate::base::keys;
 use crate::kinds::reserve::{Settle, Settled};
-use crate::kinds::{can_pay, BucketOutcome, BucketRequest, Reserved};
+use crate::kinds::{can_pay, BucketOutcome, BucketRequest, Kind, Reserved};
 use crate::store::StoreError;
 
 /// `lua/peek.lua` as shipped, calendar and bounds included.
@@ -52,7 +52,7 @@ impl RedisStore {
             &self.peek_script,
             &[request.key.as_str()],
             |cmd| {
-                super::wire::script_arg(cmd, request.meter.kind().peek_arg(request.rate))
+                super::wire::script_arg(cmd, request.meter.peek_arg(request.rate))
                     .arg(request.burst);
             },
             Instant::now() + self.timeout,
@@ -152,9 +152,11 @@ fn parse_peek(
         .and_then(|f| as_float(&Value::SimpleString(f.into())))
         .ok_or_else(malformed)?;
     let mut number = || fields.next()?.parse::<u64>().ok();
-    let kind = request.meter.kind();
-    let reserved = kind.read_held(&mut number).ok_or_else(malformed)?;
-    let window = kind.read_window(&mut number).ok_or_else(malformed)?;
+    let reserved = request.meter.read_held(&mut number).ok_or_else(malformed)?;
+    let window = request
+        .meter
+        .read_window(&mut number)
+        .ok_or_else(malformed)?;
     if fields.next().is_some() {
         return Err(malformed());
     }

@@ -1,7 +1,7 @@
 //! The wire format of the scripts: a bucket's arguments, and replies parsed into decisions.
 use redis::{Cmd, RedisError, Value};
 
-use crate::kinds::{BucketOutcome, BucketRequest, ScriptArg, Window};
+use crate::kinds::{BucketOutcome, BucketRequest, Kind, ScriptArg, Window};
 use crate::store::{StoreDecision, StoreError};
 
 /// One bucket's four script arguments: its kind's ([`Kind::script_arg`]: the rate, a quota's
@@ -9,7 +9,7 @@ use crate::store::{StoreDecision, StoreError};
 ///
 /// [`Kind::script_arg`]: crate::kinds::Kind::script_arg
 pub(super) fn bucket_args(cmd: &mut Cmd, bucket: &BucketRequest, last: &str) {
-    script_arg(cmd, bucket.meter.kind().script_arg(bucket.rate));
+    script_arg(cmd, bucket.meter.script_arg(bucket.rate));
     number_arg(cmd, bucket.burst).arg(bucket.cost).arg(last);
 }
 
@@ -44,7 +44,7 @@ pub(super) fn windows(items: &[Value], buckets: &[&BucketRequest]) -> Option<Vec
     let mut number = || u64::try_from(as_int(numbers.next()?)?).ok();
     let windows = buckets
         .iter()
-        .map(|bucket| bucket.meter.kind().read_window(&mut number))
+        .map(|bucket| bucket.meter.read_window(&mut number))
         .collect::<Option<Vec<_>>>()?;
     numbers.next().is_none().then_some(windows)
 }
@@ -104,7 +104,7 @@ pub(super) fn parse_decision(
         .map(|request| {
             let level: f64 = fields.next()?.parse().ok()?;
             Some(BucketOutcome {
-                tokens: level / request.meter.kind().level_scale(),
+                tokens: level / request.meter.level_scale(),
                 enough: flag(fields.next())?,
                 window: None,
             })
@@ -115,13 +115,12 @@ pub(super) fn parse_decision(
     for (outcome, request) in buckets.iter_mut().zip(requests) {
         outcome.window = request
             .meter
-            .kind()
             .read_window(&mut number)
             .ok_or_else(malformed)?;
     }
     let mut slices = Vec::new();
     for (index, request) in requests.iter().enumerate() {
-        let slice = request.meter.kind().read_slice(&mut number, index, &now);
+        let slice = request.meter.read_slice(&mut number, index, &now);
         slices.extend(slice.ok_or_else(malformed)?);
     }
     if fields.next().is_some() {
