@@ -1,13 +1,10 @@
 //! The running process: the listeners (HTTP in `server`, gRPC in `grpc_server`, its TLS in
 //! `grpc_tls`, the bounds on its connections in `grpc_connections`, the descriptor limit in
-//! `descriptors`), signals,
-//! reload, drain, the instance heartbeat, and the client of envoyproxy/ratelimit's xDS
-//! config source (`xds`); envoyproxy/ratelimit's metrics listener and statsd duty
-//! (`erl_metrics`).
+//! `descriptors`), signals, reload, drain, the instance heartbeat; and, started here,
+//! envoyproxy/ratelimit's xDS client and metrics duties (`crate::erl::app`).
 
 pub mod descriptors;
 pub mod drain;
-pub mod erl_metrics;
 pub mod grpc_connections;
 pub mod grpc_server;
 pub mod grpc_tls;
@@ -15,4 +12,3 @@ pub mod heartbeat;
 pub mod reload;
 pub mod server;
 pub mod signals;
-pub mod xds;

@@ -6,23 +6,19 @@
 //! - `load`: the file and the environment, and [`ConfigError`];
 //! - `validate`: what serde cannot check in the settings, and the warnings `validate` prints;
 //! - `summary`: what `tollgate validate` prints, passwords redacted;
-//! - `envoy`: envoyproxy/ratelimit's rules and YAML; `xds`: the settings of its xDS config
-//!   source, `xds_rules`: the resources that source sends, as rules;
 //! - `grpc_tls`: TLS on the gRPC listener, its files read and checked at start;
+//! - `tls_files`: a TLS triple (CA, certificate, key), as `store.tls`, `envoy.xds` and
+//!   `grpc_tls` name it;
 //! - `store_links`: what each connection to Redis uses (TLS, password), for the store,
-//!   `validate` and its summary alike; `erl_redis`: envoyproxy/ratelimit's `REDIS_*`;
-//!   `erl_refused`: its variables tollgate does not read, refused where they would matter;
-//! - `erl_metrics`: envoyproxy/ratelimit's metrics (`[envoy.metrics]`, its stats variables).
+//!   `validate` and its summary alike;
+//! - `[envoy]` (envoyproxy/ratelimit's rules, YAML, xDS source, metrics and environment) is
+//!   the wing's: `crate::erl::config`.
 //! - `trace`: `[tracing]`, the export of the decisions' spans.
 //! - `rlqs`: `[rlqs]`, Envoy's quota service and its bucket rules.
 //!
 //! Limits and exemptions are checked once, where they are built from their tables
 //! (`crate::policy::limit`, `crate::policy::exempt`).
 
-pub mod erl;
-pub mod erl_metrics;
-mod erl_redis;
-mod erl_refused;
 pub mod grpc_tls;
 mod load;
 mod pem;
@@ -31,13 +27,11 @@ mod schema;
 pub mod store_links;
 pub mod store_tls;
 mod summary;
+pub mod tls_files;
 pub mod trace;
 mod validate;
-pub mod xds;
-pub mod xds_rules;
 
 pub use crate::base::rate::RateSpec;
-pub use erl::ErlConfig;
 pub use load::ConfigError;
 pub use schema::*;
 pub use summary::redact_url;

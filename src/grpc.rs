@@ -8,7 +8,6 @@
 //! `grpc.health.v1.Health`) is the running process's: `app::grpc_server`.
 
 mod answer;
-mod erl_count;
 pub mod json;
 mod plan;
 pub mod rlqs;
@@ -21,11 +20,17 @@ use tonic::Status;
 pub use plan::{MAX_DESCRIPTORS, MAX_ENTRIES};
 pub use service::RateLimitService;
 
+use crate::erl::grpc::plan::ErlPlan;
+use crate::erl::grpc::{answer as erl_answer, count};
+use crate::erl::observe::ErlStats;
 use crate::limiter::decision::Verdict;
 use crate::limiter::CacheMay;
 use crate::observe::trace::{attribute, Decision, Span};
+use crate::policy::Policy;
 use crate::state::AppState;
+use crate::store::BucketRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use plan::{Plan, RulesPlan};
 
 /// The handler of `ShouldRateLimit` (over gRPC, and envoyproxy/ratelimit's `/json`).
 pub struct ShouldRateLimit {
@@ -45,11 +50,10 @@ impl ShouldRateLimit {
         span: Option<&mut Span>,
     ) -> Result<RateLimitResponse, Status> {
         let policy = self.state.limiter.policy();
-        let erl_stats = self.state.erl_stats.as_deref();
         let plan = match plan::plan(&policy, request) {
             Ok(plan) => plan,
             Err(status) => {
-                if let Some(stats) = erl_stats {
+                if let Some(stats) = &self.state.erl_stats {
                     stats.service_error();
                 }
                 if let Some(span) = span {
@@ -59,21 +63,35 @@ impl ShouldRateLimit {
                 return Err(status);
             }
         };
-        let verdict = match plan.missing {
-            Some((_, limit)) => {
+        match &plan {
+            Plan::Rules(plan) => self.answer(plan, &policy, request, span).await,
+            Plan::Erl(plan) => self.answer(plan, &policy, request, span).await,
+        }
+    }
+
+    /// The verdict on `plan`'s buckets, counted and answered as the plan's domain answers.
+    async fn answer(
+        &self,
+        plan: &impl Shape,
+        policy: &Policy,
+        request: &RateLimitRequest,
+        span: Option<&mut Span>,
+    ) -> Result<RateLimitResponse, Status> {
+        let verdict = match plan.missing() {
+            Some(limit) => {
                 self.state.metrics.checks.denied.inc();
                 Verdict::MissingKey { limit }
             }
             None => {
                 self.state
                     .limiter
-                    .decide(&policy, &plan.buckets, CacheMay::AnswerAlone)
+                    .decide(policy, plan.buckets(), CacheMay::AnswerAlone)
                     .await
                     .verdict
             }
         };
-        if let Some(stats) = erl_stats {
-            erl_count::count(stats, &verdict, &plan, &policy, request);
+        if let Some(stats) = &self.state.erl_stats {
+            plan.count(stats, &verdict, policy, request);
         }
         if let Verdict::StoreError { why } = &verdict {
             // As envoyproxy/ratelimit answers a Redis error: an error status with the error,
@@ -81,15 +99,15 @@ impl ShouldRateLimit {
             let status = Status::unknown(why.clone());
             if let Some(span) = span {
                 span.set_str(attribute::DOMAIN, request.domain.as_str());
-                verdict.outcome(&policy).record(span);
+                verdict.outcome(policy).record(span);
                 span.set_int(attribute::GRPC_STATUS, i64::from(i32::from(status.code())));
                 span.fail(status.message());
             }
             return Err(status);
         }
-        let response = answer::respond(&verdict, &plan, &policy, request);
+        let response = plan.respond(&verdict, policy, request);
         if let Some(span) = span {
-            let mut outcome = verdict.outcome(&policy);
+            let mut outcome = verdict.outcome(policy);
             // The answer is the truth (shadow mode admits what a limit denied).
             let allowed = response.overall_code != i32::from(Code::OverLimit);
             outcome.decision = Decision::from_allowed(allowed);
@@ -101,5 +119,79 @@ impl ShouldRateLimit {
             span.set_int(attribute::GRPC_STATUS, 0);
         }
         Ok(response)
+    }
+}
+
+/// What a plan's domain decides for itself: which buckets, a key found missing before any
+/// store call, what the request adds to envoyproxy/ratelimit's counters, and how the verdict
+/// is answered. The rest of [`ShouldRateLimit::decide`] is the same in every domain.
+trait Shape: Sync {
+    fn buckets(&self) -> &[BucketRequest];
+
+    /// A limit whose key is missing under `on_missing = "deny"`: refused without a store call.
+    fn missing(&self) -> Option<usize> {
+        None
+    }
+
+    /// What the request adds to envoyproxy/ratelimit's counters (nothing outside its
+    /// domains).
+    fn count(&self, _: &ErlStats, _: &Verdict, _: &Policy, _: &RateLimitRequest) {}
+
+    fn respond(
+        &self,
+        verdict: &Verdict,
+        policy: &Policy,
+        request: &RateLimitRequest,
+    ) -> RateLimitResponse;
+}
+
+impl Shape for RulesPlan {
+    fn buckets(&self) -> &[BucketRequest] {
+        &self.buckets
+    }
+
+    fn missing(&self) -> Option<usize> {
+        self.missing.map(|(_, limit)| limit)
+    }
+
+    fn respond(
+        &self,
+        verdict: &Verdict,
+        policy: &Policy,
+        _: &RateLimitRequest,
+    ) -> RateLimitResponse {
+        answer::respond(verdict, self, policy)
+    }
+}
+
+impl Shape for ErlPlan {
+    fn buckets(&self) -> &[BucketRequest] {
+        &self.buckets
+    }
+
+    fn count(
+        &self,
+        stats: &ErlStats,
+        verdict: &Verdict,
+        policy: &Policy,
+        request: &RateLimitRequest,
+    ) {
+        count::count(stats, verdict, self, policy, request);
+    }
+
+    fn respond(
+        &self,
+        verdict: &Verdict,
+        policy: &Policy,
+        request: &RateLimitRequest,
+    ) -> RateLimitResponse {
+        match verdict {
+            Verdict::Decided(decision) => {
+                erl_answer::respond(Some(decision), self, policy, request)
+            }
+            Verdict::Unlimited => erl_answer::respond(None, self, policy, request),
+            // What no rule decided is answered alike in every domain.
+            _ => answer::undecided(verdict, self.descriptors.len(), policy),
+        }
     }
 }

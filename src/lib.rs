@@ -17,9 +17,8 @@
 //!   fingerprints), [`base::timings`] (every interval of the background duties, in one value
 //!   handed down from start-up), [`base::read`] (an operator's file read up to a cap).
 //! - [`config`]: defaults < TOML file < `TOLLGATE_*` environment: schema, loading, validation,
-//!   the summary `validate` prints; envoyproxy/ratelimit's YAML and environment
-//!   ([`config::erl`]; [`config::erl::yaml_bounds`]: YAML refused before parsing), its xDS source's settings ([`config::xds`]) and resources
-//!   ([`config::xds_rules`]).
+//!   the summary `validate` prints; [`config::tls_files`] (a TLS triple, as the store, xDS and
+//!   the gRPC listener name it).
 //! - [`request`]: what a check reads: original method, path, host, client IP (XFF walk),
 //!   normalised the way the proxies route.
 //! - [`observe`]: [`observe::metrics`] (every metric name in one place), [`observe::top`] (the
@@ -40,8 +39,7 @@
 //!   [`policy::limit`] (a limit as it runs; `limit/build`: built from its config and
 //!   checked), [`policy::matcher`], [`policy::exempt`], [`policy::overrides`]
 //!   (files), [`policy::runtime_overrides`] (admin API, kept in the store),
-//!   [`policy::descriptors`] (the gRPC service's rules; [`policy::descriptors::erl`]:
-//!   envoyproxy/ratelimit's tree, matched as it matches), [`policy::rlqs`] (which limit and
+//!   [`policy::descriptors`] (the gRPC service's rules), [`policy::rlqs`] (which limit and
 //!   key an Envoy quota bucket id stands for).
 //! - [`limiter`]: the decision without HTTP: one atomic store call, `on_error` fallbacks;
 //!   [`limiter::deny_cache`], [`limiter::borrow`] (slices of hot keys' tokens, admitted
@@ -56,17 +54,21 @@
 //!   Envoy's `ShouldRateLimit` (and envoyproxy/ratelimit's `/json`, `/healthcheck`);
 //!   [`grpc::rlqs`], Envoy's quota service (`StreamRateLimitQuotas`).
 //! - [`app`]: the running process: [`app::server`] (the listeners),
-//!   [`app::signals`], [`app::reload`], [`app::drain`], [`app::heartbeat`],
-//!   [`app::xds`] (envoyproxy/ratelimit's xDS config source).
+//!   [`app::signals`], [`app::reload`], [`app::drain`], [`app::heartbeat`].
 //! - [`cli`]: [`cli::import`] (envoyproxy/ratelimit YAML to TOML), [`cli::ingress_nginx`]
 //!   (its annotations to TOML), [`cli::replay`] (an access log against a config),
 //!   [`cli::top_view`] (`tollgate top`).
+//!
+//! Beside the layers, one wing: [`erl`], envoyproxy/ratelimit's compatibility. Each of its
+//! parts is named after the layer it belongs to ([`erl::config`] is of `config`) and is held
+//! to that layer's imports.
 
 pub mod answer;
 pub mod app;
 pub mod base;
 pub mod cli;
 pub mod config;
+pub mod erl;
 pub mod grpc;
 pub mod http;
 pub mod kinds;

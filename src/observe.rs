@@ -3,7 +3,6 @@
 //! the decisions' spans.
 
 pub mod denial_log;
-pub mod erl_stats;
 pub mod metrics;
 pub mod top;
 pub mod trace;

@@ -15,14 +15,14 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use crate::base::redact::Salt;
-use crate::config::erl::RuleConfig;
 use crate::config::{Config, ConfigError, OnMissing, ResponseConfig};
+use crate::erl::config::RuleConfig;
+use crate::erl::policy::ErlRules;
 use crate::kinds::concurrency::Lease;
 use crate::kinds::reserve::Reserve;
 use crate::kinds::{BucketRequest, Meter};
 use crate::observe::metrics::Metrics;
 use crate::request::{ClientIpPolicy, OriginalRequest};
-use descriptors::erl::ErlRules;
 use exempt::{ExemptRule, Exemptions};
 use limit::{Limit, LimitInput};
 use runtime_overrides::RuntimeOverrides;
@@ -85,7 +85,7 @@ impl Policy {
             limit.counters = metrics.limit_counters(&limit.name);
             limits.push(limit);
         }
-        let rules = crate::config::erl::with_fed(&config.envoy, fed.unwrap_or_default())?;
+        let rules = crate::erl::config::with_fed(&config.envoy, fed.unwrap_or_default())?;
         let (mut erl, erl_limits) = ErlRules::compile(&rules, limits.len(), &mut names)?;
         erl.awaiting_config = config.envoy.xds.is_some() && fed.is_none();
         erl.ready_while_awaiting = config

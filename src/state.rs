@@ -9,10 +9,10 @@ use actix_web::web;
 
 use crate::base::timings::Timings;
 use crate::config::{Backend, Config, ConfigError, DenialLogging, OnError, StoreConfig};
+use crate::erl::observe::ErlStats;
 use crate::limiter::borrow::Lender;
 use crate::limiter::Limiter;
 use crate::observe::denial_log::DenialLog;
-use crate::observe::erl_stats::ErlStats;
 use crate::observe::metrics::Metrics;
 use crate::observe::trace::{spawn_exporter, Tracer};
 use crate::policy::Policy;
@@ -166,7 +166,7 @@ pub(crate) fn redis_tls(store: &StoreConfig) -> Result<Option<TlsCertificates>, 
     store
         .tls
         .as_ref()
-        .map(|tls| tls.load().map(certificates))
+        .map(|tls| crate::config::store_tls::load(tls).map(certificates))
         .transpose()
 }
 

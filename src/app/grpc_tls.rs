@@ -22,7 +22,7 @@ use tokio_rustls::TlsAcceptor;
 use arc_swap::ArcSwap;
 
 use super::grpc_connections::{Admitted, Held};
-use crate::config::grpc_tls::{GrpcTlsConfig, GrpcTlsMaterial};
+use crate::config::grpc_tls::{GrpcTlsConfig, GrpcTlsMaterial, KEYS};
 use crate::config::ConfigError;
 
 /// Finished handshakes waiting for the server to take them.
@@ -41,7 +41,7 @@ pub fn server_config(material: GrpcTlsMaterial) -> Result<Arc<ServerConfig>, Con
         Some(roots) => {
             let verifier = WebPkiClientVerifier::builder_with_provider(roots, provider)
                 .build()
-                .map_err(|e| ConfigError::new("grpc_tls.client_ca_file", e.to_string()))?;
+                .map_err(|e| ConfigError::new(KEYS.ca, e.to_string()))?;
             let verifier: Arc<dyn ClientCertVerifier> = match material.client_san {
                 Some(name) => Arc::new(RequireName {
                     inner: verifier,
@@ -83,16 +83,11 @@ impl LiveTls {
 
     /// What the files hold now (a file that cannot be read: `None`).
     fn contents(&self) -> Vec<Option<Vec<u8>>> {
-        let files = &self.files;
-        [
-            Some(&files.cert_file),
-            Some(&files.key_file),
-            files.client_ca_file.as_ref(),
-        ]
-        .into_iter()
-        .flatten()
-        .map(|path| std::fs::read(path).ok())
-        .collect()
+        self.files
+            .files
+            .named(KEYS)
+            .map(|(_, path)| std::fs::read(path).ok())
+            .collect()
     }
 }
 

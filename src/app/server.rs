@@ -17,12 +17,12 @@ use actix_web::http::ConnectionType;
 use actix_web::{web, App, HttpServer};
 
 use crate::app::drain::{self, Door};
-use crate::app::erl_metrics::{self, PrometheusListener};
 use crate::app::grpc_tls::LiveTls;
 use crate::app::heartbeat;
 use crate::app::reload::Reloader;
 use crate::app::signals;
 use crate::config::{Backend, Config, OnError, StoreConfig};
+use crate::erl::app::metrics::{self as erl_metrics, PrometheusListener};
 use crate::policy::runtime_overrides::sync;
 use crate::state::{build_state, redis_tls, topology, AppState, StartError};
 use crate::store::redis::resets::{self, Heard, ResetSource};
@@ -96,7 +96,9 @@ pub async fn start(
     let xds = config.envoy.xds.clone();
     let reloader = Arc::new(Reloader::new(config_path, config, state.clone()));
     if let Some(xds) = xds {
-        actix_web::rt::spawn(crate::app::xds::follow(xds, reloader.clone()));
+        let reloader = reloader.clone();
+        let install = Arc::new(move |fed| reloader.install_fed(fed));
+        actix_web::rt::spawn(crate::erl::app::xds::follow(xds, install));
     }
     let stop = signals::stop_signal(reloader, watch_every);
     run(state, listeners, stop).await?;

@@ -28,7 +28,7 @@ use self::snippet::snippet;
 pub use self::snippet::Proxy;
 use self::translate::Translation;
 use crate::base::read::read_capped;
-use crate::config::erl::yaml_bounds::{check_depth, MAX_IMPORT_MIB};
+use crate::erl::config::yaml_bounds::{check_depth, MAX_IMPORT_MIB};
 
 /// The conversion: what goes on stdout, and one line per thing not carried (for stderr).
 #[derive(Debug)]

@@ -1,9 +1,10 @@
 //! `grpc_tls`: TLS on the gRPC listener, and mutual TLS with a client CA (optionally one
 //! subject name the client's certificate must carry); from TOML or from envoyproxy/ratelimit's
-//! `GRPC_SERVER_*`/`GRPC_CLIENT_TLS_*` variables. The files are read and parsed here, at
-//! start (a bad one is refused with the key that names it) and again when they change.
+//! `GRPC_SERVER_*`/`GRPC_CLIENT_TLS_*` variables (`crate::erl::config::env`). The files are
+//! read and parsed here, at start (a bad one is refused with the key that names it) and again
+//! when they change.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use rustls::pki_types::ServerName;
@@ -11,23 +12,55 @@ use rustls::sign::CertifiedKey;
 use rustls::RootCertStore;
 use serde::{Deserialize, Serialize};
 
-use super::{pem, ConfigError};
+use super::tls_files::{TlsFiles, TlsKeys};
+use super::ConfigError;
 
 /// `grpc_tls`: the listener's certificate and, for mutual TLS, whom it accepts.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(from = "GrpcTlsToml", into = "GrpcTlsToml")]
 pub struct GrpcTlsConfig {
-    /// The certificate chain the listener shows (PEM, leaf first).
-    pub cert_file: PathBuf,
-    /// Its private key (PEM: PKCS#8, PKCS#1 or SEC1).
-    pub key_file: PathBuf,
-    /// With it, every client must show a certificate this CA (PEM, one or more) signed.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub client_ca_file: Option<PathBuf>,
+    /// The certificate chain the listener shows and its key (both required); with a CA
+    /// (`client_ca_file`), every client must show a certificate it signed.
+    pub files: TlsFiles,
     /// With it, the client's certificate must also carry this DNS name or IP address as a
     /// subject alternative name.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_san: Option<String>,
+}
+
+/// `grpc_tls` as the TOML spells it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GrpcTlsToml {
+    cert_file: PathBuf,
+    key_file: PathBuf,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    client_ca_file: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    client_san: Option<String>,
+}
+
+impl From<GrpcTlsToml> for GrpcTlsConfig {
+    fn from(toml: GrpcTlsToml) -> GrpcTlsConfig {
+        GrpcTlsConfig {
+            files: TlsFiles {
+                ca_file: toml.client_ca_file,
+                cert_file: Some(toml.cert_file),
+                key_file: Some(toml.key_file),
+            },
+            client_san: toml.client_san,
+        }
+    }
+}
+
+impl From<GrpcTlsConfig> for GrpcTlsToml {
+    fn from(config: GrpcTlsConfig) -> GrpcTlsToml {
+        GrpcTlsToml {
+            cert_file: config.files.cert_file.unwrap_or_default(),
+            key_file: config.files.key_file.unwrap_or_default(),
+            client_ca_file: config.files.ca_file,
+            client_san: config.client_san,
+        }
+    }
 }
 
 /// What the files hold, parsed and checked: ready for a TLS server.
@@ -39,26 +72,32 @@ pub struct GrpcTlsMaterial {
     pub client_san: Option<ServerName<'static>>,
 }
 
-const CERT: &str = "grpc_tls.cert_file";
-const KEY: &str = "grpc_tls.key_file";
-const CA: &str = "grpc_tls.client_ca_file";
+/// The keys of `grpc_tls`'s files.
+pub const KEYS: TlsKeys = TlsKeys {
+    ca: "grpc_tls.client_ca_file",
+    cert: "grpc_tls.cert_file",
+    key: "grpc_tls.key_file",
+};
 const SAN: &str = "grpc_tls.client_san";
 
 impl GrpcTlsConfig {
     /// Reads and parses every file: a certificate chain whose key is `key_file`'s, a client CA
     /// file with at least one usable certificate, a subject name that is one.
     pub fn load(&self) -> Result<GrpcTlsMaterial, ConfigError> {
-        let certified_key = pem::certified_key((CERT, &self.cert_file), (KEY, &self.key_file))?;
-        let client_roots = match &self.client_ca_file {
-            Some(path) => Some(Arc::new(roots(path)?)),
-            None => None,
-        };
+        let certified_key = self
+            .files
+            .certified_key(KEYS)?
+            .ok_or_else(|| ConfigError::new(KEYS.cert, "is needed"))?;
+        let client_roots = self.files.ca_roots(KEYS)?.map(Arc::new);
         let client_san = match &self.client_san {
             None => None,
             Some(_) if client_roots.is_none() => {
                 return Err(ConfigError::new(
                     SAN,
-                    format!("applies only with {CA}: without it no client certificate is asked"),
+                    format!(
+                        "applies only with {}: without it no client certificate is asked",
+                        KEYS.ca
+                    ),
                 ))
             }
             Some(name) => Some(ServerName::try_from(name.clone()).map_err(|_| {
@@ -74,64 +113,4 @@ impl GrpcTlsConfig {
             client_san,
         })
     }
-
-    /// Makes relative file paths relative to `dir` (the config file's).
-    pub fn resolve_paths(&mut self, dir: &Path) {
-        let files = [&mut self.cert_file, &mut self.key_file];
-        for path in files.into_iter().chain(self.client_ca_file.as_mut()) {
-            if path.is_relative() {
-                *path = dir.join(&*path);
-            }
-        }
-    }
 }
-
-/// The client CA file as trust anchors: every certificate must be one.
-fn roots(path: &Path) -> Result<RootCertStore, ConfigError> {
-    let mut store = RootCertStore::empty();
-    for cert in pem::certificates(CA, path)? {
-        store
-            .add(cert)
-            .map_err(|e| ConfigError::new(CA, format!("{}: {e}", path.display())))?;
-    }
-    Ok(store)
-}
-
-/// envoyproxy/ratelimit's variables, as it reads them: with `GRPC_SERVER_USE_TLS` true,
-/// `GRPC_SERVER_TLS_CERT` and `GRPC_SERVER_TLS_KEY`; `GRPC_CLIENT_TLS_CACERT` asks for and
-/// verifies a client certificate; `GRPC_CLIENT_TLS_SAN` names what it must carry (an empty
-/// variable is unset, as there). Refusals name the variable.
-pub fn from_erl_env(
-    var: impl Fn(&str) -> Option<String>,
-    use_tls: bool,
-) -> Result<Option<GrpcTlsConfig>, ConfigError> {
-    if !use_tls {
-        return Ok(None);
-    }
-    let set = |name: &str| var(name).filter(|value| !value.is_empty());
-    let required = |name: &str| {
-        set(name).map(PathBuf::from).ok_or_else(|| {
-            ConfigError::new(
-                name,
-                "must name a PEM file when GRPC_SERVER_USE_TLS is true",
-            )
-        })
-    };
-    let tls = GrpcTlsConfig {
-        cert_file: required(ENV[0].1)?,
-        key_file: required(ENV[1].1)?,
-        client_ca_file: set(ENV[2].1).map(PathBuf::from),
-        client_san: set(ENV[3].1),
-    };
-    tls.load()
-        .map_err(|e| e.as_variable(&ENV, "GRPC_SERVER_USE_TLS"))?;
-    Ok(Some(tls))
-}
-
-/// The keys and the variables that set them.
-const ENV: [(&str, &str); 4] = [
-    (CERT, "GRPC_SERVER_TLS_CERT"),
-    (KEY, "GRPC_SERVER_TLS_KEY"),
-    (CA, "GRPC_CLIENT_TLS_CACERT"),
-    (SAN, "GRPC_CLIENT_TLS_SAN"),
-];

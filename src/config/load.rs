@@ -41,20 +41,6 @@ impl ConfigError {
         }
     }
 
-    /// The same error in the words of the environment variables that set the keys:
-    /// `variables` pairs each key with its variable; a key not among them is `fallback`.
-    pub fn as_variable(self, variables: &[(&str, &str)], fallback: &str) -> Self {
-        let name = variables
-            .iter()
-            .find(|(key, _)| *key == self.key)
-            .map_or(fallback, |(_, name)| *name);
-        // The reason may name a key too.
-        let reason = variables
-            .iter()
-            .fold(self.reason, |reason, (key, name)| reason.replace(key, name));
-        ConfigError::new(name, reason)
-    }
-
     /// The same error for a key relative to `at` (`""` names `at` itself).
     pub fn within(mut self, at: &str) -> Self {
         self.key = if self.key.is_empty() {
@@ -139,8 +125,8 @@ impl Config {
             config.fingerprint_salt = Some(Secret(salt));
         }
         let var = |name: &str| std::env::var(name).ok();
-        super::erl::apply_erl_env(&mut config, var)?;
-        if !on_error_given && super::erl::in_erl_env(var) {
+        crate::erl::config::env::apply_erl_env(&mut config, var)?;
+        if !on_error_given && crate::erl::config::env::in_erl_env(var) {
             // envoyproxy/ratelimit answers a Redis error with an error status, which Envoy's
             // `failure_mode_deny` decides on: so does tollgate in its environment, unless told.
             config.store.on_error = super::OnError::Error;
@@ -165,10 +151,10 @@ impl Config {
             *path = dir.join(&*path);
         }
         if let Some(xds) = self.envoy.xds.as_mut() {
-            xds.resolve_paths(dir);
+            xds.files.resolve_paths(dir);
         }
         if let Some(tls) = self.grpc_tls.as_mut() {
-            tls.resolve_paths(dir);
+            tls.files.resolve_paths(dir);
         }
         if let Some(tls) = self.store.tls.as_mut() {
             tls.resolve_paths(dir);

@@ -7,9 +7,10 @@ use std::path::PathBuf;
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
-use super::{ErlConfig, RateSpec};
+use super::RateSpec;
 use crate::base::calendar::Period;
 use crate::base::timings::Timings;
+use crate::erl::config::ErlConfig;
 
 /// Allowed `client_ip.ipv6_prefix`: shorter than /32 would put whole providers in one bucket.
 pub const IPV6_PREFIXES: std::ops::RangeInclusive<u8> = 32..=128;
@@ -90,6 +91,11 @@ pub struct Config {
     /// `TOLLGATE_TEST_TIMINGS_SCALE` divides them.
     #[serde(skip)]
     pub timings: Timings,
+    /// The variables of envoyproxy/ratelimit's environment read at load, each with the key it
+    /// set (never its value: some are passwords): what `validate` shows of that environment.
+    /// Not a key.
+    #[serde(skip)]
+    pub erl_env_read: Vec<(&'static str, &'static str)>,
 }
 
 /// A value that must never reach a log line or `validate` output.
@@ -114,7 +120,7 @@ pub struct StoreConfig {
     pub sentinel: Option<SentinelConfig>,
     /// A CA of one's own and a client certificate for `rediss://` (see `store_tls`).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub tls: Option<super::store_tls::StoreTlsConfig>,
+    pub tls: Option<super::tls_files::TlsFiles>,
     pub timeout_ms: u64,
     pub key_prefix: String,
     pub on_error: OnError,
@@ -486,6 +492,7 @@ impl Default for Config {
             fingerprint_salt: None,
             fingerprint_salt_file: None,
             timings: Timings::default(),
+            erl_env_read: Vec::new(),
         }
     }
 }

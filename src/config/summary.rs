@@ -25,12 +25,17 @@ impl Config {
             let _ = writeln!(out, "grpc_listen   {grpc}");
         }
         if let Some(tls) = &self.grpc_tls {
-            let clients = match (&tls.client_ca_file, &tls.client_san) {
+            let clients = match (&tls.files.ca_file, &tls.client_san) {
                 (None, _) => "any client".to_string(),
                 (Some(_), None) => "clients with a certificate of client_ca_file".to_string(),
                 (Some(_), Some(san)) => format!("clients with a certificate for {san}"),
             };
-            let _ = writeln!(out, "grpc_tls      {}, {clients}", tls.cert_file.display());
+            let cert = tls
+                .files
+                .cert_file
+                .as_ref()
+                .map(|f| f.display().to_string());
+            let _ = writeln!(out, "grpc_tls      {}, {clients}", cert.unwrap_or_default());
         }
         let _ = writeln!(out, "store         {}", self.store.describe());
         let _ = writeln!(out, "tracing       {}", self.tracing.describe());
@@ -161,7 +166,7 @@ impl Config {
             out.push('\n');
         }
         if !self.envoy.is_empty() {
-            let rules = super::erl::all_rules(&self.envoy).unwrap_or_default();
+            let rules = crate::erl::config::all_rules(&self.envoy).unwrap_or_default();
             let mut domains: Vec<&str> = rules.iter().map(|r| r.domain.as_str()).collect();
             domains.sort_unstable();
             domains.dedup();
@@ -194,6 +199,21 @@ impl Config {
             }
             out.push('\n');
             out.push_str(&self.envoy.metrics.describe());
+        }
+        if !self.erl_env_read.is_empty() {
+            let _ = writeln!(
+                out,
+                "envoyproxy/ratelimit environment  {} variables read",
+                self.erl_env_read.len()
+            );
+            for (name, key) in &self.erl_env_read {
+                let key = if key.is_empty() {
+                    "(nothing: refused if it asks)"
+                } else {
+                    key
+                };
+                let _ = writeln!(out, "  {name:<44} {key}");
+            }
         }
         if !self.rlqs.buckets.is_empty() {
             let rlqs = &self.rlqs;

@@ -10,10 +10,6 @@ use serde::{Deserialize, Serialize};
 
 use super::{ConfigError, Secret};
 
-mod erl_env;
-
-pub use erl_env::apply as apply_erl_env;
-
 /// `[tracing]`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]

@@ -274,7 +274,7 @@ impl StoreConfig {
                     "applies only with a rediss:// URL",
                 ));
             }
-            tls.load()?;
+            super::store_tls::load(tls)?;
         }
         // TLS asked for on the sentinels' side must not leave the data in clear on the
         // master's, unless that is said outright.

@@ -6,39 +6,41 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_li
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     Code, DescriptorStatus, RateLimit,
 };
-use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use envoy_types::pb::google::protobuf::Duration;
 
-mod erl;
-
-use super::plan::Plan;
+use super::plan::RulesPlan;
 use crate::answer::{each_header, Carrier, Refusal};
 use crate::base::calendar::Period;
 use crate::limiter::decision::{most_restrictive, Decision, LimitState, Verdict};
 use crate::policy::limit::Limit;
 use crate::policy::Policy;
 
-pub fn respond(
-    verdict: &Verdict,
-    plan: &Plan,
-    policy: &Policy,
-    request: &RateLimitRequest,
-) -> RateLimitResponse {
-    let descriptors = plan.per_descriptor.len();
-    if !plan.erl.is_empty() {
-        if let Verdict::Unlimited | Verdict::Decided(_) = verdict {
-            return erl::respond(verdict, plan, policy, request);
-        }
-    }
+/// The answer in a domain of `[[limits]]`: each descriptor the status of its limits.
+pub fn respond(verdict: &Verdict, plan: &RulesPlan, policy: &Policy) -> RateLimitResponse {
     // Every refusal is OVER_LIMIT; a decision's descriptors each have their own status.
+    match verdict {
+        Verdict::Decided(decision) => decided(decision, plan, policy),
+        Verdict::MissingKey { .. } => {
+            let mut response = uniform(Code::Ok, plan.per_descriptor.len(), Vec::new());
+            response.overall_code = Code::OverLimit.into();
+            if let Some((index, _)) = plan.missing {
+                response.statuses[index].code = Code::OverLimit.into();
+            }
+            response
+        }
+        _ => undecided(verdict, plan.per_descriptor.len(), policy),
+    }
+}
+
+/// The answer to a request that no limit decided, in any domain: OVER_LIMIT with
+/// `Retry-After` when it is refused (the store failed), else OK (exempt, unlimited, or the
+/// store failed under `on_error = "allow"`).
+pub fn undecided(verdict: &Verdict, descriptors: usize, policy: &Policy) -> RateLimitResponse {
+    // No exemption applies to descriptors (exemptions describe HTTP requests).
     match Refusal::of(verdict) {
-        None => match verdict {
-            Verdict::Decided(decision) => decided(decision, plan, policy),
-            // No exemption applies to descriptors (exemptions describe HTTP requests).
-            _ => uniform(Code::Ok, descriptors, Vec::new()),
-        },
-        Some(Refusal::OverLimit(decision)) => decided(decision, plan, policy),
-        Some(refusal @ Refusal::StoreFailed) => {
+        None => uniform(Code::Ok, descriptors, Vec::new()),
+        Some(refusal) => {
             let retry_after = refusal
                 .retry_after(policy)
                 .map(|seconds| header("retry-after", seconds.to_string()));
@@ -47,14 +49,6 @@ pub fn respond(
                 descriptors,
                 retry_after.into_iter().collect(),
             )
-        }
-        Some(Refusal::MissingKey { .. }) => {
-            let mut response = uniform(Code::Ok, descriptors, Vec::new());
-            response.overall_code = Code::OverLimit.into();
-            if let Some((index, _)) = plan.missing {
-                response.statuses[index].code = Code::OverLimit.into();
-            }
-            response
         }
     }
 }
@@ -74,7 +68,7 @@ fn uniform(code: Code, descriptors: usize, headers: Vec<HeaderValue>) -> RateLim
     }
 }
 
-fn decided(decision: &Decision, plan: &Plan, policy: &Policy) -> RateLimitResponse {
+fn decided(decision: &Decision, plan: &RulesPlan, policy: &Policy) -> RateLimitResponse {
     let statuses = plan
         .per_descriptor
         .iter()

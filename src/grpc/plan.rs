@@ -1,9 +1,8 @@
-//! A `RateLimitRequest` turned into the buckets to decide: every applicable limit of every
-//! descriptor, keyed through [`crate::base::keys`], with a descriptor's buckets remembered so the
-//! answer can report each descriptor. Malformed requests are refused here with a gRPC status.
-mod erl;
-
-pub use erl::ErlDescriptor;
+//! A `RateLimitRequest` turned into the buckets to decide. Its domain says how: a domain of
+//! envoyproxy/ratelimit rules is planned as it plans (`crate::erl::grpc::plan`); any other draws every
+//! applicable `[[limits]]` of every descriptor, keyed through [`crate::base::keys`], with a
+//! descriptor's buckets remembered so the answer can report each descriptor. Malformed
+//! requests are refused here with a gRPC status.
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
@@ -11,7 +10,8 @@ use tonic::Status;
 
 use crate::base::keys::{self, KeyPart, Source};
 use crate::config::{Charge, OnMissing, OVER_COST};
-use crate::policy::descriptors::value_of;
+use crate::erl::grpc::plan::{self as erl, ErlPlan};
+use crate::policy::descriptors::{hits_of, value_of};
 use crate::policy::Policy;
 use crate::store::BucketRequest;
 
@@ -20,9 +20,18 @@ pub const MAX_DESCRIPTORS: usize = 64;
 /// Most entries one descriptor may carry.
 pub const MAX_ENTRIES: usize = 16;
 
-/// What one request must draw.
+/// What one request must draw, by the rules of its domain.
+#[derive(Debug)]
+pub enum Plan {
+    /// The `[[limits]]` that match each descriptor.
+    Rules(RulesPlan),
+    /// envoyproxy/ratelimit's rules of the request's domain.
+    Erl(ErlPlan),
+}
+
+/// The plan of a domain of `[[limits]]`.
 #[derive(Debug, Default)]
-pub struct Plan {
+pub struct RulesPlan {
     /// One bucket per distinct key: a key drawn by several descriptors is charged their costs
     /// added up, once, so the store never sees one key twice in a call.
     pub buckets: Vec<BucketRequest>,
@@ -31,9 +40,6 @@ pub struct Plan {
     /// A descriptor lacking a key value of a limit with `on_missing = "deny"`: (descriptor,
     /// limit).
     pub missing: Option<(usize, usize)>,
-    /// In a domain of envoyproxy/ratelimit rules, what decides each descriptor (empty
-    /// otherwise).
-    pub erl: Vec<ErlDescriptor>,
 }
 
 /// Builds the plan, or refuses a malformed request with `INVALID_ARGUMENT`.
@@ -45,18 +51,13 @@ pub fn plan(policy: &Policy, request: &RateLimitRequest) -> Result<Plan, Status>
             "no rate limit configuration loaded (waiting for the xDS server)",
         ));
     }
-    let mut plan = Plan {
-        buckets: Vec::new(),
-        per_descriptor: Vec::with_capacity(request.descriptors.len()),
-        missing: None,
-        erl: Vec::new(),
-    };
     if erl_domain {
-        plan.per_descriptor = vec![Vec::new(); request.descriptors.len()];
-        plan.erl.reserve(request.descriptors.len());
-        erl::plan(policy, &policy.erl, request, &mut plan)?;
-        return Ok(plan);
+        return erl::plan(policy, &policy.erl, request).map(Plan::Erl);
     }
+    let mut plan = RulesPlan {
+        per_descriptor: Vec::with_capacity(request.descriptors.len()),
+        ..RulesPlan::default()
+    };
     for (index, descriptor) in request.descriptors.iter().enumerate() {
         let mut drawn = Vec::new();
         // Envoy asks with negative hits to give hits back; tollgate never refunds on request,
@@ -66,7 +67,7 @@ pub fn plan(policy: &Policy, request: &RateLimitRequest) -> Result<Plan, Status>
         }
         plan.per_descriptor.push(drawn);
     }
-    Ok(plan)
+    Ok(Plan::Rules(plan))
 }
 
 /// `erl_domain`: a domain of envoyproxy/ratelimit rules, where (as there) a descriptor
@@ -107,26 +108,16 @@ fn check_shape(request: &RateLimitRequest, erl_domain: bool) -> Result<(), Statu
     Ok(())
 }
 
-/// The hits a descriptor charges: its own `hits_addend` (0 included: look, do not charge, as
-/// Envoy sends it for a check before the response whose charge comes once the stream is
-/// done), else the request's, 0 counting as 1.
-fn hits_of(request: &RateLimitRequest, descriptor: &RateLimitDescriptor) -> u64 {
-    descriptor
-        .hits_addend
-        .as_ref()
-        .map_or(u64::from(request.hits_addend).max(1), |addend| addend.value)
-}
-
 fn add_descriptor<'a>(
     policy: &'a Policy,
     request: &RateLimitRequest,
     descriptor: &'a RateLimitDescriptor,
     index: usize,
-    plan: &mut Plan,
+    plan: &mut RulesPlan,
     drawn: &mut Vec<usize>,
 ) {
     let entries = &descriptor.entries;
-    let hits = hits_of(request, descriptor);
+    let hits = hits_of(request.hits_addend, descriptor);
     let runtime = policy.runtime.view();
     for (limit_index, limit) in policy.limits.iter().enumerate() {
         let Some(rule) = &limit.descriptor else {
@@ -187,6 +178,17 @@ mod tests {
     use super::*;
     use crate::config::Config;
     use crate::observe::metrics::Metrics;
+
+    /// The plan of a domain of `[[limits]]`.
+    fn plan(policy: &Policy, request: &RateLimitRequest) -> Result<RulesPlan, Status> {
+        match super::plan(policy, request)? {
+            Plan::Rules(plan) => Ok(plan),
+            Plan::Erl(_) => panic!(
+                "{:?} is no domain of envoyproxy/ratelimit rules",
+                request.domain
+            ),
+        }
+    }
 
     fn policy(limits: &str) -> Policy {
         use figment::providers::Format as _;

@@ -4,9 +4,8 @@
 //! keys are exactly the limit's descriptor parts plus the required keys: the nested
 //! descriptors of envoyproxy/ratelimit match the same way, one limit per full path.
 
-pub mod erl;
-
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 
 use crate::base::keys::KeyPart;
 use crate::config::{ConfigError, LimitConfig};
@@ -146,6 +145,16 @@ impl DescriptorRule {
             value_of(entries, key).is_some_and(|value| values.iter().any(|v| v == value))
         })
     }
+}
+
+/// The hits a descriptor charges: its own `hits_addend` (0 included: look, do not charge, as
+/// Envoy sends it for a check before the response whose charge comes once the stream is
+/// done), else the request's (`request_hits`), 0 counting as 1.
+pub fn hits_of(request_hits: u32, descriptor: &RateLimitDescriptor) -> u64 {
+    descriptor
+        .hits_addend
+        .as_ref()
+        .map_or(u64::from(request_hits).max(1), |addend| addend.value)
 }
 
 /// The value of the first entry with this key.

@@ -1,6 +1,7 @@
 //! docs/REFERENCE.md against what the binary really serves and accepts: the metrics it
 //! exposes (names, types, labels), the keys of the fully documented config/tollgate.toml, the
-//! routes it serves on each listener and the headers `/check` sends. Also: the repository
+//! routes it serves on each listener, the headers `/check` sends and envoyproxy/ratelimit's
+//! variables it reads. Also: the repository
 //! stands alone, citing no contract document that is not in it.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -326,6 +327,23 @@ fn every_route_is_documented_and_answers_on_its_listener_only() {
             }
         }
     }
+}
+
+/// The table of envoyproxy/ratelimit's variables is the code's table, rendered: every
+/// variable, its default, the key it sets, its Go type, when it is read and refused.
+#[test]
+fn the_erl_environment_table_is_the_one_the_code_reads() {
+    let documented: String = section("### envoyproxy/ratelimit's environment")
+        .lines()
+        .filter(|line| line.starts_with('|'))
+        .map(|line| format!("{line}\n"))
+        .collect();
+    let table = tollgate::erl::config::env::reference_table();
+    assert!(
+        documented == table,
+        "docs/REFERENCE.md's table of envoyproxy/ratelimit's environment differs from the code's \
+         (src/erl/config/env.rs); the code's renders as:\n{table}"
+    );
 }
 
 #[test]
