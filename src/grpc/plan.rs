@@ -13,7 +13,7 @@ use crate::config::{Charge, OnMissing, OVER_COST};
 use crate::erl::grpc::plan::{self as erl, ErlPlan};
 use crate::policy::descriptors::{hits_of, value_of};
 use crate::policy::Policy;
-use crate::store::BucketRequest;
+use crate::kinds::BucketRequest;
 
 /// Most descriptors one request may carry; Envoy sends one per rate limit action set.
 pub const MAX_DESCRIPTORS: usize = 64;

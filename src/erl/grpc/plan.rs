@@ -13,7 +13,7 @@ use crate::erl::policy::{ErlRules, Kind, Rule};
 use crate::policy::descriptors::hits_of;
 use crate::policy::limit::Numbers;
 use crate::policy::Policy;
-use crate::store::BucketRequest;
+use crate::kinds::BucketRequest;
 
 /// The plan of a request of a domain of envoyproxy/ratelimit rules.
 #[derive(Debug, Default)]
