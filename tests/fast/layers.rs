@@ -34,7 +34,7 @@ const WING: &str = "erl";
 /// server it plugs into: the wing imports none of them, so that it can become a package that
 /// depends on the core alone.
 const CORE: &[&str] = &[
-    "base", "config", "request", "observe", "store", "policy", "limiter", "answer",
+    "base", "config", "request", "observe", "kinds", "store", "policy", "limiter", "answer",
 ];
 
 /// Where the core still reaches into the wing, and why: (importer, the wing's module).
