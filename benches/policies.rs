@@ -9,11 +9,11 @@ use actix_web::http::header::{HeaderMap, HeaderName, HeaderValue};
 use criterion::{criterion_group, criterion_main, Criterion};
 use figment::providers::{Format, Serialized, Toml};
 use tollgate::config::Config;
+use tollgate::kinds::BucketOutcome;
 use tollgate::limiter::decision::{Decision, LimitState, Verdict};
 use tollgate::observe::metrics::Metrics;
 use tollgate::policy::Policy;
 use tollgate::request::OriginalRequest;
-use tollgate::store::BucketOutcome;
 
 const LIMIT: &str =
     "[[limits]]\nname = \"per-key\"\nrate = 100\nburst = 1000\nkey = [\"header:x-api-key\"]\n";

@@ -9,7 +9,6 @@ use actix_web::http::header::HeaderName;
 use crate::config::HeaderFamily;
 use crate::limiter::decision::{Decision, LimitState, Verdict};
 use crate::policy::{limit, Policy};
-use crate::store::Meter;
 
 const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
 const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
@@ -166,7 +165,10 @@ fn each_quota_header(
 /// quota: it shows the nominal 30 days).
 fn policy_item<'p>(state: &LimitState, policy: &'p Policy) -> Cow<'p, str> {
     let limit = &policy.limits[state.limit];
-    let month = matches!(limit.meter, Meter::Quota(period) if period.fixed_secs().is_none());
+    let month = limit
+        .meter
+        .period()
+        .is_some_and(|period| period.fixed_secs().is_none());
     let reported_month = month && state.window.is_some();
     if !(state.has_own_numbers(limit) || reported_month) {
         return Cow::Borrowed(&limit.policy_item);

@@ -24,12 +24,17 @@
 //! - [`observe`]: [`observe::metrics`] (every metric name in one place), [`observe::top`] (the
 //!   most denied keys, bounded memory), [`observe::denial_log`], [`observe::trace`] (a
 //!   decision's span: the caller's trace context, sampling, the OTLP exporter).
+//! - [`kinds`]: what a store key counts, a limit's kind, one file each: [`kinds::bucket`],
+//!   [`kinds::quota`], [`kinds::concurrency`], [`kinds::reserve`], [`kinds::borrow`]. Each
+//!   is built and checked from its config, spelled to the Lua scripts and read back, stepped
+//!   in the memory store (the scripts' arithmetic twin), shown by a peek, reported and
+//!   settled in its own file; [`kinds::Meter`] hands every question to its kind in one
+//!   place. Below the store, so the kinds know no connection, lock or shard, and the policy
+//!   and the admin API ask them without naming the store.
 //! - [`store`]: the [`store::Store`] trait; [`store::memory`] (sharded, bounded) and
 //!   [`store::redis`] (Lua via `EVALSHA`, deadlines, circuit breaker, coalescing; one node,
-//!   Cluster or Sentinel); [`store::meter`] (what a key counts, and how each kind is spelled
-//!   to the scripts and read back); [`store::bucket`] is the arithmetic twin of the Lua scripts,
-//!   [`store::held`] that of borrowed tokens; [`store::shares`] the RLQS share allocator,
-//!   twin of `lua/shares.lua`.
+//!   Cluster or Sentinel); [`store::shares`] the RLQS share allocator, twin of
+//!   `lua/shares.lua`.
 //! - [`policy`]: what the operator asked for, compiled into one [`policy::Policy`]:
 //!   [`policy::limit`] (a limit as it runs; `limit/build`: built from its config and
 //!   checked), [`policy::matcher`], [`policy::exempt`], [`policy::overrides`]
@@ -66,6 +71,7 @@ pub mod config;
 pub mod erl;
 pub mod grpc;
 pub mod http;
+pub mod kinds;
 pub mod limiter;
 pub mod observe;
 pub mod policy;

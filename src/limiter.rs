@@ -5,6 +5,7 @@ pub mod borrow;
 pub mod decision;
 pub mod deny_cache;
 mod overrides;
+pub mod peek;
 pub mod report;
 pub mod shares;
 
@@ -17,7 +18,8 @@ use arc_swap::ArcSwap;
 use crate::base::clock::{Clock, MonotonicClock};
 use crate::base::rate::count_f64;
 use crate::config::OnError;
-use crate::limiter::borrow::{Lender, Plan};
+use crate::kinds::{BucketOutcome, BucketRequest};
+use crate::limiter::borrow::{Asking, Lender};
 use crate::limiter::decision::{Decision, LimitState, Verdict};
 use crate::limiter::deny_cache::{CachedDenial, Consult, DenyCache, Probe};
 use crate::observe::denial_log::DenialLog;
@@ -26,7 +28,7 @@ use crate::observe::top;
 use crate::policy::Policy;
 use crate::request::OriginalRequest;
 use crate::store::memory::MemoryStore;
-use crate::store::{BucketOutcome, BucketRequest, Meter, Store, StoreDecision, StoreError};
+use crate::store::{Store, StoreDecision, StoreError};
 
 pub struct Limiter<S: Store> {
     store: S,
@@ -259,35 +261,29 @@ impl<S: Store> Limiter<S> {
                 return Outcome::new(Verdict::Decided(decision), DecidedBy::DenyCache);
             }
         };
+        // Borrowing buckets give back their slices and ask for new ones; the ask learns the
+        // answer, or is abandoned when dropped unanswered (a store error, a cancelled check).
+        let asking = match (&self.lender, &lends) {
+            (Some(lender), Some(lends)) => {
+                let (asking, moved) = lender.ask_store(buckets, lends);
+                self.metrics.borrow.returned.inc_by(moved.returned);
+                Some(asking)
+            }
+            _ => None,
+        };
+        let sent = asking.as_ref().map_or(buckets, Asking::buckets);
         // The store's full timeout, even after waiting for a probe (see `deny_cache`); bounded
         // here too then, so the answer comes within the wait plus the timeout whatever the
         // store does.
-        let borrowing = match (&self.lender, &lends) {
-            (Some(lender), Some(lends)) => match lender.ask_store(buckets, lends) {
-                (Plan::Store { buckets, sent_us }, moved) => {
-                    self.metrics.borrow.returned.inc_by(moved.returned);
-                    Some((lender, buckets, sent_us))
-                }
-                (Plan::Local(_), _) => None,
-            },
-            _ => None,
-        };
-        let sent = borrowing
-            .as_ref()
-            .map_or(buckets, |(_, asked, _)| asked.as_slice());
         let decided = match waited {
             Some(budget) => tokio::time::timeout(budget, self.store.decide(sent))
                 .await
                 .unwrap_or(Err(StoreError::Timeout)),
             None => self.store.decide(sent).await,
         };
-        match (&decided, &borrowing) {
-            (Ok(decided), Some((lender, asked, sent_us))) => {
-                let borrowed = lender.learn(asked, &decided.slices, *sent_us);
-                self.metrics.borrow.borrowed.inc_by(borrowed);
-            }
-            (Err(_), Some((lender, asked, _))) => lender.abandon(asked),
-            _ => {}
+        if let (Ok(decided), Some(asking)) = (&decided, asking) {
+            let borrowed = asking.learn(&decided.slices);
+            self.metrics.borrow.borrowed.inc_by(borrowed);
         }
         match decided {
             Ok(decided) => {
@@ -514,21 +510,20 @@ impl<S: Store> Limiter<S> {
         if decided.allowed {
             for (bucket, outcome) in buckets.iter().zip(&decided.buckets) {
                 let limit = &policy.limits[bucket.limit];
-                match bucket.meter {
-                    Meter::Concurrency(lease) if outcome.enough => {
-                        limit.counters.leases_taken.inc();
-                        leases.push(limit.lease_id(&policy.key_prefix, &bucket.key, lease));
-                    }
-                    Meter::Reserve(reserve) if outcome.enough && bucket.cost > 0 => {
-                        limit.counters.reservations_opened.inc();
-                        reservations.push(limit.reservation_id(
-                            &policy.key_prefix,
-                            &bucket.key,
-                            reserve,
-                            bucket.cost,
-                        ));
-                    }
-                    _ => {}
+                if let (Some(lease), true) = (bucket.meter.lease(), outcome.enough) {
+                    limit.counters.leases_taken.inc();
+                    leases.push(limit.lease_id(&policy.key_prefix, &bucket.key, lease));
+                }
+                if let (Some(reserve), true) =
+                    (bucket.meter.reserve(), outcome.enough && bucket.cost > 0)
+                {
+                    limit.counters.reservations_opened.inc();
+                    reservations.push(limit.reservation_id(
+                        &policy.key_prefix,
+                        &bucket.key,
+                        reserve,
+                        bucket.cost,
+                    ));
                 }
             }
         }

@@ -18,9 +18,11 @@ use crate::base::redact::Salt;
 use crate::config::{Config, ConfigError, OnMissing, ResponseConfig};
 use crate::erl::config::RuleConfig;
 use crate::erl::policy::ErlRules;
+use crate::kinds::concurrency::Lease;
+use crate::kinds::reserve::Reserve;
+use crate::kinds::{BucketRequest, Meter};
 use crate::observe::metrics::Metrics;
 use crate::request::{ClientIpPolicy, OriginalRequest};
-use crate::store::{BucketRequest, Meter, Reserve};
 use exempt::{ExemptRule, Exemptions};
 use limit::{Limit, LimitInput};
 use runtime_overrides::RuntimeOverrides;
@@ -180,16 +182,14 @@ impl Policy {
         let (limit, tail, member) = self.held_parts(
             id,
             "a lease id (<limit>.<key>.<id>, as X-Tollgate-Lease gives it)",
-            |meter| matches!(meter, Meter::Concurrency(_)),
+            |meter| meter.lease().is_some(),
             "is not a concurrency limit",
         )?;
-        if member.len() != 32 || !member.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err("has a malformed lease".into());
-        }
+        let member = Lease::member_of(member).ok_or("has a malformed lease")?;
         Ok((
             limit,
             self.limits[limit].store_key(&self.key_prefix, &tail),
-            member.to_ascii_lowercase(),
+            member,
         ))
     }
 
@@ -199,27 +199,21 @@ impl Policy {
         let (limit, tail, member) = self.held_parts(
             id,
             "a reservation id (<limit>.<key>.<id>:<estimate>, as X-Tollgate-Reservation gives it)",
-            |meter| matches!(meter, Meter::Reserve(_)),
+            |meter| meter.reserve().is_some(),
             "does not reserve",
         )?;
-        let Meter::Reserve(reserve) = self.limits[limit].meter else {
+        let Some(reserve) = self.limits[limit].meter.reserve() else {
             return Err("does not reserve".into());
         };
-        let parsed = member.split_once(':').and_then(|(id, estimate)| {
-            let hex = id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit());
-            let digits = !estimate.is_empty() && estimate.bytes().all(|b| b.is_ascii_digit());
-            (hex && digits).then_some(())?;
-            Some((u128::from_str_radix(id, 16).ok()?, estimate.parse().ok()?))
-        });
-        match parsed {
-            Some((id, estimate)) if estimate <= crate::config::MAX_COST => Ok(Found {
-                limit,
-                tail,
-                reserve: Reserve { id, ..reserve },
-                estimate,
-            }),
-            _ => Err("has a malformed reservation".into()),
-        }
+        let (reserve, estimate) = reserve
+            .of_member(member)
+            .ok_or("has a malformed reservation")?;
+        Ok(Found {
+            limit,
+            tail,
+            reserve,
+            estimate,
+        })
     }
 
     /// The parts of an id of something a check holds (`<limit>.<key in hex>.<member>`): the

@@ -3,16 +3,12 @@
 //! Two implementations share the semantics of `lua/token_bucket.lua`: [`redis::RedisStore`]
 //! runs that script; [`memory::MemoryStore`] is its in-process twin.
 //!
-//! A key holds either a token bucket or a calendar quota ([`Meter`]); both kinds are decided
-//! in the same atomic call. A request with cost 0 (a `charge = "report"` limit, a gRPC look)
-//! is admitted while its key holds one whole request and charges nothing; [`Store::report`]
-//! charges such keys later.
+//! What a key counts, and how each kind is decided, spelled to the scripts and read back, is
+//! its kind's ([`crate::kinds`]); every kind is decided in the same atomic call. A request with
+//! cost 0 (a `charge = "report"` limit, a gRPC look) is admitted while its key holds one whole
+//! request and charges nothing; [`Store::report`] charges such keys later.
 
 pub mod breaker;
-pub mod bucket;
-pub mod held;
-pub mod meter;
-
 pub mod memory;
 pub mod redis;
 pub mod shares;
@@ -20,24 +16,12 @@ pub mod shares;
 use std::future::Future;
 use std::time::Instant;
 
-use crate::base::calendar::Period;
-use crate::base::rate::count_f64;
+use crate::kinds::reserve::{Settle, Settled};
+use crate::kinds::Slice;
+use crate::kinds::{BucketOutcome, ReportCharge, Reserved};
 
-pub use meter::{Borrow, GiveBack, Lease, Meter, Reserve, Window};
-
-/// A slice a check took: `tokens` whole tokens held until `deadline_us` of the store's clock,
-/// which read `now_us` when it decided.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Slice {
-    /// Index of the bucket in the request.
-    pub bucket: usize,
-    pub tokens: u64,
-    pub deadline_us: u64,
-    pub now_us: u64,
-    /// Which life of the bucket's held groups it went into: the store's clock (µs) when the
-    /// first of them was taken after none was held. Its give-back names it.
-    pub incarnation: u64,
-}
+/// The request every store call is made of: a key, its numbers and its kind.
+pub use crate::kinds::BucketRequest;
 
 /// The key beside bucket `key` holding its RLQS shares (same Cluster slot).
 pub fn shares_key(key: &str) -> String {
@@ -56,165 +40,13 @@ pub fn late_reservations_key(key: &str) -> String {
     format!("{key}:x")
 }
 
-/// How long after its expiry a reservation can still be settled, once (`LATE_GRACE_US` in
-/// `lua/bounds.lua`).
-pub const LATE_SETTLE_GRACE_US: u64 = 86_400 * 1_000_000;
-
-/// The most expired reservations one bucket keeps for a late settle (`MAX_LATE` in
-/// `lua/bounds.lua`); the oldest go first.
-pub const MAX_LATE_SETTLES: usize = 10_000;
-
-/// A settle (`POST /report` with a reservation id): the reservation `member` of the bucket
-/// `bucket` (its numbers as a check finds them; `cost` is the actual cost) is replaced by the
-/// actual cost: the difference refunded, or charged down to `-max_debt` at most.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Settle {
-    pub bucket: BucketRequest,
-    /// The estimate the check charged.
-    pub estimate: u64,
-    pub max_debt: f64,
-}
-
-/// The reservations held beside a reserving bucket (peek).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Reserved {
-    /// Their estimates' sum.
-    pub tokens: u64,
-    pub held: u64,
-}
-
-/// What a settle did.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Settled {
-    /// The reservation was open (held, or expired within [`LATE_SETTLE_GRACE_US`]) and is
-    /// now settled; false when it was settled before or is unknown (then nothing was charged
-    /// or refunded).
-    pub held: bool,
-    /// The bucket afterwards.
-    pub outcome: BucketOutcome,
-}
-
-/// One bucket to draw from.
-#[derive(Debug, Clone, PartialEq)]
-pub struct BucketRequest {
-    /// The full store key, built by [`crate::base::keys`].
-    pub key: String,
-    /// Tokens per second.
-    pub rate: f64,
-    /// Capacity.
-    pub burst: f64,
-    /// 0: admitted while the key is not used up (tokens or quota left above 0), charged nothing.
-    pub cost: u64,
-    /// Reported, never denies.
-    pub shadow: bool,
-    /// The caller's tag for this bucket (the index of its limit); stores pass it through.
-    pub limit: usize,
-    pub meter: Meter,
-}
-
-/// Built the way a limit reads: `BucketRequest::bucket(key, 10.0, 20.0).cost(3)`. Each starts
-/// at one token (or one lease) per request, not shadow, tagged with limit 0.
-impl BucketRequest {
-    /// A token bucket: `rate` tokens per second, capacity `burst`.
-    pub fn bucket(key: impl Into<String>, rate: f64, burst: f64) -> BucketRequest {
-        BucketRequest {
-            key: key.into(),
-            rate,
-            burst,
-            cost: 1,
-            shadow: false,
-            limit: 0,
-            meter: Meter::Bucket,
-        }
-    }
-
-    /// At most `count` per calendar `period`.
-    pub fn quota(key: impl Into<String>, period: Period, count: u64) -> BucketRequest {
-        BucketRequest {
-            meter: Meter::Quota(period),
-            ..BucketRequest::bucket(key, 0.0, count_f64(count))
-        }
-    }
-
-    /// At most `count` leases held at once; this request takes `lease`.
-    pub fn lease(key: impl Into<String>, count: u64, lease: Lease) -> BucketRequest {
-        BucketRequest {
-            meter: Meter::Concurrency(lease),
-            ..BucketRequest::bucket(key, 0.0, count_f64(count))
-        }
-    }
-
-    /// A token bucket whose charge (the estimate, [`BucketRequest::cost`]) is held as
-    /// `reservation` until settled.
-    pub fn reserve(
-        key: impl Into<String>,
-        rate: f64,
-        burst: f64,
-        reservation: Reserve,
-    ) -> BucketRequest {
-        BucketRequest {
-            meter: Meter::Reserve(reservation),
-            ..BucketRequest::bucket(key, rate, burst)
-        }
-    }
-
-    /// Charges `cost` tokens (0: a look that charges nothing).
-    #[must_use]
-    pub fn cost(mut self, cost: u64) -> BucketRequest {
-        self.cost = cost;
-        self
-    }
-
-    /// Reported, never denies.
-    #[must_use]
-    pub fn shadow(mut self) -> BucketRequest {
-        self.shadow = true;
-        self
-    }
-
-    /// Tagged with the index of its limit.
-    #[must_use]
-    pub fn limit(mut self, limit: usize) -> BucketRequest {
-        self.limit = limit;
-        self
-    }
-
-    /// A token bucket this instance borrows from as `borrow` says ([`Meter::Borrow`]).
-    #[must_use]
-    pub fn borrowing(mut self, borrow: Borrow) -> BucketRequest {
-        self.meter = Meter::Borrow(borrow);
-        self
-    }
-}
-
-/// A charge known after the response (`POST /report`): always applied. A bucket goes at most
-/// `max_debt` below 0; a quota counts the whole cost.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ReportCharge {
-    /// `key`, `rate`, `burst`, `meter` and `cost` as for a check; `shadow` is ignored.
-    pub bucket: BucketRequest,
-    pub max_debt: f64,
-}
-
-/// One bucket after a decision.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct BucketOutcome {
-    /// Tokens left after the call (after the charge, if the request was allowed); for a
-    /// quota, what is left of it. Negative for a bucket in debt.
-    pub tokens: f64,
-    /// Whether the bucket held its cost (cost 0: held one whole request).
-    pub enough: bool,
-    /// For a quota: its period.
-    pub window: Option<Window>,
-}
-
 /// The store's answer for one request: allowed or not, and every bucket's state, in the order
 /// of the request slice.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StoreDecision {
     pub allowed: bool,
     pub buckets: Vec<BucketOutcome>,
-    /// The slices taken by borrowing buckets (empty without [`Meter::Borrow`]).
+    /// The slices taken by borrowing buckets (none without one).
     pub slices: Vec<Slice>,
 }
 
@@ -301,8 +133,7 @@ pub trait Store: Send + Sync + 'static {
     }
 
     /// The reservations held now beside the reserving bucket `bucket` (peek); for a
-    /// borrowing bucket ([`Meter::Borrow`]), the tokens its live slices hold and how many
-    /// groups hold them.
+    /// borrowing bucket, the tokens its live slices hold and how many groups hold them.
     fn reserved(
         &self,
         bucket: &BucketRequest,

@@ -365,7 +365,7 @@ impl Replay {
         };
         // A log line says nothing of how long its request was in flight: concurrency limits
         // are not replayed (each lease would be held until it expired, denying what was not).
-        buckets.retain(|bucket| !matches!(bucket.meter, crate::store::Meter::Concurrency(_)));
+        buckets.retain(|bucket| bucket.meter.lease().is_none());
         if buckets.is_empty() {
             return true;
         }

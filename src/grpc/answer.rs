@@ -15,7 +15,6 @@ use crate::base::calendar::Period;
 use crate::limiter::decision::{most_restrictive, Decision, LimitState, Verdict};
 use crate::policy::limit::Limit;
 use crate::policy::Policy;
-use crate::store::Meter;
 
 /// The answer in a domain of `[[limits]]`: each descriptor the status of its limits.
 pub fn respond(verdict: &Verdict, plan: &RulesPlan, policy: &Policy) -> RateLimitResponse {
@@ -131,7 +130,7 @@ fn descriptor_status(decision: &Decision, buckets: &[usize], policy: &Policy) ->
 /// The rate as Envoy's `requests_per_unit` and `unit`: the shortest unit in which it is a
 /// whole number of requests (`"100/min"` reads back as 100 per MINUTE), else per day rounded.
 fn current_limit(state: &LimitState, limit: &Limit) -> RateLimit {
-    if let Meter::Quota(period) = limit.meter {
+    if let Some(period) = limit.meter.period() {
         let unit = match period {
             Period::Hour => Unit::Hour,
             Period::Day => Unit::Day,

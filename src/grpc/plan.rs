@@ -11,9 +11,9 @@ use tonic::Status;
 use crate::base::keys::{self, KeyPart, Source};
 use crate::config::{Charge, OnMissing, OVER_COST};
 use crate::erl::grpc::plan::{self as erl, ErlPlan};
+use crate::kinds::BucketRequest;
 use crate::policy::descriptors::{hits_of, value_of};
 use crate::policy::Policy;
-use crate::store::BucketRequest;
 
 /// Most descriptors one request may carry; Envoy sends one per rate limit action set.
 pub const MAX_DESCRIPTORS: usize = 64;

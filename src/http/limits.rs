@@ -8,15 +8,14 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use serde::Serialize;
 
 use super::admin::Caller;
-use crate::base::calendar::Period;
 use crate::base::redact::Salt;
 use crate::config::{Charge, OnMissing};
+use crate::kinds::{Configured, Kind, LimitView as KindView};
 use crate::policy::exempt::ExemptRule;
 use crate::policy::limit::Limit;
 use crate::policy::matcher::Matcher;
 use crate::policy::Policy;
 use crate::state::AppState;
-use crate::store::Meter;
 
 #[derive(Serialize)]
 struct Limits<'p> {
@@ -28,7 +27,7 @@ struct Limits<'p> {
 struct LimitView<'p> {
     name: &'p str,
     #[serde(flatten)]
-    meter: MeterView,
+    kind: KindView,
     key: Vec<String>,
     #[serde(rename = "match")]
     matcher: &'p Matcher,
@@ -45,32 +44,6 @@ struct LimitView<'p> {
     overrides: OverrideCounts,
 }
 
-#[derive(Serialize)]
-#[serde(untagged)]
-enum MeterView {
-    Bucket {
-        rate_per_s: f64,
-        burst: u64,
-    },
-    Quota {
-        quota: u64,
-        period: Period,
-    },
-    Concurrency {
-        concurrency: u64,
-        lease_ttl_s: u64,
-    },
-    Reserving {
-        rate_per_s: f64,
-        burst: u64,
-        reserve: u64,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        reserve_header: Option<String>,
-        reservation_ttl_s: u64,
-        on_reservation_expiry: &'static str,
-    },
-}
-
 /// How many keys have their own policy, by where it comes from.
 #[derive(Serialize)]
 struct OverrideCounts {
@@ -84,28 +57,12 @@ impl<'p> From<&'p Limit> for LimitView<'p> {
     fn from(limit: &'p Limit) -> Self {
         LimitView {
             name: &limit.name,
-            meter: match limit.meter {
-                Meter::Bucket | Meter::Borrow(_) => MeterView::Bucket {
-                    rate_per_s: limit.rate,
-                    burst: limit.burst,
-                },
-                Meter::Quota(period) => MeterView::Quota {
-                    quota: limit.burst,
-                    period,
-                },
-                Meter::Concurrency(lease) => MeterView::Concurrency {
-                    concurrency: limit.burst,
-                    lease_ttl_s: lease.ttl_ms / 1000,
-                },
-                Meter::Reserve(reserve) => MeterView::Reserving {
-                    rate_per_s: limit.rate,
-                    burst: limit.burst,
-                    reserve: limit.reserve,
-                    reserve_header: limit.reserve_header.clone(),
-                    reservation_ttl_s: reserve.ttl_ms / 1000,
-                    on_reservation_expiry: if reserve.refund { "refund" } else { "keep" },
-                },
-            },
+            kind: limit.meter.limit_view(&Configured {
+                rate: limit.rate,
+                burst: limit.burst,
+                reserve: limit.reserve,
+                reserve_header: limit.reserve_header.as_deref(),
+            }),
             key: limit.key.iter().map(ToString::to_string).collect(),
             matcher: &limit.matcher,
             cost: limit.cost,

@@ -31,8 +31,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::base::clock::{Clock, MonotonicClock};
 use crate::base::rate::count_f64;
+use crate::kinds::borrow::{Borrow, GiveBack};
+use crate::kinds::{BucketRequest, Slice};
 use crate::limiter::deny_cache::{DRIFT, MARGIN_US};
-use crate::store::{Borrow, BucketRequest, GiveBack, Meter, Slice};
 
 const SHARDS: usize = 32;
 /// The fewest requests of a key in a horizon for this instance to borrow: a smaller slice
@@ -130,14 +131,46 @@ pub struct Lender {
 }
 
 /// What [`Lender::plan`] decided for one request.
-pub enum Plan {
+pub enum Plan<'l> {
     /// Admitted from slices: each bucket's tokens left in its slice, in request order.
     Local(Vec<f64>),
-    /// Ask the store with these requests (borrowing ones carry their give-back and want).
-    Store {
-        buckets: Vec<BucketRequest>,
-        sent_us: u64,
-    },
+    /// Ask the store, then hand its answer to the ask.
+    Store(Asking<'l>),
+}
+
+/// A store call on its way that may take slices: its requests (borrowing ones carry their
+/// give-back and want). [`Asking::learn`] installs the slices the store's answer took;
+/// dropped without it (the store failed, or the check was cancelled), it abandons the ask, so
+/// other calls for its keys may ask again. The lender's protocol closed in a type, as the deny
+/// cache's probe: a caller cannot learn twice, or forget to abandon.
+#[must_use = "hand the store's answer to `learn`; dropping abandons the ask"]
+pub struct Asking<'l> {
+    lender: &'l Lender,
+    buckets: Vec<BucketRequest>,
+    /// When the call was planned, on the lender's clock.
+    sent_us: u64,
+    open: bool,
+}
+
+impl Asking<'_> {
+    /// The requests to send the store.
+    pub fn buckets(&self) -> &[BucketRequest] {
+        &self.buckets
+    }
+
+    /// The store's answer: installs the slices it took. Returns the tokens borrowed.
+    pub fn learn(mut self, slices: &[Slice]) -> u64 {
+        self.open = false;
+        self.lender.learn(&self.buckets, slices, self.sent_us)
+    }
+}
+
+impl Drop for Asking<'_> {
+    fn drop(&mut self) {
+        if self.open {
+            self.lender.abandon(&self.buckets);
+        }
+    }
 }
 
 /// Tokens a plan or an answer moved, for the metrics.
@@ -206,11 +239,12 @@ impl Lender {
     /// Serves the request from slices when every bucket can be (`lends[i]`: bucket i's
     /// limit borrows), else builds the store call: each borrowing bucket gives back its
     /// slice and asks for a new one. Also counts each borrowing key's demand.
-    pub fn plan(&self, buckets: &[BucketRequest], lends: &[bool]) -> (Plan, Moved) {
+    pub fn plan(&self, buckets: &[BucketRequest], lends: &[bool]) -> (Plan<'_>, Moved) {
         if let Some(left) = self.serve_all(buckets, lends) {
             return (Plan::Local(left), Moved::default());
         }
-        self.ask_store(buckets, lends)
+        let (asking, moved) = self.ask_store(buckets, lends);
+        (Plan::Store(asking), moved)
     }
 
     /// The request admitted from slices, if every bucket's limit borrows and its slice can
@@ -227,29 +261,31 @@ impl Lender {
     }
 
     /// The store call for a request not served from slices: each borrowing bucket gives back
-    /// its slice and asks for a new one ([`Plan::Store`]).
-    pub fn ask_store(&self, buckets: &[BucketRequest], lends: &[bool]) -> (Plan, Moved) {
+    /// its slice and asks for a new one.
+    pub fn ask_store(&self, buckets: &[BucketRequest], lends: &[bool]) -> (Asking<'_>, Moved) {
         let now = self.clock.now_us();
         let mut moved = Moved::default();
         let mut asked = Vec::with_capacity(buckets.len());
         for (bucket, &lend) in buckets.iter().zip(lends) {
             let mut bucket = bucket.clone();
-            if lend && matches!(bucket.meter, Meter::Bucket) {
+            if lend && bucket.meter.is_plain_bucket() {
                 let (borrow, returned) = self.ask(&bucket, now);
                 moved.returned += returned;
                 // Nothing to give back or ask for: a plain check (the store still reads the
                 // tokens others hold of this bucket).
                 if borrow.want > 0 || borrow.give.is_some() {
-                    bucket.meter = Meter::Borrow(borrow);
+                    bucket = bucket.borrowing(borrow);
                 }
             }
             asked.push(bucket);
         }
-        let plan = Plan::Store {
+        let asking = Asking {
+            lender: self,
             buckets: asked,
             sent_us: now,
+            open: true,
         };
-        (plan, moved)
+        (asking, moved)
     }
 
     /// Takes one request's cost from each bucket's slice, all or none.
@@ -368,10 +404,10 @@ impl Lender {
 
     /// The store's answer to a call planned at `sent_us`: installs the slices it took.
     /// Returns the tokens borrowed.
-    pub fn learn(&self, buckets: &[BucketRequest], slices: &[Slice], sent_us: u64) -> u64 {
+    fn learn(&self, buckets: &[BucketRequest], slices: &[Slice], sent_us: u64) -> u64 {
         let mut borrowed = 0;
         for bucket in buckets {
-            if !matches!(bucket.meter, Meter::Borrow(b) if b.want > 0) {
+            if bucket.meter.borrow().is_none_or(|b| b.want == 0) {
                 continue;
             }
             let mut shard = self.shard(&bucket.key);
@@ -406,10 +442,10 @@ impl Lender {
         borrowed
     }
 
-    /// The store call planned at `sent_us` failed: no slice came; others may ask again.
-    pub fn abandon(&self, buckets: &[BucketRequest]) {
+    /// The store call planned for `buckets` failed: no slice came; others may ask again.
+    fn abandon(&self, buckets: &[BucketRequest]) {
         for bucket in buckets {
-            if let Meter::Borrow(_) = bucket.meter {
+            if bucket.meter.borrow().is_some() {
                 if let Some(holding) = self.shard(&bucket.key).get_mut(bucket.key.as_str()) {
                     holding.asking_since_us = None;
                 }
@@ -458,232 +494,4 @@ fn usable_for_us(slice: &Slice) -> u64 {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::base::clock::ManualClock;
-
-    fn bucket(key: &str) -> BucketRequest {
-        BucketRequest::bucket(key, 100.0, 200.0)
-    }
-
-    fn lender() -> (Lender, Arc<ManualClock>) {
-        let clock = Arc::new(ManualClock::default());
-        clock.set_us(10_000_000);
-        let lender = Lender::with_clock(64, 100_000, clock.clone()).with_min_demand(2);
-        (lender, clock)
-    }
-
-    fn asked(plan: Plan) -> (Vec<BucketRequest>, u64) {
-        match plan {
-            Plan::Store { buckets, sent_us } => (buckets, sent_us),
-            Plan::Local(_) => panic!("expected a store call"),
-        }
-    }
-
-    fn want_of(request: &BucketRequest) -> u64 {
-        match request.meter {
-            Meter::Borrow(borrow) => borrow.want,
-            _ => 0,
-        }
-    }
-
-    #[test]
-    fn a_cold_key_asks_for_nothing_and_a_hot_one_for_its_last_horizon() {
-        let (lender, clock) = lender();
-        let b = [bucket("k")];
-        let (first, _) = asked(lender.plan(&b, &[true]).0);
-        assert_eq!(want_of(&first[0]), 0, "one request: a cold key");
-        let (second, sent) = asked(lender.plan(&b, &[true]).0);
-        assert_eq!(want_of(&second[0]), 2, "two so far in this horizon");
-        // Asking: the next calls ask for nothing until it answers.
-        for _ in 0..3 {
-            let (again, _) = asked_again(&lender, &b);
-            assert_eq!(want_of(&again[0]), 0);
-        }
-        lender.learn(&second, &[], sent);
-        clock.advance_us(100_000);
-        let (asked, _) = asked(lender.plan(&b, &[true]).0);
-        assert_eq!(want_of(&asked[0]), 5, "five seen in the last horizon");
-        clock.advance_us(250_000);
-        let (cold, _) = asked_again(&lender, &b);
-        assert_eq!(
-            want_of(&cold[0]),
-            0,
-            "nothing in the last two horizons: cold again"
-        );
-    }
-
-    fn asked_again(lender: &Lender, b: &[BucketRequest]) -> (Vec<BucketRequest>, u64) {
-        asked(lender.plan(b, &[true]).0)
-    }
-
-    fn grid_of(request: &BucketRequest) -> Option<u64> {
-        match request.meter {
-            Meter::Borrow(borrow) if borrow.want > 0 => Some(borrow.grid_us),
-            _ => None,
-        }
-    }
-
-    #[test]
-    fn rungs_are_ten_times_apart_up_to_the_longest() {
-        let clock = Arc::new(ManualClock::default());
-        let rungs = |horizon_us, longest_us| {
-            Lender::with_clock(64, horizon_us, clock.clone())
-                .with_longest_horizon(longest_us)
-                .grids()
-                .to_vec()
-        };
-        assert_eq!(rungs(100_000, 100_000), [100_000]);
-        assert_eq!(rungs(100_000, 10_000_000), [100_000, 1_000_000, 10_000_000]);
-        assert_eq!(rungs(100_000, 5_000_000), [100_000, 1_000_000, 5_000_000]);
-        assert_eq!(
-            rungs(10_000, 60_000_000),
-            [10_000, 100_000, 1_000_000, 10_000_000],
-            "at most four"
-        );
-    }
-
-    #[test]
-    fn a_key_too_slow_for_the_horizon_borrows_on_the_shortest_rung_it_fills() {
-        let clock = Arc::new(ManualClock::default());
-        clock.set_us(10_000_000);
-        let lender = Lender::with_clock(64, 100_000, clock.clone())
-            .with_longest_horizon(10_000_000)
-            .with_min_demand(3);
-        let b = [bucket("slow")];
-        // One request every 200 ms: never 3 in 100 ms, 3 in a second by the third.
-        let mut grids = Vec::new();
-        for _ in 0..4 {
-            let (call, sent) = asked(lender.plan(&b, &[true]).0);
-            grids.push(grid_of(&call[0]));
-            lender.learn(&call, &[], sent);
-            clock.advance_us(200_000);
-        }
-        assert_eq!(grids, [None, None, Some(1_000_000), Some(1_000_000)]);
-        // The same key, now hot: three in one short horizon borrow on it.
-        for _ in 0..2 {
-            let (call, sent) = asked(lender.plan(&b, &[true]).0);
-            lender.learn(&call, &[], sent);
-        }
-        let (call, _) = asked(lender.plan(&b, &[true]).0);
-        assert_eq!(grid_of(&call[0]), Some(100_000));
-        assert_eq!(want_of(&call[0]), 3, "its demand over the short horizon");
-    }
-
-    #[test]
-    fn a_slice_serves_until_half_way_to_its_deadline_then_goes_back() {
-        let (lender, clock) = lender();
-        let b = [bucket("k")];
-        let (asked, sent) = asked(lender.plan(&b, &[true]).0);
-        let slice = Slice {
-            bucket: 0,
-            tokens: 3,
-            deadline_us: 1_200_000,
-            now_us: 1_000_000,
-            incarnation: 900_000,
-        };
-        assert_eq!(lender.learn(&asked, &[slice], sent), 3);
-        for left in [2.0, 1.0, 0.0] {
-            match lender.plan(&b, &[true]).0 {
-                Plan::Local(tokens) => assert_eq!(tokens, vec![left]),
-                Plan::Store { .. } => panic!("served from the slice"),
-            }
-        }
-        let (asked, _) = asked_again(&lender, &b);
-        let Meter::Borrow(borrow) = asked[0].meter else {
-            panic!("a borrowing request")
-        };
-        assert_eq!(
-            borrow.give,
-            Some(GiveBack {
-                deadline_us: 1_200_000,
-                taken: 3,
-                unused: 0,
-                incarnation: 900_000,
-            })
-        );
-        // A new slice, then time passes beyond half the way to its deadline: not used.
-        lender.learn(&asked, &[slice], clock.now_us());
-        clock.advance_us(99_900);
-        assert!(matches!(lender.plan(&b, &[true]).0, Plan::Store { .. }));
-    }
-
-    #[test]
-    fn a_request_is_served_locally_only_when_every_bucket_can_be() {
-        let (lender, _) = lender();
-        let b = [bucket("a"), bucket("b")];
-        let (asked, sent) = asked(lender.plan(&b, &[true, true]).0);
-        let slice = |i| Slice {
-            bucket: i,
-            tokens: 2,
-            deadline_us: 1_200_000,
-            now_us: 1_000_000,
-            incarnation: 900_000,
-        };
-        lender.learn(&asked, &[slice(0)], sent);
-        // "a" holds 2, "b" nothing: to the store, "a"'s slice given back whole.
-        let (asked, _) = asked_again(&lender, &b);
-        let Meter::Borrow(borrow) = asked[0].meter else {
-            panic!()
-        };
-        assert_eq!(borrow.give.map(|g| g.unused), Some(2));
-        assert_eq!(lender.held("a"), 0);
-        // A limit that does not borrow sends the whole request to the store.
-        assert!(matches!(
-            lender.plan(&b, &[true, false]).0,
-            Plan::Store { .. }
-        ));
-    }
-
-    #[test]
-    fn a_put_back_never_reaches_a_slice_that_replaced_the_one_paid_from() {
-        let (lender, _) = lender();
-        let a = [bucket("a")];
-        let (asked, sent) = asked(lender.plan(&a, &[true]).0);
-        let slice = Slice {
-            bucket: 0,
-            tokens: 4,
-            deadline_us: 1_200_000,
-            now_us: 1_000_000,
-            incarnation: 900_000,
-        };
-        lender.learn(&asked, &[slice], sent);
-        // A check of "a" and "b" pays from "a"'s slice; meanwhile "a"'s slice is replaced by
-        // one partly used. "b" cannot pay: the token goes back to the slice it came from only.
-        let id = lender
-            .shard("a")
-            .get("a")
-            .and_then(|h| h.slice)
-            .map(|h| h.id);
-        lender.learn(&asked, &[slice], sent);
-        let _ = lender.serve_all(&a, &[true]);
-        lender.put_back(&a[0], id.unwrap_or_default());
-        assert_eq!(lender.held("a"), 3, "the new slice keeps what it had");
-    }
-
-    #[test]
-    fn a_changed_rate_or_burst_does_not_use_the_old_slice() {
-        let (lender, _) = lender();
-        let b = [bucket("k")];
-        let (asked, sent) = asked(lender.plan(&b, &[true]).0);
-        let slice = Slice {
-            bucket: 0,
-            tokens: 5,
-            deadline_us: 1_200_000,
-            now_us: 1_000_000,
-            incarnation: 900_000,
-        };
-        lender.learn(&asked, &[slice], sent);
-        let lowered = [BucketRequest {
-            burst: 50.0,
-            ..bucket("k")
-        }];
-        assert!(matches!(
-            lender.plan(&lowered, &[true]).0,
-            Plan::Store { .. }
-        ));
-        lender.learn(&asked, &[slice], sent);
-        lender.forget("k");
-        assert!(matches!(lender.plan(&b, &[true]).0, Plan::Store { .. }));
-    }
-}
+mod tests;

@@ -1,10 +1,10 @@
 //! The outcome of one check, as a value: allowed or not, and for every applicable limit what
 //! is left. Everything the response headers need is derived here; only `http::response` turns
 //! it into bytes.
+use crate::kinds::{BucketOutcome, BucketRequest, Window};
 use crate::observe::trace::{Decision as TracedDecision, Outcome};
 use crate::policy::limit::Limit;
 use crate::policy::Policy;
-use crate::store::{BucketOutcome, BucketRequest, Window};
 
 /// One applicable limit after the decision.
 #[derive(Debug, Clone, Copy, PartialEq)]

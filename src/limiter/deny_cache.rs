@@ -45,7 +45,7 @@ use tokio::sync::Notify;
 
 use crate::base::clock::{Clock, MonotonicClock};
 use crate::base::rate::count_f64;
-use crate::store::{BucketOutcome, BucketRequest, Meter};
+use crate::kinds::{BucketOutcome, BucketRequest};
 
 const SHARDS: usize = 32;
 /// Padding added to every elapsed time: the store's clock ticks in whole µs (two truncated
@@ -251,7 +251,7 @@ impl DenyCache {
     /// by reports the cache never sees, and a reserving one is raised by settles it never
     /// sees either. The store decides those every time.
     fn cacheable(bucket: &BucketRequest) -> bool {
-        bucket.meter == Meter::Bucket && bucket.cost >= 1
+        bucket.meter.is_plain_bucket() && bucket.cost >= 1
     }
 
     /// An entry speaks only for the limit it was learned with.

@@ -7,10 +7,12 @@ use serde_json::{Map, Value};
 use super::Limiter;
 use crate::base::rate::{count_f64, whole};
 use crate::config::{Charge, MAX_COST};
+use crate::kinds::reserve::{Settle, Settled};
+use crate::kinds::{BucketOutcome, BucketRequest, ReportCharge};
 use crate::limiter::decision::ceil_secs;
 use crate::policy::limit::Limit;
 use crate::policy::Policy;
-use crate::store::{BucketOutcome, Meter, ReportCharge, Settle, Store, StoreError};
+use crate::store::{Store, StoreError};
 
 /// Most charges one request may carry: a body is answered in one store round trip per slot.
 pub const MAX_CHARGES: usize = 1_000;
@@ -180,9 +182,7 @@ fn charge(item: &Map<String, Value>, at: &str, policy: &Policy) -> Result<Item, 
     );
     // A reserving limit charged by key: a request that holds no reservation (its check failed
     // open, or it came by another way) still pays, as a debt like any report.
-    if let Meter::Reserve(_) = bucket.meter {
-        bucket.meter = Meter::Bucket;
-    }
+    bucket.meter = bucket.meter.reported();
     Ok(Item::Charge(ReportCharge {
         bucket,
         max_debt: count_f64(limit.max_debt),
@@ -245,7 +245,7 @@ fn settle(item: &Map<String, Value>, at: &str, policy: &Policy) -> Result<Item, 
         numbers,
         cost,
     );
-    bucket.meter = Meter::Reserve(found.reserve);
+    bucket.meter = found.reserve.into();
     Ok(Item::Settle(Settle {
         bucket,
         estimate: found.estimate,
@@ -295,7 +295,7 @@ pub struct Charged {
 /// each release's answer.
 #[derive(Debug, Clone, Default)]
 struct Others {
-    settled: Vec<crate::store::Settled>,
+    settled: Vec<Settled>,
     released: Vec<bool>,
 }
 
@@ -432,11 +432,7 @@ fn answer(
 }
 
 /// What is left of `bucket` after a charge or a settle, and when to retry if nothing is.
-fn charged(
-    policy: &Policy,
-    bucket: &crate::store::BucketRequest,
-    outcome: &BucketOutcome,
-) -> Charged {
+fn charged(policy: &Policy, bucket: &BucketRequest, outcome: &BucketOutcome) -> Charged {
     let retry_after = (!outcome.enough).then(|| {
         let wait = match outcome.window {
             Some(window) => window.ends_in_s,

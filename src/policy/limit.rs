@@ -8,13 +8,15 @@
 use crate::base::keys::{self, KeyPart, Source};
 use crate::base::rate::count_f64;
 use crate::config::{Charge, OnMissing, MAX_COST, OVER_COST};
+use crate::kinds::concurrency::Lease;
+use crate::kinds::reserve::Reserve;
+use crate::kinds::{BucketRequest, Kind, Meter};
 use crate::observe::metrics::LimitCounters;
 use crate::policy::descriptors::DescriptorRule;
 use crate::policy::matcher::Matcher;
 use crate::policy::overrides::{Base, Override, Overrides};
 use crate::policy::runtime_overrides::{Own, View};
 use crate::request::OriginalRequest;
-use crate::store::{BucketRequest, Lease, Meter, Reserve};
 
 mod build;
 
@@ -76,7 +78,7 @@ impl Limit {
             rate: self.rate,
             burst: self.burst,
             debt: self.debt(),
-            quota: matches!(self.meter, Meter::Quota(_)),
+            quota: self.meter.period().is_some(),
         }
     }
 
@@ -117,34 +119,14 @@ impl Limit {
     /// The request for this limit's (at `index` in its policy) bucket at `key`, with the key's
     /// `numbers` ([`Limit::numbers_for`]) and a `cost`: built alike for every path.
     ///
-    /// A concurrency limit's request carries a fresh lease id: each check takes its own lease.
+    /// A concurrency limit's request carries a fresh lease id, a reserving one's a fresh
+    /// reservation id: each check takes its own. A quota's and a concurrency limit's rate is 0,
+    /// overridden or not.
     pub fn bucket(&self, key: String, index: usize, numbers: Numbers, cost: u64) -> BucketRequest {
-        let (rate, burst) = (numbers.rate, count_f64(numbers.burst));
-        let request = match self.meter {
-            Meter::Bucket => BucketRequest::bucket(key, rate, burst),
-            // A quota's and a concurrency limit's rate is 0, overridden or not.
-            Meter::Quota(period) => BucketRequest::quota(key, period, numbers.burst),
-            Meter::Concurrency(lease) => BucketRequest::lease(
-                key,
-                numbers.burst,
-                Lease {
-                    id: fresh_lease_id(),
-                    ..lease
-                },
-            ),
-            Meter::Reserve(reserve) => BucketRequest::reserve(
-                key,
-                rate,
-                burst,
-                Reserve {
-                    id: fresh_lease_id(),
-                    ..reserve
-                },
-            ),
-            Meter::Borrow(borrow) => BucketRequest::bucket(key, rate, burst).borrowing(borrow),
-        }
-        .cost(cost)
-        .limit(index);
+        let meter = self.meter.for_check();
+        let request = BucketRequest::of(key, meter, numbers.rate, count_f64(numbers.burst))
+            .cost(cost)
+            .limit(index);
         if self.shadow {
             request.shadow()
         } else {
@@ -228,7 +210,7 @@ impl Limit {
             cost: self.cost,
             debt: self.debt(),
             ipv6_prefix,
-            quota: matches!(self.meter, Meter::Quota(_)),
+            quota: self.meter.period().is_some(),
         }
     }
 
@@ -236,10 +218,21 @@ impl Limit {
     /// `charge = "report"` limit nothing (0 admits while it is not used up), or, when it
     /// reserves, the estimate.
     pub fn check_cost(&self, request: &OriginalRequest<'_>) -> u64 {
-        match (self.charge, self.meter) {
-            (Charge::Report, Meter::Reserve(_)) => self.estimate_of(request),
-            (Charge::Report, _) => 0,
-            (Charge::Request, _) => self.cost_of(request),
+        match self.charge {
+            Charge::Report if self.meter.reserve().is_some() => self.estimate_of(request),
+            Charge::Report => 0,
+            Charge::Request => self.cost_of(request),
+        }
+    }
+
+    /// What a peek asks the key to hold (`GET /v1/buckets`): the configured cost; for a
+    /// `charge = "report"` limit nothing (a check asks one whole request), or, when it
+    /// reserves, what the least estimate would reserve.
+    pub fn peek_cost(&self) -> u64 {
+        match self.charge {
+            Charge::Report if self.meter.reserve().is_some() => self.reserve,
+            Charge::Report => 0,
+            Charge::Request => self.cost,
         }
     }
 
@@ -264,24 +257,6 @@ fn at_least(request: &OriginalRequest<'_>, name: Option<&str>, floor: u64) -> u6
     name.and_then(|name| request.header(name))
         .and_then(header_cost)
         .map_or(floor, |value| value.max(floor))
-}
-
-/// A lease id no other check draws: 128 random bits (from the OS; should it fail, from a
-/// per-process random hasher over a counter and the time).
-fn fresh_lease_id() -> u128 {
-    let mut bytes = [0u8; 16];
-    if getrandom::getrandom(&mut bytes).is_ok() {
-        return u128::from_le_bytes(bytes);
-    }
-    use std::hash::BuildHasher;
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let state = std::hash::RandomState::new();
-    let count = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    (u128::from(state.hash_one((count, nanos))) << 64) | u128::from(state.hash_one((nanos, count)))
 }
 
 /// A cost header's value: ASCII digits (surrounding spaces allowed), at most [`MAX_COST`], or

@@ -8,7 +8,6 @@ use crate::base::keys::KeyPart;
 use crate::config::rlqs::{RlqsConfig, Unmatched};
 use crate::config::ConfigError;
 use crate::policy::limit::Limit;
-use crate::store::Meter;
 
 /// The rules and settings of Envoy's quota service.
 #[derive(Debug, Clone, Default)]
@@ -52,7 +51,7 @@ impl RlqsRules {
                 ));
             };
             let limit = &limits[index];
-            if limit.meter != Meter::Bucket {
+            if !limit.meter.is_plain_bucket() {
                 return Err(ConfigError::new(
                     at("limit"),
                     format!(

@@ -17,12 +17,10 @@ use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, TryLockError};
 
-use super::bucket::{self, Bucket};
-use super::held;
-use super::{
-    BucketOutcome, BucketRequest, Meter, ReportCharge, Reserved, Settle, Settled, Store,
-    StoreDecision, StoreError,
-};
+use super::{Store, StoreDecision, StoreError};
+use crate::kinds::reserve::{self, Settle, Settled};
+use crate::kinds::twin::{self, Found, Keep, Stored};
+use crate::kinds::{BucketOutcome, BucketRequest, Kind, ReportCharge, Reserved};
 
 const SHARDS: usize = 64;
 
@@ -32,7 +30,7 @@ mod room;
 mod shard;
 
 use room::{drop_closest_to_full, drop_refilled};
-use shard::{borrowed_now, expired_estimates, lend, Entry, Lent, Reservation, Shard};
+use shard::{Entry, Shard};
 
 /// One shard per cache line pair: adjacent shard locks would otherwise share a line, and two
 /// workers on different shards would still contend on it (false sharing).
@@ -111,17 +109,13 @@ impl<C: Clock> MemoryStore<C> {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// The decision itself, synchronous: a few hash lookups under shard locks.
+    /// The decision itself, synchronous: a few hash lookups under shard locks. Each key's kind
+    /// reads it before the decision and keeps what it must after.
     pub fn decide_sync(&self, requests: &[BucketRequest]) -> StoreDecision {
         let now = self.now_us();
         if let [request] = requests {
-            if !matches!(
-                request.meter,
-                Meter::Concurrency(_) | Meter::Reserve(_) | Meter::Borrow(_)
-            ) {
-                if let Some(decided) = self.decide_one(request, now) {
-                    return decided;
-                }
+            if let Some(decided) = self.decide_one(request, now) {
+                return decided;
             }
         }
         let shard_ids: Vec<usize> = requests.iter().map(|r| self.shard_of(&r.key)).collect();
@@ -130,113 +124,42 @@ impl<C: Clock> MemoryStore<C> {
         order.dedup();
         let mut guards: Vec<(usize, MutexGuard<'_, Shard>)> =
             order.iter().map(|&i| (i, self.lock(i))).collect();
-        // Borrowing buckets: their groups, whether reading them changed anything (a group
-        // ended, a slice given back), and the state as stored (kept when nothing changed).
-        let mut lent: Vec<Option<Lent>> = vec![None; requests.len()];
-        let mut states: Vec<Option<Bucket>> = requests
+        let at = |shard: &usize| order.binary_search(shard).unwrap_or_default();
+        let found: Vec<Found> = requests
             .iter()
             .zip(&shard_ids)
-            .enumerate()
-            .map(|(index, (request, shard))| {
-                let guard = &mut guards[order.binary_search(shard).unwrap_or_default()].1;
-                let stored =
-                    |guard: &Shard| guard.buckets.get(request.key.as_str()).map(|e| e.bucket);
-                match request.meter {
-                    Meter::Concurrency(_) => Some(Bucket {
-                        debt: guard.held_leases(&request.key, now) as u64,
-                        ts_us: now,
-                    }),
-                    // Expired reservations go first, their estimates given back under
-                    // `refund`, as the script does before it decides.
-                    Meter::Reserve(reserve) => {
-                        let back = guard.sweep(&request.key, now, |_| reserve.refund);
-                        let mut state = stored(guard);
-                        bucket::give_back(&mut state, back, now, request.rate);
-                        state
-                    }
-                    Meter::Borrow(_) | Meter::Bucket
-                        if matches!(request.meter, Meter::Borrow(_))
-                            || guard.borrowed.contains_key(request.key.as_str()) =>
-                    {
-                        let give = match request.meter {
-                            Meter::Borrow(borrow) => borrow.give,
-                            _ => None,
-                        };
-                        let found = stored(guard);
-                        let mut groups = guard
-                            .borrowed
-                            .get(request.key.as_str())
-                            .copied()
-                            .unwrap_or_default();
-                        let (mut debt, ended) = groups.settle(found, now, request.rate);
-                        let gave = give.is_some_and(|give| groups.give_back(&mut debt, give));
-                        lent[index] = Some(Lent {
-                            groups,
-                            changed: ended || gave,
-                            found,
-                        });
-                        Some(Bucket { debt, ts_us: now })
-                    }
-                    _ => stored(guard),
-                }
+            .map(|(request, shard)| {
+                let shard = &mut guards[at(shard)].1;
+                let stored = shard.buckets.get(request.key.as_str()).map(|e| e.bucket);
+                request
+                    .meter
+                    .find_in(request, stored, &mut shard.beside, now)
             })
             .collect();
-        let (allowed, mut outcomes) = bucket::decide(requests, &mut states, now);
-        let slices = lend(
-            requests,
-            &mut states,
-            &mut outcomes,
-            &mut lent,
-            allowed,
-            now,
-        );
-
-        for ((((request, shard), state), outcome), lent) in requests
-            .iter()
-            .zip(&shard_ids)
-            .zip(states)
-            .zip(&outcomes)
-            .zip(lent)
-        {
-            let at = order.binary_search(shard).unwrap_or_default();
-            if let Some(lent) = lent {
-                let shard = &mut guards[at].1;
-                if lent.groups.is_empty() {
-                    shard.borrowed.remove(request.key.as_str());
-                } else {
-                    shard.borrowed.insert(request.key.clone(), lent.groups);
-                }
+        let mut states: Vec<Option<Stored>> = found.iter().map(|found| found.state).collect();
+        let (allowed, mut outcomes) = twin::decide(requests, &mut states, now);
+        let mut slices = Vec::new();
+        for (index, (request, shard)) in requests.iter().zip(&shard_ids).enumerate() {
+            let at = at(shard);
+            let keep = Keep {
+                request,
+                index,
+                allowed,
+                found: found[index],
+                state: &mut states[index],
+                outcome: &mut outcomes[index],
+                now_us: now,
+            };
+            let kept = request.meter.keep_in(keep, &mut guards[at].1.beside);
+            slices.extend(kept.slice);
+            if kept.key_went {
+                self.held.fetch_sub(1, Ordering::Relaxed);
             }
-            if let Meter::Concurrency(lease) = request.meter {
-                self.write_lease(
-                    &mut guards,
-                    at,
-                    request,
-                    lease,
-                    allowed && outcome.enough,
-                    now,
-                );
+            if kept.key_came && self.reserve_one() {
+                self.make_room(&mut guards, now);
+            }
+            let (Some(bucket), Some(full_at_us)) = (states[index], kept.forget_at_us) else {
                 continue;
-            }
-            if let Meter::Reserve(reserve) = request.meter {
-                if allowed && outcome.enough && request.cost > 0 {
-                    guards[at]
-                        .1
-                        .reservations
-                        .entry(request.key.clone())
-                        .or_default()
-                        .push(Reservation {
-                            id: reserve.id,
-                            estimate: request.cost,
-                            until: now.saturating_add(reserve.ttl_ms.saturating_mul(1000)),
-                            refund: reserve.refund,
-                        });
-                }
-            }
-            let Some(bucket) = state else { continue };
-            let full_at_us = match lent {
-                Some(lent) => held::forget_at_us(bucket.debt, now, &lent.groups, request.rate),
-                None => bucket.forget_at_us(request),
             };
             let entry = Entry { bucket, full_at_us };
             if let Some(existing) = guards[at].1.buckets.get_mut(request.key.as_str()) {
@@ -257,51 +180,12 @@ impl<C: Clock> MemoryStore<C> {
 }
 
 impl<C: Clock> MemoryStore<C> {
-    /// Drops the expired leases of a concurrency key and, when `taken`, adds the one just
-    /// taken; the key counts against `max_buckets` while it holds a lease.
-    fn write_lease(
-        &self,
-        guards: &mut Held<'_>,
-        at: usize,
-        request: &BucketRequest,
-        lease: super::Lease,
-        taken: bool,
-        now: u64,
-    ) {
-        let shard = &mut guards[at].1;
-        if shard.prune_leases(&request.key, now) {
-            self.held.fetch_sub(1, Ordering::Relaxed);
-        }
-        if !taken {
-            return;
-        }
-        let until = now.saturating_add(lease.ttl_ms.saturating_mul(1000));
-        if let Some(set) = shard.leases.get_mut(request.key.as_str()) {
-            set.push((lease.id, until));
-            return;
-        }
-        if self.reserve_one() {
-            self.make_room(guards, now);
-        }
-        guards[at]
-            .1
-            .leases
-            .insert(request.key.clone(), vec![(lease.id, until)]);
-    }
-
     /// Gives back one lease; whether it was held (not released before, not expired).
     pub fn release_now(&self, key: &str, member: &str) -> bool {
         let now = self.now_us();
-        let Ok(id) = u128::from_str_radix(member, 16) else {
-            return false;
-        };
         let mut shard = self.lock(self.shard_of(key));
-        let held = shard.leases.get_mut(key).is_some_and(|set| {
-            let before = set.len();
-            set.retain(|(lease, until)| !(*lease == id && *until > now));
-            set.len() < before
-        });
-        if shard.prune_leases(key, now) {
+        let (held, key_went) = shard.beside.release_lease(key, member, now);
+        if key_went {
             self.held.fetch_sub(1, Ordering::Relaxed);
         }
         held
@@ -311,7 +195,7 @@ impl<C: Clock> MemoryStore<C> {
     pub fn settle_now(&self, settle: &Settle) -> Settled {
         let now = self.now_us();
         let request = &settle.bucket;
-        let Meter::Reserve(reserve) = request.meter else {
+        let Some(reservation) = request.meter.reserve() else {
             return Settled {
                 held: false,
                 outcome: self.peek_now(request),
@@ -319,48 +203,26 @@ impl<C: Clock> MemoryStore<C> {
         };
         let index = self.shard_of(&request.key);
         let mut shard = self.lock(index);
-        let back = shard.sweep(&request.key, now, |_| reserve.refund);
-        let held = shard.drop_reservations(&request.key, |r| {
-            r.id == reserve.id && r.estimate == settle.estimate
-        });
-        let late = if held {
-            None
-        } else {
-            shard.take_late(&request.key, reserve.id, settle.estimate, now)
-        };
-        let mut state = shard.buckets.get(request.key.as_str()).map(|e| e.bucket);
-        bucket::give_back(&mut state, back, now, request.rate);
-        let outcome = if late == Some(true) {
-            // Its estimate was given back at expiry (whatever this settle's mode): the whole
-            // actual cost is charged.
-            let unreserved = Settle {
-                estimate: 0,
-                ..settle.clone()
-            };
-            bucket::settle(&unreserved, true, &mut state, now)
-        } else {
-            bucket::settle(settle, held || late.is_some(), &mut state, now)
-        };
+        let stored = shard.buckets.get(request.key.as_str()).map(|e| e.bucket);
+        let (state, settled) =
+            reserve::settle_in(settle, reservation, stored, &mut shard.beside, now);
         self.write_one(index, shard, request, state, now);
-        Settled {
-            held: held || late.is_some(),
-            outcome,
-        }
+        settled
     }
 
-    /// Stores `state` (if any) as the bucket of `request` in shard `index`, held locked.
+    /// Stores `state` (if any) as the key of `request` in shard `index`, held locked.
     fn write_one(
         &self,
         index: usize,
         mut shard: MutexGuard<'_, Shard>,
         request: &BucketRequest,
-        state: Option<Bucket>,
+        state: Option<Stored>,
         now: u64,
     ) {
         let Some(bucket) = state else { return };
         let entry = Entry {
             bucket,
-            full_at_us: bucket.forget_at_us(request),
+            full_at_us: request.meter.forget_at_us(&bucket, request.rate),
         };
         if let Some(existing) = shard.buckets.get_mut(request.key.as_str()) {
             *existing = entry;
@@ -374,23 +236,12 @@ impl<C: Clock> MemoryStore<C> {
         shard.buckets.insert(request.key.clone(), entry);
     }
 
-    /// The reservations held now beside a reserving bucket.
+    /// What is held aside beside a key now: a reserving bucket's reservations, a borrowing
+    /// bucket's live slices.
     pub fn reserved_now(&self, request: &BucketRequest) -> Reserved {
         let now = self.now_us();
         let shard = self.lock(self.shard_of(&request.key));
-        if let Meter::Borrow(_) = request.meter {
-            return borrowed_now(shard.borrowed.get(request.key.as_str()), now);
-        }
-        shard
-            .reservations
-            .get(request.key.as_str())
-            .map_or_else(Reserved::default, |set| {
-                let live = set.iter().filter(|r| r.until > now);
-                Reserved {
-                    tokens: live.clone().map(|r| r.estimate).sum(),
-                    held: live.count() as u64,
-                }
-            })
+        request.meter.held_in(&request.key, &shard.beside, now)
     }
 
     /// Applies reports one key at a time (each under its shard's lock).
@@ -403,7 +254,7 @@ impl<C: Clock> MemoryStore<C> {
                 let index = self.shard_of(&request.key);
                 let shard = self.lock(index);
                 let mut state = shard.buckets.get(request.key.as_str()).map(|e| e.bucket);
-                let outcome = bucket::report(charge, &mut state, now);
+                let outcome = request.meter.report(charge, &mut state, now);
                 self.write_one(index, shard, request, state, now);
                 outcome
             })
@@ -414,63 +265,40 @@ impl<C: Clock> MemoryStore<C> {
     pub fn peek_now(&self, request: &BucketRequest) -> BucketOutcome {
         let now = self.now_us();
         let shard = self.lock(self.shard_of(&request.key));
-        let mut stored = match request.meter {
-            Meter::Concurrency(_) => Some(Bucket {
-                debt: shard.held_leases(&request.key, now) as u64,
-                ts_us: now,
-            }),
-            _ => shard.buckets.get(request.key.as_str()).map(|e| e.bucket),
-        };
-        // A borrowing bucket: its held tokens do not refill, and ended groups count as used.
-        if matches!(request.meter, Meter::Borrow(_) | Meter::Bucket) {
-            let mut groups = shard
-                .borrowed
-                .get(request.key.as_str())
-                .copied()
-                .unwrap_or_default();
-            let (debt, _) = groups.settle(stored, now, request.rate);
-            stored = Some(Bucket { debt, ts_us: now });
-        }
-        // As the next check finds it: expired reservations given back under `refund`.
-        if let (Meter::Reserve(reserve), Some(held)) =
-            (request.meter, shard.reservations.get(request.key.as_str()))
-        {
-            if reserve.refund {
-                let back = expired_estimates(held, now);
-                bucket::give_back(&mut stored, back, now, request.rate);
-            }
-        }
-        bucket::peek(request, stored, now)
+        let stored = shard.buckets.get(request.key.as_str()).map(|e| e.bucket);
+        request.meter.peek_in(request, stored, &shard.beside, now)
     }
 
     /// Drops one key (absent reads as full); whether it was held.
     pub fn reset_now(&self, key: &str) -> bool {
         let mut shard = self.lock(self.shard_of(key));
-        shard.borrowed.remove(key);
-        let removed = shard.buckets.remove(key).is_some() || shard.leases.remove(key).is_some();
+        shard.beside.forget_borrowed(key);
+        let removed = shard.buckets.remove(key).is_some() || shard.beside.forget_leases(key);
         if removed {
             self.held.fetch_sub(1, Ordering::Relaxed);
         }
         removed
     }
 
-    /// The common case of one limit: one lock, one lookup on a hit, and no allocation beyond
-    /// the answer (the general path collects shard ids, guards and states into vectors).
+    /// The common case of one limit whose key is its stored state alone: one lock, one
+    /// lookup on a hit, and no allocation beyond the answer (the general path collects shard
+    /// ids, guards and states into vectors). `None` when the key's kind keeps something
+    /// beside it.
     fn decide_one(&self, request: &BucketRequest, now: u64) -> Option<StoreDecision> {
-        let entry_of = |bucket: Bucket| Entry {
+        let meter = &request.meter;
+        let entry_of = |bucket: Stored| Entry {
             bucket,
-            full_at_us: bucket.forget_at_us(request),
+            full_at_us: meter.forget_at_us(&bucket, request.rate),
         };
         let requests = std::slice::from_ref(request);
         let index = self.shard_of(&request.key);
         let mut shard = self.lock(index);
-        if shard.borrowed.contains_key(request.key.as_str()) {
-            // Tokens of this bucket are held: the general path reads them.
+        if !meter.alone(&request.key, &shard.beside) {
             return None;
         }
         if let Some(existing) = shard.buckets.get_mut(request.key.as_str()) {
             let mut states = [Some(existing.bucket)];
-            let (allowed, buckets) = bucket::decide(requests, &mut states, now);
+            let (allowed, buckets) = twin::decide(requests, &mut states, now);
             if let [Some(bucket)] = states {
                 *existing = entry_of(bucket);
             }
@@ -481,7 +309,7 @@ impl<C: Clock> MemoryStore<C> {
             });
         }
         let mut states = [None];
-        let (allowed, buckets) = bucket::decide(requests, &mut states, now);
+        let (allowed, buckets) = twin::decide(requests, &mut states, now);
         if let [Some(bucket)] = states {
             if self.reserve_one() {
                 let mut held = [(index, shard)];

@@ -21,6 +21,7 @@
 //! is decided by `redis/cross_slot.rs`: per slot, all at once, refunding what was charged when
 //! another slot denies.
 mod admin;
+mod calls;
 mod coalesce;
 mod connection;
 mod cross_slot;
@@ -45,13 +46,12 @@ pub use self::connection::{certificates, Topology};
 use self::script::{
     call_script, LuaScript, BUCKET_SCRIPT, INSTANCES_SCRIPT, REFUND_SCRIPT, REPORT_SCRIPT,
 };
-use self::wire::{as_float, bucket_args, classify, parse_decision, parse_report};
+use self::wire::classify;
 use super::breaker::{Admission, Breaker, Failure};
-use super::{
-    BucketOutcome, BucketRequest, ReportCharge, Reserved, Settle, Settled, Store, StoreDecision,
-    StoreError,
-};
+use super::{Store, StoreDecision, StoreError};
 use crate::base::timings::Timings;
+use crate::kinds::reserve::{Settle, Settled};
+use crate::kinds::{BucketOutcome, BucketRequest, ReportCharge, Reserved};
 use crate::observe::metrics::Metrics;
 
 /// Which calls a script call belongs to, and so which breaker admits it and learns from it.
@@ -397,114 +397,6 @@ impl RedisStore {
             Value::Int(n) if n > 0 => Ok(n.unsigned_abs()),
             other => Err(StoreError::Script(format!("unexpected reply {other:?}"))),
         }
-    }
-}
-
-impl RedisStore {
-    /// One `token_bucket.lua` call deciding `buckets` atomically (on a Cluster they must share
-    /// a slot). Also returns the Redis time the call ran at, which a refund needs.
-    async fn charge(
-        &self,
-        buckets: &[&BucketRequest],
-        deadline: Instant,
-    ) -> Result<(StoreDecision, String), StoreError> {
-        let shadow = |i: usize| if buckets[i].shadow { "1" } else { "0" };
-        let reply = self
-            .per_bucket(&self.bucket_script, buckets, shadow, deadline)
-            .await?;
-        parse_decision(reply, buckets)
-    }
-
-    /// As [`RedisStore::charge`], in whichever call this thread sends next (see
-    /// `redis/coalesce.rs`).
-    async fn charge_coalesced(
-        &self,
-        buckets: &[&BucketRequest],
-        deadline: Instant,
-    ) -> Result<StoreDecision, StoreError> {
-        let script = &self.bucket_script;
-        let call = self.begin(script)?;
-        let Some(answer) = self.coalescer.submit(buckets, call.whole, deadline) else {
-            return Err(StoreError::Other(
-                "no async runtime to call Redis from".into(),
-            ));
-        };
-        let result = match deadline::until(deadline, answer).await {
-            Ok(Ok(result)) => result,
-            // The call's task ended without answering: its runtime is shutting down.
-            Ok(Err(_dropped)) => Err(StoreError::Other("the Redis call was dropped".into())),
-            Err(_elapsed) => Err(StoreError::Timeout),
-        };
-        let reply = self.finish(script, &call, result)?;
-        parse_decision(reply, buckets).map(|(decision, _)| decision)
-    }
-
-    /// Gives back `cost` to each bucket charged by the call whose `charged_at` (per bucket:
-    /// that call's `now`, or a quota's period start) is given (`lua/refund.lua`); returns the
-    /// tokens each holds afterwards.
-    async fn refund(
-        &self,
-        buckets: &[&BucketRequest],
-        charged_at: &[String],
-        deadline: Instant,
-    ) -> Result<Vec<f64>, StoreError> {
-        let reply = self
-            .per_bucket(
-                &self.refund_script,
-                buckets,
-                |i| charged_at[i].as_str(),
-                deadline,
-            )
-            .await?;
-        let malformed = || StoreError::Script("malformed refund reply".into());
-        let Value::Array(items) = reply else {
-            return Err(malformed());
-        };
-        if items.len() != buckets.len() {
-            return Err(malformed());
-        }
-        items
-            .iter()
-            .map(|v| as_float(v).ok_or_else(malformed))
-            .collect()
-    }
-
-    /// Runs a script whose `KEYS` are the buckets' keys and whose `ARGV` holds, per bucket,
-    /// its rate (a quota: its period code), burst (or quota), cost and one script-specific
-    /// value (`last`, given the bucket's index).
-    async fn per_bucket<'a>(
-        &self,
-        script: &LuaScript,
-        buckets: &[&BucketRequest],
-        last: impl Fn(usize) -> &'a str,
-        deadline: Instant,
-    ) -> Result<Value, StoreError> {
-        let keys: Vec<&str> = buckets.iter().map(|b| b.key.as_str()).collect();
-        let args = |cmd: &mut Cmd| {
-            for (i, bucket) in buckets.iter().enumerate() {
-                bucket_args(cmd, bucket, last(i));
-            }
-        };
-        self.run_script(script, &keys, args, deadline).await
-    }
-
-    /// One `lua/report.lua` call charging `charges` (on a Cluster they must share a slot).
-    async fn report_slot(
-        &self,
-        charges: &[&ReportCharge],
-        deadline: Instant,
-    ) -> Result<Vec<BucketOutcome>, StoreError> {
-        let buckets: Vec<&BucketRequest> = charges.iter().map(|c| &c.bucket).collect();
-        let debts: Vec<String> = charges.iter().map(|c| c.max_debt.to_string()).collect();
-        let reply = self
-            .per_bucket(
-                &self.report_script,
-                &buckets,
-                |i| debts[i].as_str(),
-                deadline,
-            )
-            .await?;
-        parse_report(reply, &buckets)
     }
 }
 

@@ -280,8 +280,9 @@ fn cluster_is_exact_across_slots_and_follows_a_master_failover() {
 #[test]
 fn checks_queued_together_are_batched_per_slot_and_stay_exact() {
     use crate::support::redis_store;
+    use tollgate::kinds::BucketRequest;
     use tollgate::store::redis::Topology;
-    use tollgate::store::{BucketRequest, Store};
+    use tollgate::store::Store;
 
     let cluster = RedisCluster::start();
     let seeds = cluster.seeds();
@@ -348,8 +349,10 @@ fn checks_queued_together_are_batched_per_slot_and_stay_exact() {
 #[test]
 fn a_lease_spanning_slots_is_refunded_when_another_slot_denies() {
     use crate::support::redis_store;
+    use tollgate::kinds::concurrency::Lease;
+    use tollgate::kinds::BucketRequest;
     use tollgate::store::redis::Topology;
-    use tollgate::store::{BucketRequest, Lease, Store};
+    use tollgate::store::Store;
 
     let cluster = RedisCluster::start();
     let seeds = cluster.seeds();
@@ -394,8 +397,10 @@ fn a_lease_spanning_slots_is_refunded_when_another_slot_denies() {
 #[test]
 fn a_reservation_spanning_slots_is_refunded_when_another_slot_denies() {
     use crate::support::redis_store;
+    use tollgate::kinds::reserve::{Reserve, Settle};
+    use tollgate::kinds::BucketRequest;
     use tollgate::store::redis::Topology;
-    use tollgate::store::{BucketRequest, Reserve, Settle, Store};
+    use tollgate::store::Store;
 
     let cluster = RedisCluster::start();
     let seeds = cluster.seeds();
@@ -462,9 +467,10 @@ fn a_reservation_spanning_slots_is_refunded_when_another_slot_denies() {
 #[test]
 fn borrowed_tokens_on_a_cluster_stay_within_each_bucket() {
     use crate::support::redis_store;
+    use tollgate::kinds::{BucketRequest, Meter};
     use tollgate::limiter::borrow::{Lender, Plan};
     use tollgate::store::redis::Topology;
-    use tollgate::store::{BucketRequest, Meter, Store};
+    use tollgate::store::Store;
 
     const RATE: f64 = 200.0;
     const BURST: f64 = 50.0;
@@ -499,11 +505,11 @@ fn borrowed_tokens_on_a_cluster_stay_within_each_bucket() {
                 local += 1;
                 true
             }
-            Plan::Store { buckets, sent_us } => {
+            Plan::Store(asking) => {
                 let decision = runtime
-                    .block_on(store.decide(&buckets))
+                    .block_on(store.decide(asking.buckets()))
                     .expect("the cluster decides");
-                lenders[i % 3].learn(&buckets, &decision.slices, sent_us);
+                asking.learn(&decision.slices);
                 decision.allowed
             }
         };

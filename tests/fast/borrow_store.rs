@@ -1,6 +1,6 @@
 //! Borrowed tokens in the store: the same scenarios against the memory store (on a manual
 //! clock) and a real `redis-server` running `lua/token_bucket.lua`, so the script and its
-//! Rust twin (`store::held`) cannot drift apart.
+//! Rust twin (`kinds::borrow`) cannot drift apart.
 //!
 //! As in `store_scenarios`, Redis's clock is "advanced" by shifting what is stored back in
 //! time: the bucket's `ts` and its held groups' deadlines (both in its value).
@@ -9,11 +9,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::support::{redis_store, RedisServer};
+use tollgate::kinds::borrow::{Borrow, GiveBack};
+use tollgate::kinds::{BucketOutcome, BucketRequest, Meter, Reserved, Slice};
 use tollgate::store::memory::{Clock, ManualClock, MemoryStore};
 use tollgate::store::redis::{RedisStore, Topology};
-use tollgate::store::{
-    Borrow, BucketOutcome, BucketRequest, GiveBack, Meter, Reserved, Slice, Store, StoreDecision,
-};
+use tollgate::store::{Store, StoreDecision};
 
 /// The horizon of these scenarios: 1 s.
 const GRID_US: u64 = 1_000_000;

@@ -10,10 +10,11 @@ use proptest::prelude::*;
 
 use crate::support::{redis_store, RedisServer};
 use tollgate::base::clock::{Clock, ManualClock};
+use tollgate::kinds::BucketRequest;
 use tollgate::limiter::borrow::{Lender, Plan};
 use tollgate::store::memory::MemoryStore;
 use tollgate::store::redis::{RedisStore, Topology};
-use tollgate::store::{BucketRequest, Store, StoreDecision};
+use tollgate::store::{Store, StoreDecision};
 
 fn bucket(key: &str, rate: f64, burst: f64) -> BucketRequest {
     BucketRequest::bucket(key, rate, burst)
@@ -72,9 +73,9 @@ fn check<F: FnOnce(&[BucketRequest]) -> StoreDecision>(
 ) -> bool {
     match lender.plan(request, &[true]).0 {
         Plan::Local(_) => true,
-        Plan::Store { buckets, sent_us } => {
-            let decision = decide(&buckets);
-            lender.learn(&buckets, &decision.slices, sent_us);
+        Plan::Store(asking) => {
+            let decision = decide(asking.buckets());
+            asking.learn(&decision.slices);
             decision.allowed
         }
     }

@@ -13,9 +13,10 @@ use proptest::prelude::*;
 use crate::support::commandstats::script_calls;
 use crate::support::{redis_store, RedisServer};
 use tollgate::base::calendar::Period;
+use tollgate::kinds::{BucketRequest, Meter};
 use tollgate::store::memory::{ManualClock, MemoryStore};
 use tollgate::store::redis::{RedisStore, Topology};
-use tollgate::store::{BucketRequest, Meter, Store, StoreDecision};
+use tollgate::store::{Store, StoreDecision};
 
 /// Slow enough that the milliseconds between two calls of one test refill nothing that could
 /// change a decision, so a frozen clock is a fair reference.

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use actix_web::http::header::{HeaderMap, HeaderName, HeaderValue};
 use tollgate::base::clock::ManualClock;
 use tollgate::config::{Config, OnError};
+use tollgate::kinds::{BucketOutcome, BucketRequest};
 use tollgate::limiter::decision::Verdict;
 use tollgate::limiter::deny_cache::{DenyCache, MAX_PROBE_WAIT};
 use tollgate::limiter::{DecidedBy, Limiter, Outcome};
@@ -16,7 +17,7 @@ use tollgate::observe::metrics::Metrics;
 use tollgate::policy::Policy;
 use tollgate::request::OriginalRequest;
 use tollgate::store::redis::{RedisStore, Topology};
-use tollgate::store::{BucketOutcome, BucketRequest, Store, StoreDecision, StoreError};
+use tollgate::store::{Store, StoreDecision, StoreError};
 
 use crate::support::limit;
 use crate::support::{commandstats, redis_config, RedisServer, TempDir, Tollgate, QUIET_POLL};
@@ -413,7 +414,7 @@ async fn a_check_waiting_for_a_hanging_probe_still_answers_within_the_timeout() 
     assert_eq!(started.elapsed(), MAX_PROBE_WAIT + timeout);
 }
 
-/// Random sequences against the Rust twin of the script (`store::bucket`): the cache and the
+/// Random sequences against the Rust twin of the script (`kinds::tokens`): the cache and the
 /// "store" see the same moments, the cache through its own clock.
 mod model {
     use std::sync::Arc;
@@ -421,9 +422,10 @@ mod model {
 
     use proptest::prelude::*;
     use tollgate::base::clock::{Clock, ManualClock};
+    use tollgate::kinds::tokens;
+    use tollgate::kinds::twin::{self, Stored};
+    use tollgate::kinds::BucketRequest;
     use tollgate::limiter::deny_cache::{Consult, DenyCache, MAX_WINDOW_US};
-    use tollgate::store::bucket::{self, Bucket};
-    use tollgate::store::BucketRequest;
 
     #[derive(Debug, Clone)]
     enum Op {
@@ -452,7 +454,7 @@ mod model {
         local: Arc<ManualClock>,
         /// The store's clock minus the local one, in µs.
         offset: i64,
-        state: [Option<Bucket>; 1],
+        state: [Option<Stored>; 1],
         /// Local time of the last forward step of the store clock.
         stepped_at: Option<u64>,
     }
@@ -496,7 +498,7 @@ mod model {
                             Consult::Deny(_) => {
                                 denials += 1;
                                 let level =
-                                    bucket::refilled(self.state[0], self.store_now(), rate, burst);
+                                    tokens::refilled(self.state[0], self.store_now(), rate, burst);
                                 if level >= cost as f64 {
                                     let now = self.local.now_us();
                                     wrong.push(self.stepped_at.map(|at| now - at));
@@ -504,7 +506,7 @@ mod model {
                             }
                             Consult::Ask(probe) => {
                                 let now = self.store_now();
-                                let (_, outcomes) = bucket::decide(&req, &mut self.state, now);
+                                let (_, outcomes) = twin::decide(&req, &mut self.state, now);
                                 probe.learn(&outcomes);
                             }
                             Consult::Wait => unreachable!("told not to wait"),
@@ -512,7 +514,7 @@ mod model {
                     }
                     Op::Foreign(cost) => {
                         let now = self.store_now();
-                        bucket::decide(&[request(cost)], &mut self.state, now);
+                        twin::decide(&[request(cost)], &mut self.state, now);
                     }
                     Op::Advance(us) => self.local.advance_us(us),
                     Op::StoreStep(us) => {

@@ -9,8 +9,9 @@ use std::time::Duration;
 use proptest::prelude::*;
 
 use crate::support::{limit, redis_config, RedisServer, Response, Tollgate};
+use tollgate::kinds::concurrency::Lease;
+use tollgate::kinds::BucketRequest;
 use tollgate::store::memory::{ManualClock, MemoryStore};
-use tollgate::store::{BucketRequest, Lease};
 
 const TOKEN: &str = "test-admin-token-0123456789";
 

@@ -11,13 +11,14 @@ use crate::support::limit;
 use actix_web::http::header::{HeaderMap, HeaderName, HeaderValue};
 use figment::providers::{Format, Toml};
 use tollgate::config::{Config, OnError};
+use tollgate::kinds::BucketRequest;
 use tollgate::limiter::decision::Verdict;
 use tollgate::limiter::Limiter;
 use tollgate::observe::metrics::Metrics;
 use tollgate::policy::Policy;
 use tollgate::request::OriginalRequest;
 use tollgate::store::memory::{ManualClock, MemoryStore};
-use tollgate::store::{BucketRequest, Store, StoreDecision, StoreError};
+use tollgate::store::{Store, StoreDecision, StoreError};
 
 fn config(limits: &str) -> Config {
     let toml = format!("{limits}\n");

@@ -9,8 +9,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::support::{redis_config, RedisServer, Tollgate};
 use tollgate::base::calendar::Period;
+use tollgate::kinds::BucketRequest;
 use tollgate::store::memory::{ManualClock, MemoryStore};
-use tollgate::store::BucketRequest;
 
 use crate::reports::{json, post, TOKEN};
 

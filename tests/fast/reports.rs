@@ -7,8 +7,8 @@ use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::support::{redis_config, RedisServer, Response, Tollgate};
+use tollgate::kinds::BucketRequest;
 use tollgate::store::memory::{ManualClock, MemoryStore};
-use tollgate::store::BucketRequest;
 
 use crate::quotas::{bucket_reply, pinned_eval, report_reply, utc};
 
@@ -280,7 +280,7 @@ fn a_report_while_the_store_is_down_is_refused_with_503_not_lost() {
 
 #[test]
 fn a_reported_bucket_is_used_up_below_one_token_and_admits_from_one_on_both_stores() {
-    use tollgate::store::ReportCharge;
+    use tollgate::kinds::ReportCharge;
     let redis = RedisServer::start();
     let mut conn = redis::Client::open(redis.url())
         .and_then(|c| c.get_connection())

@@ -11,11 +11,11 @@ use std::time::Duration;
 use proptest::prelude::*;
 
 use crate::support::{redis_config, redis_store, RedisServer, Response, Tollgate};
+use tollgate::kinds::reserve::{Reserve, Settle, Settled, MAX_LATE_SETTLES};
+use tollgate::kinds::{BucketRequest, Meter, Reserved};
 use tollgate::store::memory::{ManualClock, MemoryStore};
 use tollgate::store::redis::Topology;
-use tollgate::store::{
-    BucketRequest, Meter, Reserve, Reserved, Settle, Settled, Store, MAX_LATE_SETTLES,
-};
+use tollgate::store::Store;
 
 const TOKEN: &str = "test-admin-token-0123456789";
 /// Slow enough that the milliseconds a Redis step takes refill nothing visible.

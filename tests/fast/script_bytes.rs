@@ -1,7 +1,7 @@
 //! `lua/token_bucket.lua`'s plain buckets, byte for byte: random sequences of plain checks (one
 //! key, a number for its rate), alone or in batches, on keys holding random states (absent,
 //! in debt, refilled, written "in the future"), against a real `redis-server`. Every reply,
-//! every stored value and every expiry is exactly what the Rust twin (`store::bucket`) computes
+//! every stored value and every expiry is exactly what the Rust twin (`kinds::tokens`) computes
 //! from the state before and the call's own `TIME` (the `now` of its reply). The script decides
 //! these checks on a path of their own, reusing within a batch the strings it spelled for the
 //! request before; the twin spells nothing, so a string reused where it must not be shows here.
@@ -9,9 +9,10 @@
 use proptest::prelude::*;
 
 use crate::support::RedisServer;
-use tollgate::store::bucket::{self, Bucket};
+use tollgate::kinds::tokens;
+use tollgate::kinds::twin::{self, Stored};
+use tollgate::kinds::BucketRequest;
 use tollgate::store::redis::script::BUCKET_SCRIPT;
-use tollgate::store::BucketRequest;
 
 /// The keys' limits, as the script receives them: (rate, burst). One limit per key: the expiry
 /// a charge sets is for its own rate, so a key checked at a slower rate after it expired would
@@ -90,11 +91,11 @@ fn request(check: &Check) -> BucketRequest {
 
 /// What the twin expects of one check at `now`: its reply field, and, when it charged (the
 /// new state is then in `state`), the key's expiry (ms).
-fn expect(check: &Check, state: &mut Option<Bucket>, now: u64) -> (String, Option<u64>) {
+fn expect(check: &Check, state: &mut Option<Stored>, now: u64) -> (String, Option<u64>) {
     let request = request(check);
     let before = *state;
-    let debt = bucket::debt_now(before, now, request.rate);
-    let (allowed, outcomes) = bucket::decide(
+    let debt = tokens::debt_now(before, now, request.rate);
+    let (allowed, outcomes) = twin::decide(
         std::slice::from_ref(&request),
         std::slice::from_mut(state),
         now,
@@ -143,7 +144,7 @@ fn run(redis: &RedisServer, starts: &[Start], calls: &[Call]) -> Result<(), Test
         .and_then(|client| client.get_connection())
         .expect("a connection");
     redis.cli(&["FLUSHDB"]);
-    let mut states: Vec<Option<Bucket>> = vec![None; KEYS.len()];
+    let mut states: Vec<Option<Stored>> = vec![None; KEYS.len()];
     // The expiry (ms) each key was last written with.
     let mut expiries = vec![0u64; KEYS.len()];
     let time = time_us(redis);
@@ -151,7 +152,7 @@ fn run(redis: &RedisServer, starts: &[Start], calls: &[Call]) -> Result<(), Test
         if let Some((debt, age_us)) = *start {
             let ts = time.saturating_add_signed(-age_us);
             redis.cli(&["SET", KEYS[i], &format!("{debt} {ts}")]);
-            states[i] = Some(Bucket { debt, ts_us: ts });
+            states[i] = Some(Stored { debt, ts_us: ts });
             expiries[i] = u64::MAX;
         }
     }

@@ -11,10 +11,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::support::{redis_store, RedisServer};
-use tollgate::store::bucket::Bucket as Stored;
+use tollgate::kinds::twin::Stored;
+use tollgate::kinds::{BucketOutcome, BucketRequest};
 use tollgate::store::memory::{Clock, ManualClock, MemoryStore};
 use tollgate::store::redis::{RedisStore, Topology};
-use tollgate::store::{BucketOutcome, BucketRequest, Store, StoreDecision};
+use tollgate::store::{Store, StoreDecision};
 
 /// A bucket used in a step: (key, rate, burst, cost, shadow).
 type Bucket = (&'static str, f64, f64, u64, bool);
@@ -654,7 +655,7 @@ fn a_key_that_changes_between_bucket_and_quota_is_read_as_fresh() {
     let redis = Redis::start();
     let bucket = request("kind:k", 0.001, 5.0, 1);
     let quota = BucketRequest {
-        meter: tollgate::store::Meter::Quota(tollgate::base::calendar::Period::Day),
+        meter: tollgate::kinds::Meter::Quota(tollgate::base::calendar::Period::Day),
         ..request("kind:k", 0.0, 3.0, 1)
     };
     assert_eq!(

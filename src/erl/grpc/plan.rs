@@ -10,10 +10,10 @@ use crate::base::rate::count_f64;
 use crate::config::OVER_COST;
 use crate::erl::config::UNITS;
 use crate::erl::policy::{ErlRules, Kind, Rule};
+use crate::kinds::BucketRequest;
 use crate::policy::descriptors::hits_of;
 use crate::policy::limit::Numbers;
 use crate::policy::Policy;
-use crate::store::BucketRequest;
 
 /// The plan of a request of a domain of envoyproxy/ratelimit rules.
 #[derive(Debug, Default)]

@@ -11,8 +11,8 @@ use actix_web::{web, FromRequest, HttpRequest, HttpResponse, ResponseError};
 
 use super::{problem, Caller};
 use crate::answer::STORE_FAILED_RETRY_AFTER_S;
+use crate::limiter::peek::Unanswered;
 use crate::state::AppState;
-use crate::store::StoreError;
 
 /// An admin call's failure, answered as `application/problem+json`.
 #[derive(Debug, thiserror::Error)]
@@ -51,9 +51,9 @@ impl AdminError {
 
 /// A store call that failed: 503 with `Retry-After: 1`. Calls whose retry needs a word of
 /// its own (that a release is idempotent, that nothing was charged) say so themselves.
-impl From<StoreError> for AdminError {
-    fn from(error: StoreError) -> AdminError {
-        AdminError::Unavailable(format!("the store did not answer ({error}): retry"))
+impl From<Unanswered> for AdminError {
+    fn from(error: Unanswered) -> AdminError {
+        AdminError::Unavailable(error.to_string())
     }
 }
 

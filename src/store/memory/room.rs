@@ -7,31 +7,11 @@ use super::shard::Shard;
 pub fn drop_refilled(shards: &mut [&mut Shard], now_us: u64) -> usize {
     let mut freed = 0;
     for shard in shards {
-        let before = shard.buckets.len() + shard.leases.len();
-        shard.buckets.retain(|_, entry| entry.full_at_us > now_us);
-        // A concurrency key whose leases all expired is as good as absent; a held lease is
-        // never dropped (that would admit one more than the limit).
-        shard
-            .leases
-            .retain(|_, set| set.iter().any(|(_, until)| *until > now_us));
-        freed += before - shard.buckets.len() - shard.leases.len();
-        // Expired reservations of a bucket gone full have nothing left to give back: they
-        // move to the late ones (as Redis would find them), which go after their grace.
-        let idle: Vec<String> = shard
-            .reservations
-            .iter()
-            .filter(|(key, set)| {
-                !set.iter().any(|r| r.until > now_us) && !shard.buckets.contains_key(key.as_str())
-            })
-            .map(|(key, _)| key.clone())
-            .collect();
-        for key in idle {
-            shard.sweep(&key, now_us, |r| r.refund);
-        }
-        shard.late.retain(|_, set| {
-            set.retain(|r| r.until > now_us);
-            !set.is_empty()
-        });
+        let Shard { buckets, beside } = &mut **shard;
+        let before = buckets.len();
+        buckets.retain(|_, entry| entry.full_at_us > now_us);
+        freed += before - buckets.len();
+        freed += beside.drop_expired(now_us, |key| buckets.contains_key(key));
     }
     freed
 }

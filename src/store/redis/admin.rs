@@ -11,9 +11,9 @@ use redis::Value;
 use super::wire::as_float;
 use super::RedisStore;
 use crate::base::keys;
-use crate::store::{
-    bucket, BucketOutcome, BucketRequest, Meter, Reserved, Settle, Settled, StoreError,
-};
+use crate::kinds::reserve::{Settle, Settled};
+use crate::kinds::{can_pay, BucketOutcome, BucketRequest, Kind, Reserved};
+use crate::store::StoreError;
 
 /// `lua/peek.lua` as shipped, calendar and bounds included.
 pub const PEEK_SCRIPT: &str = concat!(
@@ -62,7 +62,7 @@ impl RedisStore {
 
     /// `lua/settle.lua`: one reservation settled, at most once, late too.
     pub(super) async fn settle_reservation(&self, settle: &Settle) -> Result<Settled, StoreError> {
-        let Meter::Reserve(reserve) = settle.bucket.meter else {
+        let Some(reserve) = settle.bucket.meter.reserve() else {
             return Err(StoreError::Other("not a reservation".into()));
         };
         let bucket = &settle.bucket;
@@ -89,16 +89,7 @@ impl RedisStore {
             Value::SimpleString(text) => text.as_str(),
             _ => return Err(malformed()),
         };
-        let (held, tokens) = text.split_once(' ').ok_or_else(malformed)?;
-        let tokens: f64 = tokens.parse().map_err(|_| malformed())?;
-        Ok(Settled {
-            held: held == "1",
-            outcome: BucketOutcome {
-                tokens,
-                enough: tokens >= 1.0,
-                window: None,
-            },
-        })
+        Settled::read(text).ok_or_else(malformed)
     }
 
     /// `lua/release.lua`: one lease given back; whether it was held.
@@ -143,7 +134,8 @@ impl RedisStore {
     }
 }
 
-/// `"level"` (a bucket) or `"level t w"` (a quota) → the key's state before any charge.
+/// `"level"` (a bucket), `"level t w"` (a quota), `"level tokens held"` (a reserving or
+/// borrowing bucket) → the key's state before any charge, and what is held aside.
 fn parse_peek(
     reply: &Value,
     request: &BucketRequest,
@@ -160,29 +152,17 @@ fn parse_peek(
         .and_then(|f| as_float(&Value::SimpleString(f.into())))
         .ok_or_else(malformed)?;
     let mut number = || fields.next()?.parse::<u64>().ok();
-    // Beside a reserving or borrowing bucket: what is held aside, and by how many.
-    let reserved = match request.meter {
-        // The tokens held by live slices (micro-tokens), and their groups.
-        Meter::Borrow(_) => {
-            let (micro, groups) = number().zip(number()).ok_or_else(malformed)?;
-            Some(Reserved {
-                tokens: micro.div_ceil(1_000_000),
-                held: groups,
-            })
-        }
-        Meter::Reserve(_) => {
-            let (tokens, held) = number().zip(number()).ok_or_else(malformed)?;
-            Some(Reserved { tokens, held })
-        }
-        Meter::Bucket | Meter::Quota(_) | Meter::Concurrency(_) => None,
-    };
-    let window = request.meter.read_window(number).ok_or_else(malformed)?;
+    let reserved = request.meter.read_held(&mut number).ok_or_else(malformed)?;
+    let window = request
+        .meter
+        .read_window(&mut number)
+        .ok_or_else(malformed)?;
     if fields.next().is_some() {
         return Err(malformed());
     }
     let outcome = BucketOutcome {
         tokens,
-        enough: bucket::can_pay(tokens, request.cost),
+        enough: can_pay(tokens, request.cost),
         window,
     };
     Ok((outcome, reserved))
@@ -193,28 +173,22 @@ mod tests {
     use super::*;
     use crate::base::calendar::Period;
 
-    fn request(meter: Meter) -> BucketRequest {
-        BucketRequest {
-            meter,
-            ..BucketRequest::bucket("tg:l:{k}", 1.0, 5.0)
-        }
+    fn bucket() -> BucketRequest {
+        BucketRequest::bucket("tg:l:{k}", 1.0, 5.0)
     }
 
     #[test]
     fn peek_replies_parse_and_malformed_ones_are_errors() {
         let text = |t: &str| Value::BulkString(t.as_bytes().to_vec());
-        let (peeked, _) = parse_peek(&text("0.5"), &request(Meter::Bucket)).unwrap();
+        let (peeked, _) = parse_peek(&text("0.5"), &bucket()).unwrap();
         assert_eq!(peeked.tokens, 0.5);
         assert!(!peeked.enough);
-        let quota = request(Meter::Quota(Period::Day));
+        let quota = BucketRequest::quota("tg:l:{k}", Period::Day, 5);
         let (peeked, _) = parse_peek(&text("3 60 86400"), &quota).unwrap();
         assert_eq!(peeked.tokens, 3.0);
         assert_eq!(peeked.window.map(|w| w.ends_in_s), Some(60));
         for bad in ["", "x", "1 2"] {
-            assert!(
-                parse_peek(&text(bad), &request(Meter::Bucket)).is_err(),
-                "{bad:?}"
-            );
+            assert!(parse_peek(&text(bad), &bucket()).is_err(), "{bad:?}");
         }
         assert!(parse_peek(&text("3 60"), &quota).is_err());
     }

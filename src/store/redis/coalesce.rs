@@ -27,7 +27,8 @@ use tokio::sync::oneshot;
 use super::connection::Connection;
 use super::script::{call_script, script_command, LuaScript};
 use super::wire::{bucket_args, classify};
-use crate::store::{BucketRequest, StoreError};
+use crate::kinds::BucketRequest;
+use crate::store::StoreError;
 
 /// Most requests one call carries: a bigger batch would hold Redis, which runs one script at a
 /// time, for longer than a few single calls do; the rest of a queue goes in further calls,

@@ -22,7 +22,8 @@ use futures_util::future::join_all;
 use redis::cluster_routing::Slot;
 
 use super::RedisStore;
-use crate::store::{BucketRequest, StoreDecision, StoreError};
+use crate::kinds::BucketRequest;
+use crate::store::{StoreDecision, StoreError};
 
 /// Indices of `buckets` grouped by Cluster slot, in order of first appearance.
 pub(super) fn group_by_slot(buckets: &[BucketRequest]) -> Vec<Vec<usize>> {
@@ -119,7 +120,7 @@ pub(super) async fn decide(
 
 /// What `lua/refund.lua` needs to find a charge: the charging call's `now` for a bucket; for a
 /// quota, the start of the period it counted in (now + time left - period length).
-fn charge_mark(window: Option<crate::store::Window>, charged_at: &str) -> String {
+fn charge_mark(window: Option<crate::kinds::Window>, charged_at: &str) -> String {
     match (window, charged_at.parse::<u64>()) {
         (Some(window), Ok(now_us)) => {
             let start =

@@ -1,18 +1,19 @@
 //! The wire format of the scripts: a bucket's arguments, and replies parsed into decisions.
 use redis::{Cmd, RedisError, Value};
 
-use crate::store::meter::ScriptArg;
-use crate::store::{BucketOutcome, BucketRequest, Meter, Slice, StoreDecision, StoreError, Window};
+use crate::kinds::{BucketOutcome, BucketRequest, Kind, ScriptArg, Window};
+use crate::store::{StoreDecision, StoreError};
 
-/// One bucket's four script arguments: its meter's ([`Meter::script_arg`]: the rate, a
-/// quota's period code, or the kind's fields), burst (or quota), cost, and one
-/// script-specific value.
+/// One bucket's four script arguments: its kind's ([`Kind::script_arg`]: the rate, a quota's
+/// period code, or the kind's fields), burst (or quota), cost, and one script-specific value.
+///
+/// [`Kind::script_arg`]: crate::kinds::Kind::script_arg
 pub(super) fn bucket_args(cmd: &mut Cmd, bucket: &BucketRequest, last: &str) {
     script_arg(cmd, bucket.meter.script_arg(bucket.rate));
     number_arg(cmd, bucket.burst).arg(bucket.cost).arg(last);
 }
 
-/// A meter's argument, written as a script reads it.
+/// A kind's argument, written as a script reads it.
 pub(super) fn script_arg(cmd: &mut Cmd, arg: ScriptArg) -> &mut Cmd {
     match arg {
         ScriptArg::Number(x) => number_arg(cmd, x),
@@ -36,21 +37,16 @@ fn number_arg(cmd: &mut Cmd, x: f64) -> &mut Cmd {
     }
 }
 
-/// The quota windows appended to a reply (`t, w` per quota, in order), one per bucket.
+/// The windows appended to a reply (`t, w` per quota, in order), one per bucket; `None`
+/// when numbers are missing or left over.
 pub(super) fn windows(items: &[Value], buckets: &[&BucketRequest]) -> Option<Vec<Option<Window>>> {
-    let quotas = buckets
-        .iter()
-        .filter(|b| matches!(b.meter, Meter::Quota(_)))
-        .count();
-    if items.len() != 2 * quotas {
-        return None;
-    }
     let mut numbers = items.iter();
     let mut number = || u64::try_from(as_int(numbers.next()?)?).ok();
-    buckets
+    let windows = buckets
         .iter()
         .map(|bucket| bucket.meter.read_window(&mut number))
-        .collect()
+        .collect::<Option<Vec<_>>>()?;
+    numbers.next().is_none().then_some(windows)
 }
 
 /// `{tokens_1, ..., tokens_n, now, windows...}` of `lua/report.lua` → outcomes.
@@ -115,26 +111,17 @@ pub(super) fn parse_decision(
         })
         .collect::<Option<Vec<_>>>()
         .ok_or_else(malformed)?;
+    let mut number = || fields.next()?.parse::<u64>().ok();
     for (outcome, request) in buckets.iter_mut().zip(requests) {
-        let number = || fields.next()?.parse::<u64>().ok();
-        outcome.window = request.meter.read_window(number).ok_or_else(malformed)?;
+        outcome.window = request
+            .meter
+            .read_window(&mut number)
+            .ok_or_else(malformed)?;
     }
     let mut slices = Vec::new();
     for (index, request) in requests.iter().enumerate() {
-        if let Meter::Borrow(_) = request.meter {
-            let mut number = || fields.next()?.parse::<u64>().ok();
-            let (tokens, deadline_us) = number().zip(number()).ok_or_else(malformed)?;
-            let incarnation = number().ok_or_else(malformed)?;
-            if tokens > 0 {
-                slices.push(Slice {
-                    bucket: index,
-                    tokens,
-                    deadline_us,
-                    now_us: now.parse().map_err(|_| malformed())?,
-                    incarnation,
-                });
-            }
-        }
+        let slice = request.meter.read_slice(&mut number, index, &now);
+        slices.extend(slice.ok_or_else(malformed)?);
     }
     if fields.next().is_some() {
         return Err(malformed());
@@ -235,10 +222,7 @@ mod tests {
         let reply =
             Value::BulkString(b"1 1764669600123456 4500000 1 -2500001 0 7 1 60 3600".to_vec());
         let bucket = one_bucket();
-        let quota = BucketRequest {
-            meter: Meter::Quota(crate::base::calendar::Period::Hour),
-            ..one_bucket()
-        };
+        let quota = BucketRequest::quota("k", crate::base::calendar::Period::Hour, 5);
         let (decision, now) = parse_decision(reply, &[&bucket, &bucket, &quota]).unwrap();
         assert!(decision.allowed);
         assert_eq!(now, "1764669600123456");

@@ -1,0 +1,238 @@
+use super::*;
+use crate::base::clock::ManualClock;
+
+fn bucket(key: &str) -> BucketRequest {
+    BucketRequest::bucket(key, 100.0, 200.0)
+}
+
+fn lender() -> (Lender, Arc<ManualClock>) {
+    let clock = Arc::new(ManualClock::default());
+    clock.set_us(10_000_000);
+    let lender = Lender::with_clock(64, 100_000, clock.clone()).with_min_demand(2);
+    (lender, clock)
+}
+
+/// A store call's requests and when it was planned, the ask left in flight (answered
+/// below through `Lender::learn`, as `Asking::learn` answers).
+fn asked(plan: Plan<'_>) -> (Vec<BucketRequest>, u64) {
+    match plan {
+        Plan::Store(mut asking) => {
+            asking.open = false;
+            (std::mem::take(&mut asking.buckets), asking.sent_us)
+        }
+        Plan::Local(_) => panic!("expected a store call"),
+    }
+}
+
+fn want_of(request: &BucketRequest) -> u64 {
+    request.meter.borrow().map_or(0, |borrow| borrow.want)
+}
+
+#[test]
+fn a_cold_key_asks_for_nothing_and_a_hot_one_for_its_last_horizon() {
+    let (lender, clock) = lender();
+    let b = [bucket("k")];
+    let (first, _) = asked(lender.plan(&b, &[true]).0);
+    assert_eq!(want_of(&first[0]), 0, "one request: a cold key");
+    let (second, sent) = asked(lender.plan(&b, &[true]).0);
+    assert_eq!(want_of(&second[0]), 2, "two so far in this horizon");
+    // Asking: the next calls ask for nothing until it answers.
+    for _ in 0..3 {
+        let (again, _) = asked_again(&lender, &b);
+        assert_eq!(want_of(&again[0]), 0);
+    }
+    lender.learn(&second, &[], sent);
+    clock.advance_us(100_000);
+    let (asked, _) = asked(lender.plan(&b, &[true]).0);
+    assert_eq!(want_of(&asked[0]), 5, "five seen in the last horizon");
+    clock.advance_us(250_000);
+    let (cold, _) = asked_again(&lender, &b);
+    assert_eq!(
+        want_of(&cold[0]),
+        0,
+        "nothing in the last two horizons: cold again"
+    );
+}
+
+#[test]
+fn an_ask_dropped_unanswered_lets_the_next_call_ask() {
+    let (lender, _) = lender();
+    let b = [bucket("k")];
+    let (cold, _) = asked(lender.plan(&b, &[true]).0);
+    assert_eq!(want_of(&cold[0]), 0);
+    let (plan, _) = lender.plan(&b, &[true]);
+    let Plan::Store(asking) = plan else {
+        panic!("expected a store call")
+    };
+    assert_eq!(want_of(&asking.buckets()[0]), 2);
+    // The store failed, or the check was cancelled: no answer comes.
+    drop(asking);
+    let (again, _) = asked_again(&lender, &b);
+    assert_eq!(want_of(&again[0]), 3, "asks again at once");
+}
+
+fn asked_again(lender: &Lender, b: &[BucketRequest]) -> (Vec<BucketRequest>, u64) {
+    asked(lender.plan(b, &[true]).0)
+}
+
+fn grid_of(request: &BucketRequest) -> Option<u64> {
+    let borrow = request.meter.borrow()?;
+    (borrow.want > 0).then_some(borrow.grid_us)
+}
+
+#[test]
+fn rungs_are_ten_times_apart_up_to_the_longest() {
+    let clock = Arc::new(ManualClock::default());
+    let rungs = |horizon_us, longest_us| {
+        Lender::with_clock(64, horizon_us, clock.clone())
+            .with_longest_horizon(longest_us)
+            .grids()
+            .to_vec()
+    };
+    assert_eq!(rungs(100_000, 100_000), [100_000]);
+    assert_eq!(rungs(100_000, 10_000_000), [100_000, 1_000_000, 10_000_000]);
+    assert_eq!(rungs(100_000, 5_000_000), [100_000, 1_000_000, 5_000_000]);
+    assert_eq!(
+        rungs(10_000, 60_000_000),
+        [10_000, 100_000, 1_000_000, 10_000_000],
+        "at most four"
+    );
+}
+
+#[test]
+fn a_key_too_slow_for_the_horizon_borrows_on_the_shortest_rung_it_fills() {
+    let clock = Arc::new(ManualClock::default());
+    clock.set_us(10_000_000);
+    let lender = Lender::with_clock(64, 100_000, clock.clone())
+        .with_longest_horizon(10_000_000)
+        .with_min_demand(3);
+    let b = [bucket("slow")];
+    // One request every 200 ms: never 3 in 100 ms, 3 in a second by the third.
+    let mut grids = Vec::new();
+    for _ in 0..4 {
+        let (call, sent) = asked(lender.plan(&b, &[true]).0);
+        grids.push(grid_of(&call[0]));
+        lender.learn(&call, &[], sent);
+        clock.advance_us(200_000);
+    }
+    assert_eq!(grids, [None, None, Some(1_000_000), Some(1_000_000)]);
+    // The same key, now hot: three in one short horizon borrow on it.
+    for _ in 0..2 {
+        let (call, sent) = asked(lender.plan(&b, &[true]).0);
+        lender.learn(&call, &[], sent);
+    }
+    let (call, _) = asked(lender.plan(&b, &[true]).0);
+    assert_eq!(grid_of(&call[0]), Some(100_000));
+    assert_eq!(want_of(&call[0]), 3, "its demand over the short horizon");
+}
+
+#[test]
+fn a_slice_serves_until_half_way_to_its_deadline_then_goes_back() {
+    let (lender, clock) = lender();
+    let b = [bucket("k")];
+    let (asked, sent) = asked(lender.plan(&b, &[true]).0);
+    let slice = Slice {
+        bucket: 0,
+        tokens: 3,
+        deadline_us: 1_200_000,
+        now_us: 1_000_000,
+        incarnation: 900_000,
+    };
+    assert_eq!(lender.learn(&asked, &[slice], sent), 3);
+    for left in [2.0, 1.0, 0.0] {
+        match lender.plan(&b, &[true]).0 {
+            Plan::Local(tokens) => assert_eq!(tokens, vec![left]),
+            Plan::Store(_) => panic!("served from the slice"),
+        }
+    }
+    let (asked, _) = asked_again(&lender, &b);
+    let Some(borrow) = asked[0].meter.borrow() else {
+        panic!("a borrowing request")
+    };
+    assert_eq!(
+        borrow.give,
+        Some(GiveBack {
+            deadline_us: 1_200_000,
+            taken: 3,
+            unused: 0,
+            incarnation: 900_000,
+        })
+    );
+    // A new slice, then time passes beyond half the way to its deadline: not used.
+    lender.learn(&asked, &[slice], clock.now_us());
+    clock.advance_us(99_900);
+    assert!(matches!(lender.plan(&b, &[true]).0, Plan::Store(_)));
+}
+
+#[test]
+fn a_request_is_served_locally_only_when_every_bucket_can_be() {
+    let (lender, _) = lender();
+    let b = [bucket("a"), bucket("b")];
+    let (asked, sent) = asked(lender.plan(&b, &[true, true]).0);
+    let slice = |i| Slice {
+        bucket: i,
+        tokens: 2,
+        deadline_us: 1_200_000,
+        now_us: 1_000_000,
+        incarnation: 900_000,
+    };
+    lender.learn(&asked, &[slice(0)], sent);
+    // "a" holds 2, "b" nothing: to the store, "a"'s slice given back whole.
+    let (asked, _) = asked_again(&lender, &b);
+    let Some(borrow) = asked[0].meter.borrow() else {
+        panic!()
+    };
+    assert_eq!(borrow.give.map(|g| g.unused), Some(2));
+    assert_eq!(lender.held("a"), 0);
+    // A limit that does not borrow sends the whole request to the store.
+    assert!(matches!(lender.plan(&b, &[true, false]).0, Plan::Store(_)));
+}
+
+#[test]
+fn a_put_back_never_reaches_a_slice_that_replaced_the_one_paid_from() {
+    let (lender, _) = lender();
+    let a = [bucket("a")];
+    let (asked, sent) = asked(lender.plan(&a, &[true]).0);
+    let slice = Slice {
+        bucket: 0,
+        tokens: 4,
+        deadline_us: 1_200_000,
+        now_us: 1_000_000,
+        incarnation: 900_000,
+    };
+    lender.learn(&asked, &[slice], sent);
+    // A check of "a" and "b" pays from "a"'s slice; meanwhile "a"'s slice is replaced by
+    // one partly used. "b" cannot pay: the token goes back to the slice it came from only.
+    let id = lender
+        .shard("a")
+        .get("a")
+        .and_then(|h| h.slice)
+        .map(|h| h.id);
+    lender.learn(&asked, &[slice], sent);
+    let _ = lender.serve_all(&a, &[true]);
+    lender.put_back(&a[0], id.unwrap_or_default());
+    assert_eq!(lender.held("a"), 3, "the new slice keeps what it had");
+}
+
+#[test]
+fn a_changed_rate_or_burst_does_not_use_the_old_slice() {
+    let (lender, _) = lender();
+    let b = [bucket("k")];
+    let (asked, sent) = asked(lender.plan(&b, &[true]).0);
+    let slice = Slice {
+        bucket: 0,
+        tokens: 5,
+        deadline_us: 1_200_000,
+        now_us: 1_000_000,
+        incarnation: 900_000,
+    };
+    lender.learn(&asked, &[slice], sent);
+    let lowered = [BucketRequest {
+        burst: 50.0,
+        ..bucket("k")
+    }];
+    assert!(matches!(lender.plan(&lowered, &[true]).0, Plan::Store(_)));
+    lender.learn(&asked, &[slice], sent);
+    lender.forget("k");
+    assert!(matches!(lender.plan(&b, &[true]).0, Plan::Store(_)));
+}
