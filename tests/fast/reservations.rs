@@ -1,8 +1,8 @@
 //! Reservations: a `charge = "report"` bucket that takes an estimate at `/check` and settles it
-//! by id at `POST /report`. The same scenarios run against the memory store (a manual clock)
-//! and a real `redis-server` (`lua/token_bucket.lua`, `lua/settle.lua`); then the real binary
-//! end to end, several instances on one Redis; then random interleavings against the memory
-//! store, checking the bound at every step.
+//! by id at `POST /report`. The same scenarios run on every store (`support::stores`: the
+//! memory store and a real `redis-server` running `lua/token_bucket.lua`, `lua/settle.lua`);
+//! then the real binary end to end, several instances on one Redis; then random interleavings
+//! against the memory store, checking the bound at every step.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -10,12 +10,11 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 
-use crate::support::{redis_config, redis_store, RedisServer, Response, Tollgate};
-use tollgate::kinds::reserve::{Reserve, Settle, Settled, MAX_LATE_SETTLES};
+use crate::support::stores::{every_store, Redis, StoreUnderTest};
+use crate::support::{redis_config, RedisServer, Response, Tollgate};
+use tollgate::kinds::reserve::{Reserve, Settle, MAX_LATE_SETTLES};
 use tollgate::kinds::{BucketRequest, Meter, Reserved};
 use tollgate::store::memory::{ManualClock, MemoryStore};
-use tollgate::store::redis::Topology;
-use tollgate::store::Store;
 
 const TOKEN: &str = "test-admin-token-0123456789";
 /// Slow enough that the milliseconds a Redis step takes refill nothing visible.
@@ -34,104 +33,18 @@ fn settle(request: &BucketRequest, estimate: u64, actual: u64) -> Settle {
     }
 }
 
-/// A store and a way to let time pass past a reservation's expiry.
-trait Harness {
-    fn decide(&self, buckets: &[BucketRequest]) -> (bool, Vec<f64>);
-    /// Each request decided alone, all at once; how many were admitted.
-    fn decide_each(&self, requests: &[BucketRequest]) -> usize;
-    fn settle(&self, settle: &Settle) -> Settled;
-    fn reserved(&self, bucket: &BucketRequest) -> Reserved;
-    fn peek(&self, bucket: &BucketRequest) -> f64;
-    /// Lets more than `ms` pass on the store's clock.
-    fn pass(&self, ms: u64);
+/// A decision as these scenarios read it: whether it was allowed, and each bucket's tokens.
+fn decide(store: &dyn StoreUnderTest, buckets: &[BucketRequest]) -> (bool, Vec<f64>) {
+    let decided = StoreUnderTest::decide(store, buckets);
+    (
+        decided.allowed,
+        decided.buckets.iter().map(|b| b.tokens).collect(),
+    )
 }
 
-struct Memory {
-    store: MemoryStore<Arc<ManualClock>>,
-    clock: Arc<ManualClock>,
-}
-
-impl Harness for Memory {
-    fn decide(&self, buckets: &[BucketRequest]) -> (bool, Vec<f64>) {
-        let decided = self.store.decide_sync(buckets);
-        (
-            decided.allowed,
-            decided.buckets.iter().map(|b| b.tokens).collect(),
-        )
-    }
-    fn decide_each(&self, requests: &[BucketRequest]) -> usize {
-        requests
-            .iter()
-            .filter(|request| {
-                self.store
-                    .decide_sync(std::slice::from_ref(request))
-                    .allowed
-            })
-            .count()
-    }
-    fn settle(&self, settle: &Settle) -> Settled {
-        self.store.settle_now(settle)
-    }
-    fn reserved(&self, bucket: &BucketRequest) -> Reserved {
-        self.store.reserved_now(bucket)
-    }
-    fn peek(&self, bucket: &BucketRequest) -> f64 {
-        self.store.peek_now(bucket).tokens
-    }
-    fn pass(&self, ms: u64) {
-        self.clock.advance_ms(ms + 1);
-    }
-}
-
-struct Redis {
-    server: RedisServer,
-    store: tollgate::store::redis::RedisStore,
-    runtime: tokio::runtime::Runtime,
-}
-
-impl Harness for Redis {
-    fn decide(&self, buckets: &[BucketRequest]) -> (bool, Vec<f64>) {
-        let decided = self
-            .runtime
-            .block_on(self.store.decide(buckets))
-            .expect("decided");
-        (
-            decided.allowed,
-            decided.buckets.iter().map(|b| b.tokens).collect(),
-        )
-    }
-    fn decide_each(&self, requests: &[BucketRequest]) -> usize {
-        // Concurrent: the store sends them in a few calls, as it would a burst of checks.
-        let decided = self.runtime.block_on(futures_util::future::join_all(
-            requests
-                .iter()
-                .map(|request| self.store.decide(std::slice::from_ref(request))),
-        ));
-        decided
-            .into_iter()
-            .filter(|decided| decided.as_ref().expect("decided").allowed)
-            .count()
-    }
-    fn settle(&self, settle: &Settle) -> Settled {
-        self.runtime
-            .block_on(self.store.settle(settle))
-            .expect("settled")
-    }
-    fn reserved(&self, bucket: &BucketRequest) -> Reserved {
-        self.runtime
-            .block_on(self.store.reserved(bucket))
-            .expect("peeked")
-    }
-    fn peek(&self, bucket: &BucketRequest) -> f64 {
-        self.runtime
-            .block_on(self.store.peek(bucket))
-            .expect("peeked")
-            .tokens
-    }
-    fn pass(&self, ms: u64) {
-        // Redis's own clock cannot be set: a sleep is a lower bound on the time it sees pass.
-        std::thread::sleep(Duration::from_millis(ms + 5));
-    }
+/// The tokens a peek finds in a bucket.
+fn peek(store: &dyn StoreUnderTest, bucket: &BucketRequest) -> f64 {
+    StoreUnderTest::peek(store, bucket).tokens
 }
 
 /// Whole tokens, as the rate refills at most a few micro-tokens during a Redis step.
@@ -139,7 +52,7 @@ fn whole(tokens: f64) -> f64 {
     (tokens * 1000.0).round() / 1000.0
 }
 
-fn run_scenarios(store: &dyn Harness, prefix: &str) {
+fn run_scenarios(store: &dyn StoreUnderTest, prefix: &str) {
     let key = format!("{prefix}:settle");
     let (a, b, c) = (
         reserve(&key, 0xa, 4, 60_000, false),
@@ -147,7 +60,7 @@ fn run_scenarios(store: &dyn Harness, prefix: &str) {
         reserve(&key, 0xc, 4, 60_000, false),
     );
     let step = |request: &BucketRequest| {
-        let (allowed, tokens) = store.decide(std::slice::from_ref(request));
+        let (allowed, tokens) = decide(store, std::slice::from_ref(request));
         (allowed, whole(tokens[0]))
     };
     assert_eq!(step(&a), (true, 6.0), "the estimate is taken at once");
@@ -185,12 +98,12 @@ fn run_scenarios(store: &dyn Harness, prefix: &str) {
     // All or nothing with the other limits: a denied request holds no reservation.
     let tight = format!("{prefix}:tight");
     let drained = BucketRequest::bucket(tight, RATE, 1.0).limit(1);
-    assert!(store.decide(std::slice::from_ref(&drained)).0);
+    assert!(decide(store, std::slice::from_ref(&drained)).0);
     let pair = [
         reserve(&format!("{prefix}:pair"), 0xf, 2, 60_000, false),
         drained,
     ];
-    let (allowed, tokens) = store.decide(&pair);
+    let (allowed, tokens) = decide(store, &pair);
     assert!(!allowed);
     assert_eq!(
         whole(tokens[0]),
@@ -207,9 +120,9 @@ fn run_scenarios(store: &dyn Harness, prefix: &str) {
     store.pass(40);
     assert_eq!(store.reserved(&kept), Reserved::default());
     assert_eq!(store.reserved(&refunded), Reserved::default());
-    assert_eq!(whole(store.peek(&kept)), 6.0, "the estimate is kept");
+    assert_eq!(whole(peek(store, &kept)), 6.0, "the estimate is kept");
     assert_eq!(
-        whole(store.peek(&refunded)),
+        whole(peek(store, &refunded)),
         BURST,
         "the estimate comes back"
     );
@@ -254,15 +167,15 @@ fn run_scenarios(store: &dyn Harness, prefix: &str) {
     assert!(late.held);
     assert_eq!(whole(late.outcome.tokens), 9.0, "3 of 4 given back");
     assert!(!store.settle(&settle(&cheap, 4, 0)).held);
-    assert_eq!(whole(store.peek(&cheap)), 9.0);
+    assert_eq!(whole(peek(store, &cheap)), 9.0);
 }
 
 /// A late settle applies what the expiry did, whatever mode the settling instance (reloaded
 /// since, or another instance) runs: given back at expiry, the whole actual cost is charged;
 /// kept, the difference applies. Never the estimate back a second time, never kept twice.
-fn late_settles_follow_what_the_expiry_did(store: &dyn Harness, prefix: &str) {
+fn late_settles_follow_what_the_expiry_did(store: &dyn StoreUnderTest, prefix: &str) {
     let step = |request: &BucketRequest| {
-        let (allowed, tokens) = store.decide(std::slice::from_ref(request));
+        let (allowed, tokens) = decide(store, std::slice::from_ref(request));
         (allowed, whole(tokens[0]))
     };
     // Given back under 'refund', settled under 'keep'.
@@ -298,7 +211,7 @@ fn late_settles_follow_what_the_expiry_did(store: &dyn Harness, prefix: &str) {
 
 /// A bucket keeps at most MAX_LATE_SETTLES expired reservations for a late settle, the
 /// oldest dropped first: settling one of those changes nothing (its expiry's outcome stands).
-fn late_settles_are_bounded_per_bucket(store: &dyn Harness, prefix: &str) {
+fn late_settles_are_bounded_per_bucket(store: &dyn StoreUnderTest, prefix: &str) {
     let key = format!("{prefix}:many");
     let burst = (MAX_LATE_SETTLES + 1) as f64;
     let one = |id: u128| BucketRequest {
@@ -306,7 +219,7 @@ fn late_settles_are_bounded_per_bucket(store: &dyn Harness, prefix: &str) {
         ..reserve(&key, id, 1, 40, false)
     };
     // The oldest first, then the rest together.
-    assert!(store.decide(std::slice::from_ref(&one(0))).0);
+    assert!(decide(store, std::slice::from_ref(&one(0))).0);
     store.pass(1);
     let rest: Vec<BucketRequest> = (1..=MAX_LATE_SETTLES as u128).map(one).collect();
     assert_eq!(store.decide_each(&rest), MAX_LATE_SETTLES);
@@ -330,18 +243,15 @@ fn late_settles_are_bounded_per_bucket(store: &dyn Harness, prefix: &str) {
     );
 }
 
-#[test]
-fn reservations_on_the_memory_store() {
-    let clock = Arc::new(ManualClock::default());
-    clock.set_us(1_000_000_000_000);
-    let harness = Memory {
-        store: MemoryStore::with_clock(10_000, clock.clone()),
-        clock,
-    };
-    run_scenarios(&harness, "mem");
-    late_settles_follow_what_the_expiry_did(&harness, "mem");
-    late_settles_are_bounded_per_bucket(&harness, "mem");
+/// The scenarios above, on one store.
+fn reservation_scenarios(store: &dyn StoreUnderTest) {
+    let prefix = store.name();
+    run_scenarios(store, prefix);
+    late_settles_follow_what_the_expiry_did(store, prefix);
+    late_settles_are_bounded_per_bucket(store, prefix);
 }
+
+every_store!(reservation_scenarios);
 
 /// An expired reservation filed by an earlier release, without the flag saying what its expiry
 /// did, settles as given back: the whole actual cost is charged and nothing is returned, so an
@@ -349,10 +259,10 @@ fn reservations_on_the_memory_store() {
 fn unflagged_late_settles_charge_the_actual_cost(store: &Redis) {
     let key = "redis:unflagged";
     let first = reserve(key, 0x30, 4, 40, false);
-    assert!(store.decide(std::slice::from_ref(&first)).0);
+    assert!(decide(store, std::slice::from_ref(&first)).0);
     store.pass(40);
     // A check sweeps the first (kept): 10 - 4 - 4.
-    assert!(store.decide(&[reserve(key, 0x31, 4, 60_000, false)]).0);
+    assert!(decide(store, &[reserve(key, 0x31, 4, 60_000, false)]).0);
     let late = format!("{key}:x");
     let member = format!("{:032x}:4", 0x30);
     let filed = store.server.cli(&["ZSCORE", &late, &format!("{member}:k")]);
@@ -375,23 +285,8 @@ fn unflagged_late_settles_charge_the_actual_cost(store: &Redis) {
 }
 
 #[test]
-fn reservations_on_redis() {
-    let server = RedisServer::start();
-    // A budget, not a figure: the cap scenario decides 10,000 reservations at once, which a
-    // loaded machine may take seconds over.
-    let (store, runtime) = redis_store(
-        &Topology::Single { url: &server.url() },
-        Duration::from_secs(30),
-    );
-    let harness = Redis {
-        server,
-        store,
-        runtime,
-    };
-    run_scenarios(&harness, "redis");
-    late_settles_follow_what_the_expiry_did(&harness, "redis");
-    unflagged_late_settles_charge_the_actual_cost(&harness);
-    late_settles_are_bounded_per_bucket(&harness, "redis");
+fn unflagged_late_settles_charge_the_actual_cost_on_redis() {
+    unflagged_late_settles_charge_the_actual_cost(&Redis::start());
 }
 
 fn reserving(extra: &str) -> String {

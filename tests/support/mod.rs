@@ -20,6 +20,7 @@ pub mod latency;
 pub mod otlp;
 pub mod proxies;
 pub mod rlqs;
+pub mod stores;
 // A real statsd daemon: a process of its own per test, so only the second tier starts one.
 #[cfg(feature = "e2e")]
 pub mod statsd;
