@@ -9,6 +9,7 @@ pub mod chaos;
 pub mod cluster;
 pub mod commandstats;
 pub mod deploy;
+pub mod fixtures;
 // A real Envoy: a process of its own per test, so only the second tier starts one.
 #[cfg(feature = "e2e")]
 pub mod envoy;
@@ -32,11 +33,13 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+mod answers;
 mod certs;
 mod config_text;
 mod process;
 mod redis_server;
 
+pub use self::answers::*;
 pub use self::certs::*;
 pub use self::config_text::*;
 pub use self::http::{HttpClient, Response};

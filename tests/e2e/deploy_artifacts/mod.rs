@@ -10,7 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use crate::support::deploy::{self, repo_path, run, text, yaml_documents};
-use crate::support::{HttpClient, RedisServer, TempDir, Tollgate};
+use crate::support::{assert_denied, HttpClient, RedisServer, TempDir, Tollgate};
 use serde_json::Value;
 
 mod kubernetes;

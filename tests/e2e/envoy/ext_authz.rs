@@ -31,7 +31,7 @@ fn ext_authz_allowed_requests_get_the_quota_and_a_denial_is_tollgates_problem_js
     let mut stack = ext_authz_stack(PER_IP_BURST_3);
     for remaining in [2, 1, 0] {
         let allowed = from(&stack.proxy, CLIENT_A, "GET", "/items", &[]);
-        assert_eq!(allowed.status, 200, "{allowed:?}");
+        assert_allowed(&allowed, 3, remaining);
         assert_eq!(allowed.body, "backend\n");
         assert!(
             allowed
@@ -43,11 +43,6 @@ fn ext_authz_allowed_requests_get_the_quota_and_a_denial_is_tollgates_problem_js
         assert_eq!(
             allowed.header("ratelimit-policy"),
             Some("\"per-ip\";q=3;w=300")
-        );
-        assert_eq!(allowed.header("x-ratelimit-limit"), Some("3"));
-        assert_eq!(
-            allowed.header("x-ratelimit-remaining"),
-            Some(remaining.to_string().as_str())
         );
         assert_no_duplicate_quota_headers(&allowed);
     }

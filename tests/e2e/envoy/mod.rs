@@ -18,7 +18,7 @@ use crate::support::proxies::scenarios::{
     API_WRITES_BURST_1,
 };
 use crate::support::proxies::{read_shipped, template};
-use crate::support::{wait_until, RedisServer, Response, Tollgate};
+use crate::support::{assert_allowed, assert_denied, wait_until, RedisServer, Response, Tollgate};
 use serde_yaml::Value;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;

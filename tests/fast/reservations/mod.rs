@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 
+use crate::support::fixtures::ONE_SLOT_PER_KEY;
 use crate::support::stores::{every_store, Redis, StoreUnderTest};
 use crate::support::{redis_config, RedisServer, Response, Tollgate};
 use tollgate::kinds::reserve::{Reserve, Settle, MAX_LATE_SETTLES};

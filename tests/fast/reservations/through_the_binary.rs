@@ -89,10 +89,7 @@ fn the_header_raises_the_estimate_and_peek_shows_what_is_held() {
 #[test]
 fn a_report_names_reservations_and_leases_or_is_refused_with_the_field() {
     let redis = RedisServer::start();
-    let limits = format!(
-        "{}[[limits]]\nname = \"slots\"\nconcurrency = 1\nkey = [\"header:x-api-key\"]\n",
-        reserving("")
-    );
+    let limits = format!("{}{ONE_SLOT_PER_KEY}", reserving(""));
     let tollgate = start(&redis, &limits);
     let answer = tollgate.check(&[("x-api-key", "acme")]);
     assert_eq!(answer.status, 200, "{}", answer.body);
