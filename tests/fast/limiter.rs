@@ -11,6 +11,7 @@ use crate::support::limit;
 use crate::support::{assert_header, assert_x_ratelimit};
 use actix_web::http::header::{HeaderMap, HeaderName, HeaderValue};
 use figment::providers::{Format, Toml};
+use tollgate::base::clock::ManualClock;
 use tollgate::config::{Config, OnError};
 use tollgate::kinds::BucketRequest;
 use tollgate::limiter::decision::Verdict;
@@ -18,7 +19,7 @@ use tollgate::limiter::Limiter;
 use tollgate::observe::metrics::Metrics;
 use tollgate::policy::Policy;
 use tollgate::request::OriginalRequest;
-use tollgate::store::memory::{ManualClock, MemoryStore};
+use tollgate::store::memory::MemoryStore;
 use tollgate::store::{Store, StoreDecision, StoreError};
 
 fn config(limits: &str) -> Config {

@@ -7,9 +7,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::support::stores::{every_store, Redis, StoreUnderTest};
+use tollgate::base::clock::ManualClock;
 use tollgate::kinds::twin::Stored;
 use tollgate::kinds::{BucketOutcome, BucketRequest};
-use tollgate::store::memory::{ManualClock, MemoryStore};
+use tollgate::store::memory::MemoryStore;
 use tollgate::store::StoreDecision;
 
 /// A bucket used in a step: (key, rate, burst, cost, shadow).

@@ -14,9 +14,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tollgate::base::clock::{Clock, ManualClock};
 use tollgate::kinds::reserve::{Settle, Settled};
 use tollgate::kinds::{BucketOutcome, BucketRequest, Reserved, Slice};
-use tollgate::store::memory::{Clock, ManualClock, MemoryStore};
+use tollgate::store::memory::MemoryStore;
 use tollgate::store::redis::{RedisStore, Topology};
 use tollgate::store::{Store, StoreDecision};
 

@@ -1,5 +1,5 @@
-//! RLQS shares: the allocator (`store::shares::allocate`) against random demand sequences,
-//! and `lua/shares.lua` against its Rust twin on the same pools.
+//! RLQS shares: the allocator (`store::rlqs::allocate`) against random demand sequences,
+//! and `lua/rlqs.lua` against its Rust twin on the same pools.
 //!
 //! The bound: at every instant, what every holder of a pool may hold (each assignment counted
 //! until its expiry, even once replaced) sums to at most the pool's rate and size units.
@@ -9,9 +9,10 @@ use std::time::Duration;
 use proptest::prelude::*;
 
 use crate::support::{redis_store, RedisServer};
-use tollgate::store::memory::{ManualClock, MemoryStore};
+use tollgate::base::clock::ManualClock;
+use tollgate::store::memory::MemoryStore;
 use tollgate::store::redis::{RedisStore, Topology};
-use tollgate::store::shares::{
+use tollgate::store::rlqs::{
     Escrow, Grant, Holding, Member, Pool, Sent, ShareRequest, ESCROW_FIELD,
 };
 use tollgate::store::Store;
@@ -48,7 +49,7 @@ fn allocate(pool: &mut Pool, request: &ShareRequest, now: u64) -> Grant {
     if let [member] = &mut request.members[..] {
         member.last = last_sent(pool, &request.holder);
     }
-    tollgate::store::shares::allocate(pool, &request, now)
+    tollgate::store::rlqs::allocate(pool, &request, now)
 }
 
 /// What a one-bucket holder was last sent, read from its newest steps.

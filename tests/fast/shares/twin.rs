@@ -129,7 +129,7 @@ impl Twin {
             escrow,
             expires_us: 0,
         };
-        let expected = tollgate::store::shares::allocate(&mut twin, &report, now);
+        let expected = tollgate::store::rlqs::allocate(&mut twin, &report, now);
         assert_eq!(
             grant, expected,
             "grant for {seed:?} / {escrow:?} / {report:?}"

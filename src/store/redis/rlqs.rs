@@ -1,6 +1,6 @@
-//! RLQS shares in Redis: `lua/shares.lua` decides holders' reports on Redis's clock, each pool
+//! RLQS shares in Redis: `lua/rlqs.lua` decides holders' reports on Redis's clock, each pool
 //! atomically, several pools per call, so replicas never hand out the same capacity;
-//! `lua/shares_peek.lua` reads a pool. Reports go through RLQS's own breaker and deadline
+//! `lua/rlqs_peek.lua` reads a pool. Reports go through RLQS's own breaker and deadline
 //! ([`Lane::Shares`]): a flood of reports never opens the checks' breaker.
 
 use std::time::Instant;
@@ -8,11 +8,11 @@ use std::time::Instant;
 use redis::{Cmd, Value};
 
 use super::{cross_slot, Lane, RedisStore};
-use crate::store::shares::{Grant, Holding, ShareRequest, ESCROW_FIELD};
+use crate::store::rlqs::{Grant, Holding, ShareRequest, ESCROW_FIELD};
 use crate::store::StoreError;
 
-pub const SHARES_SCRIPT: &str = include_str!("../../../lua/shares.lua");
-pub const SHARES_PEEK_SCRIPT: &str = include_str!("../../../lua/shares_peek.lua");
+pub const SHARES_SCRIPT: &str = include_str!("../../../lua/rlqs.lua");
+pub const SHARES_PEEK_SCRIPT: &str = include_str!("../../../lua/rlqs_peek.lua");
 
 impl RedisStore {
     /// The reports decided, one result per request. On a Cluster one call per slot, one after
@@ -49,7 +49,7 @@ impl RedisStore {
             .collect()
     }
 
-    /// One `lua/shares.lua` call for `requests` (on a Cluster they share a slot).
+    /// One `lua/rlqs.lua` call for `requests` (on a Cluster they share a slot).
     async fn share_slot(
         &self,
         requests: &[&ShareRequest],
@@ -126,7 +126,7 @@ impl RedisStore {
     }
 }
 
-/// One pool's arguments, as `lua/shares.lua` reads them.
+/// One pool's arguments, as `lua/rlqs.lua` reads them.
 fn share_args(cmd: &mut Cmd, request: &ShareRequest) {
     cmd.arg(request.holder.as_str())
         .arg(request.rate_units)

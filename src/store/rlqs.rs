@@ -1,5 +1,5 @@
 //! Shares of one limit among the Envoys that stream to tollgate (RLQS): the Rust twin of
-//! `lua/shares.lua`, a pure function of the pool's holders, one holder's report and the
+//! `lua/rlqs.lua`, a pure function of the pool's holders, one holder's report and the
 //! store's time, so it is tested with an injected clock and random demand.
 //!
 //! A *pool* is one (limit, key). Its capacity is counted in whole *units*: `rate_units`
@@ -83,7 +83,7 @@ impl Holding {
             && self.last_us.saturating_add(quiet_us) <= now_us
     }
 
-    /// The stored form (as `lua/shares.lua` writes it): integers separated by spaces: demand,
+    /// The stored form (as `lua/rlqs.lua` writes it): integers separated by spaces: demand,
     /// last report, the rate steps' count then each step's units and expiry, the same for
     /// sizes.
     pub fn encode(&self) -> String {
