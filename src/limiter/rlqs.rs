@@ -114,6 +114,9 @@ impl<S: Store> Limiter<S> {
                         grant.counted_size,
                         units.size,
                     );
+                    if grant.holders == 0 {
+                        metrics.pool_full.inc();
+                    }
                     if let Some(limit) = policy.limits.get(pool.limit) {
                         metrics
                             .utilisation
@@ -273,6 +276,7 @@ pub fn share_request(
         reserve_size: reserve(units.size),
         fill_interval_s: units.fill_interval_s,
         hold_us: rules.assignment_ttl_s * 1_000_000 + HOLD_MARGIN_US,
+        max_holders: rules.max_holders,
     }
 }
 

@@ -39,6 +39,7 @@ fn request(holder: &str, requests: u64, rate_units: u64, size_units: u64) -> Sha
         reserve_size: size_units / 20,
         fill_interval_s: 3600,
         hold_us: 11 * S,
+        max_holders: 1024,
     }
 }
 
