@@ -116,6 +116,10 @@ pub trait Kind {
         Some(None)
     }
 
+    // `find`, `charge`, `report` and `forget_at_us` default to the token bucket's arithmetic,
+    // which the plain, reserving and borrowing buckets share (`tokens`); quotas and
+    // concurrency limits count otherwise.
+
     /// The key as a check finds it at `now_us` from its `stored` state, before any charge: its
     /// outcome, and the debt a charge adds to (a token bucket's, in micro-tokens).
     fn find(
@@ -123,7 +127,9 @@ pub trait Kind {
         request: &BucketRequest,
         stored: Option<Stored>,
         now_us: u64,
-    ) -> (BucketOutcome, u64);
+    ) -> (BucketOutcome, u64) {
+        tokens::find(request, stored, now_us)
+    }
 
     /// Charges the key found with `debt` (its request allowed and the key able to pay):
     /// `outcome` shows what is left, `state` what is stored.
@@ -134,7 +140,9 @@ pub trait Kind {
         outcome: &mut BucketOutcome,
         state: &mut Option<Stored>,
         now_us: u64,
-    );
+    ) {
+        tokens::charge(request, debt, outcome, state, now_us);
+    }
 
     /// Applies a charge known after the response (`lua/report.lua`).
     fn report(
@@ -142,10 +150,14 @@ pub trait Kind {
         charge: &ReportCharge,
         state: &mut Option<Stored>,
         now_us: u64,
-    ) -> BucketOutcome;
+    ) -> BucketOutcome {
+        tokens::report(charge, state, now_us)
+    }
 
     /// When a key of this kind stored as `stored` may be forgotten: it then reads as absent.
-    fn forget_at_us(&self, stored: &Stored, rate: f64) -> u64;
+    fn forget_at_us(&self, stored: &Stored, rate: f64) -> u64 {
+        stored.full_at_us(rate)
+    }
 
     /// Whether the memory store may decide a lone request for `key` from its stored state
     /// alone: nothing kept beside it changes the reading.

@@ -14,8 +14,8 @@ use serde::Serialize;
 use super::tokens::{self, debt_now, Shown};
 use super::twin::{Beside, Found, Groups, Keep, Kept, Lent, Stored};
 use super::{
-    BucketOutcome, BucketRequest, Configured, Kind, LimitView, Meter, PeekView, Peeked,
-    ReportCharge, Reserved, ScriptArg, Slice, Window,
+    BucketOutcome, BucketRequest, Configured, Kind, LimitView, Meter, PeekView, Peeked, Reserved,
+    ScriptArg, Slice, Window,
 };
 
 const MICRO: u64 = 1_000_000;
@@ -133,39 +133,6 @@ impl Kind for Borrow {
             tokens: micro.div_ceil(MICRO),
             held: groups,
         }))
-    }
-
-    fn find(
-        &self,
-        request: &BucketRequest,
-        stored: Option<Stored>,
-        now_us: u64,
-    ) -> (BucketOutcome, u64) {
-        tokens::find(request, stored, now_us)
-    }
-
-    fn charge(
-        &self,
-        request: &BucketRequest,
-        debt: u64,
-        outcome: &mut BucketOutcome,
-        state: &mut Option<Stored>,
-        now_us: u64,
-    ) {
-        tokens::charge(request, debt, outcome, state, now_us);
-    }
-
-    fn report(
-        &self,
-        charge: &ReportCharge,
-        state: &mut Option<Stored>,
-        now_us: u64,
-    ) -> BucketOutcome {
-        tokens::report(charge, state, now_us)
-    }
-
-    fn forget_at_us(&self, stored: &Stored, rate: f64) -> u64 {
-        stored.full_at_us(rate)
     }
 
     fn find_in(

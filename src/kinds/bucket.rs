@@ -9,7 +9,7 @@ use super::tokens::{self, Shown};
 use super::twin::{Beside, Found, Keep, Kept, Stored};
 use super::{
     borrow, BucketOutcome, BucketRequest, Configured, Kind, LimitView, Meter, PeekView, Peeked,
-    ReportCharge, ScriptArg, Window,
+    ScriptArg, Window,
 };
 use crate::config::{check_refill, Charge, ConfigError, LimitConfig, MAX_BURST};
 
@@ -74,39 +74,6 @@ impl Kind for Bucket {
 
     fn read_window(&self, _: &mut dyn FnMut() -> Option<u64>) -> Option<Option<Window>> {
         Some(None)
-    }
-
-    fn find(
-        &self,
-        request: &BucketRequest,
-        stored: Option<Stored>,
-        now_us: u64,
-    ) -> (BucketOutcome, u64) {
-        tokens::find(request, stored, now_us)
-    }
-
-    fn charge(
-        &self,
-        request: &BucketRequest,
-        debt: u64,
-        outcome: &mut BucketOutcome,
-        state: &mut Option<Stored>,
-        now_us: u64,
-    ) {
-        tokens::charge(request, debt, outcome, state, now_us);
-    }
-
-    fn report(
-        &self,
-        charge: &ReportCharge,
-        state: &mut Option<Stored>,
-        now_us: u64,
-    ) -> BucketOutcome {
-        tokens::report(charge, state, now_us)
-    }
-
-    fn forget_at_us(&self, stored: &Stored, rate: f64) -> u64 {
-        stored.full_at_us(rate)
     }
 
     fn alone(&self, key: &str, beside: &Beside) -> bool {

@@ -8,8 +8,8 @@ use serde::Serialize;
 use super::tokens::{self, bucket_outcome, charged_debt, debt_now, give_back, write_debt};
 use super::twin::{Beside, Found, Keep, Kept, Reservation, Stored};
 use super::{
-    BucketOutcome, BucketRequest, Configured, Kind, LimitView, Meter, PeekView, Peeked,
-    ReportCharge, Reserved, ScriptArg, Window,
+    BucketOutcome, BucketRequest, Configured, Kind, LimitView, Meter, PeekView, Peeked, Reserved,
+    ScriptArg, Window,
 };
 use crate::config::{
     Charge, ConfigError, LimitConfig, ReservationExpiry, DEFAULT_RESERVATION_TTL_S, MAX_COST,
@@ -146,6 +146,8 @@ pub fn checked(
     }))
 }
 
+// A check charges the bucket the estimate, as a token bucket is charged (the trait's default);
+// its reservation's record is the store's to write (it knows the id).
 impl Kind for Reserve {
     fn is_token_bucket(&self) -> bool {
         true
@@ -207,41 +209,6 @@ impl Kind for Reserve {
         let tokens = numbers()?;
         let held = numbers()?;
         Some(Some(Reserved { tokens, held }))
-    }
-
-    fn find(
-        &self,
-        request: &BucketRequest,
-        stored: Option<Stored>,
-        now_us: u64,
-    ) -> (BucketOutcome, u64) {
-        tokens::find(request, stored, now_us)
-    }
-
-    /// The bucket is charged the estimate; its reservation's record is the store's to write
-    /// (it knows the id).
-    fn charge(
-        &self,
-        request: &BucketRequest,
-        debt: u64,
-        outcome: &mut BucketOutcome,
-        state: &mut Option<Stored>,
-        now_us: u64,
-    ) {
-        tokens::charge(request, debt, outcome, state, now_us);
-    }
-
-    fn report(
-        &self,
-        charge: &ReportCharge,
-        state: &mut Option<Stored>,
-        now_us: u64,
-    ) -> BucketOutcome {
-        tokens::report(charge, state, now_us)
-    }
-
-    fn forget_at_us(&self, stored: &Stored, rate: f64) -> u64 {
-        stored.full_at_us(rate)
     }
 
     /// Expired reservations go first, their estimates given back under `refund`, as the
