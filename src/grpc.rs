@@ -26,7 +26,7 @@ use crate::erl::observe::ErlStats;
 use crate::kinds::BucketRequest;
 use crate::limiter::decision::Verdict;
 use crate::limiter::CacheMay;
-use crate::observe::trace::{attribute, Admission, Span};
+use crate::observe::trace::{attribute, Ruling, Span};
 use crate::policy::Policy;
 use crate::state::AppState;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
@@ -110,7 +110,7 @@ impl ShouldRateLimit {
             let mut attributes = verdict.attributes(policy);
             // The answer is the truth (shadow mode admits what a limit denied).
             let allowed = response.overall_code != i32::from(Code::OverLimit);
-            attributes.admission = Admission::from_allowed(allowed);
+            attributes.ruling = Ruling::from_allowed(allowed);
             if allowed {
                 attributes.denied_by = None;
             }

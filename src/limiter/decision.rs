@@ -2,7 +2,7 @@
 //! is left. Everything the response headers need is derived here; only `http::response` turns
 //! it into bytes.
 use crate::kinds::{BucketOutcome, BucketRequest, Window};
-use crate::observe::trace::{Admission, Attributes};
+use crate::observe::trace::{Attributes, Ruling};
 use crate::policy::limit::Limit;
 use crate::policy::Policy;
 
@@ -162,21 +162,21 @@ impl Verdict {
     /// denied (the one the answer describes), and whether `on_error` answered.
     pub fn attributes<'p>(&self, policy: &'p Policy) -> Attributes<'p> {
         let name = |index: usize| policy.limits[index].name.as_str();
-        let (admission, limits, denied_by, on_error) = match self {
-            Verdict::Unlimited => (Admission::Allowed, Vec::new(), None, false),
-            Verdict::Exempt => (Admission::Exempt, Vec::new(), None, false),
+        let (ruling, limits, denied_by, on_error) = match self {
+            Verdict::Unlimited => (Ruling::Allowed, Vec::new(), None, false),
+            Verdict::Exempt => (Ruling::Exempt, Vec::new(), None, false),
             Verdict::MissingKey { limit } => (
-                Admission::Denied,
+                Ruling::Denied,
                 vec![name(*limit)],
                 Some(name(*limit)),
                 false,
             ),
             Verdict::StoreFailed { allow } => {
-                (Admission::from_allowed(*allow), Vec::new(), None, true)
+                (Ruling::from_allowed(*allow), Vec::new(), None, true)
             }
-            Verdict::StoreError { .. } => (Admission::Denied, Vec::new(), None, true),
+            Verdict::StoreError { .. } => (Ruling::Denied, Vec::new(), None, true),
             Verdict::Decided(decision) => (
-                Admission::from_allowed(decision.allowed),
+                Ruling::from_allowed(decision.allowed),
                 decision
                     .limits
                     .iter()
@@ -190,7 +190,7 @@ impl Verdict {
             ),
         };
         Attributes {
-            admission,
+            ruling,
             limits,
             denied_by,
             on_error,
@@ -264,37 +264,31 @@ mod tests {
         assert_eq!(
             denied.attributes(&policy),
             Attributes {
-                admission: Admission::Denied,
+                ruling: Ruling::Denied,
                 limits: vec!["per-ip", "per-key"],
                 denied_by: Some("per-key"),
                 on_error: false,
             }
         );
         let allowed = decided(true, vec![state(0, 3.0, true)], false);
-        assert_eq!(allowed.attributes(&policy).admission, Admission::Allowed);
+        assert_eq!(allowed.attributes(&policy).ruling, Ruling::Allowed);
         assert_eq!(allowed.attributes(&policy).denied_by, None);
         let missing = Verdict::MissingKey { limit: 1 }.attributes(&policy);
         assert_eq!(
-            (missing.admission, missing.denied_by),
-            (Admission::Denied, Some("per-key"))
+            (missing.ruling, missing.denied_by),
+            (Ruling::Denied, Some("per-key"))
         );
         let exempt = Verdict::Exempt.attributes(&policy);
-        assert_eq!(
-            (exempt.admission, exempt.limits.len()),
-            (Admission::Exempt, 0)
-        );
+        assert_eq!((exempt.ruling, exempt.limits.len()), (Ruling::Exempt, 0));
     }
 
     #[test]
     fn a_span_says_when_on_error_answered() {
         let policy = two_limits();
         let open = Verdict::StoreFailed { allow: true }.attributes(&policy);
-        assert_eq!((open.admission, open.on_error), (Admission::Allowed, true));
+        assert_eq!((open.ruling, open.on_error), (Ruling::Allowed, true));
         let closed = Verdict::StoreFailed { allow: false }.attributes(&policy);
-        assert_eq!(
-            (closed.admission, closed.on_error),
-            (Admission::Denied, true)
-        );
+        assert_eq!((closed.ruling, closed.on_error), (Ruling::Denied, true));
         let local = decided(true, vec![state(0, 1.0, true)], true).attributes(&policy);
         assert!(local.on_error);
         assert!(!Verdict::Unlimited.attributes(&policy).on_error);

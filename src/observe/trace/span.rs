@@ -167,27 +167,27 @@ impl Span {
 
 /// What a decision came to, as a span shows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Admission {
+pub enum Ruling {
     Allowed,
     Denied,
     /// An `[[exempt]]` rule admitted the request before any limit was looked at.
     Exempt,
 }
 
-impl Admission {
-    pub fn from_allowed(allowed: bool) -> Admission {
+impl Ruling {
+    pub fn from_allowed(allowed: bool) -> Ruling {
         if allowed {
-            Admission::Allowed
+            Ruling::Allowed
         } else {
-            Admission::Denied
+            Ruling::Denied
         }
     }
 
     pub fn as_str(self) -> &'static str {
         match self {
-            Admission::Allowed => "allowed",
-            Admission::Denied => "denied",
-            Admission::Exempt => "exempt",
+            Ruling::Allowed => "allowed",
+            Ruling::Denied => "denied",
+            Ruling::Exempt => "exempt",
         }
     }
 }
@@ -195,7 +195,7 @@ impl Admission {
 /// A decision's attributes, whatever protocol asked for it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Attributes<'p> {
-    pub admission: Admission,
+    pub ruling: Ruling,
     /// The limits applied (their names), in the policy's order.
     pub limits: Vec<&'p str>,
     /// The limit that denied (the one the answer describes), if one did.
@@ -226,7 +226,7 @@ use attribute::{DECISION, DENIED_BY, LIMITS, ON_ERROR};
 impl Attributes<'_> {
     /// Sets the decision's attributes on `span`.
     pub fn record(&self, span: &mut Span) {
-        span.set_str(DECISION, self.admission.as_str());
+        span.set_str(DECISION, self.ruling.as_str());
         if !self.limits.is_empty() {
             span.set_strs(LIMITS, self.limits.iter().copied());
         }
@@ -272,7 +272,7 @@ mod tests {
             .expect("the caller sampled it");
         span.set_str(attribute::DOMAIN, "edge");
         Attributes {
-            admission: Admission::Denied,
+            ruling: Ruling::Denied,
             limits: vec!["per-ip", "per-key"],
             denied_by: Some("per-key"),
             on_error: false,
