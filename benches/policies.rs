@@ -5,9 +5,9 @@
 
 use std::hint::black_box;
 
-use actix_web::http::header::{HeaderMap, HeaderName, HeaderValue};
 use criterion::{criterion_group, criterion_main, Criterion};
 use figment::providers::{Format, Serialized, Toml};
+use http::header::{HeaderMap, HeaderName, HeaderValue};
 use tollgate::config::Config;
 use tollgate::kinds::BucketOutcome;
 use tollgate::limiter::decision::{Decision, LimitState, Verdict};

@@ -4,7 +4,7 @@
 
 use std::borrow::Cow;
 
-use actix_web::http::header::HeaderName;
+use http::HeaderName;
 
 use crate::config::HeaderFamily;
 use crate::limiter::decision::{Decision, LimitState, Verdict};
@@ -15,7 +15,7 @@ const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
 const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
 const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
-const RETRY_AFTER: HeaderName = actix_web::http::header::RETRY_AFTER;
+const RETRY_AFTER: HeaderName = http::header::RETRY_AFTER;
 
 /// Why a request is refused, whatever protocol answers. Each protocol maps a kind onto its own
 /// form: HTTP a status (`response.deny_status`, or 503 when the store failed) and a problem

@@ -5,12 +5,41 @@
 use std::borrow::Cow;
 use std::net::IpAddr;
 
-use actix_web::http::header::HeaderMap;
 use ipnet::IpNet;
 
 use crate::base::keys::{self, BadPart, KeyPart, PartValue, Source};
 use crate::base::normalise::{self, parse_ip};
 use crate::config::{ClientIpConfig, IpSource};
+
+/// A request's headers as the protocol that carried them holds them, looked up by lowercase
+/// name: each protocol lends its own map, so a check copies no header.
+pub trait Headers: std::fmt::Debug + Sync {
+    /// The first value of `name`.
+    fn get(&self, name: &str) -> Option<&[u8]>;
+    /// The `index`th value of `name` (0 is the first).
+    fn nth(&self, name: &str, index: usize) -> Option<&[u8]>;
+    /// How many values `name` has.
+    fn count(&self, name: &str) -> usize;
+}
+
+/// The `http` crate's map: what the tests, `tollgate replay` and HTTP frameworks built on it
+/// hold.
+impl Headers for http::HeaderMap {
+    fn get(&self, name: &str) -> Option<&[u8]> {
+        http::HeaderMap::get(self, name).map(http::HeaderValue::as_bytes)
+    }
+
+    fn nth(&self, name: &str, index: usize) -> Option<&[u8]> {
+        self.get_all(name)
+            .iter()
+            .nth(index)
+            .map(http::HeaderValue::as_bytes)
+    }
+
+    fn count(&self, name: &str) -> usize {
+        self.get_all(name).iter().count()
+    }
+}
 
 /// How the client IP is found; compiled from `[client_ip]`.
 #[derive(Debug, Clone)]
@@ -38,14 +67,13 @@ impl ClientIpPolicy {
 
     /// The client's address per `[client_ip]`: never missing, since the TCP peer is the
     /// fallback of every source.
-    pub fn client_ip(&self, headers: &HeaderMap, peer: IpAddr) -> IpAddr {
+    pub fn client_ip(&self, headers: &dyn Headers, peer: IpAddr) -> IpAddr {
         let peer = peer.to_canonical();
         match self.from {
             IpSource::Peer => peer,
-            IpSource::XRealIp if self.is_trusted(peer) => headers
-                .get("x-real-ip")
-                .and_then(|v| parse_ip(v.as_bytes()))
-                .unwrap_or(peer),
+            IpSource::XRealIp if self.is_trusted(peer) => {
+                headers.get("x-real-ip").and_then(parse_ip).unwrap_or(peer)
+            }
             IpSource::XRealIp => peer,
             IpSource::XForwardedFor => self.walk_forwarded_for(headers, peer),
         }
@@ -55,19 +83,19 @@ impl ClientIpPolicy {
     /// address not in `trusted_proxies`; an unparseable entry stops the walk at the address to
     /// its right; if all are trusted, the leftmost one. Only the entries walked are parsed, so a
     /// 1,000-hop header costs as much as the trusted hops in front of it.
-    fn walk_forwarded_for(&self, headers: &HeaderMap, peer: IpAddr) -> IpAddr {
+    fn walk_forwarded_for(&self, headers: &dyn Headers, peer: IpAddr) -> IpAddr {
         if !self.is_trusted(peer) {
             return peer;
         }
         let mut client = peer;
         // Several X-Forwarded-For lines form one list, in order; walk them last to first.
         // (The header count is capped by the HTTP parser, so `nth` stays cheap.)
-        let line_count = headers.get_all("x-forwarded-for").count();
+        let line_count = headers.count("x-forwarded-for");
         for index in (0..line_count).rev() {
-            let Some(line) = headers.get_all("x-forwarded-for").nth(index) else {
+            let Some(line) = headers.nth("x-forwarded-for", index) else {
                 break;
             };
-            for entry in line.as_bytes().rsplit(|&b| b == b',') {
+            for entry in line.rsplit(|&b| b == b',') {
                 let entry = entry.trim_ascii();
                 if entry.is_empty() {
                     continue;
@@ -96,7 +124,7 @@ pub struct OriginalRequest<'a> {
     /// Normalised host: lower-case, no port, no trailing dot.
     pub host: Cow<'a, str>,
     pub client_ip: IpAddr,
-    headers: &'a HeaderMap,
+    headers: &'a dyn Headers,
 }
 
 impl<'a> OriginalRequest<'a> {
@@ -106,7 +134,7 @@ impl<'a> OriginalRequest<'a> {
     /// A present header is always used, whatever its bytes: a later source only stands in for
     /// an absent one, so a client cannot push a header out of the way with an odd byte.
     pub fn new(
-        headers: &'a HeaderMap,
+        headers: &'a dyn Headers,
         check_method: &'a str,
         check_path_tail: &'a str,
         client_ip: IpAddr,
@@ -136,7 +164,7 @@ impl<'a> OriginalRequest<'a> {
     /// normalised exactly as [`OriginalRequest::new`] normalises the forwarded ones; `headers`
     /// holds only what the limits read besides (an API key, a tier).
     pub fn described(
-        headers: &'a HeaderMap,
+        headers: &'a dyn Headers,
         method: &'a str,
         path: &'a str,
         host: &'a str,
@@ -153,7 +181,7 @@ impl<'a> OriginalRequest<'a> {
 
     /// The first value of a header, as bytes; `None` when absent.
     pub fn header(&self, name: &str) -> Option<&'a [u8]> {
-        self.headers.get(name).map(|v| v.as_bytes())
+        self.headers.get(name)
     }
 
     /// This request's bucket tail in a limit keyed by `parts` (see [`keys::build_tail`]).
@@ -185,10 +213,10 @@ impl<'a> OriginalRequest<'a> {
 }
 
 /// A present header as text (trimmed, odd bytes percent-encoded); `None` only when absent.
-fn header_text<'a>(headers: &'a HeaderMap, name: &str) -> Option<Cow<'a, str>> {
+fn header_text<'a>(headers: &'a dyn Headers, name: &str) -> Option<Cow<'a, str>> {
     headers
         .get(name)
-        .map(|v| normalise::visible(v.as_bytes().trim_ascii()))
+        .map(|v| normalise::visible(v.trim_ascii()))
 }
 
 /// Splits `scheme://host[:port]/path?query` into host and path; a value starting with `/` is
@@ -231,7 +259,7 @@ fn split_url(url: Cow<'_, str>) -> (Option<Cow<'_, str>>, Cow<'_, str>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use actix_web::http::header::{HeaderName, HeaderValue};
+    use http::header::{HeaderMap, HeaderName, HeaderValue};
 
     fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
         let mut map = HeaderMap::new();

@@ -56,7 +56,7 @@ impl KeyPart {
             _ => {}
         }
         if let Some(name) = text.strip_prefix("header:") {
-            return actix_web::http::header::HeaderName::try_from(name)
+            return http::HeaderName::try_from(name)
                 .map(|h| KeyPart::Header(h.as_str().to_string()))
                 .map_err(|_| format!("{name:?} is not a valid header name"));
         }

@@ -1,7 +1,7 @@
 //! The names of the `ratelimit` header family, checked once when the policy is built so that
 //! rendering an answer never parses a name.
 
-use actix_web::http::header::HeaderName;
+use http::HeaderName;
 
 use crate::config::{ConfigError, RatelimitNames};
 

@@ -3,7 +3,7 @@
 
 use std::borrow::Cow;
 
-use actix_web::http::header::HeaderName;
+use http::HeaderName;
 
 use crate::base::normalise;
 use crate::config::{ConfigError, MatchConfig};
@@ -138,7 +138,7 @@ impl HeaderRule {
 mod tests {
     use std::collections::BTreeMap;
 
-    use actix_web::http::header::{HeaderMap, HeaderValue};
+    use http::header::{HeaderMap, HeaderValue};
 
     use super::*;
 

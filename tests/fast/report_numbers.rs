@@ -2,8 +2,8 @@
 //! before the file's) binds the reports of its key, not only its checks. On real Redis and the
 //! real binary, plus the key a report names compared with the key a check builds.
 
-use actix_web::http::header::{HeaderMap, HeaderName, HeaderValue};
 use figment::providers::{Format, Toml};
+use http::header::{HeaderMap, HeaderName, HeaderValue};
 
 use crate::support::http::admin_json;
 use crate::support::{redis_config, RedisServer, Response, Tollgate};

@@ -1,6 +1,6 @@
 use std::net::IpAddr;
 
-use actix_web::http::header::{HeaderMap, HeaderName, HeaderValue};
+use http::header::{HeaderMap, HeaderName, HeaderValue};
 
 use super::*;
 use crate::config::OnError;

@@ -100,7 +100,7 @@ pub fn header_name(
 ) -> Result<Option<String>, ConfigError> {
     header
         .map(|header| {
-            actix_web::http::header::HeaderName::try_from(header)
+            http::HeaderName::try_from(header)
                 .map(|name| name.as_str().to_string())
                 .map_err(|_| {
                     ConfigError::new(format!("{at}.{field}"), "is not a valid header name")

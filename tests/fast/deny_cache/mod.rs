@@ -6,7 +6,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use actix_web::http::header::{HeaderMap, HeaderName, HeaderValue};
+use http::header::{HeaderMap, HeaderName, HeaderValue};
 use tollgate::base::clock::ManualClock;
 use tollgate::config::{Config, OnError};
 use tollgate::kinds::{BucketOutcome, BucketRequest};

@@ -15,7 +15,7 @@ use crate::support::chaos;
 #[cfg(feature = "e2e")]
 use crate::support::limit;
 use crate::support::{block_on, HttpClient, RedisServer, Tollgate};
-use actix_web::http::header::{HeaderMap, HeaderName, HeaderValue};
+use http::header::{HeaderMap, HeaderName, HeaderValue};
 use tollgate::base::keys::MAX_TAIL;
 use tollgate::config::{Config, OnError};
 use tollgate::limiter::Limiter;
