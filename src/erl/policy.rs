@@ -9,13 +9,15 @@
 //! Matching allocates nothing unless a level has wildcards (then one string per descriptor,
 //! reused across its entries) or a `share_threshold` wildcard matched.
 //!
+//! A descriptor's entries come in as `(key, value)` pairs borrowed from the request, whatever
+//! carried it.
+//!
 //! Each rule also carries envoyproxy/ratelimit's stats key ([`StatsKey`]): what its metrics
 //! are named by, spelled as it spells them for the same configuration and request.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::google::protobuf::Struct;
 
 use crate::config::{ConfigError, LimitConfig};
@@ -340,21 +342,26 @@ impl ErlRules {
         self.domains.contains_key(domain)
     }
 
-    /// The rule a descriptor reaches in a known domain (see the module docs).
-    pub fn lookup(&self, domain: &str, entries: &[Entry]) -> Option<Found> {
+    /// The rule a descriptor reaches in a known domain (see the module docs), its entries
+    /// `(key, value)` in order.
+    pub fn lookup<'e>(
+        &self,
+        domain: &str,
+        entries: impl IntoIterator<Item = (&'e str, &'e str)>,
+    ) -> Option<Found> {
         let mut level = self.domains.get(domain)?;
         let mut found = Found::default();
         let mut composite = String::new();
-        let last = entries.len().saturating_sub(1);
-        for (i, entry) in entries.iter().enumerate() {
-            let keyed = level.by_key.get(&entry.key);
-            let mut next = keyed.and_then(|k| k.by_value.get(&entry.value)).copied();
+        let mut entries = entries.into_iter().enumerate().peekable();
+        while let Some((i, (key, value))) = entries.next() {
+            let keyed = level.by_key.get(key);
+            let mut next = keyed.and_then(|k| k.by_value.get(value)).copied();
             let mut by_wildcard = false;
             if next.is_none() && !level.wildcards.is_empty() {
                 composite.clear();
-                composite.push_str(&entry.key);
+                composite.push_str(key);
                 composite.push('_');
-                composite.push_str(&entry.value);
+                composite.push_str(value);
                 next = level
                     .wildcards
                     .iter()
@@ -369,7 +376,8 @@ impl ErlRules {
             if by_wildcard && node_ref.shared.is_some() {
                 found.shared.push((i, node));
             }
-            if i == last {
+            // The last entry's node.
+            if entries.peek().is_none() {
                 found.rule = node_ref.rule;
             }
             if node_ref.children.by_key.is_empty() {
@@ -380,14 +388,14 @@ impl ErlRules {
         Some(found)
     }
 
-    /// The value a bucket keys entry `i` on: a shared wildcard's pattern, else the value.
-    pub fn keyed_value<'a>(&'a self, found: &Found, i: usize, entry: &'a Entry) -> &'a [u8] {
+    /// The value a bucket keys entry `i` on: a shared wildcard's pattern, else its `value`.
+    pub fn keyed_value<'a>(&'a self, found: &Found, i: usize, value: &'a str) -> &'a [u8] {
         found
             .shared
             .iter()
             .find(|(index, _)| *index == i)
             .and_then(|&(_, node)| self.nodes[node].shared.as_deref())
-            .unwrap_or(&entry.value)
+            .unwrap_or(value)
             .as_bytes()
     }
 }

@@ -109,7 +109,7 @@ pub fn plan(
             found.push((chosen, None));
             continue;
         }
-        let matched = rules.lookup(&request.domain, &descriptor.entries);
+        let matched = rules.lookup(&request.domain, entry_pairs(&descriptor.entries));
         if let Some(rule_index) = matched.as_ref().and_then(|m| m.rule) {
             let rule: &Rule = &rules.rules[rule_index];
             chosen.kind = rule.kind;
@@ -138,7 +138,7 @@ pub fn plan(
                         &mut entries
                             .iter()
                             .enumerate()
-                            .map(|(i, e)| rules.keyed_value(matched, i, e)),
+                            .map(|(i, e)| rules.keyed_value(matched, i, &e.value)),
                     ),
                 ),
                 _ => {
