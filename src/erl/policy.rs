@@ -18,17 +18,13 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use envoy_types::pb::google::protobuf::Struct;
-
 use crate::config::{ConfigError, LimitConfig};
 use crate::erl::config::{unit, RuleConfig, Step};
 
 mod limits;
-mod metadata;
 mod stats_key;
 
 use limits::{bucket_limit, limit_name, unique};
-use metadata::struct_of;
 pub use stats_key::{
     request_limit_overflow_key, request_limit_stats_key, sanitize, Segment, StatsKey,
     MAX_SPELLED_BYTES, OVERFLOW_SEGMENT,
@@ -65,8 +61,9 @@ pub struct Rule {
     pub quota: bool,
     /// The policy's limit for a [`Kind::Bucket`] rule.
     pub limit: usize,
-    /// The rule's `metadata`, for `dynamic_metadata`.
-    pub metadata: Option<Struct>,
+    /// The rule's `metadata`, for `dynamic_metadata` (made a protobuf `Struct` by the
+    /// service that answers).
+    pub metadata: Option<serde_json::Map<String, serde_json::Value>>,
     /// What envoyproxy/ratelimit's metrics of this rule are named by.
     pub stats: StatsKey,
 }
@@ -223,7 +220,7 @@ impl ErlRules {
                 shadow: config.shadow_mode,
                 quota: config.quota_mode,
                 limit,
-                metadata: config.metadata.as_ref().map(struct_of),
+                metadata: config.metadata.clone(),
                 stats: StatsKey::Fixed(Arc::from("")),
             });
         }
