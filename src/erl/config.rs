@@ -2,8 +2,9 @@
 //! its YAML tree, and the YAML itself read into the same rules (`yaml`, a directory of it in
 //! `dir`). Both are checked here against what envoyproxy/ratelimit refuses when it loads a
 //! configuration, so a file it would not load is not served here either. Beside them: its
-//! metrics' settings ([`metrics`]), its xDS source's ([`xds`]) and what that source sends
-//! ([`xds_rules`]), and its environment ([`env`](mod@env)).
+//! metrics' settings ([`metrics`]), its xDS source's ([`xds`]; what that source sends is
+//! decoded into these rules beside its client, in `crate::erl::app::xds::rules`), and its
+//! environment ([`env`](mod@env)).
 //!
 //! A rule is one node: the domain, the path of entries from the root to the node (each a key
 //! and, unless the node matches every value, a value that may hold `*` wildcards), and the
@@ -23,7 +24,6 @@ mod dir;
 pub mod env;
 pub mod metrics;
 pub mod xds;
-pub mod xds_rules;
 mod yaml;
 pub mod yaml_bounds;
 

@@ -5,10 +5,12 @@
 //!
 //! - [`plan`]: one rule (or none) per descriptor, `replaces` applied, one bucket per rate;
 //! - [`answer`]: the verdict shaped as envoyproxy/ratelimit shapes its answer;
+//! - [`metadata`]: a rule's `metadata` merged into the answer's `dynamic_metadata`;
 //! - [`count`]: what the request adds to its counters ([`crate::erl::observe`]);
 //! - [`json`]: its `/json` forms of the request and the answer.
 
 pub mod answer;
 pub mod count;
 pub mod json;
+pub mod metadata;
 pub mod plan;

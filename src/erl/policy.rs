@@ -9,24 +9,22 @@
 //! Matching allocates nothing unless a level has wildcards (then one string per descriptor,
 //! reused across its entries) or a `share_threshold` wildcard matched.
 //!
+//! A descriptor's entries come in as `(key, value)` pairs borrowed from the request, whatever
+//! carried it.
+//!
 //! Each rule also carries envoyproxy/ratelimit's stats key ([`StatsKey`]): what its metrics
 //! are named by, spelled as it spells them for the same configuration and request.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
-use envoy_types::pb::google::protobuf::Struct;
-
 use crate::config::{ConfigError, LimitConfig};
 use crate::erl::config::{unit, RuleConfig, Step};
 
 mod limits;
-mod metadata;
 mod stats_key;
 
 use limits::{bucket_limit, limit_name, unique};
-use metadata::struct_of;
 pub use stats_key::{
     request_limit_overflow_key, request_limit_stats_key, sanitize, Segment, StatsKey,
     MAX_SPELLED_BYTES, OVERFLOW_SEGMENT,
@@ -63,8 +61,9 @@ pub struct Rule {
     pub quota: bool,
     /// The policy's limit for a [`Kind::Bucket`] rule.
     pub limit: usize,
-    /// The rule's `metadata`, for `dynamic_metadata`.
-    pub metadata: Option<Struct>,
+    /// The rule's `metadata`, for `dynamic_metadata` (made a protobuf `Struct` by the
+    /// service that answers).
+    pub metadata: Option<serde_json::Map<String, serde_json::Value>>,
     /// What envoyproxy/ratelimit's metrics of this rule are named by.
     pub stats: StatsKey,
 }
@@ -221,7 +220,7 @@ impl ErlRules {
                 shadow: config.shadow_mode,
                 quota: config.quota_mode,
                 limit,
-                metadata: config.metadata.as_ref().map(struct_of),
+                metadata: config.metadata.clone(),
                 stats: StatsKey::Fixed(Arc::from("")),
             });
         }
@@ -340,21 +339,26 @@ impl ErlRules {
         self.domains.contains_key(domain)
     }
 
-    /// The rule a descriptor reaches in a known domain (see the module docs).
-    pub fn lookup(&self, domain: &str, entries: &[Entry]) -> Option<Found> {
+    /// The rule a descriptor reaches in a known domain (see the module docs), its entries
+    /// `(key, value)` in order.
+    pub fn lookup<'e>(
+        &self,
+        domain: &str,
+        entries: impl IntoIterator<Item = (&'e str, &'e str)>,
+    ) -> Option<Found> {
         let mut level = self.domains.get(domain)?;
         let mut found = Found::default();
         let mut composite = String::new();
-        let last = entries.len().saturating_sub(1);
-        for (i, entry) in entries.iter().enumerate() {
-            let keyed = level.by_key.get(&entry.key);
-            let mut next = keyed.and_then(|k| k.by_value.get(&entry.value)).copied();
+        let mut entries = entries.into_iter().enumerate().peekable();
+        while let Some((i, (key, value))) = entries.next() {
+            let keyed = level.by_key.get(key);
+            let mut next = keyed.and_then(|k| k.by_value.get(value)).copied();
             let mut by_wildcard = false;
             if next.is_none() && !level.wildcards.is_empty() {
                 composite.clear();
-                composite.push_str(&entry.key);
+                composite.push_str(key);
                 composite.push('_');
-                composite.push_str(&entry.value);
+                composite.push_str(value);
                 next = level
                     .wildcards
                     .iter()
@@ -369,7 +373,8 @@ impl ErlRules {
             if by_wildcard && node_ref.shared.is_some() {
                 found.shared.push((i, node));
             }
-            if i == last {
+            // The last entry's node.
+            if entries.peek().is_none() {
                 found.rule = node_ref.rule;
             }
             if node_ref.children.by_key.is_empty() {
@@ -380,14 +385,14 @@ impl ErlRules {
         Some(found)
     }
 
-    /// The value a bucket keys entry `i` on: a shared wildcard's pattern, else the value.
-    pub fn keyed_value<'a>(&'a self, found: &Found, i: usize, entry: &'a Entry) -> &'a [u8] {
+    /// The value a bucket keys entry `i` on: a shared wildcard's pattern, else its `value`.
+    pub fn keyed_value<'a>(&'a self, found: &Found, i: usize, value: &'a str) -> &'a [u8] {
         found
             .shared
             .iter()
             .find(|(index, _)| *index == i)
             .and_then(|&(_, node)| self.nodes[node].shared.as_deref())
-            .unwrap_or(&entry.value)
+            .unwrap_or(value)
             .as_bytes()
     }
 }

@@ -10,7 +10,7 @@ use tonic::Status;
 
 use crate::base::keys::{self, KeyPart, Source};
 use crate::config::{Charge, OnMissing, OVER_COST};
-use crate::erl::grpc::plan::{self as erl, ErlPlan};
+use crate::erl::grpc::plan::{self as erl, entry_pairs, ErlPlan};
 use crate::kinds::BucketRequest;
 use crate::policy::descriptors::{hits_of, value_of};
 use crate::policy::Policy;
@@ -116,19 +116,22 @@ fn add_descriptor<'a>(
     plan: &mut RulesPlan,
     drawn: &mut Vec<usize>,
 ) {
-    let entries = &descriptor.entries;
-    let hits = hits_of(request.hits_addend, descriptor);
+    let entries = entry_pairs(&descriptor.entries);
+    let hits = hits_of(
+        request.hits_addend,
+        descriptor.hits_addend.as_ref().map(|addend| addend.value),
+    );
     let runtime = policy.runtime.view();
     for (limit_index, limit) in policy.limits.iter().enumerate() {
         let Some(rule) = &limit.descriptor else {
             continue;
         };
-        if !rule.applies(&request.domain, entries) {
+        if !rule.applies(&request.domain, entries.clone()) {
             continue;
         }
         let anonymous = limit.on_missing == OnMissing::Anonymous;
         let value = |part: &'a KeyPart| match part {
-            KeyPart::Descriptor(key) => value_of(entries, key).map(str::as_bytes),
+            KeyPart::Descriptor(key) => value_of(entries.clone(), key).map(str::as_bytes),
             KeyPart::Const(text) => Some(text.as_bytes()),
             _ => None,
         };

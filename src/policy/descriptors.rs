@@ -3,9 +3,9 @@
 //! the descriptor carries each required key with one of its values, and the descriptor's entry
 //! keys are exactly the limit's descriptor parts plus the required keys: the nested
 //! descriptors of envoyproxy/ratelimit match the same way, one limit per full path.
-
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+//!
+//! A descriptor's entries come in as `(key, value)` pairs, borrowed from whatever message
+//! carried them: the wire's types stay with the service that decodes them.
 
 use crate::base::keys::KeyPart;
 use crate::config::{ConfigError, LimitConfig};
@@ -127,22 +127,27 @@ impl DescriptorRule {
     }
 
     /// Whether the limit applies to a descriptor with these entries in this domain.
-    pub fn applies(&self, domain: &str, entries: &[Entry]) -> bool {
+    pub fn applies<'e, E>(&self, domain: &str, entries: E) -> bool
+    where
+        E: IntoIterator<Item = (&'e str, &'e str)> + Clone,
+    {
         if !self.domains.is_empty() && !self.domains.iter().any(|d| d == domain) {
             return false;
         }
         // Same count, and every expected key present: with no key expected twice, the keys
         // are exactly the expected ones (a repeated entry key leaves one expected key out).
-        if entries.len() != self.keys.len()
-            || !self
-                .keys
-                .iter()
-                .all(|key| entries.iter().any(|entry| &entry.key == key))
+        if entries.clone().into_iter().count() != self.keys.len()
+            || !self.keys.iter().all(|key| {
+                entries
+                    .clone()
+                    .into_iter()
+                    .any(|(entry_key, _)| entry_key == key)
+            })
         {
             return false;
         }
         self.required.iter().all(|(key, values)| {
-            value_of(entries, key).is_some_and(|value| values.iter().any(|v| v == value))
+            value_of(entries.clone(), key).is_some_and(|value| values.iter().any(|v| v == value))
         })
     }
 }
@@ -150,19 +155,19 @@ impl DescriptorRule {
 /// The hits a descriptor charges: its own `hits_addend` (0 included: look, do not charge, as
 /// Envoy sends it for a check before the response whose charge comes once the stream is
 /// done), else the request's (`request_hits`), 0 counting as 1.
-pub fn hits_of(request_hits: u32, descriptor: &RateLimitDescriptor) -> u64 {
-    descriptor
-        .hits_addend
-        .as_ref()
-        .map_or(u64::from(request_hits).max(1), |addend| addend.value)
+pub fn hits_of(request_hits: u32, hits_addend: Option<u64>) -> u64 {
+    hits_addend.unwrap_or(u64::from(request_hits).max(1))
 }
 
 /// The value of the first entry with this key.
-pub fn value_of<'e>(entries: &'e [Entry], key: &str) -> Option<&'e str> {
+pub fn value_of<'e>(
+    entries: impl IntoIterator<Item = (&'e str, &'e str)>,
+    key: &str,
+) -> Option<&'e str> {
     entries
-        .iter()
-        .find(|entry| entry.key == key)
-        .map(|entry| entry.value.as_str())
+        .into_iter()
+        .find(|&(entry_key, _)| entry_key == key)
+        .map(|(_, value)| value)
 }
 
 #[cfg(test)]
@@ -187,30 +192,26 @@ mod tests {
             .expect("a limit")
     }
 
-    fn entries(pairs: &[(&str, &str)]) -> Vec<Entry> {
-        pairs
-            .iter()
-            .map(|(k, v)| Entry {
-                key: k.to_string(),
-                value: v.to_string(),
-            })
-            .collect()
+    fn entries<'e>(
+        pairs: &'e [(&'e str, &'e str)],
+    ) -> impl Iterator<Item = (&'e str, &'e str)> + Clone {
+        pairs.iter().copied()
     }
 
     #[test]
     fn a_limit_applies_only_to_descriptors_with_exactly_its_keys() {
         let config = limit(&["descriptor:user"], &["edge"], &[("path", &["/a", "/b"])]);
         let rule = DescriptorRule::compile(&config).unwrap();
-        assert!(rule.applies("edge", &entries(&[("path", "/a"), ("user", "u1")])));
-        assert!(rule.applies("edge", &entries(&[("user", "u1"), ("path", "/b")])));
-        assert!(!rule.applies("other", &entries(&[("path", "/a"), ("user", "u1")])));
-        assert!(!rule.applies("edge", &entries(&[("path", "/c"), ("user", "u1")])));
-        assert!(!rule.applies("edge", &entries(&[("user", "u1")])));
+        assert!(rule.applies("edge", entries(&[("path", "/a"), ("user", "u1")])));
+        assert!(rule.applies("edge", entries(&[("user", "u1"), ("path", "/b")])));
+        assert!(!rule.applies("other", entries(&[("path", "/a"), ("user", "u1")])));
+        assert!(!rule.applies("edge", entries(&[("path", "/c"), ("user", "u1")])));
+        assert!(!rule.applies("edge", entries(&[("user", "u1")])));
         assert!(!rule.applies(
             "edge",
-            &entries(&[("path", "/a"), ("user", "u1"), ("extra", "x")])
+            entries(&[("path", "/a"), ("user", "u1"), ("extra", "x")])
         ));
-        assert!(!rule.applies("edge", &entries(&[("user", "u1"), ("user", "u2")])));
+        assert!(!rule.applies("edge", entries(&[("user", "u1"), ("user", "u2")])));
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! envoyproxy/ratelimit's xDS config source (`[envoy] xds`, its `CONFIG_TYPE=GRPC_XDS_SOTW`):
 //! a state-of-the-world ADS client. It asks the management server for every
-//! `RateLimitConfig` resource; each response is the whole set, installed as a reload installs
-//! a config directory, then acknowledged (its version and nonce) or, when refused, answered
+//! `RateLimitConfig` resource; each response is the whole set, decoded into rules ([`rules`])
+//! and installed as a reload installs a config directory, then acknowledged (its version and nonce) or, when refused, answered
 //! with the version still running and the reason, the running rules kept.
 //!
 //! Plain HTTP/2, or TLS (mutual with a client certificate, as Envoy Gateway's server asks).
@@ -23,8 +23,10 @@ use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 
 use crate::config::ConfigError;
 use crate::erl::config::xds::XdsConfig;
-use crate::erl::config::xds_rules::{rules_from_resources, RESOURCE_TYPE};
 use crate::erl::config::RuleConfig;
+use rules::{rules_from_resources, RESOURCE_TYPE};
+
+pub mod rules;
 
 /// What installs the rules a response carries (or its refusal of them) with the running
 /// configuration, and says whether they were installed: the running process's reload.

@@ -1,7 +1,7 @@
 //! `[envoy] xds`: the settings of the client of envoyproxy/ratelimit's xDS config source (its
 //! `CONFIG_TYPE=GRPC_XDS_SOTW`), from TOML or from its `CONFIG_GRPC_XDS_*` variables
-//! (`super::env`). What
-//! the server sends becomes rules in [`super::xds_rules`].
+//! (`super::env`). What the server sends is decoded into rules beside the client, in
+//! `crate::erl::app::xds::rules`.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

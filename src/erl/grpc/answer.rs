@@ -16,6 +16,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimit
 use envoy_types::pb::google::protobuf::value::Kind;
 use envoy_types::pb::google::protobuf::{Duration, ListValue, Struct, Value};
 
+use super::metadata::merge;
 use super::plan::{ErlDescriptor, ErlPlan};
 use crate::answer::{each_header, Carrier};
 use crate::erl::policy::{Kind as RuleKind, UNLIMITED_REMAINING};
@@ -169,26 +170,6 @@ fn metadata(
         );
     }
     Struct { fields }
-}
-
-/// Adds `from`'s fields to `into`: a key already there keeps its value, two structs merge.
-fn merge(into: &mut Struct, from: &Struct) {
-    for (key, value) in &from.fields {
-        match (into.fields.get_mut(key), &value.kind) {
-            (
-                Some(Value {
-                    kind: Some(Kind::StructValue(mine)),
-                }),
-                Some(Kind::StructValue(theirs)),
-            ) => {
-                merge(mine, theirs);
-            }
-            (Some(_), _) => {}
-            (None, _) => {
-                into.fields.insert(key.clone(), value.clone());
-            }
-        }
-    }
 }
 
 /// One descriptor's status, and whether it counts as over the limit (never in shadow mode).

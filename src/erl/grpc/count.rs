@@ -4,7 +4,7 @@
 
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 
-use super::plan::ErlPlan;
+use super::plan::{entry_pairs, ErlPlan};
 use crate::erl::observe::{ErlStats, Hits, StatsName};
 use crate::erl::policy::{request_limit_overflow_key, request_limit_stats_key, Kind};
 use crate::limiter::decision::Verdict;
@@ -42,12 +42,16 @@ pub fn count(
             Some(rule) => {
                 let stats = &policy.erl.rules[rule].stats;
                 StatsName {
-                    key: stats.spell(&wanted.entries, &mut scratch),
+                    key: stats.spell(entry_pairs(&wanted.entries), &mut scratch),
                     overflow: stats.overflow(),
                 }
             }
             None => {
-                request_limit_stats_key(&request.domain, &wanted.entries, &mut scratch);
+                request_limit_stats_key(
+                    &request.domain,
+                    entry_pairs(&wanted.entries),
+                    &mut scratch,
+                );
                 if own_overflow.is_empty() {
                     request_limit_overflow_key(&request.domain, &mut own_overflow);
                 }

@@ -2,6 +2,7 @@
 //! descriptor, found as envoyproxy/ratelimit finds it; `replaces` applied across the request;
 //! one bucket per descriptor with a rate, all decided in the one store call.
 
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use tonic::Status;
 
@@ -74,7 +75,10 @@ pub fn plan(
     };
     let mut found = Vec::with_capacity(request.descriptors.len());
     for (i, descriptor) in request.descriptors.iter().enumerate() {
-        let hits = hits_of(request.hits_addend, descriptor);
+        let hits = hits_of(
+            request.hits_addend,
+            descriptor.hits_addend.as_ref().map(|addend| addend.value),
+        );
         let mut chosen = ErlDescriptor {
             hits,
             quota: rules.quota_mode,
@@ -105,7 +109,7 @@ pub fn plan(
             found.push((chosen, None));
             continue;
         }
-        let matched = rules.lookup(&request.domain, &descriptor.entries);
+        let matched = rules.lookup(&request.domain, entry_pairs(&descriptor.entries));
         if let Some(rule_index) = matched.as_ref().and_then(|m| m.rule) {
             let rule: &Rule = &rules.rules[rule_index];
             chosen.kind = rule.kind;
@@ -134,7 +138,7 @@ pub fn plan(
                         &mut entries
                             .iter()
                             .enumerate()
-                            .map(|(i, e)| rules.keyed_value(matched, i, e)),
+                            .map(|(i, e)| rules.keyed_value(matched, i, &e.value)),
                     ),
                 ),
                 _ => {
@@ -194,6 +198,14 @@ pub fn plan(
         plan.descriptors.push(chosen);
     }
     Ok(plan)
+}
+
+/// A descriptor's entries as the core takes them: `(key, value)` pairs borrowed from the
+/// message, nothing copied.
+pub fn entry_pairs(entries: &[Entry]) -> impl ExactSizeIterator<Item = (&str, &str)> + Clone + '_ {
+    entries
+        .iter()
+        .map(|entry| (entry.key.as_str(), entry.value.as_str()))
 }
 
 /// A named rule that another rule of the request `replaces` applies to nothing.

@@ -4,7 +4,6 @@
 use std::fmt::Write as _;
 use std::sync::Arc;
 
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use sha2::{Digest, Sha256};
 
 /// The longest request value (or, in a descriptor's own limit, key) a stats key spells as it
@@ -47,8 +46,13 @@ pub enum Segment {
 }
 
 impl StatsKey {
-    /// The key for a descriptor this rule limits; `scratch` holds a key built per request.
-    pub fn spell<'a>(&'a self, entries: &[Entry], scratch: &'a mut String) -> &'a str {
+    /// The key for a descriptor this rule limits, its entries `(key, value)` in order;
+    /// `scratch` holds a key built per request.
+    pub fn spell<'a, 'e>(
+        &'a self,
+        entries: impl IntoIterator<Item = (&'e str, &'e str)>,
+        scratch: &'a mut String,
+    ) -> &'a str {
         match self {
             StatsKey::Fixed(key) => key,
             StatsKey::PerRequest {
@@ -56,15 +60,15 @@ impl StatsKey {
             } => {
                 scratch.clear();
                 scratch.push_str(domain);
-                for (segment, entry) in segments.iter().zip(entries) {
+                for (segment, (key, value)) in segments.iter().zip(entries) {
                     scratch.push('.');
                     match segment {
                         Segment::Config(text) => scratch.push_str(text),
                         Segment::Value { underscore } => {
-                            scratch.push_str(&entry.key);
-                            if *underscore || !entry.value.is_empty() {
+                            scratch.push_str(key);
+                            if *underscore || !value.is_empty() {
                                 scratch.push('_');
-                                push_part(scratch, &entry.value);
+                                push_part(scratch, value);
                             }
                         }
                     }
@@ -126,18 +130,22 @@ fn push_part(into: &mut String, part: &str) {
 /// The stats key of a descriptor decided by its own `limit` (sent by Envoy): every entry's
 /// `key_value` (`key` for an empty value), as envoyproxy/ratelimit keys it; a key or value
 /// longer than [`MAX_SPELLED_BYTES`] by its hash.
-pub fn request_limit_stats_key(domain: &str, entries: &[Entry], into: &mut String) {
+pub fn request_limit_stats_key<'e>(
+    domain: &str,
+    entries: impl IntoIterator<Item = (&'e str, &'e str)>,
+    into: &mut String,
+) {
     into.clear();
     into.push_str(domain);
     into.push('.');
-    for (i, entry) in entries.iter().enumerate() {
+    for (i, (key, value)) in entries.into_iter().enumerate() {
         if i > 0 {
             into.push('.');
         }
-        push_part(into, &entry.key);
-        if !entry.value.is_empty() {
+        push_part(into, key);
+        if !value.is_empty() {
             into.push('_');
-            push_part(into, &entry.value);
+            push_part(into, value);
         }
     }
     sanitize(into);

@@ -8,19 +8,15 @@ fn tree(yaml: &str) -> ErlRules {
         .0
 }
 
-fn entries(pairs: &[(&str, &str)]) -> Vec<Entry> {
-    pairs
-        .iter()
-        .map(|(k, v)| Entry {
-            key: k.to_string(),
-            value: v.to_string(),
-        })
-        .collect()
+fn entries<'e>(
+    pairs: &'e [(&'e str, &'e str)],
+) -> impl Iterator<Item = (&'e str, &'e str)> + Clone {
+    pairs.iter().copied()
 }
 
 /// The rule's requests_per_unit, 0 for none.
 fn reached(tree: &ErlRules, pairs: &[(&str, &str)]) -> u32 {
-    tree.lookup("d", &entries(pairs))
+    tree.lookup("d", entries(pairs))
         .and_then(|f| f.rule)
         .map_or(0, |r| tree.rules[r].requests_per_unit)
 }
@@ -71,7 +67,7 @@ fn the_most_specific_node_of_each_level_decides() {
     assert_eq!(reached(&tree, &[("m", "a-b-c")]), 6);
     assert_eq!(reached(&tree, &[("m", "acb")]), 0);
     assert_eq!(reached(&tree, &[("nothing", "x")]), 0);
-    assert!(tree.lookup("unknown", &entries(&[("k", "v")])).is_none());
+    assert!(tree.lookup("unknown", entries(&[("k", "v")])).is_none());
 }
 
 #[test]
@@ -102,25 +98,25 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 50}
 ",
     );
-    let wanted = entries(&[("files", "files/a.txt")]);
-    let found = tree.lookup("d", &wanted).unwrap();
-    assert_eq!(tree.keyed_value(&found, 0, &wanted[0]), b"files/*");
-    let plain = entries(&[("file", "test1")]);
-    let found = tree.lookup("d", &plain).unwrap();
-    assert_eq!(tree.keyed_value(&found, 0, &plain[0]), b"test1");
+    let found = tree
+        .lookup("d", entries(&[("files", "files/a.txt")]))
+        .unwrap();
+    assert_eq!(tree.keyed_value(&found, 0, "files/a.txt"), b"files/*");
+    let found = tree.lookup("d", entries(&[("file", "test1")])).unwrap();
+    assert_eq!(tree.keyed_value(&found, 0, "test1"), b"test1");
 }
 
 /// The stats key of the rule a descriptor reaches, spelled for that descriptor.
 fn stats_key(tree: &ErlRules, domain: &str, pairs: &[(&str, &str)]) -> String {
     let wanted = entries(pairs);
     let rule = tree
-        .lookup(domain, &wanted)
+        .lookup(domain, wanted.clone())
         .and_then(|f| f.rule)
         .expect("a rule");
     let mut scratch = String::new();
     tree.rules[rule]
         .stats
-        .spell(&wanted, &mut scratch)
+        .spell(wanted, &mut scratch)
         .to_string()
 }
 
@@ -177,7 +173,7 @@ descriptors:
     );
     // An empty value still gets its underscore, as there.
     assert_eq!(key(&[("key_1", "")]), "nested.key_1_");
-    let fixed = tree.lookup("nested", &entries(&[("plain", "a"), ("sub", "b")]));
+    let fixed = tree.lookup("nested", entries(&[("plain", "a"), ("sub", "b")]));
     let rule = &tree.rules[fixed.unwrap().rule.unwrap()];
     assert!(matches!(rule.stats, StatsKey::Fixed(_)));
 }
@@ -309,7 +305,7 @@ fn stats_keys_are_sanitized_as_stat_names() {
     // Other characters stay as they are, multi-byte ones whole.
     assert_eq!(sanitized("d.k_é\u{85}~"), "d.k_é\u{85}~");
     let mut own = String::new();
-    request_limit_stats_key("d", &entries(&[("ip", "10.0.0.1"), ("k", "")]), &mut own);
+    request_limit_stats_key("d", entries(&[("ip", "10.0.0.1"), ("k", "")]), &mut own);
     assert_eq!(own, "d.ip_10_0_0_1.k");
 }
 
@@ -349,7 +345,7 @@ descriptors:
         "d.route_h_0e50f229ffa7efab.method_GET"
     );
     let overflow = |pairs: &[(&str, &str)]| {
-        let found = tree.lookup("d", &entries(pairs)).unwrap();
+        let found = tree.lookup("d", entries(pairs)).unwrap();
         let stats = &tree.rules[found.rule.unwrap()].stats;
         stats.overflow().map(str::to_string)
     };
@@ -363,7 +359,7 @@ descriptors:
     );
     assert_eq!(overflow(&[("plain", "p")]), None);
     let mut own = String::new();
-    request_limit_stats_key("d", &entries(&[(&long, &long), ("k", "v")]), &mut own);
+    request_limit_stats_key("d", entries(&[(&long, &long), ("k", "v")]), &mut own);
     assert_eq!(own, "d.h_0e50f229ffa7efab_h_0e50f229ffa7efab.k_v");
     request_limit_overflow_key("d", &mut own);
     assert_eq!(own, "d.overflow");

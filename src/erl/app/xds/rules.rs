@@ -1,5 +1,5 @@
-//! The `RateLimitConfig` resources of envoyproxy/ratelimit's xDS config source turned into
-//! the rules a YAML file of its config directory becomes. Each resource is one domain, as
+//! The `RateLimitConfig` resources of envoyproxy/ratelimit's xDS config source decoded and
+//! turned into the rules a YAML file of its config directory becomes (`crate::erl::config`). Each resource is one domain, as
 //! each file is; the whole set is checked as a directory is, by [`check`], so a resource set
 //! is refused exactly where the same YAML would be.
 
@@ -12,8 +12,8 @@ use envoy_types::pb::ratelimit::config::ratelimit::v3::{
 };
 use prost::Message as _;
 
-use super::{check, RateLimitConfig, RuleConfig, Step};
 use crate::config::ConfigError;
+use crate::erl::config::{check, RateLimitConfig, RuleConfig, Step};
 
 /// The type of the resources asked for and accepted.
 pub const RESOURCE_TYPE: &str = "type.googleapis.com/ratelimit.config.ratelimit.v3.RateLimitConfig";
