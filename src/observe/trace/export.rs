@@ -57,7 +57,7 @@ enum ExportError {
     #[error("{0}")]
     Http(#[from] hyper::Error),
     #[error("{0}")]
-    Request(#[from] hyper::http::Error),
+    Request(#[from] http::Error),
     #[error("the collector answered {0}")]
     Status(hyper::StatusCode),
     #[error("{0}")]
@@ -272,7 +272,7 @@ impl Client {
                     .await
                     .map_err(|error| tonic::Status::unavailable(error.to_string()))?;
                 let codec = tonic_prost::ProstCodec::default();
-                let path = hyper::http::uri::PathAndQuery::from_static(EXPORT_PATH);
+                let path = http::uri::PathAndQuery::from_static(EXPORT_PATH);
                 Ok(grpc.unary(call, path, codec).await?.into_inner())
             }
         }
