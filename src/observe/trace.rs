@@ -2,8 +2,9 @@
 //!
 //! This file reads the caller's trace context from its headers (a pure function: headers in,
 //! context out, never a panic), decides whether a span is sampled, and draws ids. The rest:
-//! - `span`: the [`Tracer`] the handlers open spans with, and the attributes of a decision;
-//! - `otlp`: the OTLP trace messages, as protobuf;
+//! - `span`: the [`Tracer`] the handlers open spans with, the attributes of a decision, and
+//!   the [`FinishedSpan`] a closed span is, in plain values, on the exporter's queue;
+//! - `otlp`: the OTLP trace messages, as protobuf, and a finished span spelled in them;
 //! - `export`: the background task that batches finished spans and sends them to a collector
 //!   over OTLP (HTTP or gRPC), off the request path.
 //!
@@ -18,7 +19,7 @@ mod span;
 use std::cell::Cell;
 
 pub use export::spawn_exporter;
-pub use span::{attribute, Attributes, Kind, Ruling, Span, Tracer};
+pub use span::{attribute, AttributeValue, Attributes, FinishedSpan, Kind, Ruling, Span, Tracer};
 
 /// A trace id: 16 bytes, never all zero.
 pub type TraceId = [u8; 16];

@@ -18,7 +18,7 @@ use tokio::sync::mpsc;
 use tonic::transport::{Channel, Endpoint};
 
 use super::otlp::{self, ExportTraceServiceRequest, ExportTraceServiceResponse, KeyValue, Value};
-use super::Tracer;
+use super::{FinishedSpan, Tracer};
 use crate::config::trace::{Protocol, TracingConfig};
 use crate::config::ConfigError;
 use crate::observe::metrics::SpanCounters;
@@ -125,7 +125,7 @@ fn random_instance_id() -> String {
 
 async fn run(
     settings: ExportSettings,
-    mut spans: mpsc::Receiver<otlp::Span>,
+    mut spans: mpsc::Receiver<FinishedSpan>,
     counters: SpanCounters,
 ) {
     let mut client = Client::new(&settings.target);
@@ -153,7 +153,9 @@ async fn run(
         };
         if flush && !batch.is_empty() {
             let count = batch.len() as u64;
-            let request = envelope(&resource, std::mem::take(&mut batch));
+            // Spelled as OTLP here, in the exporter's task: the request path only queued them.
+            let spans = batch.drain(..).map(otlp::Span::from).collect();
+            let request = envelope(&resource, spans);
             match client.export(&request, &settings).await {
                 Ok(()) => {
                     counters.exported.inc_by(count);
@@ -173,7 +175,6 @@ async fn run(
                     }
                 }
             }
-            batch.reserve(MAX_BATCH);
         }
         if closed {
             return;
