@@ -3,7 +3,7 @@
 //! here, with their field numbers, rather than generated: a handful of messages, and neither
 //! a build script nor a second protobuf toolchain for them.
 
-use super::{AttributeValue, FinishedSpan};
+use crate::observe::trace::{AttributeValue, FinishedSpan};
 
 /// `ExportTraceServiceRequest`: the body of every export, HTTP or gRPC.
 #[derive(Clone, PartialEq, prost::Message)]

@@ -8,20 +8,22 @@
 use std::time::Duration;
 
 use bytes::Bytes;
+use http::header::{HeaderName, HeaderValue, CONTENT_TYPE, HOST};
+use http::Uri;
 use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::SendRequest;
-use hyper::header::{HeaderName, HeaderValue, CONTENT_TYPE, HOST};
-use hyper::Uri;
 use hyper_util::rt::TokioIo;
 use prost::Message;
 use tokio::sync::mpsc;
 use tonic::transport::{Channel, Endpoint};
 
-use super::otlp::{self, ExportTraceServiceRequest, ExportTraceServiceResponse, KeyValue, Value};
-use super::{FinishedSpan, Tracer};
+use super::messages::{
+    self, ExportTraceServiceRequest, ExportTraceServiceResponse, KeyValue, Value,
+};
 use crate::config::trace::{Protocol, TracingConfig};
 use crate::config::ConfigError;
 use crate::observe::metrics::SpanCounters;
+use crate::observe::trace::{self, FinishedSpan, Tracer};
 
 /// Spans sent in one export at most (the OpenTelemetry SDKs' default batch).
 pub const MAX_BATCH: usize = 512;
@@ -59,7 +61,7 @@ enum ExportError {
     #[error("{0}")]
     Request(#[from] http::Error),
     #[error("the collector answered {0}")]
-    Status(hyper::StatusCode),
+    Status(http::StatusCode),
     #[error("{0}")]
     Grpc(#[from] tonic::Status),
     #[error("no answer within the export timeout")]
@@ -109,10 +111,10 @@ pub fn spawn_exporter(
 
 /// A random UUID (version 4), as the OpenTelemetry SDKs make a `service.instance.id`.
 fn random_instance_id() -> String {
-    let mut bytes = super::new_trace_id();
+    let mut bytes = trace::new_trace_id();
     bytes[6] = (bytes[6] & 0x0f) | 0x40;
     bytes[8] = (bytes[8] & 0x3f) | 0x80;
-    let hex = super::hex(&bytes);
+    let hex = trace::hex(&bytes);
     format!(
         "{}-{}-{}-{}-{}",
         &hex[..8],
@@ -129,7 +131,7 @@ async fn run(
     counters: SpanCounters,
 ) {
     let mut client = Client::new(&settings.target);
-    let resource = otlp::Resource {
+    let resource = messages::Resource {
         attributes: settings
             .resource
             .iter()
@@ -154,7 +156,7 @@ async fn run(
         if flush && !batch.is_empty() {
             let count = batch.len() as u64;
             // Spelled as OTLP here, in the exporter's task: the request path only queued them.
-            let spans = batch.drain(..).map(otlp::Span::from).collect();
+            let spans = batch.drain(..).map(messages::Span::from).collect();
             let request = envelope(&resource, spans);
             match client.export(&request, &settings).await {
                 Ok(()) => {
@@ -183,12 +185,15 @@ async fn run(
 }
 
 /// One export's message: the batch under this process's resource and tollgate's scope.
-fn envelope(resource: &otlp::Resource, spans: Vec<otlp::Span>) -> ExportTraceServiceRequest {
+fn envelope(
+    resource: &messages::Resource,
+    spans: Vec<messages::Span>,
+) -> ExportTraceServiceRequest {
     ExportTraceServiceRequest {
-        resource_spans: vec![otlp::ResourceSpans {
+        resource_spans: vec![messages::ResourceSpans {
             resource: Some(resource.clone()),
-            scope_spans: vec![otlp::ScopeSpans {
-                scope: Some(otlp::InstrumentationScope {
+            scope_spans: vec![messages::ScopeSpans {
+                scope: Some(messages::InstrumentationScope {
                     name: "tollgate".into(),
                     version: env!("CARGO_PKG_VERSION").into(),
                 }),
@@ -302,7 +307,7 @@ async fn post(
     headers: &[(HeaderName, HeaderValue)],
     body: Vec<u8>,
 ) -> Result<ExportTraceServiceResponse, ExportError> {
-    let mut request = hyper::Request::post(uri.path_and_query().map_or("/", |p| p.as_str()))
+    let mut request = http::Request::post(uri.path_and_query().map_or("/", |p| p.as_str()))
         .header(HOST, uri.authority().map_or("localhost", |a| a.as_str()))
         .header(CONTENT_TYPE, "application/x-protobuf");
     for (name, value) in headers {
