@@ -23,7 +23,8 @@
 //!   normalised the way the proxies route.
 //! - [`observe`]: [`observe::metrics`] (every metric name in one place), [`observe::top`] (the
 //!   most denied keys, bounded memory), [`observe::denial_log`], [`observe::trace`] (a
-//!   decision's span: the caller's trace context, sampling, the OTLP exporter).
+//!   decision's span: the caller's trace context, sampling, the finished span as plain
+//!   values on the exporter's queue).
 //! - [`kinds`]: what a store key counts, a limit's kind, one file each: [`kinds::bucket`],
 //!   [`kinds::quota`], [`kinds::concurrency`], [`kinds::reserve`], [`kinds::borrow`]. Each
 //!   is built and checked from its config, spelled to the Lua scripts and read back, stepped
@@ -48,6 +49,9 @@
 //!   numbers as the units of its RLQS pool, a grant as Envoy's token bucket).
 //! - [`answer`]: what an answer says whatever protocol carries it (a refusal and why, the
 //!   quota headers).
+//! - [`otlp`]: the spans' way out: the OTLP trace messages and the exporter, which batches
+//!   finished spans and sends them to a collector over HTTP or gRPC. The server's, beside
+//!   `answer` (neither uses the other), started by `state`.
 //! - [`state`]: what every handler shares (config, store, limiter, metrics), swapped whole
 //!   on reload.
 //! - [`http`] and [`grpc`]: the protocols: `/check`, probes, metrics and the admin API;
@@ -74,6 +78,7 @@ pub mod http;
 pub mod kinds;
 pub mod limiter;
 pub mod observe;
+pub mod otlp;
 pub mod policy;
 pub mod request;
 pub mod state;

@@ -1,6 +1,6 @@
 //! What tollgate tells its operators: Prometheus metrics, the most denied keys, the denial log,
-//! and envoyproxy/ratelimit's own metrics for dashboards written against it.
-//! the decisions' spans.
+//! envoyproxy/ratelimit's own metrics for dashboards written against it, and the decisions'
+//! spans.
 
 pub mod denial_log;
 pub mod metrics;

@@ -4,8 +4,8 @@
 
 use std::collections::BTreeMap;
 
-use hyper::header::{HeaderName, HeaderValue};
-use hyper::Uri;
+use http::header::{HeaderName, HeaderValue};
+use http::Uri;
 use serde::{Deserialize, Serialize};
 
 use super::{ConfigError, Secret};

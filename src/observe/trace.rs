@@ -1,24 +1,21 @@
 //! Tracing: a decision's span, a child of the caller's trace.
 //!
 //! This file reads the caller's trace context from its headers (a pure function: headers in,
-//! context out, never a panic), decides whether a span is sampled, and draws ids. The rest:
-//! - `span`: the [`Tracer`] the handlers open spans with, and the attributes of a decision;
-//! - `otlp`: the OTLP trace messages, as protobuf;
-//! - `export`: the background task that batches finished spans and sends them to a collector
-//!   over OTLP (HTTP or gRPC), off the request path.
+//! context out, never a panic), decides whether a span is sampled, and draws ids. `span`
+//! holds the [`Tracer`] the handlers open spans with, the attributes of a decision, and the
+//! [`FinishedSpan`] a closed span is, in plain values, on the exporter's queue. The exporter
+//! that sends them to a collector over OTLP is the server's (`crate::otlp`): this layer knows
+//! no protocol of the collector's.
 //!
 //! Headers read, first found wins: W3C `traceparent` (with `tracestate`); B3's single `b3`;
 //! B3's `x-b3-traceid`, `x-b3-spanid`, `x-b3-sampled` (and `x-b3-flags: 1`, debug, which
 //! means sampled). A header that is malformed is ignored as if absent, and the next is tried.
 
-mod export;
-mod otlp;
 mod span;
 
 use std::cell::Cell;
 
-pub use export::spawn_exporter;
-pub use span::{attribute, Attributes, Kind, Ruling, Span, Tracer};
+pub use span::{attribute, AttributeValue, Attributes, FinishedSpan, Kind, Ruling, Span, Tracer};
 
 /// A trace id: 16 bytes, never all zero.
 pub type TraceId = [u8; 16];

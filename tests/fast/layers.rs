@@ -6,8 +6,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-/// Bottom to top. A layer may use the ones before it; `http` and `grpc` share a rank and may
-/// not use each other.
+/// Bottom to top. A layer may use the ones before it; layers that share a rank may not use
+/// each other: `answer` and `otlp` (the top of the core, and the first layer of the server
+/// above it, which `state` starts), `http` and `grpc`.
 const LAYERS: &[(&str, u8)] = &[
     ("base", 0),
     ("config", 1),
@@ -18,11 +19,12 @@ const LAYERS: &[(&str, u8)] = &[
     ("policy", 6),
     ("limiter", 7),
     ("answer", 8),
-    ("state", 8),
-    ("http", 9),
-    ("grpc", 9),
-    ("app", 10),
-    ("cli", 11),
+    ("otlp", 8),
+    ("state", 9),
+    ("http", 10),
+    ("grpc", 10),
+    ("app", 11),
+    ("cli", 12),
 ];
 
 /// envoyproxy/ratelimit's compatibility is one wing (`src/erl/`) across the layers: each of
@@ -30,9 +32,9 @@ const LAYERS: &[(&str, u8)] = &[
 /// that layer. The wing's own file (`erl.rs`) only names its parts: judged as the bottom layer.
 const WING: &str = "erl";
 
-/// The layers the wing stands on. The others (`state`, `http`, `grpc`, `app`, `cli`) are the
-/// server it plugs into: the wing imports none of them, so that it can become a package that
-/// depends on the core alone.
+/// The layers the wing stands on. The others (`otlp`, `state`, `http`, `grpc`, `app`, `cli`)
+/// are the server it plugs into: the wing imports none of them, so that it can become a
+/// package that depends on the core alone.
 const CORE: &[&str] = &[
     "base", "config", "request", "observe", "kinds", "store", "policy", "limiter", "answer",
 ];

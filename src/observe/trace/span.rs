@@ -1,20 +1,20 @@
 //! Spans as the handlers use them: [`Tracer::start`] opens one (or none, when not sampled),
 //! the handler sets the decision's attributes, [`Tracer::finish`] hands it to the exporter's
-//! queue. A full queue drops the span and counts it: a decision never waits on tracing.
+//! queue as a [`FinishedSpan`]. A full queue drops the span and counts it: a decision never
+//! waits on tracing.
 
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use prometheus::IntCounter;
 use tokio::sync::mpsc;
 
-use super::otlp::{self, KeyValue, Value};
 use super::{new_span_id, new_trace_id, Incoming, Sampler, SpanId, TraceId};
 
 /// What the handlers hold: the sampler and the exporter's queue. Cheap to clone.
 #[derive(Clone)]
 pub struct Tracer {
     sampler: Sampler,
-    queue: mpsc::Sender<otlp::Span>,
+    queue: mpsc::Sender<FinishedSpan>,
     /// Spans dropped because the queue was full (the collector slow or away).
     dropped: IntCounter,
 }
@@ -32,7 +32,7 @@ pub enum Kind {
 
 impl Kind {
     /// The span's name.
-    fn name(self) -> &'static str {
+    pub fn name(self) -> &'static str {
         match self {
             Kind::Grpc => "ShouldRateLimit",
             Kind::Check => "check",
@@ -50,13 +50,45 @@ pub struct Span {
     kind: Kind,
     start_unix_nano: u64,
     started: Instant,
-    attributes: Vec<KeyValue>,
+    attributes: Vec<(&'static str, AttributeValue)>,
     error: Option<String>,
+}
+
+/// A span, closed: what the exporter's queue carries, in plain values. The exporter spells it
+/// in its protocol's messages, in its own task, off the request path.
+///
+/// Every span is sampled (an unsampled one is never opened) and answers a request (a
+/// server's span); its parent, if any, is the caller's, so always remote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FinishedSpan {
+    pub trace_id: TraceId,
+    pub span_id: SpanId,
+    /// The caller's span; `None` for a new root.
+    pub parent: Option<SpanId>,
+    /// W3C `tracestate`, passed on as the caller sent it (empty without one).
+    pub trace_state: String,
+    /// The protocol it answered on, which names it.
+    pub kind: Kind,
+    pub start_unix_nano: u64,
+    pub end_unix_nano: u64,
+    /// In the order they were set.
+    pub attributes: Vec<(&'static str, AttributeValue)>,
+    /// Why it failed (the request was refused, or the store did not answer), if it did.
+    pub error: Option<String>,
+}
+
+/// An attribute's value: the types OpenTelemetry's attributes take that a decision uses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AttributeValue {
+    Str(String),
+    Bool(bool),
+    Int(i64),
+    Strs(Vec<String>),
 }
 
 impl Tracer {
     /// A tracer sampling new traces at `rate` into `queue`.
-    pub fn new(rate: f64, queue: mpsc::Sender<otlp::Span>, dropped: IntCounter) -> Tracer {
+    pub fn new(rate: f64, queue: mpsc::Sender<FinishedSpan>, dropped: IntCounter) -> Tracer {
         Tracer {
             sampler: Sampler::new(rate),
             queue,
@@ -95,37 +127,29 @@ impl Tracer {
 
     /// Closes `span` and queues it for export; dropped (and counted) if the queue is full.
     pub fn finish(&self, span: Span) {
-        if self.queue.try_send(span.into_otlp()).is_err() {
+        if self.queue.try_send(span.close()).is_err() {
             self.dropped.inc();
         }
     }
 }
 
 impl Span {
-    pub fn set_str(&mut self, key: &str, value: impl Into<String>) {
+    pub fn set_str(&mut self, key: &'static str, value: impl Into<String>) {
         self.attributes
-            .push(KeyValue::new(key, Value::String(value.into())));
+            .push((key, AttributeValue::Str(value.into())));
     }
 
-    pub fn set_bool(&mut self, key: &str, value: bool) {
-        self.attributes.push(KeyValue::new(key, Value::Bool(value)));
+    pub fn set_bool(&mut self, key: &'static str, value: bool) {
+        self.attributes.push((key, AttributeValue::Bool(value)));
     }
 
-    pub fn set_int(&mut self, key: &str, value: i64) {
-        self.attributes.push(KeyValue::new(key, Value::Int(value)));
+    pub fn set_int(&mut self, key: &'static str, value: i64) {
+        self.attributes.push((key, AttributeValue::Int(value)));
     }
 
-    pub fn set_strs<'a>(&mut self, key: &str, values: impl IntoIterator<Item = &'a str>) {
-        let values = values
-            .into_iter()
-            .map(|value| otlp::AnyValue {
-                value: Some(Value::String(value.to_string())),
-            })
-            .collect();
-        self.attributes.push(KeyValue::new(
-            key,
-            Value::Array(otlp::ArrayValue { values }),
-        ));
+    pub fn set_strs<'a>(&mut self, key: &'static str, values: impl IntoIterator<Item = &'a str>) {
+        let values = values.into_iter().map(str::to_string).collect();
+        self.attributes.push((key, AttributeValue::Strs(values)));
     }
 
     /// Marks the span failed (the request was refused, or the store did not answer).
@@ -138,29 +162,18 @@ impl Span {
         &self.trace_id
     }
 
-    fn into_otlp(self) -> otlp::Span {
+    fn close(self) -> FinishedSpan {
         let elapsed = u64::try_from(self.started.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        let flags = otlp::FLAGS_SAMPLED
-            | if self.parent.is_some() {
-                otlp::FLAGS_REMOTE_PARENT
-            } else {
-                otlp::FLAGS_LOCAL_ROOT
-            };
-        otlp::Span {
-            trace_id: self.trace_id.to_vec(),
-            span_id: self.span_id.to_vec(),
+        FinishedSpan {
+            trace_id: self.trace_id,
+            span_id: self.span_id,
+            parent: self.parent,
             trace_state: self.trace_state,
-            parent_span_id: self.parent.map_or_else(Vec::new, |id| id.to_vec()),
-            name: self.kind.name().to_string(),
-            kind: otlp::SPAN_KIND_SERVER,
-            start_time_unix_nano: self.start_unix_nano,
-            end_time_unix_nano: self.start_unix_nano.saturating_add(elapsed),
+            kind: self.kind,
+            start_unix_nano: self.start_unix_nano,
+            end_unix_nano: self.start_unix_nano.saturating_add(elapsed),
             attributes: self.attributes,
-            status: self.error.map(|message| otlp::Status {
-                message,
-                code: otlp::STATUS_CODE_ERROR,
-            }),
-            flags,
+            error: self.error,
         }
     }
 }
@@ -242,18 +255,17 @@ mod tests {
     use super::*;
     use crate::observe::trace::RemoteSpan;
 
-    fn tracer(rate: f64) -> (Tracer, mpsc::Receiver<otlp::Span>, IntCounter) {
+    fn tracer(rate: f64) -> (Tracer, mpsc::Receiver<FinishedSpan>, IntCounter) {
         let (queue, spans) = mpsc::channel(1);
         let dropped = IntCounter::new("dropped", "test").expect("a counter");
         (Tracer::new(rate, queue, dropped.clone()), spans, dropped)
     }
 
-    fn value(span: &otlp::Span, key: &str) -> Option<Value> {
+    fn value<'s>(span: &'s FinishedSpan, key: &str) -> Option<&'s AttributeValue> {
         span.attributes
             .iter()
-            .find(|kv| kv.key == key)
-            .and_then(|kv| kv.value.clone())
-            .and_then(|v| v.value)
+            .find(|(name, _)| *name == key)
+            .map(|(_, value)| value)
     }
 
     #[test]
@@ -280,26 +292,25 @@ mod tests {
         .record(&mut span);
         tracer.finish(span);
         let sent = spans.try_recv().expect("queued");
-        assert_eq!(sent.trace_id, vec![7; 16]);
-        assert_eq!(sent.parent_span_id, vec![9; 8]);
+        assert_eq!(sent.trace_id, [7; 16]);
+        assert_eq!(sent.parent, Some([9; 8]));
+        assert_ne!(sent.span_id, [9; 8]);
         assert_eq!(sent.trace_state, "rojo=1");
-        assert_eq!(sent.name, "ShouldRateLimit");
-        assert_eq!(sent.flags, otlp::FLAGS_SAMPLED | otlp::FLAGS_REMOTE_PARENT);
-        assert!(sent.end_time_unix_nano >= sent.start_time_unix_nano);
-        assert_eq!(value(&sent, DECISION), Some(Value::String("denied".into())));
+        assert_eq!(sent.kind.name(), "ShouldRateLimit");
+        assert!(sent.end_unix_nano >= sent.start_unix_nano);
+        assert_eq!(sent.error, None);
+        let text = |text: &str| AttributeValue::Str(text.into());
+        assert_eq!(value(&sent, DECISION), Some(&text("denied")));
+        assert_eq!(value(&sent, DENIED_BY), Some(&text("per-key")));
+        assert_eq!(value(&sent, ON_ERROR), Some(&AttributeValue::Bool(false)));
+        assert_eq!(value(&sent, attribute::DOMAIN), Some(&text("edge")));
         assert_eq!(
-            value(&sent, DENIED_BY),
-            Some(Value::String("per-key".into()))
+            value(&sent, LIMITS),
+            Some(&AttributeValue::Strs(vec![
+                "per-ip".into(),
+                "per-key".into()
+            ]))
         );
-        assert_eq!(value(&sent, ON_ERROR), Some(Value::Bool(false)));
-        assert_eq!(
-            value(&sent, attribute::DOMAIN),
-            Some(Value::String("edge".into()))
-        );
-        let Some(Value::Array(limits)) = value(&sent, LIMITS) else {
-            panic!("limits is an array: {sent:?}");
-        };
-        assert_eq!(limits.values.len(), 2);
     }
 
     #[test]

@@ -3,6 +3,8 @@
 //! here, with their field numbers, rather than generated: a handful of messages, and neither
 //! a build script nor a second protobuf toolchain for them.
 
+use crate::observe::trace::{AttributeValue, FinishedSpan};
+
 /// `ExportTraceServiceRequest`: the body of every export, HTTP or gRPC.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct ExportTraceServiceRequest {
@@ -143,5 +145,134 @@ impl KeyValue {
             key: key.to_string(),
             value: Some(AnyValue { value: Some(value) }),
         }
+    }
+}
+
+impl From<AttributeValue> for Value {
+    fn from(value: AttributeValue) -> Value {
+        match value {
+            AttributeValue::Str(text) => Value::String(text),
+            AttributeValue::Bool(flag) => Value::Bool(flag),
+            AttributeValue::Int(number) => Value::Int(number),
+            AttributeValue::Strs(texts) => Value::Array(ArrayValue {
+                values: texts
+                    .into_iter()
+                    .map(|text| AnyValue {
+                        value: Some(Value::String(text)),
+                    })
+                    .collect(),
+            }),
+        }
+    }
+}
+
+impl From<FinishedSpan> for Span {
+    /// A sampled server span; its parent, when it has one, is the caller's (remote).
+    fn from(span: FinishedSpan) -> Span {
+        let flags = FLAGS_SAMPLED
+            | if span.parent.is_some() {
+                FLAGS_REMOTE_PARENT
+            } else {
+                FLAGS_LOCAL_ROOT
+            };
+        Span {
+            trace_id: span.trace_id.to_vec(),
+            span_id: span.span_id.to_vec(),
+            trace_state: span.trace_state,
+            parent_span_id: span.parent.map_or_else(Vec::new, |id| id.to_vec()),
+            name: span.kind.name().to_string(),
+            kind: SPAN_KIND_SERVER,
+            start_time_unix_nano: span.start_unix_nano,
+            end_time_unix_nano: span.end_unix_nano,
+            attributes: span
+                .attributes
+                .into_iter()
+                .map(|(key, value)| KeyValue::new(key, value.into()))
+                .collect(),
+            status: span.error.map(|message| Status {
+                message,
+                code: STATUS_CODE_ERROR,
+            }),
+            flags,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::observe::trace::Kind;
+
+    fn finished(parent: Option<[u8; 8]>) -> FinishedSpan {
+        FinishedSpan {
+            trace_id: [7; 16],
+            span_id: [3; 8],
+            parent,
+            trace_state: "rojo=1".into(),
+            kind: Kind::Grpc,
+            start_unix_nano: 10,
+            end_unix_nano: 25,
+            attributes: vec![
+                ("tollgate.decision", AttributeValue::Str("denied".into())),
+                ("tollgate.on_error", AttributeValue::Bool(false)),
+                ("rpc.grpc.status_code", AttributeValue::Int(0)),
+                (
+                    "tollgate.limits",
+                    AttributeValue::Strs(vec!["per-ip".into(), "per-key".into()]),
+                ),
+            ],
+            error: Some("over the limit".into()),
+        }
+    }
+
+    fn string(text: &str) -> AnyValue {
+        AnyValue {
+            value: Some(Value::String(text.into())),
+        }
+    }
+
+    #[test]
+    fn a_callers_child_is_a_server_span_under_a_remote_parent() {
+        let span = Span::from(finished(Some([9; 8])));
+        assert_eq!(
+            span,
+            Span {
+                trace_id: vec![7; 16],
+                span_id: vec![3; 8],
+                trace_state: "rojo=1".into(),
+                parent_span_id: vec![9; 8],
+                name: "ShouldRateLimit".into(),
+                kind: SPAN_KIND_SERVER,
+                start_time_unix_nano: 10,
+                end_time_unix_nano: 25,
+                attributes: vec![
+                    KeyValue::new("tollgate.decision", Value::String("denied".into())),
+                    KeyValue::new("tollgate.on_error", Value::Bool(false)),
+                    KeyValue::new("rpc.grpc.status_code", Value::Int(0)),
+                    KeyValue::new(
+                        "tollgate.limits",
+                        Value::Array(ArrayValue {
+                            values: vec![string("per-ip"), string("per-key")],
+                        }),
+                    ),
+                ],
+                status: Some(Status {
+                    message: "over the limit".into(),
+                    code: STATUS_CODE_ERROR,
+                }),
+                flags: FLAGS_SAMPLED | FLAGS_REMOTE_PARENT,
+            }
+        );
+    }
+
+    #[test]
+    fn a_root_has_no_parent_id_and_says_its_parent_is_not_remote() {
+        let span = Span::from(FinishedSpan {
+            error: None,
+            ..finished(None)
+        });
+        assert!(span.parent_span_id.is_empty());
+        assert_eq!(span.flags, FLAGS_SAMPLED | FLAGS_LOCAL_ROOT);
+        assert_eq!(span.status, None);
     }
 }

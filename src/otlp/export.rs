@@ -17,11 +17,13 @@ use prost::Message;
 use tokio::sync::mpsc;
 use tonic::transport::{Channel, Endpoint};
 
-use super::otlp::{self, ExportTraceServiceRequest, ExportTraceServiceResponse, KeyValue, Value};
-use super::Tracer;
+use super::messages::{
+    self, ExportTraceServiceRequest, ExportTraceServiceResponse, KeyValue, Value,
+};
 use crate::config::trace::{Protocol, TracingConfig};
 use crate::config::ConfigError;
 use crate::observe::metrics::SpanCounters;
+use crate::observe::trace::{self, FinishedSpan, Tracer};
 
 /// Spans sent in one export at most (the OpenTelemetry SDKs' default batch).
 pub const MAX_BATCH: usize = 512;
@@ -68,6 +70,23 @@ enum ExportError {
     Rejected(i64, String),
 }
 
+/// The export headers in hyper's types, from the ones the config checked.
+fn header_pairs(config: &TracingConfig) -> Result<Vec<(HeaderName, HeaderValue)>, ConfigError> {
+    config
+        .header_pairs()?
+        .into_iter()
+        .map(|(name, value)| {
+            let key = || format!("tracing.headers.{name}");
+            let name = HeaderName::from_bytes(name.as_str().as_bytes())
+                .map_err(|_| ConfigError::new(key(), "is not a header name"))?;
+            let mut value = HeaderValue::from_bytes(value.as_bytes())
+                .map_err(|_| ConfigError::new(key(), "is not a header value"))?;
+            value.set_sensitive(true);
+            Ok((name, value))
+        })
+        .collect()
+}
+
 /// Starts the exporter of `config` on the current Tokio runtime; the [`Tracer`] it returns
 /// feeds it. Batches wait at most `flush_every`.
 pub fn spawn_exporter(
@@ -75,7 +94,10 @@ pub fn spawn_exporter(
     flush_every: Duration,
     counters: SpanCounters,
 ) -> Result<Tracer, ConfigError> {
-    let uri = config.endpoint_uri()?;
+    // Checked by the config (as the core spells HTTP), then taken in hyper's own types: the
+    // checked text parses alike, so neither conversion refuses what the check let through.
+    let uri = Uri::try_from(config.endpoint_uri()?.to_string())
+        .map_err(|_| ConfigError::new("tracing.endpoint", "is not a URL"))?;
     let target = match config.protocol {
         Protocol::Http => ExportTarget::Http(uri),
         Protocol::Grpc => ExportTarget::Grpc(uri),
@@ -96,7 +118,7 @@ pub fn spawn_exporter(
     }
     let settings = ExportSettings {
         target,
-        headers: config.header_pairs()?,
+        headers: header_pairs(config)?,
         timeout: Duration::from_millis(config.timeout_ms),
         flush_every,
         resource,
@@ -109,10 +131,10 @@ pub fn spawn_exporter(
 
 /// A random UUID (version 4), as the OpenTelemetry SDKs make a `service.instance.id`.
 fn random_instance_id() -> String {
-    let mut bytes = super::new_trace_id();
+    let mut bytes = trace::new_trace_id();
     bytes[6] = (bytes[6] & 0x0f) | 0x40;
     bytes[8] = (bytes[8] & 0x3f) | 0x80;
-    let hex = super::hex(&bytes);
+    let hex = trace::hex(&bytes);
     format!(
         "{}-{}-{}-{}-{}",
         &hex[..8],
@@ -125,11 +147,11 @@ fn random_instance_id() -> String {
 
 async fn run(
     settings: ExportSettings,
-    mut spans: mpsc::Receiver<otlp::Span>,
+    mut spans: mpsc::Receiver<FinishedSpan>,
     counters: SpanCounters,
 ) {
     let mut client = Client::new(&settings.target);
-    let resource = otlp::Resource {
+    let resource = messages::Resource {
         attributes: settings
             .resource
             .iter()
@@ -153,7 +175,9 @@ async fn run(
         };
         if flush && !batch.is_empty() {
             let count = batch.len() as u64;
-            let request = envelope(&resource, std::mem::take(&mut batch));
+            // Spelled as OTLP here, in the exporter's task: the request path only queued them.
+            let spans = batch.drain(..).map(messages::Span::from).collect();
+            let request = envelope(&resource, spans);
             match client.export(&request, &settings).await {
                 Ok(()) => {
                     counters.exported.inc_by(count);
@@ -173,7 +197,6 @@ async fn run(
                     }
                 }
             }
-            batch.reserve(MAX_BATCH);
         }
         if closed {
             return;
@@ -182,12 +205,15 @@ async fn run(
 }
 
 /// One export's message: the batch under this process's resource and tollgate's scope.
-fn envelope(resource: &otlp::Resource, spans: Vec<otlp::Span>) -> ExportTraceServiceRequest {
+fn envelope(
+    resource: &messages::Resource,
+    spans: Vec<messages::Span>,
+) -> ExportTraceServiceRequest {
     ExportTraceServiceRequest {
-        resource_spans: vec![otlp::ResourceSpans {
+        resource_spans: vec![messages::ResourceSpans {
             resource: Some(resource.clone()),
-            scope_spans: vec![otlp::ScopeSpans {
-                scope: Some(otlp::InstrumentationScope {
+            scope_spans: vec![messages::ScopeSpans {
+                scope: Some(messages::InstrumentationScope {
                     name: "tollgate".into(),
                     version: env!("CARGO_PKG_VERSION").into(),
                 }),
