@@ -5,9 +5,9 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use tollgate::app::server::{self, Listeners};
-use tollgate::config::{Config, ConfigError};
-use tollgate::observe::metrics::Metrics;
-use tollgate::policy::Policy;
+use tollgate_core::config::{Config, ConfigError};
+use tollgate_core::observe::metrics::Metrics;
+use tollgate_core::policy::Policy;
 use tollgate::state::StartError;
 
 #[global_allocator]

@@ -29,7 +29,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 pub use report::MAX_BUCKETS_PER_MESSAGE;
 
-use crate::limiter::rlqs::TrackedBytes;
+use tollgate_core::limiter::rlqs::TrackedBytes;
 use crate::state::AppState;
 
 /// The service's name, as gRPC health reports it.

@@ -20,10 +20,10 @@ use tonic::transport::{Channel, Endpoint};
 use super::messages::{
     self, ExportTraceServiceRequest, ExportTraceServiceResponse, KeyValue, Value,
 };
-use crate::config::trace::{Protocol, TracingConfig};
-use crate::config::ConfigError;
-use crate::observe::metrics::SpanCounters;
-use crate::observe::trace::{self, FinishedSpan, Tracer};
+use tollgate_core::config::trace::{Protocol, TracingConfig};
+use tollgate_core::config::ConfigError;
+use tollgate_core::observe::metrics::SpanCounters;
+use tollgate_core::observe::trace::{self, FinishedSpan, Tracer};
 
 /// Spans sent in one export at most (the OpenTelemetry SDKs' default batch).
 pub const MAX_BATCH: usize = 512;

@@ -3,7 +3,7 @@
 //! here, with their field numbers, rather than generated: a handful of messages, and neither
 //! a build script nor a second protobuf toolchain for them.
 
-use crate::observe::trace::{AttributeValue, FinishedSpan};
+use tollgate_core::observe::trace::{AttributeValue, FinishedSpan};
 
 /// `ExportTraceServiceRequest`: the body of every export, HTTP or gRPC.
 #[derive(Clone, PartialEq, prost::Message)]
@@ -201,7 +201,7 @@ impl From<FinishedSpan> for Span {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::observe::trace::Kind;
+    use tollgate_core::observe::trace::Kind;
 
     fn finished(parent: Option<[u8; 8]>) -> FinishedSpan {
         FinishedSpan {

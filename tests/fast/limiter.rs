@@ -11,16 +11,16 @@ use crate::support::limit;
 use crate::support::{assert_header, assert_x_ratelimit};
 use figment::providers::{Format, Toml};
 use http::header::{HeaderMap, HeaderName, HeaderValue};
-use tollgate::base::clock::ManualClock;
-use tollgate::config::{Config, OnError};
-use tollgate::kinds::BucketRequest;
-use tollgate::limiter::decision::Verdict;
-use tollgate::limiter::Limiter;
-use tollgate::observe::metrics::Metrics;
-use tollgate::policy::Policy;
-use tollgate::request::OriginalRequest;
-use tollgate::store::memory::MemoryStore;
-use tollgate::store::{Store, StoreDecision, StoreError};
+use tollgate_core::base::clock::ManualClock;
+use tollgate_core::config::{Config, OnError};
+use tollgate_core::kinds::BucketRequest;
+use tollgate_core::limiter::decision::Verdict;
+use tollgate_core::limiter::Limiter;
+use tollgate_core::observe::metrics::Metrics;
+use tollgate_core::policy::Policy;
+use tollgate_core::request::OriginalRequest;
+use tollgate_core::store::memory::MemoryStore;
+use tollgate_core::store::{Store, StoreDecision, StoreError};
 
 fn config(limits: &str) -> Config {
     let toml = format!("{limits}\n");

@@ -7,11 +7,11 @@ use http::header::{HeaderMap, HeaderName, HeaderValue};
 
 use crate::support::http::admin_json;
 use crate::support::{redis_config, RedisServer, Response, Tollgate};
-use tollgate::config::Config;
-use tollgate::limiter::report;
-use tollgate::observe::metrics::Metrics;
-use tollgate::policy::Policy;
-use tollgate::request::OriginalRequest;
+use tollgate_core::config::Config;
+use tollgate_core::limiter::report;
+use tollgate_core::observe::metrics::Metrics;
+use tollgate_core::policy::Policy;
+use tollgate_core::request::OriginalRequest;
 
 const TOKEN: &str = "report-numbers-token-0123";
 
