@@ -20,17 +20,17 @@ use tonic::Status;
 pub use plan::{MAX_DESCRIPTORS, MAX_ENTRIES};
 pub use service::RateLimitService;
 
-use tollgate_erl::grpc::plan::ErlPlan;
-use tollgate_erl::grpc::{answer as erl_answer, count};
+use crate::state::AppState;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use plan::{Plan, RulesPlan};
 use tollgate_core::erl::observe::ErlStats;
 use tollgate_core::kinds::BucketRequest;
 use tollgate_core::limiter::decision::Verdict;
 use tollgate_core::limiter::CacheMay;
 use tollgate_core::observe::trace::{attribute, Ruling, Span};
 use tollgate_core::policy::Policy;
-use crate::state::AppState;
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
-use plan::{Plan, RulesPlan};
+use tollgate_erl::grpc::plan::ErlPlan;
+use tollgate_erl::grpc::{answer as erl_answer, count};
 
 /// The handler of `ShouldRateLimit` (over gRPC, and envoyproxy/ratelimit's `/json`).
 pub struct ShouldRateLimit {

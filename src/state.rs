@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use actix_web::web;
 
+use crate::otlp::spawn_exporter;
+use redis::TlsCertificates;
 use tollgate_core::base::timings::Timings;
 use tollgate_core::config::{Backend, Config, ConfigError, DenialLogging, OnError, StoreConfig};
 use tollgate_core::erl::observe::ErlStats;
@@ -15,12 +17,10 @@ use tollgate_core::limiter::Limiter;
 use tollgate_core::observe::denial_log::DenialLog;
 use tollgate_core::observe::metrics::Metrics;
 use tollgate_core::observe::trace::Tracer;
-use crate::otlp::spawn_exporter;
 use tollgate_core::policy::Policy;
 use tollgate_core::store::memory::MemoryStore;
 use tollgate_core::store::redis::{certificates, RedisStore, Topology};
 use tollgate_core::store::{AnyStore, Store, StoreError};
-use redis::TlsCertificates;
 
 /// Shared by every worker of both listeners.
 pub struct AppState {

@@ -21,12 +21,12 @@ use crate::app::grpc_tls::LiveTls;
 use crate::app::heartbeat;
 use crate::app::reload::Reloader;
 use crate::app::signals;
-use tollgate_core::config::{Backend, Config, OnError, StoreConfig};
-use tollgate_erl::app::metrics::{self as erl_metrics, PrometheusListener};
-use tollgate_core::policy::runtime_overrides::sync;
 use crate::state::{build_state, redis_tls, topology, AppState, StartError};
+use tollgate_core::config::{Backend, Config, OnError, StoreConfig};
+use tollgate_core::policy::runtime_overrides::sync;
 use tollgate_core::store::redis::resets::{self, Heard, ResetSource};
 use tollgate_core::store::AnyStore;
+use tollgate_erl::app::metrics::{self as erl_metrics, PrometheusListener};
 
 /// The listening sockets, bound before the runtime starts so tests can bind port 0.
 pub struct Listeners {

@@ -194,7 +194,8 @@ mod tests {
     #[test]
     fn rates_read_back_in_the_shortest_whole_unit() {
         let config = tollgate_core::config::Config::default();
-        let policy = Policy::compile(&config, &tollgate_core::observe::metrics::Metrics::new()).unwrap();
+        let policy =
+            Policy::compile(&config, &tollgate_core::observe::metrics::Metrics::new()).unwrap();
         let limit = &policy.limits[0];
         let shown = |rate: f64| {
             let l = current_limit(&state(rate), limit);

@@ -10,10 +10,10 @@ use tonic::Status;
 
 use tollgate_core::base::keys::{self, KeyPart, Source};
 use tollgate_core::config::{Charge, OnMissing, OVER_COST};
-use tollgate_erl::grpc::plan::{self as erl, entry_pairs, ErlPlan};
 use tollgate_core::kinds::BucketRequest;
 use tollgate_core::policy::descriptors::{hits_of, value_of};
 use tollgate_core::policy::Policy;
+use tollgate_erl::grpc::plan::{self as erl, entry_pairs, ErlPlan};
 
 /// Most descriptors one request may carry; Envoy sends one per rate limit action set.
 pub const MAX_DESCRIPTORS: usize = 64;

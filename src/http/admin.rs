@@ -16,11 +16,11 @@ use sha2::{Digest, Sha256};
 
 mod error;
 
+use crate::state::AppState;
+pub use error::{AdminError, Operator};
 use tollgate_core::base::redact::Caller;
 use tollgate_core::policy::limit::Limit;
 use tollgate_core::policy::Policy;
-use crate::state::AppState;
-pub use error::{AdminError, Operator};
 
 /// Most admin reads calling the store (peeks) in flight at once; more are answered `503` with
 /// `Retry-After: 1` without a store call, so the readiness probe (which pings the store on the

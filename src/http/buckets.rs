@@ -15,12 +15,12 @@ use serde::Serialize;
 use serde_json::json;
 
 use super::admin::{self, AdminError, NamedKey, Operator};
+use crate::state::AppState;
 use tollgate_core::base::redact::Caller;
 use tollgate_core::base::redact::Salt;
 use tollgate_core::kinds::PeekView;
 use tollgate_core::limiter::peek::Target;
 use tollgate_core::policy::overrides::Override;
-use crate::state::AppState;
 
 #[derive(Serialize)]
 struct Peek<'a> {

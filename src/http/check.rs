@@ -6,9 +6,9 @@ use std::time::Instant;
 use actix_web::{web, HttpRequest, HttpResponse};
 
 use super::response;
+use crate::state::AppState;
 use tollgate_core::observe::trace::{self, attribute, Kind};
 use tollgate_core::request::{Headers, OriginalRequest};
-use crate::state::AppState;
 
 pub async fn check(request: HttpRequest, state: web::Data<AppState>) -> HttpResponse {
     let started = Instant::now();

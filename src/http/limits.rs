@@ -7,6 +7,7 @@
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde::Serialize;
 
+use crate::state::AppState;
 use tollgate_core::base::redact::Caller;
 use tollgate_core::base::redact::Salt;
 use tollgate_core::config::{Charge, OnMissing};
@@ -15,7 +16,6 @@ use tollgate_core::policy::exempt::ExemptRule;
 use tollgate_core::policy::limit::Limit;
 use tollgate_core::policy::matcher::Matcher;
 use tollgate_core::policy::Policy;
-use crate::state::AppState;
 
 #[derive(Serialize)]
 struct Limits<'p> {

@@ -12,6 +12,7 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use serde_json::{json, Map, Value};
 
 use super::admin::{find_limit, AdminError, NamedKey, Operator};
+use crate::state::AppState;
 use tollgate_core::base::rate::RateSpec;
 use tollgate_core::base::redact::Caller;
 use tollgate_core::base::redact::Salt;
@@ -22,7 +23,6 @@ use tollgate_core::policy::overrides;
 use tollgate_core::policy::runtime_overrides::sync::WriteError;
 use tollgate_core::policy::runtime_overrides::{Entry, MAX_TTL_S};
 use tollgate_core::policy::Policy;
-use crate::state::AppState;
 
 pub async fn list(
     request: HttpRequest,

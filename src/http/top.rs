@@ -7,11 +7,11 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::admin::AdminError;
+use crate::state::AppState;
 use tollgate_core::base::rate::ratio;
 use tollgate_core::base::redact::Caller;
 use tollgate_core::base::redact::Salt;
 use tollgate_core::observe::top::{self, TopList};
-use crate::state::AppState;
 
 /// Keys per limit when `n` is not given, and the most a caller may ask for.
 pub const DEFAULT_N: usize = 20;

@@ -131,7 +131,10 @@ fn the_core_package_depends_on_no_protocol_stack() {
         })
         .collect();
     assert!(named.is_empty(), "the core depends on {named:?}");
-    assert!(manifest.contains("\nredis = "), "the reader sees the dependencies");
+    assert!(
+        manifest.contains("\nredis = "),
+        "the reader sees the dependencies"
+    );
 }
 
 #[test]
@@ -385,11 +388,7 @@ fn paths_in(text: &str) -> Vec<(bool, Vec<String>)> {
             inline = true;
         }
         let mut rest = code;
-        while let Some(at) = HEADS
-            .iter()
-            .filter_map(|head| rest.find(head))
-            .min()
-        {
+        while let Some(at) = HEADS.iter().filter_map(|head| rest.find(head)).min() {
             let before = rest[..at].chars().last();
             let tail = &rest[at..];
             rest = &tail[1..];

@@ -131,7 +131,10 @@ pub fn redis_cli(port: u16, args: &[&str]) -> Result<String, String> {
 pub fn redis_store(
     topology: &tollgate_core::store::redis::Topology<'_>,
     timeout: Duration,
-) -> (tollgate_core::store::redis::RedisStore, tokio::runtime::Runtime) {
+) -> (
+    tollgate_core::store::redis::RedisStore,
+    tokio::runtime::Runtime,
+) {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

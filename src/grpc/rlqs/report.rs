@@ -13,12 +13,12 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
 };
 
 use super::action;
+use crate::state::AppState;
 use tollgate_core::config::rlqs::Unmatched;
 use tollgate_core::limiter::rlqs::{
     pool_key, Assignment, Book, BucketKey, PoolAnswer, PoolReport, TrackedBytes, Tracking,
 };
 use tollgate_core::policy::limit::Numbers;
-use crate::state::AppState;
 
 /// The most buckets one message is answered for; Envoy sends one entry per bucket it holds.
 pub const MAX_BUCKETS_PER_MESSAGE: usize = 4096;

@@ -10,9 +10,9 @@ use actix_web::http::StatusCode;
 use actix_web::{web, FromRequest, HttpRequest, HttpResponse, ResponseError};
 
 use super::{problem, Caller};
+use crate::state::AppState;
 use tollgate_core::answer::STORE_FAILED_RETRY_AFTER_S;
 use tollgate_core::limiter::peek::Unanswered;
-use crate::state::AppState;
 
 /// An admin call's failure, answered as `application/problem+json`.
 #[derive(Debug, thiserror::Error)]

@@ -21,10 +21,10 @@ use tokio::sync::mpsc;
 use tonic::metadata::{AsciiMetadataKey, AsciiMetadataValue};
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 
+use rules::{rules_from_resources, RESOURCE_TYPE};
 use tollgate_core::config::ConfigError;
 use tollgate_core::erl::config::xds::XdsConfig;
 use tollgate_core::erl::config::RuleConfig;
-use rules::{rules_from_resources, RESOURCE_TYPE};
 
 pub mod rules;
 
