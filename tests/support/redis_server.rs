@@ -129,21 +129,24 @@ pub fn redis_cli(port: u16, args: &[&str]) -> Result<String, String> {
 /// A Redis store on a current-thread runtime, the way an HTTP worker runs it (the store must
 /// be opened inside the runtime that drives it).
 pub fn redis_store(
-    topology: &tollgate::store::redis::Topology<'_>,
+    topology: &tollgate_core::store::redis::Topology<'_>,
     timeout: Duration,
-) -> (tollgate::store::redis::RedisStore, tokio::runtime::Runtime) {
+) -> (
+    tollgate_core::store::redis::RedisStore,
+    tokio::runtime::Runtime,
+) {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("runtime");
     let store = {
         let _inside = runtime.enter();
-        tollgate::store::redis::RedisStore::open(
+        tollgate_core::store::redis::RedisStore::open(
             topology,
             None,
             timeout,
-            tollgate::observe::metrics::Metrics::new(),
-            &tollgate::base::timings::Timings::default(),
+            tollgate_core::observe::metrics::Metrics::new(),
+            &tollgate_core::base::timings::Timings::default(),
         )
         .expect("store")
     };
