@@ -82,6 +82,10 @@ impl Policy {
                     format!("duplicate limit name {:?}", limit.name),
                 ));
             }
+            if let Some(global) = crate::kinds::global::Global::of(config, limit_config) {
+                limit.meter = Meter::Global(global);
+                limit.borrow = false;
+            }
             limit.counters = metrics.limit_counters(&limit.name);
             limits.push(limit);
         }

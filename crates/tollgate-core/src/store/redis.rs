@@ -26,6 +26,7 @@ mod coalesce;
 mod connection;
 mod cross_slot;
 mod deadline;
+mod global;
 pub mod overrides;
 pub mod resets;
 mod rlqs;
@@ -92,6 +93,7 @@ pub struct RedisStore {
     settle_script: LuaScript,
     shares_script: LuaScript,
     shares_peek_script: LuaScript,
+    global_share_script: LuaScript,
     timeout: Duration,
     breaker: Breaker,
     /// RLQS's reports' breaker (see [`Lane::Shares`]).
@@ -134,6 +136,7 @@ impl RedisStore {
             settle_script: LuaScript::new(admin::SETTLE_SCRIPT),
             shares_script: LuaScript::new(rlqs::SHARES_SCRIPT),
             shares_peek_script: LuaScript::new(rlqs::SHARES_PEEK_SCRIPT),
+            global_share_script: LuaScript::new(script::GLOBAL_SHARE_SCRIPT),
             timeout,
             breaker: Breaker::new(metrics.store_up.clone(), "redis", timings.breaker_open_for),
             shares_breaker: Breaker::new(
@@ -465,6 +468,14 @@ impl Store for RedisStore {
 
     async fn peek(&self, bucket: &BucketRequest) -> Result<BucketOutcome, StoreError> {
         self.peek_key(bucket).await
+    }
+
+    async fn put_share(
+        &self,
+        bucket: &BucketRequest,
+        share: crate::kinds::global::Share,
+    ) -> Result<(f64, u64), StoreError> {
+        self.put_share_at(bucket, share).await
     }
 
     async fn reset(&self, key: &str) -> Result<bool, StoreError> {
