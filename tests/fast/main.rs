@@ -41,6 +41,7 @@ mod quotas;
 mod redaction;
 mod reference;
 mod refund;
+mod regions;
 mod regions_store;
 mod replay;
 mod report_numbers;

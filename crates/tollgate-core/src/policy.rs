@@ -8,6 +8,7 @@ pub mod header_names;
 pub mod limit;
 pub mod matcher;
 pub mod overrides;
+pub mod regions;
 pub mod rlqs;
 pub mod runtime_overrides;
 
@@ -50,6 +51,8 @@ pub struct Policy {
     pub erl: ErlRules,
     /// Envoy's quota service: which limit and key a bucket id stands for.
     pub rlqs: rlqs::RlqsRules,
+    /// The regions whose shares this instance keeps (`[home]`).
+    pub home: Option<regions::Home>,
 }
 
 impl Policy {
@@ -140,6 +143,7 @@ impl Policy {
             ))),
             erl,
             rlqs,
+            home: config.home.as_ref().map(regions::Home::new),
         })
     }
 

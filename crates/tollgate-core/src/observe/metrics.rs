@@ -35,6 +35,7 @@ pub const RLQS_STORE_UP: &str = "tollgate_rlqs_store_up";
 pub const RLQS_STORE_ERRORS_TOTAL: &str = "tollgate_rlqs_store_errors_total";
 pub const RLQS_UNTRACKED_TOTAL: &str = "tollgate_rlqs_untracked_total";
 pub const RLQS_POOL_FULL_TOTAL: &str = "tollgate_rlqs_pool_full_total";
+pub const RLQS_REGIONS_REFUSED_TOTAL: &str = "tollgate_rlqs_regions_refused_total";
 pub const BORROWED_TOKENS_TOTAL: &str = "tollgate_borrowed_tokens_total";
 
 /// The `decision` label of `tollgate_limit_decisions_total`, and the `event` labels of
@@ -126,6 +127,8 @@ pub struct RlqsMetrics {
     pub untracked: IntCounter,
     /// Reports of a stream new to a full pool (`rlqs.max_holders`), given nothing.
     pub pool_full: IntCounter,
+    /// Region streams refused at home: an unknown region, or a floor other than the table's.
+    pub regions_refused: IntCounter,
 }
 
 /// `tollgate_limit_decisions_total` for one limit.
@@ -356,6 +359,12 @@ impl Metrics {
              (given nothing until one leaves).",
         )
         .expect("valid metric");
+        let rlqs_regions_refused = IntCounter::new(
+            RLQS_REGIONS_REFUSED_TOTAL,
+            "Region streams the home refused: a region not in [home] regions, or one saying \
+             another floor than the home's table (that region keeps its floor).",
+        )
+        .expect("valid metric");
         let borrowed = IntCounterVec::new(
             Opts::new(
                 BORROWED_TOKENS_TOTAL,
@@ -377,6 +386,7 @@ impl Metrics {
             Box::new(rlqs_store_errors.clone()),
             Box::new(rlqs_untracked.clone()),
             Box::new(rlqs_pool_full.clone()),
+            Box::new(rlqs_regions_refused.clone()),
             Box::new(limit_decisions.clone()),
             Box::new(reservations.clone()),
             Box::new(leases.clone()),
@@ -454,6 +464,7 @@ impl Metrics {
                 store_errors: rlqs_store_errors,
                 untracked: rlqs_untracked,
                 pool_full: rlqs_pool_full,
+                regions_refused: rlqs_regions_refused,
             },
             registry,
         }

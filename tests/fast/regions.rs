@@ -1,0 +1,99 @@
+//! One limit across regions through the real binary. In a region, a global limit's key with no
+//! share is decided against the region's floor alone, in its own store. At home, a region's
+//! reporter is a
+//! holder of the home's quota service in the reserved domain, its bucket ids naming a global
+//! limit and a key's tail in hex, its pool what the floors leave; a region the home does not
+//! know, or one saying another floor, is refused with an error status and counted.
+
+use tollgate_core::policy::regions::{domain_of, to_hex, KEY_ENTRY, LIMIT_ENTRY};
+
+use crate::support::rlqs::{read, Envoy};
+use crate::support::{grpc, redis_config, RedisServer, Tollgate};
+
+const HOME: &str = r#"
+[[limits]]
+name = "per-tenant"
+rate = 10
+burst = 100
+key = ["header:x-tenant"]
+scope = "global"
+
+[home]
+regions = { eu-west = 0.2, us-east = 0.2 }
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_region_is_served_from_what_the_floors_leave() {
+    let redis = RedisServer::start();
+    let (tollgate, addr) = grpc::tollgate(&redis_config(&redis, "", HOME));
+    let key = to_hex(b"acme");
+    let id: &[(&str, &str)] = &[(LIMIT_ENTRY, "per-tenant"), (KEY_ENTRY, key.as_str())];
+    let mut eu = Envoy::connect(addr).await;
+    let answer = eu
+        .report_in(&domain_of("eu-west", 0.2), &[(id, 1)])
+        .await
+        .expect("served");
+    // The pool is 0.6 x (10/s, 100): 6/s and 60 tokens, less the 5% reserve: 57 tokens,
+    // 5.7/s in units of 1/3600 token per second.
+    let ((max_tokens, per_fill, interval), _) = read(&answer, 0);
+    assert_eq!((max_tokens, per_fill, interval), (57, 20_520, 3600));
+
+    let mut us = Envoy::connect(addr).await;
+    let ((max_us, fill_us, _), _) = read(
+        &us.report_in(&domain_of("us-east", 0.2), &[(id, 1)])
+            .await
+            .expect("served"),
+        0,
+    );
+    assert!(max_tokens + max_us <= 60 && per_fill + fill_us <= 21_600);
+
+    let metrics = tollgate.metrics();
+    assert!(
+        metrics.contains("tollgate_rlqs_regions_refused_total 0"),
+        "{metrics}"
+    );
+    drop(tollgate);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_regions_and_other_floors_are_refused_and_counted() {
+    let redis = RedisServer::start();
+    let (tollgate, addr) = grpc::tollgate(&redis_config(&redis, "", HOME));
+    let key = to_hex(b"acme");
+    let id: &[(&str, &str)] = &[(LIMIT_ENTRY, "per-tenant"), (KEY_ENTRY, key.as_str())];
+    for domain in [domain_of("eu-west", 0.3), domain_of("ap-south", 0.2)] {
+        let mut region = Envoy::connect(addr).await;
+        let refused = region.report_in(&domain, &[(id, 1)]).await;
+        let status = refused.expect_err("refused");
+        assert_eq!(status.code(), tonic::Code::FailedPrecondition, "{status:?}");
+    }
+    let metrics = tollgate.metrics();
+    assert!(
+        metrics.contains("tollgate_rlqs_regions_refused_total 2"),
+        "{metrics}"
+    );
+}
+
+#[test]
+fn a_region_decides_a_key_without_a_share_against_its_floor() {
+    let redis = RedisServer::start();
+    let region = r#"
+[[limits]]
+name = "per-tenant"
+rate = "1/hour"
+burst = 20
+key = ["header:x-tenant"]
+scope = "global"
+
+[region]
+name = "eu-west"
+home = "127.0.0.1:9"
+floor = 0.25
+"#;
+    let tollgate = Tollgate::start(&redis_config(&redis, "", region));
+    let statuses: Vec<u16> = (0..7)
+        .map(|_| tollgate.check(&[("x-tenant", "acme")]).status)
+        .collect();
+    assert_eq!(statuses, [200, 200, 200, 200, 200, 429, 429]);
+    assert_eq!(tollgate.check(&[("x-tenant", "other")]).status, 200);
+}
