@@ -11,6 +11,7 @@
 pub mod breaker;
 pub mod memory;
 pub mod redis;
+pub mod region;
 pub mod rlqs;
 
 use std::future::Future;
@@ -182,6 +183,19 @@ pub trait Store: Send + Sync + 'static {
         }
     }
 
+    /// One operation of a region's bookkeeping (demand, the reporter's lease).
+    fn region(
+        &self,
+        op: region::RegionOp,
+    ) -> impl Future<Output = Result<region::RegionReply, StoreError>> {
+        let _ = op;
+        async {
+            Err(StoreError::Other(
+                "this store keeps no region's books".into(),
+            ))
+        }
+    }
+
     /// Whether the store may decide one request in parts and refund a part (a Redis Cluster,
     /// per slot): then a bucket can rise by more than its refill (see `deny_cache`).
     fn splits_requests(&self) -> bool {
@@ -298,6 +312,13 @@ impl Store for AnyStore {
         match self {
             AnyStore::Memory(store) => store.put_share(bucket, share).await,
             AnyStore::Redis(store) => store.put_share(bucket, share).await,
+        }
+    }
+
+    async fn region(&self, op: region::RegionOp) -> Result<region::RegionReply, StoreError> {
+        match self {
+            AnyStore::Memory(store) => store.region(op).await,
+            AnyStore::Redis(store) => store.region(op).await,
         }
     }
 

@@ -17,6 +17,7 @@ use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, TryLockError};
 
+use super::region::{RegionOp, RegionReply};
 use super::{Store, StoreDecision, StoreError};
 use crate::base::clock::{Clock, MonotonicClock};
 use crate::kinds::global::{self, Share};
@@ -50,6 +51,8 @@ pub struct MemoryStore<C: Clock = MonotonicClock> {
     epoch_us: u64,
     /// RLQS shares ([`super::rlqs`]).
     pools: super::rlqs::Pools,
+    /// A region's demand and reporter lease ([`super::region`]).
+    books: Box<super::region::Books>,
 }
 
 /// Shard locks held by the caller, with their shard index.
@@ -79,6 +82,7 @@ impl<C: Clock> MemoryStore<C> {
             clock,
             epoch_us: 0,
             pools: super::rlqs::Pools::default(),
+            books: Box::default(),
         }
     }
 
@@ -459,6 +463,10 @@ impl<C: Clock> Store for MemoryStore<C> {
         share: Share,
     ) -> Result<(f64, u64), StoreError> {
         self.put_share_now(bucket, share)
+    }
+
+    async fn region(&self, op: RegionOp) -> Result<RegionReply, StoreError> {
+        Ok(self.books.apply(op, self.now_us()))
     }
 }
 

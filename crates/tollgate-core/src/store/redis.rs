@@ -94,6 +94,7 @@ pub struct RedisStore {
     shares_script: LuaScript,
     shares_peek_script: LuaScript,
     global_share_script: LuaScript,
+    region_script: LuaScript,
     timeout: Duration,
     breaker: Breaker,
     /// RLQS's reports' breaker (see [`Lane::Shares`]).
@@ -137,6 +138,7 @@ impl RedisStore {
             shares_script: LuaScript::new(rlqs::SHARES_SCRIPT),
             shares_peek_script: LuaScript::new(rlqs::SHARES_PEEK_SCRIPT),
             global_share_script: LuaScript::new(script::GLOBAL_SHARE_SCRIPT),
+            region_script: LuaScript::new(script::REGION_SCRIPT),
             timeout,
             breaker: Breaker::new(metrics.store_up.clone(), "redis", timings.breaker_open_for),
             shares_breaker: Breaker::new(
@@ -476,6 +478,13 @@ impl Store for RedisStore {
         share: crate::kinds::global::Share,
     ) -> Result<(f64, u64), StoreError> {
         self.put_share_at(bucket, share).await
+    }
+
+    async fn region(
+        &self,
+        op: crate::store::region::RegionOp,
+    ) -> Result<crate::store::region::RegionReply, StoreError> {
+        self.region_at(op).await
     }
 
     async fn reset(&self, key: &str) -> Result<bool, StoreError> {

@@ -1,5 +1,6 @@
-//! A global limit's share in Redis: `lua/global_share.lua` writes it beside the key's bucket,
-//! after bringing the bucket to now under the old one, in one atomic call.
+//! A region's side of one limit across regions in Redis: `lua/global_share.lua` writes a
+//! global limit's share beside the key's bucket, after bringing the bucket to now under the
+//! old one, in one atomic call; `lua/region.lua` keeps the demand and the reporter's lease.
 
 use std::time::Instant;
 
@@ -8,6 +9,7 @@ use redis::Value;
 use super::RedisStore;
 use crate::kinds::global::Share;
 use crate::kinds::{BucketRequest, Kind, Meter};
+use crate::store::region::{RegionOp, RegionReply};
 use crate::store::StoreError;
 
 impl RedisStore {
@@ -49,6 +51,84 @@ impl RedisStore {
             _ => Err(StoreError::Script(format!(
                 "unexpected share reply {text:?}"
             ))),
+        }
+    }
+
+    /// `lua/region.lua`: one operation of the region's bookkeeping.
+    pub(super) async fn region_at(&self, op: RegionOp) -> Result<RegionReply, StoreError> {
+        let deadline = Instant::now() + self.timeout;
+        match op {
+            RegionOp::Add {
+                hash,
+                counts,
+                ttl_ms,
+            } => {
+                self.run_script(
+                    &self.region_script,
+                    &[hash.as_str()],
+                    |cmd| {
+                        cmd.arg("add").arg(ttl_ms);
+                        for (field, count) in &counts {
+                            cmd.arg(field.as_str()).arg(*count);
+                        }
+                    },
+                    deadline,
+                )
+                .await?;
+                Ok(RegionReply::Added)
+            }
+            RegionOp::Lease {
+                key,
+                holder,
+                ttl_ms,
+            } => {
+                let reply = self
+                    .run_script(
+                        &self.region_script,
+                        &[key.as_str()],
+                        |cmd| {
+                            cmd.arg("lease").arg(holder.as_str()).arg(ttl_ms);
+                        },
+                        deadline,
+                    )
+                    .await?;
+                Ok(RegionReply::Lease(matches!(reply, Value::Int(1))))
+            }
+            RegionOp::Drain { hash } => {
+                let reply = self
+                    .run_script(
+                        &self.region_script,
+                        &[hash.as_str()],
+                        |cmd| {
+                            cmd.arg("drain");
+                        },
+                        deadline,
+                    )
+                    .await?;
+                let malformed = || StoreError::Script("unexpected drain reply".into());
+                let Value::Array(items) = reply else {
+                    return Err(malformed());
+                };
+                let texts: Vec<String> = items
+                    .iter()
+                    .map(|item| match item {
+                        Value::BulkString(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+                        Value::SimpleString(text) => text.clone(),
+                        Value::Int(n) => n.to_string(),
+                        _ => String::new(),
+                    })
+                    .collect();
+                let (now, rest) = texts.split_first().ok_or_else(malformed)?;
+                let now_us = now.parse().map_err(|_| malformed())?;
+                let counts = rest
+                    .chunks(2)
+                    .filter_map(|pair| match pair {
+                        [field, count] => Some((field.clone(), count.parse().ok()?)),
+                        _ => None,
+                    })
+                    .collect();
+                Ok(RegionReply::Drained { now_us, counts })
+            }
         }
     }
 }

@@ -15,6 +15,8 @@ pub const BUCKET_SCRIPT: &str = concat!(
     include_str!("../../../../../lua/global.lua"),
     include_str!("../../../../../lua/token_bucket.lua")
 );
+/// `lua/region.lua` as shipped.
+pub const REGION_SCRIPT: &str = include_str!("../../../../../lua/region.lua");
 /// `lua/global_share.lua` as shipped, bounds and the global arithmetic included.
 pub const GLOBAL_SHARE_SCRIPT: &str = concat!(
     include_str!("../../../../../lua/bounds.lua"),
