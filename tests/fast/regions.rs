@@ -97,3 +97,75 @@ floor = 0.25
     assert_eq!(statuses, [200, 200, 200, 200, 200, 429, 429]);
     assert_eq!(tollgate.check(&[("x-tenant", "other")]).status, 200);
 }
+
+/// A region and its home, each on its own Redis: the region reports the demand its floor
+/// denies, the home assigns it a share of what the floors leave, and the region admits more
+/// than its floor alone could (proof that shares arrive and are used), never more than the
+/// limit.
+#[test]
+fn a_region_with_demand_gets_a_share_and_stays_within_the_limit() {
+    let home_redis = RedisServer::start();
+    let home_config = r#"
+[[limits]]
+name = "per-tenant"
+rate = 10
+burst = 10
+key = ["header:x-tenant"]
+scope = "global"
+
+[rlqs]
+assignment_ttl_s = 2
+reserve = 0.0
+
+[home]
+regions = { eu-west = 0.2 }
+"#;
+    let (home, addr) = grpc::tollgate(&redis_config(&home_redis, "", home_config));
+    let region_redis = RedisServer::start();
+    let region_config = format!(
+        r#"
+[[limits]]
+name = "per-tenant"
+rate = 10
+burst = 10
+key = ["header:x-tenant"]
+scope = "global"
+
+[region]
+name = "eu-west"
+home = "{addr}"
+floor = 0.2
+report_every_ms = 100
+"#
+    );
+    let region = Tollgate::start(&redis_config(&region_redis, "", &region_config));
+    let start = std::time::Instant::now();
+    let mut admitted = 0u32;
+    let mut beyond_the_floor = false;
+    while start.elapsed() < std::time::Duration::from_secs(15) {
+        if region.check(&[("x-tenant", "acme")]).status == 200 {
+            admitted += 1;
+        }
+        // Read after the check: the time can only be longer than the check's own.
+        let elapsed = start.elapsed().as_secs_f64();
+        let limit_bound = 10.0 + 10.0 * elapsed + 1.0;
+        assert!(
+            f64::from(admitted) <= limit_bound,
+            "{admitted} admitted in {elapsed} s: past the limit"
+        );
+        // The floor alone (2/s, 2 tokens) admits at most this many since the start.
+        if f64::from(admitted) > 2.0 + 2.0 * elapsed + 1.0 {
+            beyond_the_floor = true;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(
+        beyond_the_floor,
+        "{admitted} admitted: never beyond the floor; region metrics:\n{}",
+        region.metrics()
+    );
+    assert_eq!(region.metric("tollgate_region_link_up"), 1.0);
+    assert!(region.metric("tollgate_region_share_rate{limit=\"per-tenant\"}") > 0.0);
+    assert!(home.metric("tollgate_rlqs_streams") >= 1.0);
+}

@@ -5,8 +5,8 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use prometheus::{
-    Encoder, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
-    Opts, Registry, TextEncoder,
+    Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 use crate::observe::top::KeyTop;
@@ -36,6 +36,11 @@ pub const RLQS_STORE_ERRORS_TOTAL: &str = "tollgate_rlqs_store_errors_total";
 pub const RLQS_UNTRACKED_TOTAL: &str = "tollgate_rlqs_untracked_total";
 pub const RLQS_POOL_FULL_TOTAL: &str = "tollgate_rlqs_pool_full_total";
 pub const RLQS_REGIONS_REFUSED_TOTAL: &str = "tollgate_rlqs_regions_refused_total";
+pub const REGION_LINK_UP: &str = "tollgate_region_link_up";
+pub const REGION_ASSIGNMENT_AGE_SECONDS: &str = "tollgate_region_assignment_age_seconds";
+pub const REGION_SHARE_RATE: &str = "tollgate_region_share_rate";
+pub const REGION_SHARE_BURST: &str = "tollgate_region_share_burst";
+pub const REGION_SHARE_UTILISATION: &str = "tollgate_region_share_utilisation";
 pub const BORROWED_TOKENS_TOTAL: &str = "tollgate_borrowed_tokens_total";
 
 /// The `decision` label of `tollgate_limit_decisions_total`, and the `event` labels of
@@ -69,6 +74,21 @@ pub struct BorrowCounters {
     pub borrowed: IntCounter,
     pub used: IntCounter,
     pub returned: IntCounter,
+}
+
+/// A region's link to its home (one limit across regions), on the instance that reports.
+#[derive(Clone)]
+pub struct RegionMetrics {
+    /// 1 while the last report was answered, else 0.
+    pub link_up: IntGauge,
+    /// Seconds since the last answer from the home.
+    pub assignment_age: Gauge,
+    /// By global limit: the shares this region holds now, summed over its keys.
+    pub share_rate: GaugeVec,
+    pub share_burst: GaugeVec,
+    /// By global limit: requests reported in the last interval over what the shares and
+    /// floors of those keys let through in it.
+    pub utilisation: GaugeVec,
 }
 
 /// `tollgate_store_errors_total` by kind.
@@ -192,6 +212,7 @@ pub struct Metrics {
     pub trace_spans: SpanCounters,
     pub rlqs: RlqsMetrics,
     pub borrow: BorrowCounters,
+    pub region: RegionMetrics,
     tops: Arc<Mutex<HashMap<String, Arc<KeyTop>>>>,
 }
 
@@ -365,6 +386,42 @@ impl Metrics {
              another floor than the home's table (that region keeps its floor).",
         )
         .expect("valid metric");
+        let region_link_up = IntGauge::new(
+            REGION_LINK_UP,
+            "1 while this region's reporter has its last report answered by the home, else 0.",
+        )
+        .expect("valid metric");
+        let region_age = Gauge::new(
+            REGION_ASSIGNMENT_AGE_SECONDS,
+            "Seconds since this region's reporter last had an answer from the home.",
+        )
+        .expect("valid metric");
+        let region_rate = GaugeVec::new(
+            Opts::new(
+                REGION_SHARE_RATE,
+                "Tokens per second of the shares this region holds now, by global limit \
+                 (summed over keys; the floor not included).",
+            ),
+            &["limit"],
+        )
+        .expect("valid metric");
+        let region_burst = GaugeVec::new(
+            Opts::new(
+                REGION_SHARE_BURST,
+                "Tokens of the shares this region holds now, by global limit (summed over keys).",
+            ),
+            &["limit"],
+        )
+        .expect("valid metric");
+        let region_utilisation = GaugeVec::new(
+            Opts::new(
+                REGION_SHARE_UTILISATION,
+                "Requests this region reported in the last interval over what its floors and \
+                 shares of those keys refill in it, by global limit.",
+            ),
+            &["limit"],
+        )
+        .expect("valid metric");
         let borrowed = IntCounterVec::new(
             Opts::new(
                 BORROWED_TOKENS_TOTAL,
@@ -402,6 +459,11 @@ impl Metrics {
             Box::new(runtime_overrides.clone()),
             Box::new(trace_spans.clone()),
             Box::new(borrowed.clone()),
+            Box::new(region_link_up.clone()),
+            Box::new(region_age.clone()),
+            Box::new(region_rate.clone()),
+            Box::new(region_burst.clone()),
+            Box::new(region_utilisation.clone()),
         ] {
             registry
                 .register(collector)
@@ -466,6 +528,13 @@ impl Metrics {
                 pool_full: rlqs_pool_full,
                 regions_refused: rlqs_regions_refused,
             },
+            region: RegionMetrics {
+                link_up: region_link_up,
+                assignment_age: region_age,
+                share_rate: region_rate,
+                share_burst: region_burst,
+                utilisation: region_utilisation,
+            },
             registry,
         }
     }
@@ -476,6 +545,9 @@ impl Metrics {
         // (touching an existing series keeps its value across a reload).
         self.runtime_overrides.with_label_values(&[limit]);
         self.rlqs.utilisation.with_label_values(&[limit]);
+        self.region.share_rate.with_label_values(&[limit]);
+        self.region.share_burst.with_label_values(&[limit]);
+        self.region.utilisation.with_label_values(&[limit]);
         let [allowed, denied, shadow_denied] =
             DECISIONS.map(|decision| self.limit_decisions.with_label_values(&[limit, decision]));
         let [reservations_opened, reservations_settled, reservations_not_held] =
