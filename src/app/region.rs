@@ -30,6 +30,13 @@ use tollgate_core::policy::regions::{domain_of, KEY_ENTRY, LIMIT_ENTRY};
 /// wait for the next interval.
 const KEYS_PER_REPORT: usize = 4096;
 
+/// The latest an answer may be applied after its report's time was read: the home counts a
+/// share from its own now to a TTL and a second later, and takes the holder to apply the
+/// share it last sent only while that share has more than 2 s to go (its escrow pays for
+/// nothing more), which holds when an answer is applied within a second of its report.
+/// Later answers are dropped, and their stream with them.
+const LATEST_ANSWER: Duration = Duration::from_millis(800);
+
 /// The open stream to the home.
 struct Link {
     reports: mpsc::Sender<RateLimitQuotaUsageReports>,
@@ -85,6 +92,7 @@ pub async fn report(state: web::Data<AppState>, region: RegionConfig, holder: St
                 continue;
             }
         }
+        let drained_at = Instant::now();
         let (t0, mut wanted) = match state.limiter.drain_demand().await {
             Ok(drained) => drained,
             Err(error) => {
@@ -111,15 +119,14 @@ pub async fn report(state: web::Data<AppState>, region: RegionConfig, holder: St
             domain: domain.clone(),
             bucket_quota_usages: wanted.iter().map(usage).collect(),
         };
-        // Stop and wait: the answer must come before the next report, or the stream is
-        // dropped (a late answer would be taken for the next report's).
+        // Stop and wait: the answer must come within LATEST_ANSWER of the report, or the
+        // stream is dropped (a late answer would be taken for the next report's).
         let answered = async {
             open.reports.send(message).await.ok()?;
             open.answers.message().await.ok().flatten()
         };
-        let Ok(Some(answer)) =
-            tokio::time::timeout(every.max(Duration::from_secs(1)), answered).await
-        else {
+        let patience = LATEST_ANSWER.saturating_sub(drained_at.elapsed());
+        let Ok(Some(answer)) = tokio::time::timeout(patience, answered).await else {
             log::debug!("region: no answer from the home at {}", region.home);
             metrics.link_up.set(0);
             continue;
@@ -128,7 +135,12 @@ pub async fn report(state: web::Data<AppState>, region: RegionConfig, holder: St
         last_answer = Instant::now();
         metrics.assignment_age.set(0.0);
         let policy = state.limiter.policy();
+        let mut late = false;
         for action in answer.bucket_action {
+            if drained_at.elapsed() > LATEST_ANSWER {
+                late = true;
+                break;
+            }
             let Some((limit, key, share)) = share_of(&action, t0) else {
                 continue;
             };
@@ -148,6 +160,11 @@ pub async fn report(state: web::Data<AppState>, region: RegionConfig, holder: St
             }
         }
         publish(&state, &held, &wanted, every);
+        if late {
+            log::debug!("region: the home's answer came too late to apply whole");
+            metrics.link_up.set(0);
+            continue;
+        }
         link = Some(open);
     }
 }

@@ -42,6 +42,7 @@ mod redaction;
 mod reference;
 mod refund;
 mod regions;
+mod regions_model;
 mod regions_store;
 mod replay;
 mod report_numbers;
