@@ -9,6 +9,8 @@
 --          taken when free (SET NX PX), renewed when held by this id. Returns 1 when held.
 -- 'drain'  KEYS[1] the demand hash: TIME read first, then every field and count, the hash
 --          deleted. Returns "<now µs>" then field, count, ... (the counts read as sent).
+-- 'share'  KEYS[1] a global limit's bucket: TIME, and the share kept beside it
+--          (lua/global.lua's "<rate> <size> <until>", or nothing). Returns {now, share}.
 
 local op = ARGV[1]
 if op == 'add' then
@@ -37,5 +39,10 @@ if op == 'drain' then
   for i = 1, #all do out[#out + 1] = all[i] end
   redis.call('DEL', KEYS[1])
   return out
+end
+if op == 'share' then
+  local t = redis.call('TIME')
+  local share = redis.call('GET', KEYS[1] .. ':g')
+  return {string.format('%d', t[1] * 1000000 + t[2]), share or ''}
 end
 return redis.error_reply('ERR tollgate: unknown region operation')

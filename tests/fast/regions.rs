@@ -165,6 +165,30 @@ report_every_ms = 100
         "{admitted} admitted: never beyond the floor; region metrics:\n{}",
         region.metrics()
     );
+    // A peek shows the region's floor and share, and the home's shares by region.
+    let peek = |admin| {
+        let answer = crate::support::http::admin_json(
+            admin,
+            "GET",
+            "/v1/buckets/per-tenant?key=acme",
+            None,
+            "",
+        );
+        assert_eq!(answer.status, 200, "{answer:?}");
+        serde_json::from_str::<serde_json::Value>(&answer.body).expect("JSON")
+    };
+    let here = peek(region.admin);
+    assert_eq!(here["region"]["floor"]["burst"], 2.0, "{here}");
+    assert!(
+        here["region"]["share"]["burst"].as_u64() > Some(0),
+        "{here}"
+    );
+    let at_home = peek(home.admin);
+    assert_eq!(at_home["shares"]["regions"], 1, "{at_home}");
+    assert_eq!(
+        at_home["shares"]["holders"][0]["region"], "eu-west",
+        "{at_home}"
+    );
     assert_eq!(region.metric("tollgate_region_link_up"), 1.0);
     assert!(region.metric("tollgate_region_share_rate{limit=\"per-tenant\"}") > 0.0);
     assert!(home.metric("tollgate_rlqs_streams") >= 1.0);

@@ -54,7 +54,7 @@ impl Stream {
     /// Whether the stream may go on after `reports`: a region's stream (the reserved domain)
     /// must name a region of `[home]` at its own floor; anything else is refused and counted,
     /// and that region keeps its floor.
-    pub fn admit(&self, reports: &RateLimitQuotaUsageReports) -> Result<(), tonic::Status> {
+    pub fn admit(&mut self, reports: &RateLimitQuotaUsageReports) -> Result<(), tonic::Status> {
         let domain = if reports.domain.is_empty() {
             self.domain.as_str()
         } else {
@@ -65,7 +65,13 @@ impl Stream {
         }
         let policy = self.state.limiter.policy();
         let refused = match &policy.home {
-            Some(home) => home.admit(domain).err().map(|why| why.to_string()),
+            Some(home) => match home.admit(domain) {
+                Ok(region) => {
+                    self.book.name_after(region);
+                    None
+                }
+                Err(why) => Some(why.to_string()),
+            },
             None => Some("this instance is no home ([home] is not set)".to_string()),
         };
         match refused {

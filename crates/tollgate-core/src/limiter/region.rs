@@ -131,6 +131,23 @@ impl<S: Store> Limiter<S> {
         }
     }
 
+    /// The share kept beside a global limit's `bucket` (ended or not) and the store's now.
+    pub async fn share_of(
+        &self,
+        bucket: &BucketRequest,
+    ) -> Result<(u64, Option<Share>), StoreError> {
+        match self
+            .store
+            .region(RegionOp::Share {
+                key: bucket.key.clone(),
+            })
+            .await?
+        {
+            RegionReply::Share { now_us, share } => Ok((now_us, share)),
+            _ => Err(StoreError::Script("unexpected share reply".into())),
+        }
+    }
+
     /// Writes the home's `share` for the key whose tail is `key` (hex) of the global limit
     /// `limit`; `None` when the limit is no global one here, the key is not hex or unlimited.
     pub async fn put_share(

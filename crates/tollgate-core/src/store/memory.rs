@@ -466,7 +466,15 @@ impl<C: Clock> Store for MemoryStore<C> {
     }
 
     async fn region(&self, op: RegionOp) -> Result<RegionReply, StoreError> {
-        Ok(self.books.apply(op, self.now_us()))
+        let now_us = self.now_us();
+        if let RegionOp::Share { key } = &op {
+            let shard = self.lock(self.shard_of(key));
+            return Ok(RegionReply::Share {
+                now_us,
+                share: shard.beside.share_of(key),
+            });
+        }
+        Ok(self.books.apply(op, now_us))
     }
 }
 

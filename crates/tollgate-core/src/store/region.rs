@@ -24,10 +24,12 @@ pub enum RegionOp {
     },
     /// Reads the store's now, then takes every count of the demand hash `hash`, emptying it.
     Drain { hash: String },
+    /// Reads the share kept beside the global limit's bucket `key` (a peek), and the now.
+    Share { key: String },
 }
 
 /// What a [`RegionOp`] came to.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum RegionReply {
     Added,
     /// Whether the lease is this holder's now.
@@ -36,6 +38,11 @@ pub enum RegionReply {
     Drained {
         now_us: u64,
         counts: Vec<(String, u64)>,
+    },
+    /// The store's now (µs) and the share beside the key, ended or not.
+    Share {
+        now_us: u64,
+        share: Option<crate::kinds::global::Share>,
     },
 }
 
@@ -86,6 +93,11 @@ impl Books {
                 }
                 RegionReply::Lease(held)
             }
+            // The memory store reads it beside the bucket, under its shard's lock.
+            RegionOp::Share { .. } => RegionReply::Share {
+                now_us,
+                share: None,
+            },
             RegionOp::Drain { hash } => {
                 let mut hashes = self.hashes.lock().unwrap_or_else(|p| p.into_inner());
                 let counts = match hashes.remove(&hash) {

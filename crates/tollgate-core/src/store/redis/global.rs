@@ -94,6 +94,39 @@ impl RedisStore {
                     .await?;
                 Ok(RegionReply::Lease(matches!(reply, Value::Int(1))))
             }
+            RegionOp::Share { key } => {
+                let reply = self
+                    .run_script(
+                        &self.region_script,
+                        &[key.as_str()],
+                        |cmd| {
+                            cmd.arg("share");
+                        },
+                        deadline,
+                    )
+                    .await?;
+                let malformed = || StoreError::Script("unexpected share reply".into());
+                let Value::Array(items) = reply else {
+                    return Err(malformed());
+                };
+                let text = |value: Option<&Value>| match value {
+                    Some(Value::BulkString(bytes)) => String::from_utf8_lossy(bytes).into_owned(),
+                    Some(Value::SimpleString(text)) => text.clone(),
+                    _ => String::new(),
+                };
+                let now_us = text(items.first()).parse().map_err(|_| malformed())?;
+                let record = text(items.get(1));
+                let mut fields = record.split(' ');
+                let share = match (fields.next(), fields.next(), fields.next()) {
+                    (Some(rate), Some(size), Some(until)) => Some(Share {
+                        rate: rate.parse().map_err(|_| malformed())?,
+                        size: size.parse().map_err(|_| malformed())?,
+                        until_us: until.parse().map_err(|_| malformed())?,
+                    }),
+                    _ => None,
+                };
+                Ok(RegionReply::Share { now_us, share })
+            }
             RegionOp::Drain { hash } => {
                 let reply = self
                     .run_script(
