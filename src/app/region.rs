@@ -26,9 +26,10 @@ use tollgate_core::kinds::global::Share;
 use tollgate_core::limiter::region::Wanted;
 use tollgate_core::policy::regions::{domain_of, KEY_ENTRY, LIMIT_ENTRY};
 
-/// The most keys one report carries (the home answers at most 4,096 per message); the rest
-/// wait for the next interval.
-const KEYS_PER_REPORT: usize = 4096;
+/// The most keys one report carries, the busiest first (the home answers at most 4,096 per
+/// message, and a large one may not be answered within [`LATEST_ANSWER`]); the rest wait for
+/// the next interval.
+const KEYS_PER_REPORT: usize = 1024;
 
 /// The latest an answer may be applied after its report's time was read: the home counts a
 /// share from its own now to a TTL and a second later, and takes the holder to apply the
@@ -59,6 +60,9 @@ pub async fn report(state: web::Data<AppState>, region: RegionConfig, holder: St
     let metrics = state.metrics.region.clone();
     let mut link: Option<Link> = None;
     let mut held: HashMap<(String, String), Held> = HashMap::new();
+    // Keys drained but not reported (past KEYS_PER_REPORT, the busiest kept up to four
+    // reports' worth): the next report's, added to what it drains.
+    let mut carried: Vec<Wanted> = Vec::new();
     let mut last_answer = Instant::now();
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -101,12 +105,14 @@ pub async fn report(state: web::Data<AppState>, region: RegionConfig, holder: St
             }
         };
         held.retain(|_, share| share.until_us > t0);
+        merge(&mut wanted, std::mem::take(&mut carried));
         if wanted.is_empty() {
             publish(&state, &held, &[], every);
             continue;
         }
         wanted.sort_by_key(|w| std::cmp::Reverse(w.requests));
-        wanted.truncate(KEYS_PER_REPORT);
+        carried = wanted.split_off(wanted.len().min(KEYS_PER_REPORT));
+        carried.truncate(4 * KEYS_PER_REPORT);
         let open = match link.take() {
             Some(open) => Some(open),
             None => connect(&region.home, every).await,
@@ -166,6 +172,27 @@ pub async fn report(state: web::Data<AppState>, region: RegionConfig, holder: St
             continue;
         }
         link = Some(open);
+    }
+}
+
+/// `more` added to `wanted`, the requests of a key in both summed.
+fn merge(wanted: &mut Vec<Wanted>, more: Vec<Wanted>) {
+    if more.is_empty() {
+        return;
+    }
+    let mut at: HashMap<(String, String), usize> = wanted
+        .iter()
+        .enumerate()
+        .map(|(i, w)| ((w.limit.clone(), w.key.clone()), i))
+        .collect();
+    for want in more {
+        match at.get(&(want.limit.clone(), want.key.clone())) {
+            Some(&i) => wanted[i].requests = wanted[i].requests.saturating_add(want.requests),
+            None => {
+                at.insert((want.limit.clone(), want.key.clone()), wanted.len());
+                wanted.push(want);
+            }
+        }
     }
 }
 
