@@ -20,8 +20,9 @@
 #
 #   bench/regions.sh              # 60 s, rate 100/s, burst 100, floors 0.02 each
 #   bench/regions.sh 90 50 50     # 90 s, rate 50/s, burst 50
-#   env: ONE_WAY_MS (100), FLOOR (0.02), HOME_TTL (2: the home's rlqs.assignment_ttl_s),
-#        RUNS (3), LAT_SECONDS (10), LAT_RATE (200), HOME_KEYS (100000)
+#   env: ONE_WAY_MS (100), FLOOR (0.02), HOME_TTL (3: the home's rlqs.assignment_ttl_s),
+#        REPORT_MS (200: the regions' report_every_ms), RUNS (3), LAT_SECONDS (10),
+#        LAT_RATE (200), HOME_KEYS (100000), PARTS ("1 2 3 4": which measurements)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -30,7 +31,10 @@ RATE="${2:-100}"
 BURST="${3:-100}"
 ONE_WAY_MS="${ONE_WAY_MS:-100}"
 FLOOR="${FLOOR:-0.02}"
-HOME_TTL="${HOME_TTL:-2}"
+HOME_TTL="${HOME_TTL:-3}"
+REPORT_MS="${REPORT_MS:-200}"
+PARTS="${PARTS:-1 2 3 4}"
+part() { case " $PARTS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 RUNS="${RUNS:-3}"
 LAT_SECONDS="${LAT_SECONDS:-10}"
 LAT_RATE="${LAT_RATE:-200}"
@@ -46,7 +50,7 @@ TOLLGATE="$PWD/target/release/tollgate"
 LOAD="$PWD/target/release/examples/regions_load"
 PACED="$PWD/target/release/examples/paced_load"
 PROXY="$PWD/target/release/examples/latency_proxy"
-echo "$0 $*: ONE_WAY_MS=$ONE_WAY_MS FLOOR=$FLOOR HOME_TTL=$HOME_TTL RUNS=$RUNS LAT_SECONDS=$LAT_SECONDS LAT_RATE=$LAT_RATE HOME_KEYS=$HOME_KEYS"
+echo "$0 $*: ONE_WAY_MS=$ONE_WAY_MS FLOOR=$FLOOR HOME_TTL=$HOME_TTL REPORT_MS=$REPORT_MS PARTS=\"$PARTS\" RUNS=$RUNS LAT_SECONDS=$LAT_SECONDS LAT_RATE=$LAT_RATE HOME_KEYS=$HOME_KEYS"
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), load average $(cut -d' ' -f1-3 /proc/loadavg), $(date -u '+%Y-%m-%d %H:%M UTC'), $(redis-server --version | cut -d' ' -f3)"
 
 wait_ready() {
@@ -84,7 +88,7 @@ store() { printf '[store]\nbackend = "redis"\nurl = "redis://127.0.0.1:%s/0"\nti
 limit() { # limit NAME KEY SCOPE RATE BURST
   printf '[[limits]]\nname = "%s"\nrate = %s\nburst = %s\nkey = ["%s"]\nscope = "%s"\n' "$1" "$4" "$5" "$2" "$3"
 }
-region() { printf '[region]\nname = "%s"\nhome = "127.0.0.1:%s"\nfloor = %s\n' "$1" "$2" "$FLOOR"; }
+region() { printf '[region]\nname = "%s"\nhome = "127.0.0.1:%s"\nfloor = %s\nreport_every_ms = %s\n' "$1" "$2" "$FLOOR" "$REPORT_MS"; }
 
 # The home, and a proxy to it per region.
 start_redis; HOME_REDIS=$REDIS_PORT
@@ -107,6 +111,7 @@ for name in "${REGION_NAMES[@]}"; do
 done
 
 # 1. Bound and utilisation.
+if part 1; then
 REGION_PIDS=(); ADDRS=()
 for i in 0 1 2; do
   tollgate "region-$i" "$(store "${REGION_REDIS[$i]}")
@@ -117,8 +122,10 @@ done
 echo "1. one limit across regions: $SECONDS_RUN s, rate $RATE/s, burst $BURST, floors $FLOOR, $ONE_WAY_MS ms each way to the home" >&2
 "$LOAD" "$(IFS=,; echo "${ADDRS[*]}")" "$RATE" "$BURST" "$SECONDS_RUN" 5 "${SETTLE:-10}" | tee "$WORK/global"
 for pid in "${REGION_PIDS[@]}"; do stop "$pid"; done
+fi
 
 # 2. Per-region limits on the same traffic (fresh stores).
+if part 2; then
 for port in "${REGION_REDIS[@]}"; do redis-cli -h 127.0.0.1 -p "$port" FLUSHALL >/dev/null; done
 REGION_PIDS=(); ADDRS=()
 for i in 0 1 2; do
@@ -129,15 +136,16 @@ done
 echo "2. per-region limits, the same traffic" >&2
 "$LOAD" "$(IFS=,; echo "${ADDRS[*]}")" "$RATE" "$BURST" "$SECONDS_RUN" 5 "${SETTLE:-10}" | tee "$WORK/local"
 for pid in "${REGION_PIDS[@]}"; do stop "$pid"; done
+fi
 
 # 3. A check's latency: a region (its home ONE_WAY_MS away), the region's store alone, one
 # shared store ONE_WAY_MS away. 20 path keys at LAT_RATE/s: each wants more than its floor.
+if part 3; then
 for port in "${REGION_REDIS[@]}"; do redis-cli -h 127.0.0.1 -p "$port" FLUSHALL >/dev/null; done
 proxy "${REGION_REDIS[1]}"; FAR_REDIS=$PROXY_PORT
 tollgate lat-region "$(store "${REGION_REDIS[0]}")
 $(limit per-path path global 50 50)
-$(region eu-west "${LINKS[0]}")
-report_every_ms = 200"
+$(region eu-west "${LINKS[0]}")"
 LAT_REGION=$TG_PORT
 tollgate lat-local "$(store "${REGION_REDIS[2]}")
 $(limit per-path path local 50 50)"
@@ -155,10 +163,12 @@ for run in $(seq "$RUNS"); do
     sleep 1
   done
 done
+fi
 
 # 4. The home's memory and CPU per tracked key: two regions, HOME_KEYS / 2 keys each (a
 # stream tracks at most 65,536), every key wanting more than its floor (burst 20, floor 0.05:
 # one token, half of it gone at the first check).
+if part 4; then
 echo "4. the home at $HOME_KEYS tracked keys" >&2
 rss() { awk '/^VmRSS/ { print $2 }' "/proc/$1/status"; }
 used() { redis-cli -h 127.0.0.1 -p "$HOME_REDIS" INFO memory | awk -F: '/^used_memory:/ { print $2 + 0 }'; }
@@ -168,8 +178,7 @@ KEY_PIDS=()
 for i in 0 1; do
   tollgate "keys-$i" "$(store "${REGION_REDIS[$i]}")
 $(limit many path global 1 20)
-$(region "${REGION_NAMES[$i]}" "${LINKS[$i]}")
-report_every_ms = 200"
+$(region "${REGION_NAMES[$i]}" "${LINKS[$i]}")"
   KEY_PIDS+=("$TG_PID")
   # Each key checked about twice over 40 s, paced (keys drawn at random).
   "$PACED" "127.0.0.1:$TG_PORT" "$(( HOME_KEYS / 2 * 2 / 40 ))" 40 32 "$(( HOME_KEYS / 2 ))" "/check/r$i-" \
@@ -185,6 +194,7 @@ streams=$(echo "$metrics" | awk '/^tollgate_rlqs_streams / { print $2 + 0 }')
 tracked=$(redis-cli -h 127.0.0.1 -p "$HOME_REDIS" DBSIZE)
 rss1=$(rss "$HOME_PID"); used1=$(used); ticks1=$(ticks "$HOME_PID"); reports1=$(reports)
 hz=$(getconf CLK_TCK)
+fi
 
 echo
 echo "## Results ($(date -u +%Y-%m-%d), $(nproc) cores, rate $RATE/s, burst $BURST, floors $FLOOR x 3, the home's TTL $HOME_TTL s, $ONE_WAY_MS ms each way to the home)"
@@ -193,13 +203,15 @@ awk '{ v[$1] = $2 } END {
   printf "| design | worst window over burst + rate x W | utilisation 80/15/5 | utilisation after the shift | seconds to 0.9 after the shift |\n| --- | --- | --- | --- | --- |\n"
 }' /dev/null
 for kind in global local; do
+  [ -f "$WORK/$kind" ] || continue
   awk -v kind="$kind" '{ v[$1] = $2 } END {
     name = (kind == "global") ? "one global limit (scope = \"global\")" : "per-region limits (today)"
     printf "| %s | %s | %s | %s | %s |\n", name, v["excess"], v["skewed"], v["shifted"], v["followed"]
   }' "$WORK/$kind"
 done
 echo
-echo "Admitted per second after the shift, as a fraction of rate (global): $(awk '/^after_shift/ { $1 = ""; print }' "$WORK/global")"
+[ -f "$WORK/global" ] && echo "Admitted per second after the shift, as a fraction of rate (global): $(awk '/^after_shift/ { $1 = ""; print }' "$WORK/global")"
+if part 3; then
 echo
 echo "| check | p50 ms (rounds) | p99 ms (rounds) |"
 echo "| --- | --- | --- |"
@@ -207,6 +219,8 @@ for kind in local region shared; do
   p50=$(cut -d' ' -f3 "$WORK/lat-$kind" | median); p99=$(cut -d' ' -f5 "$WORK/lat-$kind" | median)
   echo "| $kind | $p50 ($(cut -d' ' -f3 "$WORK/lat-$kind" | paste -sd/ -)) | $p99 ($(cut -d' ' -f5 "$WORK/lat-$kind" | paste -sd/ -)) |"
 done
+fi
+part 4 || exit 0
 echo
 echo "home: $streams region streams tracking $buckets bucket ids at the end"
 awk -v k="$tracked" -v r0="$rss0" -v r1="$rss1" -v u0="$used0" -v u1="$used1" -v t0="$ticks0" \
