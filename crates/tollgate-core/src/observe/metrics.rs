@@ -591,6 +591,9 @@ impl Metrics {
             }
             let _ = self.runtime_overrides.remove_label_values(&[name]);
             let _ = self.rlqs.utilisation.remove_label_values(&[name]);
+            let _ = self.region.share_rate.remove_label_values(&[name]);
+            let _ = self.region.share_burst.remove_label_values(&[name]);
+            let _ = self.region.utilisation.remove_label_values(&[name]);
             false
         });
     }
