@@ -18,6 +18,7 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
     BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports,
 };
 use tokio::sync::mpsc;
+use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 use tonic::Streaming;
 
 use crate::state::AppState;
@@ -115,7 +116,7 @@ pub async fn report(state: web::Data<AppState>, region: RegionConfig, holder: St
         carried.truncate(4 * KEYS_PER_REPORT);
         let open = match link.take() {
             Some(open) => Some(open),
-            None => connect(&region.home, every).await,
+            None => connect(&region, every).await,
         };
         let Some(mut open) = open else {
             metrics.link_up.set(0);
@@ -249,12 +250,40 @@ fn share_of(action: &BucketAction, t0: u64) -> Option<(String, String, Share)> {
     Some((limit, key, share))
 }
 
+/// Where the home is and how to speak to it: TLS with `[region.tls]`'s files (read at each
+/// connection, so renewed ones are used from the next), else plain HTTP/2.
+fn endpoint(region: &RegionConfig) -> Result<Endpoint, String> {
+    let home = &region.home;
+    let Some(files) = &region.tls else {
+        return Endpoint::from_shared(format!("http://{home}")).map_err(|e| e.to_string());
+    };
+    let read = |path: &std::path::Path| {
+        std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))
+    };
+    let mut tls = match &files.ca_file {
+        Some(ca) => ClientTlsConfig::new().ca_certificate(Certificate::from_pem(read(ca)?)),
+        None => ClientTlsConfig::new().with_native_roots(),
+    };
+    if let (Some(cert), Some(key)) = (&files.cert_file, &files.key_file) {
+        tls = tls.identity(Identity::from_pem(read(cert)?, read(key)?));
+    }
+    let host = home
+        .rsplit_once(':')
+        .map_or(home.as_str(), |(host, _)| host);
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    Endpoint::from_shared(format!("https://{home}"))
+        .and_then(|endpoint| endpoint.tls_config(tls.domain_name(host)))
+        .map_err(|e| e.to_string())
+}
+
 /// A stream to the home, or `None` when it cannot be opened within `patience`.
-async fn connect(home: &str, patience: Duration) -> Option<Link> {
+async fn connect(region: &RegionConfig, patience: Duration) -> Option<Link> {
     let open = async {
-        let mut client = RateLimitQuotaServiceClient::connect(format!("http://{home}"))
-            .await
+        let endpoint = endpoint(region)
+            .map_err(|why| log::debug!("region: no link to the home: {why}"))
             .ok()?;
+        let channel = endpoint.connect().await.ok()?;
+        let mut client = RateLimitQuotaServiceClient::new(channel);
         let (reports, outbound) = mpsc::channel(1);
         let outbound = futures_util::stream::unfold(outbound, |mut rx| async move {
             rx.recv().await.map(|next| (next, rx))

@@ -104,6 +104,26 @@ floor = 0.25
 /// limit.
 #[test]
 fn a_region_with_demand_gets_a_share_and_stays_within_the_limit() {
+    shares_arrive("", "");
+}
+
+/// The same over TLS: the home's gRPC listener with `grpc_tls`, the region trusting its CA
+/// with `[region.tls]`.
+#[test]
+fn a_region_reaches_its_home_over_tls() {
+    let certs = crate::support::TempDir::new("region-tls");
+    crate::support::make_certificates(certs.path());
+    let dir = certs.path().display();
+    shares_arrive(
+        &format!("grpc_tls = {{ cert_file = \"{dir}/cert.pem\", key_file = \"{dir}/key.pem\" }}\n"),
+        &format!("[region.tls]\nca_file = \"{dir}/ca.pem\"\n"),
+    );
+}
+
+/// A home (its config preceded by `home_top`) and a region (its config followed by
+/// `region_tail`), each on its own Redis: the region admits beyond its floor, never past
+/// the limit, and peeks show the share on both sides.
+fn shares_arrive(home_top: &str, region_tail: &str) {
     let home_redis = RedisServer::start();
     let home_config = r#"
 [[limits]]
@@ -120,7 +140,8 @@ reserve = 0.0
 [home]
 regions = { eu-west = 0.2 }
 "#;
-    let (home, addr) = grpc::tollgate(&redis_config(&home_redis, "", home_config));
+    let home_config = format!("{home_top}{}", redis_config(&home_redis, "", home_config));
+    let (home, addr) = grpc::tollgate(&home_config);
     let region_redis = RedisServer::start();
     let region_config = format!(
         r#"
@@ -136,7 +157,7 @@ name = "eu-west"
 home = "{addr}"
 floor = 0.2
 report_every_ms = 100
-"#
+{region_tail}"#
     );
     let region = Tollgate::start(&redis_config(&region_redis, "", &region_config));
     let start = std::time::Instant::now();

@@ -48,6 +48,14 @@ fn bad_regions_are_refused_naming_the_key() {
         (home("a = 0.5, a = 0.2"), "duplicate key `a`"),
         (home("a_b = 0.5"), "home.regions.a_b"),
         (format!("{GLOBAL}[home]\nregions = {{ a = 0.5 }}\n"), "home"),
+        (
+            format!("{GLOBAL}{REGION}[region.tls]\ncert_file = \"/etc/hostname\"\n"),
+            "region.tls.key_file",
+        ),
+        (
+            format!("{GLOBAL}{REGION}[region.tls]\nca_file = \"/nonexistent/ca.pem\"\n"),
+            "region.tls.ca_file",
+        ),
         (GLOBAL.to_string(), "limits.t.scope"),
         (
             format!(

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use super::tls_files::{TlsFiles, TlsKeys};
 use super::{ConfigError, LimitConfig};
 
 /// Where a limit is decided.
@@ -33,14 +34,25 @@ impl Scope {
 pub struct RegionConfig {
     /// The region's name, as the home's `regions` table names it.
     pub name: String,
-    /// `host:port` of the home's gRPC listener (plain HTTP/2).
+    /// `host:port` of the home's gRPC listener.
     pub home: String,
     /// This region's fraction of every global limit, never moved: 0 < floor <= 1.
     pub floor: f64,
     /// How often the region's reporter sends its demand to the home.
     #[serde(default = "default_report_every_ms")]
     pub report_every_ms: u64,
+    /// TLS to the home (absent: plain HTTP/2): the CA to trust (else the system's roots) and
+    /// a certificate with its key to show (the home's `grpc_tls.client_ca_file` asks for one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<TlsFiles>,
 }
+
+/// What names each file of `[region.tls]` in a refusal.
+pub const TLS_KEYS: TlsKeys = TlsKeys {
+    ca: "region.tls.ca_file",
+    cert: "region.tls.cert_file",
+    key: "region.tls.key_file",
+};
 
 fn default_report_every_ms() -> u64 {
     1000
@@ -120,6 +132,10 @@ pub fn check(
                 "region.home",
                 "must be host:port of the home's gRPC listener",
             ));
+        }
+        if let Some(tls) = &region.tls {
+            tls.identity(TLS_KEYS)?;
+            tls.check_readable(TLS_KEYS)?;
         }
         if !REPORT_EVERY_MS.contains(&region.report_every_ms) {
             return Err(ConfigError::new(
@@ -204,6 +220,7 @@ mod tests {
             home: "home.example:8081".into(),
             floor,
             report_every_ms: 1000,
+            tls: None,
         }
     }
 
