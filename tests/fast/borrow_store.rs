@@ -387,8 +387,9 @@ const SHIFT: &str = r"
 for _, key in ipairs(KEYS) do
   local stored = redis.call('GET', key)
   if stored then
-    local debt, at, rest = string.match(stored, '^(%d+) (%d+)(.*)$')
-    local shifted = debt .. ' ' .. string.format('%d', at - tonumber(ARGV[1]))
+    local mark, debt, at, rest = string.match(stored, '^(v1:)(%d+) (%d+)(.*)$')
+    if not mark then mark, debt, at, rest = '', string.match(stored, '^(%d+) (%d+)(.*)$') end
+    local shifted = mark .. debt .. ' ' .. string.format('%d', at - tonumber(ARGV[1]))
     for d, h in string.gmatch(rest, '(%d+) (%d+)') do
       shifted = shifted .. string.format(' %d %s', d - tonumber(ARGV[1]), h)
     end

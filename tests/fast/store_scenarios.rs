@@ -15,7 +15,7 @@ use tollgate::kinds::twin::Stored;
 use tollgate::kinds::{BucketOutcome, BucketRequest};
 use tollgate::store::memory::{Clock, ManualClock, MemoryStore};
 use tollgate::store::redis::{RedisStore, Topology};
-use tollgate::store::{Store, StoreDecision};
+use tollgate::store::{Store, StoreDecision, StoreError};
 
 /// A bucket used in a step: (key, rate, burst, cost, shadow).
 type Bucket = (&'static str, f64, f64, u64, bool);
@@ -260,7 +260,7 @@ struct Redis {
     shifter: std::cell::RefCell<redis::Connection>,
 }
 
-/// Moves each existing bucket's `ts` ARGV[1] µs back (a bucket is `"<debt> <ts>"`, written
+/// Moves each existing bucket's `ts` ARGV[1] µs back (a bucket is `"v1:<debt> <ts>"`, written
 /// only by a charge, so its `ts` may be several steps old): the next call then refills by that
 /// much more. A bucket written since the last shift had `ts` at `TIME`; one not written keeps
 /// the shifts it had. Real time between steps adds a little refill (see `tolerance`).
@@ -268,8 +268,9 @@ const SHIFT: &str = r"
 for _, key in ipairs(KEYS) do
   local stored = redis.call('GET', key)
   if stored then
-    local debt, at = string.match(stored, '^(%d+) (%d+)$')
-    redis.call('SET', key, debt .. ' ' .. string.format('%d', at - tonumber(ARGV[1])), 'KEEPTTL')
+    local mark, debt, at = string.match(stored, '^(v1:)(%d+) (%d+)$')
+    if not mark then mark, debt, at = '', string.match(stored, '^(%d+) (%d+)$') end
+    redis.call('SET', key, mark .. debt .. ' ' .. string.format('%d', at - tonumber(ARGV[1])), 'KEEPTTL')
   end
 end
 return 0
@@ -361,14 +362,8 @@ impl Redis {
             .query(&mut *self.shifter.borrow_mut())
             .expect("read the bucket");
         let stored = stored?;
-        let (debt, ts) = stored.split_once(' ').expect("\"<debt> <ts>\"");
-        Some((
-            Stored {
-                debt: debt.parse().expect("debt"),
-                ts_us: ts.parse().expect("ts"),
-            },
-            expires,
-        ))
+        let stored = Stored::parse(&stored).ok().flatten();
+        Some((stored.expect("\"v1:<debt> <ts>\""), expires))
     }
 }
 
@@ -644,6 +639,63 @@ fn a_bucket_an_earlier_release_stored_continues_from_its_level() {
         let decision = redis.decide(&[request(key, 0.001, 5.0, 1)]);
         assert!(decision.allowed);
         assert_eq!(decision.buckets[0].tokens, 4.0, "{key}");
+    }
+}
+
+/// The bucket's value carries its format (`v1:`): a value of another format (a later
+/// release's, or a marked one this release cannot read) is refused by every script that reads
+/// it, an error the instance answers per `on_error`, never read as full; a value without the
+/// marker (a build from before it) is read exactly, and marked when written.
+#[test]
+fn a_bucket_of_another_format_is_refused_not_read_as_full() {
+    let time = |redis: &Redis| {
+        let time = redis.server.cli(&["TIME"]);
+        let mut time = time.split_whitespace();
+        let (s, us) = (time.next().unwrap(), time.next().unwrap());
+        format!("{s}{us:0>6}")
+    };
+    // Unmarked: 4 tokens owed of 5, read exactly (1 left), then written marked.
+    let redis = Redis::start();
+    let ts = time(&redis);
+    redis
+        .server
+        .cli(&["SET", "format:old", &format!("4000000 {ts}")]);
+    let bucket = request("format:old", 0.001, 5.0, 1);
+    let first = redis.decide(std::slice::from_ref(&bucket));
+    assert!(first.allowed, "{first:?}");
+    assert!(first.buckets[0].tokens < 0.01, "{first:?}");
+    let value = redis.server.cli(&["GET", "format:old"]);
+    assert!(value.starts_with("v1:"), "{value}");
+    assert!(!redis.decide(&[bucket]).allowed);
+
+    // A store of its own for each value: three refusals in a row would open its breaker.
+    let refused = |result: Result<(), StoreError>, what: &str| match result {
+        Err(StoreError::Script(why)) => assert!(why.contains("cannot read"), "{what}: {why}"),
+        other => panic!("{what}: {other:?}"),
+    };
+    for value in [
+        format!("v2:4000000 {ts}"),
+        format!("w1:4000000 {ts}"),
+        "v1:12x 5".to_owned(),
+        format!("v1:4000000 {ts} soon"),
+    ] {
+        let redis = Redis::start();
+        redis.server.cli(&["SET", "format:new", &value]);
+        let bucket = request("format:new", 0.001, 5.0, 1);
+        let borrowing = bucket.clone().borrowing(tollgate::kinds::borrow::Borrow {
+            grid_us: 100_000,
+            want: 2,
+            give: None,
+        });
+        let decided = redis
+            .runtime
+            .block_on(redis.store.decide(std::slice::from_ref(&bucket)));
+        refused(decided.map(drop), &format!("decide {value:?}"));
+        let peeked = redis.runtime.block_on(redis.store.peek(&bucket));
+        refused(peeked.map(drop), &format!("peek {value:?}"));
+        let decided = redis.runtime.block_on(redis.store.decide(&[borrowing]));
+        refused(decided.map(drop), &format!("borrow {value:?}"));
+        assert_eq!(redis.server.cli(&["GET", "format:new"]).trim(), value);
     }
 }
 
