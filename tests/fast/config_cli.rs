@@ -859,10 +859,10 @@ fn erl_redis_variables_give_each_connection_what_envoyproxy_ratelimit_gives_it()
         // The password is the master's, not the sentinels'.
         (with(&sentinel, &[("REDIS_AUTH", "masterpw")]),
          Ok("via [redis://127.0.0.1:26379] (timeout 50 ms, on_error error, prefix \"tollgate\", \
-             deny cache on; master: plaintext, password set; sentinels: plaintext, no password)")),
+             deny cache on, borrow on (100 to 10000 ms); master: plaintext, password set; sentinels: plaintext, no password)")),
         (with(&sentinel, &[("REDIS_AUTH", "masterpw"), ("REDIS_SENTINEL_AUTH", "sentpw")]),
          Ok("via [redis://:***@127.0.0.1:26379] (timeout 50 ms, on_error error, prefix \
-             \"tollgate\", deny cache on; master: plaintext, password set; sentinels: \
+             \"tollgate\", deny cache on, borrow on (100 to 10000 ms); master: plaintext, password set; sentinels: \
              plaintext, password set)")),
         // A store failure is the error envoyproxy/ratelimit answers, unless told otherwise.
         (with(&tcp, &[("TOLLGATE_STORE__ON_ERROR", "allow")]),
@@ -874,14 +874,14 @@ fn erl_redis_variables_give_each_connection_what_envoyproxy_ratelimit_gives_it()
          Ok(both_tls.as_str())),
         (with(&tcp, &[("REDIS_AUTH", "pw"), ("REDIS_TLS", "True")]),
          Ok("redis rediss://:***@127.0.0.1:6380 (timeout 50 ms, on_error error, prefix \
-             \"tollgate\", deny cache on; node: TLS, CA the system's, client certificate none, \
+             \"tollgate\", deny cache on, borrow on (100 to 10000 ms); node: TLS, CA the system's, client certificate none, \
              password set)")),
         (with(&[("REDIS_TYPE", "CLUSTER"), ("REDIS_URL", "10.0.0.1:7000,10.0.0.2:7001")],
               &[("REDIS_AUTH", "app:pw")]),
          Ok("cluster [redis://app:***@10.0.0.1:7000, redis://app:***@10.0.0.2:7001]")),
         (with(&[("REDIS_URL", "/var/run/redis.sock")], &[("REDIS_AUTH", "pw")]),
          Ok("redis redis+unix:///var/run/redis.sock?pass=*** (timeout 50 ms, on_error error, \
-             prefix \"tollgate\", deny cache on; node: plaintext, password set)")),
+             prefix \"tollgate\", deny cache on, borrow on (100 to 10000 ms); node: plaintext, password set)")),
         // Refused, naming the variable: never the memory store, nor another meaning.
         (with(&[], &[]), Err("REDIS_URL")),
         (with(&[("REDIS_URL", "127.0.0.1:6380")], &[]), Err("REDIS_SOCKET_TYPE")),
@@ -1042,4 +1042,73 @@ fn borrowing_is_refused_where_it_cannot_be_exact_this_round_naming_the_limit() {
     let fine = format!("{base}rate = 1\nburst = 5\n");
     let output = run(&["validate"], Some(&fine), &[]);
     assert!(output.status.success(), "{}", stderr(&output));
+}
+
+/// Borrowing is on by default: `validate` says, per limit, where it is on and why it is off.
+#[test]
+fn validate_says_per_limit_where_borrowing_is_on_and_why_it_is_off() {
+    let limits = [
+        ("plain", "rate = 10\nburst = 20\n", "on"),
+        (
+            "daily",
+            "quota = 10\nperiod = \"day\"\n",
+            "off: borrowing applies only to a rate limit",
+        ),
+        (
+            "pool",
+            "concurrency = 3\n",
+            "off: borrowing applies only to a rate limit",
+        ),
+        (
+            "reported",
+            "rate = 1\nburst = 5\ncharge = \"report\"\n",
+            "off: borrowing does not apply to a charge = \"report\" limit",
+        ),
+        (
+            "watched",
+            "rate = 1\nburst = 5\nshadow = true\n",
+            "off: borrowing does not apply to a shadow limit",
+        ),
+        (
+            "heavy",
+            "rate = 1\nburst = 5\ncost = 2\n",
+            "off: borrowing applies only to a cost of one token per request",
+        ),
+        (
+            "declined",
+            "rate = 1\nburst = 5\nborrow = false\n",
+            "off: limits.declined.borrow = false",
+        ),
+    ];
+    let mut toml = String::from("[store]\nbackend = \"redis\"\n\n");
+    for (name, body, _) in limits {
+        toml.push_str(&format!(
+            "[[limits]]\nname = \"{name}\"\nkey = [\"ip\"]\n{body}\n"
+        ));
+    }
+    let output = run(&["validate"], Some(&toml), &[]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let printed = String::from_utf8_lossy(&output.stdout).into_owned();
+    for (name, _, said) in limits {
+        let line = format!("borrowing     {name}: {said}");
+        assert!(printed.contains(&line), "{line:?} in\n{printed}");
+    }
+
+    let off = toml.replace(
+        "backend = \"redis\"\n",
+        "backend = \"redis\"\nborrow = false\n",
+    );
+    let output = run(&["validate"], Some(&off), &[]);
+    let printed = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        printed.contains("borrowing     plain: off: store.borrow = false"),
+        "{printed}"
+    );
+    let memory = toml.replace("backend = \"redis\"\n", "backend = \"memory\"\n");
+    let output = run(&["validate"], Some(&memory), &[]);
+    let printed = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        printed.contains("borrowing     plain: off: only the Redis store borrows"),
+        "{printed}"
+    );
 }
