@@ -7,7 +7,7 @@
 # equal to 80/15/5 halfway. It prints utilisation (admitted / rate x W after the warm-up), the
 # worst excess of any window over burst + rate x W, the rounds a shift took, and what static
 # per-Envoy copies of the limit (one static limit per Envoy) would admit. Then Redis's CPU
-# per script call from INFO commandstats: over the run, and lua/shares.lua alone (one call
+# per script call from INFO commandstats: over the run, and lua/rlqs.lua alone (one call
 # per reported bucket) in pools of 3, 30 and 300 holders.
 #
 #   bench/rlqs.sh                 # 60 s, rate 20/s, burst 20
@@ -116,9 +116,9 @@ awk -v c="$calls" -v u="$usec" -v r="$bucket_reports" 'BEGIN {
   printf "redis, whole run: %d script calls (shares, heartbeats, override polls) for %d bucket reports, %.1f us of Redis CPU per call\n", c, r, u / c
 }'
 
-# lua/shares.lua alone: one holder reporting to a pool of N holders, 20,000 times in a row.
+# lua/rlqs.lua alone: one holder reporting to a pool of N holders, 20,000 times in a row.
 # A report message of k buckets costs k of these (one per bucket).
-SHA=$(rcli SCRIPT LOAD "$(cat lua/shares.lua)")
+SHA=$(rcli SCRIPT LOAD "$(cat lua/rlqs.lua)")
 for n in 3 30 300; do
   key="bench:{pool$n}:s"
   now=$(rcli TIME | awk 'NR == 1 { s = $1 } NR == 2 { printf "%.0f", s * 1000000 + $1 }')
@@ -131,6 +131,6 @@ for n in 3 30 300; do
   read -r calls usec < <(stat evalsha)
   [ "$(rcli HLEN "$key")" = "$((n + 1))" ] || { echo "the pool of $n lost holders (or its escrow)" >&2; exit 1; }
   awk -v n="$n" -v c="$calls" -v u="$usec" 'BEGIN {
-    printf "redis, lua/shares.lua in a pool of %d holders: %.1f us of Redis CPU per report of one bucket (%d calls)\n", n, u / c, c
+    printf "redis, lua/rlqs.lua in a pool of %d holders: %.1f us of Redis CPU per report of one bucket (%d calls)\n", n, u / c, c
   }'
 done

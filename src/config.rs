@@ -31,7 +31,6 @@ pub mod tls_files;
 pub mod trace;
 mod validate;
 
-pub use crate::base::rate::RateSpec;
 pub use load::ConfigError;
 pub use schema::*;
 pub use summary::redact_url;

@@ -23,12 +23,12 @@ pub use service::RateLimitService;
 use crate::erl::grpc::plan::ErlPlan;
 use crate::erl::grpc::{answer as erl_answer, count};
 use crate::erl::observe::ErlStats;
+use crate::kinds::BucketRequest;
 use crate::limiter::decision::Verdict;
 use crate::limiter::CacheMay;
-use crate::observe::trace::{attribute, Decision, Span};
+use crate::observe::trace::{attribute, Admission, Span};
 use crate::policy::Policy;
 use crate::state::AppState;
-use crate::store::BucketRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use plan::{Plan, RulesPlan};
 
@@ -99,7 +99,7 @@ impl ShouldRateLimit {
             let status = Status::unknown(why.clone());
             if let Some(span) = span {
                 span.set_str(attribute::DOMAIN, request.domain.as_str());
-                verdict.outcome(policy).record(span);
+                verdict.attributes(policy).record(span);
                 span.set_int(attribute::GRPC_STATUS, i64::from(i32::from(status.code())));
                 span.fail(status.message());
             }
@@ -107,15 +107,15 @@ impl ShouldRateLimit {
         }
         let response = plan.respond(&verdict, policy, request);
         if let Some(span) = span {
-            let mut outcome = verdict.outcome(policy);
+            let mut attributes = verdict.attributes(policy);
             // The answer is the truth (shadow mode admits what a limit denied).
             let allowed = response.overall_code != i32::from(Code::OverLimit);
-            outcome.decision = Decision::from_allowed(allowed);
+            attributes.admission = Admission::from_allowed(allowed);
             if allowed {
-                outcome.denied_by = None;
+                attributes.denied_by = None;
             }
             span.set_str(attribute::DOMAIN, request.domain.as_str());
-            outcome.record(span);
+            attributes.record(span);
             span.set_int(attribute::GRPC_STATUS, 0);
         }
         Ok(response)

@@ -33,8 +33,8 @@
 //!   and the admin API ask them without naming the store.
 //! - [`store`]: the [`store::Store`] trait; [`store::memory`] (sharded, bounded) and
 //!   [`store::redis`] (Lua via `EVALSHA`, deadlines, circuit breaker, coalescing; one node,
-//!   Cluster or Sentinel); [`store::shares`] the RLQS share allocator, twin of
-//!   `lua/shares.lua`.
+//!   Cluster or Sentinel); [`store::rlqs`] the RLQS share allocator, twin of
+//!   `lua/rlqs.lua`.
 //! - [`policy`]: what the operator asked for, compiled into one [`policy::Policy`]:
 //!   [`policy::limit`] (a limit as it runs; `limit/build`: built from its config and
 //!   checked), [`policy::matcher`], [`policy::exempt`], [`policy::overrides`]
@@ -44,7 +44,7 @@
 //! - [`limiter`]: the decision without HTTP: one atomic store call, `on_error` fallbacks;
 //!   [`limiter::deny_cache`], [`limiter::borrow`] (slices of hot keys' tokens, admitted
 //!   from without a store call), [`limiter::decision`] (the verdict as a value),
-//!   [`limiter::report`] (charges known after the response), [`limiter::shares`] (a key's
+//!   [`limiter::report`] (charges known after the response), [`limiter::rlqs`] (a key's
 //!   numbers as the units of its RLQS pool, a grant as Envoy's token bucket).
 //! - [`answer`]: what an answer says whatever protocol carries it (a refusal and why, the
 //!   quota headers).

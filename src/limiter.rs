@@ -7,7 +7,7 @@ pub mod deny_cache;
 mod overrides;
 pub mod peek;
 pub mod report;
-pub mod shares;
+pub mod rlqs;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -16,6 +16,7 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 
 use crate::base::clock::{Clock, MonotonicClock};
+use crate::base::keys;
 use crate::base::rate::count_f64;
 use crate::config::OnError;
 use crate::kinds::{BucketOutcome, BucketRequest};
@@ -24,7 +25,6 @@ use crate::limiter::decision::{Decision, LimitState, Verdict};
 use crate::limiter::deny_cache::{CachedDenial, Consult, DenyCache, Probe};
 use crate::observe::denial_log::DenialLog;
 use crate::observe::metrics::Metrics;
-use crate::observe::top;
 use crate::policy::Policy;
 use crate::request::OriginalRequest;
 use crate::store::memory::MemoryStore;
@@ -45,7 +45,7 @@ pub struct Limiter<S: Store> {
     /// `[log] denials = "sampled"`.
     denial_log: Option<DenialLog>,
     /// Store calls deciding RLQS reports in flight on this instance, at most
-    /// [`shares::CALLS_IN_FLIGHT`].
+    /// [`rlqs::CALLS_IN_FLIGHT`].
     share_calls: tokio::sync::Semaphore,
     /// The time the limiter's own bookkeeping reads (µs; tests advance a manual one).
     clock: Arc<dyn Clock>,
@@ -109,7 +109,7 @@ impl<S: Store> Limiter<S> {
             deny_cache: None,
             lender: None,
             denial_log: None,
-            share_calls: tokio::sync::Semaphore::new(shares::CALLS_IN_FLIGHT),
+            share_calls: tokio::sync::Semaphore::new(rlqs::CALLS_IN_FLIGHT),
             clock: Arc::new(MonotonicClock::default()),
             metrics,
         }
@@ -541,7 +541,7 @@ impl<S: Store> Limiter<S> {
     fn count_denial(&self, policy: &Policy, bucket: &BucketRequest, state: &LimitState) {
         let limit = &policy.limits[bucket.limit];
         limit.counters.denied.inc();
-        let tail = top::tail_of(&bucket.key, &policy.key_prefix, &limit.name);
+        let tail = keys::tail_in_key(&bucket.key, &policy.key_prefix, &limit.name);
         limit.counters.denied_keys.record(tail);
         if let Some(log) = &self.denial_log {
             log.note(&limit.name, tail, state.wait_secs(), &policy.salt);

@@ -156,7 +156,7 @@ impl<'a> OriginalRequest<'a> {
         self.headers.get(name).map(|v| v.as_bytes())
     }
 
-    /// This request's bucket tail in a limit keyed by `parts` (see [`keys::tail_of`]).
+    /// This request's bucket tail in a limit keyed by `parts` (see [`keys::build_tail`]).
     pub fn bucket_tail(
         &self,
         parts: &[KeyPart],
@@ -164,7 +164,7 @@ impl<'a> OriginalRequest<'a> {
         ipv6_prefix: u8,
     ) -> Result<Vec<u8>, BadPart> {
         let value_of = |part| self.part_value(part);
-        keys::tail_of(parts, Source::Request(&value_of), anonymous, ipv6_prefix)
+        keys::build_tail(parts, Source::Request(&value_of), anonymous, ipv6_prefix)
     }
 
     /// The request's value for one part. Method, host and path come normalised (lower-case
@@ -434,7 +434,7 @@ mod tests {
             let ip = parse_ip(case[0].as_bytes()).unwrap();
             let request = OriginalRequest::new(&headers, "GET", "/", ip);
             let checked = request.bucket_tail(&parts, false, 64).unwrap();
-            let given = keys::tail_of(&parts, Source::Typed(&values), false, 64).unwrap();
+            let given = keys::build_tail(&parts, Source::Typed(&values), false, 64).unwrap();
             assert_eq!(given, checked, "{case:?}");
         }
     }
@@ -445,9 +445,9 @@ mod tests {
         let headers = HeaderMap::new();
         let request = OriginalRequest::new(&headers, "GET", "/", "192.0.2.1".parse().unwrap());
         let checked = request.bucket_tail(&parts, true, 64).unwrap();
-        let given = keys::tail_of(&parts, Source::Typed(&[String::new()]), true, 64).unwrap();
+        let given = keys::build_tail(&parts, Source::Typed(&[String::new()]), true, 64).unwrap();
         assert_eq!(given, checked);
-        assert!(keys::tail_of(&parts, Source::Typed(&[String::new()]), false, 64).is_err());
+        assert!(keys::build_tail(&parts, Source::Typed(&[String::new()]), false, 64).is_err());
     }
 
     proptest::proptest! {
@@ -468,7 +468,7 @@ mod tests {
             );
             let request = OriginalRequest::new(&headers, "GET", "/", "192.0.2.1".parse().unwrap());
             let checked = request.bucket_tail(&parts, anonymous, 64).unwrap();
-            let given = keys::tail_of(&parts, Source::Typed(&[value, "all".into()]), anonymous, 64).unwrap();
+            let given = keys::build_tail(&parts, Source::Typed(&[value, "all".into()]), anonymous, 64).unwrap();
             proptest::prop_assert_eq!(given, checked);
         }
     }

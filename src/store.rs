@@ -11,17 +11,14 @@
 pub mod breaker;
 pub mod memory;
 pub mod redis;
-pub mod shares;
+pub mod rlqs;
 
 use std::future::Future;
 use std::time::Instant;
 
 use crate::kinds::reserve::{Settle, Settled};
 use crate::kinds::Slice;
-use crate::kinds::{BucketOutcome, ReportCharge, Reserved};
-
-/// The request every store call is made of: a key, its numbers and its kind.
-pub use crate::kinds::BucketRequest;
+use crate::kinds::{BucketOutcome, BucketRequest, ReportCharge, Reserved};
 
 /// The key beside bucket `key` holding its RLQS shares (same Cluster slot).
 pub fn shares_key(key: &str) -> String {
@@ -142,14 +139,14 @@ pub trait Store: Send + Sync + 'static {
         async { Err(StoreError::Other("this store holds no reservations".into())) }
     }
 
-    /// Reports of holders to pools of RLQS shares ([`shares::allocate`], each pool
+    /// Reports of holders to pools of RLQS shares ([`rlqs::allocate`], each pool
     /// atomically), one result per request, in order, decided by `deadline` (RLQS's own,
     /// behind a breaker of its own: a report never spends a check's deadline or breaker).
     fn share(
         &self,
-        requests: &[shares::ShareRequest],
+        requests: &[rlqs::ShareRequest],
         deadline: Instant,
-    ) -> impl Future<Output = Vec<Result<shares::Grant, StoreError>>> {
+    ) -> impl Future<Output = Vec<Result<rlqs::Grant, StoreError>>> {
         let _ = deadline;
         let refused = requests
             .iter()
@@ -163,7 +160,7 @@ pub trait Store: Send + Sync + 'static {
     fn shares_of(
         &self,
         key: &str,
-    ) -> impl Future<Output = Result<(u64, Vec<(String, shares::Holding)>), StoreError>> {
+    ) -> impl Future<Output = Result<(u64, Vec<(String, rlqs::Holding)>), StoreError>> {
         let _ = key;
         async { Err(StoreError::Other("this store holds no shares".into())) }
     }
@@ -257,9 +254,9 @@ impl Store for AnyStore {
 
     async fn share(
         &self,
-        requests: &[shares::ShareRequest],
+        requests: &[rlqs::ShareRequest],
         deadline: Instant,
-    ) -> Vec<Result<shares::Grant, StoreError>> {
+    ) -> Vec<Result<rlqs::Grant, StoreError>> {
         match self {
             AnyStore::Memory(store) => store.share(requests, deadline).await,
             AnyStore::Redis(store) => store.share(requests, deadline).await,
@@ -269,7 +266,7 @@ impl Store for AnyStore {
     async fn shares_of(
         &self,
         key: &str,
-    ) -> Result<(u64, Vec<(String, shares::Holding)>), StoreError> {
+    ) -> Result<(u64, Vec<(String, rlqs::Holding)>), StoreError> {
         match self {
             AnyStore::Memory(store) => store.shares_of(key).await,
             AnyStore::Redis(store) => store.shares_of(key).await,

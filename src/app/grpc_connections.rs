@@ -70,21 +70,21 @@ impl Cap {
 }
 
 /// A connection served to the end, holding its place under the cap until it closes.
-pub struct Held<S> {
+pub struct Placed<S> {
     inner: S,
     _place: OwnedSemaphorePermit,
 }
 
-impl<S> Held<S> {
-    pub fn new(inner: S, place: OwnedSemaphorePermit) -> Held<S> {
-        Held {
+impl<S> Placed<S> {
+    pub fn new(inner: S, place: OwnedSemaphorePermit) -> Placed<S> {
+        Placed {
             inner,
             _place: place,
         }
     }
 }
 
-impl<S: AsyncRead + Unpin> AsyncRead for Held<S> {
+impl<S: AsyncRead + Unpin> AsyncRead for Placed<S> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -94,7 +94,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for Held<S> {
     }
 }
 
-impl<S: AsyncWrite + Unpin> AsyncWrite for Held<S> {
+impl<S: AsyncWrite + Unpin> AsyncWrite for Placed<S> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -124,7 +124,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Held<S> {
     }
 }
 
-impl<S: Connected> Connected for Held<S> {
+impl<S: Connected> Connected for Placed<S> {
     type ConnectInfo = S::ConnectInfo;
 
     fn connect_info(&self) -> Self::ConnectInfo {
@@ -137,7 +137,7 @@ impl<S: Connected> Connected for Held<S> {
 pub fn prefaced(
     mut accepted: mpsc::Receiver<Admitted>,
     within: Duration,
-) -> mpsc::Receiver<io::Result<Held<TcpStream>>> {
+) -> mpsc::Receiver<io::Result<Placed<TcpStream>>> {
     let (ready, incoming) = mpsc::channel(QUEUE);
     tokio::spawn(async move {
         loop {
@@ -159,7 +159,7 @@ pub fn prefaced(
             tokio::spawn(async move {
                 match tokio::time::timeout(within, preface_sent(&stream)).await {
                     Ok(true) => {
-                        let _ = ready.send(Ok(Held::new(stream, place))).await;
+                        let _ = ready.send(Ok(Placed::new(stream, place))).await;
                     }
                     // Any client can cause this: debug, not warn.
                     Ok(false) => log::debug!("gRPC connection closed before its preface"),

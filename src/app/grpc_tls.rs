@@ -21,7 +21,7 @@ use tokio_rustls::TlsAcceptor;
 
 use arc_swap::ArcSwap;
 
-use super::grpc_connections::{Admitted, Held};
+use super::grpc_connections::{Admitted, Placed};
 use crate::config::grpc_tls::{GrpcTlsConfig, GrpcTlsMaterial, KEYS};
 use crate::config::ConfigError;
 
@@ -127,7 +127,7 @@ pub fn handshakes(
     mut accepted: mpsc::Receiver<Admitted>,
     live: Arc<LiveTls>,
     within: Duration,
-) -> mpsc::Receiver<std::io::Result<Held<TlsStream<TcpStream>>>> {
+) -> mpsc::Receiver<std::io::Result<Placed<TlsStream<TcpStream>>>> {
     let (ready, incoming) = mpsc::channel(QUEUE);
     tokio::spawn(async move {
         loop {
@@ -154,7 +154,7 @@ pub fn handshakes(
             tokio::spawn(async move {
                 match tokio::time::timeout(within, acceptor.accept(stream)).await {
                     Ok(Ok(tls)) => {
-                        let _ = ready.send(Ok(Held::new(tls, place))).await;
+                        let _ = ready.send(Ok(Placed::new(tls, place))).await;
                     }
                     // A refused client is the client's problem, and any client can cause one:
                     // debug, not warn.

@@ -91,7 +91,17 @@ impl std::fmt::Display for KeyPart {
     }
 }
 
-/// Where the values of a limit's key parts come from. Whatever the source, [`tail_of`]
+/// The key tail of a store key `<prefix>:<limit>:{<tail>}`; the whole key if it is not one.
+pub fn tail_in_key<'k>(key: &'k str, prefix: &str, limit: &str) -> &'k str {
+    key.strip_prefix(prefix)
+        .and_then(|rest| rest.strip_prefix(':'))
+        .and_then(|rest| rest.strip_prefix(limit))
+        .and_then(|rest| rest.strip_prefix(":{"))
+        .and_then(|rest| rest.strip_suffix('}'))
+        .unwrap_or(key)
+}
+
+/// Where the values of a limit's key parts come from. Whatever the source, [`build_tail`]
 /// spells one tuple of values one way, so an override or a peek typed by an operator finds
 /// the bucket a request or a descriptor carrying the same values draws from.
 pub enum Source<'s, 'v> {
@@ -121,7 +131,7 @@ pub struct BadPart {
 /// by it. Every source of values builds its tail here, so one key is spelled one way. With
 /// `anonymous`, an absent part becomes a shared marker instead of an error; an IPv6 address
 /// is keyed by its `/ipv6_prefix` network.
-pub fn tail_of<'v>(
+pub fn build_tail<'v>(
     parts: &'v [KeyPart],
     source: Source<'_, 'v>,
     anonymous: bool,
@@ -328,7 +338,7 @@ mod tests {
     use super::*;
 
     fn descriptor_tail(parts: &[KeyPart], value: &[u8]) -> Result<Vec<u8>, BadPart> {
-        tail_of(parts, Source::Descriptor(&|_| Some(value)), false, 128)
+        build_tail(parts, Source::Descriptor(&|_| Some(value)), false, 128)
     }
 
     #[test]
@@ -343,7 +353,7 @@ mod tests {
             Err(0)
         );
         // An override's values find the bucket a descriptor carrying them draws from.
-        let given = tail_of(&parts, Source::Typed(&["a|b".to_string()]), false, 128).unwrap();
+        let given = build_tail(&parts, Source::Typed(&["a|b".to_string()]), false, 128).unwrap();
         assert_eq!(descriptor_tail(&parts, b"a|b"), Ok(given));
     }
 
@@ -365,11 +375,11 @@ mod tests {
                 (!value.is_empty()).then_some(PartValue::Bytes(value))
             };
             let descriptor = |part: &KeyPart| Some(values[index(part)].as_bytes());
-            let from_request = tail_of(&parts, Source::Request(&request), anonymous, 128);
-            let typed = tail_of(&parts, Source::Typed(&values), anonymous, 128);
-            let from_descriptor = tail_of(&parts, Source::Descriptor(&descriptor), anonymous, 128);
+            let from_request = build_tail(&parts, Source::Request(&request), anonymous, 128);
+            let typed = build_tail(&parts, Source::Typed(&values), anonymous, 128);
+            let from_descriptor = build_tail(&parts, Source::Descriptor(&descriptor), anonymous, 128);
             let bytes: Vec<&[u8]> = values.iter().map(|v| v.as_bytes()).collect();
-            let entries = tail_of(&parts, Source::Entries(&mut bytes.iter().copied()), anonymous, 128);
+            let entries = build_tail(&parts, Source::Entries(&mut bytes.iter().copied()), anonymous, 128);
             let index_of = |tail: &Result<Vec<u8>, BadPart>| tail.as_ref().map_err(|bad| bad.index).cloned();
             proptest::prop_assert_eq!(index_of(&typed), index_of(&from_request));
             proptest::prop_assert_eq!(index_of(&from_descriptor), index_of(&from_request));
@@ -463,7 +473,7 @@ mod tests {
     /// A tuple of parts as a request's key would be written (`None`: absent, anonymous).
     fn key_of(parts: &[Option<Vec<u8>>]) -> String {
         let mut values = parts.iter().map(|part| part.as_deref().unwrap_or_default());
-        let tail = tail_of(&[], Source::Entries(&mut values), true, 64).unwrap();
+        let tail = build_tail(&[], Source::Entries(&mut values), true, 64).unwrap();
         assemble("tg", "limit", &tail)
     }
 

@@ -410,10 +410,14 @@ impl Replay {
                     .into_iter()
                     .take(top_n)
                     .map(|(key, (denied, first))| KeyReport {
-                        key: top::parts(top::tail_of(key, &self.policy.key_prefix, &limit.name))
-                            .into_iter()
-                            .map(Cow::into_owned)
-                            .collect(),
+                        key: top::parts(crate::base::keys::tail_in_key(
+                            key,
+                            &self.policy.key_prefix,
+                            &limit.name,
+                        ))
+                        .into_iter()
+                        .map(Cow::into_owned)
+                        .collect(),
                         denied: *denied,
                         first_denied: first.clone(),
                     })

@@ -22,6 +22,10 @@ pub struct RlqsConfig {
     /// How long one message's reports may take in the store, waiting for their turn
     /// included; RLQS's own deadline, apart from a check's `store.timeout_ms`.
     pub timeout_ms: u64,
+    /// The most holders (Envoy streams) one limit and key is shared among; a stream new to a
+    /// full pool is given nothing until a holder leaves. It bounds what one report costs the
+    /// store.
+    pub max_holders: u64,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub buckets: Vec<RlqsBucketConfig>,
 }
@@ -34,6 +38,7 @@ impl Default for RlqsConfig {
             assignment_ttl_s: 8,
             reserve: 0.05,
             timeout_ms: 1000,
+            max_holders: 64,
             buckets: Vec::new(),
         }
     }
@@ -64,6 +69,9 @@ pub enum Unmatched {
 
 /// The longest one message's reports may take in the store (`rlqs.timeout_ms`).
 pub const MAX_TIMEOUT_MS: u64 = 5000;
+
+/// The most `rlqs.max_holders` may be: a report's pass over the holders stays short.
+pub const MAX_HOLDERS: u64 = 1024;
 
 /// The longest TTL an assignment may have (an hour): a departed Envoy's share counts that long.
 pub const MAX_ASSIGNMENT_TTL_S: u64 = 3600;
@@ -101,6 +109,14 @@ impl RlqsConfig {
                 format!(
                     "must be between 1 and {MAX_TIMEOUT_MS} (Envoy reports every 5 s: a message \
                      is answered within this)"
+                ),
+            ));
+        }
+        if !(2..=MAX_HOLDERS).contains(&self.max_holders) {
+            return Err(ConfigError::new(
+                "rlqs.max_holders",
+                format!(
+                    "must be between 2 and {MAX_HOLDERS} (Envoy streams sharing one limit and key)"
                 ),
             ));
         }

@@ -7,8 +7,8 @@ use std::path::PathBuf;
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
-use super::RateSpec;
 use crate::base::calendar::Period;
+use crate::base::rate::RateSpec;
 use crate::base::timings::Timings;
 use crate::erl::config::ErlConfig;
 

@@ -3,7 +3,8 @@
 
 use serde::Serialize;
 
-use super::{Backend, Charge, Config, DenialLogging, MatchConfig, RateSpec, StoreConfig};
+use super::{Backend, Charge, Config, DenialLogging, MatchConfig, StoreConfig};
+use crate::base::rate::RateSpec;
 
 impl Config {
     /// What `tollgate validate` prints: the effective settings and limits, passwords redacted.

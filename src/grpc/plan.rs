@@ -133,7 +133,7 @@ fn add_descriptor<'a>(
             _ => None,
         };
         // No address among descriptor values: the IPv6 prefix plays no part.
-        let tail = match keys::tail_of(&limit.key, Source::Descriptor(&value), anonymous, 128) {
+        let tail = match keys::build_tail(&limit.key, Source::Descriptor(&value), anonymous, 128) {
             Ok(tail) => tail,
             Err(_) if limit.on_missing == OnMissing::Deny => {
                 plan.missing.get_or_insert((index, limit_index));

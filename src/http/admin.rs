@@ -16,7 +16,7 @@ use sha2::{Digest, Sha256};
 
 mod error;
 
-pub use crate::base::redact::Caller;
+use crate::base::redact::Caller;
 use crate::policy::limit::Limit;
 use crate::policy::Policy;
 use crate::state::AppState;

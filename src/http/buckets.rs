@@ -14,7 +14,8 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use serde::Serialize;
 use serde_json::json;
 
-use super::admin::{self, AdminError, Caller, NamedKey, Operator};
+use super::admin::{self, AdminError, NamedKey, Operator};
+use crate::base::redact::Caller;
 use crate::base::redact::Salt;
 use crate::kinds::PeekView;
 use crate::limiter::peek::Target;

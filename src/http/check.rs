@@ -34,7 +34,7 @@ pub async fn check(request: HttpRequest, state: web::Data<AppState>) -> HttpResp
     let form = response::DenyForm::requested(request.headers());
     let response = response::render_as(&verdict, &policy, form);
     if let (Some(tracer), Some(mut span)) = (&state.tracer, span) {
-        verdict.outcome(&policy).record(&mut span);
+        verdict.attributes(&policy).record(&mut span);
         span.set_int(attribute::STATUS, i64::from(response.status().as_u16()));
         tracer.finish(span);
     }

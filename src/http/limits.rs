@@ -7,7 +7,7 @@
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde::Serialize;
 
-use super::admin::Caller;
+use crate::base::redact::Caller;
 use crate::base::redact::Salt;
 use crate::config::{Charge, OnMissing};
 use crate::kinds::{Configured, Kind, LimitView as KindView};

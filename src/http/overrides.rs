@@ -11,9 +11,11 @@ use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde_json::{json, Map, Value};
 
-use super::admin::{find_limit, AdminError, Caller, NamedKey, Operator};
+use super::admin::{find_limit, AdminError, NamedKey, Operator};
+use crate::base::rate::RateSpec;
+use crate::base::redact::Caller;
 use crate::base::redact::Salt;
-use crate::config::{OverrideConfig, RateSpec};
+use crate::config::OverrideConfig;
 use crate::kinds::Kind;
 use crate::policy::limit::Limit;
 use crate::policy::overrides;

@@ -6,8 +6,9 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::admin::{AdminError, Caller};
+use super::admin::AdminError;
 use crate::base::rate::ratio;
+use crate::base::redact::Caller;
 use crate::base::redact::Salt;
 use crate::observe::top::{self, TopList};
 use crate::state::AppState;

@@ -10,8 +10,9 @@ use super::{
     ReportCharge, ScriptArg, Window,
 };
 use crate::base::rate::count_f64;
+use crate::base::rate::RateSpec;
 use crate::config::{
-    Charge, ConfigError, LimitConfig, RateSpec, DEFAULT_LEASE_TTL_S, MAX_BURST, MAX_LEASE_TTL_S,
+    Charge, ConfigError, LimitConfig, DEFAULT_LEASE_TTL_S, MAX_BURST, MAX_LEASE_TTL_S,
 };
 
 /// One lease a check asks for: its id (unique per check), and how long it lives unreleased.

@@ -11,7 +11,8 @@ use super::{
 };
 use crate::base::calendar::Period;
 use crate::base::rate::count_f64;
-use crate::config::{ConfigError, LimitConfig, RateSpec, MAX_BURST};
+use crate::base::rate::RateSpec;
+use crate::config::{ConfigError, LimitConfig, MAX_BURST};
 
 const MICROS: u64 = 1_000_000;
 

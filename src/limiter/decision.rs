@@ -2,7 +2,7 @@
 //! is left. Everything the response headers need is derived here; only `http::response` turns
 //! it into bytes.
 use crate::kinds::{BucketOutcome, BucketRequest, Window};
-use crate::observe::trace::{Decision as TracedDecision, Outcome};
+use crate::observe::trace::{Admission, Attributes};
 use crate::policy::limit::Limit;
 use crate::policy::Policy;
 
@@ -56,8 +56,7 @@ pub struct Decision {
     pub reservations: Vec<String>,
 }
 
-pub use crate::base::rate::{ceil_secs, MAX_SF_INTEGER};
-use crate::base::rate::{count_f64, whole};
+use crate::base::rate::{ceil_secs, count_f64, whole, MAX_SF_INTEGER};
 
 impl LimitState {
     /// The bucket `bucket` after the store's `outcome`: the numbers it was decided with and
@@ -161,23 +160,23 @@ impl Decision {
 impl Verdict {
     /// What a span shows of this verdict: the decision, the limits applied, the one that
     /// denied (the one the answer describes), and whether `on_error` answered.
-    pub fn outcome<'p>(&self, policy: &'p Policy) -> Outcome<'p> {
+    pub fn attributes<'p>(&self, policy: &'p Policy) -> Attributes<'p> {
         let name = |index: usize| policy.limits[index].name.as_str();
-        let (decision, limits, denied_by, on_error) = match self {
-            Verdict::Unlimited => (TracedDecision::Allowed, Vec::new(), None, false),
-            Verdict::Exempt => (TracedDecision::Exempt, Vec::new(), None, false),
+        let (admission, limits, denied_by, on_error) = match self {
+            Verdict::Unlimited => (Admission::Allowed, Vec::new(), None, false),
+            Verdict::Exempt => (Admission::Exempt, Vec::new(), None, false),
             Verdict::MissingKey { limit } => (
-                TracedDecision::Denied,
+                Admission::Denied,
                 vec![name(*limit)],
                 Some(name(*limit)),
                 false,
             ),
             Verdict::StoreFailed { allow } => {
-                (TracedDecision::from_allowed(*allow), Vec::new(), None, true)
+                (Admission::from_allowed(*allow), Vec::new(), None, true)
             }
-            Verdict::StoreError { .. } => (TracedDecision::Denied, Vec::new(), None, true),
+            Verdict::StoreError { .. } => (Admission::Denied, Vec::new(), None, true),
             Verdict::Decided(decision) => (
-                TracedDecision::from_allowed(decision.allowed),
+                Admission::from_allowed(decision.allowed),
                 decision
                     .limits
                     .iter()
@@ -190,8 +189,8 @@ impl Verdict {
                 decision.degraded,
             ),
         };
-        Outcome {
-            decision,
+        Attributes {
+            admission,
             limits,
             denied_by,
             on_error,
@@ -263,45 +262,42 @@ mod tests {
             false,
         );
         assert_eq!(
-            denied.outcome(&policy),
-            Outcome {
-                decision: TracedDecision::Denied,
+            denied.attributes(&policy),
+            Attributes {
+                admission: Admission::Denied,
                 limits: vec!["per-ip", "per-key"],
                 denied_by: Some("per-key"),
                 on_error: false,
             }
         );
         let allowed = decided(true, vec![state(0, 3.0, true)], false);
-        assert_eq!(allowed.outcome(&policy).decision, TracedDecision::Allowed);
-        assert_eq!(allowed.outcome(&policy).denied_by, None);
-        let missing = Verdict::MissingKey { limit: 1 }.outcome(&policy);
+        assert_eq!(allowed.attributes(&policy).admission, Admission::Allowed);
+        assert_eq!(allowed.attributes(&policy).denied_by, None);
+        let missing = Verdict::MissingKey { limit: 1 }.attributes(&policy);
         assert_eq!(
-            (missing.decision, missing.denied_by),
-            (TracedDecision::Denied, Some("per-key"))
+            (missing.admission, missing.denied_by),
+            (Admission::Denied, Some("per-key"))
         );
-        let exempt = Verdict::Exempt.outcome(&policy);
+        let exempt = Verdict::Exempt.attributes(&policy);
         assert_eq!(
-            (exempt.decision, exempt.limits.len()),
-            (TracedDecision::Exempt, 0)
+            (exempt.admission, exempt.limits.len()),
+            (Admission::Exempt, 0)
         );
     }
 
     #[test]
     fn a_span_says_when_on_error_answered() {
         let policy = two_limits();
-        let open = Verdict::StoreFailed { allow: true }.outcome(&policy);
+        let open = Verdict::StoreFailed { allow: true }.attributes(&policy);
+        assert_eq!((open.admission, open.on_error), (Admission::Allowed, true));
+        let closed = Verdict::StoreFailed { allow: false }.attributes(&policy);
         assert_eq!(
-            (open.decision, open.on_error),
-            (TracedDecision::Allowed, true)
+            (closed.admission, closed.on_error),
+            (Admission::Denied, true)
         );
-        let closed = Verdict::StoreFailed { allow: false }.outcome(&policy);
-        assert_eq!(
-            (closed.decision, closed.on_error),
-            (TracedDecision::Denied, true)
-        );
-        let local = decided(true, vec![state(0, 1.0, true)], true).outcome(&policy);
+        let local = decided(true, vec![state(0, 1.0, true)], true).attributes(&policy);
         assert!(local.on_error);
-        assert!(!Verdict::Unlimited.outcome(&policy).on_error);
+        assert!(!Verdict::Unlimited.attributes(&policy).on_error);
     }
 
     #[test]

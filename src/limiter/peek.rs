@@ -11,7 +11,7 @@ use crate::kinds::{BucketRequest, Kind, PeekView, Peeked};
 use crate::policy::limit::Numbers;
 use crate::policy::overrides::Override;
 use crate::policy::Policy;
-use crate::store::shares::Holding;
+use crate::store::rlqs::Holding;
 use crate::store::{shares_key, Store, StoreError};
 
 /// The bucket a peek names, built as a check builds it: the same store key, the key's own
@@ -134,7 +134,7 @@ fn shares_view(
     now_us: u64,
     holders: &[(String, Holding)],
 ) -> serde_json::Value {
-    let fill = super::shares::units(&Numbers {
+    let fill = super::rlqs::units(&Numbers {
         rate: bucket.rate,
         burst: 0,
         overridden: false,

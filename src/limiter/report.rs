@@ -5,11 +5,11 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 use super::Limiter;
+use crate::base::rate::ceil_secs;
 use crate::base::rate::{count_f64, whole};
 use crate::config::{Charge, MAX_COST};
 use crate::kinds::reserve::{Settle, Settled};
 use crate::kinds::{BucketOutcome, BucketRequest, ReportCharge};
-use crate::limiter::decision::ceil_secs;
 use crate::policy::limit::Limit;
 use crate::policy::Policy;
 use crate::store::{Store, StoreError};

@@ -34,6 +34,7 @@ pub const RLQS_SHARE_UTILISATION: &str = "tollgate_rlqs_share_utilisation";
 pub const RLQS_STORE_UP: &str = "tollgate_rlqs_store_up";
 pub const RLQS_STORE_ERRORS_TOTAL: &str = "tollgate_rlqs_store_errors_total";
 pub const RLQS_UNTRACKED_TOTAL: &str = "tollgate_rlqs_untracked_total";
+pub const RLQS_POOL_FULL_TOTAL: &str = "tollgate_rlqs_pool_full_total";
 pub const BORROWED_TOKENS_TOTAL: &str = "tollgate_borrowed_tokens_total";
 
 /// The `decision` label of `tollgate_limit_decisions_total`, and the `event` labels of
@@ -123,6 +124,8 @@ pub struct RlqsMetrics {
     pub store_errors: IntCounter,
     /// Reported bucket ids a stream did not track (too large, or past its caps).
     pub untracked: IntCounter,
+    /// Reports of a stream new to a full pool (`rlqs.max_holders`), given nothing.
+    pub pool_full: IntCounter,
 }
 
 /// `tollgate_limit_decisions_total` for one limit.
@@ -347,6 +350,12 @@ impl Metrics {
              stream's caps (answered without a share).",
         )
         .expect("valid metric");
+        let rlqs_pool_full = IntCounter::new(
+            RLQS_POOL_FULL_TOTAL,
+            "Reports of a stream new to a pool that already had rlqs.max_holders holders \
+             (given nothing until one leaves).",
+        )
+        .expect("valid metric");
         let borrowed = IntCounterVec::new(
             Opts::new(
                 BORROWED_TOKENS_TOTAL,
@@ -367,6 +376,7 @@ impl Metrics {
             Box::new(rlqs_store_up.clone()),
             Box::new(rlqs_store_errors.clone()),
             Box::new(rlqs_untracked.clone()),
+            Box::new(rlqs_pool_full.clone()),
             Box::new(limit_decisions.clone()),
             Box::new(reservations.clone()),
             Box::new(leases.clone()),
@@ -443,6 +453,7 @@ impl Metrics {
                 store_up: rlqs_store_up,
                 store_errors: rlqs_store_errors,
                 untracked: rlqs_untracked,
+                pool_full: rlqs_pool_full,
             },
             registry,
         }

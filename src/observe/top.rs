@@ -242,16 +242,6 @@ fn shard_of_thread() -> usize {
     })
 }
 
-/// The key tail of a store key `<prefix>:<limit>:{<tail>}`; the whole key if it is not one.
-pub fn tail_of<'k>(key: &'k str, prefix: &str, limit: &str) -> &'k str {
-    key.strip_prefix(prefix)
-        .and_then(|rest| rest.strip_prefix(':'))
-        .and_then(|rest| rest.strip_prefix(limit))
-        .and_then(|rest| rest.strip_prefix(":{"))
-        .and_then(|rest| rest.strip_suffix('}'))
-        .unwrap_or(key)
-}
-
 /// The part values of a key tail, unescaped. A tail hashed because it was long or unprintable
 /// (`#` and hex digits) is one value, as is; a part absent under `on_missing = "anonymous"`
 /// reads `(anonymous)`.

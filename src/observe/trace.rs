@@ -18,7 +18,7 @@ mod span;
 use std::cell::Cell;
 
 pub use export::spawn_exporter;
-pub use span::{attribute, Decision, Kind, Outcome, Span, Tracer};
+pub use span::{attribute, Admission, Attributes, Kind, Span, Tracer};
 
 /// A trace id: 16 bytes, never all zero.
 pub type TraceId = [u8; 16];

@@ -155,7 +155,7 @@ impl Limit {
     }
 
     fn held_id(&self, prefix: &str, key: &str, member: &str) -> String {
-        let tail = crate::observe::top::tail_of(key, prefix, &self.name);
+        let tail = keys::tail_in_key(key, prefix, &self.name);
         let mut id = String::with_capacity(self.name.len() + 2 * tail.len() + member.len() + 2);
         id.push_str(&self.name);
         id.push('.');
@@ -169,7 +169,7 @@ impl Limit {
 
     /// The key tail of part values given explicitly (an admin query, a `POST /report` body),
     /// one per part in order: the tail `/check` builds for a request carrying them
-    /// ([`keys::tail_of`] of typed values), an empty value standing for an absent part only under
+    /// ([`keys::build_tail`] of typed values), an empty value standing for an absent part only under
     /// `on_missing = "anonymous"`, a `const` part's value its text. Fails with the index of the
     /// value at fault and why.
     pub fn tail_of_given(
@@ -198,7 +198,7 @@ impl Limit {
             }
         }
         let anonymous = self.on_missing == OnMissing::Anonymous;
-        keys::tail_of(&self.key, Source::Typed(values), anonymous, ipv6_prefix)
+        keys::build_tail(&self.key, Source::Typed(values), anonymous, ipv6_prefix)
             .map_err(|bad| (bad.index, format!("({}) {}", self.key[bad.index], bad.why)))
     }
 

@@ -3,7 +3,7 @@
 //! from the limit. The key keeps its bucket (the same store key): only the numbers change.
 //!
 //! Lookups are one hash probe by the escaped key tail the bucket key is built from
-//! ([`crate::base::keys::tail_of`]), so 100,000 overrides cost a check what one does.
+//! ([`crate::base::keys::build_tail`]), so 100,000 overrides cost a check what one does.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -92,7 +92,7 @@ impl Overrides {
                 ),
             ));
         }
-        let tail = keys::tail_of(parts, Source::Typed(&entry.key), false, base.ipv6_prefix)
+        let tail = keys::build_tail(parts, Source::Typed(&entry.key), false, base.ipv6_prefix)
             .map_err(|bad| ConfigError::new(format!("key[{}]", bad.index), bad.why))?;
         let policy = parse(entry, base)?;
         self.by_tail
@@ -265,7 +265,7 @@ fn batches(text: &str, size: usize) -> Vec<(usize, &str)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::RateSpec;
+    use crate::base::rate::RateSpec;
 
     const BASE: Base = Base {
         rate: 10.0,

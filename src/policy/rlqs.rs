@@ -10,7 +10,7 @@ use crate::config::ConfigError;
 use crate::policy::limit::Limit;
 
 /// The rules and settings of Envoy's quota service.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct RlqsRules {
     pub rules: Vec<RlqsRule>,
     pub unmatched: Unmatched,
@@ -19,6 +19,8 @@ pub struct RlqsRules {
     pub reserve: f64,
     /// How long one message's reports may take in the store (`rlqs.timeout_ms`).
     pub timeout: std::time::Duration,
+    /// The most holders one pool takes (`rlqs.max_holders`).
+    pub max_holders: u64,
 }
 
 /// One `[[rlqs.buckets]]`.
@@ -37,6 +39,13 @@ pub struct RlqsRule {
 pub struct Mapped {
     pub limit: usize,
     pub tail: Vec<u8>,
+}
+
+/// No rules, and the settings' defaults (not zeros: a pool of at most 0 holders takes none).
+impl Default for RlqsRules {
+    fn default() -> Self {
+        RlqsRules::settings(&RlqsConfig::default(), Vec::new())
+    }
 }
 
 impl RlqsRules {
@@ -91,14 +100,20 @@ impl RlqsRules {
                 key: rule.key.clone(),
             });
         }
-        Ok(RlqsRules {
+        Ok(RlqsRules::settings(config, rules))
+    }
+
+    /// The rules with `config`'s settings.
+    fn settings(config: &RlqsConfig, rules: Vec<RlqsRule>) -> RlqsRules {
+        RlqsRules {
             rules,
             unmatched: config.unmatched,
             abandon_after_s: config.abandon_after_s,
             assignment_ttl_s: config.assignment_ttl_s,
             reserve: config.reserve,
             timeout: std::time::Duration::from_millis(config.timeout_ms),
-        })
+            max_holders: config.max_holders,
+        }
     }
 
     /// The first rule that applies to `bucket` in `domain`, and the key it gives; `None`

@@ -111,7 +111,7 @@ fn storable(rate: f64, burst: u64, own: Own) -> bool {
 
 /// A limit's name, the version its entries were read at, and its unexpired entries (key
 /// tail, entry), to write back into a store.
-pub type Held = (String, i64, Vec<(Box<[u8]>, Entry)>);
+pub type Snapshot = (String, i64, Vec<(Box<[u8]>, Entry)>);
 
 /// One limit's runtime overrides and the store version they were read at.
 #[derive(Debug, Default, Clone)]
@@ -225,7 +225,7 @@ impl RuntimeOverrides {
 
     /// Every limit's version and unexpired entries (none, when a deletion emptied it), to
     /// write back into a store that lost them.
-    pub fn snapshot(&self) -> Vec<Held> {
+    pub fn snapshot(&self) -> Vec<Snapshot> {
         let now = self.now_ms();
         self.table
             .load()

@@ -18,13 +18,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, TryLockError};
 
 use super::{Store, StoreDecision, StoreError};
+use crate::base::clock::{Clock, MonotonicClock};
 use crate::kinds::reserve::{self, Settle, Settled};
 use crate::kinds::twin::{self, Found, Keep, Stored};
 use crate::kinds::{BucketOutcome, BucketRequest, Kind, ReportCharge, Reserved};
 
 const SHARDS: usize = 64;
-
-pub use crate::base::clock::{Clock, ManualClock, MonotonicClock};
 
 mod room;
 mod shard;
@@ -48,12 +47,12 @@ pub struct MemoryStore<C: Clock = MonotonicClock> {
     /// Unix time (µs) when `clock` read 0: quotas count calendar periods in UTC. Buckets see
     /// only differences, which the shift leaves alone.
     epoch_us: u64,
-    /// RLQS shares ([`super::shares`]).
-    pools: super::shares::Pools,
+    /// RLQS shares ([`super::rlqs`]).
+    pools: super::rlqs::Pools,
 }
 
 /// Shard locks held by the caller, with their shard index.
-type Held<'a> = [(usize, MutexGuard<'a, Shard>)];
+type Locked<'a> = [(usize, MutexGuard<'a, Shard>)];
 
 impl MemoryStore<MonotonicClock> {
     pub fn new(max_buckets: usize) -> Self {
@@ -78,7 +77,7 @@ impl<C: Clock> MemoryStore<C> {
             held: AtomicUsize::new(0),
             clock,
             epoch_us: 0,
-            pools: super::shares::Pools::default(),
+            pools: super::rlqs::Pools::default(),
         }
     }
 
@@ -334,7 +333,7 @@ impl<C: Clock> MemoryStore<C> {
     /// no sweep: refilled buckets first, then those closest to full. `held` are the shard locks
     /// the caller owns; the other shards are taken only if free (a busy one is skipped, and
     /// the store may stay over its cap by a few buckets until the next sweep).
-    fn make_room(&self, held: &mut Held<'_>, now_us: u64) {
+    fn make_room(&self, held: &mut Locked<'_>, now_us: u64) {
         let excess = self
             .held
             .load(Ordering::Relaxed)
@@ -379,9 +378,9 @@ impl<C: Clock> Store for MemoryStore<C> {
 
     async fn share(
         &self,
-        requests: &[super::shares::ShareRequest],
+        requests: &[super::rlqs::ShareRequest],
         _deadline: std::time::Instant,
-    ) -> Vec<Result<super::shares::Grant, StoreError>> {
+    ) -> Vec<Result<super::rlqs::Grant, StoreError>> {
         let grants = self.pools.share(requests, self.now_us());
         grants.into_iter().map(Ok).collect()
     }
@@ -389,7 +388,7 @@ impl<C: Clock> Store for MemoryStore<C> {
     async fn shares_of(
         &self,
         key: &str,
-    ) -> Result<(u64, Vec<(String, super::shares::Holding)>), StoreError> {
+    ) -> Result<(u64, Vec<(String, super::rlqs::Holding)>), StoreError> {
         let now = self.now_us();
         Ok((now, self.pools.holders(key, now)))
     }

@@ -28,9 +28,9 @@ mod cross_slot;
 mod deadline;
 pub mod overrides;
 pub mod resets;
+mod rlqs;
 pub mod script;
 mod sentinel;
-mod shares;
 mod wire;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -132,8 +132,8 @@ impl RedisStore {
             reset_script: LuaScript::new(admin::RESET_SCRIPT),
             release_script: LuaScript::new(admin::RELEASE_SCRIPT),
             settle_script: LuaScript::new(admin::SETTLE_SCRIPT),
-            shares_script: LuaScript::new(shares::SHARES_SCRIPT),
-            shares_peek_script: LuaScript::new(shares::SHARES_PEEK_SCRIPT),
+            shares_script: LuaScript::new(rlqs::SHARES_SCRIPT),
+            shares_peek_script: LuaScript::new(rlqs::SHARES_PEEK_SCRIPT),
             timeout,
             breaker: Breaker::new(metrics.store_up.clone(), "redis", timings.breaker_open_for),
             shares_breaker: Breaker::new(
@@ -450,16 +450,16 @@ impl Store for RedisStore {
 
     async fn share(
         &self,
-        requests: &[crate::store::shares::ShareRequest],
+        requests: &[crate::store::rlqs::ShareRequest],
         deadline: Instant,
-    ) -> Vec<Result<crate::store::shares::Grant, StoreError>> {
+    ) -> Vec<Result<crate::store::rlqs::Grant, StoreError>> {
         self.share_pools(requests, deadline).await
     }
 
     async fn shares_of(
         &self,
         key: &str,
-    ) -> Result<(u64, Vec<(String, crate::store::shares::Holding)>), StoreError> {
+    ) -> Result<(u64, Vec<(String, crate::store::rlqs::Holding)>), StoreError> {
         self.shares_at(key).await
     }
 

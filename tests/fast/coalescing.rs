@@ -13,8 +13,9 @@ use proptest::prelude::*;
 use crate::support::commandstats::script_calls;
 use crate::support::{redis_store, RedisServer};
 use tollgate::base::calendar::Period;
+use tollgate::base::clock::ManualClock;
 use tollgate::kinds::{BucketRequest, Meter};
-use tollgate::store::memory::{ManualClock, MemoryStore};
+use tollgate::store::memory::MemoryStore;
 use tollgate::store::redis::{RedisStore, Topology};
 use tollgate::store::{Store, StoreDecision};
 

@@ -9,9 +9,10 @@ use std::time::Duration;
 use proptest::prelude::*;
 
 use crate::support::{limit, redis_config, RedisServer, Response, Tollgate};
+use tollgate::base::clock::ManualClock;
 use tollgate::kinds::concurrency::Lease;
 use tollgate::kinds::BucketRequest;
-use tollgate::store::memory::{ManualClock, MemoryStore};
+use tollgate::store::memory::MemoryStore;
 
 const TOKEN: &str = "test-admin-token-0123456789";
 

@@ -10,6 +10,7 @@ use crate::support::block_on;
 use crate::support::limit;
 use actix_web::http::header::{HeaderMap, HeaderName, HeaderValue};
 use figment::providers::{Format, Toml};
+use tollgate::base::clock::ManualClock;
 use tollgate::config::{Config, OnError};
 use tollgate::kinds::BucketRequest;
 use tollgate::limiter::decision::Verdict;
@@ -17,7 +18,7 @@ use tollgate::limiter::Limiter;
 use tollgate::observe::metrics::Metrics;
 use tollgate::policy::Policy;
 use tollgate::request::OriginalRequest;
-use tollgate::store::memory::{ManualClock, MemoryStore};
+use tollgate::store::memory::MemoryStore;
 use tollgate::store::{Store, StoreDecision, StoreError};
 
 fn config(limits: &str) -> Config {

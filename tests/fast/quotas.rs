@@ -9,8 +9,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::support::{redis_config, RedisServer, Tollgate};
 use tollgate::base::calendar::Period;
+use tollgate::base::clock::ManualClock;
 use tollgate::kinds::BucketRequest;
-use tollgate::store::memory::{ManualClock, MemoryStore};
+use tollgate::store::memory::MemoryStore;
 
 use crate::reports::{json, post, TOKEN};
 

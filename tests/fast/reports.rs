@@ -7,8 +7,9 @@ use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::support::{redis_config, RedisServer, Response, Tollgate};
+use tollgate::base::clock::ManualClock;
 use tollgate::kinds::BucketRequest;
-use tollgate::store::memory::{ManualClock, MemoryStore};
+use tollgate::store::memory::MemoryStore;
 
 use crate::quotas::{bucket_reply, pinned_eval, report_reply, utc};
 

@@ -11,9 +11,10 @@ use std::time::Duration;
 use proptest::prelude::*;
 
 use crate::support::{redis_config, redis_store, RedisServer, Response, Tollgate};
+use tollgate::base::clock::ManualClock;
 use tollgate::kinds::reserve::{Reserve, Settle, Settled, MAX_LATE_SETTLES};
 use tollgate::kinds::{BucketRequest, Meter, Reserved};
-use tollgate::store::memory::{ManualClock, MemoryStore};
+use tollgate::store::memory::MemoryStore;
 use tollgate::store::redis::Topology;
 use tollgate::store::Store;
 

@@ -118,7 +118,7 @@ async fn a_message_of_many_pools_takes_a_call_per_batch() {
     let before = script_calls(&redis);
     let answer = report_all(&mut envoy, &ids, 1).await;
     let calls = script_calls(&redis) - before;
-    let batches = 2000u64.div_ceil(tollgate::limiter::shares::POOLS_PER_CALL as u64);
+    let batches = 2000u64.div_ceil(tollgate::limiter::rlqs::POOLS_PER_CALL as u64);
     assert_eq!(calls, batches, "a call per {} pools", batches);
     assert_eq!(answer.bucket_action.len(), 2000);
     let served = (0..2000).filter(|i| read(&answer, *i).0 .2 > 0).count();
@@ -225,6 +225,44 @@ async fn a_stream_keeps_what_its_caps_allow() {
     assert!(wait_until(Duration::from_secs(5), || {
         tollgate.metric("tollgate_rlqs_streams") == 1.0
     }));
+}
+
+/// Streams past `rlqs.max_holders` reporting one tenant are given nothing (deny-all) and
+/// counted; the first ones keep their shares. Every report costs the store a pass over the
+/// pool's holders: before the cap, 512 streams on one pool made each report read 512 holders
+/// and the checks' calls queued behind them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_takes_at_most_max_holders_streams() {
+    let redis = RedisServer::start();
+    // Room for three holders' parts (20 tokens run out at the second).
+    let config = SHARED
+        .replace(
+            "assignment_ttl_s = 10",
+            "assignment_ttl_s = 10\nmax_holders = 3",
+        )
+        .replace("rate = 10\nburst = 20", "rate = 1000\nburst = 1000");
+    let (tollgate, addr) = grpc::tollgate(&redis_config(&redis, QUIET_POLL, &config));
+    let ids = routes("acme", 1);
+    let mut envoys = Vec::new();
+    let mut actions = Vec::new();
+    for _ in 0..5 {
+        let mut envoy = Envoy::connect(addr).await;
+        let answer = report_all(&mut envoy, &ids, 1).await;
+        actions.push(read(&answer, 0).0);
+        envoys.push(envoy);
+    }
+    let deny_all = (0, BlanketRule::DenyAll as u32, 0);
+    assert!(
+        actions[..3]
+            .iter()
+            .all(|&(max, _, interval)| max > 0 && interval > 0),
+        "the first three are served: {actions:?}"
+    );
+    assert_eq!(actions[3..], [deny_all, deny_all], "{actions:?}");
+    assert_eq!(tollgate.metric("tollgate_rlqs_pool_full_total"), 2.0);
+    // One of the first three reports again: still served.
+    let again = report_all(&mut envoys[0], &ids, 1).await;
+    assert!(read(&again, 0).0 .2 > 0, "a holder keeps its place");
 }
 
 #[cfg(feature = "e2e")]

@@ -1,5 +1,5 @@
-//! RLQS shares: the allocator (`store::shares::allocate`) against random demand sequences,
-//! and `lua/shares.lua` against its Rust twin on the same pools.
+//! RLQS shares: the allocator (`store::rlqs::allocate`) against random demand sequences,
+//! and `lua/rlqs.lua` against its Rust twin on the same pools.
 //!
 //! The bound: at every instant, what every holder of a pool may hold (each assignment counted
 //! until its expiry, even once replaced) sums to at most the pool's rate and size units.
@@ -9,9 +9,10 @@ use std::time::Duration;
 use proptest::prelude::*;
 
 use crate::support::{redis_store, RedisServer};
-use tollgate::store::memory::{ManualClock, MemoryStore};
+use tollgate::base::clock::ManualClock;
+use tollgate::store::memory::MemoryStore;
 use tollgate::store::redis::{RedisStore, Topology};
-use tollgate::store::shares::{
+use tollgate::store::rlqs::{
     Escrow, Grant, Holding, Member, Pool, Sent, ShareRequest, ESCROW_FIELD,
 };
 use tollgate::store::Store;
@@ -35,6 +36,7 @@ fn request(holder: &str, requests: u64, rate_units: u64, size_units: u64) -> Sha
         reserve_size: size_units / 20,
         fill_interval_s: 3600,
         hold_us: 11 * S,
+        max_holders: 1024,
     }
 }
 
@@ -45,7 +47,7 @@ fn allocate(pool: &mut Pool, request: &ShareRequest, now: u64) -> Grant {
     if let [member] = &mut request.members[..] {
         member.last = last_sent(pool, &request.holder);
     }
-    tollgate::store::shares::allocate(pool, &request, now)
+    tollgate::store::rlqs::allocate(pool, &request, now)
 }
 
 /// What a one-bucket holder was last sent, read from its newest steps.
@@ -395,12 +397,14 @@ impl Twin {
             .block_on(self.store.shares_of(key))
             .expect("the pool reads");
         let now = grant.now_us;
+        // A newcomer to a full pool (holders 0) is not written.
+        let refused = grant.holders == 0;
         assert_eq!(
             after
                 .iter()
                 .find(|(id, _)| *id == report.holder)
                 .map(|(_, h)| h.last_us),
-            Some(now),
+            (!refused).then_some(now),
             "the reporter's last report is the script's now"
         );
         let mut twin = Pool {
@@ -408,7 +412,7 @@ impl Twin {
             escrow,
             expires_us: 0,
         };
-        let expected = tollgate::store::shares::allocate(&mut twin, &report, now);
+        let expected = tollgate::store::rlqs::allocate(&mut twin, &report, now);
         assert_eq!(
             grant, expected,
             "grant for {seed:?} / {escrow:?} / {report:?}"
@@ -420,6 +424,9 @@ impl Twin {
             twin.escrow,
             "escrow after {seed:?} / {escrow:?}"
         );
+        if refused {
+            return;
+        }
         let pttl: i64 = redis::cmd("PTTL")
             .arg(key)
             .query(&mut *self.raw.borrow_mut())
@@ -461,49 +468,54 @@ fn the_script_and_its_twin_agree_on_random_pools() {
         prop::collection::vec(member, 1..5),
         (0u64..5000, 0u64..200),
         prop::option::of((0u64..250_000_000, 0u64..5000, tenth())),
+        2u64..8,
     );
     runner
-        .run(&strategy, |(holders, reporter, members, units, escrow)| {
-            let seed: Vec<(String, Holding)> = holders
-                .into_iter()
-                .enumerate()
-                .map(|(i, (demand_milli, last, rate_steps, size_steps))| {
-                    let holding = Holding {
-                        demand_milli,
-                        // A report in the past.
-                        last_us: last.min(OFFSET as u64 - 300_000),
-                        rate_steps,
-                        size_steps,
-                    };
-                    (format!("h{i}"), holding)
-                })
-                .collect();
-            let report = ShareRequest {
-                members: members
+        .run(
+            &strategy,
+            |(holders, reporter, members, units, escrow, max_holders)| {
+                let seed: Vec<(String, Holding)> = holders
                     .into_iter()
                     .enumerate()
-                    .map(|(i, (reported, requests, (rate, size, until)))| Member {
-                        // At least one bucket reports: a holder is decided for those.
-                        reported: reported || i == 0,
-                        requests,
-                        last: Sent {
-                            rate,
-                            size,
-                            until_us: until.unwrap_or(0),
-                        },
+                    .map(|(i, (demand_milli, last, rate_steps, size_steps))| {
+                        let holding = Holding {
+                            demand_milli,
+                            // A report in the past.
+                            last_us: last.min(OFFSET as u64 - 300_000),
+                            rate_steps,
+                            size_steps,
+                        };
+                        (format!("h{i}"), holding)
                     })
-                    .collect(),
-                ..request(&format!("h{reporter}"), 0, units.0, units.1)
-            };
-            let escrow = escrow.map(|(micro, free_rate, at)| Escrow {
-                micro,
-                free_rate,
-                // An update in the past.
-                at_us: at.min(OFFSET as u64 - 300_000),
-            });
-            twin.compare("tollgate:t:{x}:s", &seed, escrow, &report);
-            Ok(())
-        })
+                    .collect();
+                let report = ShareRequest {
+                    members: members
+                        .into_iter()
+                        .enumerate()
+                        .map(|(i, (reported, requests, (rate, size, until)))| Member {
+                            // At least one bucket reports: a holder is decided for those.
+                            reported: reported || i == 0,
+                            requests,
+                            last: Sent {
+                                rate,
+                                size,
+                                until_us: until.unwrap_or(0),
+                            },
+                        })
+                        .collect(),
+                    max_holders,
+                    ..request(&format!("h{reporter}"), 0, units.0, units.1)
+                };
+                let escrow = escrow.map(|(micro, free_rate, at)| Escrow {
+                    micro,
+                    free_rate,
+                    // An update in the past.
+                    at_us: at.min(OFFSET as u64 - 300_000),
+                });
+                twin.compare("tollgate:t:{x}:s", &seed, escrow, &report);
+                Ok(())
+            },
+        )
         .expect("the script and its twin agree");
 }
 
@@ -740,5 +752,57 @@ fn holders_on_a_new_stream_are_served_and_regain_their_sizes() {
     assert!(
         sizes[2].iter().all(|s| *s >= 5),
         "sizes per round after the move: {sizes:?}"
+    );
+}
+
+/// Pools of many holders are decided a few to a call: the script stops before the holders it
+/// would read pass its budget, and the store sends the pools left again; every pool is
+/// answered. (All in one call, a report of many full pools held Redis for tens of ms.)
+#[test]
+fn full_pools_are_decided_a_few_to_a_call() {
+    let server = RedisServer::start();
+    let (store, runtime) = redis_store(
+        &Topology::Single { url: &server.url() },
+        Duration::from_secs(2),
+    );
+    let mut raw = redis::Client::open(server.url())
+        .and_then(|client| client.get_connection())
+        .expect("a connection to seed pools");
+    let (s, us): (u64, u64) = redis::cmd("TIME").query(&mut raw).expect("TIME");
+    let now = s * S + us;
+    let keys: Vec<String> = (0..3).map(|p| format!("tollgate:t:{{p{p}}}:s")).collect();
+    for key in &keys {
+        let mut hset = redis::cmd("HSET");
+        hset.arg(key);
+        for h in 0..200 {
+            let holding = Holding {
+                demand_milli: 1000,
+                last_us: now,
+                rate_steps: Vec::new(),
+                size_steps: Vec::new(),
+            };
+            hset.arg(format!("h{h}")).arg(holding.encode());
+        }
+        let _: () = hset.query(&mut raw).expect("HSET");
+    }
+    let requests: Vec<ShareRequest> = keys
+        .iter()
+        .map(|key| ShareRequest {
+            key: key.clone(),
+            ..request("h0", 10, 36_000, 100)
+        })
+        .collect();
+    let before = crate::support::commandstats::script_calls(&server);
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    let grants = runtime.block_on(store.share(&requests, deadline));
+    let holders: Vec<u64> = grants
+        .into_iter()
+        .map(|grant| grant.expect("decided").holders)
+        .collect();
+    assert_eq!(holders, [200, 200, 200]);
+    assert_eq!(
+        crate::support::commandstats::script_calls(&server) - before,
+        3,
+        "a call per pool of 200 holders"
     );
 }

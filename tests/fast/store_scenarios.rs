@@ -11,9 +11,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::support::{redis_store, RedisServer};
+use tollgate::base::clock::{Clock, ManualClock};
 use tollgate::kinds::twin::Stored;
 use tollgate::kinds::{BucketOutcome, BucketRequest};
-use tollgate::store::memory::{Clock, ManualClock, MemoryStore};
+use tollgate::store::memory::MemoryStore;
 use tollgate::store::redis::{RedisStore, Topology};
 use tollgate::store::{Store, StoreDecision, StoreError};
 

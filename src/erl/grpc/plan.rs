@@ -226,5 +226,5 @@ fn replace<T>(rules: &ErlRules, found: &mut [(ErlDescriptor, T)]) {
 /// absent part under `on_missing = "anonymous"` (so an override written with `""` finds it).
 fn entry_tail(values: &mut dyn Iterator<Item = &[u8]>) -> Vec<u8> {
     // Anonymous: no value is refused, so there is no error to lose.
-    keys::tail_of(&[], Source::Entries(values), true, 128).unwrap_or_default()
+    keys::build_tail(&[], Source::Entries(values), true, 128).unwrap_or_default()
 }

@@ -3,9 +3,8 @@
 
 use std::collections::{HashMap, HashSet};
 
-use crate::config::{
-    valid_name, Charge, ConfigError, LimitConfig, MatchConfig, OnMissing, RateSpec,
-};
+use crate::base::rate::RateSpec;
+use crate::config::{valid_name, Charge, ConfigError, LimitConfig, MatchConfig, OnMissing};
 use crate::erl::config::{RuleConfig, Step};
 
 /// The limit name of a rule with a bucket: its `limit`, else its own name, else its domain and

@@ -14,7 +14,7 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
 
 use super::action;
 use crate::config::rlqs::Unmatched;
-use crate::limiter::shares::{
+use crate::limiter::rlqs::{
     pool_key, Assignment, Book, BucketKey, PoolAnswer, PoolReport, Tracking,
 };
 use crate::policy::limit::Numbers;

@@ -202,10 +202,10 @@ fn a_new_key_takes_over_the_smallest_counter_when_full() {
 #[test]
 fn tails_are_read_back_into_their_values() {
     assert_eq!(
-        tail_of("tg:per-ip:{203.0.113.9}", "tg", "per-ip"),
+        crate::base::keys::tail_in_key("tg:per-ip:{203.0.113.9}", "tg", "per-ip"),
         "203.0.113.9"
     );
-    assert_eq!(tail_of("odd", "tg", "per-ip"), "odd");
+    assert_eq!(crate::base::keys::tail_in_key("odd", "tg", "per-ip"), "odd");
     assert_eq!(parts("a%7Cb|GET"), vec!["a|b", "GET"]);
     assert_eq!(parts("100%25|%anon"), vec!["100%", "(anonymous)"]);
     assert_eq!(parts("#0123abcd"), vec!["#0123abcd"]);

@@ -167,35 +167,35 @@ impl Span {
 
 /// What a decision came to, as a span shows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Decision {
+pub enum Admission {
     Allowed,
     Denied,
     /// An `[[exempt]]` rule admitted the request before any limit was looked at.
     Exempt,
 }
 
-impl Decision {
-    pub fn from_allowed(allowed: bool) -> Decision {
+impl Admission {
+    pub fn from_allowed(allowed: bool) -> Admission {
         if allowed {
-            Decision::Allowed
+            Admission::Allowed
         } else {
-            Decision::Denied
+            Admission::Denied
         }
     }
 
     pub fn as_str(self) -> &'static str {
         match self {
-            Decision::Allowed => "allowed",
-            Decision::Denied => "denied",
-            Decision::Exempt => "exempt",
+            Admission::Allowed => "allowed",
+            Admission::Denied => "denied",
+            Admission::Exempt => "exempt",
         }
     }
 }
 
 /// A decision's attributes, whatever protocol asked for it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Outcome<'p> {
-    pub decision: Decision,
+pub struct Attributes<'p> {
+    pub admission: Admission,
     /// The limits applied (their names), in the policy's order.
     pub limits: Vec<&'p str>,
     /// The limit that denied (the one the answer describes), if one did.
@@ -223,10 +223,10 @@ pub mod attribute {
 }
 use attribute::{DECISION, DENIED_BY, LIMITS, ON_ERROR};
 
-impl Outcome<'_> {
+impl Attributes<'_> {
     /// Sets the decision's attributes on `span`.
     pub fn record(&self, span: &mut Span) {
-        span.set_str(DECISION, self.decision.as_str());
+        span.set_str(DECISION, self.admission.as_str());
         if !self.limits.is_empty() {
             span.set_strs(LIMITS, self.limits.iter().copied());
         }
@@ -271,8 +271,8 @@ mod tests {
             .start(Kind::Grpc, &caller)
             .expect("the caller sampled it");
         span.set_str(attribute::DOMAIN, "edge");
-        Outcome {
-            decision: Decision::Denied,
+        Attributes {
+            admission: Admission::Denied,
             limits: vec!["per-ip", "per-key"],
             denied_by: Some("per-key"),
             on_error: false,

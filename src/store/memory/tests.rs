@@ -1,4 +1,5 @@
 use super::*;
+use crate::base::clock::ManualClock;
 use std::sync::Arc;
 
 fn request(key: &str) -> BucketRequest {

@@ -13,6 +13,7 @@ fn request(pool: &Pool, holder: &str, requests: u64) -> ShareRequest {
         reserve_size: 5,
         fill_interval_s: 100,
         hold_us: 11_000_000,
+        max_holders: 1024,
         members: vec![Member {
             reported: true,
             requests,
@@ -252,4 +253,36 @@ proptest! {
             refilled_by_rescanning(e, &holders, &ask, now * s)
         );
     }
+}
+
+/// A pool of `max_holders` live holders gives a newcomer nothing and stays as it was; once a
+/// holder has lapsed, the newcomer takes its place.
+#[test]
+fn a_full_pool_gives_a_newcomer_nothing_until_a_holder_lapses() {
+    let mut pool = Pool::default();
+    let full = |pool: &Pool, holder: &str| ShareRequest {
+        max_holders: 2,
+        ..request(pool, holder, 10)
+    };
+    for (i, holder) in ["a", "b"].into_iter().enumerate() {
+        let ask = full(&pool, holder);
+        let grant = allocate(&mut pool, &ask, 1_000_000 + i as u64);
+        assert!(grant.holders > 0 && grant.rate > 0, "{holder}: {grant:?}");
+    }
+    let before = pool.clone();
+    let ask = full(&pool, "c");
+    let refused = allocate(&mut pool, &ask, 2_000_000);
+    assert_eq!((refused.holders, refused.rate, refused.size), (0, 0, 0));
+    assert_eq!(refused.members, vec![(0, 0)]);
+    assert_eq!(pool, before, "a refusal writes nothing");
+    // A holder already in the pool is still served.
+    let ask = full(&pool, "a");
+    assert!(allocate(&mut pool, &ask, 2_000_000).holders == 2);
+    // Long after b's last report, b has lapsed and c is taken in.
+    let later = 2_000_000 + 10 * ask.hold_us;
+    let ask = full(&pool, "a");
+    allocate(&mut pool, &ask, later);
+    let ask = full(&pool, "c");
+    let grant = allocate(&mut pool, &ask, later + 1);
+    assert_eq!(grant.holders, 2, "c took b's place: {grant:?}");
 }

@@ -1,6 +1,6 @@
-//! RLQS shares in Redis: `lua/shares.lua` decides holders' reports on Redis's clock, each pool
+//! RLQS shares in Redis: `lua/rlqs.lua` decides holders' reports on Redis's clock, each pool
 //! atomically, several pools per call, so replicas never hand out the same capacity;
-//! `lua/shares_peek.lua` reads a pool. Reports go through RLQS's own breaker and deadline
+//! `lua/rlqs_peek.lua` reads a pool. Reports go through RLQS's own breaker and deadline
 //! ([`Lane::Shares`]): a flood of reports never opens the checks' breaker.
 
 use std::time::Instant;
@@ -8,11 +8,11 @@ use std::time::Instant;
 use redis::{Cmd, Value};
 
 use super::{cross_slot, Lane, RedisStore};
-use crate::store::shares::{Grant, Holding, ShareRequest, ESCROW_FIELD};
+use crate::store::rlqs::{Grant, Holding, ShareRequest, ESCROW_FIELD};
 use crate::store::StoreError;
 
-pub const SHARES_SCRIPT: &str = include_str!("../../../lua/shares.lua");
-pub const SHARES_PEEK_SCRIPT: &str = include_str!("../../../lua/shares_peek.lua");
+pub const SHARES_SCRIPT: &str = include_str!("../../../lua/rlqs.lua");
+pub const SHARES_PEEK_SCRIPT: &str = include_str!("../../../lua/rlqs_peek.lua");
 
 impl RedisStore {
     /// The reports decided, one result per request. On a Cluster one call per slot, one after
@@ -49,12 +49,45 @@ impl RedisStore {
             .collect()
     }
 
-    /// One `lua/shares.lua` call for `requests` (on a Cluster they share a slot).
+    /// One `lua/rlqs.lua` call for `requests` (on a Cluster they share a slot).
+    /// The pools of one slot, in as many calls as the script needs: it decides pools in
+    /// order until the holders it read would make a call long, and leaves the rest for the
+    /// next call. A failed call fails the pools not yet decided.
     async fn share_slot(
         &self,
         requests: &[&ShareRequest],
         deadline: Instant,
     ) -> Result<Vec<Result<Grant, StoreError>>, StoreError> {
+        let mut grants = Vec::with_capacity(requests.len());
+        let mut rest = requests;
+        while !rest.is_empty() {
+            let replies = match self.share_call(rest, deadline).await {
+                Ok(replies) => replies,
+                Err(error) if grants.is_empty() => return Err(error),
+                Err(error) => {
+                    grants.extend(rest.iter().map(|_| Err(error.clone())));
+                    break;
+                }
+            };
+            let (decided, later) = rest.split_at(replies.len());
+            grants.extend(
+                replies
+                    .iter()
+                    .zip(decided)
+                    .map(|(reply, request)| parse_grant(reply, request)),
+            );
+            rest = later;
+        }
+        Ok(grants)
+    }
+
+    /// One script call for `requests`: the replies of the first of them it decided (at least
+    /// one).
+    async fn share_call(
+        &self,
+        requests: &[&ShareRequest],
+        deadline: Instant,
+    ) -> Result<Vec<Value>, StoreError> {
         let keys: Vec<&str> = requests.iter().map(|r| r.key.as_str()).collect();
         let args = |cmd: &mut Cmd| {
             for request in requests {
@@ -69,18 +102,14 @@ impl RedisStore {
                 "unexpected shares reply {reply:?}"
             )));
         };
-        if replies.len() != requests.len() {
+        if replies.is_empty() || replies.len() > requests.len() {
             return Err(StoreError::Script(format!(
                 "{} shares replies to {} reports",
                 replies.len(),
                 requests.len()
             )));
         }
-        Ok(replies
-            .iter()
-            .zip(requests)
-            .map(|(reply, request)| parse_grant(reply, request))
-            .collect())
+        Ok(replies)
     }
 
     pub(super) async fn shares_at(
@@ -126,7 +155,7 @@ impl RedisStore {
     }
 }
 
-/// One pool's arguments, as `lua/shares.lua` reads them.
+/// One pool's arguments, as `lua/rlqs.lua` reads them.
 fn share_args(cmd: &mut Cmd, request: &ShareRequest) {
     cmd.arg(request.holder.as_str())
         .arg(request.rate_units)
@@ -135,6 +164,7 @@ fn share_args(cmd: &mut Cmd, request: &ShareRequest) {
         .arg(request.reserve_size)
         .arg(request.fill_interval_s)
         .arg(request.hold_us)
+        .arg(request.max_holders)
         .arg(request.members.len());
     for member in &request.members {
         cmd.arg(u8::from(member.reported))

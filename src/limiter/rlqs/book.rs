@@ -10,7 +10,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use crate::store::shares::{Member, Sent};
+use crate::store::rlqs::{Member, Sent};
 
 /// The most buckets one stream tracks.
 pub const MAX_BUCKETS_PER_STREAM: usize = 65_536;

@@ -1,5 +1,5 @@
 //! Shares of one limit among the Envoys that stream to tollgate (RLQS): the Rust twin of
-//! `lua/shares.lua`, a pure function of the pool's holders, one holder's report and the
+//! `lua/rlqs.lua`, a pure function of the pool's holders, one holder's report and the
 //! store's time, so it is tested with an injected clock and random demand.
 //!
 //! A *pool* is one (limit, key). Its capacity is counted in whole *units*: `rate_units`
@@ -83,7 +83,7 @@ impl Holding {
             && self.last_us.saturating_add(quiet_us) <= now_us
     }
 
-    /// The stored form (as `lua/shares.lua` writes it): integers separated by spaces: demand,
+    /// The stored form (as `lua/rlqs.lua` writes it): integers separated by spaces: demand,
     /// last report, the rate steps' count then each step's units and expiry, the same for
     /// sizes.
     pub fn encode(&self) -> String {
@@ -212,6 +212,8 @@ pub struct ShareRequest {
     pub fill_interval_s: u64,
     /// How long the assignment counts from now (its TTL plus the margin), in µs.
     pub hold_us: u64,
+    /// The most holders the pool takes: a newcomer to a full pool is given nothing.
+    pub max_holders: u64,
     /// The holder's members: every bucket of the stream mapped to this pool.
     pub members: Vec<Member>,
 }
@@ -235,7 +237,8 @@ pub struct Grant {
     /// size units): the holder's new step.
     pub rate: u64,
     pub size: u64,
-    /// Holders in the pool (the reporter included).
+    /// Holders in the pool (the reporter included); 0 when the pool was full and the
+    /// reporter a newcomer, given nothing.
     pub holders: u64,
     /// What every holder may hold now, summed (the reporter's grant included).
     pub counted_rate: u64,
@@ -407,6 +410,9 @@ fn split(budget: u64, weights: &[u64]) -> Vec<u64> {
     reason = "demands in milli-requests per second stay far below 2^53"
 )]
 pub fn allocate(pool: &mut Pool, request: &ShareRequest, now_us: u64) -> Grant {
+    if let Some(refused) = refuse_when_full(pool, request, now_us) {
+        return refused;
+    }
     let fresh = pool.holders.is_empty() && pool.escrow.is_none();
     // The escrow, refilled since its last update over the pool as it was then.
     let mut tokens = escrow::refilled(pool.escrow, fresh, &pool.holders, request, now_us);
@@ -498,6 +504,44 @@ pub fn allocate(pool: &mut Pool, request: &ShareRequest, now_us: u64) -> Grant {
         now_us,
         members: parts,
     }
+}
+
+/// A newcomer to a pool of `max_holders` live holders is given nothing, and the pool is left
+/// as it was (lapsed holders included: the escrow's next refill still counts them). Every
+/// report costs a pass over the holders, so their number bounds what one call costs the store.
+fn refuse_when_full(pool: &Pool, request: &ShareRequest, now_us: u64) -> Option<Grant> {
+    if pool.holders.iter().any(|(id, _)| *id == request.holder) {
+        return None;
+    }
+    let live: Vec<&Holding> = pool
+        .holders
+        .iter()
+        .map(|(_, h)| h)
+        .filter(|h| !h.lapsed(now_us, request.hold_us))
+        .collect();
+    if (live.len() as u64) < request.max_holders {
+        return None;
+    }
+    let (mut counted_rate, mut counted_size) = (0u64, 0u64);
+    for h in live {
+        let (rate, size) = h.counted(now_us);
+        counted_rate = counted_rate.saturating_add(rate);
+        counted_size = counted_size.saturating_add(size);
+    }
+    Some(Grant {
+        rate: 0,
+        size: 0,
+        holders: 0,
+        counted_rate,
+        counted_size,
+        now_us,
+        members: request
+            .members
+            .iter()
+            .filter(|m| m.reported)
+            .map(|_| (0, 0))
+            .collect(),
+    })
 }
 
 /// The holder's grant split among its reporting members (their parts, and the holder's new

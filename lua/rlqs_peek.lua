@@ -1,4 +1,4 @@
--- The holders of a pool of RLQS shares, as stored (read-only; see lua/shares.lua), and now.
+-- The holders of a pool of RLQS shares, as stored (read-only; see lua/rlqs.lua), and now.
 -- KEYS[1]  the pool
 -- Returns  {now_us, id, "demand_milli last_us n_rate (units until_us)* n_size (units until_us)*", ...}
 --          (and the field "escrow" -> "micro_tokens free_rate at_us", which the reader skips)

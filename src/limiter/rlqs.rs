@@ -2,7 +2,7 @@
 //! the store ([`Limiter::share`]): a key's numbers as the units of its pool, each pool's
 //! report as the store's request, the store's grant as the token buckets Envoy enforces, and
 //! what a bucket is told when its pool cannot be decided. The allocation itself is the
-//! store's (`store::shares`), atomic per pool.
+//! store's (`store::rlqs`), atomic per pool.
 
 mod book;
 
@@ -22,7 +22,7 @@ use crate::config::OnError;
 use crate::policy::limit::Numbers;
 use crate::policy::rlqs::RlqsRules;
 use crate::policy::Policy;
-use crate::store::shares::{Grant, Member, Sent, ShareRequest};
+use crate::store::rlqs::{Grant, Member, Sent, ShareRequest};
 use crate::store::{Store, StoreError};
 
 /// Store calls deciding RLQS reports in flight on one instance, whatever the streams: a
@@ -114,6 +114,9 @@ impl<S: Store> Limiter<S> {
                         grant.counted_size,
                         units.size,
                     );
+                    if grant.holders == 0 {
+                        metrics.pool_full.inc();
+                    }
                     if let Some(limit) = policy.limits.get(pool.limit) {
                         metrics
                             .utilisation
@@ -210,7 +213,7 @@ fn batches(requests: &[ShareRequest]) -> Vec<&[ShareRequest]> {
 pub const FILL_INTERVAL_S: u64 = 3600;
 /// How long after the store's `now` an assignment is still counted beyond its TTL: Envoy
 /// starts the TTL when the answer arrives.
-pub const HOLD_MARGIN_US: u64 = crate::store::shares::TRIP_MARGIN_US;
+pub const HOLD_MARGIN_US: u64 = crate::store::rlqs::TRIP_MARGIN_US;
 
 /// A pool's capacity in units.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -273,6 +276,7 @@ pub fn share_request(
         reserve_size: reserve(units.size),
         fill_interval_s: units.fill_interval_s,
         hold_us: rules.assignment_ttl_s * 1_000_000 + HOLD_MARGIN_US,
+        max_holders: rules.max_holders,
     }
 }
 

@@ -1,5 +1,5 @@
 -- Reports to pools of RLQS shares, several pools in one call (each decided on its own): the
--- Rust twin is src/store/shares.rs, which says why each step is there. Arithmetic in the
+-- Rust twin is src/store/rlqs.rs, which says why each step is there. Arithmetic in the
 -- twin's order, so both reach the same integers.
 --
 -- KEYS[p]  pool p: a hash, holder id -> "demand_milli last_us n_rate (units until_us)*n_rate
@@ -9,12 +9,14 @@
 --          the reporting holder's id (one Envoy stream's share of the pool);
 --          rate units of the pool (tokens per fill interval), its size units (burst);
 --          rate and size units kept in reserve; the fill interval (s); how long the new
---          assignment counts (µs); the holder's member count m (its Envoy buckets), then per
+--          assignment counts (µs); the most holders the pool takes; the holder's member count m (its Envoy buckets), then per
 --          member five numbers: 1 if it reported in this message (else 0), its requests
 --          allowed and denied since its last report, and the rate, size and expiry (µs on
 --          this clock, 0 for none) of what it was last sent
--- Returns  per pool {rate, size, holders, counted_rate, counted_size, now_us, then per member
---          that reported its rate and size}; rate and size are the holder's, all members'
+-- Returns  per pool decided (the first ones of KEYS: see HOLDERS_PER_CALL) {rate, size,
+--          holders, counted_rate, counted_size, now_us, then per member that reported its
+--          rate and size}; rate and size are the holder's, all members'
+--          (holders is 0 when the pool was full and the reporter new: it is given nothing)
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -26,6 +28,7 @@ local MAX_FILL_US = 1000000000000000
 local MAX_REQUESTS = 9000000
 local DEMAND_CAP = 4
 local MAX_WEIGHT = 1000000
+local HOLDERS_PER_CALL = 256
 
 local function decode(text)
   local n = {}
@@ -179,8 +182,9 @@ local function decide(key, at)
   local reserve_size = tonumber(ARGV[at + 4])
   local fill = tonumber(ARGV[at + 5])
   local hold = tonumber(ARGV[at + 6])
-  local count = tonumber(ARGV[at + 7])
-  at = at + 8
+  local max_holders = tonumber(ARGV[at + 7])
+  local count = tonumber(ARGV[at + 8])
+  at = at + 9
   local members, requests = {}, 0
   for i = 1, count do
     local m = {
@@ -198,7 +202,7 @@ local function decide(key, at)
 
   local flat = redis.call('HGETALL', key)
   local fresh = #flat == 0
-  local ids, holders, previous, escrow, read = {}, {}, nil, nil, {}
+  local ids, holders, previous, escrow, read, gone = {}, {}, nil, nil, {}, {}
   for i = 1, #flat, 2 do
     local id, h = flat[i], nil
     if id ~= 'escrow' then h = decode(flat[i + 1]) end
@@ -213,12 +217,29 @@ local function decide(key, at)
     elseif id == me then
       previous = h
     elseif h == nil or lapsed(h, hold) then
-      redis.call('HDEL', key, id)
+      gone[#gone + 1] = id
     else
       ids[#ids + 1] = id
       holders[id] = h
     end
   end
+
+  -- A full pool takes no newcomer: every report costs a pass over the holders, so their
+  -- number bounds a call. The newcomer is answered nothing (holders 0) and the pool is left
+  -- as it was, lapsed holders included (the escrow's refill still counts them).
+  if previous == nil and #ids >= max_holders then
+    local used_rate, used_size = 0, 0
+    for _, id in ipairs(ids) do
+      used_rate = used_rate + level_at(holders[id].rate, now)
+      used_size = used_size + level_at(holders[id].size, now)
+    end
+    local reply = {0, 0, 0, used_rate, used_size, now}
+    for _, m in ipairs(members) do
+      if m.present then reply[#reply + 1] = 0; reply[#reply + 1] = 0 end
+    end
+    return reply, at
+  end
+  for _, id in ipairs(gone) do redis.call('HDEL', key, id) end
 
   -- Demand in milli-requests per second on this clock; a newcomer's is the others' mean. No
   -- holder's counts for more than four times the pool's rate.
@@ -384,8 +405,14 @@ local function decide(key, at)
   return reply, at
 end
 
-local replies, at = {}, 1
+-- Pools are decided in order until the next would take the call past HOLDERS_PER_CALL
+-- holders read (the first is always decided): one call stays short whatever the pools hold,
+-- and the caller sends the pools left unanswered again.
+local replies, at, read = {}, 1, 0
 for p = 1, #KEYS do
+  local fields = redis.call('HLEN', KEYS[p])
+  if p > 1 and read + fields > HOLDERS_PER_CALL then break end
+  read = read + fields
   replies[p], at = decide(KEYS[p], at)
 end
 return replies
