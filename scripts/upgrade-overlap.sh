@@ -287,8 +287,12 @@ run_mode() { # on_error
   printf 't = %.3f s (old alone' "$t"
   echo " ${ALONE} s, both ${OVERLAP} s, new alone ${ALONE} s, then the counters read)"
   echo "bucket keys in Redis: after old alone: $types1; after both: $types2; after new alone: $types3"
-  case "$types1" in "hash $KEYS") ;; *)
-    echo "FAIL: the old instances did not leave $KEYS hashes: no overlap to test"; FAILED=1 ;;
+  # Keys below their limit are full again, hence gone, within moments of a write: none left
+  # is no proof either way (the WRONGTYPE count below is); strings would be.
+  case "$types1" in
+    "hash $KEYS") ;;
+    none) echo "note: no bucket key after old alone (keys below their limit expire when full)" ;;
+    *) echo "FAIL: the old instances did not leave $KEYS hashes: no overlap to test"; FAILED=1 ;;
   esac
 
   # Per instance: who fell back, and the fewest instances it counted.
