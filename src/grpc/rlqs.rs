@@ -29,6 +29,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 pub use report::MAX_BUCKETS_PER_MESSAGE;
 
+use crate::limiter::rlqs::TrackedBytes;
 use crate::state::AppState;
 
 /// The service's name, as gRPC health reports it.
@@ -47,6 +48,8 @@ pub struct RlqsService {
     /// This instance's streams are told apart from every other replica's by it.
     instance: u64,
     streams: Arc<AtomicU64>,
+    /// What every stream of the instance tracks, together.
+    tracked: Arc<TrackedBytes>,
     /// Open streams per connection (by the peer's address).
     per_connection: Arc<Mutex<HashMap<SocketAddr, usize>>>,
     /// True once a shutdown began: streams end after the close notice, so each Envoy opens
@@ -60,6 +63,7 @@ impl RlqsService {
             state,
             instance: random_id(),
             streams: Arc::default(),
+            tracked: Arc::default(),
             per_connection: Arc::default(),
             stopping,
         }
@@ -103,7 +107,8 @@ impl RateLimitQuotaService for RlqsService {
         let number = self.streams.fetch_add(1, Ordering::Relaxed);
         let id = format!("{:016x}.{number:x}", self.instance);
         log::debug!("rlqs: stream {id} opened");
-        let mut stream = report::Stream::new(self.state.clone(), id.clone());
+        let mut stream =
+            report::Stream::new(self.state.clone(), id.clone(), Arc::clone(&self.tracked));
         let mut stopping = self.stopping.clone();
         let notice = self.state.timings.close_notice;
         let leave = async move {

@@ -12,8 +12,8 @@ use futures_util::stream::FuturesOrdered;
 use futures_util::StreamExt;
 
 pub use book::{
-    Book, BucketKey, Tracking, MAX_BUCKETS_PER_STREAM, MAX_BUCKET_ID_BYTES, MAX_MEMBERS_PER_POOL,
-    MAX_TRACKED_BYTES,
+    Book, BucketKey, TrackedBytes, Tracking, MAX_BUCKETS_PER_STREAM, MAX_BUCKET_ID_BYTES,
+    MAX_INSTANCE_TRACKED_BYTES, MAX_MEMBERS_PER_POOL, MAX_TRACKED_BYTES,
 };
 
 use super::Limiter;

@@ -507,14 +507,17 @@ fn hostile_requests_through_the_binary_keep_redis_keys_bounded() {
 /// connection; returns how many were answered 200 or 429.
 fn flood(addr: SocketAddr, first: u64, count: u64) -> u64 {
     const BATCH: u64 = 256;
-    let stream = TcpStream::connect(addr).expect("connect");
-    // Only so that a dead tollgate fails the test instead of hanging it: a batch of 256 on a
-    // loaded 2-core machine beside other tests took more than 10 s once.
-    stream
-        .set_read_timeout(Some(Duration::from_secs(60)))
-        .expect("timeout");
-    let mut writer = stream.try_clone().expect("clone");
-    let mut reader = BufReader::new(stream);
+    let connect = || {
+        let stream = TcpStream::connect(addr).expect("connect");
+        // Only so that a dead tollgate fails the test instead of hanging it: a batch of 256 on
+        // a loaded 2-core machine beside other tests took more than 10 s once.
+        stream
+            .set_read_timeout(Some(Duration::from_secs(60)))
+            .expect("timeout");
+        let writer = stream.try_clone().expect("clone");
+        (writer, BufReader::new(stream))
+    };
+    let (mut writer, mut reader) = connect();
     let mut answered = 0;
     let mut sent = 0;
     let mut line = String::new();
@@ -532,7 +535,12 @@ fn flood(addr: SocketAddr, first: u64, count: u64) -> u64 {
                 n & 0xffff
             );
         }
-        writer.write_all(&raw).expect("send batch");
+        // Every answer so far was read: a connection tollgate closed as idle (its keep-alive
+        // ran out while this thread waited for a core) is opened again for the next batch.
+        if writer.write_all(&raw).is_err() {
+            (writer, reader) = connect();
+            writer.write_all(&raw).expect("send batch");
+        }
         for _ in 0..batch {
             line.clear();
             reader.read_line(&mut line).expect("status line");

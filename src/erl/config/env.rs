@@ -153,7 +153,7 @@ variables! {
     CONFIG_GRPC_XDS_NODE_METADATA: "", "envoy.xds.node_metadata", List, "with `CONFIG_TYPE=GRPC_XDS_SOTW`", Unparsed;
     CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL: "3s", "envoy.xds.retry_ms", Go::Duration, "with `CONFIG_TYPE=GRPC_XDS_SOTW`", When("`0`, or more than an hour");
     CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS: "", "envoy.xds.headers", List, "with `CONFIG_TYPE=GRPC_XDS_SOTW`", When("an entry not `name:value`, or what gRPC metadata cannot carry");
-    XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES: "", "envoy.xds.max_message_bytes", Int, "with `CONFIG_TYPE=GRPC_XDS_SOTW`", Unparsed;
+    XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES: "", "envoy.xds.max_message_bytes", Int, "with `CONFIG_TYPE=GRPC_XDS_SOTW`", When("more than 64 MiB");
     FORCE_START_WITHOUT_INITIAL_CONFIG: "false", "envoy.xds.ready_before_config", Bool, "with `CONFIG_TYPE=GRPC_XDS_SOTW`", Unparsed;
     HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED: "false", "envoy.xds.ready_before_config", Bool, "with `CONFIG_TYPE=GRPC_XDS_SOTW`", Unparsed;
     CONFIG_GRPC_XDS_SERVER_USE_TLS: "false", "envoy.xds.tls", Bool, "with `CONFIG_TYPE=GRPC_XDS_SOTW`", Unparsed;

@@ -17,6 +17,9 @@ const DEFAULT_RETRY_MS: u64 = 3_000;
 /// A longer pause would leave a broken stream unmended for an hour or more.
 const MAX_RETRY_MS: u64 = 3_600_000;
 const DEFAULT_MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
+/// The largest response `max_message_bytes` may allow: a response is read whole before it is
+/// parsed, so its bound is the memory one response may take.
+pub const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
 
 /// `[envoy] xds`: where the management server is and who this client is.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -182,10 +185,12 @@ impl XdsConfig {
                 format!("must be between 1 and {MAX_RETRY_MS}"),
             ));
         }
-        if self.max_message_bytes == 0 {
+        if !(1..=MAX_MESSAGE_BYTES).contains(&self.max_message_bytes) {
             return Err(ConfigError::new(
                 "envoy.xds.max_message_bytes",
-                "must be at least 1",
+                format!(
+                    "must be between 1 and {MAX_MESSAGE_BYTES} (64 MiB: a response is read whole)"
+                ),
             ));
         }
         for (name, value) in &self.headers {

@@ -15,7 +15,7 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
 use super::action;
 use crate::config::rlqs::Unmatched;
 use crate::limiter::rlqs::{
-    pool_key, Assignment, Book, BucketKey, PoolAnswer, PoolReport, Tracking,
+    pool_key, Assignment, Book, BucketKey, PoolAnswer, PoolReport, TrackedBytes, Tracking,
 };
 use crate::policy::limit::Numbers;
 use crate::state::AppState;
@@ -40,12 +40,12 @@ struct Ask {
 
 impl Stream {
     /// A stream whose holders are told apart from every other stream's by `id`.
-    pub fn new(state: web::Data<AppState>, id: String) -> Stream {
+    pub fn new(state: web::Data<AppState>, id: String, tracked: Arc<TrackedBytes>) -> Stream {
         state.metrics.rlqs.streams.inc();
         Stream {
             state,
             domain: String::new(),
-            book: Book::new(id),
+            book: Book::new(id, tracked),
         }
     }
 

@@ -5,9 +5,11 @@
 //!
 //! Bounded whatever Envoy sends: ids of at most [`MAX_BUCKET_ID_BYTES`], at most
 //! [`MAX_BUCKETS_PER_STREAM`] of them and [`MAX_TRACKED_BYTES`] in all, and
-//! [`MAX_MEMBERS_PER_POOL`] in one pool.
+//! [`MAX_MEMBERS_PER_POOL`] in one pool; every stream of the instance together at most
+//! [`MAX_INSTANCE_TRACKED_BYTES`] ([`TrackedBytes`]).
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use crate::store::rlqs::{Member, Sent};
@@ -18,11 +20,55 @@ pub const MAX_BUCKETS_PER_STREAM: usize = 65_536;
 pub const MAX_BUCKET_ID_BYTES: usize = 4096;
 /// The most bytes one stream's tracked buckets and shares take (ids, pool keys, bookkeeping).
 pub const MAX_TRACKED_BYTES: usize = 16 << 20;
+/// The most bytes every stream of the instance tracks, together: many streams (8 per
+/// connection, many connections) each within its own cap still added up without it.
+pub const MAX_INSTANCE_TRACKED_BYTES: usize = 64 << 20;
 /// The most buckets of one stream in one pool: the members of one share.
 pub const MAX_MEMBERS_PER_POOL: usize = 1024;
 /// What tracking one bucket or one share costs besides its bytes (counted against
 /// [`MAX_TRACKED_BYTES`]).
 const ENTRY_BYTES: usize = 96;
+
+/// The bytes every stream of the instance tracks, together, and their cap: each stream's
+/// [`Book`] takes what it tracks from it and gives it back when it forgets or ends.
+#[derive(Debug)]
+pub struct TrackedBytes {
+    bytes: AtomicUsize,
+    cap: usize,
+}
+
+impl Default for TrackedBytes {
+    fn default() -> Self {
+        TrackedBytes::with_cap(MAX_INSTANCE_TRACKED_BYTES)
+    }
+}
+
+impl TrackedBytes {
+    pub fn with_cap(cap: usize) -> TrackedBytes {
+        TrackedBytes {
+            bytes: AtomicUsize::new(0),
+            cap,
+        }
+    }
+
+    /// Bytes tracked now, by every stream.
+    pub fn bytes(&self) -> usize {
+        self.bytes.load(Ordering::Relaxed)
+    }
+
+    /// Takes `bytes` if they fit under the cap.
+    fn take(&self, bytes: usize) -> bool {
+        self.bytes
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |held| {
+                held.checked_add(bytes).filter(|total| *total <= self.cap)
+            })
+            .is_ok()
+    }
+
+    fn give(&self, bytes: usize) {
+        self.bytes.fetch_sub(bytes, Ordering::Relaxed);
+    }
+}
 
 /// A bucket id, spelled canonically: its entries sorted, each key and value length-prefixed.
 pub type BucketKey = Arc<[u8]>;
@@ -65,16 +111,25 @@ pub struct Book {
     holders: HashMap<Arc<str>, Holder>,
     next_holder: u64,
     bytes: usize,
+    /// The instance's: what this book tracks is taken from it.
+    instance: Arc<TrackedBytes>,
+}
+
+impl Drop for Book {
+    fn drop(&mut self) {
+        self.instance.give(self.bytes);
+    }
 }
 
 impl Book {
-    pub fn new(stream: String) -> Book {
+    pub fn new(stream: String, instance: Arc<TrackedBytes>) -> Book {
         Book {
             stream,
             buckets: HashMap::new(),
             holders: HashMap::new(),
             next_holder: 0,
             bytes: 0,
+            instance,
         }
     }
 
@@ -128,6 +183,7 @@ impl Book {
         if self.buckets.len() >= MAX_BUCKETS_PER_STREAM
             || self.bytes + bytes + holder_bytes > MAX_TRACKED_BYTES
             || members >= MAX_MEMBERS_PER_POOL
+            || !self.instance.take(bytes + holder_bytes)
         {
             return Tracking::Untracked;
         }
@@ -162,14 +218,16 @@ impl Book {
         let Some(tracked) = self.buckets.remove(key) else {
             return;
         };
-        self.bytes -= tracked.bytes;
+        let mut freed = tracked.bytes;
         if let Some(holder) = self.holders.get_mut(&tracked.pool) {
             holder.members.retain(|member| &member[..] != key);
             if holder.members.is_empty() {
                 self.holders.remove(&tracked.pool);
-                self.bytes -= tracked.pool.len() + ENTRY_BYTES;
+                freed += tracked.pool.len() + ENTRY_BYTES;
             }
         }
+        self.bytes -= freed;
+        self.instance.give(freed);
     }
 
     /// The stream's holder id in `pool` (empty for a pool it holds no share of).
@@ -260,7 +318,7 @@ mod tests {
 
     #[test]
     fn buckets_of_one_pool_are_members_of_one_holder() {
-        let mut book = Book::new("s".into());
+        let mut book = Book::new("s".into(), Arc::default());
         let pool: Arc<str> = Arc::from("pool");
         let a = book.track(&id(&[("t", "x"), ("r", "1")]), &pool, 1, 0, 300 * S);
         let b = book.track(&id(&[("r", "2"), ("t", "x")]), &pool, 1, 0, 300 * S);
@@ -277,7 +335,7 @@ mod tests {
 
     #[test]
     fn the_same_id_in_another_order_is_the_same_bucket() {
-        let mut book = Book::new("s".into());
+        let mut book = Book::new("s".into(), Arc::default());
         let pool: Arc<str> = Arc::from("pool");
         book.track(&id(&[("a", "1"), ("b", "2")]), &pool, 1, 0, 300 * S);
         book.track(&id(&[("b", "2"), ("a", "1")]), &pool, 1, 0, 300 * S);
@@ -286,7 +344,7 @@ mod tests {
 
     #[test]
     fn an_idle_bucket_is_abandoned_and_a_busy_one_never() {
-        let mut book = Book::new("s".into());
+        let mut book = Book::new("s".into(), Arc::default());
         let pool: Arc<str> = Arc::from("pool");
         let idle = id(&[("t", "idle")]);
         let busy = id(&[("t", "busy")]);
@@ -313,7 +371,7 @@ mod tests {
 
     #[test]
     fn what_a_stream_keeps_is_capped() {
-        let mut book = Book::new("s".into());
+        let mut book = Book::new("s".into(), Arc::default());
         let pool: Arc<str> = Arc::from("pool");
         let big = "x".repeat(MAX_BUCKET_ID_BYTES);
         assert_eq!(
@@ -335,7 +393,7 @@ mod tests {
 
     #[test]
     fn a_reload_moves_a_bucket_to_its_new_pool_as_a_newcomer() {
-        let mut book = Book::new("s".into());
+        let mut book = Book::new("s".into(), Arc::default());
         let old: Arc<str> = Arc::from("old");
         let new: Arc<str> = Arc::from("new");
         let bucket = id(&[("t", "x")]);
@@ -357,5 +415,46 @@ mod tests {
         assert!(!book.served(&moved));
         assert_eq!(book.holder("old"), "", "the old share has no member left");
         assert_eq!(book.members("new", &[(moved, 1)])[0].last, Sent::default());
+    }
+}
+
+#[cfg(test)]
+mod instance_tests {
+    use super::*;
+
+    fn id(value: &str) -> HashMap<String, String> {
+        HashMap::from([("t".to_string(), value.to_string())])
+    }
+
+    /// Streams share the instance's cap: one that filled it leaves none for the next, and
+    /// gives it back as it forgets buckets or ends.
+    #[test]
+    fn streams_share_the_instances_cap() {
+        let instance = Arc::new(TrackedBytes::with_cap(2_000));
+        let pool: Arc<str> = Arc::from("pool");
+        let mut a = Book::new("a".into(), Arc::clone(&instance));
+        let mut tracked = 0;
+        while matches!(
+            a.track(&id(&format!("a{tracked}")), &pool, 1, 0, u64::MAX),
+            Tracking::Member(_)
+        ) {
+            tracked += 1;
+        }
+        assert!(tracked > 5, "{tracked} tracked");
+        assert!(instance.bytes() <= 2_000);
+        let mut b = Book::new("b".into(), Arc::clone(&instance));
+        assert_eq!(
+            b.track(&id("b"), &pool, 1, 0, u64::MAX),
+            Tracking::Untracked
+        );
+        drop(a);
+        assert_eq!(instance.bytes(), 0);
+        assert!(matches!(
+            b.track(&id("b"), &pool, 1, 0, u64::MAX),
+            Tracking::Member(_)
+        ));
+        // Abandoned, the bucket and its share are given back.
+        assert_eq!(b.track(&id("b"), &pool, 0, 10, 1), Tracking::Abandoned);
+        assert_eq!(instance.bytes(), 0);
     }
 }

@@ -55,7 +55,13 @@ pub(super) fn from_env(env: &ErlEnv) -> Result<XdsConfig, ConfigError> {
     if let Some(text) = env.set(MAX_SIZE).filter(|t| *t != "0") {
         xds.max_message_bytes = text
             .parse()
-            .map_err(|_| MAX_SIZE.refuse(format!("{text:?} is not a size in bytes")))?;
+            .ok()
+            .filter(|size| *size <= crate::erl::config::xds::MAX_MESSAGE_BYTES)
+            .ok_or_else(|| {
+                MAX_SIZE.refuse(format!(
+                    "{text:?} is not a size in bytes of at most 64 MiB (a response is read whole)"
+                ))
+            })?;
     }
     const HEADERS: &super::Var = &CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS;
     for entry in env.or_default(HEADERS).split(',') {

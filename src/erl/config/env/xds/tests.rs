@@ -79,6 +79,11 @@ fn envoyproxy_ratelimit_variables_set_the_client_as_it_reads_them() {
 fn bad_variables_are_refused_naming_them() {
     let key =
         |pairs: &'static [(&'static str, &'static str)]| from_erl_env(env(pairs)).unwrap_err().key;
+    // A response is read whole before it is parsed: a size past 64 MiB is memory, refused.
+    assert_eq!(
+        key(&[("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", "99999999999999")]),
+        "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES"
+    );
     assert_eq!(
         key(&[("CONFIG_GRPC_XDS_SERVER_USE_TLS", "yes")]),
         "CONFIG_GRPC_XDS_SERVER_USE_TLS"
