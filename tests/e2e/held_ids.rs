@@ -6,6 +6,7 @@
 use std::net::SocketAddr;
 
 use crate::support::envoy::Envoy;
+use crate::support::fixtures::ONE_SLOT_PER_KEY;
 use crate::support::proxies::backend::{send, Backend};
 use crate::support::proxies::scenarios::tollgate_config;
 use crate::support::proxies::{Nginx, Traefik};
@@ -157,11 +158,7 @@ fn nginx_post_action_releases_the_lease_after_the_response() {
     let redis = RedisServer::start();
     let config = format!(
         "admin_token = \"{TOKEN}\"\n{}",
-        tollgate_config(
-            &redis,
-            "deny",
-            "[[limits]]\nname = \"slots\"\nconcurrency = 1\nkey = [\"header:x-api-key\"]\n"
-        )
+        tollgate_config(&redis, "deny", ONE_SLOT_PER_KEY)
     );
     let tollgate = Tollgate::start(&config);
     let backend = Backend::start();

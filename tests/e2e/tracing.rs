@@ -18,7 +18,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use crate::support::envoy::Envoy;
-use crate::support::otlp::{attribute, service, OtlpReceiver};
+use crate::support::otlp::{assert_span, service, OtlpReceiver};
 use crate::support::proxies::backend::{send_from, Backend};
 use crate::support::proxies::{read_shipped, template};
 use crate::support::{grpc, RedisServer, Response, TempDir, Tollgate, SHORT_TIMINGS};
@@ -109,31 +109,26 @@ fn ratelimit_filter_call_is_a_span_in_the_clients_trace_under_envoys() {
     assert_eq!(span["protocol"], "grpc");
     assert_eq!(span["kind"], "SPAN_KIND_SERVER");
     assert_eq!(parent["traceId"], allowed_trace);
-    assert_eq!(attribute(&span, "tollgate.domain").as_deref(), Some("edge"));
-    assert_eq!(
-        attribute(&span, "tollgate.decision").as_deref(),
-        Some("allowed")
+    assert_span(
+        &span,
+        &[
+            ("tollgate.domain", Some("edge")),
+            ("tollgate.decision", Some("allowed")),
+            ("tollgate.limits", Some("per-ip")),
+            ("tollgate.on_error", Some("false")),
+            ("tollgate.denied_by", None),
+        ],
     );
-    assert_eq!(
-        attribute(&span, "tollgate.limits").as_deref(),
-        Some("per-ip")
-    );
-    assert_eq!(
-        attribute(&span, "tollgate.on_error").as_deref(),
-        Some("false")
-    );
-    assert_eq!(attribute(&span, "tollgate.denied_by"), None);
 
     let (span, _) = receiver.wait_for(SPANS_WITHIN, |spans| {
         tollgate_span_under_envoys(spans, denied_trace, "ShouldRateLimit")
     });
-    assert_eq!(
-        attribute(&span, "tollgate.decision").as_deref(),
-        Some("denied")
-    );
-    assert_eq!(
-        attribute(&span, "tollgate.denied_by").as_deref(),
-        Some("per-ip")
+    assert_span(
+        &span,
+        &[
+            ("tollgate.decision", Some("denied")),
+            ("tollgate.denied_by", Some("per-ip")),
+        ],
     );
     assert_eq!(
         span["resource"]["service.name"]["stringValue"], "tollgate",
@@ -186,28 +181,23 @@ fn ext_authz_check_is_a_span_in_the_clients_trace_under_envoys() {
     });
     assert_eq!(span["protocol"], "http");
     assert_eq!(parent["traceId"], allowed_trace);
-    assert_eq!(
-        attribute(&span, "tollgate.decision").as_deref(),
-        Some("allowed")
-    );
-    assert_eq!(
-        attribute(&span, "http.response.status_code").as_deref(),
-        Some("200")
+    assert_span(
+        &span,
+        &[
+            ("tollgate.decision", Some("allowed")),
+            ("http.response.status_code", Some("200")),
+        ],
     );
     let (span, _) = receiver.wait_for(SPANS_WITHIN, |spans| {
         tollgate_span_under_envoys(spans, denied_trace, "check")
     });
-    assert_eq!(
-        attribute(&span, "tollgate.decision").as_deref(),
-        Some("denied")
-    );
-    assert_eq!(
-        attribute(&span, "tollgate.denied_by").as_deref(),
-        Some("per-ip")
-    );
-    assert_eq!(
-        attribute(&span, "http.response.status_code").as_deref(),
-        Some("429")
+    assert_span(
+        &span,
+        &[
+            ("tollgate.decision", Some("denied")),
+            ("tollgate.denied_by", Some("per-ip")),
+            ("http.response.status_code", Some("429")),
+        ],
     );
 }
 
@@ -269,10 +259,7 @@ fn envoyproxy_ratelimits_variables_export_children_of_b3_headers() {
         span["resource"]["service.instance.id"]["stringValue"],
         "envoy-ratelimit-0"
     );
-    assert_eq!(
-        attribute(&span, "tollgate.decision").as_deref(),
-        Some("allowed")
-    );
+    assert_span(&span, &[("tollgate.decision", Some("allowed"))]);
     let span = receiver.wait_for(SPANS_WITHIN, |spans| in_trace(spans, multi_trace));
     assert_eq!(span["parentSpanId"], "a457b5a2e4d86bd2");
     // Every span of that batch has arrived by now: the unsampled one was never sent.

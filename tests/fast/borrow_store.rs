@@ -1,38 +1,14 @@
-//! Borrowed tokens in the store: the same scenarios against the memory store (on a manual
-//! clock) and a real `redis-server` running `lua/token_bucket.lua`, so the script and its
-//! Rust twin (`kinds::borrow`) cannot drift apart.
-//!
-//! As in `store_scenarios`, Redis's clock is "advanced" by shifting what is stored back in
-//! time: the bucket's `ts` and its held groups' deadlines (both in its value).
+//! Borrowed tokens in the store: the same scenarios on every store (`support::stores`: the
+//! memory store and a real `redis-server` running `lua/token_bucket.lua`), so the script and
+//! its Rust twin (`kinds::borrow`) cannot drift apart.
 
-use std::sync::Arc;
-use std::time::Duration;
-
-use crate::support::{redis_store, RedisServer};
-use tollgate::base::clock::{Clock, ManualClock};
+use crate::support::stores::{every_store, StoreUnderTest};
 use tollgate::kinds::borrow::{Borrow, GiveBack};
-use tollgate::kinds::{BucketOutcome, BucketRequest, Meter, Reserved, Slice};
-use tollgate::store::memory::MemoryStore;
-use tollgate::store::redis::{RedisStore, Topology};
-use tollgate::store::{Store, StoreDecision};
+use tollgate::kinds::{BucketRequest, Meter, Slice};
+use tollgate::store::StoreDecision;
 
 /// The horizon of these scenarios: 1 s.
 const GRID_US: u64 = 1_000_000;
-
-trait Harness {
-    fn decide(&self, buckets: &[BucketRequest]) -> StoreDecision;
-    fn peek(&self, bucket: &BucketRequest) -> BucketOutcome;
-    /// The tokens held beside a borrowing bucket.
-    fn held(&self, bucket: &BucketRequest) -> Reserved;
-    fn reset(&self, key: &str);
-    /// Deletes the bucket behind the store's back: no reset message (`FLUSHALL`, `DEL`).
-    fn flush(&self, key: &str);
-    fn advance(&self, ms: i64, keys: &[&str]);
-    /// A slice's deadline as stored now (Redis's groups move back with each advance).
-    fn stored_deadline(&self, key: &str, slice: Slice) -> u64;
-    fn tolerance(&self) -> f64;
-    fn name(&self) -> &'static str;
-}
 
 fn borrowing(key: &str, rate: f64, burst: f64, want: u64, give: Option<GiveBack>) -> BucketRequest {
     BucketRequest {
@@ -49,7 +25,7 @@ fn plain(key: &str, rate: f64, burst: f64) -> BucketRequest {
     BucketRequest::bucket(key, rate, burst).limit(1)
 }
 
-fn give_back(h: &dyn Harness, key: &str, slice: Slice, unused: u64) -> Option<GiveBack> {
+fn give_back(h: &dyn StoreUnderTest, key: &str, slice: Slice, unused: u64) -> Option<GiveBack> {
     Some(GiveBack {
         deadline_us: h.stored_deadline(key, slice),
         taken: slice.tokens,
@@ -58,7 +34,7 @@ fn give_back(h: &dyn Harness, key: &str, slice: Slice, unused: u64) -> Option<Gi
     })
 }
 
-fn close(h: &dyn Harness, got: f64, want: f64, what: &str) {
+fn close(h: &dyn StoreUnderTest, got: f64, want: f64, what: &str) {
     assert!(
         (got - want).abs() <= h.tolerance(),
         "{}: {what}: {got}, expected {want}",
@@ -66,12 +42,14 @@ fn close(h: &dyn Harness, got: f64, want: f64, what: &str) {
     );
 }
 
-fn only_slice(h: &dyn Harness, decision: &StoreDecision) -> Slice {
+fn only_slice(h: &dyn StoreUnderTest, decision: &StoreDecision) -> Slice {
     assert_eq!(decision.slices.len(), 1, "{}: one slice taken", h.name());
     decision.slices[0]
 }
 
-fn a_slice_is_taken_beside_the_cost_and_does_not_refill_while_held(h: &dyn Harness) -> Slice {
+fn a_slice_is_taken_beside_the_cost_and_does_not_refill_while_held(
+    h: &dyn StoreUnderTest,
+) -> Slice {
     let key = format!("tg:{}:{{take}}", h.name());
     let decision = h.decide(&[borrowing(&key, 10.0, 20.0, 8, None)]);
     assert!(decision.allowed);
@@ -103,7 +81,7 @@ fn a_slice_is_taken_beside_the_cost_and_does_not_refill_while_held(h: &dyn Harne
         "{}: held tokens stay out",
         h.name()
     );
-    let held = h.held(&request);
+    let held = h.reserved(&request);
     assert_eq!(
         (held.tokens, held.held),
         (8, 1),
@@ -113,14 +91,14 @@ fn a_slice_is_taken_beside_the_cost_and_does_not_refill_while_held(h: &dyn Harne
     slice
 }
 
-fn a_give_back_returns_the_unused_and_keeps_the_used_as_debt(h: &dyn Harness, slice: Slice) {
+fn a_give_back_returns_the_unused_and_keeps_the_used_as_debt(h: &dyn StoreUnderTest, slice: Slice) {
     let key = format!("tg:{}:{{take}}", h.name());
     let request = borrowing(&key, 10.0, 20.0, 0, give_back(h, &key, slice, 5));
     let decision = h.decide(std::slice::from_ref(&request));
     assert!(decision.allowed && decision.slices.is_empty());
     // Debt 8 (all held) - 5 unused + 1 charged = 4.
     close(h, decision.buckets[0].tokens, 16.0, "after the give-back");
-    assert_eq!(h.held(&request).tokens, 0, "{}: nothing held", h.name());
+    assert_eq!(h.reserved(&request).tokens, 0, "{}: nothing held", h.name());
     // The same give-back again finds no group: nothing changes.
     let decision = h.decide(&[borrowing(&key, 10.0, 20.0, 0, give_back(h, &key, slice, 5))]);
     close(
@@ -131,7 +109,7 @@ fn a_give_back_returns_the_unused_and_keeps_the_used_as_debt(h: &dyn Harness, sl
     );
 }
 
-fn near_empty_the_slice_shrinks_to_nothing(h: &dyn Harness) {
+fn near_empty_the_slice_shrinks_to_nothing(h: &dyn StoreUnderTest) {
     let key = format!("tg:{}:{{edge}}", h.name());
     let slow = |want| borrowing(&key, 0.001, 3.0, want, None);
     let first = h.decide(&[slow(10)]);
@@ -147,7 +125,7 @@ fn near_empty_the_slice_shrinks_to_nothing(h: &dyn Harness) {
     assert!(!h.decide(&[slow(10)]).allowed, "{}: then denied", h.name());
 }
 
-fn a_denied_request_takes_nothing_but_its_give_back_happens(h: &dyn Harness) {
+fn a_denied_request_takes_nothing_but_its_give_back_happens(h: &dyn StoreUnderTest) {
     let (lender, tight) = (
         format!("tg:{}:{{lender}}", h.name()),
         format!("tg:{}:{{tight}}", h.name()),
@@ -172,10 +150,10 @@ fn a_denied_request_takes_nothing_but_its_give_back_happens(h: &dyn Harness) {
         19.0,
         "the lender after a denial",
     );
-    assert_eq!(h.held(&both[0]).tokens, 0, "{}", h.name());
+    assert_eq!(h.reserved(&both[0]).tokens, 0, "{}", h.name());
 }
 
-fn an_ended_group_counts_as_used_from_its_deadline(h: &dyn Harness) {
+fn an_ended_group_counts_as_used_from_its_deadline(h: &dyn StoreUnderTest) {
     let key = format!("tg:{}:{{ends}}", h.name());
     let decision = h.decide(&[borrowing(&key, 1.0, 20.0, 8, None)]);
     let slice = only_slice(h, &decision);
@@ -190,10 +168,10 @@ fn an_ended_group_counts_as_used_from_its_deadline(h: &dyn Harness) {
         20.0 - (8.0 - (3.0 - ahead_s)) - 1.0,
         "the ended group's tokens, used at its deadline",
     );
-    assert_eq!(h.held(&borrowing(&key, 1.0, 20.0, 0, None)).tokens, 0);
+    assert_eq!(h.reserved(&borrowing(&key, 1.0, 20.0, 0, None)).tokens, 0);
 }
 
-fn a_reset_forgets_the_held_tokens(h: &dyn Harness) {
+fn a_reset_forgets_the_held_tokens(h: &dyn StoreUnderTest) {
     let key = format!("tg:{}:{{reset}}", h.name());
     let request = borrowing(&key, 1.0, 20.0, 8, None);
     assert_eq!(
@@ -202,10 +180,10 @@ fn a_reset_forgets_the_held_tokens(h: &dyn Harness) {
     );
     h.reset(&key);
     assert_eq!(h.peek(&request).tokens, 20.0, "{}: full again", h.name());
-    assert_eq!(h.held(&request).tokens, 0, "{}: nothing held", h.name());
+    assert_eq!(h.reserved(&request).tokens, 0, "{}: nothing held", h.name());
 }
 
-fn a_plain_check_keeps_the_held_tokens(h: &dyn Harness) {
+fn a_plain_check_keeps_the_held_tokens(h: &dyn StoreUnderTest) {
     let key = format!("tg:{}:{{plain}}", h.name());
     let taken = h.decide(&[borrowing(&key, 10.0, 20.0, 8, None)]);
     assert_eq!(only_slice(h, &taken).tokens, 8);
@@ -226,7 +204,7 @@ fn a_plain_check_keeps_the_held_tokens(h: &dyn Harness) {
         "a plain check after a take",
     );
     assert_eq!(
-        h.held(&borrowing(&key, 10.0, 20.0, 0, None)).tokens,
+        h.reserved(&borrowing(&key, 10.0, 20.0, 0, None)).tokens,
         8,
         "{}",
         h.name()
@@ -246,7 +224,7 @@ fn a_plain_check_keeps_the_held_tokens(h: &dyn Harness) {
 /// a give-back of a slice from before the deletion names that group but not its incarnation,
 /// and does nothing. Before, it un-held the new slice's tokens and returned its own unused
 /// ones to a bucket that never lent them.
-fn a_give_back_from_before_a_flush_does_nothing(h: &dyn Harness) {
+fn a_give_back_from_before_a_flush_does_nothing(h: &dyn StoreUnderTest) {
     const LONG_GRID_US: u64 = 10_000_000;
     let take = |key: &str, give| BucketRequest {
         meter: Meter::Borrow(Borrow {
@@ -291,7 +269,7 @@ fn a_give_back_from_before_a_flush_does_nothing(h: &dyn Harness) {
             "the stale give-back returns nothing",
         );
         assert_eq!(
-            h.held(&request).tokens,
+            h.reserved(&request).tokens,
             40,
             "{}: the live slice is still held",
             h.name()
@@ -325,7 +303,7 @@ fn a_give_back_from_before_a_flush_does_nothing(h: &dyn Harness) {
     );
 }
 
-fn run(h: &dyn Harness) {
+fn borrowing_scenarios(h: &dyn StoreUnderTest) {
     let slice = a_slice_is_taken_beside_the_cost_and_does_not_refill_while_held(h);
     a_give_back_returns_the_unused_and_keeps_the_used_as_debt(h, slice);
     near_empty_the_slice_shrinks_to_nothing(h);
@@ -336,149 +314,4 @@ fn run(h: &dyn Harness) {
     a_give_back_from_before_a_flush_does_nothing(h);
 }
 
-struct Memory {
-    store: MemoryStore<Arc<ManualClock>>,
-    clock: Arc<ManualClock>,
-}
-
-impl Harness for Memory {
-    fn decide(&self, buckets: &[BucketRequest]) -> StoreDecision {
-        self.store.decide_sync(buckets)
-    }
-    fn peek(&self, bucket: &BucketRequest) -> BucketOutcome {
-        self.store.peek_now(bucket)
-    }
-    fn held(&self, bucket: &BucketRequest) -> Reserved {
-        self.store.reserved_now(bucket)
-    }
-    fn reset(&self, key: &str) {
-        self.store.reset_now(key);
-    }
-    fn flush(&self, key: &str) {
-        self.store.reset_now(key);
-        // Redis's clock moves on between two calls; the manual one must be moved.
-        self.advance(1, &[]);
-    }
-    fn advance(&self, ms: i64, _keys: &[&str]) {
-        let now = self.clock.now_us() as i64;
-        self.clock.set_us((now + ms * 1000) as u64);
-    }
-    fn stored_deadline(&self, _key: &str, slice: Slice) -> u64 {
-        slice.deadline_us
-    }
-    fn tolerance(&self) -> f64 {
-        1e-9
-    }
-    fn name(&self) -> &'static str {
-        "memory"
-    }
-}
-
-struct Redis {
-    _server: RedisServer,
-    store: RedisStore,
-    runtime: tokio::runtime::Runtime,
-    shifter: std::cell::RefCell<redis::Connection>,
-    /// How far each key was shifted back, µs.
-    shifted: std::cell::RefCell<std::collections::HashMap<String, u64>>,
-}
-
-/// Moves each bucket's `ts`, and the deadlines of the groups it holds, ARGV[1] µs back.
-const SHIFT: &str = r"
-for _, key in ipairs(KEYS) do
-  local stored = redis.call('GET', key)
-  if stored then
-    local mark, debt, at, rest = string.match(stored, '^(v1:)(%d+) (%d+)(.*)$')
-    if not mark then mark, debt, at, rest = '', string.match(stored, '^(%d+) (%d+)(.*)$') end
-    local shifted = mark .. debt .. ' ' .. string.format('%d', at - tonumber(ARGV[1]))
-    for d, h in string.gmatch(rest, '(%d+) (%d+)') do
-      shifted = shifted .. string.format(' %d %s', d - tonumber(ARGV[1]), h)
-    end
-    -- The groups' incarnation: a name, not a time to shift.
-    redis.call('SET', key, shifted .. (string.match(rest, ' i%d+$') or ''), 'KEEPTTL')
-  end
-end
-return 0
-";
-
-impl Harness for Redis {
-    fn decide(&self, buckets: &[BucketRequest]) -> StoreDecision {
-        self.runtime
-            .block_on(self.store.decide(buckets))
-            .expect("redis decides")
-    }
-    fn peek(&self, bucket: &BucketRequest) -> BucketOutcome {
-        self.runtime
-            .block_on(self.store.peek(bucket))
-            .expect("redis peeks")
-    }
-    fn held(&self, bucket: &BucketRequest) -> Reserved {
-        self.runtime
-            .block_on(self.store.reserved(bucket))
-            .expect("redis tells what is held")
-    }
-    fn reset(&self, key: &str) {
-        self.runtime
-            .block_on(self.store.reset(key))
-            .expect("redis resets");
-    }
-    fn flush(&self, _key: &str) {
-        let _: () = redis::cmd("FLUSHALL")
-            .query(&mut *self.shifter.borrow_mut())
-            .expect("flushed");
-        self.shifted.borrow_mut().clear();
-    }
-    fn stored_deadline(&self, key: &str, slice: Slice) -> u64 {
-        slice.deadline_us - self.shifted.borrow().get(key).copied().unwrap_or(0)
-    }
-    fn advance(&self, ms: i64, keys: &[&str]) {
-        for key in keys {
-            *self
-                .shifted
-                .borrow_mut()
-                .entry((*key).to_owned())
-                .or_default() += ms as u64 * 1000;
-        }
-        let _: i64 = redis::Script::new(SHIFT)
-            .key(keys)
-            .arg(ms * 1000)
-            .invoke(&mut *self.shifter.borrow_mut())
-            .expect("shift runs");
-    }
-    fn tolerance(&self) -> f64 {
-        // Real time between steps (milliseconds) at rates of at most 10/s.
-        0.15
-    }
-    fn name(&self) -> &'static str {
-        "redis"
-    }
-}
-
-#[test]
-fn borrowing_on_the_memory_store() {
-    let clock = Arc::new(ManualClock::default());
-    clock.set_us(1_000_000_000_000);
-    run(&Memory {
-        store: MemoryStore::with_clock(10_000, clock.clone()),
-        clock,
-    });
-}
-
-#[test]
-fn borrowing_on_redis() {
-    let server = RedisServer::start();
-    let (store, runtime) = redis_store(
-        &Topology::Single { url: &server.url() },
-        Duration::from_secs(2),
-    );
-    let shifter = redis::Client::open(server.url())
-        .and_then(|client| client.get_connection())
-        .expect("a connection to shift buckets");
-    run(&Redis {
-        _server: server,
-        store,
-        runtime,
-        shifter: std::cell::RefCell::new(shifter),
-        shifted: Default::default(),
-    });
-}
+every_store!(borrowing_scenarios);

@@ -4,7 +4,10 @@
 //! against a real `redis-server`.
 
 use crate::support::limit;
-use crate::support::{redis_config, HttpClient, RedisServer, Response, Tollgate};
+use crate::support::{
+    assert_denied, assert_header, assert_ietf, assert_x_ratelimit, redis_config, HttpClient,
+    RedisServer, Response, Tollgate,
+};
 
 const API_KEY_LIMIT: &str = r#"
 [[limits]]
@@ -32,15 +35,9 @@ fn an_allowed_check_is_an_empty_200_with_both_header_families() {
     assert_eq!(response.status, 200);
     assert_eq!(response.header("content-length"), Some("0"));
     assert_eq!(response.body, "");
-    assert_eq!(
-        response.header("ratelimit-policy"),
-        Some("\"per-key\";q=3;w=3")
-    );
-    assert_eq!(response.header("ratelimit"), Some("\"per-key\";r=2;t=1"));
-    assert_eq!(response.header("x-ratelimit-limit"), Some("3"));
-    assert_eq!(response.header("x-ratelimit-remaining"), Some("2"));
-    assert_eq!(response.header("x-ratelimit-reset"), Some("1"));
-    assert_eq!(response.header("retry-after"), None);
+    assert_ietf(&response, "\"per-key\";q=3;w=3", "\"per-key\";r=2;t=1");
+    assert_x_ratelimit(&response, 3, 2, 1);
+    assert_header(&response, "retry-after", None);
 }
 
 #[test]
@@ -49,16 +46,12 @@ fn a_denied_check_is_a_429_with_retry_after_and_a_problem_body() {
     let responses = drain(&tollgate, &[("x-api-key", "k1")], 4);
     assert_eq!(statuses(&responses), [200, 200, 200, 429]);
     let denied = &responses[3];
-    assert_eq!(denied.header("retry-after"), Some("1"));
+    assert_denied(denied, Some(1));
     assert_eq!(
         denied.header("content-type"),
         Some("application/problem+json")
     );
-    assert_eq!(denied.header("ratelimit"), Some("\"per-key\";r=0;t=3"));
-    assert_eq!(
-        denied.header("ratelimit-policy"),
-        Some("\"per-key\";q=3;w=3")
-    );
+    assert_ietf(denied, "\"per-key\";q=3;w=3", "\"per-key\";r=0;t=3");
     assert_eq!(denied.header("x-ratelimit-remaining"), Some("0"));
     assert_eq!(denied.header("x-ratelimit-limit"), Some("3"));
     let body: serde_json::Value = serde_json::from_str(&denied.body).expect("json body");
@@ -147,11 +140,11 @@ key = ["header:x-api-key"]
 "#,
     );
     let r = tollgate.check(&[("x-api-key", "k")]);
-    assert_eq!(
-        r.header("ratelimit-policy"),
-        Some("\"per-ip\";q=1000;w=10, \"per-key\";q=2;w=2")
+    assert_ietf(
+        &r,
+        "\"per-ip\";q=1000;w=10, \"per-key\";q=2;w=2",
+        "\"per-key\";r=1;t=1",
     );
-    assert_eq!(r.header("ratelimit"), Some("\"per-key\";r=1;t=1"));
 }
 
 #[test]

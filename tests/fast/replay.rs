@@ -2,6 +2,7 @@
 //! the documented shape, unparsable lines counted, and a bad config or log refused with exit 2.
 
 use crate::support::chaos::run_tollgate;
+use crate::support::fixtures::A_ZERO_RATE;
 use crate::support::TempDir;
 
 const CONFIG: &str = "[store]\nbackend = \"memory\"\n\n[[limits]]\nname = \"per-ip\"\nrate = \"1/min\"\nburst = 2\nkey = [\"ip\"]\n[limits.match]\nhosts = [\"shop.example.com\"]\n";
@@ -116,10 +117,7 @@ fn json_lines_are_read_with_the_field_names_given() {
 fn a_bad_config_a_missing_log_or_no_config_exit_2_with_one_line() {
     let dir = TempDir::new("replay-bad");
     let good = dir.write("good.toml", CONFIG);
-    let bad = dir.write(
-        "bad.toml",
-        "[[limits]]\nname = \"x\"\nrate = 0\nburst = 1\nkey = [\"ip\"]\n",
-    );
+    let bad = dir.write("bad.toml", A_ZERO_RATE);
     let log = dir.write("access.log", &combined_log());
     let absent = dir.path().join("absent.log");
     for args in [

@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use crate::support::chaos::{self, redis_cli_auth};
+use crate::support::fixtures::A_ZERO_RATE;
 use crate::support::{
     make_certificates, make_client_certificate, wait_until, RedisServer, TempDir, Tollgate,
 };
@@ -157,7 +158,7 @@ fn the_redis_password_never_shows() {
         ),
         (
             "bad-limit.toml",
-            format!("[store]\nbackend = \"redis\"\nurl = \"{good}\"\n\n[[limits]]\nname = \"x\"\nrate = 0\nburst = 1\nkey = [\"ip\"]\n"),
+            format!("[store]\nbackend = \"redis\"\nurl = \"{good}\"\n{A_ZERO_RATE}"),
         ),
     ] {
         let path = dir.write(name, &body);

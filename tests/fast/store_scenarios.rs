@@ -1,21 +1,16 @@
-//! One table of decision scenarios, run against the memory store (on a manual clock) and
-//! against a real `redis-server` running `lua/token_bucket.lua`, so the two implementations of
-//! the bucket arithmetic cannot drift apart.
-//!
-//! Redis takes its time from `TIME`, which tests cannot set; instead of sleeping, "advancing
-//! the clock by d" shifts every stored bucket's `ts` back by d, which is the same thing to the
-//! script. Real time still passes between steps (milliseconds), so Redis results are compared
-//! with a small tolerance and rates stay low.
+//! One table of decision scenarios, run on every store (`support::stores`: the memory store
+//! and a real `redis-server` running `lua/token_bucket.lua`), so the two implementations of
+//! the bucket arithmetic cannot drift apart; then Redis's own keys (expiry, stored form) and
+//! the memory store's cap.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::support::{redis_store, RedisServer};
-use tollgate::base::clock::{Clock, ManualClock};
+use crate::support::stores::{every_store, Redis, StoreUnderTest};
+use tollgate::base::clock::ManualClock;
 use tollgate::kinds::twin::Stored;
 use tollgate::kinds::{BucketOutcome, BucketRequest};
 use tollgate::store::memory::MemoryStore;
-use tollgate::store::redis::{RedisStore, Topology};
 use tollgate::store::{Store, StoreDecision, StoreError};
 
 /// A bucket used in a step: (key, rate, burst, cost, shadow).
@@ -143,14 +138,6 @@ const SCENARIOS: &[(&str, &[Step])] = &[
     ),
 ];
 
-trait Harness {
-    fn decide(&self, buckets: &[BucketRequest]) -> StoreDecision;
-    fn peek(&self, bucket: &BucketRequest) -> BucketOutcome;
-    fn advance(&self, ms: i64, keys: &[String]);
-    /// Allowed difference between expected and observed tokens.
-    fn tolerance(&self) -> f64;
-}
-
 fn requests(prefix: &str, buckets: &[Bucket]) -> Vec<BucketRequest> {
     buckets
         .iter()
@@ -168,12 +155,13 @@ fn requests(prefix: &str, buckets: &[Bucket]) -> Vec<BucketRequest> {
         .collect()
 }
 
-fn run_scenarios(harness: &dyn Harness, prefix: &str) {
+fn scenarios(harness: &dyn StoreUnderTest) {
+    let prefix = harness.name();
     for (name, steps) in SCENARIOS {
         let prefix = format!("{prefix}:{}", name.replace(' ', "_"));
         for (i, step) in steps.iter().enumerate() {
             let requests = requests(&prefix, step.buckets);
-            let keys: Vec<String> = requests.iter().map(|r| r.key.clone()).collect();
+            let keys: Vec<&str> = requests.iter().map(|r| r.key.as_str()).collect();
             harness.advance(step.advance_ms, &keys);
             let peeked: Vec<BucketOutcome> = requests.iter().map(|r| harness.peek(r)).collect();
             let decision = harness.decide(&requests);
@@ -199,7 +187,7 @@ fn run_scenarios(harness: &dyn Harness, prefix: &str) {
 /// What a peek found just before a decision is what the decision found: each bucket's
 /// `enough`, and its tokens less what the decision charged.
 fn assert_peek_foretold(
-    harness: &dyn Harness,
+    harness: &dyn StoreUnderTest,
     requests: &[BucketRequest],
     peeked: &[BucketOutcome],
     decision: &StoreDecision,
@@ -229,119 +217,7 @@ fn assert_peek_foretold(
     }
 }
 
-struct Memory {
-    store: MemoryStore<Arc<ManualClock>>,
-    clock: Arc<ManualClock>,
-}
-
-impl Harness for Memory {
-    fn decide(&self, buckets: &[BucketRequest]) -> StoreDecision {
-        self.store.decide_sync(buckets)
-    }
-
-    fn peek(&self, bucket: &BucketRequest) -> BucketOutcome {
-        self.store.peek_now(bucket)
-    }
-
-    fn advance(&self, ms: i64, _keys: &[String]) {
-        let now = self.clock.now_us() as i64;
-        self.clock.set_us((now + ms * 1000) as u64);
-    }
-
-    fn tolerance(&self) -> f64 {
-        1e-9
-    }
-}
-
-struct Redis {
-    server: RedisServer,
-    store: RedisStore,
-    runtime: tokio::runtime::Runtime,
-    /// Shifts buckets in time (see `advance`), without a process per call.
-    shifter: std::cell::RefCell<redis::Connection>,
-}
-
-/// Moves each existing bucket's `ts` ARGV[1] µs back (a bucket is `"v1:<debt> <ts>"`, written
-/// only by a charge, so its `ts` may be several steps old): the next call then refills by that
-/// much more. A bucket written since the last shift had `ts` at `TIME`; one not written keeps
-/// the shifts it had. Real time between steps adds a little refill (see `tolerance`).
-const SHIFT: &str = r"
-for _, key in ipairs(KEYS) do
-  local stored = redis.call('GET', key)
-  if stored then
-    local mark, debt, at = string.match(stored, '^(v1:)(%d+) (%d+)$')
-    if not mark then mark, debt, at = '', string.match(stored, '^(%d+) (%d+)$') end
-    redis.call('SET', key, mark .. debt .. ' ' .. string.format('%d', at - tonumber(ARGV[1])), 'KEEPTTL')
-  end
-end
-return 0
-";
-
-impl Harness for Redis {
-    fn decide(&self, buckets: &[BucketRequest]) -> StoreDecision {
-        self.runtime
-            .block_on(self.store.decide(buckets))
-            .expect("redis decides")
-    }
-
-    fn peek(&self, bucket: &BucketRequest) -> BucketOutcome {
-        self.runtime
-            .block_on(self.store.peek(bucket))
-            .expect("redis peeks")
-    }
-
-    /// Makes each bucket's last write `ms` old in Redis's time (see [`SHIFT`]): the memory
-    /// store's clock advances by `ms` between two steps, and so does Redis's, as far as the
-    /// buckets can tell.
-    fn advance(&self, ms: i64, keys: &[String]) {
-        let _: i64 = redis::Script::new(SHIFT)
-            .key(keys)
-            .arg(ms * 1000)
-            .invoke(&mut *self.shifter.borrow_mut())
-            .expect("shift runs");
-    }
-
-    fn tolerance(&self) -> f64 {
-        // Real time between a shift and the next call (a peek and a round trip: well under a
-        // few milliseconds), at rates of at most 2/s.
-        0.15
-    }
-}
-
-#[test]
-fn scenarios_on_the_memory_store() {
-    let clock = Arc::new(ManualClock::default());
-    clock.set_us(1_000_000_000_000);
-    let harness = Memory {
-        store: MemoryStore::with_clock(10_000, clock.clone()),
-        clock,
-    };
-    run_scenarios(&harness, "mem");
-}
-
-impl Redis {
-    fn start() -> Redis {
-        let server = RedisServer::start();
-        let (store, runtime) = redis_store(
-            &Topology::Single { url: &server.url() },
-            Duration::from_secs(2),
-        );
-        let shifter = redis::Client::open(server.url())
-            .and_then(|client| client.get_connection())
-            .expect("a connection to shift buckets");
-        Redis {
-            server,
-            store,
-            runtime,
-            shifter: std::cell::RefCell::new(shifter),
-        }
-    }
-}
-
-#[test]
-fn scenarios_on_redis() {
-    run_scenarios(&Redis::start(), "redis");
-}
+every_store!(scenarios);
 
 fn request(key: &str, rate: f64, burst: f64, cost: u64) -> BucketRequest {
     BucketRequest::bucket(key, rate, burst).cost(cost)
@@ -360,7 +236,7 @@ impl Redis {
             .get(key)
             .cmd("PEXPIRETIME")
             .arg(key)
-            .query(&mut *self.shifter.borrow_mut())
+            .query(&mut *self.raw.borrow_mut())
             .expect("read the bucket");
         let stored = stored?;
         let stored = Stored::parse(&stored).ok().flatten();

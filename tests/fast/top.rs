@@ -4,32 +4,17 @@
 
 use std::time::{Duration, Instant};
 
+use crate::support::fixtures::PER_IP_AND_PER_KEY_PER_MINUTE;
 use crate::support::http::HttpClient;
 use crate::support::{redis_config, RedisServer, Tollgate};
 use serde_json::Value;
 
 const TOKEN: &str = "top-secret-admin-token";
 
-/// Two limits: per client IP, and per API key (skipped when the header is absent).
-const LIMITS: &str = r#"
-[[limits]]
-name = "per-ip"
-rate = "1/min"
-burst = 1
-key = ["ip"]
-
-[[limits]]
-name = "per-key"
-rate = "1/min"
-burst = 1
-key = ["header:x-api-key"]
-on_missing = "skip"
-"#;
-
 fn start(redis: &RedisServer, log: &str) -> (Tollgate, std::path::PathBuf) {
     let config = format!(
         "admin_token = \"{TOKEN}\"\n[log]\ndenials = \"{log}\"\n{}",
-        redis_config(redis, "", LIMITS)
+        redis_config(redis, "", PER_IP_AND_PER_KEY_PER_MINUTE)
     );
     Tollgate::start_logged(&config, &[("RUST_LOG", "warn,tollgate::denials=info")])
 }

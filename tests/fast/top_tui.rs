@@ -5,22 +5,8 @@
 use std::process::{Command, Output};
 use std::time::Duration;
 
+use crate::support::fixtures::PER_IP_AND_PER_KEY_PER_MINUTE;
 use crate::support::{redis_config, wait_until, RedisServer, Tollgate};
-
-const LIMITS: &str = r#"
-[[limits]]
-name = "per-ip"
-rate = "1/min"
-burst = 1
-key = ["ip"]
-
-[[limits]]
-name = "per-key"
-rate = "1/min"
-burst = 1
-key = ["header:x-api-key"]
-on_missing = "skip"
-"#;
 
 fn tmux(args: &[&str]) -> Output {
     Command::new("tmux").args(args).output().expect("run tmux")
@@ -87,7 +73,7 @@ fn top_merges_two_instances_on_screen_and_quits_on_q() {
         return;
     }
     let redis = RedisServer::start();
-    let config = redis_config(&redis, "", LIMITS);
+    let config = redis_config(&redis, "", PER_IP_AND_PER_KEY_PER_MINUTE);
     let a = Tollgate::start(&config);
     let b = Tollgate::start(&config);
     // 203.0.113.9 floods both instances; 198.51.100.7 only one; an API key from fresh IPs.

@@ -138,6 +138,15 @@ pub fn attribute(span: &Value, key: &str) -> Option<String> {
         })
 }
 
+/// Asserts `span`'s attributes: each `(key, Some(value))` as [`attribute`] reads it, each
+/// `(key, None)` absent.
+#[track_caller]
+pub fn assert_span(span: &Value, expected: &[(&str, Option<&str>)]) {
+    for &(key, value) in expected {
+        assert_eq!(attribute(span, key).as_deref(), value, "{key} in {span:#}");
+    }
+}
+
 /// The span's `service.name`.
 pub fn service(span: &Value) -> Option<&str> {
     span.get("resource")?
