@@ -11,18 +11,23 @@ ARG RUST_VERSION=1.95
 FROM rust:${RUST_VERSION}-slim-bookworm AS build
 WORKDIR /src
 
-# Dependencies first, in their own layer, so editing src/ does not rebuild them.
+# Dependencies first, in their own layer, so editing the sources does not rebuild them: the
+# three packages' manifests over empty sources.
 COPY Cargo.toml Cargo.lock ./
-RUN mkdir src \
+COPY crates/tollgate-core/Cargo.toml crates/tollgate-core/
+COPY crates/tollgate-erl/Cargo.toml crates/tollgate-erl/
+RUN for package in . crates/tollgate-core crates/tollgate-erl; do \
+        mkdir -p "$package/src" && touch "$package/src/lib.rs"; \
+    done \
     && echo 'fn main() {}' > src/main.rs \
-    && touch src/lib.rs \
     && cargo build --release --locked \
-    && rm -rf src
+    && rm -rf src crates/tollgate-core/src crates/tollgate-erl/src
 
 COPY lua ./lua
+COPY crates ./crates
 COPY src ./src
 # touch: the dummy build above left newer timestamps than the copied sources.
-RUN touch src/main.rs src/lib.rs \
+RUN touch src/main.rs src/lib.rs crates/tollgate-core/src/lib.rs crates/tollgate-erl/src/lib.rs \
     && cargo build --release --locked \
     && install -D -m 0755 target/release/tollgate /out/tollgate \
     && mkdir -p /out/bin \

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use tollgate::kinds::BucketRequest;
-use tollgate::store::memory::MemoryStore;
+use tollgate_core::kinds::BucketRequest;
+use tollgate_core::store::memory::MemoryStore;
 
 fn request(key: &str) -> BucketRequest {
     // Never runs dry: the benchmark measures the decision, not denials.

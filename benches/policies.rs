@@ -5,15 +5,15 @@
 
 use std::hint::black_box;
 
-use actix_web::http::header::{HeaderMap, HeaderName, HeaderValue};
 use criterion::{criterion_group, criterion_main, Criterion};
 use figment::providers::{Format, Serialized, Toml};
-use tollgate::config::Config;
-use tollgate::kinds::BucketOutcome;
-use tollgate::limiter::decision::{Decision, LimitState, Verdict};
-use tollgate::observe::metrics::Metrics;
-use tollgate::policy::Policy;
-use tollgate::request::OriginalRequest;
+use http::header::{HeaderMap, HeaderName, HeaderValue};
+use tollgate_core::config::Config;
+use tollgate_core::kinds::BucketOutcome;
+use tollgate_core::limiter::decision::{Decision, LimitState, Verdict};
+use tollgate_core::observe::metrics::Metrics;
+use tollgate_core::policy::Policy;
+use tollgate_core::request::OriginalRequest;
 
 const LIMIT: &str =
     "[[limits]]\nname = \"per-key\"\nrate = 100\nburst = 1000\nkey = [\"header:x-api-key\"]\n";
@@ -84,7 +84,7 @@ fn policies(c: &mut Criterion) {
     // Runtime overrides (the admin API's) for 1,000 keys, k7 among them.
     let runtime = policy("");
     for i in 0..1000 {
-        let entry = tollgate::policy::runtime_overrides::Entry {
+        let entry = tollgate_core::policy::runtime_overrides::Entry {
             expires_at_ms: None,
             key: vec![format!("k{i}")],
             rate: None,

@@ -5,9 +5,9 @@
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use tollgate::kinds::BucketRequest;
-use tollgate::observe::top::KeyTop;
-use tollgate::store::memory::MemoryStore;
+use tollgate_core::kinds::BucketRequest;
+use tollgate_core::observe::top::KeyTop;
+use tollgate_core::store::memory::MemoryStore;
 
 fn denied_request(key: &str) -> [BucketRequest; 1] {
     // Drained after the first call: every later decision is a denial.

@@ -1,7 +1,7 @@
 -- tollgate calendar periods in UTC, prefixed to the scripts that count quotas
 -- (token_bucket.lua, report.lua). Redis's Lua has no os.date, so this counts whole days since
 -- 1970-01-01 with integer arithmetic only (civil-from-days, after Howard Hinnant). Its Rust twin
--- is src/store/calendar.rs; the tests run one table of instants through both.
+-- is crates/tollgate-core/src/base/calendar.rs; the tests run one table of instants through both.
 --
 -- period_bounds(code, now_s) -> start, stop: the period holding Unix second now_s, [start, stop).
 -- code: 'h' hour, 'd' day, 'w' ISO week (from Monday), 'm' calendar month.

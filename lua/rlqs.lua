@@ -1,5 +1,5 @@
 -- Reports to pools of RLQS shares, several pools in one call (each decided on its own): the
--- Rust twin is src/store/rlqs.rs, which says why each step is there. Arithmetic in the
+-- Rust twin is crates/tollgate-core/src/store/rlqs.rs, which says why each step is there. Arithmetic in the
 -- twin's order, so both reach the same integers.
 --
 -- KEYS[p]  pool p: a hash, holder id -> "demand_milli last_us n_rate (units until_us)*n_rate

@@ -1,7 +1,7 @@
 //! The running process: the listeners (HTTP in `server`, gRPC in `grpc_server`, its TLS in
 //! `grpc_tls`, the bounds on its connections in `grpc_connections`, the descriptor limit in
 //! `descriptors`), signals, reload, drain, the instance heartbeat; and, started here,
-//! envoyproxy/ratelimit's xDS client and metrics duties (`crate::erl::app`).
+//! envoyproxy/ratelimit's xDS client and metrics duties (`tollgate_erl::app`).
 
 pub mod descriptors;
 pub mod drain;

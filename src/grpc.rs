@@ -2,7 +2,7 @@
 //! Envoy's `envoy.filters.http.ratelimit` filter (and Istio, Contour, Emissary, Gloo, which
 //! configure it) can call tollgate in place of envoyproxy/ratelimit.
 //!
-//! A request's descriptors become buckets (`plan`); the [`Limiter`](crate::limiter::Limiter)
+//! A request's descriptors become buckets (`plan`); the [`Limiter`](tollgate_core::limiter::Limiter)
 //! decides them all in one atomic store call with the deny cache, breaker, timeouts and
 //! `on_error` of `/check`; `answer` renders the verdict. The server that carries it (and
 //! `grpc.health.v1.Health`) is the running process's: `app::grpc_server`.
@@ -20,17 +20,17 @@ use tonic::Status;
 pub use plan::{MAX_DESCRIPTORS, MAX_ENTRIES};
 pub use service::RateLimitService;
 
-use crate::erl::grpc::plan::ErlPlan;
-use crate::erl::grpc::{answer as erl_answer, count};
-use crate::erl::observe::ErlStats;
-use crate::kinds::BucketRequest;
-use crate::limiter::decision::Verdict;
-use crate::limiter::CacheMay;
-use crate::observe::trace::{attribute, Admission, Span};
-use crate::policy::Policy;
 use crate::state::AppState;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use plan::{Plan, RulesPlan};
+use tollgate_core::erl::observe::ErlStats;
+use tollgate_core::kinds::BucketRequest;
+use tollgate_core::limiter::decision::Verdict;
+use tollgate_core::limiter::CacheMay;
+use tollgate_core::observe::trace::{attribute, Ruling, Span};
+use tollgate_core::policy::Policy;
+use tollgate_erl::grpc::plan::ErlPlan;
+use tollgate_erl::grpc::{answer as erl_answer, count};
 
 /// The handler of `ShouldRateLimit` (over gRPC, and envoyproxy/ratelimit's `/json`).
 pub struct ShouldRateLimit {
@@ -110,7 +110,7 @@ impl ShouldRateLimit {
             let mut attributes = verdict.attributes(policy);
             // The answer is the truth (shadow mode admits what a limit denied).
             let allowed = response.overall_code != i32::from(Code::OverLimit);
-            attributes.admission = Admission::from_allowed(allowed);
+            attributes.ruling = Ruling::from_allowed(allowed);
             if allowed {
                 attributes.denied_by = None;
             }

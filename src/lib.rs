@@ -5,49 +5,18 @@
 //! limiter key, runs an atomic token bucket in Redis (one Lua script, one round trip, Redis's
 //! clock) and answers allow or deny with the rate-limit headers the proxy passes on.
 //!
+//! This package is the server and its command line, above two libraries: `tollgate-core`
+//! (the decision without a protocol: config, request, policy, store, limiter, answer) and
+//! `tollgate-erl` (envoyproxy/ratelimit's wire).
+//!
 //! # Layout
 //!
-//! Layers, bottom to top; each module imports only the layers below it (CI checks that no
-//! import cycle exists):
+//! Layers above the core's, bottom to top; each module imports only the layers below it (CI
+//! checks that no import cycle exists):
 //!
-//! - [`base`]: value types: [`base::clock`] (time as a parameter, so tests advance it),
-//!   [`base::rate`] (`"100/min"`), [`base::keys`] (the spelling of every store key),
-//!   [`base::normalise`] (paths, hosts and IPs spelled the way the proxies route them),
-//!   [`base::redact`] (what a reader without the admin token sees of a key: salted
-//!   fingerprints), [`base::timings`] (every interval of the background duties, in one value
-//!   handed down from start-up), [`base::read`] (an operator's file read up to a cap).
-//! - [`config`]: defaults < TOML file < `TOLLGATE_*` environment: schema, loading, validation,
-//!   the summary `validate` prints; [`config::tls_files`] (a TLS triple, as the store, xDS and
-//!   the gRPC listener name it).
-//! - [`request`]: what a check reads: original method, path, host, client IP (XFF walk),
-//!   normalised the way the proxies route.
-//! - [`observe`]: [`observe::metrics`] (every metric name in one place), [`observe::top`] (the
-//!   most denied keys, bounded memory), [`observe::denial_log`], [`observe::trace`] (a
-//!   decision's span: the caller's trace context, sampling, the OTLP exporter).
-//! - [`kinds`]: what a store key counts, a limit's kind, one file each: [`kinds::bucket`],
-//!   [`kinds::quota`], [`kinds::concurrency`], [`kinds::reserve`], [`kinds::borrow`]. Each
-//!   is built and checked from its config, spelled to the Lua scripts and read back, stepped
-//!   in the memory store (the scripts' arithmetic twin), shown by a peek, reported and
-//!   settled in its own file; [`kinds::Meter`] hands every question to its kind in one
-//!   place. Below the store, so the kinds know no connection, lock or shard, and the policy
-//!   and the admin API ask them without naming the store.
-//! - [`store`]: the [`store::Store`] trait; [`store::memory`] (sharded, bounded) and
-//!   [`store::redis`] (Lua via `EVALSHA`, deadlines, circuit breaker, coalescing; one node,
-//!   Cluster or Sentinel); [`store::rlqs`] the RLQS share allocator, twin of
-//!   `lua/rlqs.lua`.
-//! - [`policy`]: what the operator asked for, compiled into one [`policy::Policy`]:
-//!   [`policy::limit`] (a limit as it runs; `limit/build`: built from its config and
-//!   checked), [`policy::matcher`], [`policy::exempt`], [`policy::overrides`]
-//!   (files), [`policy::runtime_overrides`] (admin API, kept in the store),
-//!   [`policy::descriptors`] (the gRPC service's rules), [`policy::rlqs`] (which limit and
-//!   key an Envoy quota bucket id stands for).
-//! - [`limiter`]: the decision without HTTP: one atomic store call, `on_error` fallbacks;
-//!   [`limiter::deny_cache`], [`limiter::borrow`] (slices of hot keys' tokens, admitted
-//!   from without a store call), [`limiter::decision`] (the verdict as a value),
-//!   [`limiter::report`] (charges known after the response), [`limiter::rlqs`] (a key's
-//!   numbers as the units of its RLQS pool, a grant as Envoy's token bucket).
-//! - [`answer`]: what an answer says whatever protocol carries it (a refusal and why, the
-//!   quota headers).
+//! - [`otlp`]: the spans' way out: the OTLP trace messages and the exporter, which batches
+//!   the core's finished spans and sends them to a collector over HTTP or gRPC. Beside the
+//!   core's `answer` (neither uses the other), started by `state`.
 //! - [`state`]: what every handler shares (config, store, limiter, metrics), swapped whole
 //!   on reload.
 //! - [`http`] and [`grpc`]: the protocols: `/check`, probes, metrics and the admin API;
@@ -58,23 +27,10 @@
 //! - [`cli`]: [`cli::import`] (envoyproxy/ratelimit YAML to TOML), [`cli::ingress_nginx`]
 //!   (its annotations to TOML), [`cli::replay`] (an access log against a config),
 //!   [`cli::top_view`] (`tollgate top`).
-//!
-//! Beside the layers, one wing: [`erl`], envoyproxy/ratelimit's compatibility. Each of its
-//! parts is named after the layer it belongs to ([`erl::config`] is of `config`) and is held
-//! to that layer's imports.
 
-pub mod answer;
 pub mod app;
-pub mod base;
 pub mod cli;
-pub mod config;
-pub mod erl;
 pub mod grpc;
 pub mod http;
-pub mod kinds;
-pub mod limiter;
-pub mod observe;
-pub mod policy;
-pub mod request;
+pub mod otlp;
 pub mod state;
-pub mod store;

@@ -5,10 +5,10 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use tollgate::app::server::{self, Listeners};
-use tollgate::config::{Config, ConfigError};
-use tollgate::observe::metrics::Metrics;
-use tollgate::policy::Policy;
 use tollgate::state::StartError;
+use tollgate_core::config::{Config, ConfigError};
+use tollgate_core::observe::metrics::Metrics;
+use tollgate_core::policy::Policy;
 
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;

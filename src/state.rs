@@ -7,19 +7,20 @@ use std::time::Duration;
 
 use actix_web::web;
 
-use crate::base::timings::Timings;
-use crate::config::{Backend, Config, ConfigError, DenialLogging, OnError, StoreConfig};
-use crate::erl::observe::ErlStats;
-use crate::limiter::borrow::Lender;
-use crate::limiter::Limiter;
-use crate::observe::denial_log::DenialLog;
-use crate::observe::metrics::Metrics;
-use crate::observe::trace::{spawn_exporter, Tracer};
-use crate::policy::Policy;
-use crate::store::memory::MemoryStore;
-use crate::store::redis::{certificates, RedisStore, Topology};
-use crate::store::{AnyStore, Store, StoreError};
+use crate::otlp::spawn_exporter;
 use redis::TlsCertificates;
+use tollgate_core::base::timings::Timings;
+use tollgate_core::config::{Backend, Config, ConfigError, DenialLogging, OnError, StoreConfig};
+use tollgate_core::erl::observe::ErlStats;
+use tollgate_core::limiter::borrow::Lender;
+use tollgate_core::limiter::Limiter;
+use tollgate_core::observe::denial_log::DenialLog;
+use tollgate_core::observe::metrics::Metrics;
+use tollgate_core::observe::trace::Tracer;
+use tollgate_core::policy::Policy;
+use tollgate_core::store::memory::MemoryStore;
+use tollgate_core::store::redis::{certificates, RedisStore, Topology};
+use tollgate_core::store::{AnyStore, Store, StoreError};
 
 /// Shared by every worker of both listeners.
 pub struct AppState {
@@ -166,7 +167,7 @@ pub(crate) fn redis_tls(store: &StoreConfig) -> Result<Option<TlsCertificates>, 
     store
         .tls
         .as_ref()
-        .map(|tls| crate::config::store_tls::load(tls).map(certificates))
+        .map(|tls| tollgate_core::config::store_tls::load(tls).map(certificates))
         .transpose()
 }
 

@@ -4,7 +4,7 @@
 //! gRPC connection cap defaults to half of what is then in force, leaving the other half to
 //! the HTTP listeners, Redis and files.
 
-use crate::config::DEFAULT_GRPC_MAX_CONNECTIONS;
+use tollgate_core::config::DEFAULT_GRPC_MAX_CONNECTIONS;
 
 /// Raises the soft descriptor limit to the hard one (logged once, at info) and returns the
 /// soft limit in force afterwards; `None` when it cannot be read.

@@ -1,6 +1,6 @@
 //! Shutdown without losing a request: new connections held back then refused, open ones told
 //! to close, in-flight checks finished within a grace period (the `close_notice` and
-//! `shutdown_grace` of [`Timings`](crate::base::timings::Timings)).
+//! `shutdown_grace` of [`Timings`](tollgate_core::base::timings::Timings)).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

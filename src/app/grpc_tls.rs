@@ -22,8 +22,8 @@ use tokio_rustls::TlsAcceptor;
 use arc_swap::ArcSwap;
 
 use super::grpc_connections::{Admitted, Placed};
-use crate::config::grpc_tls::{GrpcTlsConfig, GrpcTlsMaterial, KEYS};
-use crate::config::ConfigError;
+use tollgate_core::config::grpc_tls::{GrpcTlsConfig, GrpcTlsMaterial, KEYS};
+use tollgate_core::config::ConfigError;
 
 /// Finished handshakes waiting for the server to take them.
 const QUEUE: usize = 64;

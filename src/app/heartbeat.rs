@@ -4,11 +4,11 @@
 use actix_web::web;
 
 use crate::state::AppState;
-use crate::store::AnyStore;
+use tollgate_core::store::AnyStore;
 
 /// Keeps this instance's heartbeat in Redis and learns how many instances share it: an
 /// announcement every `heartbeat_every`; an instance silent for `instance_ttl` is gone (see
-/// [`Timings`](crate::base::timings::Timings)).
+/// [`Timings`](tollgate_core::base::timings::Timings)).
 pub async fn count_instances(state: web::Data<AppState>, registry_key: String) {
     let AnyStore::Redis(store) = state.limiter.store() else {
         return;

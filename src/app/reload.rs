@@ -6,10 +6,10 @@ use std::sync::Mutex;
 
 use actix_web::web;
 
-use crate::config::{Config, ConfigError};
-use crate::erl::config::RuleConfig;
-use crate::policy::Policy;
 use crate::state::AppState;
+use tollgate_core::config::{Config, ConfigError};
+use tollgate_core::erl::config::RuleConfig;
+use tollgate_core::policy::Policy;
 
 /// Reloads the config file into a new policy. Only what a policy holds changes live (limits,
 /// `[client_ip]`, `[response]`); listeners and the store need a restart, and say so.
@@ -90,9 +90,9 @@ impl Reloader {
     pub fn dir_changed(&self) -> bool {
         let changed = {
             let watched = self.watched.lock().unwrap_or_else(|p| p.into_inner());
-            watched
-                .as_ref()
-                .is_some_and(|(dir, seen)| crate::erl::config::dir_fingerprint(dir) != *seen)
+            watched.as_ref().is_some_and(|(dir, seen)| {
+                tollgate_core::erl::config::dir_fingerprint(dir) != *seen
+            })
         };
         if changed {
             log::info!("reload: the envoyproxy/ratelimit config directory changed");
@@ -156,7 +156,7 @@ impl Reloader {
 /// The envoyproxy/ratelimit config directory of `config`, with its fingerprint now.
 fn watched_dir(config: &Config) -> Option<(PathBuf, u64)> {
     let dir = config.envoy.config_dir.clone()?;
-    let seen = crate::erl::config::dir_fingerprint(&dir);
+    let seen = tollgate_core::erl::config::dir_fingerprint(&dir);
     Some((dir, seen))
 }
 

@@ -21,12 +21,12 @@ use crate::app::grpc_tls::LiveTls;
 use crate::app::heartbeat;
 use crate::app::reload::Reloader;
 use crate::app::signals;
-use crate::config::{Backend, Config, OnError, StoreConfig};
-use crate::erl::app::metrics::{self as erl_metrics, PrometheusListener};
-use crate::policy::runtime_overrides::sync;
 use crate::state::{build_state, redis_tls, topology, AppState, StartError};
-use crate::store::redis::resets::{self, Heard, ResetSource};
-use crate::store::AnyStore;
+use tollgate_core::config::{Backend, Config, OnError, StoreConfig};
+use tollgate_core::policy::runtime_overrides::sync;
+use tollgate_core::store::redis::resets::{self, Heard, ResetSource};
+use tollgate_core::store::AnyStore;
+use tollgate_erl::app::metrics::{self as erl_metrics, PrometheusListener};
 
 /// The listening sockets, bound before the runtime starts so tests can bind port 0.
 pub struct Listeners {
@@ -98,7 +98,7 @@ pub async fn start(
     if let Some(xds) = xds {
         let reloader = reloader.clone();
         let install = Arc::new(move |fed| reloader.install_fed(fed));
-        actix_web::rt::spawn(crate::erl::app::xds::follow(xds, install));
+        actix_web::rt::spawn(tollgate_erl::app::xds::follow(xds, install));
     }
     let stop = signals::stop_signal(reloader, watch_every);
     run(state, listeners, stop).await?;
@@ -124,7 +124,7 @@ pub fn spawn_duties(config: &Config, state: &web::Data<AppState>) -> Result<(), 
     if config.store.on_error == OnError::Local {
         actix_web::rt::spawn(heartbeat::count_instances(
             state.clone(),
-            crate::base::keys::instances_key(&config.store.key_prefix),
+            tollgate_core::base::keys::instances_key(&config.store.key_prefix),
         ));
     }
     Ok(())
@@ -162,7 +162,7 @@ async fn follow_runtime_overrides(state: web::Data<AppState>, every: Duration) {
 /// (`DELETE /v1/buckets`), as the reset channel announces them.
 fn listen_for_resets(store: &StoreConfig, state: web::Data<AppState>) -> Result<(), StartError> {
     let source = ResetSource::of(&topology(store), redis_tls(store)?.as_ref())?;
-    let channel = crate::base::keys::resets_channel(&store.key_prefix);
+    let channel = tollgate_core::base::keys::resets_channel(&store.key_prefix);
     let timings = state.timings;
     actix_web::rt::spawn(resets::listen(
         source,

@@ -1,7 +1,7 @@
 //! Signals: SIGTERM and SIGINT stop the instance (see [`drain`](crate::app::drain)), SIGHUP
 //! reloads the limits (see [`reload`](crate::app::reload)); meanwhile a served
 //! envoyproxy/ratelimit config directory is looked at every `watch_every` (see
-//! [`Timings`](crate::base::timings::Timings)).
+//! [`Timings`](tollgate_core::base::timings::Timings)).
 
 use std::sync::Arc;
 use std::time::Duration;

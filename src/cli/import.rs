@@ -14,9 +14,9 @@ use std::collections::{BTreeMap, HashSet};
 use std::fmt::Write as _;
 use std::path::Path;
 
-use crate::config::{Config, ConfigError};
-use crate::erl::config::{self as erl, RuleConfig};
-use crate::erl::policy::ErlRules;
+use tollgate_core::config::{Config, ConfigError};
+use tollgate_core::erl::config::{self as erl, RuleConfig};
+use tollgate_core::erl::policy::ErlRules;
 
 /// A file that could not be read, parsed or accepted: its path and why.
 #[derive(Debug, thiserror::Error)]

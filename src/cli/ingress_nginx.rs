@@ -27,8 +27,8 @@ pub use self::objects::{IngressImportError, DEFAULT_PREFIX};
 use self::snippet::snippet;
 pub use self::snippet::Proxy;
 use self::translate::Translation;
-use crate::base::read::read_capped;
-use crate::erl::config::yaml_bounds::{check_depth, MAX_IMPORT_MIB};
+use tollgate_core::base::read::read_capped;
+use tollgate_core::erl::config::yaml_bounds::{check_depth, MAX_IMPORT_MIB};
 
 /// The conversion: what goes on stdout, and one line per thing not carried (for stderr).
 #[derive(Debug)]

@@ -18,17 +18,17 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use actix_web::http::header::{HeaderMap, HeaderName, HeaderValue};
+use http::header::{HeaderMap, HeaderName, HeaderValue};
 use serde::Serialize;
 
-use crate::base::clock::ManualClock;
-use crate::base::normalise::parse_ip;
-use crate::config::{Config, ConfigError};
-use crate::observe::metrics::Metrics;
-use crate::observe::top;
-use crate::policy::Policy;
-use crate::request::OriginalRequest;
-use crate::store::memory::MemoryStore;
+use tollgate_core::base::clock::ManualClock;
+use tollgate_core::base::normalise::parse_ip;
+use tollgate_core::config::{Config, ConfigError};
+use tollgate_core::observe::metrics::Metrics;
+use tollgate_core::observe::top;
+use tollgate_core::policy::Policy;
+use tollgate_core::request::OriginalRequest;
+use tollgate_core::store::memory::MemoryStore;
 
 mod log_line;
 mod timestamp;
@@ -410,7 +410,7 @@ impl Replay {
                     .into_iter()
                     .take(top_n)
                     .map(|(key, (denied, first))| KeyReport {
-                        key: top::parts(crate::base::keys::tail_in_key(
+                        key: top::parts(tollgate_core::base::keys::tail_in_key(
                             key,
                             &self.policy.key_prefix,
                             &limit.name,

@@ -112,7 +112,10 @@ pub fn merge(answers: &[(String, Answer)]) -> Vec<Row> {
     let mut rows: Vec<Row> = rows
         .into_iter()
         .map(|((limit, key), (denied, per_min))| Row {
-            share: crate::base::rate::ratio(denied, totals.get(&limit).copied().unwrap_or(1)),
+            share: tollgate_core::base::rate::ratio(
+                denied,
+                totals.get(&limit).copied().unwrap_or(1),
+            ),
             limit,
             key,
             denied,

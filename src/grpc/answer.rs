@@ -10,11 +10,11 @@ use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use envoy_types::pb::google::protobuf::Duration;
 
 use super::plan::RulesPlan;
-use crate::answer::{each_header, Carrier, Refusal};
-use crate::base::calendar::Period;
-use crate::limiter::decision::{most_restrictive, Decision, LimitState, Verdict};
-use crate::policy::limit::Limit;
-use crate::policy::Policy;
+use tollgate_core::answer::{each_header, Carrier, Refusal};
+use tollgate_core::base::calendar::Period;
+use tollgate_core::limiter::decision::{most_restrictive, Decision, LimitState, Verdict};
+use tollgate_core::policy::limit::Limit;
+use tollgate_core::policy::Policy;
 
 /// The answer in a domain of `[[limits]]`: each descriptor the status of its limits.
 pub fn respond(verdict: &Verdict, plan: &RulesPlan, policy: &Policy) -> RateLimitResponse {
@@ -193,8 +193,9 @@ mod tests {
 
     #[test]
     fn rates_read_back_in_the_shortest_whole_unit() {
-        let config = crate::config::Config::default();
-        let policy = Policy::compile(&config, &crate::observe::metrics::Metrics::new()).unwrap();
+        let config = tollgate_core::config::Config::default();
+        let policy =
+            Policy::compile(&config, &tollgate_core::observe::metrics::Metrics::new()).unwrap();
         let limit = &policy.limits[0];
         let shown = |rate: f64| {
             let l = current_limit(&state(rate), limit);

@@ -10,9 +10,9 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use serde_json::Value;
 
 use super::ShouldRateLimit;
-use crate::answer::STORE_FAILED_RETRY_AFTER_S;
-use crate::erl::grpc::json::{request_of, response_json};
 use crate::state::AppState;
+use tollgate_core::answer::STORE_FAILED_RETRY_AFTER_S;
+use tollgate_erl::grpc::json::{request_of, response_json};
 
 /// The two routes, for the public listener.
 pub fn routes(cfg: &mut web::ServiceConfig) {

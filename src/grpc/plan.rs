@@ -1,6 +1,6 @@
 //! A `RateLimitRequest` turned into the buckets to decide. Its domain says how: a domain of
-//! envoyproxy/ratelimit rules is planned as it plans (`crate::erl::grpc::plan`); any other draws every
-//! applicable `[[limits]]` of every descriptor, keyed through [`crate::base::keys`], with a
+//! envoyproxy/ratelimit rules is planned as it plans (`tollgate_erl::grpc::plan`); any other draws every
+//! applicable `[[limits]]` of every descriptor, keyed through [`tollgate_core::base::keys`], with a
 //! descriptor's buckets remembered so the answer can report each descriptor. Malformed
 //! requests are refused here with a gRPC status.
 
@@ -8,12 +8,12 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescript
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use tonic::Status;
 
-use crate::base::keys::{self, KeyPart, Source};
-use crate::config::{Charge, OnMissing, OVER_COST};
-use crate::erl::grpc::plan::{self as erl, ErlPlan};
-use crate::kinds::BucketRequest;
-use crate::policy::descriptors::{hits_of, value_of};
-use crate::policy::Policy;
+use tollgate_core::base::keys::{self, KeyPart, Source};
+use tollgate_core::config::{Charge, OnMissing, OVER_COST};
+use tollgate_core::kinds::BucketRequest;
+use tollgate_core::policy::descriptors::{hits_of, value_of};
+use tollgate_core::policy::Policy;
+use tollgate_erl::grpc::plan::{self as erl, entry_pairs, ErlPlan};
 
 /// Most descriptors one request may carry; Envoy sends one per rate limit action set.
 pub const MAX_DESCRIPTORS: usize = 64;
@@ -116,19 +116,22 @@ fn add_descriptor<'a>(
     plan: &mut RulesPlan,
     drawn: &mut Vec<usize>,
 ) {
-    let entries = &descriptor.entries;
-    let hits = hits_of(request.hits_addend, descriptor);
+    let entries = entry_pairs(&descriptor.entries);
+    let hits = hits_of(
+        request.hits_addend,
+        descriptor.hits_addend.as_ref().map(|addend| addend.value),
+    );
     let runtime = policy.runtime.view();
     for (limit_index, limit) in policy.limits.iter().enumerate() {
         let Some(rule) = &limit.descriptor else {
             continue;
         };
-        if !rule.applies(&request.domain, entries) {
+        if !rule.applies(&request.domain, entries.clone()) {
             continue;
         }
         let anonymous = limit.on_missing == OnMissing::Anonymous;
         let value = |part: &'a KeyPart| match part {
-            KeyPart::Descriptor(key) => value_of(entries, key).map(str::as_bytes),
+            KeyPart::Descriptor(key) => value_of(entries.clone(), key).map(str::as_bytes),
             KeyPart::Const(text) => Some(text.as_bytes()),
             _ => None,
         };
@@ -176,8 +179,8 @@ mod tests {
     use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 
     use super::*;
-    use crate::config::Config;
-    use crate::observe::metrics::Metrics;
+    use tollgate_core::config::Config;
+    use tollgate_core::observe::metrics::Metrics;
 
     /// The plan of a domain of `[[limits]]`.
     fn plan(policy: &Policy, request: &RateLimitRequest) -> Result<RulesPlan, Status> {

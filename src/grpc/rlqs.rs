@@ -29,8 +29,8 @@ use tonic::{Request, Response, Status, Streaming};
 
 pub use report::MAX_BUCKETS_PER_MESSAGE;
 
-use crate::limiter::rlqs::TrackedBytes;
 use crate::state::AppState;
+use tollgate_core::limiter::rlqs::TrackedBytes;
 
 /// The service's name, as gRPC health reports it.
 pub const SERVICE_NAME: &str = "envoy.service.rate_limit_quota.v3.RateLimitQuotaService";

@@ -23,7 +23,7 @@ use tonic::{Request, Response, Status};
 use tonic_prost::{ProstDecoder, ProstEncoder};
 
 use super::ShouldRateLimit;
-use crate::observe::trace::{self, Kind};
+use tollgate_core::observe::trace::{self, Kind};
 
 /// The method's path.
 const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";

@@ -1,7 +1,7 @@
 //! What every admin endpoint shares: who is calling (holder of the admin token or not), the
 //! refusal of mutating calls without the token ([`Operator`]), errors that render themselves
 //! as `application/problem+json` ([`AdminError`]), the `Host` guard and the bound on reads. How a
-//! key value is shown to a caller without the token is [`crate::base::redact`]'s.
+//! key value is shown to a caller without the token is [`tollgate_core::base::redact`]'s.
 
 use actix_web::http::header;
 use actix_web::http::StatusCode;
@@ -16,11 +16,11 @@ use sha2::{Digest, Sha256};
 
 mod error;
 
-use crate::base::redact::Caller;
-use crate::policy::limit::Limit;
-use crate::policy::Policy;
 use crate::state::AppState;
 pub use error::{AdminError, Operator};
+use tollgate_core::base::redact::Caller;
+use tollgate_core::policy::limit::Limit;
+use tollgate_core::policy::Policy;
 
 /// Most admin reads calling the store (peeks) in flight at once; more are answered `503` with
 /// `Retry-After: 1` without a store call, so the readiness probe (which pings the store on the
@@ -128,14 +128,12 @@ fn port(digits: Option<&str>) -> bool {
 /// anything near this is a mistake or an attack.
 pub const MAX_QUERY: usize = 16 * 1024;
 
-impl Caller {
-    /// Reads the bearer token. The comparison takes the same time wherever the tokens differ
-    /// (digests compared in full), so response times do not leak the token.
-    pub fn of(request: &HttpRequest, token: Option<&str>) -> Caller {
-        match (token, bearer(request)) {
-            (Some(token), Some(given)) if same_secret(given, token) => Caller::Operator,
-            _ => Caller::Anonymous,
-        }
+/// Who is asking: reads the bearer token. The comparison takes the same time wherever the
+/// tokens differ (digests compared in full), so response times do not leak the token.
+pub fn caller(request: &HttpRequest, token: Option<&str>) -> Caller {
+    match (token, bearer(request)) {
+        (Some(token), Some(given)) if same_secret(given, token) => Caller::Operator,
+        _ => Caller::Anonymous,
     }
 }
 

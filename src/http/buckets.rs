@@ -15,12 +15,12 @@ use serde::Serialize;
 use serde_json::json;
 
 use super::admin::{self, AdminError, NamedKey, Operator};
-use crate::base::redact::Caller;
-use crate::base::redact::Salt;
-use crate::kinds::PeekView;
-use crate::limiter::peek::Target;
-use crate::policy::overrides::Override;
 use crate::state::AppState;
+use tollgate_core::base::redact::Caller;
+use tollgate_core::base::redact::Salt;
+use tollgate_core::kinds::PeekView;
+use tollgate_core::limiter::peek::Target;
+use tollgate_core::policy::overrides::Override;
 
 #[derive(Serialize)]
 struct Peek<'a> {
@@ -68,7 +68,7 @@ pub async fn peek(
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, AdminError> {
     let policy = state.limiter.policy();
-    let caller = Caller::of(&request, policy.admin_token.as_deref());
+    let caller = admin::caller(&request, policy.admin_token.as_deref());
     let named = NamedKey::parse(&policy, &name, request.query_string())?;
     let key = shown_key(&named.values, &policy.salt, caller);
     let target = Target::of(&policy, named.index, &named.tail);

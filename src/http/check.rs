@@ -6,9 +6,9 @@ use std::time::Instant;
 use actix_web::{web, HttpRequest, HttpResponse};
 
 use super::response;
-use crate::observe::trace::{self, attribute, Kind};
-use crate::request::OriginalRequest;
 use crate::state::AppState;
+use tollgate_core::observe::trace::{self, attribute, Kind};
+use tollgate_core::request::{Headers, OriginalRequest};
 
 pub async fn check(request: HttpRequest, state: web::Data<AppState>) -> HttpResponse {
     let started = Instant::now();
@@ -22,14 +22,10 @@ pub async fn check(request: HttpRequest, state: web::Data<AppState>) -> HttpResp
     let peer = request
         .peer_addr()
         .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |addr| addr.ip());
-    let client_ip = policy.client_ip.client_ip(request.headers(), peer);
+    let headers = ActixHeaders(request.headers());
+    let client_ip = policy.client_ip.client_ip(&headers, peer);
     let path_tail = request.path().get("/check".len()..).unwrap_or("/");
-    let original = OriginalRequest::new(
-        request.headers(),
-        request.method().as_str(),
-        path_tail,
-        client_ip,
-    );
+    let original = OriginalRequest::new(&headers, request.method().as_str(), path_tail, client_ip);
     let verdict = state.limiter.check(&policy, &original).await.verdict;
     let form = response::DenyForm::requested(request.headers());
     let response = response::render_as(&verdict, &policy, form);
@@ -51,5 +47,26 @@ pub async fn below_check(request: HttpRequest, state: web::Data<AppState>) -> Ht
         check(request, state).await
     } else {
         HttpResponse::NotFound().finish()
+    }
+}
+
+/// actix's header map lent to the core, which reads headers through [`Headers`].
+#[derive(Debug)]
+pub struct ActixHeaders<'a>(pub &'a actix_web::http::header::HeaderMap);
+
+impl Headers for ActixHeaders<'_> {
+    fn get(&self, name: &str) -> Option<&[u8]> {
+        self.0.get(name).map(|value| value.as_bytes())
+    }
+
+    fn nth(&self, name: &str, index: usize) -> Option<&[u8]> {
+        self.0
+            .get_all(name)
+            .nth(index)
+            .map(|value| value.as_bytes())
+    }
+
+    fn count(&self, name: &str) -> usize {
+        self.0.get_all(name).count()
     }
 }

@@ -7,15 +7,15 @@
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde::Serialize;
 
-use crate::base::redact::Caller;
-use crate::base::redact::Salt;
-use crate::config::{Charge, OnMissing};
-use crate::kinds::{Configured, Kind, LimitView as KindView};
-use crate::policy::exempt::ExemptRule;
-use crate::policy::limit::Limit;
-use crate::policy::matcher::Matcher;
-use crate::policy::Policy;
 use crate::state::AppState;
+use tollgate_core::base::redact::Caller;
+use tollgate_core::base::redact::Salt;
+use tollgate_core::config::{Charge, OnMissing};
+use tollgate_core::kinds::{Configured, Kind, LimitView as KindView};
+use tollgate_core::policy::exempt::ExemptRule;
+use tollgate_core::policy::limit::Limit;
+use tollgate_core::policy::matcher::Matcher;
+use tollgate_core::policy::Policy;
 
 #[derive(Serialize)]
 struct Limits<'p> {
@@ -129,7 +129,7 @@ fn exempt_view(
 
 pub async fn limits(request: HttpRequest, state: web::Data<AppState>) -> HttpResponse {
     let policy = state.limiter.policy();
-    let caller = Caller::of(&request, policy.admin_token.as_deref());
+    let caller = super::admin::caller(&request, policy.admin_token.as_deref());
     match render(&policy, caller) {
         Ok(body) => HttpResponse::Ok()
             .content_type("application/json")

@@ -12,17 +12,17 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use serde_json::{json, Map, Value};
 
 use super::admin::{find_limit, AdminError, NamedKey, Operator};
-use crate::base::rate::RateSpec;
-use crate::base::redact::Caller;
-use crate::base::redact::Salt;
-use crate::config::OverrideConfig;
-use crate::kinds::Kind;
-use crate::policy::limit::Limit;
-use crate::policy::overrides;
-use crate::policy::runtime_overrides::sync::WriteError;
-use crate::policy::runtime_overrides::{Entry, MAX_TTL_S};
-use crate::policy::Policy;
 use crate::state::AppState;
+use tollgate_core::base::rate::RateSpec;
+use tollgate_core::base::redact::Caller;
+use tollgate_core::base::redact::Salt;
+use tollgate_core::config::OverrideConfig;
+use tollgate_core::kinds::Kind;
+use tollgate_core::policy::limit::Limit;
+use tollgate_core::policy::overrides;
+use tollgate_core::policy::runtime_overrides::sync::WriteError;
+use tollgate_core::policy::runtime_overrides::{Entry, MAX_TTL_S};
+use tollgate_core::policy::Policy;
 
 pub async fn list(
     request: HttpRequest,
@@ -31,7 +31,7 @@ pub async fn list(
 ) -> Result<HttpResponse, AdminError> {
     let policy = state.limiter.policy();
     let (_, limit) = find_limit(&policy, &name)?;
-    let caller = Caller::of(&request, policy.admin_token.as_deref());
+    let caller = super::admin::caller(&request, policy.admin_token.as_deref());
     let now = policy.runtime.now_ms();
     let listed: Vec<Value> = policy
         .runtime

@@ -4,10 +4,10 @@
 use actix_web::{web, HttpRequest, HttpResponse, ResponseError};
 
 use super::admin::{AdminError, Operator};
-use crate::limiter::report::{self, Item, ReportError, Reports};
-use crate::observe::trace::{self, attribute, Kind, Span};
-use crate::policy::Policy;
 use crate::state::AppState;
+use tollgate_core::limiter::report::{self, Item, ReportError, Reports};
+use tollgate_core::observe::trace::{self, attribute, Kind, Span};
+use tollgate_core::policy::Policy;
 
 pub async fn report(
     operator: Operator,

@@ -8,9 +8,9 @@ use actix_web::http::StatusCode;
 use actix_web::{HttpResponse, HttpResponseBuilder};
 use serde::Serialize;
 
-use crate::answer::{each_header, Carrier, QuotaValue, Refusal};
-use crate::limiter::decision::{Decision, Verdict};
-use crate::policy::Policy;
+use tollgate_core::answer::{each_header, Carrier, QuotaValue, Refusal};
+use tollgate_core::limiter::decision::{Decision, Verdict};
+use tollgate_core::policy::Policy;
 
 // Names as constants: a `&str` name is parsed and validated on every insert (4% of a
 // memory-store check's instructions in `bench/profile.sh`).
@@ -238,16 +238,18 @@ fn answer_headers(
     refused: bool,
 ) -> Option<u64> {
     each_header(decision, policy, refused, Carrier::Http, |name, value| {
-        response.insert_header((name, value));
+        response.insert_header((name, Quota(value)));
     })
 }
 
-// The quota value as actix writes it: the answer layer knows no HTTP framework.
-impl actix_web::http::header::TryIntoHeaderValue for QuotaValue {
+/// A quota value as actix writes it: the answer layer knows no HTTP framework.
+struct Quota(QuotaValue);
+
+impl actix_web::http::header::TryIntoHeaderValue for Quota {
     type Error = actix_web::http::header::InvalidHeaderValue;
 
     fn try_into_value(self) -> Result<actix_web::http::header::HeaderValue, Self::Error> {
-        match self {
+        match self.0 {
             QuotaValue::Number(number) => Ok(number.into()),
             QuotaValue::Text(text) => text.try_into_value(),
         }
@@ -260,8 +262,8 @@ mod tests {
     use actix_web::http::header::HeaderValue;
 
     use super::*;
-    use crate::config::Config;
-    use crate::observe::metrics::Metrics;
+    use tollgate_core::config::Config;
+    use tollgate_core::observe::metrics::Metrics;
 
     fn policy(toml: &str) -> Policy {
         use figment::providers::Format as _;

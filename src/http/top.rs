@@ -7,11 +7,11 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::admin::AdminError;
-use crate::base::rate::ratio;
-use crate::base::redact::Caller;
-use crate::base::redact::Salt;
-use crate::observe::top::{self, TopList};
 use crate::state::AppState;
+use tollgate_core::base::rate::ratio;
+use tollgate_core::base::redact::Caller;
+use tollgate_core::base::redact::Salt;
+use tollgate_core::observe::top::{self, TopList};
 
 /// Keys per limit when `n` is not given, and the most a caller may ask for.
 pub const DEFAULT_N: usize = 20;
@@ -30,7 +30,7 @@ pub async fn top(
     let (minutes, n) =
         parse(request.query_string()).map_err(|(field, detail)| AdminError::bad(field, detail))?;
     let policy = state.limiter.policy();
-    let caller = Caller::of(&request, policy.admin_token.as_deref());
+    let caller = super::admin::caller(&request, policy.admin_token.as_deref());
     let mut covered_s = 1;
     let limits: Vec<Value> = policy
         .limits

@@ -280,9 +280,9 @@ fn cluster_is_exact_across_slots_and_follows_a_master_failover() {
 #[test]
 fn checks_queued_together_are_batched_per_slot_and_stay_exact() {
     use crate::support::redis_store;
-    use tollgate::kinds::BucketRequest;
-    use tollgate::store::redis::Topology;
-    use tollgate::store::Store;
+    use tollgate_core::kinds::BucketRequest;
+    use tollgate_core::store::redis::Topology;
+    use tollgate_core::store::Store;
 
     let cluster = RedisCluster::start();
     let seeds = cluster.seeds();
@@ -349,10 +349,10 @@ fn checks_queued_together_are_batched_per_slot_and_stay_exact() {
 #[test]
 fn a_lease_spanning_slots_is_refunded_when_another_slot_denies() {
     use crate::support::redis_store;
-    use tollgate::kinds::concurrency::Lease;
-    use tollgate::kinds::BucketRequest;
-    use tollgate::store::redis::Topology;
-    use tollgate::store::Store;
+    use tollgate_core::kinds::concurrency::Lease;
+    use tollgate_core::kinds::BucketRequest;
+    use tollgate_core::store::redis::Topology;
+    use tollgate_core::store::Store;
 
     let cluster = RedisCluster::start();
     let seeds = cluster.seeds();
@@ -373,7 +373,7 @@ fn a_lease_spanning_slots_is_refunded_when_another_slot_denies() {
         .block_on(store.decide(&request(2)))
         .expect("decided");
     assert!(!second.allowed, "the budget in the other slot denies");
-    let free = |store: &tollgate::store::redis::RedisStore| {
+    let free = |store: &tollgate_core::store::redis::RedisStore| {
         // A peek counts the slots free in the lease's own slot.
         runtime
             .block_on(store.peek(&request(0)[0]))
@@ -397,10 +397,10 @@ fn a_lease_spanning_slots_is_refunded_when_another_slot_denies() {
 #[test]
 fn a_reservation_spanning_slots_is_refunded_when_another_slot_denies() {
     use crate::support::redis_store;
-    use tollgate::kinds::reserve::{Reserve, Settle};
-    use tollgate::kinds::BucketRequest;
-    use tollgate::store::redis::Topology;
-    use tollgate::store::Store;
+    use tollgate_core::kinds::reserve::{Reserve, Settle};
+    use tollgate_core::kinds::BucketRequest;
+    use tollgate_core::store::redis::Topology;
+    use tollgate_core::store::Store;
 
     let cluster = RedisCluster::start();
     let seeds = cluster.seeds();
@@ -467,10 +467,10 @@ fn a_reservation_spanning_slots_is_refunded_when_another_slot_denies() {
 #[test]
 fn borrowed_tokens_on_a_cluster_stay_within_each_bucket() {
     use crate::support::redis_store;
-    use tollgate::kinds::{BucketRequest, Meter};
-    use tollgate::limiter::borrow::{Lender, Plan};
-    use tollgate::store::redis::Topology;
-    use tollgate::store::Store;
+    use tollgate_core::kinds::{BucketRequest, Meter};
+    use tollgate_core::limiter::borrow::{Lender, Plan};
+    use tollgate_core::store::redis::Topology;
+    use tollgate_core::store::Store;
 
     const RATE: f64 = 200.0;
     const BURST: f64 = 50.0;

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use crate::support::chaos::{self, FullBacklog, Load, Proxy, Sample, UpWatch};
 use crate::support::limit;
 use crate::support::{wait_until, RedisServer, Tollgate};
-use tollgate::config::OnError;
+use tollgate_core::config::OnError;
 
 const TIMEOUT_MS: u64 = 50;
 /// The promise: every answer within the store timeout plus 20 ms.
@@ -279,7 +279,7 @@ fn assert_survived(
             _ => degraded,
         };
         let ridden_out =
-            !went_down && failed_calls < tollgate::store::breaker::FAILURE_THRESHOLD as usize;
+            !went_down && failed_calls < tollgate_core::store::breaker::FAILURE_THRESHOLD as usize;
         if failing && !ridden_out {
             assert!(
                 went_down,

@@ -35,8 +35,8 @@ burst = 5
 key = ["header:x-user"]
 "#;
 
-/// How long the flood's buckets are reported after they were made: five rounds.
-const ROUNDS_S: u64 = 25;
+/// How long the flood's buckets are reported after they were made: six rounds.
+const ROUNDS_S: u64 = 30;
 
 /// Statuses of `tenant`'s requests through `envoy` at `rate` per second until `stop`.
 fn tenant_load(
@@ -137,7 +137,9 @@ fn a_flood_of_buckets_leaves_checks_and_other_tenants_alone() {
             .map(|(t, _)| t.metric("tollgate_rlqs_assignments_total{action=\"token_bucket\"}"))
             .sum()
     };
-    // Two rounds for Envoy to report every bucket, then three more counted.
+    // Two rounds for Envoy to report every bucket, then four more, of which at least three
+    // must be answered whole: a window of exactly three cut the rounds at its edges, and on
+    // a loaded machine a round's answers spread over more than a second (2.8 rounds counted).
     std::thread::sleep(Duration::from_secs(10));
     let before = assigned(&replicas);
     std::thread::sleep(Duration::from_secs(ROUNDS_S - 10));
@@ -166,10 +168,10 @@ fn a_flood_of_buckets_leaves_checks_and_other_tenants_alone() {
         admitted <= bound,
         "u1: {admitted} admitted, at most {bound}"
     );
-    // Every bucket answered every round: 2,001 buckets, three rounds of reports.
+    // Every bucket answered every round: 2,001 buckets, three whole rounds in four.
     assert!(
         after - before >= 3.0 * 2001.0,
-        "{} token buckets sent in three rounds for 2,001 buckets",
+        "{} token buckets sent in four rounds for 2,001 buckets",
         after - before
     );
     // acme, 10/s under its 100/s: refused only before its first assignment (the shipped

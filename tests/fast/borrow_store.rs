@@ -3,9 +3,9 @@
 //! its Rust twin (`kinds::borrow`) cannot drift apart.
 
 use crate::support::stores::{every_store, StoreUnderTest};
-use tollgate::kinds::borrow::{Borrow, GiveBack};
-use tollgate::kinds::{BucketRequest, Meter, Slice};
-use tollgate::store::StoreDecision;
+use tollgate_core::kinds::borrow::{Borrow, GiveBack};
+use tollgate_core::kinds::{BucketRequest, Meter, Slice};
+use tollgate_core::store::StoreDecision;
 
 /// The horizon of these scenarios: 1 s.
 const GRID_US: u64 = 1_000_000;

@@ -9,12 +9,12 @@ use std::time::{Duration, Instant};
 use proptest::prelude::*;
 
 use crate::support::{redis_store, RedisServer};
-use tollgate::base::clock::{Clock, ManualClock};
-use tollgate::kinds::BucketRequest;
-use tollgate::limiter::borrow::{Lender, Plan};
-use tollgate::store::memory::MemoryStore;
-use tollgate::store::redis::{RedisStore, Topology};
-use tollgate::store::{Store, StoreDecision};
+use tollgate_core::base::clock::{Clock, ManualClock};
+use tollgate_core::kinds::BucketRequest;
+use tollgate_core::limiter::borrow::{Lender, Plan};
+use tollgate_core::store::memory::MemoryStore;
+use tollgate_core::store::redis::{RedisStore, Topology};
+use tollgate_core::store::{Store, StoreDecision};
 
 fn bucket(key: &str, rate: f64, burst: f64) -> BucketRequest {
     BucketRequest::bucket(key, rate, burst)

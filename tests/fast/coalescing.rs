@@ -12,12 +12,12 @@ use proptest::prelude::*;
 
 use crate::support::commandstats::script_calls;
 use crate::support::{redis_store, RedisServer};
-use tollgate::base::calendar::Period;
-use tollgate::base::clock::ManualClock;
-use tollgate::kinds::{BucketRequest, Meter};
-use tollgate::store::memory::MemoryStore;
-use tollgate::store::redis::{RedisStore, Topology};
-use tollgate::store::{Store, StoreDecision};
+use tollgate_core::base::calendar::Period;
+use tollgate_core::base::clock::ManualClock;
+use tollgate_core::kinds::{BucketRequest, Meter};
+use tollgate_core::store::memory::MemoryStore;
+use tollgate_core::store::redis::{RedisStore, Topology};
+use tollgate_core::store::{Store, StoreDecision};
 
 /// Slow enough that the milliseconds between two calls of one test refill nothing that could
 /// change a decision, so a frozen clock is a fair reference.

@@ -1,13 +1,16 @@
-//! The layering of `src/`: every module imports only its own layer's modules and the layers
-//! below, and no set of modules imports itself round a cycle. One crate cannot make the
-//! compiler keep this, so this test reads the sources: every `crate::`, `super::` and `self::`
-//! path outside comments is an edge from the file to the deepest module it names.
+//! The layering of the three packages' sources: every module imports only its own layer's
+//! modules and the layers below, and no set of modules imports itself round a cycle. The
+//! compiler keeps the packages apart (the core cannot name the server or the ERL wire); the
+//! layers inside a package it cannot keep, so this test reads the sources: every `crate::`,
+//! `super::`, `self::`, `tollgate_core::` and `tollgate_erl::` path outside comments is an edge
+//! from the file to the deepest module it names.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-/// Bottom to top. A layer may use the ones before it; `http` and `grpc` share a rank and may
-/// not use each other.
+/// Bottom to top. A layer may use the ones before it; layers that share a rank may not use
+/// each other: `answer` and `otlp` (the top of the core, and the first layer of the server
+/// above it, which `state` starts), `http` and `grpc`.
 const LAYERS: &[(&str, u8)] = &[
     ("base", 0),
     ("config", 1),
@@ -18,11 +21,12 @@ const LAYERS: &[(&str, u8)] = &[
     ("policy", 6),
     ("limiter", 7),
     ("answer", 8),
-    ("state", 8),
-    ("http", 9),
-    ("grpc", 9),
-    ("app", 10),
-    ("cli", 11),
+    ("otlp", 8),
+    ("state", 9),
+    ("http", 10),
+    ("grpc", 10),
+    ("app", 11),
+    ("cli", 12),
 ];
 
 /// envoyproxy/ratelimit's compatibility is one wing (`src/erl/`) across the layers: each of
@@ -30,9 +34,9 @@ const LAYERS: &[(&str, u8)] = &[
 /// that layer. The wing's own file (`erl.rs`) only names its parts: judged as the bottom layer.
 const WING: &str = "erl";
 
-/// The layers the wing stands on. The others (`state`, `http`, `grpc`, `app`, `cli`) are the
-/// server it plugs into: the wing imports none of them, so that it can become a package that
-/// depends on the core alone.
+/// The layers the wing stands on. The others (`otlp`, `state`, `http`, `grpc`, `app`, `cli`)
+/// are the server it plugs into: the wing imports none of them, so that it can become a
+/// package that depends on the core alone.
 const CORE: &[&str] = &[
     "base", "config", "request", "observe", "kinds", "store", "policy", "limiter", "answer",
 ];
@@ -106,6 +110,30 @@ fn no_module_imports_itself_round_a_cycle() {
                 .join(" -> "))
             .collect::<Vec<_>>()
             .join("\n")
+    );
+}
+
+#[test]
+fn the_core_package_depends_on_no_protocol_stack() {
+    // The core decides without a protocol: the HTTP framework, the gRPC stack and protobuf
+    // stay in the server and the ERL wire, at the edges.
+    let manifest = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/tollgate-core/Cargo.toml"),
+    )
+    .expect("read the core's manifest");
+    let named: Vec<&str> = manifest
+        .lines()
+        .filter_map(|line| line.split(['=', ' ']).next())
+        .filter(|name| {
+            ["actix-web", "tonic", "prost", "envoy-types", "hyper"]
+                .iter()
+                .any(|stack| name.starts_with(stack))
+        })
+        .collect();
+    assert!(named.is_empty(), "the core depends on {named:?}");
+    assert!(
+        manifest.contains("\nredis = "),
+        "the reader sees the dependencies"
     );
 }
 
@@ -211,23 +239,36 @@ struct Graph {
 
 impl Graph {
     fn read() -> Graph {
-        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-        let mut files = Vec::new();
-        collect(&src, &mut files);
+        let top = Path::new(env!("CARGO_MANIFEST_DIR"));
+        // Each package's sources, and where its `crate::` stands in the one tree of modules:
+        // the ERL package's modules are the wing's (`erl::grpc`), as they were in one crate.
+        let packages: [(PathBuf, Module); 3] = [
+            (top.join("crates/tollgate-core/src"), Vec::new()),
+            (top.join("crates/tollgate-erl/src"), module(WING)),
+            (top.join("src"), Vec::new()),
+        ];
         // A module may have two files: its own and a `tests.rs` in its folder.
-        let modules: Vec<(Module, &PathBuf)> = files
-            .iter()
-            .filter_map(|file| Some((module_of(&src, file)?, file)))
-            .collect();
-        let known: BTreeSet<Module> = modules.iter().map(|(m, _)| m.clone()).collect();
+        let mut modules: Vec<(Module, PathBuf, &Module)> = Vec::new();
+        for (src, root) in &packages {
+            let mut files = Vec::new();
+            collect(src, &mut files);
+            for file in files {
+                if let Some(module) = module_of(src, root, &file) {
+                    modules.push((module, file, root));
+                }
+            }
+        }
+        let known: BTreeSet<Module> = modules.iter().map(|(m, _, _)| m.clone()).collect();
         let mut edges: BTreeMap<Module, BTreeSet<Module>> = BTreeMap::new();
-        for (from, file) in &modules {
+        for (from, file, root) in &modules {
             let text = std::fs::read_to_string(file).expect("read a source file");
             // In a `tests.rs`, as in an inline `mod tests`, `super` is the module itself.
             let tests_file = file.file_stem().is_some_and(|stem| stem == "tests");
             let targets = paths_in(&text)
                 .into_iter()
-                .filter_map(|(inline, path)| resolve(from, inline || tests_file, &path, &known))
+                .filter_map(|(inline, path)| {
+                    resolve(from, root, inline || tests_file, &path, &known)
+                })
                 .filter(|to| to != from);
             edges.entry(from.clone()).or_default().extend(targets);
         }
@@ -303,24 +344,38 @@ fn collect(dir: &Path, files: &mut Vec<PathBuf>) {
     }
 }
 
-/// `src/policy/limit.rs` -> `policy::limit`; `lib.rs` and `main.rs` are no layer's.
+/// `src/policy/limit.rs` -> `policy::limit`, below the package's `root`; `lib.rs` and
+/// `main.rs` are no layer's, but the ERL package's `lib.rs` is the wing's own file.
 /// A `tests.rs` beside its module's folder is part of that module.
-fn module_of(src: &Path, file: &Path) -> Option<Module> {
+fn module_of(src: &Path, root: &Module, file: &Path) -> Option<Module> {
     let relative = file.strip_prefix(src).ok()?.with_extension("");
-    let mut parts: Module = relative
+    let parts: Module = relative
         .iter()
         .map(|part| part.to_string_lossy().into_owned())
         .collect();
+    if parts == ["lib"] && !root.is_empty() {
+        return Some(root.clone());
+    }
     if parts == ["lib"] || parts == ["main"] {
         return None;
     }
+    let mut parts: Module = root.iter().cloned().chain(parts).collect();
     if parts.last().is_some_and(|last| last == "tests") {
         parts.pop();
     }
     Some(parts)
 }
 
-/// Every `crate::`, `super::` and `self::` path outside comments, brace groups expanded one
+/// How a path that names a module of tollgate may start: in its own package, or another's.
+const HEADS: [&str; 5] = [
+    "crate::",
+    "super::",
+    "self::",
+    "tollgate_core::",
+    "tollgate_erl::",
+];
+
+/// Every `crate::`, `super::`, `self::` and package path outside comments, brace groups expanded one
 /// level (`super::{a, b::C}` gives `super::a` and `super::b::C`); with each, whether it stands
 /// after an inline `mod name {` (a file's `mod tests`), where `super` is the file's own module.
 fn paths_in(text: &str) -> Vec<(bool, Vec<String>)> {
@@ -333,11 +388,7 @@ fn paths_in(text: &str) -> Vec<(bool, Vec<String>)> {
             inline = true;
         }
         let mut rest = code;
-        while let Some(at) = ["crate::", "super::", "self::"]
-            .iter()
-            .filter_map(|head| rest.find(head))
-            .min()
-        {
+        while let Some(at) = HEADS.iter().filter_map(|head| rest.find(head)).min() {
             let before = rest[..at].chars().last();
             let tail = &rest[at..];
             rest = &tail[1..];
@@ -384,15 +435,18 @@ fn paths_in(text: &str) -> Vec<(bool, Vec<String>)> {
 }
 
 /// The deepest module of `known` that `path`, written in `from` (inside an inline module of
-/// it when `inline`), names.
+/// it when `inline`) of the package whose `crate::` is `root`, names.
 fn resolve(
     from: &Module,
+    root: &Module,
     inline: bool,
     path: &[String],
     known: &BTreeSet<Module>,
 ) -> Option<Module> {
     let (mut base, rest): (Module, &[String]) = match path.first()?.as_str() {
-        "crate" => (Vec::new(), &path[1..]),
+        "crate" => (root.clone(), &path[1..]),
+        "tollgate_core" => (Vec::new(), &path[1..]),
+        "tollgate_erl" => (module(WING), &path[1..]),
         "self" => (from.clone(), &path[1..]),
         "super" => {
             let mut base = from.clone();

@@ -9,10 +9,10 @@ use std::time::Duration;
 use proptest::prelude::*;
 
 use crate::support::{assert_denied, limit, redis_config, RedisServer, Response, Tollgate};
-use tollgate::base::clock::ManualClock;
-use tollgate::kinds::concurrency::Lease;
-use tollgate::kinds::BucketRequest;
-use tollgate::store::memory::MemoryStore;
+use tollgate_core::base::clock::ManualClock;
+use tollgate_core::kinds::concurrency::Lease;
+use tollgate_core::kinds::BucketRequest;
+use tollgate_core::store::memory::MemoryStore;
 
 const TOKEN: &str = "test-admin-token-0123456789";
 
@@ -381,7 +381,7 @@ fn a_cross_slot_refund_gives_the_lease_back() {
         .expect("connect to redis");
     let lease = "L60000:000000000000000000000000000000ab";
     let taken: String = redis::cmd("EVAL")
-        .arg(tollgate::store::redis::script::BUCKET_SCRIPT)
+        .arg(tollgate_core::store::redis::script::BUCKET_SCRIPT)
         .arg(1)
         .arg("tg:c:{k}")
         .arg(&[lease, "2", "1", "0"])
@@ -395,7 +395,7 @@ fn a_cross_slot_refund_gives_the_lease_back() {
     );
     assert_eq!(held(&redis, "c").1, 1);
     let refunded: Vec<String> = redis::cmd("EVAL")
-        .arg(tollgate::store::redis::script::REFUND_SCRIPT)
+        .arg(tollgate_core::store::redis::script::REFUND_SCRIPT)
         .arg(1)
         .arg("tg:c:{k}")
         .arg(&[lease, "2", "1", fields[1]])

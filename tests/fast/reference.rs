@@ -338,11 +338,11 @@ fn the_erl_environment_table_is_the_one_the_code_reads() {
         .filter(|line| line.starts_with('|'))
         .map(|line| format!("{line}\n"))
         .collect();
-    let table = tollgate::erl::config::env::reference_table();
+    let table = tollgate_core::erl::config::env::reference_table();
     assert!(
         documented == table,
         "docs/REFERENCE.md's table of envoyproxy/ratelimit's environment differs from the code's \
-         (src/erl/config/env.rs); the code's renders as:\n{table}"
+         (crates/tollgate-core/src/erl/config/env.rs); the code's renders as:\n{table}"
     );
 }
 
@@ -414,6 +414,7 @@ fn the_repository_cites_no_document_outside_it() {
         "CHANGELOG.md",
         "docs",
         "src",
+        "crates",
         "tests",
         "config",
         "k8s",

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use crate::support::RedisServer;
 
-const BUCKET: &str = tollgate::store::redis::script::BUCKET_SCRIPT;
-const REFUND: &str = tollgate::store::redis::script::REFUND_SCRIPT;
+const BUCKET: &str = tollgate_core::store::redis::script::BUCKET_SCRIPT;
+const REFUND: &str = tollgate_core::store::redis::script::REFUND_SCRIPT;
 const KEY: &str = "tg:per-user:{alice}";
 
 /// Charges `cost` (burst 10); returns (tokens after, `now` of the call).

@@ -2,16 +2,16 @@
 //! before the file's) binds the reports of its key, not only its checks. On real Redis and the
 //! real binary, plus the key a report names compared with the key a check builds.
 
-use actix_web::http::header::{HeaderMap, HeaderName, HeaderValue};
 use figment::providers::{Format, Toml};
+use http::header::{HeaderMap, HeaderName, HeaderValue};
 
 use crate::support::http::admin_json;
 use crate::support::{redis_config, RedisServer, Response, Tollgate};
-use tollgate::config::Config;
-use tollgate::limiter::report;
-use tollgate::observe::metrics::Metrics;
-use tollgate::policy::Policy;
-use tollgate::request::OriginalRequest;
+use tollgate_core::config::Config;
+use tollgate_core::limiter::report;
+use tollgate_core::observe::metrics::Metrics;
+use tollgate_core::policy::Policy;
+use tollgate_core::request::OriginalRequest;
 
 const TOKEN: &str = "report-numbers-token-0123";
 

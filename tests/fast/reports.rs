@@ -7,9 +7,9 @@ use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::support::{redis_config, RedisServer, Response, Tollgate};
-use tollgate::base::clock::ManualClock;
-use tollgate::kinds::BucketRequest;
-use tollgate::store::memory::MemoryStore;
+use tollgate_core::base::clock::ManualClock;
+use tollgate_core::kinds::BucketRequest;
+use tollgate_core::store::memory::MemoryStore;
 
 use crate::quotas::{bucket_reply, pinned_eval, report_reply, utc};
 
@@ -281,7 +281,7 @@ fn a_report_while_the_store_is_down_is_refused_with_503_not_lost() {
 
 #[test]
 fn a_reported_bucket_is_used_up_below_one_token_and_admits_from_one_on_both_stores() {
-    use tollgate::kinds::ReportCharge;
+    use tollgate_core::kinds::ReportCharge;
     let redis = RedisServer::start();
     let mut conn = redis::Client::open(redis.url())
         .and_then(|c| c.get_connection())
@@ -312,7 +312,7 @@ fn a_reported_bucket_is_used_up_below_one_token_and_admits_from_one_on_both_stor
                 let twin = memory.report_now(&[report(cost)])[0];
                 let reply = pinned_eval(
                     &mut conn,
-                    tollgate::store::redis::script::REPORT_SCRIPT,
+                    tollgate_core::store::redis::script::REPORT_SCRIPT,
                     at,
                     &check.key,
                     &["1", "100", &cost.to_string(), "100"],
@@ -323,7 +323,7 @@ fn a_reported_bucket_is_used_up_below_one_token_and_admits_from_one_on_both_stor
                 let twin = memory.decide_sync(std::slice::from_ref(&check));
                 let reply = pinned_eval(
                     &mut conn,
-                    tollgate::store::redis::script::BUCKET_SCRIPT,
+                    tollgate_core::store::redis::script::BUCKET_SCRIPT,
                     at,
                     &check.key,
                     &["1", "100", "0", "0"],

@@ -118,7 +118,7 @@ async fn a_message_of_many_pools_takes_a_call_per_batch() {
     let before = script_calls(&redis);
     let answer = report_all(&mut envoy, &ids, 1).await;
     let calls = script_calls(&redis) - before;
-    let batches = 2000u64.div_ceil(tollgate::limiter::rlqs::POOLS_PER_CALL as u64);
+    let batches = 2000u64.div_ceil(tollgate_core::limiter::rlqs::POOLS_PER_CALL as u64);
     assert_eq!(calls, batches, "a call per {} pools", batches);
     assert_eq!(answer.bucket_action.len(), 2000);
     let served = (0..2000).filter(|i| read(&answer, *i).0 .2 > 0).count();

@@ -9,10 +9,10 @@
 use proptest::prelude::*;
 
 use crate::support::RedisServer;
-use tollgate::kinds::tokens;
-use tollgate::kinds::twin::{self, Stored};
-use tollgate::kinds::BucketRequest;
-use tollgate::store::redis::script::BUCKET_SCRIPT;
+use tollgate_core::kinds::tokens;
+use tollgate_core::kinds::twin::{self, Stored};
+use tollgate_core::kinds::BucketRequest;
+use tollgate_core::store::redis::script::BUCKET_SCRIPT;
 
 /// The keys' limits, as the script receives them: (rate, burst). One limit per key: the expiry
 /// a charge sets is for its own rate, so a key checked at a slower rate after it expired would

@@ -5,7 +5,7 @@
 
 use crate::support::http::admin_json;
 use crate::support::{redis_config, tollgate_command, RedisServer, TempDir, Tollgate};
-use tollgate::store::redis::script::{BUCKET_SCRIPT, REPORT_SCRIPT};
+use tollgate_core::store::redis::script::{BUCKET_SCRIPT, REPORT_SCRIPT};
 
 const TOKEN: &str = "store-bounds-token-0123";
 

@@ -7,11 +7,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::support::stores::{every_store, Redis, StoreUnderTest};
-use tollgate::base::clock::ManualClock;
-use tollgate::kinds::twin::Stored;
-use tollgate::kinds::{BucketOutcome, BucketRequest};
-use tollgate::store::memory::MemoryStore;
-use tollgate::store::{Store, StoreDecision, StoreError};
+use tollgate_core::base::clock::ManualClock;
+use tollgate_core::kinds::twin::Stored;
+use tollgate_core::kinds::{BucketOutcome, BucketRequest};
+use tollgate_core::store::memory::MemoryStore;
+use tollgate_core::store::{Store, StoreDecision, StoreError};
 
 /// A bucket used in a step: (key, rate, burst, cost, shadow).
 type Bucket = (&'static str, f64, f64, u64, bool);
@@ -450,7 +450,7 @@ fn redis_decides_the_most_extreme_accepted_buckets_and_keeps_their_ttl() {
 fn a_quota_peeks_alike_on_redis_and_in_memory() {
     let redis = Redis::start();
     let memory = MemoryStore::new(100);
-    let quota = BucketRequest::quota("peek-quota", tollgate::base::calendar::Period::Day, 3);
+    let quota = BucketRequest::quota("peek-quota", tollgate_core::base::calendar::Period::Day, 3);
     for _ in 0..2 {
         assert!(redis.decide(std::slice::from_ref(&quota)).allowed);
         assert!(memory.decide_sync(std::slice::from_ref(&quota)).allowed);
@@ -559,7 +559,7 @@ fn a_bucket_of_another_format_is_refused_not_read_as_full() {
         let redis = Redis::start();
         redis.server.cli(&["SET", "format:new", &value]);
         let bucket = request("format:new", 0.001, 5.0, 1);
-        let borrowing = bucket.clone().borrowing(tollgate::kinds::borrow::Borrow {
+        let borrowing = bucket.clone().borrowing(tollgate_core::kinds::borrow::Borrow {
             grid_us: 100_000,
             want: 2,
             give: None,
@@ -584,7 +584,7 @@ fn a_key_that_changes_between_bucket_and_quota_is_read_as_fresh() {
     let redis = Redis::start();
     let bucket = request("kind:k", 0.001, 5.0, 1);
     let quota = BucketRequest {
-        meter: tollgate::kinds::Meter::Quota(tollgate::base::calendar::Period::Day),
+        meter: tollgate_core::kinds::Meter::Quota(tollgate_core::base::calendar::Period::Day),
         ..request("kind:k", 0.0, 3.0, 1)
     };
     assert_eq!(

@@ -95,11 +95,11 @@ fn ephemeral_range_start() -> u16 {
 /// The environment that starts a tollgate with every background interval a tenth of
 /// production's (the testing-only divisor, see CONTRIBUTING.md): pass it to
 /// [`Tollgate::start_with_env`] and wait in multiples of [`short_timings`].
-pub const SHORT_TIMINGS: (&str, &str) = (tollgate::base::timings::TEST_SCALE_ENV, "10");
+pub const SHORT_TIMINGS: (&str, &str) = (tollgate_core::base::timings::TEST_SCALE_ENV, "10");
 
 /// The intervals of a tollgate started with [`SHORT_TIMINGS`].
-pub fn short_timings() -> tollgate::base::timings::Timings {
-    tollgate::base::timings::Timings::for_test_scale(SHORT_TIMINGS.1).expect("a valid divisor")
+pub fn short_timings() -> tollgate_core::base::timings::Timings {
+    tollgate_core::base::timings::Timings::for_test_scale(SHORT_TIMINGS.1).expect("a valid divisor")
 }
 
 /// Polls `ready` every 20 ms until it holds or `within` passes.

@@ -102,7 +102,8 @@ impl Tollgate {
     pub fn in_process(config: &str) -> Tollgate {
         let dir = TempDir::new("tollgate");
         let config_path = dir.write("tollgate.toml", config);
-        let config = tollgate::config::Config::load(Some(&config_path)).expect("a valid config");
+        let config =
+            tollgate_core::config::Config::load(Some(&config_path)).expect("a valid config");
         let bind = || TcpListener::bind("127.0.0.1:0").expect("bind port 0");
         let listeners = tollgate::app::server::Listeners {
             public: bind(),

@@ -129,21 +129,24 @@ pub fn redis_cli(port: u16, args: &[&str]) -> Result<String, String> {
 /// A Redis store on a current-thread runtime, the way an HTTP worker runs it (the store must
 /// be opened inside the runtime that drives it).
 pub fn redis_store(
-    topology: &tollgate::store::redis::Topology<'_>,
+    topology: &tollgate_core::store::redis::Topology<'_>,
     timeout: Duration,
-) -> (tollgate::store::redis::RedisStore, tokio::runtime::Runtime) {
+) -> (
+    tollgate_core::store::redis::RedisStore,
+    tokio::runtime::Runtime,
+) {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("runtime");
     let store = {
         let _inside = runtime.enter();
-        tollgate::store::redis::RedisStore::open(
+        tollgate_core::store::redis::RedisStore::open(
             topology,
             None,
             timeout,
-            tollgate::observe::metrics::Metrics::new(),
-            &tollgate::base::timings::Timings::default(),
+            tollgate_core::observe::metrics::Metrics::new(),
+            &tollgate_core::base::timings::Timings::default(),
         )
         .expect("store")
     };
@@ -156,7 +159,7 @@ pub fn redis_store(
 pub fn stored_tokens(value: &str, burst: f64) -> Option<f64> {
     let value = value.trim();
     let debt: f64 = value
-        .strip_prefix(tollgate::kinds::twin::BUCKET_FORMAT)
+        .strip_prefix(tollgate_core::kinds::twin::BUCKET_FORMAT)
         .unwrap_or(value)
         .split_whitespace()
         .next()?

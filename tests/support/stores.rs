@@ -14,12 +14,12 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate::base::clock::{Clock, ManualClock};
-use tollgate::kinds::reserve::{Settle, Settled};
-use tollgate::kinds::{BucketOutcome, BucketRequest, Reserved, Slice};
-use tollgate::store::memory::MemoryStore;
-use tollgate::store::redis::{RedisStore, Topology};
-use tollgate::store::{Store, StoreDecision};
+use tollgate_core::base::clock::{Clock, ManualClock};
+use tollgate_core::kinds::reserve::{Settle, Settled};
+use tollgate_core::kinds::{BucketOutcome, BucketRequest, Reserved, Slice};
+use tollgate_core::store::memory::MemoryStore;
+use tollgate_core::store::redis::{RedisStore, Topology};
+use tollgate_core::store::{Store, StoreDecision};
 
 use super::{redis_store, RedisServer};
 

@@ -4,9 +4,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use super::keys::{nginx_key, KeyError};
 use super::translate::{go_duration_secs, rate_per};
 use super::*;
-use crate::config::Config;
-use crate::observe::metrics::Metrics;
-use crate::policy::Policy;
+use tollgate_core::config::Config;
+use tollgate_core::observe::metrics::Metrics;
+use tollgate_core::policy::Policy;
 
 static FILES: AtomicUsize = AtomicUsize::new(0);
 
@@ -276,7 +276,7 @@ fn a_combined_key_keys_an_absent_header_as_one_shared_value() {
     assert_eq!(config.limits[0].key, ["ip", "header:x-api-key"]);
     assert_eq!(
         config.limits[0].on_missing,
-        crate::config::OnMissing::Anonymous
+        tollgate_core::config::OnMissing::Anonymous
     );
 }
 

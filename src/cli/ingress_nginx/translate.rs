@@ -495,7 +495,7 @@ fn match_table(block: &mut String, scope: &Scope, headers: &BTreeMap<String, Vec
 /// Go's `time.ParseDuration` of an annotation (which ingress-nginx trims), in whole seconds
 /// (it truncates the window so).
 pub(super) fn go_duration_secs(text: &str) -> Result<u64, String> {
-    crate::base::go::parse_duration(text.trim())
+    tollgate_core::base::go::parse_duration(text.trim())
         .map(|window| window.as_secs())
         .ok_or_else(|| format!("{text:?} is not a duration like 1m, 30s or 1h30m"))
 }

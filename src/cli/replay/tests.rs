@@ -1,11 +1,11 @@
 use std::net::IpAddr;
 
-use actix_web::http::header::{HeaderMap, HeaderName, HeaderValue};
+use http::header::{HeaderMap, HeaderName, HeaderValue};
 
 use super::*;
-use crate::config::OnError;
-use crate::limiter::decision::Verdict;
-use crate::limiter::Limiter;
+use tollgate_core::config::OnError;
+use tollgate_core::limiter::decision::Verdict;
+use tollgate_core::limiter::Limiter;
 
 fn args(format: LogFormat) -> ReplayArgs {
     ReplayArgs {

@@ -1,6 +1,6 @@
 //! Log timestamps as Unix microseconds: nginx's `$time_local`, `$time_iso8601` and `$msec`.
 
-use crate::base::calendar::days_from_civil;
+use tollgate_core::base::calendar::days_from_civil;
 
 /// A log timestamp as Unix µs: `$time_local` (`10/Oct/2000:13:55:36 -0700`),
 /// `$time_iso8601` (`2000-10-10T13:55:36-07:00`, fractions and `Z` accepted) or `$msec`

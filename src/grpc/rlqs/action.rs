@@ -11,8 +11,8 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_resp
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::BucketId;
 use envoy_types::pb::google::protobuf::{Duration, UInt32Value};
 
-use crate::limiter::rlqs::Assignment;
-use crate::observe::metrics::RlqsMetrics;
+use tollgate_core::limiter::rlqs::Assignment;
+use tollgate_core::observe::metrics::RlqsMetrics;
 
 /// `assignment` for `bucket`, valid for `ttl_s` (at least 1), counted in `metrics`.
 pub fn assign(

@@ -13,12 +13,12 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
 };
 
 use super::action;
-use crate::config::rlqs::Unmatched;
-use crate::limiter::rlqs::{
+use crate::state::AppState;
+use tollgate_core::config::rlqs::Unmatched;
+use tollgate_core::limiter::rlqs::{
     pool_key, Assignment, Book, BucketKey, PoolAnswer, PoolReport, TrackedBytes, Tracking,
 };
-use crate::policy::limit::Numbers;
-use crate::state::AppState;
+use tollgate_core::policy::limit::Numbers;
 
 /// The most buckets one message is answered for; Envoy sends one entry per bucket it holds.
 pub const MAX_BUCKETS_PER_MESSAGE: usize = 4096;
@@ -119,7 +119,7 @@ impl Stream {
     fn map(
         &mut self,
         reports: RateLimitQuotaUsageReports,
-        policy: &crate::policy::Policy,
+        policy: &tollgate_core::policy::Policy,
         actions: &mut Vec<BucketAction>,
     ) -> Vec<Ask> {
         let rules = &policy.rlqs;

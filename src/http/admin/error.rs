@@ -10,9 +10,9 @@ use actix_web::http::StatusCode;
 use actix_web::{web, FromRequest, HttpRequest, HttpResponse, ResponseError};
 
 use super::{problem, Caller};
-use crate::answer::STORE_FAILED_RETRY_AFTER_S;
-use crate::limiter::peek::Unanswered;
 use crate::state::AppState;
+use tollgate_core::answer::STORE_FAILED_RETRY_AFTER_S;
+use tollgate_core::limiter::peek::Unanswered;
 
 /// An admin call's failure, answered as `application/problem+json`.
 #[derive(Debug, thiserror::Error)]
@@ -116,7 +116,7 @@ impl FromRequest for Operator {
             );
             return ready(Err(AdminError::Disabled { what }));
         };
-        ready(match Caller::of(request, Some(&token)) {
+        ready(match super::caller(request, Some(&token)) {
             Caller::Operator => Ok(Operator),
             Caller::Anonymous => Err(AdminError::Unauthorized),
         })

@@ -41,7 +41,7 @@ fn the_shipped_example_config_grants_no_example_key_anything() {
         "tollgate.toml",
         include_str!("../../../config/tollgate.toml"),
     );
-    let config = tollgate::config::Config::load(Some(&path)).expect("valid");
+    let config = tollgate_core::config::Config::load(Some(&path)).expect("valid");
     for limit in &config.limits {
         assert!(
             limit.overrides.is_empty() && limit.overrides_file.is_none(),

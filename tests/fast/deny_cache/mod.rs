@@ -6,18 +6,18 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use actix_web::http::header::{HeaderMap, HeaderName, HeaderValue};
-use tollgate::base::clock::ManualClock;
-use tollgate::config::{Config, OnError};
-use tollgate::kinds::{BucketOutcome, BucketRequest};
-use tollgate::limiter::decision::Verdict;
-use tollgate::limiter::deny_cache::{DenyCache, MAX_PROBE_WAIT};
-use tollgate::limiter::{DecidedBy, Limiter, Outcome};
-use tollgate::observe::metrics::Metrics;
-use tollgate::policy::Policy;
-use tollgate::request::OriginalRequest;
-use tollgate::store::redis::{RedisStore, Topology};
-use tollgate::store::{Store, StoreDecision, StoreError};
+use http::header::{HeaderMap, HeaderName, HeaderValue};
+use tollgate_core::base::clock::ManualClock;
+use tollgate_core::config::{Config, OnError};
+use tollgate_core::kinds::{BucketOutcome, BucketRequest};
+use tollgate_core::limiter::decision::Verdict;
+use tollgate_core::limiter::deny_cache::{DenyCache, MAX_PROBE_WAIT};
+use tollgate_core::limiter::{DecidedBy, Limiter, Outcome};
+use tollgate_core::observe::metrics::Metrics;
+use tollgate_core::policy::Policy;
+use tollgate_core::request::OriginalRequest;
+use tollgate_core::store::redis::{RedisStore, Topology};
+use tollgate_core::store::{Store, StoreDecision, StoreError};
 
 use crate::support::limit;
 use crate::support::{commandstats, redis_config, RedisServer, TempDir, Tollgate, QUIET_POLL};
@@ -389,11 +389,11 @@ mod model {
     use std::time::Duration;
 
     use proptest::prelude::*;
-    use tollgate::base::clock::{Clock, ManualClock};
-    use tollgate::kinds::tokens;
-    use tollgate::kinds::twin::{self, Stored};
-    use tollgate::kinds::BucketRequest;
-    use tollgate::limiter::deny_cache::{Consult, DenyCache, MAX_WINDOW_US};
+    use tollgate_core::base::clock::{Clock, ManualClock};
+    use tollgate_core::kinds::tokens;
+    use tollgate_core::kinds::twin::{self, Stored};
+    use tollgate_core::kinds::BucketRequest;
+    use tollgate_core::limiter::deny_cache::{Consult, DenyCache, MAX_WINDOW_US};
 
     #[derive(Debug, Clone)]
     enum Op {

@@ -62,7 +62,7 @@ async fn a_check_waiting_for_a_hanging_probe_still_answers_within_the_timeout() 
 }
 
 /// A store that, like a Redis Cluster, may decide a request per slot and refund a part.
-struct Splitting(tollgate::store::memory::MemoryStore);
+struct Splitting(tollgate_core::store::memory::MemoryStore);
 
 impl Store for Splitting {
     async fn decide(&self, buckets: &[BucketRequest]) -> Result<StoreDecision, StoreError> {
@@ -85,7 +85,7 @@ async fn cached_on_a_splitting_store(limits: &str) -> usize {
     let config = Config::load(Some(&path)).expect("valid config");
     let metrics = Metrics::new();
     let policy = Policy::compile(&config, &metrics).expect("compiles");
-    let store = Splitting(tollgate::store::memory::MemoryStore::new(100));
+    let store = Splitting(tollgate_core::store::memory::MemoryStore::new(100));
     let limiter = Limiter::new(store, policy, OnError::Deny, 100, metrics)
         .with_deny_cache(100, Duration::from_secs(1));
     let policy = limiter.policy();

@@ -15,15 +15,15 @@ use crate::support::chaos;
 #[cfg(feature = "e2e")]
 use crate::support::limit;
 use crate::support::{block_on, HttpClient, RedisServer, Tollgate};
-use actix_web::http::header::{HeaderMap, HeaderName, HeaderValue};
-use tollgate::base::keys::MAX_TAIL;
-use tollgate::config::{Config, OnError};
-use tollgate::limiter::Limiter;
-use tollgate::observe::metrics::Metrics;
-use tollgate::policy::Policy;
-use tollgate::request::OriginalRequest;
-use tollgate::store::memory::MemoryStore;
-use tollgate::store::AnyStore;
+use http::header::{HeaderMap, HeaderName, HeaderValue};
+use tollgate_core::base::keys::MAX_TAIL;
+use tollgate_core::config::{Config, OnError};
+use tollgate_core::limiter::Limiter;
+use tollgate_core::observe::metrics::Metrics;
+use tollgate_core::policy::Policy;
+use tollgate_core::request::OriginalRequest;
+use tollgate_core::store::memory::MemoryStore;
+use tollgate_core::store::AnyStore;
 
 mod bounds;
 mod generated;

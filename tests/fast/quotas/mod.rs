@@ -8,10 +8,10 @@ use std::sync::{Arc, Barrier};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::support::{redis_config, RedisServer, Tollgate};
-use tollgate::base::calendar::Period;
-use tollgate::base::clock::ManualClock;
-use tollgate::kinds::BucketRequest;
-use tollgate::store::memory::MemoryStore;
+use tollgate_core::base::calendar::Period;
+use tollgate_core::base::clock::ManualClock;
+use tollgate_core::kinds::BucketRequest;
+use tollgate_core::store::memory::MemoryStore;
 
 use crate::reports::{json, post, TOKEN};
 

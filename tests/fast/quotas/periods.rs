@@ -74,7 +74,7 @@ fn period_boundaries_agree_between_the_rust_twin_and_the_shipped_script() {
     let mut conn = redis::Client::open(redis.url())
         .and_then(|c| c.get_connection())
         .expect("connect to redis");
-    let shipped = tollgate::store::redis::script::BUCKET_SCRIPT;
+    let shipped = tollgate_core::store::redis::script::BUCKET_SCRIPT;
     const TIME: &str = "redis.call('TIME')";
     assert_eq!(
         shipped.matches(TIME).count(),
@@ -119,7 +119,7 @@ fn a_used_up_period_denies_until_it_ends_on_both_stores() {
     let mut conn = redis::Client::open(redis.url())
         .and_then(|c| c.get_connection())
         .expect("connect to redis");
-    let shipped = tollgate::store::redis::script::BUCKET_SCRIPT;
+    let shipped = tollgate_core::store::redis::script::BUCKET_SCRIPT;
     let clock = Arc::new(ManualClock::default());
     let memory = MemoryStore::with_clock(1_000, clock.clone());
     let end = utc(2028, 3, 1, 0, 0, 0) as u64;

@@ -13,10 +13,10 @@ use proptest::prelude::*;
 use crate::support::fixtures::ONE_SLOT_PER_KEY;
 use crate::support::stores::{every_store, Redis, StoreUnderTest};
 use crate::support::{redis_config, RedisServer, Response, Tollgate};
-use tollgate::base::clock::ManualClock;
-use tollgate::kinds::reserve::{Reserve, Settle, MAX_LATE_SETTLES};
-use tollgate::kinds::{BucketRequest, Meter, Reserved};
-use tollgate::store::memory::MemoryStore;
+use tollgate_core::base::clock::ManualClock;
+use tollgate_core::kinds::reserve::{Reserve, Settle, MAX_LATE_SETTLES};
+use tollgate_core::kinds::{BucketRequest, Meter, Reserved};
+use tollgate_core::store::memory::MemoryStore;
 
 mod model;
 mod on_stores;

@@ -9,13 +9,13 @@ use std::time::Duration;
 use proptest::prelude::*;
 
 use crate::support::{redis_store, RedisServer};
-use tollgate::base::clock::ManualClock;
-use tollgate::store::memory::MemoryStore;
-use tollgate::store::redis::{RedisStore, Topology};
-use tollgate::store::rlqs::{
+use tollgate_core::base::clock::ManualClock;
+use tollgate_core::store::memory::MemoryStore;
+use tollgate_core::store::redis::{RedisStore, Topology};
+use tollgate_core::store::rlqs::{
     Escrow, Grant, Holding, Member, Pool, Sent, ShareRequest, ESCROW_FIELD,
 };
-use tollgate::store::Store;
+use tollgate_core::store::Store;
 
 mod streams;
 mod twin;
@@ -50,7 +50,7 @@ fn allocate(pool: &mut Pool, request: &ShareRequest, now: u64) -> Grant {
     if let [member] = &mut request.members[..] {
         member.last = last_sent(pool, &request.holder);
     }
-    tollgate::store::rlqs::allocate(pool, &request, now)
+    tollgate_core::store::rlqs::allocate(pool, &request, now)
 }
 
 /// What a one-bucket holder was last sent, read from its newest steps.

@@ -131,7 +131,7 @@ impl Twin {
             escrow,
             expires_us: 0,
         };
-        let expected = tollgate::store::rlqs::allocate(&mut twin, &report, now);
+        let expected = tollgate_core::store::rlqs::allocate(&mut twin, &report, now);
         assert_eq!(
             grant, expected,
             "grant for {seed:?} / {escrow:?} / {report:?}"

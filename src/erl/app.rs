@@ -1,9 +1,0 @@
-//! What runs beside the service for envoyproxy/ratelimit's sake, started by the running
-//! process (`crate::app::server`):
-//!
-//! - [`metrics`]: its metrics' Prometheus listener and statsd duty;
-//! - [`xds`]: the client of its xDS config source, handing each set of rules it receives to
-//!   the process's reload.
-
-pub mod metrics;
-pub mod xds;
