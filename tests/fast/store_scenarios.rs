@@ -559,11 +559,13 @@ fn a_bucket_of_another_format_is_refused_not_read_as_full() {
         let redis = Redis::start();
         redis.server.cli(&["SET", "format:new", &value]);
         let bucket = request("format:new", 0.001, 5.0, 1);
-        let borrowing = bucket.clone().borrowing(tollgate_core::kinds::borrow::Borrow {
-            grid_us: 100_000,
-            want: 2,
-            give: None,
-        });
+        let borrowing = bucket
+            .clone()
+            .borrowing(tollgate_core::kinds::borrow::Borrow {
+                grid_us: 100_000,
+                want: 2,
+                give: None,
+            });
         let decided = redis
             .runtime
             .block_on(redis.store.decide(std::slice::from_ref(&bucket)));

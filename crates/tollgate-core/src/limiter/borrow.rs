@@ -27,6 +27,7 @@
 //! new keys. One lock per shard, never two at once.
 use std::collections::HashMap;
 use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::base::clock::{Clock, MonotonicClock};
@@ -96,8 +97,6 @@ struct Holding {
     windows: [Window; MAX_RUNGS],
     /// A call asking for a slice is in flight since then (others ask for none meanwhile).
     asking_since_us: Option<u64>,
-    /// Slices installed so far (the id of the next one).
-    installed: u64,
 }
 
 impl Holding {
@@ -128,6 +127,10 @@ pub struct Lender {
     rungs: usize,
     min_demand: u64,
     clock: Arc<dyn Clock>,
+    /// Slices installed so far, every key's: the id of the next. One count for the lender,
+    /// not one per key, so a key's entry dropped (reset, evicted) and made again never hands
+    /// a new slice an id a put-back of an older one still carries.
+    installed: AtomicU64,
 }
 
 /// What [`Lender::plan`] decided for one request.
@@ -197,6 +200,7 @@ impl Lender {
             rungs: 1,
             min_demand: MIN_DEMAND,
             clock,
+            installed: AtomicU64::new(0),
         }
     }
 
@@ -425,11 +429,10 @@ impl Lender {
                 continue;
             };
             borrowed += slice.tokens;
-            holding.installed += 1;
             // A slice still here was installed by a concurrent call: it is dropped (its
             // tokens count as used at its deadline), never merged.
             holding.slice = Some(Held {
-                id: holding.installed,
+                id: self.installed.fetch_add(1, Ordering::Relaxed) + 1,
                 deadline_us: slice.deadline_us,
                 incarnation: slice.incarnation,
                 taken: slice.tokens,

@@ -236,3 +236,35 @@ fn a_changed_rate_or_burst_does_not_use_the_old_slice() {
     lender.forget("k");
     assert!(matches!(lender.plan(&b, &[true]).0, Plan::Store(_)));
 }
+
+#[test]
+fn a_put_back_never_reaches_a_slice_installed_after_a_reset() {
+    // A token served from a key's first slice is put back (the request's other limit
+    // refused) after a reset dropped the key and a second slice was installed: it must not
+    // land in the second slice, which never paid for it.
+    let (lender, _) = lender();
+    let b = [bucket("k")];
+    let slice = Slice {
+        bucket: 0,
+        tokens: 3,
+        deadline_us: 1_200_000,
+        now_us: 1_000_000,
+        incarnation: 900_000,
+    };
+    let install = || {
+        asked(lender.plan(&b, &[true]).0);
+        let (asked, sent) = asked(lender.plan(&b, &[true]).0);
+        assert_eq!(lender.learn(&asked, &[slice], sent), 3);
+    };
+    install();
+    let first = lender.shard("k")["k"].slice.expect("a slice").id;
+    lender.forget("k");
+    install();
+    assert_eq!(
+        lender.serve(&b, 0),
+        Some(vec![2.0]),
+        "served from the second slice"
+    );
+    lender.put_back(&b[0], first);
+    assert_eq!(lender.held("k"), 2, "the first slice's token went nowhere");
+}
