@@ -11,7 +11,7 @@ use tonic::Status;
 use tollgate_core::base::keys::{self, KeyPart, Source};
 use tollgate_core::config::{Charge, OnMissing, OVER_COST};
 use tollgate_core::kinds::BucketRequest;
-use tollgate_core::policy::descriptors::{hits_of, value_of};
+use tollgate_core::policy::descriptors::value_of;
 use tollgate_core::policy::Policy;
 use tollgate_erl::grpc::plan::{self as erl, entry_pairs, ErlPlan};
 
@@ -117,10 +117,7 @@ fn add_descriptor<'a>(
     drawn: &mut Vec<usize>,
 ) {
     let entries = entry_pairs(&descriptor.entries);
-    let hits = hits_of(
-        request.hits_addend,
-        descriptor.hits_addend.as_ref().map(|addend| addend.value),
-    );
+    let hits = erl::descriptor_hits(request, descriptor);
     let runtime = policy.runtime.view();
     for (limit_index, limit) in policy.limits.iter().enumerate() {
         let Some(rule) = &limit.descriptor else {

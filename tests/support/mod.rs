@@ -55,7 +55,7 @@ pub fn free_port() -> u16 {
 ///
 /// Picked below the kernel's ephemeral range, so no outgoing connection of a parallel test can
 /// take it between picking and the server's bind (a cluster node then died on its bus port),
-/// and never handed out twice in one run.
+/// and never handed out twice in one run, neither as a port nor as a partner.
 pub fn free_port_pair(offset: u16) -> u16 {
     use std::collections::BTreeSet;
     use std::hash::{BuildHasher as _, RandomState};
@@ -75,8 +75,16 @@ pub fn free_port_pair(offset: u16) -> u16 {
     for _ in 0..10_000 {
         let spread = RandomState::new().hash_one(given.len()) % u64::from(highest - LOWEST);
         let port = LOWEST + u16::try_from(spread).expect("below highest - LOWEST");
-        if !given.contains(&port) && is_free(port) && (offset == 0 || is_free(port + offset)) {
+        let partner = port + offset;
+        if !given.contains(&port)
+            && !given.contains(&partner)
+            && is_free(port)
+            && (offset == 0 || is_free(partner))
+        {
+            // The partner is reserved too: a cluster node binds its bus port only when it
+            // starts, and a test that picked that port meanwhile killed the node.
             given.insert(port);
+            given.insert(partner);
             return port;
         }
     }

@@ -3,6 +3,7 @@
 //! one bucket per descriptor with a rate, all decided in the one store call.
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use tonic::Status;
 
@@ -75,10 +76,7 @@ pub fn plan(
     };
     let mut found = Vec::with_capacity(request.descriptors.len());
     for (i, descriptor) in request.descriptors.iter().enumerate() {
-        let hits = hits_of(
-            request.hits_addend,
-            descriptor.hits_addend.as_ref().map(|addend| addend.value),
-        );
+        let hits = descriptor_hits(request, descriptor);
         let mut chosen = ErlDescriptor {
             hits,
             quota: rules.quota_mode,
@@ -206,6 +204,14 @@ pub fn entry_pairs(entries: &[Entry]) -> impl ExactSizeIterator<Item = (&str, &s
     entries
         .iter()
         .map(|entry| (entry.key.as_str(), entry.value.as_str()))
+}
+
+/// The hits a descriptor of `request` adds, as the core counts them from Envoy's two fields.
+pub fn descriptor_hits(request: &RateLimitRequest, descriptor: &RateLimitDescriptor) -> u64 {
+    hits_of(
+        request.hits_addend,
+        descriptor.hits_addend.as_ref().map(|addend| addend.value),
+    )
 }
 
 /// A named rule that another rule of the request `replaces` applies to nothing.
