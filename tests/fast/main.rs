@@ -15,7 +15,7 @@ mod support;
 mod admin_api;
 mod admin_overrides;
 mod admin_token;
-mod borrow_headers;
+mod borrow_instances;
 mod borrow_store;
 mod borrowing;
 mod coalescing;

@@ -1,0 +1,129 @@
+//! Slices that fall quiet: a key's last slice goes back to the store without waiting for a
+//! request of the key (`docs/DESIGN.md`, "Borrowed tokens", under-admission).
+//!
+//! Each slice installed is due a give-back a little after its usable time ends: an eighth of
+//! its horizon later, so a busy key's next request, which gives the slice back in its own
+//! call, nearly always comes first, and the give-back still reaches the store before the
+//! slice's group ends (at least half a horizon after its usable time), when its unused tokens
+//! would count as used.
+use std::cmp::{Ordering, Reverse};
+use std::collections::BinaryHeap;
+
+use super::{Held, Lender};
+use crate::kinds::borrow::{Borrow, GiveBack};
+use crate::kinds::{BucketRequest, Meter};
+
+/// A shard's slices by when they are due, the soonest first.
+#[derive(Default)]
+pub(super) struct Due(BinaryHeap<Reverse<Entry>>);
+
+/// One slice due: its id, and the request it was taken by (a give-back names its key, limit,
+/// numbers and horizon).
+struct Entry {
+    at_us: u64,
+    id: u64,
+    taken_by: BucketRequest,
+}
+
+impl PartialEq for Entry {
+    fn eq(&self, other: &Self) -> bool {
+        (self.at_us, self.id) == (other.at_us, other.id)
+    }
+}
+
+impl Eq for Entry {}
+
+impl PartialOrd for Entry {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Entry {
+    fn cmp(&self, other: &Self) -> Ordering {
+        (self.at_us, self.id).cmp(&(other.at_us, other.id))
+    }
+}
+
+impl Due {
+    /// Slice `id`, usable until `until_us`, taken by `taken_by`.
+    pub(super) fn push(&mut self, until_us: u64, id: u64, taken_by: &BucketRequest) {
+        let grid_us = taken_by.meter.borrow().map_or(0, |b| b.grid_us);
+        self.0.push(Reverse(Entry {
+            at_us: until_us + grid_us / 8,
+            id,
+            taken_by: taken_by.clone(),
+        }));
+    }
+
+    fn pop_due(&mut self, now_us: u64) -> Option<Entry> {
+        if self.0.peek().is_some_and(|Reverse(e)| e.at_us <= now_us) {
+            return self.0.pop().map(|Reverse(e)| e);
+        }
+        None
+    }
+}
+
+/// The give-backs of slices that fell quiet, for the store: each a request of cost 0 that
+/// gives its slice back and asks for nothing.
+pub struct Quiet {
+    pub requests: Vec<BucketRequest>,
+    /// Their tokens given back unused.
+    pub unused: u64,
+}
+
+impl Lender {
+    /// Takes at most `most` slices whose give-back is due and that no request gave back (a
+    /// slice with every token used is dropped: its tokens count as used when its group
+    /// ends, as a give-back would count them now). Emptied here, before the call is sent, as
+    /// a request's give-back is.
+    pub fn quiet(&self, most: usize) -> Quiet {
+        let now = self.clock.now_us();
+        let mut quiet = Quiet {
+            requests: Vec::new(),
+            unused: 0,
+        };
+        for shard in &self.shards {
+            let mut shard = shard
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            while quiet.requests.len() < most {
+                let Some(entry) = shard.due.pop_due(now) else {
+                    break;
+                };
+                let Some(holding) = shard.keys.get_mut(entry.taken_by.key.as_str()) else {
+                    continue;
+                };
+                if holding.slice.is_none_or(|held| held.id != entry.id) {
+                    continue;
+                }
+                let Some(held) = holding.slice.take() else {
+                    continue;
+                };
+                if held.left > 0 {
+                    quiet.unused += held.left;
+                    quiet.requests.push(give_back(entry.taken_by, &held));
+                }
+            }
+        }
+        quiet
+    }
+}
+
+fn give_back(taken_by: BucketRequest, held: &Held) -> BucketRequest {
+    let grid_us = taken_by.meter.borrow().map_or(0, |b| b.grid_us);
+    BucketRequest {
+        cost: 0,
+        meter: Meter::Borrow(Borrow {
+            grid_us,
+            want: 0,
+            give: Some(GiveBack {
+                deadline_us: held.deadline_us,
+                taken: held.taken,
+                unused: held.left,
+                incarnation: held.incarnation,
+            }),
+        }),
+        ..taken_by
+    }
+}
