@@ -111,7 +111,7 @@ fn held_in(redis: &RedisServer) -> u64 {
 fn a_quiet_keys_last_slice_goes_back_without_a_request() {
     let redis = RedisServer::start();
     // A 1 s horizon: a slice is used for at most half a second or so, then given back an
-    // eighth of a horizon later; its group ends 1 to 2 s after it was taken.
+    // quarter of a horizon later; its group ends 1 to 2 s after it was taken.
     let store =
         "override_poll_ms = 60000\nborrow_horizon_ms = 1000\nborrow_longest_horizon_ms = 1000";
     let limits = limit("api", 100, 1000, &["header:x-api-key"]);

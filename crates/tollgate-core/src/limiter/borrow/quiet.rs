@@ -1,11 +1,11 @@
 //! Slices that fall quiet: a key's last slice goes back to the store without waiting for a
 //! request of the key (`docs/DESIGN.md`, "Borrowed tokens", under-admission).
 //!
-//! Each slice installed is due a give-back a little after its usable time ends: an eighth of
-//! its horizon later, so a busy key's next request, which gives the slice back in its own
-//! call, nearly always comes first, and the give-back still reaches the store before the
-//! slice's group ends (at least half a horizon after its usable time), when its unused tokens
-//! would count as used.
+//! Each slice installed is due a give-back a quarter of its horizon after its usable time
+//! ends: late enough that a busy key's next request, which gives the slice back in the call
+//! it makes anyway, nearly always comes first, and early enough that the give-back reaches
+//! the store before the slice's group ends (at least half a horizon after its usable time),
+//! when its unused tokens would count as used. The give-backs due go in one call.
 use std::cmp::{Ordering, Reverse};
 use std::collections::BinaryHeap;
 
@@ -50,7 +50,7 @@ impl Due {
     pub(super) fn push(&mut self, until_us: u64, id: u64, taken_by: &BucketRequest) {
         let grid_us = taken_by.meter.borrow().map_or(0, |b| b.grid_us);
         self.0.push(Reverse(Entry {
-            at_us: until_us + grid_us / 8,
+            at_us: until_us + grid_us / 4,
             id,
             taken_by: taken_by.clone(),
         }));
