@@ -55,6 +55,7 @@ mod shares;
 mod single_node;
 mod smoke;
 mod store_bounds;
+mod store_formats;
 mod store_scenarios;
 mod store_scripts;
 mod top;
