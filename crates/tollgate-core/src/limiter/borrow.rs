@@ -461,7 +461,7 @@ impl Lender {
                 rate: bucket.rate,
                 burst: bucket.burst,
             });
-            shard.due.push(until_us, id, bucket);
+            shard.due.push(slice, sent_us, id, bucket);
         }
         borrowed
     }

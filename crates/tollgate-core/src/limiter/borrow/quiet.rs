@@ -1,17 +1,19 @@
 //! Slices that fall quiet: a key's last slice goes back to the store without waiting for a
 //! request of the key (`docs/DESIGN.md`, "Borrowed tokens", under-admission).
 //!
-//! Each slice installed is due a give-back a quarter of its horizon after its usable time
-//! ends: late enough that a busy key's next request, which gives the slice back in the call
-//! it makes anyway, nearly always comes first, and early enough that the give-back reaches
-//! the store before the slice's group ends (at least half a horizon after its usable time),
-//! when its unused tokens would count as used. The give-backs due go in one call.
+//! A slice installed is due a give-back a quarter of its horizon before its group ends (on
+//! the local clock, padded as its usable time is): a busy key's next request, which gives the
+//! slice back in the call it makes anyway, nearly always comes first, so the store sees few
+//! calls of their own; and one due reaches the store before the group ends, when its unused
+//! tokens would count as used, with the quarter horizon to spare for the timer's tick (at most
+//! an eighth of the shortest horizon) and the call. The give-backs due go in one call.
 use std::cmp::{Ordering, Reverse};
 use std::collections::BinaryHeap;
 
 use super::{Held, Lender};
 use crate::kinds::borrow::{Borrow, GiveBack};
-use crate::kinds::{BucketRequest, Meter};
+use crate::kinds::{BucketRequest, Meter, Slice};
+use crate::limiter::deny_cache::DRIFT;
 
 /// A shard's slices by when they are due, the soonest first.
 #[derive(Default)]
@@ -46,11 +48,11 @@ impl Ord for Entry {
 }
 
 impl Due {
-    /// Slice `id`, usable until `until_us`, taken by `taken_by`.
-    pub(super) fn push(&mut self, until_us: u64, id: u64, taken_by: &BucketRequest) {
+    /// Slice `id`, taken by `taken_by` in a call sent at `sent_us` (local clock).
+    pub(super) fn push(&mut self, slice: &Slice, sent_us: u64, id: u64, taken_by: &BucketRequest) {
         let grid_us = taken_by.meter.borrow().map_or(0, |b| b.grid_us);
         self.0.push(Reverse(Entry {
-            at_us: until_us + grid_us / 4,
+            at_us: sent_us + due_after_us(slice, grid_us),
             id,
             taken_by: taken_by.clone(),
         }));
@@ -126,4 +128,17 @@ fn give_back(taken_by: BucketRequest, held: &Held) -> BucketRequest {
         }),
         ..taken_by
     }
+}
+
+/// How long after its call was sent a slice is due a give-back: its time to the group's end
+/// on the store's clock, padded for a faster local clock, less a quarter of its horizon.
+#[expect(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_precision_loss,
+    reason = "a horizon in µs, far below 2^53; the result is clamped at 0"
+)]
+fn due_after_us(slice: &Slice, grid_us: u64) -> u64 {
+    let to_end = slice.deadline_us.saturating_sub(slice.now_us) as f64 * (1.0 - DRIFT);
+    (to_end - (grid_us / 4) as f64).max(0.0) as u64
 }

@@ -289,15 +289,20 @@ fn take_three(lender: &Lender) -> Slice {
 }
 
 #[test]
-fn a_quiet_keys_slice_goes_back_a_quarter_of_a_horizon_after_its_usable_time() {
+fn a_quiet_keys_slice_goes_back_a_quarter_of_a_horizon_before_its_group_ends() {
     let (lender, clock) = lender();
     take_three(&lender);
     assert!(matches!(
         lender.plan(&[bucket("k")], &[true]).0,
         Plan::Local(_)
     ));
-    // Usable until 100 ms minus the drift padding; due 25 ms after.
-    clock.advance_us(120_000);
+    // Usable until 100 ms minus the padding; its group ends 200 ms (less the padding) after
+    // the call was sent: due a quarter horizon before that.
+    clock.advance_us(170_000);
+    assert!(matches!(
+        lender.plan(&[bucket("other")], &[true]).0,
+        Plan::Store(_)
+    ));
     assert!(lender.quiet(10).requests.is_empty(), "not due yet");
     clock.advance_us(5_000);
     let quiet = lender.quiet(10);
