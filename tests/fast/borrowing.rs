@@ -120,6 +120,14 @@ fn simulate(
     let mut last_seen: [Option<u64>; 3] = [None; 3];
     for &(gap, instance, key) in arrivals {
         clock.advance_us(gap);
+        // Each instance's timer: the slices that fell quiet go back in one call.
+        for lender in &lenders {
+            let quiet = lender.quiet(256);
+            if !quiet.requests.is_empty() {
+                run.store_calls += 1;
+                store.decide_sync(&quiet.requests);
+            }
+        }
         let request = [bucket(&format!("k{key}"), rate, burst)];
         let now = clock.now_us();
         let quiet = last_seen[key].is_none_or(|at| now - at >= horizon_ms * 250);
@@ -286,6 +294,14 @@ fn on_redis(
     for &(gap, instance, key) in arrivals {
         if gap > 0 {
             runtime.block_on(async { tokio::time::sleep(Duration::from_micros(gap)).await });
+        }
+        for lender in &lenders {
+            let quiet = lender.quiet(256);
+            if !quiet.requests.is_empty() {
+                runtime
+                    .block_on(store.decide(&quiet.requests))
+                    .expect("redis takes the give-backs");
+            }
         }
         let request = [bucket(&format!("tg:p{case}:{{k{key}}}"), rate, burst)];
         let began = Instant::now();
