@@ -16,12 +16,15 @@
 # a longer rung needs time to fill, as in service. On the Zipf spread it also compares the
 # borrowing /check's throughput with redis-benchmark running the same script (one plain check
 # per call, uniform over as many keys: redis-benchmark draws no Zipf spread).
+# COLD=1 measures a fresh start instead: the borrowing instance is started anew before each
+# measured run, with no warm-up, on a Redis just flushed (use DURATION=6: its first six seconds).
 #
 #   bench/erl_pattern.sh                 # 3 rounds of 8 s
 #   ROUNDS=1 DURATION=3 bench/erl_pattern.sh
 #   BASE_BIN=/path/to/older/tollgate bench/erl_pattern.sh   # and that build's /check, same run
 #   BORROW=1 HORIZON_MS=100 bench/erl_pattern.sh
 #   BORROW=1 LONGEST_MS=100 bench/erl_pattern.sh             # one horizon for every key
+#   BORROW=1 COLD=1 SHAPES=zipf DURATION=6 bench/erl_pattern.sh  # a fresh instance's first 6 s
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -41,11 +44,12 @@ redis_cpu() { rcli INFO cpu | tr -d '\r' | awk -F: '
 
 start_per_key this target/release/tollgate redis
 [ -z "${BASE_BIN:-}" ] || start_per_key base "$BASE_BIN" redis
-if [ -n "${BORROW:-}" ]; then
+start_borrowing() {
   TOLLGATE_STORE__BORROW_HORIZON_MS=${HORIZON_MS:-100} \
     TOLLGATE_STORE__BORROW_LONGEST_HORIZON_MS=${LONGEST_MS:-10000} \
     start_per_key borrow target/release/tollgate redis "borrow = true"
-fi
+}
+[ -z "${BORROW:-}" ] || start_borrowing
 
 # per_core N R0 R1: N operations over the Redis CPU seconds between R0 and R1.
 per_core() { awk -v n="$1" -v a="$2" -v b="$3" 'BEGIN {printf "%.0f", n / (b - a)}'; }
@@ -107,9 +111,15 @@ if [ -n "${BORROW:-}" ]; then
     local plain borrowed p2 p8
     : >"$WORK/calls"; : >"$WORK/rps"; : >"$WORK/reads"
     plain=$(tollgate_checks "$PORT_this" "$2" "$3")
-    # The borrowing instance's counts of each key's demand are its state: run the shape
-    # unmeasured first, long enough for the longest rung to fill, as it would be in service.
-    KEYS=$3 wrk -t1 -c64 -d"${WARMUP}s" -s "$2" "http://127.0.0.1:$PORT_borrow/check" >/dev/null
+    if [ -n "${COLD:-}" ]; then
+      # A fresh instance: nothing learnt of any key.
+      kill "$PID_borrow"; wait "$PID_borrow" 2>/dev/null || true
+      start_borrowing
+    else
+      # The borrowing instance's counts of each key's demand are its state: run the shape
+      # unmeasured first, long enough for the longest rung to fill, as in service.
+      KEYS=$3 wrk -t1 -c64 -d"${WARMUP}s" -s "$2" "http://127.0.0.1:$PORT_borrow/check" >/dev/null
+    fi
     borrowed=$(tollgate_checks "$PORT_borrow" "$2" "$3")
     p2=$(erl 2 "$3"); p8=$(erl 8 "$3")
     echo "$plain" >>"$WORK/$1.plain"; echo "$borrowed" >>"$WORK/$1.borrow"

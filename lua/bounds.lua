@@ -22,19 +22,26 @@
 -- expire_at(now_us, ttl_us) is the PEXPIREAT argument, an integer in '%d': the millisecond
 -- after now + ttl, ttl capped at MAX_TTL_MS (a NaN or infinite ttl counts as the cap).
 --
--- A bucket is stored as how far it is below full: one string key "<debt> <ts>", the debt in
+-- A bucket is stored as how far it is below full: one string key "v1:<debt> <ts>", the debt in
 -- micro-tokens and ts in microseconds of this server's TIME, both integers; tokens = burst -
 -- debt / 10^6. A full bucket is an absent key. MAX_DEBT_UT is the deepest debt a bucket can
--- carry (burst + max_debt, each at most MAX_COUNT); a stored value that is not two such
--- integers is garbage and reads as full.
+-- carry (burst + max_debt, each at most MAX_COUNT).
+--
+-- "v1:" is the format's marker: the next change of format changes it (a letter first). A value
+-- that starts with a letter and is not this format, well formed, is refused (unknown_format:
+-- an error, which the instance answers per its store.on_error), never read as full: an
+-- instance never grants the tokens a format it does not know may hold. A value without a
+-- marker, "<debt> <ts>...", was written by a build from before the marker: read exactly as the
+-- marked one; a write marks it. Any other value that is not two such integers is garbage and
+-- reads as full.
 --
 -- A borrowing bucket (token_bucket.lua) carries its held groups after them:
--- "<debt> <ts> <deadline> <micro-tokens>[ <deadline> <micro-tokens>]".
+-- "v1:<debt> <ts> <deadline> <micro-tokens>[ <deadline> <micro-tokens>]".
 --
 -- read_bucket(key, burst) returns the stored debt and ts (ts as the text stored), nil, and
 -- the rest of the value (its held groups, '' when none), or nil for a full bucket (absent or
--- garbage). A hash {tokens, ts} of decimal floats, the form of earlier
--- releases, reads as the debt it stands for, with a third value true: the caller that writes
+-- garbage). A hash {tokens, ts} of decimal floats, the form of the 0.1.0 release,
+-- reads as the debt it stands for, with a third value true: the caller that writes
 -- converts it (a rolling upgrade: its level carries over, no budget is granted twice).
 -- refilled(debt, at, now, rate) is that debt at `now`: lowered by the whole micro-tokens
 -- refilled since `at` (a clock gone backwards refills nothing), never below 0.
@@ -94,11 +101,26 @@ end
 local MAX_DEBT_UT = 2 * MAX_COUNT * 1000000
 local MAX_TS_US = 9007199254740992
 
+local function unknown_format()
+  error({err = 'ERR tollgate: a bucket value this release cannot read (another format): '
+    .. 'refused, not read as full'})
+end
+
 local function read_bucket(key, burst)
   local stored = redis.pcall('GET', key)
   if not stored then return nil end
   if type(stored) == 'string' then
-    local debt, at, rest = string.match(stored, '^(%d+) (%d+)(.*)$')
+    local debt, at, rest = string.match(stored, '^v1:(%d+) (%d+)(.*)$')
+    if debt then
+      debt = tonumber(debt)
+      if debt <= MAX_DEBT_UT and (rest == '' or string.match(rest, '^ %d+ %d+')) then
+        return debt, at, nil, rest
+      end
+      unknown_format()
+    end
+    if string.find(stored, '^%a') then unknown_format() end
+    -- Unmarked: written before the marker, read the same.
+    debt, at, rest = string.match(stored, '^(%d+) (%d+)(.*)$')
     debt = tonumber(debt)
     if debt and debt <= MAX_DEBT_UT and (rest == '' or string.match(rest, '^ %d+ %d+')) then
       return debt, at, nil, rest

@@ -6,8 +6,8 @@
 -- the share the home last assigned, kept beside the bucket in KEYS[i] .. ':g' (same hash tag,
 -- so the same Cluster slot) as "<rate, tokens/s> <size, whole tokens> <until, µs of TIME>".
 -- The share counts while TIME is before `until`; after it, only the floor. The bucket keeps
--- "<debt> <ts>", the debt below the size it had at ts: floor + share when ts < until, else the
--- floor alone. Refill over [ts, now) is piecewise: floor + share's rate up to `until` (capped
+-- "v1:<debt> <ts>" (lua/bounds.lua), the debt below the size it had at ts: floor + share when
+-- ts < until, else the floor alone. Refill over [ts, now) is piecewise: floor + share's rate up to `until` (capped
 -- at floor + share's size), then the floor's (capped at the floor's size), so a share that
 -- lapsed without any event is never credited past its expiry. A share is only ever written by
 -- lua/global_share.lua, which first brings the bucket to now under the old share: no stretch
@@ -96,5 +96,5 @@ local function global_write(key, n, level, now, ts)
     if n.fr > 0 then full = now + math.ceil(debt / n.fr) else full = now + MAX_TTL_US end
   end
   if debt < 0 then debt = 0 end
-  redis.call('SET', key, string.format('%d ', debt) .. ts, 'PXAT', expire_at(now, full - now))
+  redis.call('SET', key, string.format('v1:%d ', debt) .. ts, 'PXAT', expire_at(now, full - now))
 end

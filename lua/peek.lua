@@ -3,7 +3,7 @@
 -- front of it. Writes nothing: a peek charges
 -- nothing, refreshes no expiry and leaves `ts` alone, so the next check sees the same bucket.
 --
--- KEYS[1]  a bucket, "<debt> <ts>" (lua/bounds.lua), or a quota, hash {used, start}
+-- KEYS[1]  a bucket, "v1:<debt> <ts>" (lua/bounds.lua), or a quota, hash {used, start}
 -- ARGV[1]  a bucket's rate, tokens per second; or a quota's period code ('h', 'd', 'w', 'm');
 --          or 'L' for a concurrency key (a sorted set of leases scored by expiry); or
 --          'R<k|r><rate>' for a reserving bucket; 'B<rate>' for a borrowing bucket;

@@ -78,7 +78,7 @@ for i = 1, #KEYS do
       end
       if debt > 0 then
         -- Expires when full again, as lua/token_bucket.lua does (bounded: lua/bounds.lua).
-        redis.call('SET', KEYS[i], string.format('%d %d', debt, now), 'PXAT', full_at(now, debt, rate))
+        redis.call('SET', KEYS[i], string.format('v1:%d %d', debt, now), 'PXAT', full_at(now, debt, rate))
       else
         redis.call('DEL', KEYS[i])
       end

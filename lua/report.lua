@@ -75,7 +75,7 @@ for i = 1, #KEYS do
     local charged = debt + cost * 1000000
     if charged > deepest then charged = math.max(debt, deepest) end
     if charged ~= debt or old then
-      redis.call('SET', KEYS[i], string.format('%d %d', charged, now), 'PXAT', full_at(now, charged, rate))
+      redis.call('SET', KEYS[i], string.format('v1:%d %d', charged, now), 'PXAT', full_at(now, charged, rate))
     end
     level = (burst * 1000000 - charged) / 1000000
     reply[i] = string.format('%.6f', level)

@@ -68,6 +68,6 @@ if held == 1 and actual > estimate then
   debt = charged
 end
 if debt ~= before or old then
-  redis.call('SET', KEYS[1], string.format('%d %d', debt, now), 'PXAT', full_at(now, debt, rate))
+  redis.call('SET', KEYS[1], string.format('v1:%d %d', debt, now), 'PXAT', full_at(now, debt, rate))
 end
 return string.format('%d %.6f', held, (burst * 1000000 - debt) / 1000000)

@@ -3,7 +3,7 @@
 -- lua/bounds.lua (its bounds and refuse) and lua/global.lua (global limits) in front of it.
 --
 -- One request:
--- KEYS[i]     key i: a bucket, the string "<debt> <ts>" (lua/bounds.lua: how far it is below
+-- KEYS[i]     key i: a bucket, the string "v1:<debt> <ts>" (lua/bounds.lua: how far it is below
 --             full, in micro-tokens, as of ts in microseconds of this server's TIME; absent
 --             when full), or a quota, hash {used, start} (start: the Unix second its period
 --             began)
@@ -50,7 +50,7 @@
 --
 -- The clock is Redis's own (TIME), never the caller's, so instances with skewed clocks agree.
 -- A bucket's numbers apply to its debt: a raised burst grants the difference at once, a
--- lowered one binds at the next check. A charge writes "<debt> <now>" with SET ... PXAT at the
+-- lowered one binds at the next check. A charge writes "v1:<debt> <now>" with SET ... PXAT at the
 -- millisecond after the bucket is full again (so never before): an absent bucket reads as
 -- full, so that changes no decision and keeps only the buckets that matter; a bucket in debt
 -- (charged by reports) lives until it has refilled its debt too. A denial writes nothing: the
@@ -125,8 +125,8 @@ local out = {}
 -- for a call that needs none, and Lua's collector, which Redis runs for every byte a call
 -- allocates, has that much less to do. It is decide's arithmetic, operation for operation, so
 -- the same decision, the same bytes written and the same reply. The first request that is not
--- plain, or whose key holds anything but "<debt> <ts>" or nothing (held groups, garbage, an
--- earlier release's hash), stops this loop before it writes or replies anything for it (it has
+-- plain, or whose key holds anything but "v1:<debt> <ts>" or nothing (held groups, garbage, a
+-- value without the marker or of another format, the 0.1.0 release's hash), stops this loop before it writes or replies anything for it (it has
 -- only read the key); decide takes that request and the rest. A plain request's reply is one
 -- field, "allowed now tokens enough": joined with ' ', the same text as decide's four.
 local k, a, last = 0, 0, 0
@@ -162,7 +162,7 @@ while a <= last do
   local debt = 0
   if stored then
     if type(stored) ~= 'string' then break end
-    local d, at = string.match(stored, '^(%d+) (%d+)$')
+    local d, at = string.match(stored, '^v1:(%d+) (%d+)$')
     d = tonumber(d)
     if not (d and d <= MAX_DEBT_UT) then break end
     debt = d
@@ -187,7 +187,7 @@ while a <= last do
       if ttl < 0 then ttl = 0 end
       local at_ms = (now + ttl) / 1000
       at_ms = at_ms - at_ms % 1 + 1
-      if debt ~= last_debt then last_debt, last_value = debt, format('%d ', debt) .. ts end
+      if debt ~= last_debt then last_debt, last_value = debt, format('v1:%d ', debt) .. ts end
       if at_ms ~= last_at then last_at, last_pxat = at_ms, format('%d', at_ms) end
       call_redis('SET', key, last_value, 'PXAT', last_pxat)
     end
@@ -520,7 +520,7 @@ local function decide(k, a, n)
         if lend then groups, from = lend_groups(lend) end
         -- Redis deletes the key in the millisecond after the one in which the bucket is full
         -- again (bounded: see lua/bounds.lua), and never before its last group ends.
-        redis.call('SET', key, string.format('%d ', debt) .. ts .. groups, 'PXAT',
+        redis.call('SET', key, string.format('v1:%d ', debt) .. ts .. groups, 'PXAT',
           full_at(from, debt, rate))
       end
       out[p + 2 * i + 1] = string.format('%d', level)

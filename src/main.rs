@@ -136,6 +136,13 @@ fn validate(config: &Config) -> ExitCode {
         Err(error) => return refuse(&error),
     };
     print!("{}", config.summary());
+    for limit in &policy.limits {
+        println!(
+            "borrowing     {}: {}",
+            limit.name,
+            limit.borrowing(&config.store)
+        );
+    }
     for limit in policy.limits.iter().filter(|l| !l.overrides.is_empty()) {
         println!(
             "overrides     {}: {} key(s)",

@@ -129,6 +129,10 @@ pub fn spawn_duties(config: &Config, state: &web::Data<AppState>) -> Result<(), 
     if config.store.deny_cache || borrows {
         listen_for_resets(&config.store, state.clone())?;
     }
+    if let Some(lender) = state.limiter.lender() {
+        let every = Duration::from_micros(lender.horizon_us() / 8);
+        actix_web::rt::spawn(give_back_quiet_slices(state.clone(), every));
+    }
     if config.store.on_error == OnError::Local {
         actix_web::rt::spawn(heartbeat::count_instances(
             state.clone(),
@@ -136,6 +140,19 @@ pub fn spawn_duties(config: &Config, state: &web::Data<AppState>) -> Result<(), 
         ));
     }
     Ok(())
+}
+
+/// Gives back, every `every`, the slices of borrowed tokens no request of their key gave
+/// back once their usable time ended (a quiet key's last slice).
+async fn give_back_quiet_slices(state: web::Data<AppState>, every: Duration) {
+    /// Give-backs per tick: a bounded burst of store calls, the rest at the next tick.
+    const MOST: usize = 256;
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        state.limiter.give_back_quiet(MOST).await;
+    }
 }
 
 /// Follows the store's runtime overrides for as long as the instance runs (Redis only).

@@ -109,6 +109,27 @@ fn a_give_back_returns_the_unused_and_keeps_the_used_as_debt(h: &dyn StoreUnderT
     );
 }
 
+/// A quiet key's slice goes back in a call of its own: cost 0, asking for nothing.
+fn a_give_back_alone_charges_nothing(h: &dyn StoreUnderTest) {
+    let key = format!("tg:{}:{{alone}}", h.name());
+    let taken = h.decide(&[borrowing(&key, 10.0, 20.0, 8, None)]);
+    let slice = only_slice(h, &taken);
+    let alone = BucketRequest {
+        cost: 0,
+        ..borrowing(&key, 10.0, 20.0, 0, give_back(h, &key, slice, 6))
+    };
+    let decision = h.decide(std::slice::from_ref(&alone));
+    assert!(decision.allowed && decision.slices.is_empty());
+    // Debt 1 charged + 8 held, less 6 unused: 3.
+    close(
+        h,
+        decision.buckets[0].tokens,
+        17.0,
+        "after the give-back alone",
+    );
+    assert_eq!(h.reserved(&alone).tokens, 0, "{}: nothing held", h.name());
+}
+
 fn near_empty_the_slice_shrinks_to_nothing(h: &dyn StoreUnderTest) {
     let key = format!("tg:{}:{{edge}}", h.name());
     let slow = |want| borrowing(&key, 0.001, 3.0, want, None);
@@ -306,6 +327,7 @@ fn a_give_back_from_before_a_flush_does_nothing(h: &dyn StoreUnderTest) {
 fn borrowing_scenarios(h: &dyn StoreUnderTest) {
     let slice = a_slice_is_taken_beside_the_cost_and_does_not_refill_while_held(h);
     a_give_back_returns_the_unused_and_keeps_the_used_as_debt(h, slice);
+    a_give_back_alone_charges_nothing(h);
     near_empty_the_slice_shrinks_to_nothing(h);
     a_denied_request_takes_nothing_but_its_give_back_happens(h);
     an_ended_group_counts_as_used_from_its_deadline(h);

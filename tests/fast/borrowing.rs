@@ -120,6 +120,14 @@ fn simulate(
     let mut last_seen: [Option<u64>; 3] = [None; 3];
     for &(gap, instance, key) in arrivals {
         clock.advance_us(gap);
+        // Each instance's timer: the slices that fell quiet go back in one call.
+        for lender in &lenders {
+            let quiet = lender.quiet(256);
+            if !quiet.requests.is_empty() {
+                run.store_calls += 1;
+                store.decide_sync(&quiet.requests);
+            }
+        }
         let request = [bucket(&format!("k{key}"), rate, burst)];
         let now = clock.now_us();
         let quiet = last_seen[key].is_none_or(|at| now - at >= horizon_ms * 250);
@@ -287,6 +295,14 @@ fn on_redis(
         if gap > 0 {
             runtime.block_on(async { tokio::time::sleep(Duration::from_micros(gap)).await });
         }
+        for lender in &lenders {
+            let quiet = lender.quiet(256);
+            if !quiet.requests.is_empty() {
+                runtime
+                    .block_on(store.decide(&quiet.requests))
+                    .expect("redis takes the give-backs");
+            }
+        }
         let request = [bucket(&format!("tg:p{case}:{{k{key}}}"), rate, burst)];
         let began = Instant::now();
         let allowed = check(&lenders[instance % instances], &request, |asked| {
@@ -396,14 +412,14 @@ mod instances {
     const BURST: f64 = 200.0;
 
     /// `clients` threads against the instances round-robin for `duration`, each drawing its
-    /// key from `keys` (cumulative weights); returns the 200s per key, whether any answer was
-    /// neither 200 nor 429, and the time from the first request sent to the last answer.
+    /// key from `keys` (cumulative weights); returns the 200s and the 429s per key, whether
+    /// any answer was neither, and the time from the first request sent to the last answer.
     fn hammer(
         instances: &[Tollgate],
         clients: usize,
         duration: Duration,
         keys: &Arc<Vec<f64>>,
-    ) -> (HashMap<usize, u64>, u64, Duration) {
+    ) -> (HashMap<usize, (u64, u64)>, u64, Duration) {
         let admitted = Arc::new(Mutex::new(HashMap::new()));
         let others = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let start = Arc::new(Barrier::new(clients + 1));
@@ -418,7 +434,7 @@ mod instances {
                 );
                 std::thread::spawn(move || {
                     let mut random = Xorshift(0x9e37_79b9_7f4a_7c15 ^ (i as u64 + 1));
-                    let mut mine: HashMap<usize, u64> = HashMap::new();
+                    let mut mine: HashMap<usize, (u64, u64)> = HashMap::new();
                     start.wait();
                     let began = Instant::now();
                     while began.elapsed() < duration {
@@ -426,16 +442,21 @@ mod instances {
                         let key = keys.partition_point(|&c| c < draw).min(keys.len() - 1);
                         let name = format!("k{key}");
                         match client.get("/check", &[("x-api-key", &name)]) {
-                            Ok(r) if r.status == 200 => *mine.entry(key).or_default() += 1,
-                            Ok(r) if r.status == 429 => {}
-                            _ => {
-                                others.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            Ok(r) if r.status == 200 => mine.entry(key).or_default().0 += 1,
+                            Ok(r) if r.status == 429 => mine.entry(key).or_default().1 += 1,
+                            other => {
+                                // Shown once, to say what it was (a store timeout, a reset).
+                                if others.fetch_add(1, std::sync::atomic::Ordering::Relaxed) == 0 {
+                                    eprintln!("neither 200 nor 429: {other:?}");
+                                }
                             }
                         }
                     }
                     let mut all = admitted.lock().expect("tally");
-                    for (key, count) in mine {
-                        *all.entry(key).or_default() += count;
+                    for (key, (allowed, denied)) in mine {
+                        let tally: &mut (u64, u64) = all.entry(key).or_default();
+                        tally.0 += allowed;
+                        tally.1 += denied;
                     }
                 })
             })
@@ -474,21 +495,28 @@ mod instances {
             let (admitted, others, elapsed) = hammer(&instances, 24, Duration::from_secs(3), &keys);
             assert_eq!(others, 0, "{what}: every answer is 200 or 429");
             let bound = BURST + RATE * elapsed.as_secs_f64();
-            let hottest = admitted.get(&0).copied().unwrap_or(0) as f64;
+            let (hottest, denied) = admitted.get(&0).copied().unwrap_or_default();
+            let hottest = hottest as f64;
             eprintln!(
-                "borrowing, {what}: hottest key {hottest} admitted in {:.3} s, bound {bound:.1} ({:.1}%), {} keys",
+                "borrowing, {what}: hottest key {hottest} admitted, {denied} denied in {:.3} s, bound {bound:.1} ({:.1}%), {} keys",
                 elapsed.as_secs_f64(),
                 100.0 * hottest / bound,
                 admitted.len()
             );
-            for (key, &count) in &admitted {
+            for (key, &(count, _)) in &admitted {
                 assert!(
                     count as f64 <= bound + 1.0,
                     "{what}: key {key} admitted {count} > {bound:.1}"
                 );
             }
+            // Half of what the bucket allowed, or of what the clients asked for when a loaded
+            // machine kept them below it.
+            let asked = hottest + denied as f64;
             if keys.len() == 1 {
-                assert!(hottest >= 0.5 * bound, "{what}: the hot key flowed");
+                assert!(
+                    hottest >= 0.5 * bound.min(asked),
+                    "{what}: the hot key flowed: {hottest} of {asked} asked, bound {bound:.1}"
+                );
             }
         }
         let used: f64 = instances
@@ -574,7 +602,7 @@ mod instances {
             "every instance applies the override"
         );
         let (admitted, _, elapsed) = hammer(&instances, 12, Duration::from_millis(500), &hot);
-        let count = admitted.get(&0).copied().unwrap_or(0) as f64;
+        let count = admitted.get(&0).map_or(0, |&(allowed, _)| allowed) as f64;
         assert!(
             count <= 5.0 + elapsed.as_secs_f64() + 1.0,
             "{count} admitted under burst 5 at 1/s in {elapsed:?}: old slices were used"

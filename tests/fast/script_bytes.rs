@@ -48,8 +48,9 @@ enum Call {
 }
 
 /// A key before the first call: absent, or in debt (micro-tokens) as of `age_us` ago (below 0:
-/// written by a clock ahead of this one).
-type Start = Option<(u64, i64)>;
+/// written by a clock ahead of this one), marked with the format (`v1:`) or not (a build from
+/// before the marker wrote it: read the same, and marked when written).
+type Start = Option<(u64, i64, bool)>;
 
 fn check() -> impl Strategy<Value = Check> {
     (0..KEYS.len(), 0..5u64, any::<bool>()).prop_map(|(key, cost, shadow)| Check {
@@ -71,6 +72,7 @@ fn start() -> impl Strategy<Value = Start> {
     proptest::option::of((
         prop_oneof![Just(0u64), 1..8_000_000u64, Just(100_000_000u64)],
         -2_000_000..20_000_000i64,
+        any::<bool>(),
     ))
 }
 
@@ -149,10 +151,16 @@ fn run(redis: &RedisServer, starts: &[Start], calls: &[Call]) -> Result<(), Test
     let mut expiries = vec![0u64; KEYS.len()];
     let time = time_us(redis);
     for (i, start) in starts.iter().enumerate() {
-        if let Some((debt, age_us)) = *start {
+        if let Some((debt, age_us, marked)) = *start {
             let ts = time.saturating_add_signed(-age_us);
-            redis.cli(&["SET", KEYS[i], &format!("{debt} {ts}")]);
-            states[i] = Some(Stored { debt, ts_us: ts });
+            let stored = Stored { debt, ts_us: ts };
+            let value = if marked {
+                stored.value()
+            } else {
+                format!("{debt} {ts}")
+            };
+            redis.cli(&["SET", KEYS[i], &value]);
+            states[i] = Some(stored);
             expiries[i] = u64::MAX;
         }
     }
@@ -197,8 +205,13 @@ fn run(redis: &RedisServer, starts: &[Start], calls: &[Call]) -> Result<(), Test
                 .query(&mut connection)
                 .expect("read the key");
             match (value, states[i]) {
+                // Never written since the start: as it was set, marked or not.
+                (Some(value), Some(state)) if expiries[i] == u64::MAX => {
+                    prop_assert_eq!(Stored::parse(&value), Ok(Some(state)), "{}", key);
+                    prop_assert_eq!(expiry, -1, "{}", key);
+                }
                 (Some(value), Some(state)) => {
-                    prop_assert_eq!(value, format!("{} {}", state.debt, state.ts_us), "{}", key);
+                    prop_assert_eq!(value, state.value(), "{}", key);
                     let want = i64::try_from(expiries[i]).unwrap_or(-1);
                     prop_assert_eq!(expiry, want, "{}", key);
                 }

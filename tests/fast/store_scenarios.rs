@@ -1,7 +1,7 @@
 //! One table of decision scenarios, run on every store (`support::stores`: the memory store
 //! and a real `redis-server` running `lua/token_bucket.lua`), so the two implementations of
-//! the bucket arithmetic cannot drift apart; then Redis's own keys (expiry, stored form) and
-//! the memory store's cap.
+//! the bucket arithmetic cannot drift apart; then Redis's own keys (expiry, stored debt) and
+//! the memory store's cap. The stored forms of other releases: `store_formats`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -239,14 +239,8 @@ impl Redis {
             .query(&mut *self.raw.borrow_mut())
             .expect("read the bucket");
         let stored = stored?;
-        let (debt, ts) = stored.split_once(' ').expect("\"<debt> <ts>\"");
-        Some((
-            Stored {
-                debt: debt.parse().expect("debt"),
-                ts_us: ts.parse().expect("ts"),
-            },
-            expires,
-        ))
+        let stored = Stored::parse(&stored).ok().flatten();
+        Some((stored.expect("\"v1:<debt> <ts>\""), expires))
     }
 }
 
@@ -474,77 +468,4 @@ fn a_quota_peeks_alike_on_redis_and_in_memory() {
         !redis.peek(&quota).enough,
         "a used-up quota peeks as denied"
     );
-}
-
-/// A rolling upgrade: a bucket an earlier release stored (a hash `{tokens, ts}` of decimal
-/// floats) is read as the level it held, and the first script that writes it converts it to
-/// `"<debt> <ts>"`, so the key continues from its level and no budget is granted twice.
-#[test]
-fn a_bucket_an_earlier_release_stored_continues_from_its_level() {
-    let redis = Redis::start();
-    let time = redis.server.cli(&["TIME"]);
-    let mut time = time.split_whitespace();
-    let (s, us) = (time.next().unwrap(), time.next().unwrap());
-    let ts = format!("{s}{us:0>6}");
-    let old = |key: &str, tokens: &str| {
-        redis
-            .server
-            .cli(&["HSET", key, "tokens", tokens, "ts", &ts]);
-        redis.server.cli(&["PEXPIRE", key, "100000000"]);
-    };
-    let kind = |key: &str| redis.server.cli(&["TYPE", key]).trim().to_string();
-    // 0.001 tokens/s: the time the test takes refills nothing that counts.
-    let bucket = request("upgrade:a", 0.001, 5.0, 1);
-    old("upgrade:a", "1.5");
-    let peeked = redis.peek(&bucket);
-    assert!((peeked.tokens - 1.5).abs() < 0.01, "peek {}", peeked.tokens);
-    assert_eq!(kind("upgrade:a"), "hash", "a peek writes nothing");
-    let first = redis.decide(std::slice::from_ref(&bucket));
-    assert!(first.allowed);
-    assert!((first.buckets[0].tokens - 0.5).abs() < 0.01, "{:?}", first);
-    assert_eq!(kind("upgrade:a"), "string");
-    let debt = redis.stored("upgrade:a").debt;
-    assert!((4_490_000..=4_500_000).contains(&debt), "debt {debt}");
-    let second = redis.decide(&[bucket]);
-    assert!(!second.allowed, "0.5 tokens left, not a fresh burst");
-
-    // A denial converts it too (its expiry is then the new form's, bounded).
-    let drained = request("upgrade:b", 0.001, 5.0, 1);
-    old("upgrade:b", "0.25");
-    assert!(!redis.decide(std::slice::from_ref(&drained)).allowed);
-    assert_eq!(kind("upgrade:b"), "string");
-    assert!(!redis.decide(&[drained]).allowed);
-
-    // A mangled hash reads as full, as a mangled value of the new form does.
-    old("upgrade:c", "nan");
-    redis.server.cli(&["SET", "upgrade:d", "12x 5"]);
-    for key in ["upgrade:c", "upgrade:d"] {
-        let decision = redis.decide(&[request(key, 0.001, 5.0, 1)]);
-        assert!(decision.allowed);
-        assert_eq!(decision.buckets[0].tokens, 4.0, "{key}");
-    }
-}
-
-/// A limit may change kind under one name (a reload from `rate`/`burst` to `quota`, or back):
-/// its key then holds the other form (a string for a bucket, a hash for a quota). Each form
-/// reads the other as unused and replaces it when charged, never a Redis error.
-#[test]
-fn a_key_that_changes_between_bucket_and_quota_is_read_as_fresh() {
-    let redis = Redis::start();
-    let bucket = request("kind:k", 0.001, 5.0, 1);
-    let quota = BucketRequest {
-        meter: tollgate_core::kinds::Meter::Quota(tollgate_core::base::calendar::Period::Day),
-        ..request("kind:k", 0.0, 3.0, 1)
-    };
-    assert_eq!(
-        redis.decide(std::slice::from_ref(&bucket)).buckets[0].tokens,
-        4.0
-    );
-    assert_eq!(redis.peek(&quota).tokens, 3.0);
-    for left in [2.0, 1.0] {
-        let decision = redis.decide(std::slice::from_ref(&quota));
-        assert!(decision.allowed);
-        assert_eq!(decision.buckets[0].tokens, left);
-    }
-    assert_eq!(redis.decide(&[bucket]).buckets[0].tokens, 4.0);
 }

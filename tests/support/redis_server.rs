@@ -153,10 +153,17 @@ pub fn redis_store(
     (store, runtime)
 }
 
-/// Tokens from a bucket's stored value (`"<debt in micro-tokens> <ts>"`, as `GET` printed it)
-/// for a burst of `burst`; `None` when it is not such a value.
+/// Tokens from a bucket's stored value (`"v1:<debt in micro-tokens> <ts>"`, or unmarked, as
+/// `GET` printed it) for a burst of `burst`; `None` when it is not such a value.
 #[allow(dead_code)]
 pub fn stored_tokens(value: &str, burst: f64) -> Option<f64> {
-    let debt: f64 = value.split_whitespace().next()?.parse().ok()?;
+    let value = value.trim();
+    let debt: f64 = value
+        .strip_prefix(tollgate_core::kinds::twin::BUCKET_FORMAT)
+        .unwrap_or(value)
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
     Some(burst - debt / 1e6)
 }

@@ -164,7 +164,8 @@ pub struct Redis {
 }
 
 /// Moves each existing bucket's `ts`, the deadlines of the groups it holds and the end of
-/// its global share, ARGV[1] µs back (a bucket is `"<debt> <ts>[ <deadline> <held>]...[ i<incarnation>]"`, written only by
+/// its global share, ARGV[1] µs back (a bucket is `"v1:<debt> <ts>[ <deadline> <held>]...[
+/// i<incarnation>]"`, written only by
 /// a charge, so its `ts` may be several steps old): the next call then refills by that much
 /// more. A bucket written since the last shift had `ts` at `TIME`; one not written keeps the
 /// shifts it had. Real time between steps adds a little refill (see `tolerance`).
@@ -172,8 +173,9 @@ const SHIFT: &str = r"
 for _, key in ipairs(KEYS) do
   local stored = redis.call('GET', key)
   if stored then
-    local debt, at, rest = string.match(stored, '^(%d+) (%d+)(.*)$')
-    local shifted = debt .. ' ' .. string.format('%d', at - tonumber(ARGV[1]))
+    local mark, debt, at, rest = string.match(stored, '^(v1:)(%d+) (%d+)(.*)$')
+    if not mark then mark, debt, at, rest = '', string.match(stored, '^(%d+) (%d+)(.*)$') end
+    local shifted = mark .. debt .. ' ' .. string.format('%d', at - tonumber(ARGV[1]))
     for d, h in string.gmatch(rest, '(%d+) (%d+)') do
       shifted = shifted .. string.format(' %d %s', d - tonumber(ARGV[1]), h)
     end

@@ -306,6 +306,28 @@ impl<S: Store> Limiter<S> {
         }
     }
 
+    /// Gives back the slices that fell quiet (no request of their key gave them back after
+    /// their usable time), at most `most` of them, in one store call (a give-back happens
+    /// whatever the call decides). A call that fails leaves the tokens to count as used when
+    /// their groups end, as before. Returns the tokens given back.
+    pub async fn give_back_quiet(&self, most: usize) -> u64 {
+        let Some(lender) = &self.lender else {
+            return 0;
+        };
+        let quiet = lender.quiet(most);
+        if quiet.requests.is_empty() || self.store.decide(&quiet.requests).await.is_err() {
+            return 0;
+        }
+        // Their keys hold more than this instance's cache may remember.
+        if let Some(cache) = &self.deny_cache {
+            for request in &quiet.requests {
+                cache.forget(&request.key);
+            }
+        }
+        self.metrics.borrow.returned.inc_by(quiet.unused);
+        quiet.unused
+    }
+
     /// Which buckets of this request borrow (by their limit's `borrow`); none when no limit
     /// of the request does, or when the store may split it (a Redis Cluster deciding a
     /// request of several keys per slot refunds what one slot charged, which a slice cannot

@@ -121,10 +121,10 @@ fn erl_redis_variables_give_each_connection_what_envoyproxy_ratelimit_gives_it()
         // The password is the master's, not the sentinels'.
         (with(&sentinel, &[("REDIS_AUTH", "masterpw")]),
          Ok("via [redis://127.0.0.1:26379] (timeout 50 ms, on_error error, prefix \"tollgate\", \
-             deny cache on; master: plaintext, password set; sentinels: plaintext, no password)")),
+             deny cache on, borrow on (100 to 10000 ms); master: plaintext, password set; sentinels: plaintext, no password)")),
         (with(&sentinel, &[("REDIS_AUTH", "masterpw"), ("REDIS_SENTINEL_AUTH", "sentpw")]),
          Ok("via [redis://:***@127.0.0.1:26379] (timeout 50 ms, on_error error, prefix \
-             \"tollgate\", deny cache on; master: plaintext, password set; sentinels: \
+             \"tollgate\", deny cache on, borrow on (100 to 10000 ms); master: plaintext, password set; sentinels: \
              plaintext, password set)")),
         // A store failure is the error envoyproxy/ratelimit answers, unless told otherwise.
         (with(&tcp, &[("TOLLGATE_STORE__ON_ERROR", "allow")]),
@@ -136,14 +136,14 @@ fn erl_redis_variables_give_each_connection_what_envoyproxy_ratelimit_gives_it()
          Ok(both_tls.as_str())),
         (with(&tcp, &[("REDIS_AUTH", "pw"), ("REDIS_TLS", "True")]),
          Ok("redis rediss://:***@127.0.0.1:6380 (timeout 50 ms, on_error error, prefix \
-             \"tollgate\", deny cache on; node: TLS, CA the system's, client certificate none, \
+             \"tollgate\", deny cache on, borrow on (100 to 10000 ms); node: TLS, CA the system's, client certificate none, \
              password set)")),
         (with(&[("REDIS_TYPE", "CLUSTER"), ("REDIS_URL", "10.0.0.1:7000,10.0.0.2:7001")],
               &[("REDIS_AUTH", "app:pw")]),
          Ok("cluster [redis://app:***@10.0.0.1:7000, redis://app:***@10.0.0.2:7001]")),
         (with(&[("REDIS_URL", "/var/run/redis.sock")], &[("REDIS_AUTH", "pw")]),
          Ok("redis redis+unix:///var/run/redis.sock?pass=*** (timeout 50 ms, on_error error, \
-             prefix \"tollgate\", deny cache on; node: plaintext, password set)")),
+             prefix \"tollgate\", deny cache on, borrow on (100 to 10000 ms); node: plaintext, password set)")),
         // Refused, naming the variable: never the memory store, nor another meaning.
         (with(&[], &[]), Err("REDIS_URL")),
         (with(&[("REDIS_URL", "127.0.0.1:6380")], &[]), Err("REDIS_SOCKET_TYPE")),

@@ -117,3 +117,72 @@ fn the_extremes_the_store_can_represent_are_accepted() {
         assert!(output.status.success(), "{config}: {}", stderr(&output));
     }
 }
+
+/// Borrowing is on by default: `validate` says, per limit, where it is on and why it is off.
+#[test]
+fn validate_says_per_limit_where_borrowing_is_on_and_why_it_is_off() {
+    let limits = [
+        ("plain", "rate = 10\nburst = 20\n", "on"),
+        (
+            "daily",
+            "quota = 10\nperiod = \"day\"\n",
+            "off: borrowing applies only to a rate limit",
+        ),
+        (
+            "pool",
+            "concurrency = 3\n",
+            "off: borrowing applies only to a rate limit",
+        ),
+        (
+            "reported",
+            "rate = 1\nburst = 5\ncharge = \"report\"\n",
+            "off: borrowing does not apply to a charge = \"report\" limit",
+        ),
+        (
+            "watched",
+            "rate = 1\nburst = 5\nshadow = true\n",
+            "off: borrowing does not apply to a shadow limit",
+        ),
+        (
+            "heavy",
+            "rate = 1\nburst = 5\ncost = 2\n",
+            "off: borrowing applies only to a cost of one token per request",
+        ),
+        (
+            "declined",
+            "rate = 1\nburst = 5\nborrow = false\n",
+            "off: limits.declined.borrow = false",
+        ),
+    ];
+    let mut toml = String::from("[store]\nbackend = \"redis\"\n\n");
+    for (name, body, _) in limits {
+        toml.push_str(&format!(
+            "[[limits]]\nname = \"{name}\"\nkey = [\"ip\"]\n{body}\n"
+        ));
+    }
+    let output = run(&["validate"], Some(&toml), &[]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let printed = String::from_utf8_lossy(&output.stdout).into_owned();
+    for (name, _, said) in limits {
+        let line = format!("borrowing     {name}: {said}");
+        assert!(printed.contains(&line), "{line:?} in\n{printed}");
+    }
+
+    let off = toml.replace(
+        "backend = \"redis\"\n",
+        "backend = \"redis\"\nborrow = false\n",
+    );
+    let output = run(&["validate"], Some(&off), &[]);
+    let printed = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        printed.contains("borrowing     plain: off: store.borrow = false"),
+        "{printed}"
+    );
+    let memory = toml.replace("backend = \"redis\"\n", "backend = \"memory\"\n");
+    let output = run(&["validate"], Some(&memory), &[]);
+    let printed = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        printed.contains("borrowing     plain: off: only the Redis store borrows"),
+        "{printed}"
+    );
+}

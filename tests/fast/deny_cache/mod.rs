@@ -65,8 +65,11 @@ for i = 1, #KEYS do
   local rate, burst = tonumber(ARGV[3 * i - 1]), tonumber(ARGV[3 * i])
   local cost = tonumber(ARGV[3 * i + 1])
   local stored = redis.call('GET', KEYS[i])
-  local debt, ts
-  if stored then debt, ts = string.match(stored, '^(%d+) (%d+)$') end
+  local debt, ts, rest
+  if stored then
+    debt, ts, rest = string.match(stored, '^v1:(%d+) (%d+)(.*)$')
+    if debt == nil then debt, ts, rest = string.match(stored, '^(%d+) (%d+)(.*)$') end
+  end
   if debt == nil then
     if now - at < (burst - cost) / rate * 1000000 then
       out[i] = string.format('%.17g', burst)
@@ -76,7 +79,28 @@ for i = 1, #KEYS do
   elseif tonumber(ts) > at then
     return nil
   else
-    local owed = math.max(0, debt - math.floor((at - ts) * rate))
+    -- A borrowing bucket's held groups (lua/token_bucket.lua, lent): held tokens do not
+    -- refill; a group that ended by `at` counts as used from its deadline on.
+    local groups, held = {}, 0
+    for d, h in string.gmatch(rest, ' (%d+) (%d+)') do
+      groups[#groups + 1] = {tonumber(d), tonumber(h)}
+      held = held + tonumber(h)
+    end
+    table.sort(groups, function(x, y) return x[1] < y[1] end)
+    local owed, from = tonumber(debt), tonumber(ts)
+    local function refill(to)
+      if to > from then owed = math.max(0, owed - math.floor((to - from) * rate)) end
+    end
+    for _, g in ipairs(groups) do
+      if g[1] <= at then
+        refill(g[1])
+        if owed < held then owed = held end
+        if g[1] > from then from = g[1] end
+        held = held - g[2]
+      end
+    end
+    refill(at)
+    if owed < held then owed = held end
     out[i] = string.format('%.17g', (burst * 1000000 - owed) / 1000000)
   end
 end

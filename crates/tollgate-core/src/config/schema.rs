@@ -140,8 +140,8 @@ pub struct StoreConfig {
     /// How often each instance asks Redis whether a runtime override changed: how soon a
     /// change is in force everywhere, against one small script call per instance and period.
     pub override_poll_ms: u64,
-    /// Whether limits borrow tokens when they say nothing (`limits[].borrow`); only the
-    /// Redis store borrows.
+    /// Whether limits borrow tokens when they say nothing (`limits[].borrow`); on by
+    /// default, for every limit that can borrow. Only the Redis store borrows.
     pub borrow: bool,
     /// How long an instance admits from a slice of borrowed tokens, at most.
     pub borrow_horizon_ms: u64,
@@ -522,7 +522,7 @@ impl Default for StoreConfig {
             max_buckets: 100_000,
             deny_cache: true,
             override_poll_ms: 250,
-            borrow: false,
+            borrow: true,
             borrow_horizon_ms: 100,
             borrow_longest_horizon_ms: 10_000,
             tls: None,

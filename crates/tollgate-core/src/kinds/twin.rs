@@ -16,6 +16,48 @@ pub struct Stored {
     pub ts_us: u64,
 }
 
+/// The marker a bucket's value starts with in Redis, `v1:<debt> <ts>` (`lua/bounds.lua`).
+/// The next change of format changes it; a value that starts with a letter but not with this
+/// marker is of a format this release does not know, and the scripts refuse it rather than
+/// read it as full.
+pub const BUCKET_FORMAT: &str = "v1:";
+
+/// A bucket's value in a format this release does not know ([`Stored::parse`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UnknownFormat;
+
+impl Stored {
+    /// A bucket's value as the scripts write it, without held groups: `v1:<debt> <ts>`.
+    pub fn value(&self) -> String {
+        format!("{BUCKET_FORMAT}{} {}", self.debt, self.ts_us)
+    }
+
+    /// A bucket's value as the scripts read it (`read_bucket`), its held groups aside: the
+    /// marked form, or the unmarked `<debt> <ts>` of a build from before the marker, read the
+    /// same; `Ok(None)` for garbage, which reads as full; a value of another format refused.
+    pub fn parse(value: &str) -> Result<Option<Stored>, UnknownFormat> {
+        let (marked, body) = match value.strip_prefix(BUCKET_FORMAT) {
+            Some(body) => (true, body),
+            None if value.starts_with(|c: char| c.is_ascii_alphabetic()) => {
+                return Err(UnknownFormat)
+            }
+            None => (false, value),
+        };
+        let mut fields = body.splitn(3, ' ');
+        let number = |field: Option<&str>| {
+            field
+                .filter(|f| !f.is_empty() && f.bytes().all(|b| b.is_ascii_digit()))?
+                .parse()
+                .ok()
+        };
+        match (number(fields.next()), number(fields.next())) {
+            (Some(debt), Some(ts_us)) => Ok(Some(Stored { debt, ts_us })),
+            _ if marked => Err(UnknownFormat),
+            _ => Ok(None),
+        }
+    }
+}
+
 /// What the memory store keeps beside its keys' levels, each kind its own part (the Redis
 /// store keeps the same in the key itself or in keys beside it), by key.
 #[derive(Default)]

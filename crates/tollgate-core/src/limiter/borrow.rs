@@ -117,9 +117,16 @@ impl Holding {
 
 type Map = HashMap<String, Holding>;
 
+/// One shard: its keys, and when their slices fall quiet (the give-backs no request made).
+#[derive(Default)]
+struct Shard {
+    keys: Map,
+    due: quiet::Due,
+}
+
 /// The borrowed tokens of one instance.
 pub struct Lender {
-    shards: Box<[Mutex<Map>]>,
+    shards: Box<[Mutex<Shard>]>,
     hasher: std::hash::RandomState,
     shard_cap: usize,
     /// The rungs' horizons, shortest first: `grids[..rungs]`.
@@ -193,7 +200,7 @@ impl Lender {
     /// [`Lender::new`] reading `clock` (tests advance a manual one).
     pub fn with_clock(capacity: usize, horizon_us: u64, clock: Arc<dyn Clock>) -> Lender {
         Lender {
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
             hasher: std::hash::RandomState::new(),
             shard_cap: capacity.div_ceil(SHARDS).max(1),
             grids: [horizon_us.max(1_000); MAX_RUNGS],
@@ -233,7 +240,7 @@ impl Lender {
         &self.grids[..self.rungs]
     }
 
-    fn shard(&self, key: &str) -> MutexGuard<'_, Map> {
+    fn shard(&self, key: &str) -> MutexGuard<'_, Shard> {
         let index = usize::try_from(self.hasher.hash_one(key) % SHARDS as u64).unwrap_or(0);
         self.shards[index]
             .lock()
@@ -299,7 +306,7 @@ impl Lender {
         let mut paid = Vec::with_capacity(buckets.len());
         for (i, bucket) in buckets.iter().enumerate() {
             let mut shard = self.shard(&bucket.key);
-            let took = shard.get_mut(bucket.key.as_str()).and_then(|holding| {
+            let took = shard.keys.get_mut(bucket.key.as_str()).and_then(|holding| {
                 let held = holding.slice.as_mut()?;
                 let usable = held.until_us > now
                     && held.left >= bucket.cost
@@ -335,6 +342,7 @@ impl Lender {
     fn put_back(&self, bucket: &BucketRequest, id: u64) {
         let mut shard = self.shard(&bucket.key);
         if let Some(held) = shard
+            .keys
             .get_mut(bucket.key.as_str())
             .and_then(|h| h.slice.as_mut())
             .filter(|held| held.id == id)
@@ -347,7 +355,7 @@ impl Lender {
     /// what to ask for. Returns the tokens given back unused too.
     fn ask(&self, bucket: &BucketRequest, now: u64) -> (Borrow, u64) {
         let mut shard = self.shard(&bucket.key);
-        if !shard.contains_key(bucket.key.as_str()) && !self.make_room(&mut shard, now) {
+        if !shard.keys.contains_key(bucket.key.as_str()) && !self.make_room(&mut shard.keys, now) {
             let plain = Borrow {
                 grid_us: self.grids[0],
                 want: 0,
@@ -355,7 +363,7 @@ impl Lender {
             };
             return (plain, 0);
         }
-        let holding = shard.entry(bucket.key.clone()).or_default();
+        let holding = shard.keys.entry(bucket.key.clone()).or_default();
         holding.count(now, self.grids());
         let give = holding.slice.take().map(|held| GiveBack {
             deadline_us: held.deadline_us,
@@ -381,7 +389,17 @@ impl Lender {
                     reason = "a burst is at most 10^9"
                 )]
                 let half = (bucket.burst / 2.0).floor() as u64;
-                (demand.min(half), grid_us)
+                // At most what the bucket refills over the slice's horizon: a slice held
+                // unused while other instances deny costs them at most one horizon's refill,
+                // so a slow limit (a few per minute) never borrows.
+                #[expect(
+                    clippy::cast_possible_truncation,
+                    clippy::cast_sign_loss,
+                    clippy::cast_precision_loss,
+                    reason = "a rate times a horizon in s, clamped at 0 by the cast"
+                )]
+                let refill = (bucket.rate * grid_us as f64 / 1e6).floor() as u64;
+                (demand.min(half).min(refill), grid_us)
             }
             _ => (0, self.grids[0]),
         };
@@ -415,7 +433,7 @@ impl Lender {
                 continue;
             }
             let mut shard = self.shard(&bucket.key);
-            let Some(holding) = shard.get_mut(bucket.key.as_str()) else {
+            let Some(holding) = shard.keys.get_mut(bucket.key.as_str()) else {
                 continue;
             };
             holding.asking_since_us = None;
@@ -425,22 +443,25 @@ impl Lender {
                 continue;
             };
             let mut shard = self.shard(&bucket.key);
-            let Some(holding) = shard.get_mut(bucket.key.as_str()) else {
+            let Some(holding) = shard.keys.get_mut(bucket.key.as_str()) else {
                 continue;
             };
             borrowed += slice.tokens;
+            let id = self.installed.fetch_add(1, Ordering::Relaxed) + 1;
+            let until_us = sent_us + usable_for_us(slice);
             // A slice still here was installed by a concurrent call: it is dropped (its
             // tokens count as used at its deadline), never merged.
             holding.slice = Some(Held {
-                id: self.installed.fetch_add(1, Ordering::Relaxed) + 1,
+                id,
                 deadline_us: slice.deadline_us,
                 incarnation: slice.incarnation,
                 taken: slice.tokens,
                 left: slice.tokens,
-                until_us: sent_us + usable_for_us(slice),
+                until_us,
                 rate: bucket.rate,
                 burst: bucket.burst,
             });
+            shard.due.push(slice, sent_us, id, bucket);
         }
         borrowed
     }
@@ -449,7 +470,7 @@ impl Lender {
     fn abandon(&self, buckets: &[BucketRequest]) {
         for bucket in buckets {
             if bucket.meter.borrow().is_some() {
-                if let Some(holding) = self.shard(&bucket.key).get_mut(bucket.key.as_str()) {
+                if let Some(holding) = self.shard(&bucket.key).keys.get_mut(bucket.key.as_str()) {
                     holding.asking_since_us = None;
                 }
             }
@@ -458,7 +479,7 @@ impl Lender {
 
     /// Forgets the slices of one key, whose bucket was just reset.
     pub fn forget(&self, key: &str) {
-        self.shard(key).remove(key);
+        self.shard(key).keys.remove(key);
     }
 
     /// Forgets every slice (a reload; resets may have gone unheard). Their tokens count as
@@ -468,6 +489,7 @@ impl Lender {
             shard
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .keys
                 .clear();
         }
     }
@@ -476,6 +498,7 @@ impl Lender {
     pub fn held(&self, key: &str) -> u64 {
         let now = self.clock.now_us();
         self.shard(key)
+            .keys
             .get(key)
             .and_then(|h| h.slice)
             .filter(|held| held.until_us > now)
@@ -496,5 +519,6 @@ fn usable_for_us(slice: &Slice) -> u64 {
     (half as f64 * (1.0 - DRIFT) - MARGIN_US).max(0.0) as u64
 }
 
+mod quiet;
 #[cfg(test)]
 mod tests;

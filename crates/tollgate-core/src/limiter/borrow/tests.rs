@@ -205,6 +205,7 @@ fn a_put_back_never_reaches_a_slice_that_replaced_the_one_paid_from() {
     // one partly used. "b" cannot pay: the token goes back to the slice it came from only.
     let id = lender
         .shard("a")
+        .keys
         .get("a")
         .and_then(|h| h.slice)
         .map(|h| h.id);
@@ -257,7 +258,7 @@ fn a_put_back_never_reaches_a_slice_installed_after_a_reset() {
         assert_eq!(lender.learn(&asked, &[slice], sent), 3);
     };
     install();
-    let first = lender.shard("k")["k"].slice.expect("a slice").id;
+    let first = lender.shard("k").keys["k"].slice.expect("a slice").id;
     lender.forget("k");
     install();
     assert_eq!(
@@ -267,4 +268,114 @@ fn a_put_back_never_reaches_a_slice_installed_after_a_reset() {
     );
     lender.put_back(&b[0], first);
     assert_eq!(lender.held("k"), 2, "the first slice's token went nowhere");
+}
+
+/// A slice of 3 taken by a request that asked for 2 on the 100 ms horizon; usable until
+/// 100 ms after it was sent (a deadline 200 ms ahead).
+fn take_three(lender: &Lender) -> Slice {
+    let b = [bucket("k")];
+    let _ = asked(lender.plan(&b, &[true]).0);
+    let (asked, sent) = asked(lender.plan(&b, &[true]).0);
+    assert_eq!(want_of(&asked[0]), 2);
+    let slice = Slice {
+        bucket: 0,
+        tokens: 3,
+        deadline_us: 1_200_000,
+        now_us: 1_000_000,
+        incarnation: 900_000,
+    };
+    assert_eq!(lender.learn(&asked, &[slice], sent), 3);
+    slice
+}
+
+#[test]
+fn a_quiet_keys_slice_goes_back_a_quarter_of_a_horizon_before_its_group_ends() {
+    let (lender, clock) = lender();
+    take_three(&lender);
+    assert!(matches!(
+        lender.plan(&[bucket("k")], &[true]).0,
+        Plan::Local(_)
+    ));
+    // Usable until 100 ms minus the padding; its group ends 200 ms (less the padding) after
+    // the call was sent: due a quarter horizon before that.
+    clock.advance_us(170_000);
+    assert!(matches!(
+        lender.plan(&[bucket("other")], &[true]).0,
+        Plan::Store(_)
+    ));
+    assert!(lender.quiet(10).requests.is_empty(), "not due yet");
+    clock.advance_us(5_000);
+    let quiet = lender.quiet(10);
+    assert_eq!(quiet.unused, 2);
+    let [request] = quiet.requests.as_slice() else {
+        panic!("one give-back: {:?}", quiet.requests)
+    };
+    assert_eq!((request.key.as_str(), request.cost), ("k", 0));
+    let borrow = request.meter.borrow().expect("a borrowing request");
+    assert_eq!(
+        (borrow.want, borrow.grid_us, borrow.give),
+        (
+            0,
+            100_000,
+            Some(GiveBack {
+                deadline_us: 1_200_000,
+                taken: 3,
+                unused: 2,
+                incarnation: 900_000,
+            })
+        )
+    );
+    assert!(lender.quiet(10).requests.is_empty(), "given back once");
+    let (next, _) = asked_again(&lender, &[bucket("k")]);
+    assert_eq!(
+        next[0].meter.borrow().and_then(|b| b.give),
+        None,
+        "the next request has nothing left to give back"
+    );
+}
+
+#[test]
+fn a_slice_a_request_gave_back_or_used_up_is_not_given_back_again() {
+    let (lender, clock) = lender();
+    take_three(&lender);
+    clock.advance_us(100_000);
+    let (asked, _) = asked_again(&lender, &[bucket("k")]);
+    assert!(asked[0].meter.borrow().and_then(|b| b.give).is_some());
+    clock.advance_us(1_000_000);
+    assert!(
+        lender.quiet(10).requests.is_empty(),
+        "a request gave it back"
+    );
+
+    take_three(&lender);
+    for _ in 0..3 {
+        assert!(matches!(
+            lender.plan(&[bucket("k")], &[true]).0,
+            Plan::Local(_)
+        ));
+    }
+    clock.advance_us(1_000_000);
+    let quiet = lender.quiet(10);
+    assert!(
+        quiet.requests.is_empty() && quiet.unused == 0,
+        "every token used: nothing to give back"
+    );
+}
+
+#[test]
+fn a_slice_is_at_most_what_the_bucket_refills_over_its_horizon() {
+    let (lender, _) = lender();
+    let slow = BucketRequest::bucket("slow", 0.01, 15.0);
+    let modest = BucketRequest::bucket("modest", 30.0, 200.0);
+    // Each ask dropped unanswered, so the next may ask.
+    for _ in 0..20 {
+        drop(lender.plan(std::slice::from_ref(&slow), &[true]));
+    }
+    let (asked, _) = asked_again(&lender, std::slice::from_ref(&slow));
+    assert_eq!(want_of(&asked[0]), 0, "0.01/s refills nothing in 10 s");
+    for _ in 0..20 {
+        drop(lender.plan(std::slice::from_ref(&modest), &[true]));
+    }
+    let (asked, _) = asked_again(&lender, std::slice::from_ref(&modest));
+    assert_eq!(want_of(&asked[0]), 3, "30/s refills 3 in 100 ms");
 }

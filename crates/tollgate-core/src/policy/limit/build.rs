@@ -4,7 +4,7 @@
 
 use super::{policy_item, Limit};
 use crate::base::keys::KeyPart;
-use crate::config::{valid_name, Charge, ConfigError, LimitConfig};
+use crate::config::{valid_name, Backend, Charge, ConfigError, LimitConfig, StoreConfig};
 use crate::kinds::{self, Kind, Meter};
 use crate::observe::metrics::LimitCounters;
 use crate::policy::descriptors::DescriptorRule;
@@ -116,22 +116,68 @@ pub fn borrowable(
     meter: Meter,
     descriptor: bool,
 ) -> Result<(), &'static str> {
+    why_not_borrowing(
+        meter,
+        config.charge,
+        config.shadow,
+        config.cost,
+        config.cost_header.is_some(),
+        descriptor,
+    )
+}
+
+/// [`borrowable`] from a limit's parts, so that a built [`Limit`] can say it too.
+fn why_not_borrowing(
+    meter: Meter,
+    charge: Charge,
+    shadow: bool,
+    cost: u64,
+    cost_header: bool,
+    descriptor: bool,
+) -> Result<(), &'static str> {
     if !meter.is_plain_bucket() {
         return Err("applies only to a rate limit (not a quota, concurrency or reserving limit)");
     }
-    if config.charge != Charge::Request {
+    if charge != Charge::Request {
         return Err("does not apply to a charge = \"report\" limit");
     }
-    if config.shadow {
+    if shadow {
         return Err("does not apply to a shadow limit");
     }
-    if config.cost != 1 || config.cost_header.is_some() {
+    if cost != 1 || cost_header {
         return Err("applies only to a cost of one token per request (no cost, no cost_header)");
     }
     if descriptor {
         return Err("does not apply to a limit of Envoy's rate limit service (descriptors)");
     }
     Ok(())
+}
+
+impl Limit {
+    /// Whether this limit borrows and, when it does not, why (what `tollgate validate` prints
+    /// for it): `store` is the store it was built for.
+    pub fn borrowing(&self, store: &StoreConfig) -> String {
+        if self.borrow {
+            return "on".into();
+        }
+        if let Err(why) = why_not_borrowing(
+            self.meter,
+            self.charge,
+            self.shadow,
+            self.cost,
+            self.cost_header.is_some(),
+            self.descriptor.is_some(),
+        ) {
+            return format!("off: borrowing {why}");
+        }
+        if store.backend != Backend::Redis {
+            return "off: only the Redis store borrows".into();
+        }
+        if store.borrow {
+            return format!("off: limits.{}.borrow = false", self.name);
+        }
+        "off: store.borrow = false".into()
+    }
 }
 
 /// `borrow` as the limit says it: `true` on a limit that cannot borrow is refused.
