@@ -6,7 +6,8 @@
 -- KEYS[1]  a bucket, "v1:<debt> <ts>" (lua/bounds.lua), or a quota, hash {used, start}
 -- ARGV[1]  a bucket's rate, tokens per second; or a quota's period code ('h', 'd', 'w', 'm');
 --          or 'L' for a concurrency key (a sorted set of leases scored by expiry); or
---          'R<k|r><rate>' for a reserving bucket; 'B<rate>' for a borrowing bucket
+--          'R<k|r><rate>' for a reserving bucket; 'B<rate>' for a borrowing bucket;
+--          'G<floor>:<rate>' for a global limit's key in a region (lua/global.lua in front)
 -- ARGV[2]  a bucket's burst; or the quota; or the most leases held at once
 --
 -- Returns one string: "level" for a bucket (its tokens now, refilled exactly as token_bucket.lua
@@ -42,6 +43,15 @@ end
 
 -- 'R<k|r><rate>': a reserving bucket. Its level as the next check finds it (expired
 -- reservations given back under 'r'), then the tokens and the count of reservations held.
+if string.byte(ARGV[1]) == 71 then
+  -- 'G': a global limit's key in a region (lua/global.lua): its level under its share.
+  local g = GLOBAL[ARGV[1]]
+  if not g then refuse(1, 'global') end
+  local debt, at = read_bucket(KEYS[1], burst)
+  local level = global_level(global_numbers(g, burst, KEYS[1]), debt, at, now)
+  return string.format('%.6f', level / 1000000)
+end
+
 local rate, back, reserved, count = ARGV[1], 0, nil, 0
 if string.byte(rate) == 82 then
   local ts = string.format('%d', now)

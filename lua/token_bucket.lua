@@ -1,6 +1,6 @@
 -- tollgate token bucket and calendar quota: decides N keys all-or-nothing in one atomic call,
--- or several such requests in turn (a batch). Loaded with lua/calendar.lua (period_bounds) and
--- lua/bounds.lua (its bounds and refuse) in front of it.
+-- or several such requests in turn (a batch). Loaded with lua/calendar.lua (period_bounds),
+-- lua/bounds.lua (its bounds and refuse) and lua/global.lua (global limits) in front of it.
 --
 -- One request:
 -- KEYS[i]     key i: a bucket, the string "v1:<debt> <ts>" (lua/bounds.lua: how far it is below
@@ -13,7 +13,8 @@
 --             lease to take, 'L<ttl in ms>:<lease id in hex>'; or a bucket whose charge is held
 --             as a reservation, 'R<ttl in ms>:<id in hex>:<k|r>:<rate>' (below); or a
 --             borrowing bucket, 'B<grid µs>:<want>:<deadline>:<taken>:<unused>:<incarnation>:<rate>'
---             (below)
+--             (below); or a global limit's key in a region, 'G<floor in millionths>:<rate>'
+--             (lua/global.lua, loaded in front: its level is read and written there)
 -- ARGV[4i-2]  a bucket's burst: its capacity (>= 1); or the quota: at most this per period;
 --             or the most leases held at once
 -- ARGV[4i-1]  cost to charge key i (>= 0; 0 asks only that the key is not used up: a
@@ -342,6 +343,8 @@ local function decide(k, a, n)
   local holds
   -- For borrowing buckets only: their groups and slice (see lent).
   local lends
+  -- For global limits' keys only: the region's numbers (lua/global.lua).
+  local globals
   for i = 1, n do
     local j = a + 4 * i
     local burst, cost = NUM[ARGV[j - 2]], NUM[ARGV[j - 1]]
@@ -370,6 +373,15 @@ local function decide(k, a, n)
         current[i] = true
       end
       starts[i], stops[i] = start, stop
+    elseif not rate and string.byte(ARGV[j - 3]) == 71 then
+      -- 'G': a global limit's key in a region (lua/global.lua).
+      local g = GLOBAL[ARGV[j - 3]]
+      if not g then refuse(i, 'global') end
+      if not globals then globals = {} end
+      local numbers = global_numbers(g, burst, KEYS[k + i])
+      globals[i] = numbers
+      local debt, at = read_bucket(KEYS[k + i], burst)
+      level, cost, one = global_level(numbers, debt, at, now), cost * 1000000, 1000000
     elseif not rate and string.byte(ARGV[j - 3]) == 76 then
       -- 'L': a concurrency key.
       local ttl_ms, id = string.match(ARGV[j - 3], '^L(%d+):(%x+)$')
@@ -456,6 +468,12 @@ local function decide(k, a, n)
         hold(key, leases[i][1], leases[i][2], 0)
       end
       out[p + 2 * i + 1] = string.format('%.17g', level)
+    elseif globals and globals[i] then
+      if charged then
+        level = level - cost * 1000000
+        global_write(key, globals[i], level, now, ts)
+      end
+      out[p + 2 * i + 1] = string.format('%d', level)
     elseif starts and starts[i] then
       if charged then level = level - cost end
       if charged and current[i] == true then

@@ -23,7 +23,8 @@
 //!   Envoy's `ShouldRateLimit` (and envoyproxy/ratelimit's `/json`, `/healthcheck`);
 //!   [`grpc::rlqs`], Envoy's quota service (`StreamRateLimitQuotas`).
 //! - [`app`]: the running process: [`app::server`] (the listeners),
-//!   [`app::signals`], [`app::reload`], [`app::drain`], [`app::heartbeat`].
+//!   [`app::signals`], [`app::reload`], [`app::drain`], [`app::heartbeat`],
+//!   [`app::region`] (a region's reporter to the home of its global limits).
 //! - [`cli`]: [`cli::import`] (envoyproxy/ratelimit YAML to TOML), [`cli::ingress_nginx`]
 //!   (its annotations to TOML), [`cli::replay`] (an access log against a config),
 //!   [`cli::top_view`] (`tollgate top`).

@@ -33,7 +33,8 @@ pub async fn count_instances(state: web::Data<AppState>, registry_key: String) {
     }
 }
 
-fn instance_id() -> String {
+/// This process's name among the instances of its store: host, pid and a nonce.
+pub fn instance_id() -> String {
     let host = std::env::var("HOSTNAME")
         .ok()
         .or_else(|| std::fs::read_to_string("/etc/hostname").ok())

@@ -108,8 +108,16 @@ pub async fn start(
 
 /// Starts what a serving instance does besides answering: with a Redis store, following the
 /// runtime overrides, hearing bucket resets (with a deny cache) and, with
-/// `on_error = "local"`, the heartbeat that counts instances.
+/// `on_error = "local"`, the heartbeat that counts instances; in a region (any store), its
+/// reporter to the home.
 pub fn spawn_duties(config: &Config, state: &web::Data<AppState>) -> Result<(), StartError> {
+    if let Some(region) = &config.region {
+        actix_web::rt::spawn(crate::app::region::report(
+            state.clone(),
+            region.clone(),
+            heartbeat::instance_id(),
+        ));
+    }
     if config.store.backend != Backend::Redis {
         return Ok(());
     }

@@ -137,6 +137,11 @@ impl RateLimitQuotaService for RlqsService {
                         break;
                     }
                 };
+                if let Err(status) = stream.admit(&reports) {
+                    log::debug!("rlqs: stream {id} refused: {status}");
+                    let _ = answers.send(Err(status)).await;
+                    break;
+                }
                 let answer = stream.answer(reports).await;
                 if !answer.bucket_action.is_empty() && answers.send(Ok(answer)).await.is_err() {
                     break;

@@ -39,6 +39,9 @@ struct Peek<'a> {
     /// names.
     #[serde(skip_serializing_if = "Option::is_none")]
     shares: Option<serde_json::Value>,
+    /// A global limit's key in a region: its floor and its share.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    region: Option<serde_json::Value>,
 }
 
 fn override_view(own: Option<Override>) -> Option<serde_json::Value> {
@@ -91,6 +94,7 @@ pub async fn peek(
         cost: peeked.cost,
         own: override_view(target.own),
         shares: peeked.shares,
+        region: peeked.region,
     })))
 }
 

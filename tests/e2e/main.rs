@@ -26,6 +26,7 @@ mod import_ingress;
 mod ingress_examples;
 mod metrics_exposition;
 mod nginx;
+mod regions;
 mod rlqs;
 mod rlqs_flood;
 mod sentinel;

@@ -85,7 +85,9 @@ impl Drop for LatencyProxy {
     }
 }
 
-fn relay(
+/// Relays `client` and `server` both ways, each chunk `one_way` late; both sockets are kept
+/// in `held` (to be reset), the worst lateness in `lateness`.
+pub fn relay(
     client: TcpStream,
     server: TcpStream,
     one_way: Duration,

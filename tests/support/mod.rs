@@ -16,6 +16,7 @@ pub mod envoy;
 pub mod grpc;
 pub mod http;
 pub mod latency;
+pub mod link;
 pub mod pressed;
 // An OTLP trace receiver on Python's grpcio: a process of its own, second tier only.
 #[cfg(feature = "e2e")]

@@ -38,8 +38,19 @@ impl Envoy {
     }
 
     pub async fn report(&mut self, usages: &[(&[(&str, &str)], u64)]) -> RateLimitQuotaResponse {
+        self.report_in("edge", usages)
+            .await
+            .expect("no stream error")
+    }
+
+    /// One message of reports in `domain`; the stream's error, if it ends with one.
+    pub async fn report_in(
+        &mut self,
+        domain: &str,
+        usages: &[(&[(&str, &str)], u64)],
+    ) -> Result<RateLimitQuotaResponse, tonic::Status> {
         let message = RateLimitQuotaUsageReports {
-            domain: "edge".into(),
+            domain: domain.into(),
             bucket_quota_usages: usages
                 .iter()
                 .map(|(id, allowed)| BucketQuotaUsage {
@@ -54,8 +65,7 @@ impl Envoy {
         tokio::time::timeout(Duration::from_secs(5), self.answers.message())
             .await
             .expect("an answer within 5 s")
-            .expect("no stream error")
-            .expect("the stream is open")
+            .map(|answer| answer.expect("the stream is open"))
     }
 }
 

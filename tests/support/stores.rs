@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tollgate_core::base::clock::{Clock, ManualClock};
+use tollgate_core::kinds::global::Share;
 use tollgate_core::kinds::reserve::{Settle, Settled};
 use tollgate_core::kinds::{BucketOutcome, BucketRequest, Reserved, Slice};
 use tollgate_core::store::memory::MemoryStore;
@@ -64,6 +65,9 @@ pub trait StoreUnderTest {
     fn pass(&self, ms: u64);
     /// A slice's deadline as stored now (Redis's groups move back with each advance).
     fn stored_deadline(&self, key: &str, slice: Slice) -> u64;
+    /// Writes a global limit's share for `bucket` through the store's door, ending `for_ms`
+    /// from the store's now (earlier when negative); the bucket's level afterwards, tokens.
+    fn put_share(&self, bucket: &BucketRequest, rate: f64, size: u64, for_ms: i64) -> f64;
     /// Allowed difference between expected and observed tokens.
     fn tolerance(&self) -> f64;
     fn name(&self) -> &'static str;
@@ -127,6 +131,19 @@ impl StoreUnderTest for Memory {
     fn stored_deadline(&self, _key: &str, slice: Slice) -> u64 {
         slice.deadline_us
     }
+    fn put_share(&self, bucket: &BucketRequest, rate: f64, size: u64, for_ms: i64) -> f64 {
+        let until_us = (self.clock.now_us() as i64 + for_ms * 1000) as u64;
+        let share = Share {
+            rate,
+            size,
+            until_us,
+        };
+        let (level, _) = self
+            .store
+            .put_share_now(bucket, share)
+            .expect("a global key");
+        level / 1e6
+    }
     fn tolerance(&self) -> f64 {
         1e-9
     }
@@ -146,8 +163,9 @@ pub struct Redis {
     shifted: RefCell<HashMap<String, u64>>,
 }
 
-/// Moves each existing bucket's `ts`, and the deadlines of the groups it holds, ARGV[1] µs
-/// back (a bucket is `"v1:<debt> <ts>[ <deadline> <held>]...[ i<incarnation>]"`, written only by
+/// Moves each existing bucket's `ts`, the deadlines of the groups it holds and the end of
+/// its global share, ARGV[1] µs back (a bucket is `"v1:<debt> <ts>[ <deadline> <held>]...[
+/// i<incarnation>]"`, written only by
 /// a charge, so its `ts` may be several steps old): the next call then refills by that much
 /// more. A bucket written since the last shift had `ts` at `TIME`; one not written keeps the
 /// shifts it had. Real time between steps adds a little refill (see `tolerance`).
@@ -163,6 +181,12 @@ for _, key in ipairs(KEYS) do
     end
     -- The groups' incarnation: a name, not a time to shift.
     redis.call('SET', key, shifted .. (string.match(rest, ' i%d+$') or ''), 'KEEPTTL')
+  end
+  -- A global limit's share beside it (lua/global.lua): its end moves back as well.
+  local share = redis.call('GET', key .. ':g')
+  if share then
+    local r, c, u = string.match(share, '^(%S+) (%d+) (%d+)$')
+    redis.call('SET', key .. ':g', string.format('%s %s %d', r, c, u - tonumber(ARGV[1])), 'KEEPTTL')
   end
 end
 return 0
@@ -255,6 +279,22 @@ impl StoreUnderTest for Redis {
     }
     fn stored_deadline(&self, key: &str, slice: Slice) -> u64 {
         slice.deadline_us - self.shifted.borrow().get(key).copied().unwrap_or(0)
+    }
+    fn put_share(&self, bucket: &BucketRequest, rate: f64, size: u64, for_ms: i64) -> f64 {
+        let (s, us): (u64, u64) = redis::cmd("TIME")
+            .query(&mut *self.raw.borrow_mut())
+            .expect("redis tells the time");
+        let until_us = ((s * 1_000_000 + us) as i64 + for_ms * 1000) as u64;
+        let share = Share {
+            rate,
+            size,
+            until_us,
+        };
+        let (level, _) = self
+            .runtime
+            .block_on(self.store.put_share(bucket, share))
+            .expect("redis writes the share");
+        level / 1e6
     }
     fn tolerance(&self) -> f64 {
         // Real time between a shift and the next call (a peek and a round trip: well under a

@@ -15,6 +15,7 @@
 //!   the wing's: `crate::erl::config`.
 //! - `trace`: `[tracing]`, the export of the decisions' spans.
 //! - `rlqs`: `[rlqs]`, Envoy's quota service and its bucket rules.
+//! - `regions`: `[region]` and `[home]`, one limit across regions, and a limit's `scope`.
 //!
 //! Limits and exemptions are checked once, where they are built from their tables
 //! (`crate::policy::limit`, `crate::policy::exempt`).
@@ -22,6 +23,7 @@
 pub mod grpc_tls;
 mod load;
 mod pem;
+pub mod regions;
 pub mod rlqs;
 mod schema;
 pub mod store_links;

@@ -8,7 +8,8 @@
 //! - [`quota`]: at most `quota` per calendar `period`;
 //! - [`concurrency`]: at most `concurrency` leases held at once;
 //! - [`reserve`]: a token bucket whose charge is held as a reservation until settled;
-//! - [`borrow`]: a token bucket from which instances borrow slices of tokens.
+//! - [`borrow`]: a token bucket from which instances borrow slices of tokens;
+//! - [`global`]: a global limit's key in a region, decided against its floor and share.
 //!
 //! [`Meter`] names a key's kind and hands every question to it in one place ([`meter`], one
 //! match); [`Kind`] lists what a kind answers, all a new kind has to fill in, and
@@ -23,6 +24,7 @@ pub mod borrow;
 pub mod bucket;
 pub mod build;
 pub mod concurrency;
+pub mod global;
 pub mod meter;
 pub mod quota;
 pub mod reserve;
@@ -54,6 +56,8 @@ pub enum Meter {
     Reserve(Reserve),
     /// A token bucket from which the instance borrows (`docs/DESIGN.md`).
     Borrow(Borrow),
+    /// A global limit's key in a region: its floor and the home's share (`docs/regions.md`).
+    Global(global::Global),
 }
 
 /// What every kind answers, by topic: the policy's questions, the scripts' spelling, the
@@ -421,6 +425,7 @@ impl Beside {
     /// counted against the store's cap.
     pub fn drop_expired(&mut self, now_us: u64, bucket: impl Fn(&str) -> bool) -> usize {
         let freed = self.drop_expired_leases(now_us);
+        self.drop_ended_shares(now_us);
         self.drop_idle_reservations(now_us, bucket);
         freed
     }

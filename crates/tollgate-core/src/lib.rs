@@ -16,7 +16,7 @@
 //!   handed down from start-up), [`base::read`] (an operator's file read up to a cap).
 //! - [`config`]: defaults < TOML file < `TOLLGATE_*` environment: schema, loading, validation,
 //!   the summary `validate` prints; [`config::tls_files`] (a TLS triple, as the store, xDS and
-//!   the gRPC listener name it).
+//!   the gRPC listener name it); [`config::regions`] (`[region]`, `[home]`, a limit's scope).
 //! - [`request`]: what a check reads: original method, path, host, client IP (XFF walk),
 //!   normalised the way the proxies route; headers read through [`request::Headers`], which
 //!   each protocol lends its own map to.
@@ -25,7 +25,8 @@
 //!   decision's span: the caller's trace context, sampling; finished spans are handed to the
 //!   server's exporter).
 //! - [`kinds`]: what a store key counts, a limit's kind, one file each: [`kinds::bucket`],
-//!   [`kinds::quota`], [`kinds::concurrency`], [`kinds::reserve`], [`kinds::borrow`]. Each
+//!   [`kinds::quota`], [`kinds::concurrency`], [`kinds::reserve`], [`kinds::borrow`],
+//!   [`kinds::global`] (a global limit's key in a region: floor + the home's share). Each
 //!   is built and checked from its config, spelled to the Lua scripts and read back, stepped
 //!   in the memory store (the scripts' arithmetic twin), shown by a peek, reported and
 //!   settled in its own file; [`kinds::Meter`] hands every question to its kind in one
@@ -34,18 +35,20 @@
 //! - [`store`]: the [`store::Store`] trait; [`store::memory`] (sharded, bounded) and
 //!   [`store::redis`] (Lua via `EVALSHA`, deadlines, circuit breaker, coalescing; one node,
 //!   Cluster or Sentinel); [`store::rlqs`] the RLQS share allocator, twin of
-//!   `lua/rlqs.lua`.
+//!   `lua/rlqs.lua`; [`store::region`] a region's demand hash and reporter lease.
 //! - [`policy`]: what the operator asked for, compiled into one [`policy::Policy`]:
 //!   [`policy::limit`] (a limit as it runs; `limit/build`: built from its config and
 //!   checked), [`policy::matcher`], [`policy::exempt`], [`policy::overrides`]
 //!   (files), [`policy::runtime_overrides`] (admin API, kept in the store),
 //!   [`policy::descriptors`] (the gRPC service's rules), [`policy::rlqs`] (which limit and
-//!   key an Envoy quota bucket id stands for).
+//!   key an Envoy quota bucket id stands for), [`policy::regions`] (at home: which global
+//!   limit and key a region's bucket id stands for, its pool what the floors leave).
 //! - [`limiter`]: the decision without HTTP: one atomic store call, `on_error` fallbacks;
 //!   [`limiter::deny_cache`], [`limiter::borrow`] (slices of hot keys' tokens, admitted
 //!   from without a store call), [`limiter::decision`] (the verdict as a value),
 //!   [`limiter::report`] (charges known after the response), [`limiter::rlqs`] (a key's
-//!   numbers as the units of its RLQS pool, a grant as Envoy's token bucket).
+//!   numbers as the units of its RLQS pool, a grant as Envoy's token bucket),
+//!   [`limiter::region`] (a region's demand, lease and share writes: the reporter's doors).
 //! - [`answer`]: what an answer says whatever protocol carries it (a refusal and why, the
 //!   quota headers).
 //!

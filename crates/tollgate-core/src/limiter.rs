@@ -6,6 +6,7 @@ pub mod decision;
 pub mod deny_cache;
 mod overrides;
 pub mod peek;
+pub mod region;
 pub mod report;
 pub mod rlqs;
 
@@ -50,6 +51,8 @@ pub struct Limiter<S: Store> {
     /// The time the limiter's own bookkeeping reads (µs; tests advance a manual one).
     clock: Arc<dyn Clock>,
     metrics: Metrics,
+    /// What this instance saw of global limits' keys wanting more than their floor.
+    demand: region::Demand,
 }
 
 /// What a check or a decision came to, and who decided it.
@@ -112,6 +115,7 @@ impl<S: Store> Limiter<S> {
             share_calls: tokio::sync::Semaphore::new(rlqs::CALLS_IN_FLIGHT),
             clock: Arc::new(MonotonicClock::default()),
             metrics,
+            demand: region::Demand::default(),
         }
     }
 
@@ -290,6 +294,7 @@ impl<S: Store> Limiter<S> {
                 if let Some(probe) = probe {
                     probe.learn(&decided.buckets);
                 }
+                self.demand.note(policy, buckets, &decided.buckets);
                 let decision = self.record(policy, buckets, decided, false);
                 Outcome::new(Verdict::Decided(decision), DecidedBy::Store)
             }

@@ -8,6 +8,7 @@ pub mod header_names;
 pub mod limit;
 pub mod matcher;
 pub mod overrides;
+pub mod regions;
 pub mod rlqs;
 pub mod runtime_overrides;
 
@@ -50,6 +51,8 @@ pub struct Policy {
     pub erl: ErlRules,
     /// Envoy's quota service: which limit and key a bucket id stands for.
     pub rlqs: rlqs::RlqsRules,
+    /// The regions whose shares this instance keeps (`[home]`).
+    pub home: Option<regions::Home>,
 }
 
 impl Policy {
@@ -81,6 +84,10 @@ impl Policy {
                     format!("limits.{}.name", limit.name),
                     format!("duplicate limit name {:?}", limit.name),
                 ));
+            }
+            if let Some(global) = crate::kinds::global::Global::of(config, limit_config) {
+                limit.meter = Meter::Global(global);
+                limit.borrow = false;
             }
             limit.counters = metrics.limit_counters(&limit.name);
             limits.push(limit);
@@ -136,6 +143,7 @@ impl Policy {
             ))),
             erl,
             rlqs,
+            home: config.home.as_ref().map(regions::Home::new),
         })
     }
 

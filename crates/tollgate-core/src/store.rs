@@ -11,11 +11,13 @@
 pub mod breaker;
 pub mod memory;
 pub mod redis;
+pub mod region;
 pub mod rlqs;
 
 use std::future::Future;
 use std::time::Instant;
 
+use crate::kinds::global::Share;
 use crate::kinds::reserve::{Settle, Settled};
 use crate::kinds::Slice;
 use crate::kinds::{BucketOutcome, BucketRequest, ReportCharge, Reserved};
@@ -165,6 +167,35 @@ pub trait Store: Send + Sync + 'static {
         async { Err(StoreError::Other("this store holds no shares".into())) }
     }
 
+    /// Writes the share the home assigned this region for `bucket`, a global limit's key
+    /// ([`crate::kinds::global`]): its bucket is brought to now under the old share first, in
+    /// the same atomic step. Returns the bucket's level (micro-tokens) and the store's now (µs).
+    fn put_share(
+        &self,
+        bucket: &BucketRequest,
+        share: Share,
+    ) -> impl Future<Output = Result<(f64, u64), StoreError>> {
+        let _ = (bucket, share);
+        async {
+            Err(StoreError::Other(
+                "this store holds no global shares".into(),
+            ))
+        }
+    }
+
+    /// One operation of a region's bookkeeping (demand, the reporter's lease).
+    fn region(
+        &self,
+        op: region::RegionOp,
+    ) -> impl Future<Output = Result<region::RegionReply, StoreError>> {
+        let _ = op;
+        async {
+            Err(StoreError::Other(
+                "this store keeps no region's books".into(),
+            ))
+        }
+    }
+
     /// Whether the store may decide one request in parts and refund a part (a Redis Cluster,
     /// per slot): then a bucket can rise by more than its refill (see `deny_cache`).
     fn splits_requests(&self) -> bool {
@@ -270,6 +301,24 @@ impl Store for AnyStore {
         match self {
             AnyStore::Memory(store) => store.shares_of(key).await,
             AnyStore::Redis(store) => store.shares_of(key).await,
+        }
+    }
+
+    async fn put_share(
+        &self,
+        bucket: &BucketRequest,
+        share: Share,
+    ) -> Result<(f64, u64), StoreError> {
+        match self {
+            AnyStore::Memory(store) => store.put_share(bucket, share).await,
+            AnyStore::Redis(store) => store.put_share(bucket, share).await,
+        }
+    }
+
+    async fn region(&self, op: region::RegionOp) -> Result<region::RegionReply, StoreError> {
+        match self {
+            AnyStore::Memory(store) => store.region(op).await,
+            AnyStore::Redis(store) => store.region(op).await,
         }
     }
 

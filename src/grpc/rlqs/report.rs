@@ -15,10 +15,12 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
 use super::action;
 use crate::state::AppState;
 use tollgate_core::config::rlqs::Unmatched;
+use tollgate_core::kinds::Meter;
 use tollgate_core::limiter::rlqs::{
     pool_key, Assignment, Book, BucketKey, PoolAnswer, PoolReport, TrackedBytes, Tracking,
 };
 use tollgate_core::policy::limit::Numbers;
+use tollgate_core::policy::regions::is_regions_domain;
 
 /// The most buckets one message is answered for; Envoy sends one entry per bucket it holds.
 pub const MAX_BUCKETS_PER_MESSAGE: usize = 4096;
@@ -46,6 +48,38 @@ impl Stream {
             state,
             domain: String::new(),
             book: Book::new(id, tracked),
+        }
+    }
+
+    /// Whether the stream may go on after `reports`: a region's stream (the reserved domain)
+    /// must name a region of `[home]` at its own floor; anything else is refused and counted,
+    /// and that region keeps its floor.
+    pub fn admit(&mut self, reports: &RateLimitQuotaUsageReports) -> Result<(), tonic::Status> {
+        let domain = if reports.domain.is_empty() {
+            self.domain.as_str()
+        } else {
+            reports.domain.as_str()
+        };
+        if !is_regions_domain(domain) {
+            return Ok(());
+        }
+        let policy = self.state.limiter.policy();
+        let refused = match &policy.home {
+            Some(home) => match home.admit(domain) {
+                Ok(region) => {
+                    self.book.name_after(region);
+                    None
+                }
+                Err(why) => Some(why.to_string()),
+            },
+            None => Some("this instance is no home ([home] is not set)".to_string()),
+        };
+        match refused {
+            None => Ok(()),
+            Some(why) => {
+                self.state.metrics.rlqs.regions_refused.inc();
+                Err(tonic::Status::failed_precondition(why))
+            }
         }
     }
 
@@ -142,7 +176,13 @@ impl Stream {
             let requests = usage
                 .num_requests_allowed
                 .saturating_add(usage.num_requests_denied);
-            let Some(mapped) = rules.find(&self.domain, &bucket.bucket, &policy.limits) else {
+            let mapped = match &policy.home {
+                Some(home) if is_regions_domain(&self.domain) => {
+                    home.find(&bucket.bucket, &policy.limits)
+                }
+                _ => rules.find(&self.domain, &bucket.bucket, &policy.limits),
+            };
+            let Some(mapped) = mapped else {
                 let assignment = match rules.unmatched {
                     Unmatched::Allow => Assignment::AllowAll,
                     Unmatched::Deny => Assignment::DenyAll,
@@ -151,11 +191,15 @@ impl Stream {
                 continue;
             };
             let limit = &policy.limits[mapped.limit];
-            let Some(numbers) = limit.numbers_for(&runtime, &mapped.tail) else {
+            let Some(mut numbers) = limit.numbers_for(&runtime, &mapped.tail) else {
                 // An unlimited key.
                 actions.push(action::assign(bucket, Assignment::AllowAll, ttl, metrics));
                 continue;
             };
+            if let (Some(home), Meter::Global(_)) = (&policy.home, limit.meter) {
+                // A region's pool: what the floors leave of the key's numbers.
+                numbers = home.pool_numbers(numbers);
+            }
             let Some(pool) = pool_key(policy, mapped.limit, &mapped.tail) else {
                 continue;
             };

@@ -13,6 +13,7 @@ use crate::support::{
 
 mod erl_env;
 mod refusals;
+mod regions;
 mod tls;
 mod validate;
 

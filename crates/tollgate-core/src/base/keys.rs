@@ -233,6 +233,23 @@ pub fn resets_channel_of(key: &str) -> Option<String> {
     Some(resets_channel(prefix))
 }
 
+/// A region's demand hash (one limit across regions): field `"<limit> <hex of a key's
+/// tail>"`, the requests counted since the reporter last drained it.
+pub fn region_demand_key(prefix: &str) -> String {
+    format!("{prefix}:regions:demand")
+}
+
+/// The lease of a region's reporter: the id of the instance that streams to the home.
+pub fn region_lease_key(prefix: &str) -> String {
+    format!("{prefix}:regions:lease")
+}
+
+/// The bucket key whose [`tail_in_key`] is `tail` as it reads there (a hashed tail, `#...`,
+/// stays as it is: [`assemble`] would hash it again).
+pub fn with_tail_text(prefix: &str, limit: &str, tail: &str) -> String {
+    format!("{prefix}:{limit}:{{{tail}}}")
+}
+
 /// The sorted set where instances announce themselves (`on_error = "local"`).
 pub fn instances_key(prefix: &str) -> String {
     format!("{prefix}:instances")

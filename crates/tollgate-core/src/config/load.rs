@@ -159,6 +159,9 @@ impl Config {
         if let Some(tls) = self.store.tls.as_mut() {
             tls.resolve_paths(dir);
         }
+        if let Some(tls) = self.region.as_mut().and_then(|region| region.tls.as_mut()) {
+            tls.resolve_paths(dir);
+        }
     }
 }
 

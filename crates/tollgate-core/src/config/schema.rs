@@ -73,6 +73,12 @@ pub struct Config {
     /// Envoy's quota service (RLQS): shares of limits for the `rate_limit_quota` filter.
     #[serde(skip_serializing_if = "super::rlqs::RlqsConfig::is_default")]
     pub rlqs: super::rlqs::RlqsConfig,
+    /// This instance serves a region of the global limits (`scope = "global"`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub region: Option<super::regions::RegionConfig>,
+    /// This instance keeps the regions' shares of the global limits.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub home: Option<super::regions::HomeConfig>,
     /// Bearer token for the admin listener's mutating requests (`POST /report`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub admin_token: Option<Secret>,
@@ -317,6 +323,9 @@ pub struct LimitConfig {
     /// `borrow`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub borrow: Option<bool>,
+    /// `"global"`: one limit across regions (`[region]`, `[home]`); default `"local"`.
+    #[serde(default, skip_serializing_if = "super::regions::Scope::is_local")]
+    pub scope: super::regions::Scope,
 }
 
 /// What becomes of a reservation nobody settled in time.
@@ -483,10 +492,13 @@ impl Default for Config {
                 overrides: Vec::new(),
                 overrides_file: None,
                 borrow: None,
+                scope: super::regions::Scope::Local,
             }],
             envoy: ErlConfig::default(),
             tracing: super::trace::TracingConfig::default(),
             rlqs: super::rlqs::RlqsConfig::default(),
+            region: None,
+            home: None,
             admin_token: None,
             admin_token_file: None,
             fingerprint_salt: None,

@@ -84,6 +84,12 @@ impl Config {
         self.envoy.check()?;
         self.tracing.validate()?;
         self.rlqs.check(self.grpc_listen.is_some())?;
+        super::regions::check(
+            self.region.as_ref(),
+            self.home.as_ref(),
+            &self.limits,
+            self.grpc_listen.is_some(),
+        )?;
         if let Some(tls) = &self.grpc_tls {
             if self.grpc_listen.is_none() {
                 return Err(ConfigError::new(

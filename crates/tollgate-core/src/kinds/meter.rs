@@ -26,6 +26,7 @@ macro_rules! with_kind {
             Meter::Concurrency($kind) => $body,
             Meter::Reserve($kind) => $body,
             Meter::Borrow($kind) => $body,
+            Meter::Global($kind) => $body,
         }
     };
 }

@@ -74,6 +74,8 @@ pub struct Beside {
     /// Borrowing buckets' held groups (`lua/token_bucket.lua` writes them in the bucket's
     /// value).
     pub(super) borrowed: HashMap<String, Groups>,
+    /// Global limits' shares (`lua/global.lua` keeps each beside its bucket).
+    pub(super) shares: HashMap<String, Share>,
 }
 
 /// A reservation held beside its bucket (`lua/token_bucket.lua` keeps `<id>:<estimate>` scored
@@ -100,6 +102,17 @@ pub struct Groups {
     /// live (the script writes it after them as `i<µs>`). A give-back naming another one is
     /// of a slice taken before the bucket was deleted (`FLUSHALL`, `DEL`) and does nothing.
     pub incarnation: Option<u64>,
+}
+
+/// A share of a global limit's key the home assigned this region: `rate` tokens per second
+/// and `size` whole tokens more than the floor, until `until_us` of the region store's clock
+/// (`lua/global.lua` keeps it beside the bucket). What a key does with it is
+/// [`global`](super::global)'s.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Share {
+    pub rate: f64,
+    pub size: u64,
+    pub until_us: u64,
 }
 
 /// A borrowing bucket during a decision of the memory store.

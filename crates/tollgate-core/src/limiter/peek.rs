@@ -7,7 +7,8 @@
 use super::decision::LimitState;
 use super::Limiter;
 use crate::kinds::borrow::Borrow;
-use crate::kinds::{BucketRequest, Kind, PeekView, Peeked};
+use crate::kinds::global::{Global, Share};
+use crate::kinds::{BucketRequest, Kind, Meter, PeekView, Peeked};
 use crate::policy::limit::Numbers;
 use crate::policy::overrides::Override;
 use crate::policy::Policy;
@@ -66,8 +67,10 @@ pub struct Peek {
     pub allowed: bool,
     pub cost: u64,
     /// The key's shares among Envoy's quota filters (RLQS), for a limit `[[rlqs.buckets]]`
-    /// names.
+    /// names, or a global limit's at home (by region).
     pub shares: Option<serde_json::Value>,
+    /// A global limit's key in a region: its floor and the share the home last assigned.
+    pub region: Option<serde_json::Value>,
 }
 
 /// The store did not answer a peek or a reset: the caller may retry.
@@ -91,11 +94,23 @@ impl<S: Store> Limiter<S> {
             .rules
             .iter()
             .any(|rule| policy.limits.get(rule.limit).map(|l| &l.name) == Some(&limit.name));
-        let shares = if shared {
+        let global = match bucket.meter {
+            Meter::Global(global) => Some(global),
+            _ => None,
+        };
+        let at_home = global.is_some() && policy.home.is_some();
+        let shares = if shared || at_home {
             let (now, holders) = self.store.shares_of(&shares_key(&bucket.key)).await?;
-            Some(shares_view(bucket, now, &holders))
+            Some(shares_view(bucket, now, &holders, at_home))
         } else {
             None
+        };
+        let region = match global {
+            Some(global) if global.floor_ppm > 0 => {
+                let (now, share) = self.share_of(bucket).await?;
+                Some(region_view(bucket, global, share, now))
+            }
+            _ => None,
         };
         let state = LimitState::of(bucket, &outcome);
         let peeked = Peeked {
@@ -110,6 +125,7 @@ impl<S: Store> Limiter<S> {
             allowed: outcome.enough,
             cost: bucket.cost,
             shares,
+            region,
         })
     }
 
@@ -133,6 +149,7 @@ fn shares_view(
     bucket: &BucketRequest,
     now_us: u64,
     holders: &[(String, Holding)],
+    by_region: bool,
 ) -> serde_json::Value {
     let fill = super::rlqs::units(&Numbers {
         rate: bucket.rate,
@@ -157,19 +174,55 @@ fn shares_view(
                 .map(|(_, until)| *until)
                 .max()
                 .unwrap_or(now_us);
-            Some(serde_json::json!({
+            let mut shown = serde_json::json!({
                 "holder": id,
                 "rate_per_s": r as f64 / fill,
                 "burst": s,
                 "demand_per_s": holding.demand_milli as f64 / 1000.0,
                 "expires_in_s": until.saturating_sub(now_us) as f64 / 1e6,
-            }))
+            });
+            if by_region {
+                // A region's holder id starts with its name (`grpc::rlqs` names it).
+                shown["region"] = serde_json::json!(id.split('.').next().unwrap_or_default());
+            }
+            Some(shown)
         })
         .collect();
+    let count = if by_region { "regions" } else { "envoys" };
     serde_json::json!({
-        "envoys": listed.len(),
+        count: listed.len(),
         "rate_per_s": rate as f64 / fill,
         "burst": size,
         "holders": listed,
+    })
+}
+
+/// A global limit's key in a region: its floor's numbers and the share it holds (none once
+/// ended).
+#[expect(
+    clippy::cast_precision_loss,
+    reason = "sizes and microseconds shown as decimals"
+)]
+fn region_view(
+    bucket: &BucketRequest,
+    global: Global,
+    share: Option<Share>,
+    now_us: u64,
+) -> serde_json::Value {
+    let floor = f64::from(global.floor_ppm) / 1e6;
+    let share = share.filter(|share| share.until_us > now_us).map(|share| {
+        serde_json::json!({
+            "rate_per_s": share.rate,
+            "burst": share.size,
+            "expires_in_s": (share.until_us - now_us) as f64 / 1e6,
+        })
+    });
+    serde_json::json!({
+        "floor": {
+            "fraction": floor,
+            "rate_per_s": bucket.rate * floor,
+            "burst": bucket.burst * floor,
+        },
+        "share": share,
     })
 }

@@ -5,8 +5,8 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use prometheus::{
-    Encoder, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
-    Opts, Registry, TextEncoder,
+    Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 use crate::observe::top::KeyTop;
@@ -35,6 +35,12 @@ pub const RLQS_STORE_UP: &str = "tollgate_rlqs_store_up";
 pub const RLQS_STORE_ERRORS_TOTAL: &str = "tollgate_rlqs_store_errors_total";
 pub const RLQS_UNTRACKED_TOTAL: &str = "tollgate_rlqs_untracked_total";
 pub const RLQS_POOL_FULL_TOTAL: &str = "tollgate_rlqs_pool_full_total";
+pub const RLQS_REGIONS_REFUSED_TOTAL: &str = "tollgate_rlqs_regions_refused_total";
+pub const REGION_LINK_UP: &str = "tollgate_region_link_up";
+pub const REGION_ASSIGNMENT_AGE_SECONDS: &str = "tollgate_region_assignment_age_seconds";
+pub const REGION_SHARE_RATE: &str = "tollgate_region_share_rate";
+pub const REGION_SHARE_BURST: &str = "tollgate_region_share_burst";
+pub const REGION_SHARE_UTILISATION: &str = "tollgate_region_share_utilisation";
 pub const BORROWED_TOKENS_TOTAL: &str = "tollgate_borrowed_tokens_total";
 
 /// The `decision` label of `tollgate_limit_decisions_total`, and the `event` labels of
@@ -68,6 +74,21 @@ pub struct BorrowCounters {
     pub borrowed: IntCounter,
     pub used: IntCounter,
     pub returned: IntCounter,
+}
+
+/// A region's link to its home (one limit across regions), on the instance that reports.
+#[derive(Clone)]
+pub struct RegionMetrics {
+    /// 1 while the last report was answered, else 0.
+    pub link_up: IntGauge,
+    /// Seconds since the last answer from the home.
+    pub assignment_age: Gauge,
+    /// By global limit: the shares this region holds now, summed over its keys.
+    pub share_rate: GaugeVec,
+    pub share_burst: GaugeVec,
+    /// By global limit: requests reported in the last interval over what the shares and
+    /// floors of those keys let through in it.
+    pub utilisation: GaugeVec,
 }
 
 /// `tollgate_store_errors_total` by kind.
@@ -126,6 +147,8 @@ pub struct RlqsMetrics {
     pub untracked: IntCounter,
     /// Reports of a stream new to a full pool (`rlqs.max_holders`), given nothing.
     pub pool_full: IntCounter,
+    /// Region streams refused at home: an unknown region, or a floor other than the table's.
+    pub regions_refused: IntCounter,
 }
 
 /// `tollgate_limit_decisions_total` for one limit.
@@ -189,6 +212,7 @@ pub struct Metrics {
     pub trace_spans: SpanCounters,
     pub rlqs: RlqsMetrics,
     pub borrow: BorrowCounters,
+    pub region: RegionMetrics,
     tops: Arc<Mutex<HashMap<String, Arc<KeyTop>>>>,
 }
 
@@ -356,6 +380,48 @@ impl Metrics {
              (given nothing until one leaves).",
         )
         .expect("valid metric");
+        let rlqs_regions_refused = IntCounter::new(
+            RLQS_REGIONS_REFUSED_TOTAL,
+            "Region streams the home refused: a region not in [home] regions, or one saying \
+             another floor than the home's table (that region keeps its floor).",
+        )
+        .expect("valid metric");
+        let region_link_up = IntGauge::new(
+            REGION_LINK_UP,
+            "1 while this region's reporter has its last report answered by the home, else 0.",
+        )
+        .expect("valid metric");
+        let region_age = Gauge::new(
+            REGION_ASSIGNMENT_AGE_SECONDS,
+            "Seconds since this region's reporter last had an answer from the home.",
+        )
+        .expect("valid metric");
+        let region_rate = GaugeVec::new(
+            Opts::new(
+                REGION_SHARE_RATE,
+                "Tokens per second of the shares this region holds now, by global limit \
+                 (summed over keys; the floor not included).",
+            ),
+            &["limit"],
+        )
+        .expect("valid metric");
+        let region_burst = GaugeVec::new(
+            Opts::new(
+                REGION_SHARE_BURST,
+                "Tokens of the shares this region holds now, by global limit (summed over keys).",
+            ),
+            &["limit"],
+        )
+        .expect("valid metric");
+        let region_utilisation = GaugeVec::new(
+            Opts::new(
+                REGION_SHARE_UTILISATION,
+                "Requests this region reported in the last interval over what its floors and \
+                 shares of those keys refill in it, by global limit.",
+            ),
+            &["limit"],
+        )
+        .expect("valid metric");
         let borrowed = IntCounterVec::new(
             Opts::new(
                 BORROWED_TOKENS_TOTAL,
@@ -377,6 +443,7 @@ impl Metrics {
             Box::new(rlqs_store_errors.clone()),
             Box::new(rlqs_untracked.clone()),
             Box::new(rlqs_pool_full.clone()),
+            Box::new(rlqs_regions_refused.clone()),
             Box::new(limit_decisions.clone()),
             Box::new(reservations.clone()),
             Box::new(leases.clone()),
@@ -392,6 +459,11 @@ impl Metrics {
             Box::new(runtime_overrides.clone()),
             Box::new(trace_spans.clone()),
             Box::new(borrowed.clone()),
+            Box::new(region_link_up.clone()),
+            Box::new(region_age.clone()),
+            Box::new(region_rate.clone()),
+            Box::new(region_burst.clone()),
+            Box::new(region_utilisation.clone()),
         ] {
             registry
                 .register(collector)
@@ -454,6 +526,14 @@ impl Metrics {
                 store_errors: rlqs_store_errors,
                 untracked: rlqs_untracked,
                 pool_full: rlqs_pool_full,
+                regions_refused: rlqs_regions_refused,
+            },
+            region: RegionMetrics {
+                link_up: region_link_up,
+                assignment_age: region_age,
+                share_rate: region_rate,
+                share_burst: region_burst,
+                utilisation: region_utilisation,
             },
             registry,
         }
@@ -465,6 +545,9 @@ impl Metrics {
         // (touching an existing series keeps its value across a reload).
         self.runtime_overrides.with_label_values(&[limit]);
         self.rlqs.utilisation.with_label_values(&[limit]);
+        self.region.share_rate.with_label_values(&[limit]);
+        self.region.share_burst.with_label_values(&[limit]);
+        self.region.utilisation.with_label_values(&[limit]);
         let [allowed, denied, shadow_denied] =
             DECISIONS.map(|decision| self.limit_decisions.with_label_values(&[limit, decision]));
         let [reservations_opened, reservations_settled, reservations_not_held] =
@@ -508,6 +591,9 @@ impl Metrics {
             }
             let _ = self.runtime_overrides.remove_label_values(&[name]);
             let _ = self.rlqs.utilisation.remove_label_values(&[name]);
+            let _ = self.region.share_rate.remove_label_values(&[name]);
+            let _ = self.region.share_burst.remove_label_values(&[name]);
+            let _ = self.region.utilisation.remove_label_values(&[name]);
             false
         });
     }

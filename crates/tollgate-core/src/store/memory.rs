@@ -17,11 +17,13 @@ use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, TryLockError};
 
+use super::region::{RegionOp, RegionReply};
 use super::{Store, StoreDecision, StoreError};
 use crate::base::clock::{Clock, MonotonicClock};
+use crate::kinds::global::{self, Share};
 use crate::kinds::reserve::{self, Settle, Settled};
 use crate::kinds::twin::{self, Found, Keep, Stored};
-use crate::kinds::{BucketOutcome, BucketRequest, Kind, ReportCharge, Reserved};
+use crate::kinds::{BucketOutcome, BucketRequest, Kind, Meter, ReportCharge, Reserved};
 
 const SHARDS: usize = 64;
 
@@ -49,6 +51,8 @@ pub struct MemoryStore<C: Clock = MonotonicClock> {
     epoch_us: u64,
     /// RLQS shares ([`super::rlqs`]).
     pools: super::rlqs::Pools,
+    /// A region's demand and reporter lease ([`super::region`]).
+    books: Box<super::region::Books>,
 }
 
 /// Shard locks held by the caller, with their shard index.
@@ -78,6 +82,7 @@ impl<C: Clock> MemoryStore<C> {
             clock,
             epoch_us: 0,
             pools: super::rlqs::Pools::default(),
+            books: Box::default(),
         }
     }
 
@@ -268,6 +273,37 @@ impl<C: Clock> MemoryStore<C> {
         request.meter.peek_in(request, stored, &shard.beside, now)
     }
 
+    /// Writes a global limit's share beside its key (`lua/global_share.lua`'s twin).
+    pub fn put_share_now(
+        &self,
+        request: &BucketRequest,
+        share: Share,
+    ) -> Result<(f64, u64), StoreError> {
+        let Meter::Global(global) = request.meter else {
+            return Err(StoreError::Other("not a global limit's key".into()));
+        };
+        let now = self.now_us();
+        let index = self.shard_of(&request.key);
+        let mut shard = self.lock(index);
+        let stored = shard.buckets.get(request.key.as_str()).map(|e| e.bucket);
+        let (level, write) =
+            global::put_share(global, request, stored, &mut shard.beside, share, now);
+        if let Some((bucket, full_at_us)) = write {
+            let entry = Entry { bucket, full_at_us };
+            if let Some(existing) = shard.buckets.get_mut(request.key.as_str()) {
+                *existing = entry;
+            } else {
+                if self.reserve_one() {
+                    let mut held = [(index, shard)];
+                    self.make_room(&mut held, now);
+                    [(_, shard)] = held;
+                }
+                shard.buckets.insert(request.key.clone(), entry);
+            }
+        }
+        Ok((level, now))
+    }
+
     /// Drops one key (absent reads as full); whether it was held.
     pub fn reset_now(&self, key: &str) -> bool {
         let mut shard = self.lock(self.shard_of(key));
@@ -419,6 +455,26 @@ impl<C: Clock> Store for MemoryStore<C> {
 
     async fn reserved(&self, bucket: &BucketRequest) -> Result<Reserved, StoreError> {
         Ok(self.reserved_now(bucket))
+    }
+
+    async fn put_share(
+        &self,
+        bucket: &BucketRequest,
+        share: Share,
+    ) -> Result<(f64, u64), StoreError> {
+        self.put_share_now(bucket, share)
+    }
+
+    async fn region(&self, op: RegionOp) -> Result<RegionReply, StoreError> {
+        let now_us = self.now_us();
+        if let RegionOp::Share { key } = &op {
+            let shard = self.lock(self.shard_of(key));
+            return Ok(RegionReply::Share {
+                now_us,
+                share: shard.beside.share_of(key),
+            });
+        }
+        Ok(self.books.apply(op, now_us))
     }
 }
 

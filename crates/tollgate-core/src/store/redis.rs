@@ -26,6 +26,7 @@ mod coalesce;
 mod connection;
 mod cross_slot;
 mod deadline;
+mod global;
 pub mod overrides;
 pub mod resets;
 mod rlqs;
@@ -92,6 +93,8 @@ pub struct RedisStore {
     settle_script: LuaScript,
     shares_script: LuaScript,
     shares_peek_script: LuaScript,
+    global_share_script: LuaScript,
+    region_script: LuaScript,
     timeout: Duration,
     breaker: Breaker,
     /// RLQS's reports' breaker (see [`Lane::Shares`]).
@@ -134,6 +137,8 @@ impl RedisStore {
             settle_script: LuaScript::new(admin::SETTLE_SCRIPT),
             shares_script: LuaScript::new(rlqs::SHARES_SCRIPT),
             shares_peek_script: LuaScript::new(rlqs::SHARES_PEEK_SCRIPT),
+            global_share_script: LuaScript::new(script::GLOBAL_SHARE_SCRIPT),
+            region_script: LuaScript::new(script::REGION_SCRIPT),
             timeout,
             breaker: Breaker::new(metrics.store_up.clone(), "redis", timings.breaker_open_for),
             shares_breaker: Breaker::new(
@@ -465,6 +470,21 @@ impl Store for RedisStore {
 
     async fn peek(&self, bucket: &BucketRequest) -> Result<BucketOutcome, StoreError> {
         self.peek_key(bucket).await
+    }
+
+    async fn put_share(
+        &self,
+        bucket: &BucketRequest,
+        share: crate::kinds::global::Share,
+    ) -> Result<(f64, u64), StoreError> {
+        self.put_share_at(bucket, share).await
+    }
+
+    async fn region(
+        &self,
+        op: crate::store::region::RegionOp,
+    ) -> Result<crate::store::region::RegionReply, StoreError> {
+        self.region_at(op).await
     }
 
     async fn reset(&self, key: &str) -> Result<bool, StoreError> {

@@ -118,5 +118,6 @@ pub fn bucket_limit(
         overrides: Vec::new(),
         overrides_file: None,
         borrow: None,
+        scope: crate::config::regions::Scope::Local,
     }
 }

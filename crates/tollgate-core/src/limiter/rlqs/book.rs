@@ -231,6 +231,14 @@ impl Book {
     }
 
     /// The stream's holder id in `pool` (empty for a pool it holds no share of).
+    /// Names the stream's holders after `region` (`<region>.<stream>.<n>`), for the metrics
+    /// and peeks of a home; only before it holds anything, so a holder keeps its id.
+    pub fn name_after(&mut self, region: &str) {
+        if self.holders.is_empty() && !self.stream.starts_with(&format!("{region}.")) {
+            self.stream = format!("{region}.{}", self.stream);
+        }
+    }
+
     pub fn holder(&self, pool: &str) -> String {
         self.holders
             .get(pool)

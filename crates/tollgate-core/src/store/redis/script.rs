@@ -12,7 +12,16 @@ use super::connection::Connection;
 pub const BUCKET_SCRIPT: &str = concat!(
     include_str!("../../../../../lua/calendar.lua"),
     include_str!("../../../../../lua/bounds.lua"),
+    include_str!("../../../../../lua/global.lua"),
     include_str!("../../../../../lua/token_bucket.lua")
+);
+/// `lua/region.lua` as shipped.
+pub const REGION_SCRIPT: &str = include_str!("../../../../../lua/region.lua");
+/// `lua/global_share.lua` as shipped, bounds and the global arithmetic included.
+pub const GLOBAL_SHARE_SCRIPT: &str = concat!(
+    include_str!("../../../../../lua/bounds.lua"),
+    include_str!("../../../../../lua/global.lua"),
+    include_str!("../../../../../lua/global_share.lua")
 );
 /// `lua/report.lua` as shipped, calendar and bounds included.
 pub const REPORT_SCRIPT: &str = concat!(
