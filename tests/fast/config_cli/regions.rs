@@ -16,6 +16,12 @@ fn a_region_and_a_home_validate() {
     ] {
         let output = run(&["validate"], Some(&config), &[]);
         assert!(output.status.success(), "{config}: {}", stderr(&output));
+        // Borrowing is on by default, and a global limit says why it does not borrow.
+        let shown = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            shown.contains("t: off: borrowing does not apply to a global limit"),
+            "{shown}"
+        );
     }
 }
 
