@@ -9,7 +9,7 @@ use std::sync::Mutex;
 
 use super::Limiter;
 use crate::base::keys;
-use crate::kinds::global::Share;
+use crate::kinds::global::{Global, Share};
 use crate::kinds::{BucketOutcome, BucketRequest, Meter};
 use crate::policy::regions::to_hex;
 use crate::policy::Policy;
@@ -174,7 +174,35 @@ impl<S: Store> Limiter<S> {
         };
         let store_key = keys::with_tail_text(&policy.key_prefix, &found.name, &tail);
         let bucket = found.bucket(store_key, index, numbers, 1);
+        let Meter::Global(global) = bucket.meter else {
+            return Ok(None);
+        };
+        let share = within_what_the_floor_leaves(share, global, bucket.rate, bucket.burst);
         self.store.put_share(&bucket, share).await.map(Some)
+    }
+}
+
+/// A home's assignment, never trusted past what a home could rightly give: the regions'
+/// shares together are what their floors leave, so one region's is at most what its own
+/// floor leaves of the limit (a home that answers garbage, a rate of 10^9 say, admits no more
+/// than that). A rate that is not a number counts as none.
+fn within_what_the_floor_leaves(share: Share, global: Global, rate: f64, burst: f64) -> Share {
+    let left = 1.0 - f64::from(global.floor_ppm) / 1e6;
+    let most_rate = (rate * left).max(0.0);
+    #[expect(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        reason = "a burst is at most 10^9; the cast clamps at 0"
+    )]
+    let most_size = (burst * left).floor() as u64;
+    Share {
+        rate: if share.rate.is_nan() {
+            0.0
+        } else {
+            share.rate.clamp(0.0, most_rate)
+        },
+        size: share.size.min(most_size),
+        until_us: share.until_us,
     }
 }
 
@@ -186,4 +214,38 @@ fn from_hex(text: &str) -> Option<Vec<u8>> {
         .step_by(2)
         .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_share_is_at_most_what_the_regions_floor_leaves() {
+        let floor = Global { floor_ppm: 250_000 };
+        let garbage = Share {
+            rate: 1e9,
+            size: u64::MAX,
+            until_us: 7,
+        };
+        let bounded = within_what_the_floor_leaves(garbage, floor, 100.0, 40.0);
+        assert_eq!(
+            (bounded.rate, bounded.size, bounded.until_us),
+            (75.0, 30, 7)
+        );
+        let fair = Share {
+            rate: 20.0,
+            size: 10,
+            until_us: 7,
+        };
+        assert_eq!(within_what_the_floor_leaves(fair, floor, 100.0, 40.0), fair);
+        let nan = Share {
+            rate: f64::NAN,
+            ..fair
+        };
+        assert_eq!(
+            within_what_the_floor_leaves(nan, floor, 100.0, 40.0).rate,
+            0.0
+        );
+    }
 }
