@@ -5,6 +5,7 @@
 //! home) is the server's (`app::region`); it reaches the store only through these doors.
 
 use std::collections::HashMap;
+use std::hash::BuildHasher as _;
 use std::sync::Mutex;
 
 use super::Limiter;
@@ -21,10 +22,24 @@ use crate::store::{Store, StoreError};
 pub const DEMAND_KEYS: usize = 10_000;
 
 /// Requests per (global limit, key) this instance saw wanting more than its floor: denied, or
-/// leaving less than half the floor's size.
-#[derive(Default)]
+/// leaving less than half the floor's size. Sharded by key, so that checks of different keys
+/// never wait on one lock; each shard holds at most its part of [`DEMAND_KEYS`].
 pub struct Demand {
-    counts: Mutex<HashMap<String, u64>>,
+    shards: Box<[Mutex<HashMap<String, u64>>]>,
+    hasher: std::hash::RandomState,
+}
+
+const DEMAND_SHARDS: usize = 16;
+
+impl Default for Demand {
+    fn default() -> Demand {
+        Demand {
+            shards: (0..DEMAND_SHARDS)
+                .map(|_| Mutex::new(HashMap::new()))
+                .collect(),
+            hasher: std::hash::RandomState::new(),
+        }
+    }
 }
 
 impl Demand {
@@ -46,8 +61,10 @@ impl Demand {
             };
             let tail = keys::tail_in_key(&bucket.key, &policy.key_prefix, &limit.name);
             let field = format!("{} {}", limit.name, to_hex(tail.as_bytes()));
-            let mut counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());
-            let full = counts.len() >= DEMAND_KEYS;
+            let shard =
+                usize::try_from(self.hasher.hash_one(&field) % DEMAND_SHARDS as u64).unwrap_or(0);
+            let mut counts = self.shards[shard].lock().unwrap_or_else(|p| p.into_inner());
+            let full = counts.len() >= DEMAND_KEYS / DEMAND_SHARDS;
             match counts.get_mut(&field) {
                 Some(count) => *count = count.saturating_add(1),
                 None if !full => {
@@ -59,8 +76,12 @@ impl Demand {
     }
 
     fn take(&self) -> Vec<(String, u64)> {
-        let mut counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());
-        std::mem::take(&mut *counts).into_iter().collect()
+        let mut taken = Vec::new();
+        for shard in &self.shards {
+            let mut counts = shard.lock().unwrap_or_else(|p| p.into_inner());
+            taken.extend(std::mem::take(&mut *counts));
+        }
+        taken
     }
 }
 
