@@ -47,7 +47,7 @@ impl Global {
 /// The region's numbers for a key: the floor's rate (tokens/s) and size (micro-tokens), the
 /// share's and its end, and the size and rate while it counts (the size at most the burst).
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Numbers {
+pub struct RegionNumbers {
     fr: f64,
     fc: f64,
     u: f64,
@@ -59,16 +59,16 @@ pub struct Numbers {
     clippy::cast_precision_loss,
     reason = "sizes, rates and µs since 1970 stay below 2^53, as the script's doubles do"
 )]
-impl Numbers {
+impl RegionNumbers {
     /// `lua/global.lua`'s `global_numbers`.
-    pub fn of(global: Global, rate: f64, burst: f64, share: Option<Share>) -> Numbers {
+    pub fn of(global: Global, rate: f64, burst: f64, share: Option<Share>) -> RegionNumbers {
         let ppm = f64::from(global.floor_ppm);
         let fr = rate * ppm / MICRO;
         let fc = burst * ppm;
         let share = share.unwrap_or_default();
         let sc = share.size as f64 * MICRO;
         let cap = burst * MICRO;
-        Numbers {
+        RegionNumbers {
             fr,
             fc,
             u: share.until_us as f64,
@@ -167,7 +167,7 @@ pub fn put_share(
     share: Share,
     now_us: u64,
 ) -> (f64, Option<(Stored, u64)>) {
-    let old = Numbers::of(
+    let old = RegionNumbers::of(
         global,
         request.rate,
         request.burst,
@@ -175,7 +175,7 @@ pub fn put_share(
     );
     let level = old.level(stored, now_us);
     beside.shares.insert(request.key.clone(), share);
-    let new = Numbers::of(global, request.rate, request.burst, Some(share));
+    let new = RegionNumbers::of(global, request.rate, request.burst, Some(share));
     let size = new.size_at(now_us);
     match stored {
         Some(_) => {
@@ -253,7 +253,7 @@ impl Kind for Global {
         beside: &mut Beside,
         now_us: u64,
     ) -> Found {
-        let numbers = Numbers::of(
+        let numbers = RegionNumbers::of(
             *self,
             request.rate,
             request.burst,
@@ -274,7 +274,7 @@ impl Kind for Global {
             return Kept::default();
         }
         let request = keep.request;
-        let numbers = Numbers::of(
+        let numbers = RegionNumbers::of(
             *self,
             request.rate,
             request.burst,
@@ -299,7 +299,7 @@ impl Kind for Global {
         beside: &Beside,
         now_us: u64,
     ) -> BucketOutcome {
-        let numbers = Numbers::of(
+        let numbers = RegionNumbers::of(
             *self,
             request.rate,
             request.burst,

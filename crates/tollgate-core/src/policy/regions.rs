@@ -32,7 +32,7 @@ pub struct Home {
 
 /// Why a region's stream is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum Refused {
+pub enum RegionRefused {
     #[error("{0:?} is no region of this home's [home] regions")]
     Unknown(String),
     #[error("region {region:?} says its floor is {said} millionths, the home's table {table}")]
@@ -70,18 +70,18 @@ impl Home {
     }
 
     /// The region a reserved `domain` names, if the home knows it at that floor.
-    pub fn admit<'d>(&self, domain: &'d str) -> Result<&'d str, Refused> {
-        let malformed = || Refused::Malformed(domain.to_string());
+    pub fn admit<'d>(&self, domain: &'d str) -> Result<&'d str, RegionRefused> {
+        let malformed = || RegionRefused::Malformed(domain.to_string());
         let rest = domain
             .strip_prefix("tollgate.regions/")
             .ok_or_else(malformed)?;
         let (region, said) = rest.split_once('/').ok_or_else(malformed)?;
         let said: u32 = said.parse().map_err(|_| malformed())?;
         let Some(&table) = self.floors.get(region) else {
-            return Err(Refused::Unknown(region.to_string()));
+            return Err(RegionRefused::Unknown(region.to_string()));
         };
         if said != table {
-            return Err(Refused::Floor {
+            return Err(RegionRefused::Floor {
                 region: region.to_string(),
                 said,
                 table,
@@ -178,15 +178,15 @@ regions = { eu-west = 0.2, us-east = 0.2 }
         assert_eq!(home.admit(&domain_of("eu-west", 0.2)), Ok("eu-west"));
         assert!(matches!(
             home.admit(&domain_of("eu-west", 0.3)),
-            Err(Refused::Floor { .. })
+            Err(RegionRefused::Floor { .. })
         ));
         assert!(matches!(
             home.admit(&domain_of("ap-south", 0.2)),
-            Err(Refused::Unknown(_))
+            Err(RegionRefused::Unknown(_))
         ));
         assert!(matches!(
             home.admit("tollgate.regions"),
-            Err(Refused::Malformed(_))
+            Err(RegionRefused::Malformed(_))
         ));
     }
 

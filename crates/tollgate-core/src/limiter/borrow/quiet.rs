@@ -17,31 +17,31 @@ use crate::limiter::deny_cache::DRIFT;
 
 /// A shard's slices by when they are due, the soonest first.
 #[derive(Default)]
-pub(super) struct Due(BinaryHeap<Reverse<Entry>>);
+pub(super) struct Due(BinaryHeap<Reverse<DueSlice>>);
 
 /// One slice due: its id, and the request it was taken by (a give-back names its key, limit,
 /// numbers and horizon).
-struct Entry {
+struct DueSlice {
     at_us: u64,
     id: u64,
     taken_by: BucketRequest,
 }
 
-impl PartialEq for Entry {
+impl PartialEq for DueSlice {
     fn eq(&self, other: &Self) -> bool {
         (self.at_us, self.id) == (other.at_us, other.id)
     }
 }
 
-impl Eq for Entry {}
+impl Eq for DueSlice {}
 
-impl PartialOrd for Entry {
+impl PartialOrd for DueSlice {
     fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
         Some(self.cmp(other))
     }
 }
 
-impl Ord for Entry {
+impl Ord for DueSlice {
     fn cmp(&self, other: &Self) -> Ordering {
         (self.at_us, self.id).cmp(&(other.at_us, other.id))
     }
@@ -51,14 +51,14 @@ impl Due {
     /// Slice `id`, taken by `taken_by` in a call sent at `sent_us` (local clock).
     pub(super) fn push(&mut self, slice: &Slice, sent_us: u64, id: u64, taken_by: &BucketRequest) {
         let grid_us = taken_by.meter.borrow().map_or(0, |b| b.grid_us);
-        self.0.push(Reverse(Entry {
+        self.0.push(Reverse(DueSlice {
             at_us: sent_us + due_after_us(slice, grid_us),
             id,
             taken_by: taken_by.clone(),
         }));
     }
 
-    fn pop_due(&mut self, now_us: u64) -> Option<Entry> {
+    fn pop_due(&mut self, now_us: u64) -> Option<DueSlice> {
         if self.0.peek().is_some_and(|Reverse(e)| e.at_us <= now_us) {
             return self.0.pop().map(|Reverse(e)| e);
         }
