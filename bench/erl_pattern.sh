@@ -25,6 +25,7 @@
 #   BORROW=1 HORIZON_MS=100 bench/erl_pattern.sh
 #   BORROW=1 LONGEST_MS=100 bench/erl_pattern.sh             # one horizon for every key
 #   BORROW=1 COLD=1 SHAPES=zipf DURATION=6 bench/erl_pattern.sh  # a fresh instance's first 6 s
+#   BORROW=1 BORROW_BIN=/path/to/other/tollgate bench/erl_pattern.sh  # that build borrows
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -42,12 +43,12 @@ start_redis
 redis_cpu() { rcli INFO cpu | tr -d '\r' | awk -F: '
   /^used_cpu_(sys|user):/ {s += $2} END {printf "%.6f", s}'; }
 
-start_per_key this target/release/tollgate redis
+start_per_key this target/release/tollgate redis "borrow = false"  # borrowing is on by default
 [ -z "${BASE_BIN:-}" ] || start_per_key base "$BASE_BIN" redis
 start_borrowing() {
   TOLLGATE_STORE__BORROW_HORIZON_MS=${HORIZON_MS:-100} \
     TOLLGATE_STORE__BORROW_LONGEST_HORIZON_MS=${LONGEST_MS:-10000} \
-    start_per_key borrow target/release/tollgate redis "borrow = true"
+    start_per_key borrow "${BORROW_BIN:-target/release/tollgate}" redis "borrow = true"
 }
 [ -z "${BORROW:-}" ] || start_borrowing
 
