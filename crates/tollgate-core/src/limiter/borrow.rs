@@ -15,9 +15,12 @@
 //!   what it says was unused is never used afterwards.
 //!
 //! The slice a key asks for follows its local demand: the requests this instance saw for
-//! it in the last horizon, or in this one so far if more (a key that saw fewer than
-//! [`MIN_DEMAND`] asks for nothing: cold keys never borrow), at most half its burst; the store
-//! grants at most half of what is left. A key too slow for the horizon may borrow for a
+//! it in the last horizon, or in this one so far if more, or this one's pace so far (the
+//! requests after its first, over the time since, counted as at least a tenth of the horizon)
+//! if more still, so that a fresh instance learns a key's demand from its first few requests
+//! rather than from a whole horizon of them (a key with fewer than [`MIN_DEMAND`] asks for
+//! nothing: cold keys never borrow); at most half its burst and what it refills over the
+//! horizon; the store grants at most half of what is left. A key too slow for the horizon may borrow for a
 //! longer one: the horizons are rungs ten times apart, up to the longest configured, and a key
 //! borrows on the shortest rung over which it saw [`MIN_DEMAND`] requests (a slow key's slice
 //! lasts as long as it takes the key to use it).
@@ -83,9 +86,16 @@ impl Window {
         self.seen += 1;
     }
 
-    /// The demand over a horizon: the last whole one's, or this one's so far.
-    fn demand(&self) -> u64 {
-        self.seen.max(self.seen_before)
+    /// The demand over a horizon: the last whole one's, or this one's at its pace so far
+    /// (the gaps between its requests, over at least a tenth of the horizon).
+    fn demand(&self, now_us: u64, grid_us: u64) -> u64 {
+        let age = now_us
+            .saturating_sub(self.start_us)
+            .max(grid_us / RUNG_STEP)
+            .max(1);
+        let pace = u128::from(self.seen.saturating_sub(1)) * u128::from(grid_us) / u128::from(age);
+        let pace = u64::try_from(pace).unwrap_or(u64::MAX);
+        self.seen.max(self.seen_before).max(pace)
     }
 }
 
@@ -379,7 +389,7 @@ impl Lender {
             .windows
             .iter()
             .zip(self.grids())
-            .map(|(window, &grid_us)| (window.demand(), grid_us))
+            .map(|(window, &grid_us)| (window.demand(now, grid_us), grid_us))
             .find(|&(demand, _)| demand >= self.min_demand);
         let (want, grid_us) = match rung {
             Some((demand, grid_us)) if !asking => {

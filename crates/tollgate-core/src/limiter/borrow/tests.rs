@@ -34,8 +34,13 @@ fn a_cold_key_asks_for_nothing_and_a_hot_one_for_its_last_horizon() {
     let b = [bucket("k")];
     let (first, _) = asked(lender.plan(&b, &[true]).0);
     assert_eq!(want_of(&first[0]), 0, "one request: a cold key");
+    clock.advance_us(20_000);
     let (second, sent) = asked(lender.plan(&b, &[true]).0);
-    assert_eq!(want_of(&second[0]), 2, "two so far in this horizon");
+    assert_eq!(
+        want_of(&second[0]),
+        5,
+        "two 20 ms apart: five a horizon at that pace"
+    );
     // Asking: the next calls ask for nothing until it answers.
     for _ in 0..3 {
         let (again, _) = asked_again(&lender, &b);
@@ -56,10 +61,11 @@ fn a_cold_key_asks_for_nothing_and_a_hot_one_for_its_last_horizon() {
 
 #[test]
 fn an_ask_dropped_unanswered_lets_the_next_call_ask() {
-    let (lender, _) = lender();
+    let (lender, clock) = lender();
     let b = [bucket("k")];
     let (cold, _) = asked(lender.plan(&b, &[true]).0);
     assert_eq!(want_of(&cold[0]), 0);
+    clock.advance_us(50_000);
     let (plan, _) = lender.plan(&b, &[true]);
     let Plan::Store(asking) = plan else {
         panic!("expected a store call")
@@ -68,7 +74,11 @@ fn an_ask_dropped_unanswered_lets_the_next_call_ask() {
     // The store failed, or the check was cancelled: no answer comes.
     drop(asking);
     let (again, _) = asked_again(&lender, &b);
-    assert_eq!(want_of(&again[0]), 3, "asks again at once");
+    assert_eq!(
+        want_of(&again[0]),
+        4,
+        "asks again at once (three in 50 ms: four a horizon)"
+    );
 }
 
 fn asked_again(lender: &Lender, b: &[BucketRequest]) -> (Vec<BucketRequest>, u64) {
@@ -107,7 +117,7 @@ fn a_key_too_slow_for_the_horizon_borrows_on_the_shortest_rung_it_fills() {
         .with_longest_horizon(10_000_000)
         .with_min_demand(3);
     let b = [bucket("slow")];
-    // One request every 200 ms: never 3 in 100 ms, 3 in a second by the third.
+    // One request every 200 ms: never 3 in 100 ms; in a second, a pace of 5 from the second.
     let mut grids = Vec::new();
     for _ in 0..4 {
         let (call, sent) = asked(lender.plan(&b, &[true]).0);
@@ -115,7 +125,10 @@ fn a_key_too_slow_for_the_horizon_borrows_on_the_shortest_rung_it_fills() {
         lender.learn(&call, &[], sent);
         clock.advance_us(200_000);
     }
-    assert_eq!(grids, [None, None, Some(1_000_000), Some(1_000_000)]);
+    assert_eq!(
+        grids,
+        [None, Some(1_000_000), Some(1_000_000), Some(1_000_000)]
+    );
     // The same key, now hot: three in one short horizon borrow on it.
     for _ in 0..2 {
         let (call, sent) = asked(lender.plan(&b, &[true]).0);
@@ -123,7 +136,11 @@ fn a_key_too_slow_for_the_horizon_borrows_on_the_shortest_rung_it_fills() {
     }
     let (call, _) = asked(lender.plan(&b, &[true]).0);
     assert_eq!(grid_of(&call[0]), Some(100_000));
-    assert_eq!(want_of(&call[0]), 3, "its demand over the short horizon");
+    assert_eq!(
+        want_of(&call[0]),
+        10,
+        "three at once: its pace over the short horizon, at most what it refills"
+    );
 }
 
 #[test]
@@ -270,13 +287,17 @@ fn a_put_back_never_reaches_a_slice_installed_after_a_reset() {
     assert_eq!(lender.held("k"), 2, "the first slice's token went nowhere");
 }
 
-/// A slice of 3 taken by a request that asked for 2 on the 100 ms horizon; usable until
+/// A slice of 3 taken by a request that asked for 10 on the 100 ms horizon; usable until
 /// 100 ms after it was sent (a deadline 200 ms ahead).
 fn take_three(lender: &Lender) -> Slice {
     let b = [bucket("k")];
     let _ = asked(lender.plan(&b, &[true]).0);
     let (asked, sent) = asked(lender.plan(&b, &[true]).0);
-    assert_eq!(want_of(&asked[0]), 2);
+    assert_eq!(
+        want_of(&asked[0]),
+        10,
+        "two at once: the pace of a tenth of the horizon"
+    );
     let slice = Slice {
         bucket: 0,
         tokens: 3,
