@@ -19,8 +19,9 @@
 //! requests after its first, over the time since, counted as at least a tenth of the horizon)
 //! if more still, so that a fresh instance learns a key's demand from its first few requests
 //! rather than from a whole horizon of them (a key with fewer than [`MIN_DEMAND`] asks for
-//! nothing: cold keys never borrow); at most half its burst and what it refills over the
-//! horizon; the store grants at most half of what is left. A key too slow for the horizon may borrow for a
+//! nothing: cold keys never borrow); at most half its burst, and at most what it refills over
+//! the horizon or a 64th of its burst, whichever is more; the store grants at most half of
+//! what is left. A key too slow for the horizon may borrow for a
 //! longer one: the horizons are rungs ten times apart, up to the longest configured, and a key
 //! borrows on the shortest rung over which it saw [`MIN_DEMAND`] requests (a slow key's slice
 //! lasts as long as it takes the key to use it).
@@ -399,9 +400,11 @@ impl Lender {
                     reason = "a burst is at most 10^9"
                 )]
                 let half = (bucket.burst / 2.0).floor() as u64;
-                // At most what the bucket refills over the slice's horizon: a slice held
-                // unused while other instances deny costs them at most one horizon's refill,
-                // so a slow limit (a few per minute) never borrows.
+                // At most what the bucket refills over the slice's horizon, or a 64th of its
+                // burst if more: a slice held unused while other instances deny costs them at
+                // most that, so a slow limit with a small burst (a few per minute) never
+                // borrows, and a key that spends a large burst faster than its rate is not
+                // held to one horizon's refill per store call.
                 #[expect(
                     clippy::cast_possible_truncation,
                     clippy::cast_sign_loss,
@@ -409,7 +412,7 @@ impl Lender {
                     reason = "a rate times a horizon in s, clamped at 0 by the cast"
                 )]
                 let refill = (bucket.rate * grid_us as f64 / 1e6).floor() as u64;
-                (demand.min(half).min(refill), grid_us)
+                (demand.min(half).min(refill.max(half / 32)), grid_us)
             }
             _ => (0, self.grids[0]),
         };

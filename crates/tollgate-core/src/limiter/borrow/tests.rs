@@ -384,7 +384,7 @@ fn a_slice_a_request_gave_back_or_used_up_is_not_given_back_again() {
 }
 
 #[test]
-fn a_slice_is_at_most_what_the_bucket_refills_over_its_horizon() {
+fn a_slice_is_at_most_a_horizon_s_refill_or_a_64th_of_the_burst() {
     let (lender, _) = lender();
     let slow = BucketRequest::bucket("slow", 0.01, 15.0);
     let modest = BucketRequest::bucket("modest", 30.0, 200.0);
@@ -399,4 +399,14 @@ fn a_slice_is_at_most_what_the_bucket_refills_over_its_horizon() {
     }
     let (asked, _) = asked_again(&lender, std::slice::from_ref(&modest));
     assert_eq!(want_of(&asked[0]), 3, "30/s refills 3 in 100 ms");
+    let large = BucketRequest::bucket("large", 30.0, 6_400.0);
+    for _ in 0..20 {
+        drop(lender.plan(std::slice::from_ref(&large), &[true]));
+    }
+    let (asked, _) = asked_again(&lender, std::slice::from_ref(&large));
+    assert_eq!(
+        want_of(&asked[0]),
+        100,
+        "a 64th of a large burst: 21 at once, a pace of 200 a horizon, at most 100"
+    );
 }
