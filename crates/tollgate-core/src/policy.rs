@@ -85,9 +85,10 @@ impl Policy {
                     format!("duplicate limit name {:?}", limit.name),
                 ));
             }
+            // A global limit borrows as a plain bucket would: its slices count against the
+            // region's share in force (docs/DESIGN.md, "One limit across regions").
             if let Some(global) = crate::kinds::global::Global::of(config, limit_config) {
                 limit.meter = Meter::Global(global);
-                limit.borrow = false;
             }
             limit.counters = metrics.limit_counters(&limit.name);
             limits.push(limit);

@@ -16,10 +16,25 @@ fn a_region_and_a_home_validate() {
     ] {
         let output = run(&["validate"], Some(&config), &[]);
         assert!(output.status.success(), "{config}: {}", stderr(&output));
-        // Borrowing is on by default, and a global limit says why it does not borrow.
+    }
+}
+
+/// Borrowing is on by default, for a global limit too (its slices count against the share in
+/// force, docs/DESIGN.md), where the store borrows.
+#[test]
+fn a_global_limit_borrows() {
+    let store = "[store]\nbackend = \"redis\"\nurl = \"redis://127.0.0.1:9/0\"\n";
+    for limit in [
+        GLOBAL.to_string(),
+        GLOBAL.replace("burst = 20", "burst = 20\nborrow = true"),
+    ] {
+        let output = run(&["validate"], Some(&format!("{store}{limit}{REGION}")), &[]);
+        assert!(output.status.success(), "{limit}: {}", stderr(&output));
         let shown = String::from_utf8_lossy(&output.stdout);
         assert!(
-            shown.contains("t: off: borrowing does not apply to a global limit"),
+            shown
+                .lines()
+                .any(|l| l.starts_with("borrowing") && l.ends_with("t: on")),
             "{shown}"
         );
     }
@@ -74,13 +89,6 @@ fn bad_regions_are_refused_naming_the_key() {
             format!(
                 "{}{REGION}",
                 GLOBAL.replace("rate = 10\nburst = 20", "concurrency = 5")
-            ),
-            "limits.t.scope",
-        ),
-        (
-            format!(
-                "{}{REGION}",
-                GLOBAL.replace("burst = 20", "burst = 20\nborrow = true")
             ),
             "limits.t.scope",
         ),
