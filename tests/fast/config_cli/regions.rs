@@ -19,23 +19,28 @@ fn a_region_and_a_home_validate() {
     }
 }
 
-/// Borrowing is on by default, for a global limit too (its slices count against the share in
-/// force, docs/DESIGN.md), where the store borrows.
+/// A global limit borrows when it says `borrow = true` (its slices count against the share in
+/// force, docs/DESIGN.md), not by default: `validate` says which, and why.
 #[test]
-fn a_global_limit_borrows() {
+fn a_global_limit_borrows_when_it_says_so() {
     let store = "[store]\nbackend = \"redis\"\nurl = \"redis://127.0.0.1:9/0\"\n";
-    for limit in [
-        GLOBAL.to_string(),
-        GLOBAL.replace("burst = 20", "burst = 20\nborrow = true"),
+    for (limit, shown) in [
+        (
+            GLOBAL.to_string(),
+            "t: off: a global limit borrows only with limits.t.borrow = true",
+        ),
+        (
+            GLOBAL.replace("burst = 20", "burst = 20\nborrow = true"),
+            "t: on",
+        ),
     ] {
         let output = run(&["validate"], Some(&format!("{store}{limit}{REGION}")), &[]);
         assert!(output.status.success(), "{limit}: {}", stderr(&output));
-        let shown = String::from_utf8_lossy(&output.stdout);
+        let out = String::from_utf8_lossy(&output.stdout);
         assert!(
-            shown
-                .lines()
-                .any(|l| l.starts_with("borrowing") && l.ends_with("t: on")),
-            "{shown}"
+            out.lines()
+                .any(|l| l.starts_with("borrowing") && l.ends_with(shown)),
+            "{shown}: {out}"
         );
     }
 }

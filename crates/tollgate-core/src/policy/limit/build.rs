@@ -173,6 +173,12 @@ impl Limit {
         if store.backend != Backend::Redis {
             return "off: only the Redis store borrows".into();
         }
+        if matches!(self.meter, Meter::Global(_)) {
+            return format!(
+                "off: a global limit borrows only with limits.{}.borrow = true",
+                self.name
+            );
+        }
         if store.borrow {
             return format!("off: limits.{}.borrow = false", self.name);
         }
