@@ -24,7 +24,8 @@
 #   env: ONE_WAY_MS (100), FLOOR (0.02), HOME_TTL (3: the home's rlqs.assignment_ttl_s),
 #        REPORT_MS (200: the regions' report_every_ms), RUNS (3), LAT_SECONDS (10),
 #        LAT_RATE (200), HOME_KEYS (100000), HOME_SECONDS (60), HOME_PASSES (3: times each
-#        key is checked), PARTS ("1 2 3 4": which measurements)
+#        key is checked), BORROW (0; 1: part 1's regions borrow), PARTS ("1 2 3 4": which
+#        measurements)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -43,6 +44,9 @@ LAT_RATE="${LAT_RATE:-200}"
 HOME_KEYS="${HOME_KEYS:-100000}"
 HOME_SECONDS="${HOME_SECONDS:-60}"
 HOME_PASSES="${HOME_PASSES:-3}"
+# BORROW=1: the regions' global limit of part 1 borrows (borrow = true on it).
+REGION_BORROW=""
+[ "${BORROW:-0}" = 1 ] && REGION_BORROW=$'\nborrow = true'
 
 . bench/lib.sh
 require redis-server:redis-server curl:curl
@@ -54,7 +58,7 @@ TOLLGATE="$PWD/target/release/tollgate"
 LOAD="$PWD/target/release/examples/regions_load"
 PACED="$PWD/target/release/examples/paced_load"
 PROXY="$PWD/target/release/examples/latency_proxy"
-echo "$0 $*: ONE_WAY_MS=$ONE_WAY_MS FLOOR=$FLOOR HOME_TTL=$HOME_TTL REPORT_MS=$REPORT_MS PARTS=\"$PARTS\" RUNS=$RUNS LAT_SECONDS=$LAT_SECONDS LAT_RATE=$LAT_RATE HOME_KEYS=$HOME_KEYS HOME_SECONDS=$HOME_SECONDS HOME_PASSES=$HOME_PASSES"
+echo "$0 $*: ONE_WAY_MS=$ONE_WAY_MS FLOOR=$FLOOR HOME_TTL=$HOME_TTL REPORT_MS=$REPORT_MS PARTS=\"$PARTS\" RUNS=$RUNS LAT_SECONDS=$LAT_SECONDS LAT_RATE=$LAT_RATE HOME_KEYS=$HOME_KEYS HOME_SECONDS=$HOME_SECONDS HOME_PASSES=$HOME_PASSES BORROW=${BORROW:-0}"
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), load average $(cut -d' ' -f1-3 /proc/loadavg), $(date -u '+%Y-%m-%d %H:%M UTC'), $(redis-server --version | cut -d' ' -f3)"
 
 wait_ready() {
@@ -116,15 +120,19 @@ done
 
 # 1. Bound and utilisation.
 if part 1; then
-REGION_PIDS=(); ADDRS=()
+REGION_PIDS=(); ADDRS=(); REGION_ADMINS=()
 for i in 0 1 2; do
   tollgate "region-$i" "$(store "${REGION_REDIS[$i]}")
-$(limit per-tenant header:x-tenant global "$RATE" "$BURST")
+$(limit per-tenant header:x-tenant global "$RATE" "$BURST")$REGION_BORROW
 $(region "${REGION_NAMES[$i]}" "${LINKS[$i]}")"
-  REGION_PIDS+=("$TG_PID"); ADDRS+=("127.0.0.1:$TG_PORT")
+  REGION_PIDS+=("$TG_PID"); ADDRS+=("127.0.0.1:$TG_PORT"); REGION_ADMINS+=("$TG_ADMIN")
 done
 echo "1. one limit across regions: $SECONDS_RUN s, rate $RATE/s, burst $BURST, floors $FLOOR, $ONE_WAY_MS ms each way to the home" >&2
 "$LOAD" "$(IFS=,; echo "${ADDRS[*]}")" "$RATE" "$BURST" "$SECONDS_RUN" 5 "${SETTLE:-10}" | tee "$WORK/global"
+# Tokens each region admitted from borrowed slices (0 without BORROW=1).
+for admin in "${REGION_ADMINS[@]}"; do
+  curl -s "http://127.0.0.1:$admin/metrics" | awk '/^tollgate_borrowed_tokens_total\{event="used"\}/ { print $2 + 0 }'
+done | paste -sd' ' - | sed 's/^/borrowed_used /' | tee -a "$WORK/global"
 for pid in "${REGION_PIDS[@]}"; do stop "$pid"; done
 fi
 
