@@ -14,15 +14,18 @@
 #      LAT_RATE/s over 64 connections): in a region whose home is ONE_WAY_MS away, against
 #      the same check of a local limit on the region's store alone, and against one shared
 #      store reached at ONE_WAY_MS (the proxy between tollgate and Redis);
-#   4. the home's memory and CPU per tracked key: two regions whose keys all want more than
-#      their floor report HOME_KEYS keys between them; the home's resident memory and its
-#      Redis's used_memory before and after, and its CPU per key reported.
+#   4. the home's memory and CPU per tracked key: three regions whose keys all want more
+#      than their floor report HOME_KEYS keys between them, each region going through its
+#      keys in turn; the home's resident memory and its Redis's used_memory before and after,
+#      and its CPU per key reported.
 #
 #   bench/regions.sh              # 60 s, rate 100/s, burst 100, floors 0.02 each
 #   bench/regions.sh 90 50 50     # 90 s, rate 50/s, burst 50
 #   env: ONE_WAY_MS (100), FLOOR (0.02), HOME_TTL (3: the home's rlqs.assignment_ttl_s),
 #        REPORT_MS (200: the regions' report_every_ms), RUNS (3), LAT_SECONDS (10),
-#        LAT_RATE (200), HOME_KEYS (100000), PARTS ("1 2 3 4": which measurements)
+#        LAT_RATE (200), HOME_KEYS (100000), HOME_SECONDS (60), HOME_PASSES (3: times each
+#        key is checked), BORROW (0; 1: part 1's regions borrow), PARTS ("1 2 3 4": which
+#        measurements)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -39,6 +42,11 @@ RUNS="${RUNS:-3}"
 LAT_SECONDS="${LAT_SECONDS:-10}"
 LAT_RATE="${LAT_RATE:-200}"
 HOME_KEYS="${HOME_KEYS:-100000}"
+HOME_SECONDS="${HOME_SECONDS:-60}"
+HOME_PASSES="${HOME_PASSES:-3}"
+# BORROW=1: the regions' global limit of part 1 borrows (borrow = true on it).
+REGION_BORROW=""
+[ "${BORROW:-0}" = 1 ] && REGION_BORROW=$'\nborrow = true'
 
 . bench/lib.sh
 require redis-server:redis-server curl:curl
@@ -50,7 +58,7 @@ TOLLGATE="$PWD/target/release/tollgate"
 LOAD="$PWD/target/release/examples/regions_load"
 PACED="$PWD/target/release/examples/paced_load"
 PROXY="$PWD/target/release/examples/latency_proxy"
-echo "$0 $*: ONE_WAY_MS=$ONE_WAY_MS FLOOR=$FLOOR HOME_TTL=$HOME_TTL REPORT_MS=$REPORT_MS PARTS=\"$PARTS\" RUNS=$RUNS LAT_SECONDS=$LAT_SECONDS LAT_RATE=$LAT_RATE HOME_KEYS=$HOME_KEYS"
+echo "$0 $*: ONE_WAY_MS=$ONE_WAY_MS FLOOR=$FLOOR HOME_TTL=$HOME_TTL REPORT_MS=$REPORT_MS PARTS=\"$PARTS\" RUNS=$RUNS LAT_SECONDS=$LAT_SECONDS LAT_RATE=$LAT_RATE HOME_KEYS=$HOME_KEYS HOME_SECONDS=$HOME_SECONDS HOME_PASSES=$HOME_PASSES BORROW=${BORROW:-0}"
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), load average $(cut -d' ' -f1-3 /proc/loadavg), $(date -u '+%Y-%m-%d %H:%M UTC'), $(redis-server --version | cut -d' ' -f3)"
 
 wait_ready() {
@@ -112,15 +120,19 @@ done
 
 # 1. Bound and utilisation.
 if part 1; then
-REGION_PIDS=(); ADDRS=()
+REGION_PIDS=(); ADDRS=(); REGION_ADMINS=()
 for i in 0 1 2; do
   tollgate "region-$i" "$(store "${REGION_REDIS[$i]}")
-$(limit per-tenant header:x-tenant global "$RATE" "$BURST")
+$(limit per-tenant header:x-tenant global "$RATE" "$BURST")$REGION_BORROW
 $(region "${REGION_NAMES[$i]}" "${LINKS[$i]}")"
-  REGION_PIDS+=("$TG_PID"); ADDRS+=("127.0.0.1:$TG_PORT")
+  REGION_PIDS+=("$TG_PID"); ADDRS+=("127.0.0.1:$TG_PORT"); REGION_ADMINS+=("$TG_ADMIN")
 done
 echo "1. one limit across regions: $SECONDS_RUN s, rate $RATE/s, burst $BURST, floors $FLOOR, $ONE_WAY_MS ms each way to the home" >&2
 "$LOAD" "$(IFS=,; echo "${ADDRS[*]}")" "$RATE" "$BURST" "$SECONDS_RUN" 5 "${SETTLE:-10}" | tee "$WORK/global"
+# Tokens each region admitted from borrowed slices (0 without BORROW=1).
+for admin in "${REGION_ADMINS[@]}"; do
+  curl -s "http://127.0.0.1:$admin/metrics" | awk '/^tollgate_borrowed_tokens_total\{event="used"\}/ { print $2 + 0 }'
+done | paste -sd' ' - | sed 's/^/borrowed_used /' | tee -a "$WORK/global"
 for pid in "${REGION_PIDS[@]}"; do stop "$pid"; done
 fi
 
@@ -165,33 +177,48 @@ for run in $(seq "$RUNS"); do
 done
 fi
 
-# 4. The home's memory and CPU per tracked key: two regions, HOME_KEYS / 2 keys each (a
-# stream tracks at most 65,536), every key wanting more than its floor (burst 20, floor 0.05:
-# one token, half of it gone at the first check).
+# 4. The home's memory and CPU per tracked key: HOME_KEYS keys spread over the three regions
+# (a stream tracks at most 65,536), every key wanting more than its floor (burst 20, floor
+# 0.02: 0.4 of a token, every check denied). Each region goes through its keys in turn
+# (paced_load's `cycle`), HOME_PASSES times in HOME_SECONDS: every key is checked, so every
+# key is reported (at most 1,024 a report, the rest carried), and a pool lives at home some
+# seconds after its last report, so the last pass keeps them all.
 if part 4; then
-echo "4. the home at $HOME_KEYS tracked keys" >&2
+echo "4. the home at $HOME_KEYS tracked keys, $HOME_PASSES passes in $HOME_SECONDS s" >&2
 rss() { awk '/^VmRSS/ { print $2 }' "/proc/$1/status"; }
 used() { redis-cli -h 127.0.0.1 -p "$HOME_REDIS" INFO memory | awk -F: '/^used_memory:/ { print $2 + 0 }'; }
 reports() { curl -s "http://127.0.0.1:$HOME_ADMIN/metrics" | awk '/^tollgate_rlqs_reports_total / { print $2 + 0 }'; }
 rss0=$(rss "$HOME_PID"); used0=$(used); ticks0=$(ticks "$HOME_PID"); reports0=$(reports)
-KEY_PIDS=()
-for i in 0 1; do
+KEY_PIDS=(); KEY_PORTS=(); LOAD_PIDS=()
+per_region=$(( (HOME_KEYS + 2) / 3 ))
+for i in 0 1 2; do
   tollgate "keys-$i" "$(store "${REGION_REDIS[$i]}")
 $(limit many path global 1 20)
 $(region "${REGION_NAMES[$i]}" "${LINKS[$i]}")"
-  KEY_PIDS+=("$TG_PID")
-  # Each key checked about twice over 40 s, paced (keys drawn at random).
-  "$PACED" "127.0.0.1:$TG_PORT" "$(( HOME_KEYS / 2 * 2 / 40 ))" 40 32 "$(( HOME_KEYS / 2 ))" "/check/r$i-" \
-    > "$WORK/keys-$i" &
-  KEY_PIDS+=($!)
+  KEY_PIDS+=("$TG_PID"); KEY_PORTS+=("$TG_PORT")
 done
-wait "${KEY_PIDS[3]}" "${KEY_PIDS[1]}" 2>/dev/null || true
-sleep 2
+for i in 0 1 2; do
+  "$PACED" "127.0.0.1:${KEY_PORTS[$i]}" "$(( per_region * HOME_PASSES / HOME_SECONDS ))" \
+    "$HOME_SECONDS" 32 "$per_region" "/check/r$i-" cycle > "$WORK/keys-$i" &
+  LOAD_PIDS+=($!)
+done
+# The pools the home holds, each second (its Redis: one key a pool).
+peak=0
+while kill -0 "${LOAD_PIDS[0]}" 2>/dev/null || kill -0 "${LOAD_PIDS[1]}" 2>/dev/null \
+    || kill -0 "${LOAD_PIDS[2]}" 2>/dev/null; do
+  n=$(redis-cli -h 127.0.0.1 -p "$HOME_REDIS" DBSIZE)
+  [ "$n" -gt "$peak" ] && peak=$n
+  sleep 1
+done
+wait "${LOAD_PIDS[@]}" 2>/dev/null || true
+for i in 0 1 2; do echo "  region $i: $(cat "$WORK/keys-$i")" >&2; done
+sleep 1
 metrics=$(curl -s "http://127.0.0.1:$HOME_ADMIN/metrics")
 buckets=$(echo "$metrics" | awk '/^tollgate_rlqs_buckets / { print $2 + 0 }')
 streams=$(echo "$metrics" | awk '/^tollgate_rlqs_streams / { print $2 + 0 }')
 # Every pool is one key of the home's Redis (the limits' buckets stay empty there).
 tracked=$(redis-cli -h 127.0.0.1 -p "$HOME_REDIS" DBSIZE)
+[ "$tracked" -gt "$peak" ] && peak=$tracked
 rss1=$(rss "$HOME_PID"); used1=$(used); ticks1=$(ticks "$HOME_PID"); reports1=$(reports)
 hz=$(getconf CLK_TCK)
 fi
@@ -222,7 +249,7 @@ done
 fi
 part 4 || exit 0
 echo
-echo "home: $streams region streams tracking $buckets bucket ids at the end"
+echo "home: $streams region streams tracking $buckets bucket ids at the end; at most $peak pools in its store during the run"
 awk -v k="$tracked" -v r0="$rss0" -v r1="$rss1" -v u0="$used0" -v u1="$used1" -v t0="$ticks0" \
     -v t1="$ticks1" -v hz="$hz" -v n0="$reports0" -v n1="$reports1" 'BEGIN {
   n = n1 - n0

@@ -1,11 +1,13 @@
 //! An open-loop load at a fixed rate (no wrk2 here): `CONNS` keep-alive connections, each
-//! sending `GET <PREFIX><n>` (n one of `KEYS` at random) on its own fixed schedule, together
+//! sending `GET <PREFIX><n>` (n one of `KEYS` at random, or with `ORDER` = `cycle` every key
+//! in turn: connection i sends i, i + CONNS, i + 2 CONNS, ... modulo `KEYS`, so together they
+//! go through all the keys once every `KEYS / RATE` s) on its own fixed schedule, together
 //! `RATE` requests per second, for `SECONDS`. Latency counts from the moment a request was due,
 //! not when it went out, so a server that falls behind shows its queue (no coordinated
 //! omission). Prints one line: `sent rps p50_ms p90_ms p99_ms max_ms non2xx late_pct`.
 //!
 //! Usage: `cargo run --release --example paced_load -- 127.0.0.1:8080 RATE [SECONDS] [CONNS]
-//! [KEYS] [PREFIX]`
+//! [KEYS] [PREFIX] [ORDER]`
 // Tests and load tools compute ratios and figures; the library's cast lints (Cargo.toml)
 // guard its token arithmetic, not these.
 #![allow(
@@ -25,6 +27,8 @@ struct Args {
     conns: usize,
     keys: u64,
     prefix: String,
+    /// Keys in turn (`cycle`) rather than at random.
+    cycle: bool,
 }
 
 fn args() -> Option<Args> {
@@ -37,6 +41,11 @@ fn args() -> Option<Args> {
         conns: num(3, 64.0)? as usize,
         keys: num(4, 10_000.0)? as u64,
         prefix: a.get(5).cloned().unwrap_or_else(|| "/check/k".into()),
+        cycle: match a.get(6).map(String::as_str) {
+            None | Some("random") => false,
+            Some("cycle") => true,
+            Some(_) => return None,
+        },
     })
 }
 
@@ -55,6 +64,7 @@ fn run_connection(args: &Args, index: usize, start: Instant) -> std::io::Result<
     let mut seed = 0x9e37_79b9_7f4a_7c15_u64 ^ (index as u64).wrapping_mul(0x2545_f491_4f6c_dd1d);
     let (mut latencies, mut bad, mut late) = (Vec::new(), 0, 0);
     let mut line = String::new();
+    let mut next = index as u64;
     while due < end {
         let now = Instant::now();
         if due > now {
@@ -62,14 +72,17 @@ fn run_connection(args: &Args, index: usize, start: Instant) -> std::io::Result<
         } else if now - due > Duration::from_millis(1) {
             late += 1;
         }
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        let request = format!(
-            "GET {}{} HTTP/1.1\r\nHost: bench\r\n\r\n",
-            args.prefix,
+        let key = if args.cycle {
+            let key = next % args.keys;
+            next += args.conns as u64;
+            key
+        } else {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
             seed % args.keys
-        );
+        };
+        let request = format!("GET {}{} HTTP/1.1\r\nHost: bench\r\n\r\n", args.prefix, key);
         writer.write_all(request.as_bytes())?;
         line.clear();
         reader.read_line(&mut line)?;
@@ -103,7 +116,7 @@ fn run_connection(args: &Args, index: usize, start: Instant) -> std::io::Result<
 
 fn main() {
     let Some(args) = args() else {
-        eprintln!("usage: paced_load ADDR RATE [SECONDS] [CONNS] [KEYS] [PREFIX]");
+        eprintln!("usage: paced_load ADDR RATE [SECONDS] [CONNS] [KEYS] [PREFIX] [random|cycle]");
         std::process::exit(2);
     };
     let args = std::sync::Arc::new(args);

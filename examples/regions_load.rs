@@ -19,8 +19,10 @@
     clippy::cast_precision_loss
 )]
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+#[path = "support/http.rs"]
+mod http;
+
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -129,7 +131,7 @@ fn drive(
     seen: Seen,
 ) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
-        let mut connection = None;
+        let mut connection: http::Connection = None;
         for (from, to, rate) in plan {
             let mut sent = 0u64;
             loop {
@@ -145,7 +147,8 @@ fn drive(
                 let sent_at = Instant::now()
                     .saturating_duration_since(start)
                     .as_secs_f64();
-                if let Some(ok) = request(&mut connection, region) {
+                let ask = "GET /check HTTP/1.1\r\nHost: app\r\nX-Tenant: acme\r\n\r\n";
+                if let Some(ok) = http::request(&mut connection, region, ask) {
                     let t = Instant::now()
                         .saturating_duration_since(start)
                         .as_secs_f64();
@@ -154,53 +157,4 @@ fn drive(
             }
         }
     })
-}
-
-fn request(
-    connection: &mut Option<(TcpStream, BufReader<TcpStream>)>,
-    region: SocketAddr,
-) -> Option<bool> {
-    for _ in 0..2 {
-        if connection.is_none() {
-            let stream = TcpStream::connect(region).ok()?;
-            stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-            let reader = BufReader::new(stream.try_clone().ok()?);
-            *connection = Some((stream, reader));
-        }
-        let (stream, reader) = connection.as_mut()?;
-        let ask = "GET /check HTTP/1.1\r\nHost: app\r\nX-Tenant: acme\r\n\r\n";
-        if stream.write_all(ask.as_bytes()).is_err() {
-            *connection = None;
-            continue;
-        }
-        match status(reader) {
-            Some(code) => return Some(code == 200),
-            None => *connection = None,
-        }
-    }
-    None
-}
-
-/// One response's status, its headers and Content-Length body read.
-fn status(reader: &mut BufReader<TcpStream>) -> Option<u16> {
-    let mut line = String::new();
-    reader.read_line(&mut line).ok()?;
-    let code = line.split(' ').nth(1)?.parse().ok()?;
-    let mut length = 0usize;
-    loop {
-        line.clear();
-        reader.read_line(&mut line).ok()?;
-        let header = line.trim_end();
-        if header.is_empty() {
-            break;
-        }
-        if let Some((name, value)) = header.split_once(':') {
-            if name.eq_ignore_ascii_case("content-length") {
-                length = value.trim().parse().ok()?;
-            }
-        }
-    }
-    let mut body = vec![0; length];
-    reader.read_exact(&mut body).ok()?;
-    Some(code)
 }

@@ -20,8 +20,11 @@
     clippy::cast_precision_loss
 )]
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+#[path = "support/http.rs"]
+mod http;
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpListener};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -123,7 +126,7 @@ fn drive(
     seen: Seen,
 ) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
-        let mut connection = None;
+        let mut connection: http::Connection = None;
         for (from, to, rate) in plan {
             let mut sent = 0u64;
             loop {
@@ -136,7 +139,8 @@ fn drive(
                     std::thread::sleep(wait);
                 }
                 sent += 1;
-                if let Some(ok) = request(&mut connection, envoy, tenant) {
+                let ask = format!("GET / HTTP/1.1\r\nHost: app\r\nX-Tenant: {tenant}\r\n\r\n");
+                if let Some(ok) = http::request(&mut connection, envoy, &ask) {
                     let t = Instant::now()
                         .saturating_duration_since(start)
                         .as_secs_f64();
@@ -145,56 +149,6 @@ fn drive(
             }
         }
     })
-}
-
-fn request(
-    connection: &mut Option<(TcpStream, BufReader<TcpStream>)>,
-    envoy: SocketAddr,
-    tenant: &str,
-) -> Option<bool> {
-    for _ in 0..2 {
-        if connection.is_none() {
-            let stream = TcpStream::connect(envoy).ok()?;
-            stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-            let reader = BufReader::new(stream.try_clone().ok()?);
-            *connection = Some((stream, reader));
-        }
-        let (stream, reader) = connection.as_mut()?;
-        let ask = format!("GET / HTTP/1.1\r\nHost: app\r\nX-Tenant: {tenant}\r\n\r\n");
-        if stream.write_all(ask.as_bytes()).is_err() {
-            *connection = None;
-            continue;
-        }
-        match status(reader) {
-            Some(code) => return Some(code == 200),
-            None => *connection = None,
-        }
-    }
-    None
-}
-
-/// One response's status, its headers and Content-Length body read.
-fn status(reader: &mut BufReader<TcpStream>) -> Option<u16> {
-    let mut line = String::new();
-    reader.read_line(&mut line).ok()?;
-    let code = line.split(' ').nth(1)?.parse().ok()?;
-    let mut length = 0usize;
-    loop {
-        line.clear();
-        reader.read_line(&mut line).ok()?;
-        let header = line.trim_end();
-        if header.is_empty() {
-            break;
-        }
-        if let Some((name, value)) = header.split_once(':') {
-            if name.eq_ignore_ascii_case("content-length") {
-                length = value.trim().parse().ok()?;
-            }
-        }
-    }
-    let mut body = vec![0; length];
-    reader.read_exact(&mut body).ok()?;
-    Some(code)
 }
 
 /// The application: `200 ok` to every request, keep-alive.

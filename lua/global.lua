@@ -17,13 +17,34 @@
 -- generous than the truth (the level it reads is at most the one the record would give).
 -- No size is above the limit's burst (the cap): a share from a home with larger numbers for
 -- the key is cut to them.
+--
+-- A key instances borrow from (docs/DESIGN.md, "Borrowed tokens") keeps its held groups after
+-- the debt and ts, as a borrowing bucket does (lua/token_bucket.lua), and held tokens do not
+-- refill: the level is at most the size *in force* less what is held, at every moment. So when
+-- the share is cut, or ends, the slices still out are counted against the smaller size (the
+-- level may go below 0), and the region's tokens, its level and its instances' unused slices
+-- together, never exceed the size the home counts for it (docs/DESIGN.md, "One limit across
+-- regions"). The argument 'G<floor in millionths>:<grid>:<want>:<deadline>:<taken>:<unused>:
+-- <incarnation>:<rate>' is a borrowing check (lua/token_bucket.lua's 'B' fields).
 
 local GLOBAL = setmetatable({}, {__index = function(memo, s)
-  local ppm, r = string.match(s, '^G(%d+):(.+)$')
   local v = false
+  local ppm, grid, want, gd, gx, gr, gi, r =
+    string.match(s, '^G(%d+):(%d+):(%d+):(%d+):(%d+):(%d+):(%d+):(.+)$')
+  local lend
+  if ppm then
+    if tonumber(grid) > 0 then
+      lend = {grid = tonumber(grid), want = tonumber(want), gd = tonumber(gd),
+        gx = tonumber(gx) * 1000000, gr = tonumber(gr) * 1000000, gi = tonumber(gi)}
+    else
+      ppm = nil
+    end
+  else
+    ppm, r = string.match(s, '^G(%d+):(.+)$')
+  end
   ppm, r = tonumber(ppm), tonumber(r)
   if ppm and r and ppm <= 1000000 and r > 0 and r < math.huge then
-    v = {ppm = ppm, rate = r}
+    v = {ppm = ppm, rate = r, lend = lend}
   end
   memo[s] = v
   return v
@@ -75,26 +96,109 @@ local function global_level(n, debt, at, now)
   return level
 end
 
--- Writes the bucket at `level` (micro-tokens) as of now (ts: its digits), to expire in the
--- millisecond after it is full again, piecewise as it refills.
-local function global_write(key, n, level, now, ts)
-  local debt, full
-  if now < n.u then
-    debt = n.s1 - level
-    full = now + math.ceil(debt / n.r1)
+-- The level at `to` of a bucket at `level` at `from`, no group ending between: refilled
+-- piecewise around the share's end, capped at the size then less `held` (held tokens do not
+-- refill). With nothing held, `global_level`'s arithmetic, operation for operation.
+local function global_refill(n, level, from, to, held)
+  if from < n.u then
+    local t1 = to
+    if t1 > n.u then t1 = n.u end
+    if t1 > from then level = level + math.floor((t1 - from) * n.r1) end
+    if level > n.s1 - held then level = n.s1 - held end
+    if to < n.u then return level end
+    if level > n.fc - held then level = n.fc - held end
+    level = level + math.floor((to - n.u) * n.fr)
+    if level > n.fc - held then level = n.fc - held end
+    return level
+  end
+  if to > from then level = level + math.floor((to - from) * n.fr) end
+  if level > n.fc - held then level = n.fc - held end
+  return level
+end
+
+-- A borrowing read of a global key (lua/token_bucket.lua's `lent`, on the region's numbers):
+-- reads its groups (`rest`) into lend.g and their incarnation into lend.inc, ends those whose
+-- deadline has passed (the level refilled up to each, the group's tokens then used), applies
+-- the slice given back (lend.gd, lend.gx, lend.gr, lend.gi). Returns the level now.
+local function global_lent(n, lend, debt, at, rest, now)
+  local g, inc = {}, nil
+  if rest then
+    for d, h in string.gmatch(rest, '(%d+) (%d+)') do
+      g[#g + 1] = {tonumber(d), tonumber(h)}
+    end
+    inc = tonumber(string.match(rest, ' i(%d+)$'))
+  end
+  if #g == 2 and g[2][1] < g[1][1] then g[1], g[2] = g[2], g[1] end
+  local held = 0
+  for _, group in ipairs(g) do held = held + group[2] end
+  local size = n.fc
+  if now < n.u then size = n.s1 end
+  local level
+  if not debt then
+    -- Absent: full at the size now (an absent key holds no groups).
+    level = size
+    held = 0
+    g = {}
+  else
+    at = tonumber(at)
+    if at < n.u then level = n.s1 - debt else level = n.fc - debt end
+  end
+  local from = at or now
+  local live = {}
+  for _, group in ipairs(g) do
+    if group[2] > 0 and group[1] <= now then
+      level = global_refill(n, level, from, group[1], held)
+      if group[1] > from then from = group[1] end
+      held = held - group[2]
+      lend.changed = true
+    elseif group[2] > 0 then
+      live[#live + 1] = group
+    end
+  end
+  if debt then level = global_refill(n, level, from, now, held) end
+  if #live > 0 then lend.inc = inc end
+  for _, group in ipairs(live) do
+    if group[1] == lend.gd and lend.gx > 0 and lend.gi == inc then
+      local taken = math.min(lend.gx, group[2])
+      group[2] = group[2] - taken
+      level = level + math.min(lend.gr, taken)
+      if level > size then level = size end
+      lend.changed = true
+    end
+  end
+  lend.g = live
+  return level
+end
+
+-- When a bucket at `level` at `t` is full again (µs), piecewise as it refills.
+local function global_full(n, level, t)
+  if t < n.u then
+    local full = t + math.ceil((n.s1 - level) / n.r1)
     if full > n.u then
-      local at_u = level + math.floor((n.u - now) * n.r1)
+      local at_u = level + math.floor((n.u - t) * n.r1)
       if at_u > n.fc then at_u = n.fc end
       if n.fr > 0 then
         full = n.u + math.ceil((n.fc - at_u) / n.fr)
       else
-        full = now + MAX_TTL_US
+        full = t + MAX_TTL_US
       end
     end
-  else
-    debt = n.fc - level
-    if n.fr > 0 then full = now + math.ceil(debt / n.fr) else full = now + MAX_TTL_US end
+    return full
   end
+  if level > n.fc then level = n.fc end
+  if n.fr > 0 then return t + math.ceil((n.fc - level) / n.fr) end
+  return t + MAX_TTL_US
+end
+
+-- Writes the bucket at `level` (micro-tokens) as of now (ts: its digits), to expire in the
+-- millisecond after it is full again, piecewise as it refills; with held groups (`groups`,
+-- as lua/token_bucket.lua's lend_groups spells them, and `from`, the last live deadline)
+-- written after it, counting its refill only from that deadline, so never before it ends.
+local function global_write(key, n, level, now, ts, groups, from)
+  local debt
+  if now < n.u then debt = n.s1 - level else debt = n.fc - level end
+  local full = global_full(n, level, from or now)
   if debt < 0 then debt = 0 end
-  redis.call('SET', key, string.format('v1:%d ', debt) .. ts, 'PXAT', expire_at(now, full - now))
+  redis.call('SET', key, string.format('v1:%d ', debt) .. ts .. (groups or ''), 'PXAT',
+    expire_at(now, full - now))
 end

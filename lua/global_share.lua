@@ -10,7 +10,8 @@
 -- ARGV[5]  the new share's end, µs of this server's TIME (0: no share)
 --
 -- The bucket is first brought to now under the old share, then kept at its level, capped at
--- the new size: a change never refills a past stretch at the new rate, and never adds tokens.
+-- the new size less the tokens instances hold of it (their slices count against the new
+-- share): a change never refills a past stretch at the new rate, and never adds tokens.
 -- An absent bucket stays absent: full at the size its next check finds, as Envoy starts a
 -- first bucket full (the home's escrow pays for that size).
 -- Returns "<level in micro-tokens> <now>".
@@ -31,19 +32,40 @@ if not (size and size >= 0 and size <= MAX_COUNT and untl and untl >= 0 and untl
 end
 local key = KEYS[1]
 local old = global_numbers(g, burst, key)
-local debt, at = read_bucket(key, burst)
-local level = global_level(old, debt, at, now)
+local debt, at, _, rest = read_bucket(key, burst)
+-- Held groups (instances borrow from the key): read, the ended ones ended, under the old share.
+local lend
+if rest and rest ~= '' then lend = {grid = 1, want = 0, gd = 0, gx = 0, gr = 0, gi = 0} end
+local level
+if lend then level = global_lent(old, lend, debt, at, rest, now) else level = global_level(old, debt, at, now) end
 
 redis.call('SET', key .. ':g', string.format('%.17g %d %d', rate, size, untl),
   'PXAT', expire_at(untl, 0))
 local new = global_numbers(g, burst, key)
 local size_now = new.fc
 if now < new.u then size_now = new.s1 end
+-- The slices still out count against the new size: the level is at most what it leaves.
+local held = 0
+if lend then
+  for _, group in ipairs(lend.g) do held = held + group[2] end
+end
 if not debt then
   -- No bucket: full, at whatever size its next check finds.
   level = size_now
-elseif level > size_now then
-  level = size_now
+elseif level > size_now - held then
+  level = size_now - held
 end
-if debt then global_write(key, new, level, now, ts) end
+if debt and lend then
+  local fields, last = '', now
+  for _, group in ipairs(lend.g) do
+    if group[2] > 0 then
+      fields = fields .. string.format(' %d %d', group[1], group[2])
+      if group[1] > last then last = group[1] end
+    end
+  end
+  if fields ~= '' and lend.inc then fields = fields .. string.format(' i%d', lend.inc) end
+  global_write(key, new, level, now, ts, fields, last)
+elseif debt then
+  global_write(key, new, level, now, ts)
+end
 return string.format('%d %d', level, now)

@@ -47,8 +47,15 @@ if string.byte(ARGV[1]) == 71 then
   -- 'G': a global limit's key in a region (lua/global.lua): its level under its share.
   local g = GLOBAL[ARGV[1]]
   if not g then refuse(1, 'global') end
-  local debt, at = read_bucket(KEYS[1], burst)
-  local level = global_level(global_numbers(g, burst, KEYS[1]), debt, at, now)
+  local debt, at, _, rest = read_bucket(KEYS[1], burst)
+  local n = global_numbers(g, burst, KEYS[1])
+  local level
+  if rest and rest ~= '' then
+    -- Instances hold tokens of it: its held groups count (lua/global.lua).
+    level = global_lent(n, {gd = 0, gx = 0, gr = 0, gi = 0}, debt, at, rest, now)
+  else
+    level = global_level(n, debt, at, now)
+  end
   return string.format('%.6f', level / 1000000)
 end
 

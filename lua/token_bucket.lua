@@ -13,8 +13,10 @@
 --             lease to take, 'L<ttl in ms>:<lease id in hex>'; or a bucket whose charge is held
 --             as a reservation, 'R<ttl in ms>:<id in hex>:<k|r>:<rate>' (below); or a
 --             borrowing bucket, 'B<grid µs>:<want>:<deadline>:<taken>:<unused>:<incarnation>:<rate>'
---             (below); or a global limit's key in a region, 'G<floor in millionths>:<rate>'
---             (lua/global.lua, loaded in front: its level is read and written there)
+--             (below); or a global limit's key in a region, 'G<floor in millionths>:<rate>',
+--             or borrowing, 'G<floor in millionths>:<grid µs>:<want>:<deadline>:<taken>:
+--             <unused>:<incarnation>:<rate>' (lua/global.lua, loaded in front: its level is
+--             read and written there, its groups as a borrowing bucket's)
 -- ARGV[4i-2]  a bucket's burst: its capacity (>= 1); or the quota: at most this per period;
 --             or the most leases held at once
 -- ARGV[4i-1]  cost to charge key i (>= 0; 0 asks only that the key is not used up: a
@@ -33,7 +35,7 @@
 --   enough_i  1 when key i held its cost (a cost of 0: one whole request)
 --   t_q, w_q  for each quota key, in KEYS order: seconds until its period ends, and the
 --             period's length in seconds
---   s_b, d_b, i_b  then for each borrowing key, in KEYS order: the whole tokens it took beyond
+--   s_b, d_b, i_b  then for each borrowing key (a global one's too), in KEYS order: the whole tokens it took beyond
 --             its cost, the deadline (µs of TIME) of the group holding them and the groups'
 --             incarnation (0 0 0: none)
 --
@@ -380,8 +382,20 @@ local function decide(k, a, n)
       if not globals then globals = {} end
       local numbers = global_numbers(g, burst, KEYS[k + i])
       globals[i] = numbers
-      local debt, at = read_bucket(KEYS[k + i], burst)
-      level, cost, one = global_level(numbers, debt, at, now), cost * 1000000, 1000000
+      local debt, at, _, rest = read_bucket(KEYS[k + i], burst)
+      if g.lend or (rest and rest ~= '') then
+        -- Borrowing, or instances hold tokens of it: its groups read, ended, given back and
+        -- kept (lua/global.lua), as a borrowing bucket's.
+        local b = g.lend or {grid = 1, want = 0, gd = 0, gx = 0, gr = 0, gi = 0}
+        local lend = {grid = b.grid, want = b.want, gd = b.gd, gx = b.gx, gr = b.gr,
+          gi = b.gi, reply = g.lend ~= nil}
+        if not lends then lends = {} end
+        lends[i] = lend
+        level = global_lent(numbers, lend, debt, at, rest, now)
+      else
+        level = global_level(numbers, debt, at, now)
+      end
+      cost, one = cost * 1000000, 1000000
     elseif not rate and string.byte(ARGV[j - 3]) == 76 then
       -- 'L': a concurrency key.
       local ttl_ms, id = string.match(ARGV[j - 3], '^L(%d+):(%x+)$')
@@ -469,8 +483,23 @@ local function decide(k, a, n)
       end
       out[p + 2 * i + 1] = string.format('%.17g', level)
     elseif globals and globals[i] then
+      local lend = lends and lends[i]
       if charged then
         level = level - cost * 1000000
+        if lend and level >= 2000000 then
+          -- A slice: at most half of what is left, as a borrowing bucket's (below).
+          local took = math.min(lend.want, math.floor(level / 2000000))
+          local d = (math.floor(now / lend.grid) + 2) * lend.grid
+          if took > 0 and lend_take(lend, d, took * 1000000) then
+            level = level - took * 1000000
+            lend.took, lend.d = took, d
+          end
+        end
+      end
+      if lend and (charged or lend.changed) then
+        local groups, from = lend_groups(lend)
+        global_write(key, globals[i], level, now, ts, groups, from)
+      elseif charged then
         global_write(key, globals[i], level, now, ts)
       end
       out[p + 2 * i + 1] = string.format('%d', level)

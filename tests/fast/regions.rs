@@ -104,7 +104,14 @@ floor = 0.25
 /// limit.
 #[test]
 fn a_region_with_demand_gets_a_share_and_stays_within_the_limit() {
-    shares_arrive("", "");
+    shares_arrive("", "", "");
+}
+
+/// The same with the region's instance borrowing (`borrow = true`): its slices count against
+/// the share in force, and it still admits beyond its floor, never past the limit.
+#[test]
+fn a_borrowing_region_gets_a_share_and_stays_within_the_limit() {
+    shares_arrive("", "", "borrow = true\n");
 }
 
 /// The same over TLS: the home's gRPC listener with `grpc_tls`, the region trusting its CA
@@ -117,13 +124,15 @@ fn a_region_reaches_its_home_over_tls() {
     shares_arrive(
         &format!("grpc_tls = {{ cert_file = \"{dir}/cert.pem\", key_file = \"{dir}/key.pem\" }}\n"),
         &format!("[region.tls]\nca_file = \"{dir}/ca.pem\"\n"),
+        "",
     );
 }
 
 /// A home (its config preceded by `home_top`) and a region (its config followed by
-/// `region_tail`), each on its own Redis: the region admits beyond its floor, never past
-/// the limit, and peeks show the share on both sides.
-fn shares_arrive(home_top: &str, region_tail: &str) {
+/// `region_tail`, its limit's table ending with `region_limit`), each on its own Redis: the
+/// region admits beyond its floor, never past the limit, and peeks show the share on both
+/// sides.
+fn shares_arrive(home_top: &str, region_tail: &str, region_limit: &str) {
     let home_redis = RedisServer::start();
     let home_config = r#"
 [[limits]]
@@ -151,7 +160,7 @@ rate = 10
 burst = 10
 key = ["header:x-tenant"]
 scope = "global"
-
+{region_limit}
 [region]
 name = "eu-west"
 home = "{addr}"
@@ -177,15 +186,31 @@ report_every_ms = 100
         // The floor alone (2/s, 2 tokens) admits at most this many since the start.
         if f64::from(admitted) > 2.0 + 2.0 * elapsed + 1.0 {
             beyond_the_floor = true;
-            break;
+            // A borrowing region goes on until it has admitted from slices.
+            if region_limit.is_empty()
+                || region.metric("tollgate_borrowed_tokens_total{event=\"used\"}") > 0.0
+            {
+                break;
+            }
         }
-        std::thread::sleep(std::time::Duration::from_millis(20));
+        // A borrowing region is asked less than its floor and share give (about 6/s), so that
+        // its bucket holds tokens to lend; the other, more than its floor.
+        let pause = if region_limit.is_empty() { 20 } else { 150 };
+        std::thread::sleep(std::time::Duration::from_millis(pause));
     }
     assert!(
         beyond_the_floor,
         "{admitted} admitted: never beyond the floor; region metrics:\n{}",
         region.metrics()
     );
+    if !region_limit.is_empty() {
+        let used = region.metric("tollgate_borrowed_tokens_total{event=\"used\"}");
+        assert!(
+            used > 0.0,
+            "never admitted from a slice: {}",
+            region.metrics()
+        );
+    }
     // A peek shows the region's floor and share, and the home's shares by region.
     let peek = |admin| {
         let answer = crate::support::http::admin_json(

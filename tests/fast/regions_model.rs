@@ -4,13 +4,16 @@
 //! allocator (`store::rlqs::allocate`: the same script's twin, escrow included), on one manual
 //! clock. Random demand, report delays each way, links cut and restored, streams opened again
 //! (a home replica died, a region restarted) and gaps of an hour: in every window, what the
-//! regions admitted together is at most `burst + rate × W`.
+//! regions admitted together is at most `burst + rate × W`. With borrowing, each region's two
+//! instances take slices of the key's tokens and admit from them until their group ends (a
+//! longer use than an instance makes, `limiter::borrow`), through share cuts and lapses.
 
 use std::sync::Arc;
 
 use proptest::prelude::*;
 
 use tollgate_core::base::clock::{Clock, ManualClock};
+use tollgate_core::kinds::borrow::{Borrow, GiveBack};
 use tollgate_core::kinds::global::{Global, Share};
 use tollgate_core::kinds::{BucketRequest, Meter};
 use tollgate_core::store::memory::MemoryStore;
@@ -32,6 +35,8 @@ struct Region {
     stream: u32,
     cut: bool,
     since_report: u64,
+    /// Each instance's slice, when borrowing: (deadline, incarnation, taken, left).
+    slices: [Option<(u64, u64, u64, u64)>; 2],
 }
 
 /// An answer on its way back: (arrives at, region, the share to write, its stream).
@@ -42,6 +47,7 @@ fn bucket(region: &Region, rate: f64, burst: u64) -> BucketRequest {
         "tg:per-tenant:{acme}",
         Meter::Global(Global {
             floor_ppm: region.floor_ppm,
+            borrow: None,
         }),
         rate,
         burst as f64,
@@ -87,6 +93,7 @@ fn run(
     floors_ppm: [u32; 3],
     events: &[(usize, u64, u8, u64, u64, u64)],
     latest_answer_us: u64,
+    borrow_grid_us: Option<u64>,
 ) -> Vec<(u64, u64)> {
     let clock = Arc::new(ManualClock::default());
     let mut now = 1_000 * S;
@@ -99,6 +106,7 @@ fn run(
             stream: 0,
             cut: false,
             since_report: 0,
+            slices: [None, None],
         })
         .collect();
     let rest_ppm = 1_000_000 - floors_ppm.iter().sum::<u32>();
@@ -181,14 +189,47 @@ fn run(
             _ => {
                 let request = bucket(region, rate_per_s as f64, burst);
                 let mut admitted = 0;
-                for _ in 0..wanted {
-                    if region
-                        .store
-                        .decide_sync(std::slice::from_ref(&request))
-                        .allowed
-                    {
+                for n in 0..wanted {
+                    let Some(grid_us) = borrow_grid_us else {
+                        if region
+                            .store
+                            .decide_sync(std::slice::from_ref(&request))
+                            .allowed
+                        {
+                            admitted += 1;
+                        }
+                        continue;
+                    };
+                    // Instances in turn; each admits from its slice until its group ends.
+                    let slot = &mut region.slices[usize::try_from(n % 2).unwrap_or(0)];
+                    if let Some((deadline, _, _, left)) = slot.as_mut() {
+                        if *deadline > now && *left > 0 {
+                            *left -= 1;
+                            admitted += 1;
+                            continue;
+                        }
+                    }
+                    let give =
+                        slot.take()
+                            .map(|(deadline_us, incarnation, taken, left)| GiveBack {
+                                deadline_us,
+                                taken,
+                                unused: left,
+                                incarnation,
+                            });
+                    let asked = request.clone().borrowing(Borrow {
+                        grid_us,
+                        want: (burst / 2).max(1),
+                        give,
+                    });
+                    let decided = region.store.decide_sync(std::slice::from_ref(&asked));
+                    if decided.allowed {
                         admitted += 1;
                     }
+                    *slot = decided
+                        .slices
+                        .first()
+                        .map(|s| (s.deadline_us, s.incarnation, s.tokens, s.tokens));
                 }
                 region.since_report += wanted;
                 if admitted > 0 {
@@ -246,10 +287,50 @@ proptest! {
         events in events(),
     ) {
         let floors = [floors.0, floors.1, floors.2];
-        let admissions = run(rate_per_s, burst, floors, &events, LATEST_ANSWER_US);
+        let admissions = run(rate_per_s, burst, floors, &events, LATEST_ANSWER_US, None);
         let excess = worst_excess(&admissions, rate_per_s as f64, burst as f64);
         prop_assert!(excess <= 1e-6, "{} past burst + rate × W: {:?}", excess, admissions);
     }
+
+    /// The same with borrowing: each region's instances hold slices of the key's tokens (on
+    /// a horizon of 100 ms, 1 s or 10 s, longer than the home's TTL) through the home's cuts
+    /// and the shares' ends, and admit from them: still at most `burst + rate × W` worldwide
+    /// (the slices out count against the share in force).
+    #[test]
+    fn regions_that_borrow_never_admit_past_the_limit_worldwide(
+        rate_per_s in 1u64..30,
+        burst in 4u64..80,
+        floors in (1u32..300_000, 1u32..300_000, 1u32..300_000),
+        grid_us in prop_oneof![Just(100_000u64), Just(S), Just(10 * S)],
+        events in events(),
+    ) {
+        let floors = [floors.0, floors.1, floors.2];
+        let admissions =
+            run(rate_per_s, burst, floors, &events, LATEST_ANSWER_US, Some(grid_us));
+        let excess = worst_excess(&admissions, rate_per_s as f64, burst as f64);
+        prop_assert!(excess <= 1e-6, "{} past burst + rate × W: {:?}", excess, admissions);
+    }
+}
+
+/// Borrowing regions still get and use shares: one region with all the demand admits beyond
+/// its floor alone.
+#[test]
+fn a_borrowing_region_with_all_the_demand_gets_the_rest() {
+    let mut events = Vec::new();
+    for _ in 0..40 {
+        events.push((0, 100_000, 2, 0, 50_000, 50_000));
+        events.push((0, 100_000, 9, 20, 0, 0));
+    }
+    let admissions = run(
+        10,
+        10,
+        [100_000, 100_000, 100_000],
+        &events,
+        LATEST_ANSWER_US,
+        Some(S),
+    );
+    let admitted: u64 = admissions.iter().map(|(_, n)| n).sum();
+    assert!(admitted > 30, "{admitted} admitted: {admissions:?}");
 }
 
 /// Shares do move: one region with all the demand admits beyond its floor alone.
@@ -266,6 +347,7 @@ fn a_region_with_all_the_demand_gets_the_rest() {
         [100_000, 100_000, 100_000],
         &events,
         LATEST_ANSWER_US,
+        None,
     );
     let admitted: u64 = admissions.iter().map(|(_, n)| n).sum();
     // 8 s of demand: the floor alone (1/s, 1 token) admits at most 9.

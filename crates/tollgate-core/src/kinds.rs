@@ -318,7 +318,10 @@ impl BucketRequest {
     /// A token bucket this instance borrows from as `borrow` says.
     #[must_use]
     pub fn borrowing(mut self, borrow: Borrow) -> BucketRequest {
-        self.meter = Meter::Borrow(borrow);
+        self.meter = match self.meter {
+            Meter::Global(global) => Meter::Global(global.borrowing(borrow)),
+            _ => Meter::Borrow(borrow),
+        };
         self
     }
 }

@@ -85,9 +85,15 @@ impl Policy {
                     format!("duplicate limit name {:?}", limit.name),
                 ));
             }
+            // A global limit borrows soundly (its slices count against the region's share in
+            // force, docs/DESIGN.md, "One limit across regions"), but only when it says
+            // `borrow = true`: the demand a region reports does not count the checks admitted
+            // from slices, so shares follow demand less closely (docs/regions.md).
             if let Some(global) = crate::kinds::global::Global::of(config, limit_config) {
                 limit.meter = Meter::Global(global);
-                limit.borrow = false;
+                if limit_config.borrow != Some(true) {
+                    limit.borrow = false;
+                }
             }
             limit.counters = metrics.limit_counters(&limit.name);
             limits.push(limit);

@@ -195,8 +195,6 @@ pub fn check(
             Some("a reserving limit")
         } else if limit.charge != super::Charge::Request {
             Some("a limit charged by reports")
-        } else if limit.borrow == Some(true) {
-            Some("a borrowing limit")
         } else {
             None
         };

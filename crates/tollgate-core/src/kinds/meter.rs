@@ -62,12 +62,19 @@ impl Meter {
         }
     }
 
-    /// What a borrowing bucket asks besides its cost.
+    /// What a borrowing bucket (or a borrowing global limit's key) asks besides its cost.
     pub fn borrow(&self) -> Option<Borrow> {
         match self {
             Meter::Borrow(borrow) => Some(*borrow),
+            Meter::Global(global) => global.borrow,
             _ => None,
         }
+    }
+
+    /// A meter an instance may borrow slices of: a plain token bucket, or a global limit's key
+    /// in its region (whose held slices count against the size in force, `kinds::global`).
+    pub fn lends(&self) -> bool {
+        matches!(self, Meter::Bucket | Meter::Global(_))
     }
 
     /// The meter of a charge reported by key (`POST /report`): a reserving bucket holds no

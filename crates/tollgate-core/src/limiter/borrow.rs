@@ -290,7 +290,7 @@ impl Lender {
         let mut asked = Vec::with_capacity(buckets.len());
         for (bucket, &lend) in buckets.iter().zip(lends) {
             let mut bucket = bucket.clone();
-            if lend && bucket.meter.is_plain_bucket() {
+            if lend && bucket.meter.lends() {
                 let (borrow, returned) = self.ask(&bucket, now);
                 moved.returned += returned;
                 // Nothing to give back or ask for: a plain check (the store still reads the

@@ -243,7 +243,10 @@ mod tests {
 
     #[test]
     fn a_share_is_at_most_what_the_regions_floor_leaves() {
-        let floor = Global { floor_ppm: 250_000 };
+        let floor = Global {
+            floor_ppm: 250_000,
+            borrow: None,
+        };
         let garbage = Share {
             rate: 1e9,
             size: u64::MAX,

@@ -12,7 +12,7 @@ use std::collections::BinaryHeap;
 
 use super::{Held, Lender};
 use crate::kinds::borrow::{Borrow, GiveBack};
-use crate::kinds::{BucketRequest, Meter, Slice};
+use crate::kinds::{BucketRequest, Slice};
 use crate::limiter::deny_cache::DRIFT;
 
 /// A shard's slices by when they are due, the soonest first.
@@ -114,20 +114,21 @@ impl Lender {
 
 fn give_back(taken_by: BucketRequest, held: &Held) -> BucketRequest {
     let grid_us = taken_by.meter.borrow().map_or(0, |b| b.grid_us);
+    // A global limit's key stays one (`borrowing` keeps its kind).
     BucketRequest {
         cost: 0,
-        meter: Meter::Borrow(Borrow {
-            grid_us,
-            want: 0,
-            give: Some(GiveBack {
-                deadline_us: held.deadline_us,
-                taken: held.taken,
-                unused: held.left,
-                incarnation: held.incarnation,
-            }),
-        }),
         ..taken_by
     }
+    .borrowing(Borrow {
+        grid_us,
+        want: 0,
+        give: Some(GiveBack {
+            deadline_us: held.deadline_us,
+            taken: held.taken,
+            unused: held.left,
+            incarnation: held.incarnation,
+        }),
+    })
 }
 
 /// How long after its call was sent a slice is due a give-back: its time to the group's end

@@ -135,10 +135,7 @@ fn why_not_borrowing(
     cost_header: bool,
     descriptor: bool,
 ) -> Result<(), &'static str> {
-    if matches!(meter, Meter::Global(_)) {
-        return Err("does not apply to a global limit (scope = \"global\") in this release");
-    }
-    if !meter.is_plain_bucket() {
+    if !meter.lends() {
         return Err("applies only to a rate limit (not a quota, concurrency or reserving limit)");
     }
     if charge != Charge::Request {
@@ -175,6 +172,12 @@ impl Limit {
         }
         if store.backend != Backend::Redis {
             return "off: only the Redis store borrows".into();
+        }
+        if matches!(self.meter, Meter::Global(_)) {
+            return format!(
+                "off: a global limit borrows only with limits.{}.borrow = true",
+                self.name
+            );
         }
         if store.borrow {
             return format!("off: limits.{}.borrow = false", self.name);
