@@ -10,10 +10,11 @@ use crate::support::{HttpClient, RedisServer, Tollgate};
 const CHECK: &[(&str, &str)] = &[("x-forwarded-for", "203.0.113.7")];
 
 /// A Redis-backed config whose store budget outlasts a `CLIENT PAUSE`, so paused checks stay
-/// in flight instead of failing over to `on_error`.
+/// in flight instead of failing over to `on_error`. It does not borrow: a slice taken while
+/// warming up would answer the paused checks without Redis.
 fn patient_redis_config(redis: &RedisServer) -> String {
     format!(
-        "[store]\nbackend = \"redis\"\nurl = \"{}\"\ntimeout_ms = 5000\n\n\
+        "[store]\nbackend = \"redis\"\nurl = \"{}\"\ntimeout_ms = 5000\nborrow = false\n\n\
          [[limits]]\nname = \"per-ip\"\nrate = 1000\nburst = 100000\nkey = [\"ip\"]\n",
         redis.url()
     )
