@@ -1,5 +1,6 @@
 -- tollgate: a global limit's bucket in a region (docs/DESIGN.md, "One limit across regions").
--- Loaded after lua/bounds.lua, in front of lua/token_bucket.lua and lua/global_share.lua.
+-- Loaded after lua/bounds.lua and lua/groups.lua, in front of lua/token_bucket.lua,
+-- lua/global_share.lua and lua/peek.lua.
 --
 -- A global limit's key is decided against the region's numbers for it: its floor (a fixed
 -- fraction of the limit's rate and burst, the argument 'G<floor in millionths>:<rate>') plus
@@ -121,16 +122,7 @@ end
 -- deadline has passed (the level refilled up to each, the group's tokens then used), applies
 -- the slice given back (lend.gd, lend.gx, lend.gr, lend.gi). Returns the level now.
 local function global_lent(n, lend, debt, at, rest, now)
-  local g, inc = {}, nil
-  if rest then
-    for d, h in string.gmatch(rest, '(%d+) (%d+)') do
-      g[#g + 1] = {tonumber(d), tonumber(h)}
-    end
-    inc = tonumber(string.match(rest, ' i(%d+)$'))
-  end
-  if #g == 2 and g[2][1] < g[1][1] then g[1], g[2] = g[2], g[1] end
-  local held = 0
-  for _, group in ipairs(g) do held = held + group[2] end
+  local g, inc, held = read_groups(rest)
   local size = n.fc
   if now < n.u then size = n.s1 end
   local level

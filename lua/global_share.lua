@@ -56,14 +56,7 @@ elseif level > size_now - held then
   level = size_now - held
 end
 if debt and lend then
-  local fields, last = '', now
-  for _, group in ipairs(lend.g) do
-    if group[2] > 0 then
-      fields = fields .. string.format(' %d %d', group[1], group[2])
-      if group[1] > last then last = group[1] end
-    end
-  end
-  if fields ~= '' and lend.inc then fields = fields .. string.format(' i%d', lend.inc) end
+  local fields, last = spell_groups(lend.g, lend.inc, now)
   global_write(key, new, level, now, ts, fields, last)
 elseif debt then
   global_write(key, new, level, now, ts)

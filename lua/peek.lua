@@ -1,6 +1,6 @@
 -- tollgate peek: one key as lua/token_bucket.lua would see it now, read-only (GET /v1/buckets).
--- Loaded with lua/calendar.lua (period_bounds) and lua/bounds.lua (read_bucket, refilled) in
--- front of it. Writes nothing: a peek charges
+-- Loaded with lua/calendar.lua (period_bounds), lua/bounds.lua (read_bucket, refilled),
+-- lua/groups.lua (read_groups) and lua/global.lua in front of it. Writes nothing: a peek charges
 -- nothing, refreshes no expiry and leaves `ts` alone, so the next check sees the same bucket.
 --
 -- KEYS[1]  a bucket, "v1:<debt> <ts>" (lua/bounds.lua), or a quota, hash {used, start}
@@ -81,13 +81,8 @@ if borrowing or (rest and rest ~= '' and not reserved) then
   -- Held groups (a borrowing bucket): as token_bucket.lua's lent reads them, without writing.
   if borrowing then rate = string.sub(rate, 2) end
   rate = rate + 0
-  local g = {}
-  for d, h in string.gmatch(rest or '', '(%d+) (%d+)') do
-    g[#g + 1] = {tonumber(d), tonumber(h)}
-  end
-  if #g == 2 and g[2][1] < g[1][1] then g[1], g[2] = g[2], g[1] end
-  local held, live = 0, 0
-  for _, group in ipairs(g) do held = held + group[2] end
+  local g, _, held = read_groups(rest)
+  local live = 0
   debt = debt or 0
   at = at or now
   for _, group in ipairs(g) do

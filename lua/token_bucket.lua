@@ -1,6 +1,7 @@
 -- tollgate token bucket and calendar quota: decides N keys all-or-nothing in one atomic call,
 -- or several such requests in turn (a batch). Loaded with lua/calendar.lua (period_bounds),
--- lua/bounds.lua (its bounds and refuse) and lua/global.lua (global limits) in front of it.
+-- lua/bounds.lua (its bounds and refuse), lua/groups.lua (a borrowing bucket's held groups) and
+-- lua/global.lua (global limits) in front of it.
 --
 -- One request:
 -- KEYS[i]     key i: a bucket, the string "v1:<debt> <ts>" (lua/bounds.lua: how far it is below
@@ -247,16 +248,7 @@ local function lent(lend, debt, at, rate, rest)
     if not debt then return 0 end
     return refilled(debt, at, now, rate)
   end
-  local g, inc = {}, nil
-  if rest then
-    for d, h in string.gmatch(rest, '(%d+) (%d+)') do
-      g[#g + 1] = {tonumber(d), tonumber(h)}
-    end
-    inc = tonumber(string.match(rest, ' i(%d+)$'))
-  end
-  if #g == 2 and g[2][1] < g[1][1] then g[1], g[2] = g[2], g[1] end
-  local held = 0
-  for _, group in ipairs(g) do held = held + group[2] end
+  local g, inc, held = read_groups(rest)
   debt = debt or 0
   at = at or now
   local live = {}
@@ -317,15 +309,7 @@ end
 -- counts from: the last live deadline (or now).
 local function lend_groups(lend)
   if lend.g == NO_GROUPS then return '', now end
-  local fields, last = '', now
-  for _, group in ipairs(lend.g) do
-    if group[2] > 0 then
-      fields = fields .. string.format(' %d %d', group[1], group[2])
-      if group[1] > last then last = group[1] end
-    end
-  end
-  if fields ~= '' and lend.inc then fields = fields .. string.format(' i%d', lend.inc) end
-  return fields, last
+  return spell_groups(lend.g, lend.inc, now)
 end
 
 -- Decides the n keys KEYS[k+1..k+n] with arguments ARGV[a+1..a+4n]; appends its reply to out.

@@ -19,6 +19,7 @@ use crate::store::StoreError;
 pub const PEEK_SCRIPT: &str = concat!(
     include_str!("../../../../../lua/calendar.lua"),
     include_str!("../../../../../lua/bounds.lua"),
+    include_str!("../../../../../lua/groups.lua"),
     include_str!("../../../../../lua/global.lua"),
     include_str!("../../../../../lua/peek.lua")
 );

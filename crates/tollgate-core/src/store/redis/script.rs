@@ -12,6 +12,7 @@ use super::connection::Connection;
 pub const BUCKET_SCRIPT: &str = concat!(
     include_str!("../../../../../lua/calendar.lua"),
     include_str!("../../../../../lua/bounds.lua"),
+    include_str!("../../../../../lua/groups.lua"),
     include_str!("../../../../../lua/global.lua"),
     include_str!("../../../../../lua/token_bucket.lua")
 );
@@ -20,6 +21,7 @@ pub const REGION_SCRIPT: &str = include_str!("../../../../../lua/region.lua");
 /// `lua/global_share.lua` as shipped, bounds and the global arithmetic included.
 pub const GLOBAL_SHARE_SCRIPT: &str = concat!(
     include_str!("../../../../../lua/bounds.lua"),
+    include_str!("../../../../../lua/groups.lua"),
     include_str!("../../../../../lua/global.lua"),
     include_str!("../../../../../lua/global_share.lua")
 );
