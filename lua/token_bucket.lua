@@ -123,96 +123,143 @@ if batch then NUM = setmetatable({}, {__index = num}) end
 local out = {}
 
 -- Plain buckets first: a request of one key with a number for its rate, the common case (a
--- batch's are mostly these), is decided right here, in the chunk's own registers, before any
--- of the machinery below is made: no closure, table or metatable of the general path is built
--- for a call that needs none, and Lua's collector, which Redis runs for every byte a call
--- allocates, has that much less to do. It is decide's arithmetic, operation for operation, so
--- the same decision, the same bytes written and the same reply. The first request that is not
--- plain, or whose key holds anything but "v1:<debt> <ts>" or nothing (held groups, garbage, a
--- value without the marker or of another format, the 0.1.0 release's hash), stops this loop before it writes or replies anything for it (it has
--- only read the key); decide takes that request and the rest. A plain request's reply is one
--- field, "allowed now tokens enough": joined with ' ', the same text as decide's four.
+-- batch's are mostly these), is decided by `quick`, before any of the machinery below is
+-- made: no closure, table or metatable of the general path is built for a call that needs
+-- none, and Lua's collector, which Redis runs for every byte a call allocates, has that much
+-- less to do. So is a borrowing bucket's request ('B') whose key holds no group and which gives
+-- nothing back: a cold key's first take, the most common borrowing request, is a plain bucket
+-- that may take a slice. It is decide's arithmetic (and lent's, lend_take's and
+-- lend_groups' for a key holding nothing), operation for operation, so the same decision, the
+-- same bytes written and the same reply. A request that is not one of these, or whose key
+-- holds anything but "v1:<debt> <ts>" or nothing (held groups, garbage, a value without the
+-- marker or of another format, the 0.1.0 release's hash), stops `quick` before it writes or
+-- replies anything for it (it has only read the key); decide takes that request, and `quick`
+-- the ones after it. A request's reply is one field, "allowed now tokens enough" (and "took
+-- deadline incarnation" for a borrowing one): joined with ' ', the same text as decide's.
 local k, a, last = 0, 0, 0
 if batch then a, last = 2, #ARGV end
-local p = 0
 -- The last SET value, expiry and reply spelled, with what they spell: the requests of a batch
 -- often charge the same cost to cold keys of one limit, all at the same TIME, so the next one
--- reuses them rather than format them again.
+-- reuses them rather than format them again. The same for the last borrowing argument read:
+-- cold keys of one limit share it.
 local last_debt, last_value, last_at, last_pxat
 local last_level, last_allowed, last_enough, last_reply
+local last_borrow, borrow_grid, borrow_want, borrow_rate
 local call_redis, pcall_redis, format = redis.call, redis.pcall, string.format
-while a <= last do
-  local n
-  if batch then n = NUM[ARGV[a]] else n = #KEYS end
-  if n ~= 1 then break end
-  local rate, burst, cost
-  if batch then
-    rate, burst, cost = NUM[ARGV[a + 1]], NUM[ARGV[a + 2]], NUM[ARGV[a + 3]]
-  else
-    -- Each argument is read once: NUM's memo would only cost.
-    rate, burst, cost = tonumber(ARGV[1]) or false, tonumber(ARGV[2]) or false,
-      tonumber(ARGV[3]) or false
-  end
-  if not rate then break end
-  if not (burst and cost and burst >= 1 and burst <= MAX_COUNT and cost >= 0
-      and cost <= MAX_COST) then
-    refuse(1, 'burst, quota or cost')
-  end
-  if not (rate > 0 and burst / rate <= MAX_REFILL_S) then refuse(1, 'rate') end
-  local key = KEYS[k + 1]
-  -- pcall: an earlier release's hash (WRONGTYPE) is decide's to convert (read_bucket).
-  local stored = pcall_redis('GET', key)
-  local debt = 0
-  if stored then
-    if type(stored) ~= 'string' then break end
-    local d, at = string.match(stored, '^v1:(%d+) (%d+)$')
-    d = tonumber(d)
-    if not (d and d <= MAX_DEBT_UT) then break end
-    debt = d
-    if debt > 0 then
-      -- refilled(debt, at, now, rate), spelled out.
-      local elapsed = now - at
-      if elapsed > 0 then
-        debt = debt - math.floor(elapsed * rate)
-        if debt < 0 then debt = 0 end
+
+-- Decides the requests from key k + 1 and argument a + 1 on (out holding p fields) while they
+-- are plain; returns where it stopped and out's length.
+local function quick(k, a, p)
+  while a <= last do
+    local n
+    if batch then n = NUM[ARGV[a]] else n = #KEYS end
+    if n ~= 1 then break end
+    local rate, burst, cost
+    if batch then
+      rate, burst, cost = NUM[ARGV[a + 1]], NUM[ARGV[a + 2]], NUM[ARGV[a + 3]]
+    else
+      -- Each argument is read once: NUM's memo would only cost.
+      rate, burst, cost = tonumber(ARGV[1]) or false, tonumber(ARGV[2]) or false,
+        tonumber(ARGV[3]) or false
+    end
+    -- A borrowing bucket's grid and want (nil: a plain bucket).
+    local grid, want
+    if not rate then
+      local arg = ARGV[a + 1]
+      if arg ~= last_borrow then
+        -- 'B<grid>:<want>:<deadline>:<taken>:<unused>:<incarnation>:<rate>', taking nothing
+        -- back (taken 0): anything else is decide's.
+        local g, w, r = string.match(arg, '^B(%d+):(%d+):%d+:0:%d+:%d+:(.+)$')
+        g, w, r = tonumber(g), tonumber(w), tonumber(r)
+        if not (g and w and r and g > 0) then break end
+        last_borrow, borrow_grid, borrow_want, borrow_rate = arg, g, w, r
+      end
+      grid, want, rate = borrow_grid, borrow_want, borrow_rate
+    end
+    if not (burst and cost and burst >= 1 and burst <= MAX_COUNT and cost >= 0
+        and cost <= MAX_COST) then
+      refuse(1, 'burst, quota or cost')
+    end
+    if not (rate > 0 and burst / rate <= MAX_REFILL_S) then refuse(1, 'rate') end
+    local key = KEYS[k + 1]
+    -- pcall: an earlier release's hash (WRONGTYPE) is decide's to convert (read_bucket).
+    local stored = pcall_redis('GET', key)
+    local debt = 0
+    if stored then
+      if type(stored) ~= 'string' then break end
+      local d, at = string.match(stored, '^v1:(%d+) (%d+)$')
+      d = tonumber(d)
+      if not (d and d <= MAX_DEBT_UT) then break end
+      debt = d
+      if debt > 0 then
+        -- refilled(debt, at, now, rate), spelled out.
+        local elapsed = now - at
+        if elapsed > 0 then
+          debt = debt - math.floor(elapsed * rate)
+          if debt < 0 then debt = 0 end
+        end
       end
     end
-  end
-  local level, c = burst * 1000000 - debt, cost * 1000000
-  local allowed, enough = '1', '1'
-  if level >= (c > 1000000 and c or 1000000) then
-    if cost > 0 then
-      level = level - c
-      debt = burst * 1000000 - level
-      -- full_at(now, debt, rate), spelled out.
-      local ttl = math.ceil(debt / rate)
-      if not (ttl <= MAX_TTL_US) then ttl = MAX_TTL_US end
-      if ttl < 0 then ttl = 0 end
-      local at_ms = (now + ttl) / 1000
-      at_ms = at_ms - at_ms % 1 + 1
-      if debt ~= last_debt then last_debt, last_value = debt, format('v1:%d ', debt) .. ts end
-      if at_ms ~= last_at then last_at, last_pxat = at_ms, format('%d', at_ms) end
-      call_redis('SET', key, last_value, 'PXAT', last_pxat)
+    local level, c = burst * 1000000 - debt, cost * 1000000
+    local allowed, enough = '1', '1'
+    -- A borrowing request's slice: the whole tokens taken and the deadline of their group.
+    local took, deadline = 0, now
+    if level >= (c > 1000000 and c or 1000000) then
+      if cost > 0 then
+        level = level - c
+        if grid and want > 0 and level >= 2000000 then
+          -- lend_take into no group: at most half of what is left, in a new incarnation.
+          took = math.min(want, math.floor(level / 2000000))
+          deadline = (math.floor(now / grid) + 2) * grid
+          level = level - took * 1000000
+        end
+        debt = burst * 1000000 - level
+        -- full_at(deadline, debt, rate), spelled out: a slice's group counts from its end.
+        local ttl = math.ceil(debt / rate)
+        if not (ttl <= MAX_TTL_US) then ttl = MAX_TTL_US end
+        if ttl < 0 then ttl = 0 end
+        local at_ms = (deadline + ttl) / 1000
+        at_ms = at_ms - at_ms % 1 + 1
+        if at_ms ~= last_at then last_at, last_pxat = at_ms, format('%d', at_ms) end
+        if took > 0 then
+          call_redis('SET', key, format('v1:%d ', debt) .. ts
+            .. format(' %d %d i', deadline, took * 1000000) .. ts, 'PXAT', last_pxat)
+        else
+          if debt ~= last_debt then
+            last_debt, last_value = debt, format('v1:%d ', debt) .. ts
+          end
+          call_redis('SET', key, last_value, 'PXAT', last_pxat)
+        end
+      end
+    else
+      enough = '0'
+      if ARGV[a + 4] ~= '1' then allowed = '0' end
     end
-  else
-    enough = '0'
-    if ARGV[a + 4] ~= '1' then allowed = '0' end
-  end
-  if level ~= last_level or allowed ~= last_allowed or enough ~= last_enough then
-    last_level, last_allowed, last_enough = level, allowed, enough
-    last_reply = allowed .. ' ' .. ts .. ' ' .. format('%d', level) .. ' ' .. enough
-  end
-  if k > 0 then
+    if level ~= last_level or allowed ~= last_allowed or enough ~= last_enough then
+      last_level, last_allowed, last_enough = level, allowed, enough
+      last_reply = allowed .. ' ' .. ts .. ' ' .. format('%d', level) .. ' ' .. enough
+    end
+    if k > 0 then
+      p = p + 1
+      out[p] = ','
+    end
     p = p + 1
-    out[p] = ','
+    if took > 0 then
+      out[p] = last_reply .. format(' %d %d ', took, deadline) .. ts
+    elseif grid then
+      out[p] = last_reply .. ' 0 0 0'
+    else
+      out[p] = last_reply
+    end
+    k, a = k + 1, a + 5
   end
-  p = p + 1
-  out[p] = last_reply
-  k, a = k + 1, a + 5
+  return k, a, p
 end
+
+k, a = quick(k, a, 0)
 if a > last then
   if batch then return table.concat(out, ' ') end
-  return last_reply
+  return out[1]
 end
 if not NUM then NUM = setmetatable({}, {__index = num}) end
 
@@ -562,7 +609,7 @@ local function decide(k, a, n)
   end
 end
 
-if ARGV[1] ~= '*' then
+if not batch then
   decide(0, 0, #KEYS)
   return table.concat(out, ' ')
 end
@@ -570,6 +617,6 @@ while a <= last do
   local n = NUM[ARGV[a]]
   if k > 0 then out[#out + 1] = ',' end
   decide(k, a, n)
-  k, a = k + n, a + 1 + 4 * n
+  k, a = quick(k + n, a + 1 + 4 * n, #out)
 end
 return table.concat(out, ' ')

@@ -14,6 +14,7 @@ use crate::support::commandstats::script_calls;
 use crate::support::{redis_store, RedisServer};
 use tollgate_core::base::calendar::Period;
 use tollgate_core::base::clock::ManualClock;
+use tollgate_core::kinds::borrow::Borrow;
 use tollgate_core::kinds::{BucketRequest, Meter};
 use tollgate_core::store::memory::MemoryStore;
 use tollgate_core::store::redis::{RedisStore, Topology};
@@ -188,6 +189,64 @@ fn request() -> impl Strategy<Value = Vec<BucketRequest>> {
     })
 }
 
+/// A request of one key from a small pool, as a batch mixes them: a plain bucket, a borrowing
+/// one (which takes a slice when there is room: the script decides it beside plain ones while
+/// its key holds none, and in its general form once it holds some), or a quota (always the
+/// general form). The requests after one decided in the general form are plain again.
+fn mixed_request() -> impl Strategy<Value = Vec<BucketRequest>> {
+    (0..5usize, 1..3u64, 0..4u64, 0..3usize).prop_map(|(key, cost, want, shape)| {
+        if key == 4 {
+            return vec![BucketRequest {
+                meter: Meter::Quota(Period::Day),
+                ..bucket("tollgate:mq", 6.0, cost, false)
+            }];
+        }
+        let burst = [2.0, 4.0, 8.0, 16.0][key];
+        let plain = bucket(&format!("tollgate:m{key}"), burst, cost, false);
+        if shape == 0 {
+            return vec![plain];
+        }
+        vec![BucketRequest {
+            meter: Meter::Borrow(Borrow {
+                grid_us: 1_000_000,
+                want,
+                give: None,
+            }),
+            ..plain
+        }]
+    })
+}
+
+/// Decides `requests` together on Redis and one by one in memory (a frozen clock); both must
+/// agree on every decision, every level and every slice's size.
+fn agree(harness: &Harness, requests: &[Vec<BucketRequest>]) -> Result<(), TestCaseError> {
+    harness.redis.cli(&["FLUSHDB"]);
+    let batched = harness.decide_together(requests);
+    let reference = MemoryStore::with_clock(1_000, Arc::new(ManualClock::default()));
+    for (i, (buckets, got)) in requests.iter().zip(&batched).enumerate() {
+        let want = harness
+            .runtime
+            .block_on(reference.decide(buckets))
+            .expect("memory decides");
+        prop_assert_eq!(got.allowed, want.allowed, "request {}", i);
+        for (g, w) in got.buckets.iter().zip(&want.buckets) {
+            prop_assert_eq!(g.enough, w.enough, "request {}", i);
+            prop_assert!(
+                (g.tokens - w.tokens).abs() < 1e-3,
+                "request {}: {:?} vs {:?}",
+                i,
+                got,
+                want
+            );
+        }
+        let sizes = |d: &StoreDecision| -> Vec<(usize, u64)> {
+            d.slices.iter().map(|s| (s.bucket, s.tokens)).collect()
+        };
+        prop_assert_eq!(sizes(got), sizes(&want), "request {}", i);
+    }
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(150))]
 
@@ -197,22 +256,17 @@ proptest! {
         thread_local! {
             static HARNESS: Harness = Harness::start();
         }
-        HARNESS.with(|harness| {
-            harness.redis.cli(&["FLUSHDB"]);
-            let batched = harness.decide_together(&requests);
-            let reference = MemoryStore::with_clock(1_000, Arc::new(ManualClock::default()));
-            for (i, (buckets, got)) in requests.iter().zip(&batched).enumerate() {
-                let want = harness
-                    .runtime
-                    .block_on(reference.decide(buckets))
-                    .expect("memory decides");
-                prop_assert_eq!(got.allowed, want.allowed, "request {}", i);
-                for (g, w) in got.buckets.iter().zip(&want.buckets) {
-                    prop_assert_eq!(g.enough, w.enough, "request {}", i);
-                    prop_assert!((g.tokens - w.tokens).abs() < 1e-3, "request {}: {:?} vs {:?}", i, got, want);
-                }
-            }
-            Ok(())
-        })?;
+        HARNESS.with(|harness| agree(harness, &requests))?;
+    }
+
+    /// The same with borrowing requests and quotas among the plain ones.
+    #[test]
+    fn batches_mixing_borrowing_and_quotas_agree_with_one_call_per_check(
+        requests in proptest::collection::vec(mixed_request(), 1..60)
+    ) {
+        thread_local! {
+            static HARNESS: Harness = Harness::start();
+        }
+        HARNESS.with(|harness| agree(harness, &requests))?;
     }
 }
