@@ -40,7 +40,7 @@ wait_http() { # url
 }
 
 start_redis
-SHA=$(rcli SCRIPT LOAD "$(cat lua/calendar.lua lua/bounds.lua lua/token_bucket.lua)")
+SHA=$(rcli SCRIPT LOAD "$(bucket_script)")
 
 # Every limit allows everything in these runs (rate 1,000/s, burst 1,000,000; the key TTL is
 # then 2,000 s, so buckets live through the run), except the flooded one.

@@ -84,7 +84,7 @@ tollgate_checks() {
 # tollgate's check of one never-denying bucket would, over KEYS keys (64 clients).
 script_rps() {
   local sha
-  sha=$(rcli SCRIPT LOAD "$(cat lua/calendar.lua lua/bounds.lua lua/token_bucket.lua)")
+  sha=$(rcli SCRIPT LOAD "$(bucket_script)")
   rcli FLUSHALL >/dev/null
   redis-benchmark -h 127.0.0.1 -p "$REDIS_PORT" -c 64 -r "$1" -n $((DURATION * 32000)) -q \
     evalsha "$sha" 1 "tollgate:per-key:{/z__rand_int__}" 1000 1000000 1 0 2>/dev/null \

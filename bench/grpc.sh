@@ -25,7 +25,7 @@ TOLLGATE=${TOLLGATE:-target/release/tollgate}
 LOAD=target/release/examples/grpc_load
 
 start_redis
-SHA=$(rcli SCRIPT LOAD "$(cat lua/calendar.lua lua/bounds.lua lua/token_bucket.lua)")
+SHA=$(rcli SCRIPT LOAD "$(bucket_script)")
 
 PORT=$(free_port); ADMIN=$(free_port); GRPC=$(free_port)
 cat >"$WORK/tollgate.toml" <<EOF

@@ -53,6 +53,19 @@ start_redis() {
 # rcli ARGS...: redis-cli against the Redis of start_redis.
 rcli() { redis-cli -h 127.0.0.1 -p "$REDIS_PORT" "$@"; }
 
+# bucket_script [REV]: lua/token_bucket.lua as tollgate ships it, its files in BUCKET_SCRIPT's
+# order (crates/tollgate-core/src/store/redis/script.rs); as of git revision REV when given (a
+# revision from before lua/decide.lua kept its helpers in front of lua/token_bucket.lua).
+bucket_script() {
+  local f files="bounds token_bucket calendar stored groups global decide"
+  if [ -n "${1:-}" ] && ! git cat-file -e "$1:lua/decide.lua" 2>/dev/null; then
+    files="calendar bounds groups global token_bucket"
+  fi
+  for f in $files; do
+    if [ -n "${1:-}" ]; then git show "$1:lua/$f.lua" 2>/dev/null || true; else cat "lua/$f.lua"; fi
+  done
+}
+
 # median: the median of the numbers on stdin, one per line (the mean of the middle two when
 # their count is even).
 median() { sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }

@@ -85,27 +85,20 @@ checks() {
   redis-benchmark -h 127.0.0.1 -p "$REDIS_PORT" -c 8 -r "$KEYS" -n "$CALLS" -q \
     "$1" "$2" "$BATCH" "${keys[@]}" '*' "${args[@]}" >/dev/null
 }
-# script_calls FILES...: the checks through EVALSHA of the script made of FILES.
-script_calls() { checks evalsha "$(rcli SCRIPT LOAD "$(cat "$@")")"; }
-batch() { script_calls lua/calendar.lua lua/bounds.lua lua/token_bucket.lua; }
+# script_calls SCRIPT: the checks through EVALSHA of SCRIPT's text.
+script_calls() { checks evalsha "$(rcli SCRIPT LOAD "$1")"; }
+batch() { script_calls "$(bucket_script)"; }
 one() { ONE=1 batch; }
 # batch_before, one_before: the same with the scripts as of git revision $BASELINE.
-batch_before() {
-  local f
-  mkdir -p "$WORK/before"
-  for f in calendar bounds token_bucket; do
-    git show "$BASELINE:lua/$f.lua" >"$WORK/before/$f.lua"
-  done
-  script_calls "$WORK/before/calendar.lua" "$WORK/before/bounds.lua" "$WORK/before/token_bucket.lua"
-}
+batch_before() { script_calls "$(bucket_script "$BASELINE")"; }
 one_before() { ONE=1 batch_before; }
 # fcalls: the checks through FCALL of the same script loaded as a function library.
 fcalls() {
   {
     echo '#!lua name=tollgate_profile'
-    cat lua/calendar.lua lua/bounds.lua
+    cat lua/bounds.lua lua/calendar.lua lua/stored.lua lua/groups.lua lua/global.lua
     echo "redis.register_function('tollgate_bucket', function(KEYS, ARGV)"
-    cat lua/token_bucket.lua
+    cat lua/token_bucket.lua lua/decide.lua
     echo 'end)'
   } >"$WORK/library.lua"
   rcli -x FUNCTION LOAD REPLACE <"$WORK/library.lua" >/dev/null

@@ -36,13 +36,12 @@ cpu_s() { rcli INFO cpu | awk -F: '/^used_cpu_(sys|user):/ {s += $2} END {printf
 info_field() { rcli INFO "$1" | awk -F: -v k="$2" '$1 == k {gsub(/\r/, "", $2); print $2}'; }
 
 declare -A SHA
-SHA[script]=$(rcli SCRIPT LOAD "$(cat lua/calendar.lua lua/bounds.lua lua/token_bucket.lua)")
+SHA[script]=$(rcli SCRIPT LOAD "$(bucket_script)")
 SHA[floor]=$(rcli SCRIPT LOAD "$(cat bench/floor.lua)")
 SCRIPTS="floor script"
 if [ -n "$BASELINE" ]; then
   # A revision from before lua/bounds.lua has no such file: its script stands alone.
-  SHA[baseline]=$(rcli SCRIPT LOAD "$(git show "$BASELINE:lua/calendar.lua" 2>/dev/null
-    git show "$BASELINE:lua/bounds.lua" 2>/dev/null; git show "$BASELINE:lua/token_bucket.lua")")
+  SHA[baseline]=$(rcli SCRIPT LOAD "$(bucket_script "$BASELINE")")
   SCRIPTS="floor baseline script"
 fi
 

@@ -1,5 +1,5 @@
 -- tollgate: a global limit's bucket in a region (docs/DESIGN.md, "One limit across regions").
--- Loaded after lua/bounds.lua and lua/groups.lua, in front of lua/token_bucket.lua,
+-- Loaded after lua/bounds.lua, lua/stored.lua and lua/groups.lua, in front of lua/decide.lua,
 -- lua/global_share.lua and lua/peek.lua.
 --
 -- A global limit's key is decided against the region's numbers for it: its floor (a fixed
@@ -7,7 +7,7 @@
 -- the share the home last assigned, kept beside the bucket in KEYS[i] .. ':g' (same hash tag,
 -- so the same Cluster slot) as "<rate, tokens/s> <size, whole tokens> <until, µs of TIME>".
 -- The share counts while TIME is before `until`; after it, only the floor. The bucket keeps
--- "v1:<debt> <ts>" (lua/bounds.lua), the debt below the size it had at ts: floor + share when
+-- "v1:<debt> <ts>" (lua/stored.lua), the debt below the size it had at ts: floor + share when
 -- ts < until, else the floor alone. Refill over [ts, now) is piecewise: floor + share's rate up to `until` (capped
 -- at floor + share's size), then the floor's (capped at the floor's size), so a share that
 -- lapsed without any event is never credited past its expiry. A share is only ever written by

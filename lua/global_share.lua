@@ -1,5 +1,5 @@
 -- tollgate: writes the share the home assigned a region for one key of a global limit
--- (loaded with lua/bounds.lua and lua/global.lua in front: the record and the arithmetic are
+-- (loaded with lua/bounds.lua, lua/stored.lua and lua/global.lua in front: the record and the arithmetic are
 -- described there).
 --
 -- KEYS[1]  the bucket; its share is KEYS[1] .. ':g'

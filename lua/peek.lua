@@ -1,9 +1,9 @@
 -- tollgate peek: one key as lua/token_bucket.lua would see it now, read-only (GET /v1/buckets).
--- Loaded with lua/calendar.lua (period_bounds), lua/bounds.lua (read_bucket, refilled),
+-- Loaded with lua/calendar.lua (period_bounds), lua/bounds.lua, lua/stored.lua (read_bucket, refilled),
 -- lua/groups.lua (read_groups) and lua/global.lua in front of it. Writes nothing: a peek charges
 -- nothing, refreshes no expiry and leaves `ts` alone, so the next check sees the same bucket.
 --
--- KEYS[1]  a bucket, "v1:<debt> <ts>" (lua/bounds.lua), or a quota, hash {used, start}
+-- KEYS[1]  a bucket, "v1:<debt> <ts>" (lua/stored.lua), or a quota, hash {used, start}
 -- ARGV[1]  a bucket's rate, tokens per second; or a quota's period code ('h', 'd', 'w', 'm');
 --          or 'L' for a concurrency key (a sorted set of leases scored by expiry); or
 --          'R<k|r><rate>' for a reserving bucket; 'B<rate>' for a borrowing bucket;

@@ -1,4 +1,4 @@
--- tollgate refund (prefixed with lua/bounds.lua: expire_at): gives back what lua/token_bucket.lua charged for a request that was then
+-- tollgate refund (prefixed with lua/bounds.lua and lua/stored.lua: expire_at): gives back what lua/token_bucket.lua charged for a request that was then
 -- denied by another slot (Redis Cluster: a request whose buckets live in several slots is
 -- decided one slot at a time, and all-or-nothing is restored by refunding).
 --
@@ -12,7 +12,7 @@
 --             for a quota, the start of the period the charge counted in (Unix seconds)
 --
 -- Returns {tokens_1, ..., tokens_n}: what each bucket holds after the refund, as strings.
--- A bucket is its debt (lua/bounds.lua): a refund lowers it, and a debt of 0 is an absent key.
+-- A bucket is its debt (lua/stored.lua): a refund lowers it, and a debt of 0 is an absent key.
 --
 -- Never gives back more than the charge removed. While a charge is outstanding, the bucket may
 -- have refilled up to `burst` and been drawn down again: refill the cap would have discarded

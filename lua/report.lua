@@ -1,7 +1,7 @@
 -- tollgate report: charges costs known after the response (POST /report). Every charge is
 -- applied; nothing is refused, except numbers a bucket cannot carry (lua/bounds.lua): then the
 -- whole call is refused, before its first write. Prefixed with lua/calendar.lua
--- (period_bounds) and lua/bounds.lua when loaded.
+-- (period_bounds), lua/bounds.lua and lua/stored.lua when loaded.
 --
 -- KEYS[i]     key i, as lua/token_bucket.lua keeps it
 -- ARGV[4i-3]  a bucket's rate, tokens per second; or a quota's period code ('h','d','w','m')
@@ -15,7 +15,7 @@
 -- call's TIME in microseconds; for each quota key in KEYS order, seconds until its period ends
 -- and the period's length.
 --
--- A bucket is its debt (lua/bounds.lua); one in debt expires only when it would be full again
+-- A bucket is its debt (lua/stored.lua); one in debt expires only when it would be full again
 -- (absent means full), so a debt is never forgotten early; a quota expires when its period
 -- ends.
 
@@ -63,7 +63,7 @@ for i = 1, #KEYS do
     reply[i] = string.format('%.17g', level)
   else
     local max_debt = tonumber(ARGV[4 * i])
-    -- Micro-tokens (lua/bounds.lua): the debt refilled to now, then charged down to
+    -- Micro-tokens (lua/stored.lua): the debt refilled to now, then charged down to
     -- -max_debt at most (a deeper debt already there stays).
     local debt, at, old = read_bucket(KEYS[i], burst)
     if debt == nil then

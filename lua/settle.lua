@@ -1,9 +1,9 @@
 -- tollgate settle: replaces a reservation's estimate by the request's actual cost (POST /report
--- with a reservation id), once. Prefixed with lua/bounds.lua when loaded.
+-- with a reservation id), once. Prefixed with lua/bounds.lua and lua/stored.lua when loaded.
 --
 -- KEYS[1]  the bucket, as lua/token_bucket.lua keeps it
 -- KEYS[2]  its reservations (KEYS[1] .. ':r'): members '<id>:<estimate>' scored by expiry
--- KEYS[3]  its expired reservations (KEYS[1] .. ':x'), as lua/bounds.lua's sweep moves them:
+-- KEYS[3]  its expired reservations (KEYS[1] .. ':x'), as lua/stored.lua's sweep moves them:
 --          members '<id>:<estimate>:<r|k>', the flag saying what the expiry did
 -- ARGV[1]  the bucket's rate, tokens per second
 -- ARGV[2]  its burst
@@ -19,7 +19,7 @@
 --
 -- A held reservation is settled as its check charged it: the difference given back, or
 -- charged into debt. An expired one (the request outlived the ttl) is settled late, once, while
--- lua/bounds.lua keeps it, as its expiry left it (its flag, not ARGV[6]: the mode may have
+-- lua/stored.lua keeps it, as its expiry left it (its flag, not ARGV[6]: the mode may have
 -- changed since, by a reload or on another instance): kept ('k'), the difference applies as
 -- above; given back ('r'), the whole actual cost is charged. Either way the bucket ends as if
 -- the request had cost `actual` (down to -max_debt at most), never given back more than its
@@ -56,7 +56,7 @@ else
   debt = refilled(debt, at, now, rate)
 end
 local before = debt
--- Micro-tokens (lua/bounds.lua): given back down to 0, charged down to -max_debt.
+-- Micro-tokens (lua/stored.lua): given back down to 0, charged down to -max_debt.
 if back > 0 then
   debt = debt - back * 1000000
   if debt < 0 then debt = 0 end

@@ -34,7 +34,7 @@ pub fn reservations_key(key: &str) -> String {
 }
 
 /// The key beside bucket `key` holding its expired reservations, still open to one late
-/// settle (`lua/bounds.lua`'s sweep moves them there).
+/// settle (`lua/stored.lua`'s sweep moves them there).
 pub fn late_reservations_key(key: &str) -> String {
     format!("{key}:x")
 }

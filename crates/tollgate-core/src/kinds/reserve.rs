@@ -318,7 +318,7 @@ impl Beside {
     }
 
     /// Moves the expired reservations of bucket `key` to its late ones, each given back when
-    /// `refund` says so, as `sweep` in `lua/bounds.lua`; the tokens given back.
+    /// `refund` says so, as `sweep` in `lua/stored.lua`; the tokens given back.
     pub(super) fn sweep(
         &mut self,
         key: &str,

@@ -16,7 +16,7 @@ pub struct Stored {
     pub ts_us: u64,
 }
 
-/// The marker a bucket's value starts with in Redis, `v1:<debt> <ts>` (`lua/bounds.lua`).
+/// The marker a bucket's value starts with in Redis, `v1:<debt> <ts>` (`lua/stored.lua`).
 /// The next change of format changes it; a value that starts with a letter but not with this
 /// marker is of a format this release does not know, and the scripts refuse it rather than
 /// read it as full.
@@ -79,7 +79,7 @@ pub struct Beside {
 }
 
 /// A reservation held beside its bucket (`lua/token_bucket.lua` keeps `<id>:<estimate>` scored
-/// by `until`; `lua/bounds.lua`'s sweep files an expired one as `<id>:<estimate>:<r|k>`).
+/// by `until`; `lua/stored.lua`'s sweep files an expired one as `<id>:<estimate>:<r|k>`).
 /// What a reserving bucket does with them is [`reserve`](super::reserve)'s.
 #[derive(Debug, Clone, Copy)]
 pub struct Reservation {

@@ -15,19 +15,21 @@ use crate::kinds::reserve::{Settle, Settled};
 use crate::kinds::{can_pay, BucketOutcome, BucketRequest, Kind, Reserved};
 use crate::store::StoreError;
 
-/// `lua/peek.lua` as shipped, calendar and bounds included.
+/// `lua/peek.lua` as shipped, calendar, bounds, stored forms and the global arithmetic included.
 pub const PEEK_SCRIPT: &str = concat!(
     include_str!("../../../../../lua/calendar.lua"),
     include_str!("../../../../../lua/bounds.lua"),
+    include_str!("../../../../../lua/stored.lua"),
     include_str!("../../../../../lua/groups.lua"),
     include_str!("../../../../../lua/global.lua"),
     include_str!("../../../../../lua/peek.lua")
 );
 pub const RESET_SCRIPT: &str = include_str!("../../../../../lua/reset.lua");
 pub const RELEASE_SCRIPT: &str = include_str!("../../../../../lua/release.lua");
-/// `lua/settle.lua` as shipped, bounds included.
+/// `lua/settle.lua` as shipped, bounds and stored forms included.
 pub const SETTLE_SCRIPT: &str = concat!(
     include_str!("../../../../../lua/bounds.lua"),
+    include_str!("../../../../../lua/stored.lua"),
     include_str!("../../../../../lua/settle.lua")
 );
 

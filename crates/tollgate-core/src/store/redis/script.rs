@@ -7,33 +7,39 @@ use redis::{Cmd, Value};
 
 use super::connection::Connection;
 
-/// `lua/token_bucket.lua` as shipped: prefixed with the calendar arithmetic and the bounds
-/// (`lua/bounds.lua`) it uses.
+/// `lua/token_bucket.lua` as shipped: its bounds (`lua/bounds.lua`) in front, its plain checks,
+/// then what only its general form (`lua/decide.lua`, last) uses. The bench scripts load the
+/// same files in the same order (`bench/lib.sh`, `bucket_script`).
 pub const BUCKET_SCRIPT: &str = concat!(
-    include_str!("../../../../../lua/calendar.lua"),
     include_str!("../../../../../lua/bounds.lua"),
+    include_str!("../../../../../lua/token_bucket.lua"),
+    include_str!("../../../../../lua/calendar.lua"),
+    include_str!("../../../../../lua/stored.lua"),
     include_str!("../../../../../lua/groups.lua"),
     include_str!("../../../../../lua/global.lua"),
-    include_str!("../../../../../lua/token_bucket.lua")
+    include_str!("../../../../../lua/decide.lua")
 );
 /// `lua/region.lua` as shipped.
 pub const REGION_SCRIPT: &str = include_str!("../../../../../lua/region.lua");
-/// `lua/global_share.lua` as shipped, bounds and the global arithmetic included.
+/// `lua/global_share.lua` as shipped, bounds, stored forms and the global arithmetic included.
 pub const GLOBAL_SHARE_SCRIPT: &str = concat!(
     include_str!("../../../../../lua/bounds.lua"),
+    include_str!("../../../../../lua/stored.lua"),
     include_str!("../../../../../lua/groups.lua"),
     include_str!("../../../../../lua/global.lua"),
     include_str!("../../../../../lua/global_share.lua")
 );
-/// `lua/report.lua` as shipped, calendar and bounds included.
+/// `lua/report.lua` as shipped, calendar, bounds and stored forms included.
 pub const REPORT_SCRIPT: &str = concat!(
     include_str!("../../../../../lua/calendar.lua"),
     include_str!("../../../../../lua/bounds.lua"),
+    include_str!("../../../../../lua/stored.lua"),
     include_str!("../../../../../lua/report.lua")
 );
-/// `lua/refund.lua` as shipped, bounds included.
+/// `lua/refund.lua` as shipped, bounds and stored forms included.
 pub const REFUND_SCRIPT: &str = concat!(
     include_str!("../../../../../lua/bounds.lua"),
+    include_str!("../../../../../lua/stored.lua"),
     include_str!("../../../../../lua/refund.lua")
 );
 pub(super) const INSTANCES_SCRIPT: &str = include_str!("../../../../../lua/instances.lua");
