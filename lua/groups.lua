@@ -8,7 +8,7 @@
 local function read_groups(rest)
   local g, inc = {}, nil
   if rest then
-    for d, h in string.gmatch(rest, '(%d+) (%d+)') do
+    for d, h in string.gmatch(rest, ' (%d+) (%d+)') do
       g[#g + 1] = {tonumber(d), tonumber(h)}
     end
     inc = tonumber(string.match(rest, ' i(%d+)$'))
