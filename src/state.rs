@@ -100,13 +100,16 @@ pub fn build_state(config: &Config) -> Result<web::Data<AppState>, StartError> {
     let policy = Policy::compile(config, &metrics)?;
     let store = match config.store.backend {
         Backend::Memory => AnyStore::Memory(MemoryStore::new(config.store.max_buckets)),
-        Backend::Redis => AnyStore::Redis(Box::new(RedisStore::open(
-            &topology(&config.store),
-            redis_tls(&config.store)?.as_ref(),
-            Duration::from_millis(config.store.timeout_ms),
-            metrics.clone(),
-            &config.timings,
-        )?)),
+        Backend::Redis => AnyStore::Redis(Box::new(
+            RedisStore::open(
+                &topology(&config.store),
+                redis_tls(&config.store)?.as_ref(),
+                Duration::from_millis(config.store.timeout_ms),
+                metrics.clone(),
+                &config.timings,
+            )?
+            .with_coalesce_window(Duration::from_millis(config.store.coalesce_window_ms)),
+        )),
     };
     let remote = matches!(store, AnyStore::Redis(_));
     let deny_cache = remote && config.store.deny_cache;

@@ -33,11 +33,17 @@ struct Harness {
 impl Harness {
     /// A store on a current-thread runtime, the way an HTTP worker runs it.
     fn start() -> Harness {
+        Harness::start_with_window(Duration::ZERO)
+    }
+
+    /// The same, its checks gathered for `window` (`store.coalesce_window_ms`).
+    fn start_with_window(window: Duration) -> Harness {
         let redis = RedisServer::start();
         let (store, runtime) = redis_store(
             &Topology::Single { url: &redis.url() },
             Duration::from_secs(5),
         );
+        let store = store.with_coalesce_window(window);
         runtime.block_on(store.warm_up());
         Harness {
             redis,
@@ -152,6 +158,29 @@ fn a_batch_decides_requests_of_every_shape_as_separate_calls_would() {
     }
     let window = decisions[5].buckets[0].window.expect("a quota's window");
     assert_eq!(window.length_s, 86_400);
+}
+
+#[test]
+fn a_window_gathers_checks_queued_turns_apart_into_one_call() {
+    // Without a window the first check's call goes once its worker has polled again, so the
+    // second, queued turns later, goes in a call of its own; with one, it joins the first.
+    for (window, expected_calls) in [(Duration::from_secs(2), 1), (Duration::ZERO, 2)] {
+        let harness = Harness::start_with_window(window);
+        let first = vec![bucket("tollgate:w1", 5.0, 1, false)];
+        let second = vec![bucket("tollgate:w2", 5.0, 1, false)];
+        let before = script_calls(&harness.redis);
+        let (a, b) = harness.runtime.block_on(async {
+            tokio::join!(harness.store.decide(&first), async {
+                for _ in 0..20 {
+                    tokio::task::yield_now().await;
+                }
+                harness.store.decide(&second).await
+            })
+        });
+        let calls = script_calls(&harness.redis) - before;
+        assert!(a.expect("decided").allowed && b.expect("decided").allowed);
+        assert_eq!(calls, expected_calls, "window {window:?}");
+    }
 }
 
 #[test]

@@ -378,3 +378,19 @@ fn borrowing_is_refused_where_it_cannot_be_exact_this_round_naming_the_limit() {
     let output = run(&["validate"], Some(&fine), &[]);
     assert!(output.status.success(), "{}", stderr(&output));
 }
+
+#[test]
+fn a_coalescing_window_past_its_bounds_or_the_timeout_is_refused() {
+    // The default timeout is 50 ms: a window must leave the check time for Redis.
+    for window in ["101", "50"] {
+        let toml = format!("[store]\ncoalesce_window_ms = {window}\n");
+        let output = run(&["validate"], Some(&toml), &[]);
+        assert_refused(&output, "store.coalesce_window_ms");
+    }
+    let output = run(
+        &["validate"],
+        Some("[store]\ncoalesce_window_ms = 2\n"),
+        &[],
+    );
+    assert!(output.status.success(), "{}", stderr(&output));
+}

@@ -148,6 +148,11 @@ pub struct StoreConfig {
     /// The longest horizon a key too slow for `borrow_horizon_ms` may borrow for (rungs ten
     /// times apart); equal to `borrow_horizon_ms`: one horizon for every key.
     pub borrow_longest_horizon_ms: u64,
+    /// How long the first check queued on a worker waits for others before their script call
+    /// goes out (0: none, the call goes once the worker has polled for more; see
+    /// `store::redis::coalesce`). Fewer, larger calls cost Redis less CPU, each check up to
+    /// this much more latency.
+    pub coalesce_window_ms: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -525,6 +530,7 @@ impl Default for StoreConfig {
             borrow: true,
             borrow_horizon_ms: 100,
             borrow_longest_horizon_ms: 10_000,
+            coalesce_window_ms: 0,
             tls: None,
         }
     }

@@ -281,7 +281,7 @@ impl StoreConfig {
                 } else {
                     redact_url(&self.url)
                 };
-                let borrow = if self.borrow {
+                let mut more = if self.borrow {
                     format!(
                         ", borrow on ({} to {} ms)",
                         self.borrow_horizon_ms, self.borrow_longest_horizon_ms
@@ -289,8 +289,11 @@ impl StoreConfig {
                 } else {
                     String::new()
                 };
+                if self.coalesce_window_ms > 0 {
+                    more += &format!(", calls gathered for {} ms", self.coalesce_window_ms);
+                }
                 format!(
-                    "redis {target} (timeout {} ms, on_error {}, prefix {:?}, deny cache {}{borrow}; {})",
+                    "redis {target} (timeout {} ms, on_error {}, prefix {:?}, deny cache {}{more}; {})",
                     self.timeout_ms,
                     spelled(&self.on_error),
                     self.key_prefix,

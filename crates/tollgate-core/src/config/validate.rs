@@ -216,6 +216,13 @@ impl StoreConfig {
                 "must be between store.borrow_horizon_ms and 60000",
             ));
         }
+        // A check waits out the window within its timeout: it would leave no time for Redis.
+        if self.coalesce_window_ms > 100 || self.coalesce_window_ms >= self.timeout_ms {
+            return Err(ConfigError::new(
+                "store.coalesce_window_ms",
+                "must be between 0 and 100, and below store.timeout_ms",
+            ));
+        }
         // Braces would become the Redis Cluster hash tag of every key: one slot for all.
         if self.key_prefix.is_empty()
             || self.key_prefix.len() > 64

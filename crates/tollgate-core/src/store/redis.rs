@@ -154,6 +154,13 @@ impl RedisStore {
         })
     }
 
+    /// Has checks queued on a thread wait `window` for one another before their script call
+    /// goes out (`store.coalesce_window_ms`).
+    pub fn with_coalesce_window(mut self, window: Duration) -> RedisStore {
+        self.coalescer = self.coalescer.with_window(window);
+        self
+    }
+
     /// Connects the calling thread's connection now (see `Connection::warm_up`), patient as
     /// a connect is, then probes it, so a store that refuses scripts is said at start.
     pub async fn warm_up(&self) {
