@@ -18,6 +18,8 @@
 # per call, uniform over as many keys: redis-benchmark draws no Zipf spread).
 # COLD=1 measures a fresh start instead: the borrowing instance is started anew before each
 # measured run, with no warm-up, on a Redis just flushed (use DURATION=6: its first six seconds).
+# COALESCE_MS=N has every tollgate gather a worker's checks for N ms before their call
+# (store.coalesce_window_ms), as ERL's -P 8 stands for its pipeline window.
 #
 #   bench/erl_pattern.sh                 # 3 rounds of 8 s
 #   ROUNDS=1 DURATION=3 bench/erl_pattern.sh
@@ -26,6 +28,7 @@
 #   BORROW=1 LONGEST_MS=100 bench/erl_pattern.sh             # one horizon for every key
 #   BORROW=1 COLD=1 SHAPES=zipf DURATION=6 bench/erl_pattern.sh  # a fresh instance's first 6 s
 #   BORROW=1 BORROW_BIN=/path/to/other/tollgate bench/erl_pattern.sh  # that build borrows
+#   BORROW=1 COALESCE_MS=1 bench/erl_pattern.sh                # calls gathered for 1 ms
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -34,6 +37,7 @@ WARMUP=${WARMUP:-20}  # with BORROW=1: seconds of each shape before the borrowin
 SHAPES=${SHAPES:-uniform zipf hot}   # with BORROW=1: which shapes, of uniform, zipf, hot
 ROUNDS=${ROUNDS:-3}
 KEYS=${KEYS:-10000}
+export TOLLGATE_STORE__COALESCE_WINDOW_MS=${COALESCE_MS:-0}
 
 . bench/lib.sh
 require wrk:wrk redis-server:redis-server redis-benchmark:redis-tools curl:curl
