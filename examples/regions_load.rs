@@ -21,10 +21,14 @@
 
 #[path = "support/http.rs"]
 mod http;
+#[path = "support/paced.rs"]
+mod paced;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use paced::paced;
 
 /// (sent, answered, admitted), seconds from the start.
 type Seen = Arc<Mutex<Vec<(f64, f64, bool)>>>;
@@ -132,29 +136,14 @@ fn drive(
 ) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
         let mut connection: http::Connection = None;
-        for (from, to, rate) in plan {
-            let mut sent = 0u64;
-            loop {
-                let at = from + sent as f64 / rate;
-                if at >= to {
-                    break;
-                }
-                let due = start + Duration::from_secs_f64(at);
-                if let Some(wait) = due.checked_duration_since(Instant::now()) {
-                    std::thread::sleep(wait);
-                }
-                sent += 1;
-                let sent_at = Instant::now()
+        paced(&plan, start, |sent_at| {
+            let ask = "GET /check HTTP/1.1\r\nHost: app\r\nX-Tenant: acme\r\n\r\n";
+            if let Some(ok) = http::request(&mut connection, region, ask) {
+                let t = Instant::now()
                     .saturating_duration_since(start)
                     .as_secs_f64();
-                let ask = "GET /check HTTP/1.1\r\nHost: app\r\nX-Tenant: acme\r\n\r\n";
-                if let Some(ok) = http::request(&mut connection, region, ask) {
-                    let t = Instant::now()
-                        .saturating_duration_since(start)
-                        .as_secs_f64();
-                    seen.lock().expect("seen").push((sent_at, t, ok));
-                }
+                seen.lock().expect("seen").push((sent_at, t, ok));
             }
-        }
+        });
     })
 }

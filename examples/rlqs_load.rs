@@ -22,11 +22,15 @@
 
 #[path = "support/http.rs"]
 mod http;
+#[path = "support/paced.rs"]
+mod paced;
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use paced::paced;
 
 type Seen = Arc<Mutex<Vec<(f64, bool)>>>;
 
@@ -127,27 +131,15 @@ fn drive(
 ) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
         let mut connection: http::Connection = None;
-        for (from, to, rate) in plan {
-            let mut sent = 0u64;
-            loop {
-                let at = from + sent as f64 / rate;
-                if at >= to {
-                    break;
-                }
-                let due = start + Duration::from_secs_f64(at);
-                if let Some(wait) = due.checked_duration_since(Instant::now()) {
-                    std::thread::sleep(wait);
-                }
-                sent += 1;
-                let ask = format!("GET / HTTP/1.1\r\nHost: app\r\nX-Tenant: {tenant}\r\n\r\n");
-                if let Some(ok) = http::request(&mut connection, envoy, &ask) {
-                    let t = Instant::now()
-                        .saturating_duration_since(start)
-                        .as_secs_f64();
-                    seen.lock().expect("seen").push((t, ok));
-                }
+        let ask = format!("GET / HTTP/1.1\r\nHost: app\r\nX-Tenant: {tenant}\r\n\r\n");
+        paced(&plan, start, |_| {
+            if let Some(ok) = http::request(&mut connection, envoy, &ask) {
+                let t = Instant::now()
+                    .saturating_duration_since(start)
+                    .as_secs_f64();
+                seen.lock().expect("seen").push((t, ok));
             }
-        }
+        });
     })
 }
 
