@@ -70,29 +70,40 @@ local function lent(lend, debt, at, rate, rest)
   return debt
 end
 
--- Holds `micro` more in the group ending at d: that group, or a free one (a new incarnation
--- when none is under way); false when both are live with other deadlines.
-local function lend_take(lend, d, micro)
+-- After a charge has left `level` micro-tokens, takes a slice: at most half of them in whole
+-- tokens and at most lend.want, held in the group ending at (floor(now / grid) + 2) * grid,
+-- that group or a free one (a new incarnation when none is under way); none when fewer than
+-- two tokens are left or both groups are live with other deadlines. Returns the level after.
+local function lend_take(lend, level)
+  if level < 2000000 then return level end
+  local took = math.min(lend.want, math.floor(level / 2000000))
+  if took <= 0 then return level end
+  local d = (math.floor(now / lend.grid) + 2) * lend.grid
+  local micro = took * 1000000
   if lend.g == NO_GROUPS then lend.g = {} end
-  local free
+  local held
   for _, group in ipairs(lend.g) do
     if group[2] > 0 and group[1] == d then
-      group[2] = group[2] + micro
-      lend.changed = true
-      lend.inc = lend.inc or now
-      return true
+      held = group
+      break
     end
-    if group[2] == 0 then free = group end
   end
-  if not free and #lend.g < 2 then
-    free = {0, 0}
-    lend.g[#lend.g + 1] = free
+  if not held then
+    for _, group in ipairs(lend.g) do
+      if group[2] == 0 then held = group end
+    end
+    if not held and #lend.g < 2 then
+      held = {0, 0}
+      lend.g[#lend.g + 1] = held
+    end
+    if not held then return level end
+    held[1], held[2] = d, 0
   end
-  if not free then return false end
-  free[1], free[2] = d, micro
+  held[2] = held[2] + micro
   lend.changed = true
   lend.inc = lend.inc or now
-  return true
+  lend.took, lend.d = took, d
+  return level - micro
 end
 
 -- A borrowing bucket's groups as written after its debt and ts (' <deadline> <micro-tokens>'
@@ -261,15 +272,8 @@ local function decide(k, a, n)
       local lend = lends and lends[i]
       if charged then
         level = level - cost * 1000000
-        if lend and level >= 2000000 then
-          -- A slice: at most half of what is left, as a borrowing bucket's (below).
-          local took = math.min(lend.want, math.floor(level / 2000000))
-          local d = (math.floor(now / lend.grid) + 2) * lend.grid
-          if took > 0 and lend_take(lend, d, took * 1000000) then
-            level = level - took * 1000000
-            lend.took, lend.d = took, d
-          end
-        end
+        -- A slice, as a borrowing bucket's (below).
+        if lend then level = lend_take(lend, level) end
       end
       if lend and (charged or lend.changed) then
         local groups, from = lend_groups(lend)
@@ -308,15 +312,7 @@ local function decide(k, a, n)
       local lend = lends and lends[i]
       if lend then
         rate = lend.rate
-        if charged then
-          local took = 0
-          if level >= 2000000 then took = math.min(lend.want, math.floor(level / 2000000)) end
-          local d = (math.floor(now / lend.grid) + 2) * lend.grid
-          if took > 0 and lend_take(lend, d, took * 1000000) then
-            level = level - took * 1000000
-            lend.took, lend.d = took, d
-          end
-        end
+        if charged then level = lend_take(lend, level) end
       end
       if charged or (olds and olds[i]) or (lend and lend.changed) then
         local debt = NUM[ARGV[j - 2]] * 1000000 - level
